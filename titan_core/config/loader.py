@@ -1,0 +1,171 @@
+"""TOML recipe -> JobConfig, then `--section.key=value` overrides, then back to TOML."""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import difflib
+import inspect
+import tomllib
+import typing
+from pathlib import Path
+from typing import Any, Literal, get_args, get_origin
+
+import tomli_w
+
+from titan_core.config.sections import JobConfig
+
+
+class ConfigError(ValueError):
+    """Bad user input in a recipe or an override; entry points turn it into exit code 2."""
+
+
+def _closest(name: str, options: list[str]) -> str:
+    match = difflib.get_close_matches(name, options, n=1, cutoff=0.5)
+    return f" (did you mean '{match[0]}'?)" if match else f" (valid: {', '.join(options)})"
+
+
+def _field_types(cls) -> dict[str, Any]:
+    hints = typing.get_type_hints(cls)
+    return {f.name: hints[f.name] for f in dataclasses.fields(cls)}
+
+
+def _coerce(value: Any, tp: Any, where: str) -> Any:
+    """Convert `value` (from TOML or a command-line string) to the field type `tp`."""
+    origin = get_origin(tp)
+    if origin is Literal:
+        choices = get_args(tp)
+        if value not in choices:
+            raise ConfigError(f"{where}: '{value}' is not one of {', '.join(map(str, choices))}")
+        return value
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.lower() in ("true", "1", "yes", "on"):
+            return True
+        if isinstance(value, str) and value.lower() in ("false", "0", "no", "off"):
+            return False
+        raise ConfigError(f"{where}: expected true/false, got '{value}'")
+    if tp is int:
+        if isinstance(value, bool):
+            raise ConfigError(f"{where}: expected an integer, got '{value}'")
+        if isinstance(value, int):
+            return value
+        try:
+            return int(str(value), 0)
+        except ValueError:
+            raise ConfigError(f"{where}: expected an integer, got '{value}'") from None
+    if tp is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        try:
+            return float(str(value))
+        except ValueError:
+            raise ConfigError(f"{where}: expected a number, got '{value}'") from None
+    if tp is str:
+        if not isinstance(value, str):
+            raise ConfigError(f"{where}: expected a string, got {value!r}")
+        return value
+    if tp is list or origin is list:
+        if isinstance(value, str):
+            return [v.strip() for v in value.split(",") if v.strip()]
+        if not isinstance(value, list):
+            raise ConfigError(f"{where}: expected a list, got {value!r}")
+        return list(value)
+    if tp is dict or origin is dict:
+        if isinstance(value, str):
+            try:
+                value = tomllib.loads(f"v = {value}")["v"]
+            except tomllib.TOMLDecodeError:
+                raise ConfigError(f"{where}: expected an inline table like {{a = 1}}, got '{value}'") from None
+        if not isinstance(value, dict):
+            raise ConfigError(f"{where}: expected a table, got {value!r}")
+        return dict(value)
+    raise TypeError(f"unsupported config field type {tp} at {where}")
+
+
+def _apply_section(section_obj: Any, values: dict, section: str) -> None:
+    types = _field_types(type(section_obj))
+    for key, value in values.items():
+        if key not in types:
+            raise ConfigError(f"unknown key '{section}.{key}'{_closest(key, list(types))}")
+        setattr(section_obj, key, _coerce(value, types[key], f"{section}.{key}"))
+
+
+def from_dict(data: dict) -> JobConfig:
+    cfg = JobConfig()
+    sections = _field_types(JobConfig)
+    for section, values in data.items():
+        if section not in sections:
+            raise ConfigError(f"unknown section '{section}'{_closest(section, list(sections))}")
+        if not isinstance(values, dict):
+            raise ConfigError(f"section '{section}' must be a table, got {values!r}")
+        _apply_section(getattr(cfg, section), values, section)
+    return cfg
+
+
+def load_toml(path: str | Path) -> dict:
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"config file not found: {path}")
+    try:
+        return tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"malformed TOML in {path}: {e}") from None
+
+
+def apply_overrides(cfg: JobConfig, overrides: list[str]) -> JobConfig:
+    """Apply `--section.key=value` (or `--section.key value`) strings in order."""
+    sections = _field_types(JobConfig)
+    items = list(overrides)
+    i = 0
+    while i < len(items):
+        arg = items[i]
+        if not arg.startswith("--"):
+            raise ConfigError(f"expected --section.key=value, got '{arg}'")
+        body = arg[2:]
+        dotted, has_eq, value = body.partition("=")
+        if "." not in dotted:
+            raise ConfigError(f"override '{arg}' must name a section and a key, like --training.steps=10")
+        section, key = dotted.split(".", 1)
+        if section not in sections:
+            raise ConfigError(f"unknown section '{section}'{_closest(section, list(sections))}")
+        if not has_eq:
+            if i + 1 < len(items) and not items[i + 1].startswith("--"):
+                value = items[i + 1]
+                i += 1
+            elif _field_types(sections[section]).get(key) is bool:
+                value = "true"  # a bare boolean flag switches it on
+            else:
+                raise ConfigError(f"override '{arg}' has no value (use --{dotted}=VALUE)")
+        _apply_section(getattr(cfg, section), {key: value}, section)
+        i += 1
+    return cfg
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> JobConfig:
+    cfg = from_dict(load_toml(path)) if path else JobConfig()
+    return apply_overrides(cfg, overrides or [])
+
+
+def to_dict(cfg: JobConfig) -> dict:
+    return dataclasses.asdict(cfg)
+
+
+def to_toml(cfg: JobConfig) -> str:
+    return tomli_w.dumps(to_dict(cfg))
+
+
+def describe(cls=JobConfig) -> dict[str, dict[str, str]]:
+    """{section: {key: docstring}} read from the attribute docstrings in sections.py."""
+    out: dict[str, dict[str, str]] = {}
+    for sec in dataclasses.fields(cls):
+        sec_cls = typing.get_type_hints(cls)[sec.name]
+        tree = ast.parse(inspect.getsource(sec_cls))
+        body = tree.body[0].body
+        docs: dict[str, str] = {}
+        for node, nxt in zip(body, body[1:] + [None]):
+            if isinstance(node, ast.AnnAssign) and isinstance(nxt, ast.Expr) and isinstance(nxt.value, ast.Constant):
+                docs[node.target.id] = str(nxt.value.value)
+        out[sec.name] = docs
+    return out

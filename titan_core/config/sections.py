@@ -1,0 +1,189 @@
+"""The config tree: one keyword-only dataclass per section.
+
+Each field carries an attribute docstring (the string literal under it); `describe()`
+in `loader.py` reads them back for `--help`-style listings, so keep them one sentence.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+
+@dataclass(kw_only=True)
+class Model:
+    family: str = "llama3"
+    """Model family: a folder under titan_core/models (llama3, qwen3, qwen3_moe, glimmer)."""
+    flavor: str = "debugmodel"
+    """Named size within the family (see its flavors.py)."""
+    hf_config: str = ""
+    """Path to a Hugging Face config.json; when set it defines the architecture instead of flavor."""
+    overrides: dict = field(default_factory=dict)
+    """Field overrides applied on top of the flavor's args, e.g. {n_layers = 2}."""
+    module_file: str = ""
+    """Path to a Python file whose `build_model(args)` replaces the family's model class (ports)."""
+
+
+@dataclass(kw_only=True)
+class Training:
+    steps: int = 30
+    """Number of optimizer steps to run."""
+    batch_size: int = 8
+    """Sequences per micro-batch on each data-parallel rank."""
+    seq_len: int = 256
+    """Tokens per sequence."""
+    grad_accum: int = 1
+    """Micro-batches accumulated before each optimizer step."""
+    max_norm: float = 1.0
+    """Gradient clipping threshold on the global L2 norm (0 disables clipping)."""
+    seed: int = 0
+    """Seed for parameter init and synthetic data."""
+    deterministic: bool = False
+    """Use deterministic algorithms (bit-reproducible runs, may be slower)."""
+    dtype: Literal["float32", "bfloat16"] = "float32"
+    """Compute dtype of the parameters as the model reads them."""
+    mixed_precision_param: Literal["float32", "bfloat16"] = "float32"
+    """Dtype parameters are gathered in under data parallelism (master weights stay fp32)."""
+    mixed_precision_reduce: Literal["float32", "bfloat16"] = "float32"
+    """Dtype gradients are reduced in under data parallelism."""
+
+
+@dataclass(kw_only=True)
+class Data:
+    source: Literal["synthetic", "text"] = "synthetic"
+    """synthetic: seeded random tokens; text: local files through a local tokenizer."""
+    path: str = ""
+    """File or folder of .txt files (source = text)."""
+    tokenizer: Literal["byte", "bpe"] = "byte"
+    """byte: 256 byte ids + specials; bpe: a `tokenizers` BPE trained on `path` and cached."""
+    bpe_vocab_size: int = 2048
+    """Vocabulary size of the locally trained BPE tokenizer."""
+    cache_dir: str = ".cache/titan_core"
+    """Where the trained tokenizer is cached."""
+    pack_documents: bool = True
+    """Pack documents into sequences and emit segment ids so attention stays within a document."""
+
+
+@dataclass(kw_only=True)
+class Optimizer:
+    name: Literal["adamw"] = "adamw"
+    """Optimizer; AdamW is the only one."""
+    lr: float = 8e-4
+    """Peak learning rate."""
+    beta1: float = 0.9
+    """AdamW first-moment decay."""
+    beta2: float = 0.95
+    """AdamW second-moment decay."""
+    eps: float = 1e-8
+    """AdamW epsilon."""
+    weight_decay: float = 0.1
+    """Decoupled weight decay; biases, norms and embeddings are exempt."""
+
+
+@dataclass(kw_only=True)
+class LRScheduler:
+    warmup_steps: int = 5
+    """Linear warmup steps from near zero to the peak lr."""
+    decay: Literal["cosine", "linear", "none"] = "cosine"
+    """Shape of the decay after warmup."""
+    min_lr_ratio: float = 0.1
+    """Final lr as a fraction of the peak."""
+
+
+@dataclass(kw_only=True)
+class Parallelism:
+    data_parallel: Literal["simple_fsdp", "fsdp2", "none"] = "none"
+    """Data-parallel implementation."""
+    dp_replicate: int = 1
+    """Replicate degree (HSDP outer dimension)."""
+    dp_shard: int = -1
+    """Shard degree; -1 fills what is left of the world size."""
+    tp: int = 1
+    """Tensor-parallel degree."""
+
+
+@dataclass(kw_only=True)
+class Compile:
+    enable: bool = False
+    """Compile each transformer block and the loss with torch.compile."""
+    backend: Literal["inductor", "aot_eager", "eager"] = "inductor"
+    """torch.compile backend."""
+
+
+@dataclass(kw_only=True)
+class Kernels:
+    loss: Literal["plain"] = "plain"
+    """Cross-entropy implementation (plain: materialised logits)."""
+    attention: Literal["sdpa", "naive"] = "sdpa"
+    """Attention implementation (naive is the reference)."""
+    moe: Literal["loop"] = "loop"
+    """Expert computation for MoE models (loop is the reference)."""
+    swaps: list = field(default_factory=list)
+    """Extra swaps by registry name, applied after the ones the fields above select."""
+
+
+@dataclass(kw_only=True)
+class Checkpoint:
+    enable: bool = False
+    """Save checkpoints during training."""
+    folder: str = "checkpoints"
+    """Folder (under metrics.output_dir when relative) holding step-N checkpoints."""
+    interval: int = 10
+    """Save every N steps (and at the last step)."""
+    resume: bool = True
+    """Resume from the latest checkpoint in `folder` if one exists."""
+    export_hf: str = ""
+    """When set, write the final weights as HF safetensors into this folder."""
+
+
+@dataclass(kw_only=True)
+class Metrics:
+    output_dir: str = "runs/default"
+    """Folder for metrics.jsonl, checkpoints and traces."""
+    log_freq: int = 1
+    """Print a metrics row every N steps."""
+    rich: bool = True
+    """Print metrics as a rich table (off: plain lines)."""
+
+
+@dataclass(kw_only=True)
+class Profiler:
+    enable: bool = False
+    """Record a torch.profiler trace."""
+    start_step: int = 3
+    """First profiled step."""
+    num_steps: int = 2
+    """Number of profiled steps."""
+    folder: str = "traces"
+    """Trace folder (under metrics.output_dir when relative)."""
+
+
+@dataclass(kw_only=True)
+class Device:
+    type: Literal["auto", "cpu", "cuda", "tpu"] = "auto"
+    """Target device; auto picks cuda when available, else cpu (never tpu)."""
+    threads: int = 0
+    """CPU intra-op threads (0 leaves torch's default)."""
+
+
+@dataclass(kw_only=True)
+class Tpu:
+    libtpu_init_flags: str = ""
+    """Extra LIBTPU_INIT_ARGS passed to libtpu when device.type = tpu."""
+
+
+@dataclass(kw_only=True)
+class JobConfig:
+    model: Model = field(default_factory=Model)
+    training: Training = field(default_factory=Training)
+    data: Data = field(default_factory=Data)
+    optimizer: Optimizer = field(default_factory=Optimizer)
+    lr_scheduler: LRScheduler = field(default_factory=LRScheduler)
+    parallelism: Parallelism = field(default_factory=Parallelism)
+    compile: Compile = field(default_factory=Compile)
+    kernels: Kernels = field(default_factory=Kernels)
+    checkpoint: Checkpoint = field(default_factory=Checkpoint)
+    metrics: Metrics = field(default_factory=Metrics)
+    profiler: Profiler = field(default_factory=Profiler)
+    device: Device = field(default_factory=Device)
+    tpu: Tpu = field(default_factory=Tpu)

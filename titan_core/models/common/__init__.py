@@ -1,0 +1,1 @@
+"""Layers and the decoder shared by the model families."""

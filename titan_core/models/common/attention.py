@@ -1,0 +1,108 @@
+"""Grouped-query attention with optional QK-norm, bias, sliding window and RoPE skip.
+
+The score computation lives in a separate `core` module so kernels can replace it through
+the swap registry (`layers.*.attention.core`) while projections and RoPE stay put.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from titan_core.models.common.layers import RMSNorm, apply_rope
+
+
+def attention_mask(
+    seq_len: int,
+    *,
+    window: int | None = None,
+    segment_ids: torch.Tensor | None = None,
+    device: torch.device | None = None,
+) -> torch.Tensor:
+    """Boolean mask, True where a query may attend: [1 or batch, 1, q, k].
+
+    Causal always; `window` keeps keys with q - k < window (the query itself counts);
+    `segment_ids` [batch, seq] keeps keys of the same packed document.
+    """
+    q = torch.arange(seq_len, device=device)[:, None]
+    k = torch.arange(seq_len, device=device)[None, :]
+    allowed = k <= q
+    if window:
+        allowed = allowed & (q - k < window)
+    allowed = allowed[None, None]
+    if segment_ids is not None:
+        same_doc = segment_ids[:, None, :, None] == segment_ids[:, None, None, :]
+        allowed = allowed & same_doc
+    return allowed
+
+
+class NaiveAttention(nn.Module):
+    """Reference: explicit softmax(q k^T * scale + mask) v, in the input dtype."""
+
+    def forward(self, q, k, v, *, scale: float, window: int | None, segment_ids):
+        rep = q.shape[1] // k.shape[1]
+        k = k.repeat_interleave(rep, dim=1)
+        v = v.repeat_interleave(rep, dim=1)
+        scores = (q @ k.transpose(-2, -1)) * scale
+        mask = attention_mask(q.shape[2], window=window, segment_ids=segment_ids, device=q.device)
+        scores = scores.masked_fill(~mask, float("-inf"))
+        return torch.softmax(scores.float(), dim=-1).to(q.dtype) @ v
+
+
+class SDPAttention(nn.Module):
+    """scaled_dot_product_attention; the plain causal fast path when no other mask applies."""
+
+    def forward(self, q, k, v, *, scale: float, window: int | None, segment_ids):
+        rep = q.shape[1] // k.shape[1]
+        if rep > 1:
+            k = k.repeat_interleave(rep, dim=1)
+            v = v.repeat_interleave(rep, dim=1)
+        if window is None and segment_ids is None:
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale)
+        mask = attention_mask(q.shape[2], window=window, segment_ids=segment_ids, device=q.device)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
+
+
+class Attention(nn.Module):
+    def __init__(
+        self,
+        dim: int,
+        n_heads: int,
+        n_kv_heads: int,
+        head_dim: int,
+        *,
+        qkv_bias: bool = False,
+        out_bias: bool = False,
+        qk_norm: bool = False,
+        norm_eps: float = 1e-6,
+        window: int | None = None,
+        use_rope: bool = True,
+    ):
+        super().__init__()
+        if n_heads % n_kv_heads:
+            raise ValueError(f"n_heads {n_heads} is not a multiple of n_kv_heads {n_kv_heads}")
+        self.n_heads, self.n_kv_heads, self.head_dim = n_heads, n_kv_heads, head_dim
+        self.window = window
+        self.use_rope = use_rope
+        self.scale = head_dim**-0.5
+        self.wq = nn.Linear(dim, n_heads * head_dim, bias=qkv_bias)
+        self.wk = nn.Linear(dim, n_kv_heads * head_dim, bias=qkv_bias)
+        self.wv = nn.Linear(dim, n_kv_heads * head_dim, bias=qkv_bias)
+        self.wo = nn.Linear(n_heads * head_dim, dim, bias=out_bias)
+        self.q_norm = RMSNorm(head_dim, norm_eps) if qk_norm else None
+        self.k_norm = RMSNorm(head_dim, norm_eps) if qk_norm else None
+        self.core = SDPAttention()
+
+    def forward(self, x, cos, sin, segment_ids=None):
+        b, s, _ = x.shape
+        q = self.wq(x).view(b, s, self.n_heads, self.head_dim)
+        k = self.wk(x).view(b, s, self.n_kv_heads, self.head_dim)
+        v = self.wv(x).view(b, s, self.n_kv_heads, self.head_dim)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+        if self.use_rope:
+            q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        out = self.core(q, k, v, scale=self.scale, window=self.window, segment_ids=segment_ids)
+        return self.wo(out.transpose(1, 2).reshape(b, s, -1))

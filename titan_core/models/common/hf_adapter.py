@@ -1,0 +1,192 @@
+"""Hugging Face <-> native conversion for llama-style checkpoints and configs.
+
+Families subclass `HFAdapter` and extend the key table or the config reading. Conversions
+are pure renames and reshapes (never arithmetic on values), so a round trip
+HF -> native -> HF returns bit-identical tensors.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import torch
+
+from titan_core.models.common.args import TransformerArgs
+
+# native suffix -> HF suffix, per decoder layer
+LAYER_KEYS: dict[str, str] = {
+    "attention.wq.weight": "self_attn.q_proj.weight",
+    "attention.wk.weight": "self_attn.k_proj.weight",
+    "attention.wv.weight": "self_attn.v_proj.weight",
+    "attention.wo.weight": "self_attn.o_proj.weight",
+    "attention.wq.bias": "self_attn.q_proj.bias",
+    "attention.wk.bias": "self_attn.k_proj.bias",
+    "attention.wv.bias": "self_attn.v_proj.bias",
+    "attention.wo.bias": "self_attn.o_proj.bias",
+    "attention.q_norm.weight": "self_attn.q_norm.weight",
+    "attention.k_norm.weight": "self_attn.k_norm.weight",
+    "attention_norm.weight": "input_layernorm.weight",
+    "ffn_norm.weight": "post_attention_layernorm.weight",
+    "feed_forward.w1.weight": "mlp.gate_proj.weight",
+    "feed_forward.w3.weight": "mlp.up_proj.weight",
+    "feed_forward.w2.weight": "mlp.down_proj.weight",
+}
+TOP_KEYS: dict[str, str] = {
+    "tok_embeddings.weight": "model.embed_tokens.weight",
+    "norm.weight": "model.norm.weight",
+    "output.weight": "lm_head.weight",
+}
+# HF config keys that carry no architecture (or that we derive another way).
+NEUTRAL_KEYS = frozenset(
+    {
+        "model_type", "architectures", "torch_dtype", "dtype", "transformers_version",
+        "bos_token_id", "eos_token_id", "pad_token_id", "initializer_range", "use_cache",
+        "attention_dropout", "pretraining_tp", "output_router_logits", "_name_or_path",
+        "return_dict", "output_hidden_states", "output_attentions", "id2label", "label2id",
+        "tokenizer_class", "chunk_size_feed_forward", "problem_type", "is_encoder_decoder",
+    }
+)  # fmt: skip
+
+
+class AdapterError(ValueError):
+    """A config or checkpoint the adapter cannot map."""
+
+
+class HFAdapter:
+    """Maps one family's native state dict and args to and from the HF layout."""
+
+    hf_model_types: tuple[str, ...] = ()
+    hf_architecture: str = "LlamaForCausalLM"
+
+    # ---- state dicts ----------------------------------------------------------------
+    def layer_keys(self) -> dict[str, str]:
+        return LAYER_KEYS
+
+    def to_hf(self, sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        out: dict[str, torch.Tensor] = {}
+        table = self.layer_keys()
+        for key, value in sd.items():
+            m = re.match(r"layers\.(\d+)\.(.+)", key)
+            if m:
+                out.update(self.layer_to_hf(int(m.group(1)), m.group(2), value, table))
+            elif key in TOP_KEYS:
+                out[TOP_KEYS[key]] = value
+            else:
+                raise AdapterError(f"no HF name for native key '{key}'")
+        return out
+
+    def layer_to_hf(self, i: int, suffix: str, value, table) -> dict[str, torch.Tensor]:
+        if suffix not in table:
+            raise AdapterError(f"no HF name for native key 'layers.{i}.{suffix}'")
+        return {f"model.layers.{i}.{table[suffix]}": value}
+
+    def from_hf(self, sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        out: dict[str, torch.Tensor] = {}
+        inverse = {v: k for k, v in self.layer_keys().items()}
+        top_inverse = {v: k for k, v in TOP_KEYS.items()}
+        pending: dict[int, dict[str, torch.Tensor]] = {}
+        for key, value in sd.items():
+            m = re.match(r"model\.layers\.(\d+)\.(.+)", key)
+            if m:
+                pending.setdefault(int(m.group(1)), {})[m.group(2)] = value
+            elif key in top_inverse:
+                out[top_inverse[key]] = value
+            elif key.endswith("rotary_emb.inv_freq"):
+                continue  # a derived buffer some checkpoints carry
+            else:
+                raise AdapterError(f"no native name for HF key '{key}'")
+        for i, entries in sorted(pending.items()):
+            out.update(self.layer_from_hf(i, entries, inverse))
+        return out
+
+    def layer_from_hf(self, i: int, entries: dict[str, torch.Tensor], inverse) -> dict[str, torch.Tensor]:
+        out = {}
+        for suffix, value in entries.items():
+            if suffix not in inverse:
+                raise AdapterError(f"no native name for HF key 'model.layers.{i}.{suffix}'")
+            out[f"layers.{i}.{inverse[suffix]}"] = value
+        return out
+
+    # ---- configs --------------------------------------------------------------------
+    def args_from_hf(self, cfg: dict[str, Any]) -> tuple[TransformerArgs, set[str]]:
+        """Native args from an HF config dict, and the set of keys that were consumed.
+
+        Keys the caller sees as neither consumed nor neutral are what a port may be
+        silently dropping.
+        """
+        used: set[str] = set()
+
+        def take(key: str, default: Any = None) -> Any:
+            if key in cfg:
+                used.add(key)
+                return cfg[key]
+            return default
+
+        act = take("hidden_act", "silu")
+        if act != "silu":
+            raise AdapterError(f"hidden_act '{act}' is not supported (the families use SwiGLU with silu)")
+        if take("mlp_bias", False):
+            raise AdapterError("mlp_bias = true is not supported by this family")
+        kw: dict[str, Any] = dict(
+            dim=take("hidden_size"),
+            n_layers=take("num_hidden_layers"),
+            n_heads=take("num_attention_heads"),
+            n_kv_heads=take("num_key_value_heads"),
+            head_dim=take("head_dim"),
+            vocab_size=take("vocab_size"),
+            ffn_hidden_dim=take("intermediate_size"),
+            norm_eps=take("rms_norm_eps", 1e-6),
+            max_seq_len=take("max_position_embeddings", 2048),
+            tie_embeddings=take("tie_word_embeddings", False),
+        )
+        missing = [k for k in ("dim", "n_layers", "n_heads", "vocab_size") if kw[k] is None]
+        if missing:
+            raise AdapterError(f"config lacks required fields for {missing}")
+        kw.update(self._rope_from_hf(cfg, take))
+        kw.update(self.extra_args_from_hf(cfg, take))
+        kw = {k: v for k, v in kw.items() if v is not None}
+        return TransformerArgs(**kw), used
+
+    def _rope_from_hf(self, cfg, take) -> dict[str, Any]:
+        # transformers 5 nests theta and scaling under rope_parameters; 4.x used two keys.
+        params = take("rope_parameters") or take("rope_scaling") or {}
+        theta = params.get("rope_theta", take("rope_theta", 10000.0))
+        rope_type = params.get("rope_type", params.get("type", "default"))
+        scaling = None
+        if rope_type == "llama3":
+            scaling = {k: params[k] for k in ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")}
+        elif rope_type not in ("default", None):
+            raise AdapterError(f"rope_type '{rope_type}' is not supported (default and llama3 are)")
+        return {"rope_theta": float(theta), "rope_scaling": scaling}
+
+    def extra_args_from_hf(self, cfg, take) -> dict[str, Any]:
+        """Family-specific fields; the base reads llama's attention_bias."""
+        bias = take("attention_bias", False)
+        return {"qkv_bias": bias, "out_bias": bias}
+
+    def hf_config(self, args: TransformerArgs) -> dict[str, Any]:
+        """An HF config dict for exporting native weights."""
+        rope: dict[str, Any] = {"rope_theta": args.rope_theta, "rope_type": "default"}
+        if args.rope_scaling:
+            rope = {**rope, **args.rope_scaling, "rope_type": "llama3"}
+        return {
+            "model_type": self.hf_model_types[0],
+            "architectures": [self.hf_architecture],
+            "hidden_size": args.dim,
+            "num_hidden_layers": args.n_layers,
+            "num_attention_heads": args.n_heads,
+            "num_key_value_heads": args.n_kv_heads,
+            "head_dim": args.head_dim,
+            "vocab_size": args.vocab_size,
+            "intermediate_size": args.ffn_hidden_dim,
+            "rms_norm_eps": args.norm_eps,
+            "max_position_embeddings": args.max_seq_len,
+            "tie_word_embeddings": args.tie_embeddings,
+            "rope_parameters": rope,
+            "hidden_act": "silu",
+        }
+
+    def unconsumed_keys(self, cfg: dict[str, Any]) -> list[str]:
+        _, used = self.args_from_hf(cfg)
+        return sorted(k for k in cfg if k not in used and k not in NEUTRAL_KEYS)

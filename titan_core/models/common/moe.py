@@ -1,0 +1,88 @@
+"""Mixture of experts: top-k softmax router, experts behind one swappable module.
+
+`Experts` holds the weights of all experts as 3-D tensors and computes them with a plain
+per-expert loop: that loop is the reference every faster expert kernel is compared with.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from titan_core.models.common.layers import FeedForward
+
+
+class Router(nn.Module):
+    """Softmax over experts in fp32, top-k, optional renormalisation of the kept weights."""
+
+    def __init__(self, dim: int, n_experts: int, top_k: int, norm_topk_prob: bool):
+        super().__init__()
+        self.top_k, self.norm_topk_prob = top_k, norm_topk_prob
+        self.gate = nn.Linear(dim, n_experts, bias=False)
+
+    def forward(self, x: torch.Tensor):
+        logits = self.gate(x)
+        probs = torch.softmax(logits, dim=-1, dtype=torch.float32)
+        weights, experts = torch.topk(probs, self.top_k, dim=-1)
+        if self.norm_topk_prob:
+            weights = weights / weights.sum(dim=-1, keepdim=True)
+        return probs, weights.to(x.dtype), experts
+
+
+class Experts(nn.Module):
+    """SwiGLU experts; w1/w3: [experts, dim, hidden], w2: [experts, hidden, dim]."""
+
+    def __init__(self, n_experts: int, dim: int, hidden_dim: int):
+        super().__init__()
+        self.w1 = nn.Parameter(torch.empty(n_experts, dim, hidden_dim))
+        self.w3 = nn.Parameter(torch.empty(n_experts, dim, hidden_dim))
+        self.w2 = nn.Parameter(torch.empty(n_experts, hidden_dim, dim))
+
+    def forward(self, x: torch.Tensor, weights: torch.Tensor, experts: torch.Tensor) -> torch.Tensor:
+        """x: [tokens, dim]; weights, experts: [tokens, top_k]."""
+        out = torch.zeros_like(x)
+        for e in range(self.w1.shape[0]):
+            token, slot = torch.where(experts == e)
+            h = x[token]
+            h = (F.silu(h @ self.w1[e]) * (h @ self.w3[e])) @ self.w2[e]
+            out = out.index_add(0, token, h * weights[token, slot, None])
+        return out
+
+
+class MoE(nn.Module):
+    def __init__(
+        self,
+        dim: int,
+        hidden_dim: int,
+        n_experts: int,
+        top_k: int,
+        *,
+        norm_topk_prob: bool = True,
+        shared_hidden_dim: int = 0,
+    ):
+        super().__init__()
+        self.n_experts, self.top_k = n_experts, top_k
+        self.router = Router(dim, n_experts, top_k, norm_topk_prob)
+        self.experts = Experts(n_experts, dim, hidden_dim)
+        self.shared_expert = FeedForward(dim, shared_hidden_dim) if shared_hidden_dim else None
+
+    def forward(self, x: torch.Tensor):
+        """Returns (output, load-balancing loss of this layer)."""
+        shape = x.shape
+        flat = x.reshape(-1, shape[-1])
+        probs, weights, experts = self.router(flat)
+        out = self.experts(flat, weights, experts)
+        if self.shared_expert is not None:
+            out = out + self.shared_expert(flat)
+        return out.reshape(shape), load_balancing_loss(probs, experts, self.n_experts)
+
+
+def load_balancing_loss(probs: torch.Tensor, experts: torch.Tensor, n_experts: int) -> torch.Tensor:
+    """Switch-style auxiliary loss: n_experts * sum_e (fraction routed to e) * (mean prob of e).
+
+    Equals top_k when routing is perfectly uniform; grows as routing collapses.
+    """
+    routed = F.one_hot(experts, n_experts).float().sum(dim=1)  # [tokens, experts]
+    fraction = routed.mean(dim=0)
+    return n_experts * (fraction * probs.mean(dim=0)).sum()

@@ -1,0 +1,41 @@
+"""Parameter counts and training FLOPs per token, derived from the module tree."""
+
+from __future__ import annotations
+
+import torch
+
+from titan_core.models.common.args import TransformerArgs
+
+
+def _meta_model(args: TransformerArgs):
+    from titan_core.models.common.decoder import Transformer
+
+    with torch.device("meta"):
+        return Transformer(args)
+
+
+def param_counts(args: TransformerArgs) -> dict[str, int]:
+    """{total, active, embedding}: active counts only top_k of each layer's routed experts."""
+    model = _meta_model(args)
+    total = sum(p.numel() for p in model.parameters())
+    inactive = 0
+    for name, p in model.named_parameters():
+        if ".experts." in name:
+            inactive += p.numel() * (args.n_experts - args.top_k) // args.n_experts
+    return {"total": total, "active": total - inactive, "embedding": model.tok_embeddings.weight.numel()}
+
+
+def flops_per_token(args: TransformerArgs, seq_len: int) -> float:
+    """Forward + backward FLOPs per token: 6 per matmul weight, plus attention scores.
+
+    Embedding lookups are not matmuls, so an untied embedding is excluded while a tied one
+    still pays for the output head. Attention counts the full seq x seq score and value
+    matmuls (12 * layers * heads * head_dim * seq per token), which is what dense kernels
+    execute even under a causal or windowed mask.
+    """
+    counts = param_counts(args)
+    matmul_params = counts["active"]
+    if not args.tie_embeddings:
+        matmul_params -= counts["embedding"]
+    attn = 12 * args.n_layers * args.n_heads * args.head_dim * seq_len
+    return 6.0 * matmul_params + attn
