@@ -64,16 +64,34 @@ class HFAdapter:
         return LAYER_KEYS
 
     def to_hf(self, sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """HF names (and layouts) for a native state dict.
+
+        A native dict without `output.weight` is a tied model: `lm_head.weight` is emitted
+        as the embedding tensor itself, which is what an HF model's own `state_dict()`
+        holds (drop it before writing safetensors, as `save_pretrained` does).
+        """
         out: dict[str, torch.Tensor] = {}
-        table = self.layer_keys()
+        pending: dict[int, dict[str, torch.Tensor]] = {}
         for key, value in sd.items():
             m = re.match(r"layers\.(\d+)\.(.+)", key)
             if m:
-                out.update(self.layer_to_hf(int(m.group(1)), m.group(2), value, table))
+                pending.setdefault(int(m.group(1)), {})[m.group(2)] = value
             elif key in TOP_KEYS:
                 out[TOP_KEYS[key]] = value
             else:
                 raise AdapterError(f"no HF name for native key '{key}'")
+        for i, entries in sorted(pending.items()):
+            out.update(self.layer_group_to_hf(i, entries))
+        if "output.weight" not in sd and "tok_embeddings.weight" in sd:
+            out["lm_head.weight"] = sd["tok_embeddings.weight"]
+        return out
+
+    def layer_group_to_hf(self, i: int, entries: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """All native tensors of layer i -> HF; families with fused HF tensors override this."""
+        out: dict[str, torch.Tensor] = {}
+        table = self.layer_keys()
+        for suffix, value in entries.items():
+            out.update(self.layer_to_hf(i, suffix, value, table))
         return out
 
     def layer_to_hf(self, i: int, suffix: str, value, table) -> dict[str, torch.Tensor]:
@@ -81,11 +99,18 @@ class HFAdapter:
             raise AdapterError(f"no HF name for native key 'layers.{i}.{suffix}'")
         return {f"model.layers.{i}.{table[suffix]}": value}
 
-    def from_hf(self, sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    def from_hf(self, sd: dict[str, torch.Tensor], *, tie_embeddings: bool | None = None) -> dict[str, torch.Tensor]:
+        """Native names (and layouts) for an HF state dict, in memory or as read from disk.
+
+        `lm_head.weight` is dropped for a tied model: when `tie_embeddings` is True, or,
+        left as None, when it is the embedding tensor itself (HF's in-memory tying).
+        A tied checkpoint that stores a head differing from the embedding is an error.
+        """
         out: dict[str, torch.Tensor] = {}
         inverse = {v: k for k, v in self.layer_keys().items()}
         top_inverse = {v: k for k, v in TOP_KEYS.items()}
         pending: dict[int, dict[str, torch.Tensor]] = {}
+        sd = self._drop_tied_head(sd, tie_embeddings)
         for key, value in sd.items():
             m = re.match(r"model\.layers\.(\d+)\.(.+)", key)
             if m:
@@ -100,6 +125,21 @@ class HFAdapter:
             out.update(self.layer_from_hf(i, entries, inverse))
         return out
 
+    @staticmethod
+    def _drop_tied_head(sd, tie_embeddings: bool | None):
+        head, emb = sd.get("lm_head.weight"), sd.get("model.embed_tokens.weight")
+        if head is None or emb is None or tie_embeddings is False:
+            return sd
+        same_tensor = head is emb or (
+            head.device.type != "meta" and head.data_ptr() == emb.data_ptr()
+            and head.shape == emb.shape and head.stride() == emb.stride()
+        )
+        if tie_embeddings is None and not same_tensor:
+            return sd
+        if not same_tensor and not torch.equal(head, emb):
+            raise AdapterError("tie_embeddings is set but lm_head.weight differs from model.embed_tokens.weight")
+        return {k: v for k, v in sd.items() if k != "lm_head.weight"}
+
     def layer_from_hf(self, i: int, entries: dict[str, torch.Tensor], inverse) -> dict[str, torch.Tensor]:
         out = {}
         for suffix, value in entries.items():
@@ -112,15 +152,19 @@ class HFAdapter:
     def args_from_hf(self, cfg: dict[str, Any]) -> tuple[TransformerArgs, set[str]]:
         """Native args from an HF config dict, and the set of keys that were consumed.
 
-        Keys the caller sees as neither consumed nor neutral are what a port may be
-        silently dropping.
+        `take("a.b")` reads key b of the dict under key a and records "a.b", so nested
+        settings (rope parameters) are accounted for one by one. Keys the caller sees as
+        neither consumed nor neutral are what a port may be silently dropping.
         """
         used: set[str] = set()
 
         def take(key: str, default: Any = None) -> Any:
-            if key in cfg:
+            parent, _, child = key.partition(".")
+            node = cfg.get(parent) if child else cfg
+            name = child or key
+            if isinstance(node, dict) and name in node:
                 used.add(key)
-                return cfg[key]
+                return node[name]
             return default
 
         act = take("hidden_act", "silu")
@@ -146,17 +190,35 @@ class HFAdapter:
         kw.update(self._rope_from_hf(cfg, take))
         kw.update(self.extra_args_from_hf(cfg, take))
         kw = {k: v for k, v in kw.items() if v is not None}
-        return TransformerArgs(**kw), used
+        try:
+            return TransformerArgs(**kw), used
+        except (TypeError, ValueError) as e:
+            raise AdapterError(f"config does not describe valid args: {e}") from None
 
     def _rope_from_hf(self, cfg, take) -> dict[str, Any]:
-        # transformers 5 nests theta and scaling under rope_parameters; 4.x used two keys.
-        params = take("rope_parameters") or take("rope_scaling") or {}
-        theta = params.get("rope_theta", take("rope_theta", 10000.0))
-        rope_type = params.get("rope_type", params.get("type", "default"))
+        # transformers 5 nests theta and scaling under rope_parameters; 4.x used a top-level
+        # rope_theta plus an optional rope_scaling dict. Either may be present and null.
+        take("rope_parameters")
+        take("rope_scaling")
+        nest = next((k for k in ("rope_parameters", "rope_scaling") if isinstance(cfg.get(k), dict)), None)
+
+        def sub(key: str, default: Any = None) -> Any:
+            return take(f"{nest}.{key}", default) if nest else default
+
+        top_theta = take("rope_theta")
+        theta = sub("rope_theta")
+        theta = theta if theta is not None else top_theta if top_theta is not None else 10000.0
+        rope_type = sub("rope_type") or sub("type") or "default"
+        partial = sub("partial_rotary_factor", 1.0)
+        if partial != 1.0:
+            raise AdapterError(f"partial_rotary_factor {partial} is not supported (RoPE covers the whole head)")
         scaling = None
         if rope_type == "llama3":
-            scaling = {k: params[k] for k in ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")}
-        elif rope_type not in ("default", None):
+            names = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
+            scaling = {k: sub(k) for k in names}
+            if None in scaling.values():
+                raise AdapterError(f"llama3 rope scaling needs {names}; got {sorted(cfg[nest])}")
+        elif rope_type != "default":
             raise AdapterError(f"rope_type '{rope_type}' is not supported (default and llama3 are)")
         return {"rope_theta": float(theta), "rope_scaling": scaling}
 
@@ -188,5 +250,41 @@ class HFAdapter:
         }
 
     def unconsumed_keys(self, cfg: dict[str, Any]) -> list[str]:
+        """Config keys no field was read from: top-level ones, and `parent.key` entries of
+        nested dicts (rope parameters) of which only some keys were read."""
         _, used = self.args_from_hf(cfg)
-        return sorted(k for k in cfg if k not in used and k not in NEUTRAL_KEYS)
+        left = [k for k in cfg if k not in used and k not in NEUTRAL_KEYS]
+        for parent, node in cfg.items():
+            if isinstance(node, dict) and any(u.startswith(parent + ".") for u in used):
+                left += [f"{parent}.{k}" for k in node if f"{parent}.{k}" not in used]
+        return sorted(left)
+
+
+# ---- per-layer attention patterns ---------------------------------------------------
+def window_pattern(windows: list[int | None]) -> tuple[int | None, int]:
+    """(sliding_window, global_every) reproducing a per-layer list of windows (None = global).
+
+    TransformerArgs expresses "every layer windowed" or "every g-th layer global, the rest
+    windowed"; any other pattern (e.g. Qwen2's windowed suffix) is refused, never rounded.
+    """
+    sizes = {w for w in windows if w is not None}
+    if not sizes:
+        return None, 0
+    if len(sizes) > 1:
+        raise AdapterError(f"layers use different window sizes {sorted(sizes)}; one size is supported")
+    window = sizes.pop()
+    if None not in windows:
+        return window, 0
+    every = windows.index(None) + 1
+    expected = [None if (i + 1) % every == 0 else window for i in range(len(windows))]
+    if windows != expected:
+        raise AdapterError(
+            f"per-layer attention pattern {['global' if w is None else 'sliding' for w in windows]} is not "
+            "'every layer windowed' nor 'every k-th layer global'; the native args cannot express it"
+        )
+    return window, every
+
+
+def layer_types(args: TransformerArgs) -> list[str]:
+    """HF `layer_types` for args: sliding_attention or full_attention per layer."""
+    return ["full_attention" if args.layer_window(i) is None else "sliding_attention" for i in range(args.n_layers)]

@@ -1,0 +1,149 @@
+"""Local text files -> documents -> token rows, packed or one document per row.
+
+A *document* is a paragraph: text separated from the next by a blank line (a file with
+no blank line is one document). Paragraphs rather than whole files so that even a single
+file yields many documents to pack. Each document is tokenised as BOS + text + EOS.
+
+Packed (`data.pack_documents = true`): documents are concatenated into one stream and
+row g is `stream[g*S : g*S + S + 1]` (rows overlap by one token, so every token is a
+target exactly once). Within a row, `segment_ids` count documents from 0 and
+`positions` restart at 0 where a document starts (and at the row start: a document
+continued from the previous row cannot see its beginning anyway). The label of the last
+token of a document, whose next token belongs to the next document, is -100.
+
+Not packed: each document is cut into rows of its own (same overlap), the last one
+padded with EOS whose labels are -100; positions and segment ids are None.
+
+The corpus is read and tokenised in memory: this loader is meant for small local
+corpora (tests, demos, gate runs), not for pre-training sets.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from titan_core.config.loader import ConfigError
+from titan_core.config.sections import Data
+from titan_core.data.loader import IGNORE_INDEX, RowLoader
+from titan_core.data.tokenizer import build_tokenizer, corpus_key
+
+_PARAGRAPH_BREAK = re.compile(r"\n[ \t]*\n")
+
+
+def find_text_files(path: str) -> list[Path]:
+    """The file at `path`, or every *.txt under the folder `path` (recursively, sorted)."""
+    if not path:
+        raise ConfigError("data.path is empty: data.source = 'text' needs a .txt file or a folder of them")
+    p = Path(path).expanduser()
+    if not p.exists():
+        raise ConfigError(f"data.path '{path}' does not exist")
+    if p.is_file():
+        return [p]
+    files = sorted(f for f in p.rglob("*.txt") if f.is_file())
+    if not files:
+        what = "is an empty folder" if not any(p.iterdir()) else "holds no .txt files"
+        raise ConfigError(f"data.path '{path}' {what}")
+    return files
+
+
+def read_texts(files: list[Path]) -> list[str]:
+    texts = []
+    for f in files:
+        try:
+            texts.append(f.read_text(encoding="utf-8"))
+        except UnicodeDecodeError as e:
+            raise ConfigError(f"data file '{f}' is not UTF-8 text ({e.reason} at byte {e.start})") from None
+    return texts
+
+
+def split_documents(text: str) -> list[str]:
+    """Blank-line separated paragraphs, without their surrounding newlines; blank ones dropped."""
+    return [p.strip("\n") for p in _PARAGRAPH_BREAK.split(text) if p.strip()]
+
+
+class TextLoader(RowLoader):
+    """Rows of tokenised local text; see the module docstring for the layout."""
+
+    def __init__(self, data: Data, *, vocab_size: int, **kw):
+        super().__init__(**kw)
+        files = find_text_files(data.path)
+        texts = read_texts(files)
+        docs = [d for t in texts for d in split_documents(t)]
+        if not docs:
+            raise ConfigError(f"data.path '{data.path}' contains no text (only blank files or whitespace)")
+        self.tokenizer = build_tokenizer(
+            data.tokenizer,
+            model_vocab_size=vocab_size,
+            bpe_vocab_size=data.bpe_vocab_size,
+            cache_dir=data.cache_dir,
+            file_texts=texts,
+            docs=docs,
+        )
+        self.packed = data.pack_documents
+        self.num_documents = len(docs)
+        self._identity_dict = {
+            "source": "text", "corpus": corpus_key(texts, 0), "tokenizer": data.tokenizer,
+            "tokenizer_vocab": self.tokenizer.vocab_size, "packed": self.packed, "batch_size": self.batch_size,
+            "seq_len": self.seq_len, "dp_rank": self.dp_rank, "dp_world": self.dp_world,
+            "repeat_batch": self.repeat_batch,
+        }  # fmt: skip
+        self._build_stream(docs, vocab_size)
+        need = self.batch_size * self.dp_world
+        if self.num_rows < need:
+            raise ConfigError(
+                f"data.path '{data.path}' gives {self.num_rows} rows of seq_len + 1 = {self.seq_len + 1} tokens, "
+                f"fewer than one global batch (batch_size {self.batch_size} x {self.dp_world} ranks = {need}): "
+                "add text or lower training.batch_size / training.seq_len"
+            )
+
+    def _build_stream(self, docs: list[str], vocab_size: int) -> None:
+        tok = self.tokenizer
+        encoded = tok.encode_batch(docs) if hasattr(tok, "encode_batch") else [tok.encode(d) for d in docs]
+        lengths = torch.tensor([len(ids) + 2 for ids in encoded])
+        flat = [i for ids in encoded for i in (tok.bos_id, *ids, tok.eos_id)]
+        self.stream = torch.tensor(flat, dtype=torch.int64)
+        biggest = int(self.stream.max())
+        if biggest >= vocab_size:
+            raise ConfigError(f"the tokenizer emitted id {biggest}, outside the model's vocab_size = {vocab_size}")
+        self.doc_ids = torch.repeat_interleave(torch.arange(len(docs)), lengths)
+        self.doc_starts = torch.cumsum(lengths, 0) - lengths
+        self.doc_ends = self.doc_starts + lengths
+        S = self.seq_len
+        if self.packed:
+            self.num_rows = max(0, (len(flat) - 1) // S)
+        else:
+            # Chunk j of a document starts at start + j*S and must hold at least one (input, target) pair.
+            self.chunks = [
+                (int(s), int(e)) for a, b in zip(self.doc_starts.tolist(), self.doc_ends.tolist())
+                for s, e in ((c, min(c + S + 1, b)) for c in range(a, b - 1, S))
+            ]  # fmt: skip
+            self.num_rows = len(self.chunks)
+
+    def row(self, g: int):
+        S = self.seq_len
+        g %= self.num_rows  # wrap into the next epoch, same order
+        if not self.packed:
+            s, e = self.chunks[g]
+            full = torch.full((S + 1,), self.tokenizer.eos_id, dtype=torch.int64)
+            full[: e - s] = self.stream[s:e]
+            labels = full[1:].clone()
+            labels[e - s - 1 :] = IGNORE_INDEX
+            return full[:-1], labels, None, None
+        seq = self.stream[g * S : g * S + S + 1]
+        docs = self.doc_ids[g * S : g * S + S + 1]
+        labels = torch.where(docs[1:] == docs[:-1], seq[1:], IGNORE_INDEX)
+        # Doc ids increase by one per document in the stream, so subtracting the first
+        # one numbers the row's documents 0, 1, 2, ...
+        segment_ids = docs[:-1] - docs[0]
+        idx = torch.arange(S)
+        starts = torch.ones(S, dtype=torch.bool)
+        starts[1:] = docs[1:S] != docs[: S - 1]
+        positions = idx - torch.cummax(torch.where(starts, idx, 0), 0).values
+        return seq[:-1].clone(), labels, positions, segment_ids
+
+    def _identity(self) -> dict[str, Any]:
+        return self._identity_dict

@@ -1,0 +1,141 @@
+"""Device selection, synchronisation, memory statistics and peak FLOP/s.
+
+Nothing here hard-codes a device type outside `resolve_device`: callers pass the
+`torch.device` around and use `synchronize`, `peak_memory_bytes` and `peak_flops`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import resource
+import time
+from functools import lru_cache
+from pathlib import Path
+
+import torch
+
+from titan_core.config.loader import ConfigError
+
+# Dense bf16 peak FLOP/s per chip, from the vendors' published specifications.
+PEAK_BF16_FLOPS: dict[str, float] = {
+    "tpu v5e": 197e12,  # Google Cloud TPU v5e docs: 197 TFLOP/s bf16 per chip
+    "tpu v5p": 459e12,  # Google Cloud TPU v5p docs: 459 TFLOP/s bf16 per chip
+    "tpu v6e": 918e12,  # Google Cloud TPU v6e (Trillium) docs: 918 TFLOP/s bf16 per chip
+    "tpu v7x": 2307e12,  # Google Ironwood (TPU7x) announcement: 2,307 TFLOP/s bf16 per chip
+    "a100": 312e12,  # NVIDIA A100 datasheet: 312 TFLOP/s BF16 tensor core, dense
+    "h100": 989e12,  # NVIDIA H100 SXM datasheet: 1,979 TFLOP/s with sparsity -> 989 dense
+    "h200": 989e12,  # NVIDIA H200 datasheet: same tensor cores as H100 SXM, 989 dense
+    "b200": 2250e12,  # NVIDIA HGX B200 datasheet: 36 PFLOP/s sparse per 8 GPUs -> 2.25 PF dense each
+}
+
+
+def resolve_device(kind: str, *, local_rank: int = 0, libtpu_init_flags: str = "") -> torch.device:
+    """`auto|cpu|cuda|tpu` -> torch.device. `auto` never picks the TPU (it must be asked for)."""
+    if kind == "auto":
+        kind = "cuda" if torch.cuda.is_available() else "cpu"
+    if kind == "cpu":
+        return torch.device("cpu")
+    if kind == "cuda":
+        if not torch.cuda.is_available():
+            raise ConfigError("device 'cuda' requested but torch.cuda.is_available() is False on this machine")
+        torch.cuda.set_device(local_rank)
+        return torch.device("cuda", local_rank)
+    if kind == "tpu":
+        _init_tpu(libtpu_init_flags)
+        return torch.device("tpu", local_rank)
+    raise ConfigError(f"unknown device '{kind}' (valid: auto, cpu, cuda, tpu)")
+
+
+def _init_tpu(libtpu_init_flags: str) -> None:
+    """Import torch_tpu only on request: it aborts the process when no TPU is attached.
+
+    LIBTPU_INIT_ARGS must be set before libtpu loads, so the flags go into the environment
+    first. TorchTPU runs eagerly by default, which is what the eager and parity rungs need.
+    """
+    if libtpu_init_flags:
+        os.environ["LIBTPU_INIT_ARGS"] = (os.environ.get("LIBTPU_INIT_ARGS", "") + " " + libtpu_init_flags).strip()
+    try:
+        import torch_tpu  # noqa: F401
+    except ImportError:
+        raise ConfigError(
+            "device 'tpu' requested but torch_tpu is not installed: on a TPU host run "
+            "pip install 'titan-onboard[tpu]'"
+        ) from None
+
+
+def synchronize(device: torch.device) -> None:
+    """Wait for queued device work, so wall-clock timings measure the work itself."""
+    backend = getattr(torch, device.type, None)
+    if device.type != "cpu" and backend is not None and hasattr(backend, "synchronize"):
+        backend.synchronize()
+
+
+def reset_peak_memory(device: torch.device) -> None:
+    backend = getattr(torch, device.type, None)
+    if device.type != "cpu" and hasattr(backend, "reset_peak_memory_stats"):
+        backend.reset_peak_memory_stats()
+
+
+def peak_memory_bytes(device: torch.device) -> int:
+    """Peak allocated device memory; on CPU the process's peak resident set size."""
+    backend = getattr(torch, device.type, None)
+    if device.type != "cpu" and hasattr(backend, "max_memory_allocated"):
+        return int(backend.max_memory_allocated(device))
+    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024  # Linux reports KiB
+
+
+def device_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    if device.type == "cpu":
+        return platform.processor() or platform.machine()
+    return device.type
+
+
+def peak_flops(device: torch.device, dtype: torch.dtype) -> float:
+    """Peak FLOP/s for MFU: the vendor table on accelerators, a measured probe on CPU."""
+    if device.type == "cpu":
+        return measured_cpu_peak(dtype)
+    name = device_name(device).lower()
+    for key, flops in PEAK_BF16_FLOPS.items():
+        if key.split()[-1] in name:
+            return flops
+    return float("nan")  # unknown accelerator: MFU is reported as nan rather than guessed
+
+
+def _cache_file() -> Path:
+    root = os.environ.get("TITAN_CORE_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "titan_core")
+    return Path(root) / "cpu_peak.json"
+
+
+@lru_cache(maxsize=None)
+def measured_cpu_peak(dtype: torch.dtype = torch.float32) -> float:
+    """Matmul FLOP/s of this CPU at the current thread count, measured once and cached on disk."""
+    key = f"{platform.processor() or platform.machine()}|{os.cpu_count()}|{torch.get_num_threads()}|{dtype}"
+    path = _cache_file()
+    try:
+        cached = json.loads(path.read_text())
+    except (OSError, ValueError):
+        cached = {}
+    if key in cached:
+        return float(cached[key])
+    n = 1024
+    a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
+    a @ b  # warm-up: thread pool and allocator
+    best = float("inf")
+    for _ in range(5):
+        t0 = time.perf_counter()
+        a @ b
+        best = min(best, time.perf_counter() - t0)
+    flops = 2 * n**3 / best
+    cached[key] = flops
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(cached, indent=1))
+        os.replace(tmp, path)
+    except OSError:
+        pass  # a read-only home only costs a re-measure next time
+    return flops

@@ -1,0 +1,82 @@
+"""Entry point: `python -m titan_core.train --config recipe.toml [--section.key=value ...]`.
+
+torchrun-ready: rank, world size and local rank come from RANK / WORLD_SIZE / LOCAL_RANK.
+Bad input (unknown key, wrong type, missing file, unknown family, unavailable device)
+prints one line and exits 2, without a traceback.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from titan_core.config.loader import ConfigError, load_config, to_toml
+from titan_core.config.sections import JobConfig
+
+USAGE = """usage: python -m titan_core.train [--config RECIPE.toml] [--print-config] [--section.key=value ...]
+
+  --config PATH      TOML recipe (sections: model, training, data, optimizer, lr_scheduler,
+                     parallelism, compile, kernels, checkpoint, metrics, profiler, device, tpu)
+  --print-config     print the resolved config as TOML and exit
+  --section.key=V    override one field, e.g. --training.steps=50 --model.flavor=debugmodel
+"""
+
+
+def run(cfg: JobConfig, *, quiet: bool = False, repeat_batch: bool = False):
+    """Train as configured and return the TrainResult (metrics per step and model facts)."""
+    from titan_core.trainer import Trainer
+
+    trainer = Trainer(cfg, quiet=quiet, repeat_batch=repeat_batch)
+    return trainer.train()
+
+
+def parse_argv(argv: list[str]) -> tuple[str | None, bool, list[str]]:
+    config, print_config, overrides = None, False, []
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        if arg in ("-h", "--help"):
+            raise SystemExit(USAGE)
+        if arg == "--print-config":
+            print_config = True
+        elif arg == "--config" or arg.startswith("--config="):
+            if "=" in arg:
+                config = arg.split("=", 1)[1]
+            elif i + 1 < len(argv):
+                config = argv[i + 1]
+                i += 1
+            else:
+                raise ConfigError("--config needs a path")
+        else:
+            overrides.append(arg)
+        i += 1
+    return config, print_config, overrides
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    try:
+        config, print_config, overrides = parse_argv(argv)
+        cfg = load_config(config, overrides)
+        if print_config:
+            sys.stdout.write(to_toml(cfg))
+            return 0
+        result = run(cfg)
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    if result.summary is not None:
+        from rich.console import Console
+
+        Console(stderr=True).print(result.summary)
+    return 0 if result.metrics and all(_finite(m["loss"]) for m in result.metrics) else 1
+
+
+def _finite(x: float) -> bool:
+    return x == x and abs(x) != float("inf")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,190 @@
+"""The training loop: build everything from a JobConfig, then step.
+
+Build order matters: the model is created on the meta device, swaps replace modules
+while they cost nothing, then weights are materialised on the target and initialised;
+the optimizer is created last, over the parameters that will actually train.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import statistics
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from titan_core import devices
+from titan_core.checkpoint import Checkpointer, export_hf
+from titan_core.config.loader import ConfigError
+from titan_core.config.sections import JobConfig
+from titan_core.config.swaps import apply_swaps
+from titan_core.data import build_data_loader
+from titan_core.kernels import swaps_for
+from titan_core.metrics import MetricsLogger
+from titan_core.model_builder import build_model_from_config
+from titan_core.models.common.stats import flops_per_token, param_counts
+from titan_core.optim import build_lr_scheduler, build_optimizer
+from titan_core.profiler import StepProfiler
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+@dataclass
+class TrainResult:
+    metrics: list[dict]
+    """One dict per optimizer step (see MetricsLogger)."""
+    num_params: int
+    flops_per_token: float
+    device: str
+    swaps: dict[str, str] = field(default_factory=dict)
+    resumed_from: int | None = None
+    output_dir: str = ""
+    summary: object = None
+    """A rich Table of every step (None when logging was off)."""
+
+    @property
+    def step_time_median_s(self) -> float:
+        # the first steps pay for allocator warm-up and lazy init; skip them when we can
+        times = [m["step_time_s"] for m in self.metrics]
+        return statistics.median(times[2:] if len(times) > 4 else times)
+
+
+def _dist_env() -> tuple[int, int, int]:
+    return int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1)), int(os.environ.get("LOCAL_RANK", 0))
+
+
+def set_determinism(seed: int, deterministic: bool) -> None:
+    torch.manual_seed(seed)
+    if deterministic:
+        torch.use_deterministic_algorithms(True)
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+
+
+class Trainer:
+    def __init__(self, cfg: JobConfig, *, quiet: bool = False, repeat_batch: bool = False):
+        self.cfg = cfg
+        self.rank, self.world_size, local_rank = _dist_env()
+        if self.world_size > 1 and cfg.parallelism.data_parallel == "none":
+            raise ConfigError(
+                f"WORLD_SIZE={self.world_size} but parallelism.data_parallel = 'none': "
+                "choose a data-parallel mode to run on several processes"
+            )
+        if cfg.device.threads:
+            torch.set_num_threads(cfg.device.threads)
+        self.device = devices.resolve_device(
+            cfg.device.type, local_rank=local_rank, libtpu_init_flags=cfg.tpu.libtpu_init_flags
+        )
+        set_determinism(cfg.training.seed, cfg.training.deterministic)
+        self.out_dir = Path(cfg.metrics.output_dir)
+
+        self.family, self.args, model = build_model_from_config(cfg.model)
+        self.swaps = apply_swaps(model, swaps_for(cfg.kernels))
+        model.to_empty(device=self.device)
+        model.init_weights(seed=cfg.training.seed)
+        self.model = model.to(DTYPES[cfg.training.dtype])
+
+        self.optimizer = build_optimizer(self.model, cfg.optimizer)
+        self.lr_scheduler = build_lr_scheduler(self.optimizer, cfg.lr_scheduler, cfg.training.steps)
+        self.data = build_data_loader(
+            cfg, vocab_size=self.args.vocab_size, dp_rank=self.rank, dp_world=self.world_size, repeat_batch=repeat_batch
+        )
+        self.checkpointer = Checkpointer.from_config(cfg)
+        self.profiler = StepProfiler(cfg.profiler, self._under_output(cfg.profiler.folder), self.rank)
+        self.logger = MetricsLogger(
+            self.out_dir, log_freq=cfg.metrics.log_freq, use_rich=cfg.metrics.rich, enabled=self.rank == 0 and not quiet
+        )
+        counts = param_counts(self.args)
+        self.num_params = counts["total"]
+        self.flops_per_token = flops_per_token(self.args, cfg.training.seq_len)
+        self.peak_flops = devices.peak_flops(self.device, DTYPES[cfg.training.mixed_precision_param])
+        self.step = 0
+        self.resumed_from: int | None = None
+        if cfg.checkpoint.enable and cfg.checkpoint.resume:
+            self.resumed_from = self.checkpointer.load_latest(
+                model=self.model, optimizer=self.optimizer, lr_scheduler=self.lr_scheduler, data_loader=self.data
+            )
+            self.step = self.resumed_from or 0
+
+    def _under_output(self, folder: str) -> Path:
+        p = Path(folder)
+        return p if p.is_absolute() else self.out_dir / p
+
+    def _micro_batch_loss(self, batch) -> torch.Tensor:
+        move = lambda t: None if t is None else t.to(self.device, non_blocking=True)  # noqa: E731
+        loss, _ = self.model.loss(
+            move(batch.tokens), move(batch.labels), positions=move(batch.positions), segment_ids=move(batch.segment_ids)
+        )
+        return loss
+
+    def train_step(self) -> dict:
+        """One optimizer step over `grad_accum` micro-batches; returns its metrics."""
+        cfg = self.cfg.training
+        devices.synchronize(self.device)
+        t0 = time.perf_counter()
+        self.optimizer.zero_grad(set_to_none=True)
+        total = torch.zeros((), device=self.device)
+        for _ in range(cfg.grad_accum):
+            loss = self._micro_batch_loss(next(self.data)) / cfg.grad_accum
+            loss.backward()
+            total += loss.detach().float()
+        params = [p for p in self.model.parameters() if p.grad is not None]
+        if cfg.max_norm > 0:
+            grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.max_norm, foreach=True)
+        else:
+            grad_norm = torch.nn.utils.get_total_norm([p.grad for p in params], foreach=True)
+        lr = self.optimizer.param_groups[0]["lr"]
+        self.optimizer.step()
+        self.lr_scheduler.step()
+        loss_value, norm_value = total.item(), grad_norm.item()  # the one host sync per step
+        devices.synchronize(self.device)
+        dt = time.perf_counter() - t0
+        tokens = cfg.batch_size * cfg.seq_len * cfg.grad_accum * self.world_size
+        tps = tokens / dt
+        return {
+            "step": self.step,
+            "loss": loss_value,
+            "grad_norm": norm_value,
+            "lr": lr,
+            "tokens_per_s": tps,
+            "mfu": self.flops_per_token * tps / (self.peak_flops * self.world_size),
+            "peak_mem_bytes": devices.peak_memory_bytes(self.device),
+            "step_time_s": dt,
+        }
+
+    def train(self) -> TrainResult:
+        devices.reset_peak_memory(self.device)
+        try:
+            while self.step < self.cfg.training.steps:
+                self.step += 1
+                self.profiler.before_step(self.step)
+                row = self.train_step()
+                self.profiler.after_step(self.step)
+                self.logger.log(row)
+                if not (math.isfinite(row["loss"])):
+                    break  # nothing useful follows a non-finite loss; the caller reports it
+                self.checkpointer.maybe_save(
+                    self.step,
+                    model=self.model,
+                    optimizer=self.optimizer,
+                    lr_scheduler=self.lr_scheduler,
+                    data_loader=self.data,
+                    last=self.step == self.cfg.training.steps,
+                )
+        finally:
+            self.profiler.close()
+            self.logger.close()
+        if self.cfg.checkpoint.export_hf and self.rank == 0:
+            export_hf(self.model, self.family, self.args, self._under_output(self.cfg.checkpoint.export_hf))
+        return TrainResult(
+            metrics=self.logger.rows,
+            num_params=self.num_params,
+            flops_per_token=self.flops_per_token,
+            device=str(self.device),
+            swaps=self.swaps,
+            resumed_from=self.resumed_from,
+            output_dir=str(self.out_dir),
+            summary=self.logger.summary_table() if self.logger.enabled else None,
+        )
