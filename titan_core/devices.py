@@ -6,13 +6,11 @@ Nothing here hard-codes a device type outside `resolve_device`: callers pass the
 
 from __future__ import annotations
 
-import json
 import os
 import platform
 import resource
 import time
 from functools import lru_cache
-from pathlib import Path
 
 import torch
 
@@ -105,37 +103,20 @@ def peak_flops(device: torch.device, dtype: torch.dtype) -> float:
     return float("nan")  # unknown accelerator: MFU is reported as nan rather than guessed
 
 
-def _cache_file() -> Path:
-    root = os.environ.get("TITAN_CORE_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "titan_core")
-    return Path(root) / "cpu_peak.json"
-
-
 @lru_cache(maxsize=None)
 def measured_cpu_peak(dtype: torch.dtype = torch.float32) -> float:
-    """Matmul FLOP/s of this CPU at the current thread count, measured once and cached on disk."""
-    key = f"{platform.processor() or platform.machine()}|{os.cpu_count()}|{torch.get_num_threads()}|{dtype}"
-    path = _cache_file()
-    try:
-        cached = json.loads(path.read_text())
-    except (OSError, ValueError):
-        cached = {}
-    if key in cached:
-        return float(cached[key])
+    """Matmul FLOP/s of this CPU at the current thread count, measured once per process.
+
+    Not cached on disk on purpose: a probe taken while other work loaded the machine
+    would understate the peak for every later run (MFU above 100%). Measuring in the
+    same process as the training it normalises keeps both under the same conditions.
+    """
     n = 1024
     a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
     a @ b  # warm-up: thread pool and allocator
     best = float("inf")
-    for _ in range(5):
+    for _ in range(8):
         t0 = time.perf_counter()
         a @ b
         best = min(best, time.perf_counter() - t0)
-    flops = 2 * n**3 / best
-    cached[key] = flops
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(cached, indent=1))
-        os.replace(tmp, path)
-    except OSError:
-        pass  # a read-only home only costs a re-measure next time
-    return flops
+    return 2 * n**3 / best

@@ -14,11 +14,11 @@ from titan_core.train import run
 TINY_MODEL = "--model.overrides={n_layers = 2, dim = 64, n_heads = 4, n_kv_heads = 2, ffn_hidden_dim = 128, vocab_size = 256}"
 
 
-def _cfg(tmp_path, *extra):
+def _cfg(tmp_path, *extra, model=TINY_MODEL):
     return load_config(
         None,
         [
-            TINY_MODEL,
+            model,
             "--training.batch_size=4",
             "--training.seq_len=32",
             "--training.steps=8",
@@ -99,3 +99,25 @@ def test_no_decay_groups():
 def test_bf16_training_runs(tmp_path):
     result = run(_cfg(tmp_path, "--training.steps=2", "--training.dtype=bfloat16", "--training.deterministic=false"), quiet=True)
     assert all(math.isfinite(m["loss"]) for m in result.metrics)
+
+
+def test_text_data_and_hf_export(tmp_path):
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    (corpus / "a.txt").write_text("The quick brown fox.\n\nJumps over the lazy dog.\n\n" * 20)
+    result = run(
+        _cfg(
+            tmp_path / "run",
+            "--training.steps=3",
+            "--data.source=text",
+            f"--data.path={corpus}",
+            "--data.tokenizer=byte",
+            "--checkpoint.export_hf=hf",
+            model=TINY_MODEL.replace("vocab_size = 256", "vocab_size = 320"),
+        ),
+        quiet=True,
+    )
+    assert all(math.isfinite(m["loss"]) for m in result.metrics)
+    exported = tmp_path / "run" / "hf"
+    assert (exported / "model.safetensors").is_file()
+    assert json.loads((exported / "config.json").read_text())["vocab_size"] == 320
