@@ -51,17 +51,18 @@ class NaiveAttention(nn.Module):
 
 
 class SDPAttention(nn.Module):
-    """scaled_dot_product_attention; the plain causal fast path when no other mask applies."""
+    """scaled_dot_product_attention; the plain causal fast path when no other mask applies.
+
+    GQA goes through `enable_gqa` so the kernel indexes shared KV heads instead of
+    materialising repeated copies of them.
+    """
 
     def forward(self, q, k, v, *, scale: float, window: int | None, segment_ids):
-        rep = q.shape[1] // k.shape[1]
-        if rep > 1:
-            k = k.repeat_interleave(rep, dim=1)
-            v = v.repeat_interleave(rep, dim=1)
+        gqa = q.shape[1] != k.shape[1]
         if window is None and segment_ids is None:
-            return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale)
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, enable_gqa=gqa)
         mask = attention_mask(q.shape[2], window=window, segment_ids=segment_ids, device=q.device)
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=gqa)
 
 
 class Attention(nn.Module):

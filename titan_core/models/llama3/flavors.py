@@ -12,7 +12,7 @@ LLAMA3_ROPE_SCALING = {
 FLAVORS: dict[str, TransformerArgs] = {
     "debugmodel": TransformerArgs(
         dim=256, n_layers=6, n_heads=16, n_kv_heads=4, vocab_size=2048, ffn_hidden_dim=768,
-        rope_theta=500000.0, rope_scaling=LLAMA3_ROPE_SCALING, max_seq_len=2048,
+        rope_theta=500000.0, rope_scaling=LLAMA3_ROPE_SCALING, max_seq_len=131072,
     ),
     "debugmodel_mistral": TransformerArgs(
         dim=256, n_layers=4, n_heads=8, n_kv_heads=2, vocab_size=2048, ffn_hidden_dim=768,
