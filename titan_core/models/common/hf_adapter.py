@@ -1,8 +1,10 @@
 """Hugging Face <-> native conversion for llama-style checkpoints and configs.
 
-Families subclass `HFAdapter` and extend the key table or the config reading. Conversions
-are pure renames and reshapes (never arithmetic on values), so a round trip
-HF -> native -> HF returns bit-identical tensors.
+Families subclass `HFAdapter` and extend the key table, the per-layer hooks
+(`layer_group_to_hf` / `layer_from_hf` see all tensors of one layer at once, for fused
+layouts such as MoE experts) or the config reading (`extra_args_from_hf`). Conversions
+are pure renames, transposes, splits and concatenations (never arithmetic on values), so
+a round trip HF -> native -> HF returns bit-identical tensors.
 """
 
 from __future__ import annotations
@@ -130,13 +132,14 @@ class HFAdapter:
         head, emb = sd.get("lm_head.weight"), sd.get("model.embed_tokens.weight")
         if head is None or emb is None or tie_embeddings is False:
             return sd
+        on_meta = "meta" in (head.device.type, emb.device.type)  # no storage to compare
         same_tensor = head is emb or (
-            head.device.type != "meta" and head.data_ptr() == emb.data_ptr()
+            not on_meta and head.data_ptr() == emb.data_ptr()
             and head.shape == emb.shape and head.stride() == emb.stride()
         )
         if tie_embeddings is None and not same_tensor:
             return sd
-        if not same_tensor and not torch.equal(head, emb):
+        if not same_tensor and not on_meta and not torch.equal(head, emb):
             raise AdapterError("tie_embeddings is set but lm_head.weight differs from model.embed_tokens.weight")
         return {k: v for k, v in sd.items() if k != "lm_head.weight"}
 

@@ -21,7 +21,8 @@ def qwen_windows(take, n_layers: int) -> list[int | None]:
     if not use or window is None:
         window = None
     if types is None:
-        types = ["sliding_attention" if window is not None and i >= first_windowed else "full_attention" for i in range(n_layers)]
+        windowed = [window is not None and i >= first_windowed for i in range(n_layers)]
+        types = ["sliding_attention" if w else "full_attention" for w in windowed]
     if len(types) != n_layers:
         raise AdapterError(f"layer_types has {len(types)} entries for {n_layers} layers")
     unknown = set(types) - {"sliding_attention", "full_attention"}

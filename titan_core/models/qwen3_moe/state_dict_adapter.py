@@ -53,7 +53,8 @@ class Qwen3MoeAdapter(HFAdapter):
         out: dict[str, torch.Tensor] = {}
         if ROUTER[1] in entries:
             out[f"layers.{i}.{ROUTER[0]}"] = entries.pop(ROUTER[1])
-        fused = {k: entries.pop(f"mlp.experts.{k}") for k in ("gate_up_proj", "down_proj") if f"mlp.experts.{k}" in entries}
+        fused = {k: entries.pop(f"mlp.experts.{k}") for k in ("gate_up_proj", "down_proj")
+                 if f"mlp.experts.{k}" in entries}  # fmt: skip
         per_expert = {k: entries.pop(k) for k in list(entries) if PER_EXPERT.fullmatch(k)}
         if fused and per_expert:
             raise AdapterError(f"layer {i} holds experts both fused and per expert")
@@ -71,7 +72,8 @@ class Qwen3MoeAdapter(HFAdapter):
         gate_up, down = fused["gate_up_proj"], fused["down_proj"]
         hidden = gate_up.shape[1] // 2
         if gate_up.shape[1] != 2 * hidden or down.shape[2] != hidden:
-            raise AdapterError(f"layer {i}: gate_up_proj {tuple(gate_up.shape)} and down_proj {tuple(down.shape)} disagree")
+            shapes = f"gate_up_proj {tuple(gate_up.shape)} and down_proj {tuple(down.shape)}"
+            raise AdapterError(f"layer {i}: {shapes} disagree")
         return {
             f"layers.{i}.moe.experts.w1": _t(gate_up[:, :hidden]),
             f"layers.{i}.moe.experts.w3": _t(gate_up[:, hidden:]),
