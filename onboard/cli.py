@@ -1,0 +1,405 @@
+"""The `onboard` command line: new-model, next-step, status, list, report, waive, train, demo, skill.
+
+Every command takes --json: then stdout carries one JSON document and nothing else
+(progress goes to stderr, and is silent). Exit codes (DESIGN section 4): 0 passed / done,
+1 gate failed, 2 bad input (one line on stderr, nothing written), 130 interrupted.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Callable, Optional
+
+import typer
+from rich.console import Console
+from rich.panel import Panel
+
+from onboard.errors import EXIT_BAD_INPUT, BadInput
+
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    rich_markup_mode=None,
+    pretty_exceptions_enable=False,
+    help="Bring a model onto a sharded, compiled training setup one machine-checked rung at a time.",
+)
+skill_app = typer.Typer(no_args_is_help=True, help="The onboard-model agent skill.")
+app.add_typer(skill_app, name="skill")
+
+DIR_OPTION = typer.Option(Path("."), "--dir", help="Folder holding onboarding/ (default: the current folder).")
+JSON_OPTION = typer.Option(False, "--json", help="Print one JSON document on stdout and nothing else.")
+
+
+class Out:
+    """stdout for results (rich, or one JSON document), stderr for progress and errors."""
+
+    def __init__(self, json_mode: bool):
+        self.json = json_mode
+        self.console = Console(highlight=False, soft_wrap=False)
+        self.err = Console(stderr=True, highlight=False)
+
+    def log(self, line: str) -> None:
+        if not self.json:
+            self.err.print(line, markup=False, soft_wrap=True)
+
+    def print(self, *objects, **kw) -> None:
+        if not self.json:
+            self.console.print(*objects, **kw)
+
+    def emit(self, data: dict) -> None:
+        sys.stdout.write(json.dumps(data, indent=2, default=str) + "\n")
+        sys.stdout.flush()
+
+
+def _run(json_mode: bool, body: Callable[[Out], int]) -> None:
+    """Run a command body; bad input becomes one line on stderr and exit 2."""
+    from titan_core.config.loader import ConfigError
+
+    out = Out(json_mode)
+    try:
+        code = body(out)
+    except (BadInput, ConfigError) as e:
+        message = " ".join(str(e).split())
+        print(f"error: {message}", file=sys.stderr)
+        if json_mode:
+            out.emit({"error": message, "exit_code": EXIT_BAD_INPUT})
+        raise typer.Exit(EXIT_BAD_INPUT) from None
+    raise typer.Exit(code or 0)
+
+
+# ---- new-model -----------------------------------------------------------------------------
+@app.command("new-model")
+def new_model(
+    name: str = typer.Argument(..., help="Workspace name: letters, digits and '_' (an identifier)."),
+    hf_config: Optional[Path] = typer.Option(None, "--hf-config", help="HF config.json (or its folder)."),
+    preset: Optional[str] = typer.Option(
+        None, "--preset", help="FAMILY[/FLAVOR] of titan_core, e.g. llama3/debugmodel."
+    ),
+    weights: Optional[Path] = typer.Option(None, "--weights", help="Folder of HF safetensors for parity."),
+    path: Optional[str] = typer.Option(
+        None,
+        "--path",
+        help="native (a titan_core family runs it; the default) | port (model.py from the closest family).",
+    ),
+    dir: Path = DIR_OPTION,
+    device: str = typer.Option("auto", "--device", help="auto | cpu | cuda | tpu."),
+    force: bool = typer.Option(False, "--force", help="Replace an existing workspace of that name."),
+    json_out: bool = JSON_OPTION,
+):
+    """Scaffold onboarding/NAME/ from an HF config or a titan_core preset."""
+
+    def body(out: Out) -> int:
+        from onboard.scaffold import plan_workspace, write_workspace
+
+        plan = plan_workspace(
+            name, dir, hf_config=hf_config, preset=preset, weights=weights, path=path, device=device, force=force
+        )
+        root = write_workspace(plan, force=force)
+        files = sorted(plan.files) + ["ladder.json"]
+        result = {
+            "workspace": str(root),
+            "name": name,
+            "family": plan.family,
+            "path": plan.path_kind,
+            "model_type": plan.model_type,
+            "files": files,
+            "unconsumed_keys": plan.unconsumed,
+            "todos": plan.todos,
+            "next": f"onboard next-step {name}" + ("" if Path(dir) == Path(".") else f" --dir {dir}"),
+        }
+        if out.json:
+            out.emit(result)
+            return 0
+        out.print(
+            f"[bold green]created[/] {root}  ({plan.path_kind} path, family {plan.family}, model_type {plan.model_type})"
+        )
+        out.print("files: " + ", ".join(files))
+        if plan.unconsumed:
+            out.print(
+                f"[bold yellow]config keys the {plan.family} family does not consume[/] (handle each or confirm it is irrelevant):"
+            )
+            for key in plan.unconsumed:
+                out.print(f"  {key} = {json.dumps(plan.hf_config[key])}", markup=False)
+        else:
+            out.print(f"every architecture key of config.json is consumed by the {plan.family} family")
+        if plan.path_kind == "port":
+            out.print(f"{len(plan.todos)} TODO(port) items in model.py")
+        out.print(f"next: [bold]{result['next']}[/]")
+        return 0
+
+    _run(json_out, body)
+
+
+# ---- next-step -----------------------------------------------------------------------------
+@app.command("next-step")
+def next_step_cmd(name: str = typer.Argument(...), dir: Path = DIR_OPTION, json_out: bool = JSON_OPTION):
+    """Run the current rung's gate; record the evidence; exit 0 passed, 1 failed, 2 bad input."""
+
+    def body(out: Out) -> int:
+        from onboard.ladder import next_step
+        from onboard.views import show_outcome
+        from onboard.workspace import Workspace
+
+        ws = Workspace.load(dir, name)
+        command = f"onboard next-step {name}" + ("" if Path(dir) == Path(".") else f" --dir {dir}")
+        outcome = next_step(ws, log=out.log, base_command=command)
+        if out.json:
+            out.emit(outcome.to_json())
+        else:
+            show_outcome(out.print, outcome)
+        return outcome.exit_code
+
+    _run(json_out, body)
+
+
+# ---- status / list / report ------------------------------------------------------------------
+def _print_status(out: Out, ws, states) -> None:
+    from onboard.views import ladder_message, ladder_table
+
+    meta = ws.ledger.meta
+    out.print(
+        ladder_table(
+            states,
+            title=f"{ws.name}: {meta.get('model_type')} ({meta.get('path')} path, family {meta.get('family')}, device {ws.device})",
+        )
+    )
+    waivers = list(ws.ledger.waivers().values())
+    if waivers:
+        lines = "\n".join(
+            f"{w['rung']}/{w['criterion']}: {w['why']}  ({w.get('by')}, {w['time'][:19]})" for w in waivers
+        )
+        out.print(Panel(lines, title="WAIVED CRITERIA", border_style="bold red", style="red"))
+    out.print(ladder_message(states))
+
+
+@app.command("status")
+def status_cmd(name: str = typer.Argument(...), dir: Path = DIR_OPTION, json_out: bool = JSON_OPTION):
+    """The ladder table of one workspace: each rung's status, stale rungs and waivers."""
+
+    def body(out: Out) -> int:
+        from onboard.ladder import default_specs, ladder_states
+        from onboard.views import status_dict
+        from onboard.workspace import Workspace
+
+        ws = Workspace.load(dir, name)
+        states = ladder_states(ws, default_specs())
+        if out.json:
+            out.emit(status_dict(ws, states))
+        else:
+            _print_status(out, ws, states)
+        return 0
+
+    _run(json_out, body)
+
+
+@app.command("list")
+def list_cmd(dir: Path = DIR_OPTION, json_out: bool = JSON_OPTION):
+    """Every workspace under onboarding/ with its current rung."""
+
+    def body(out: Out) -> int:
+        from rich.table import Table
+
+        from onboard.ladder import default_specs, ladder_states
+        from onboard.views import ladder_message
+        from onboard.workspace import Workspace, list_workspaces
+
+        specs = default_specs()
+        rows = []
+        for root in list_workspaces(dir):
+            try:
+                ws = Workspace.load(dir, root.name)
+            except BadInput as e:  # one broken workspace must not hide the others
+                rows.append({"workspace": root.name, "error": str(e)})
+                continue
+            states = ladder_states(ws, specs)
+            rows.append(
+                {
+                    "workspace": ws.name,
+                    "model_type": ws.ledger.meta.get("model_type"),
+                    "family": ws.ledger.meta.get("family"),
+                    "path": ws.ledger.meta.get("path"),
+                    "rungs": {s.rung: s.status for s in states},
+                    "message": ladder_message(states),
+                }
+            )
+        if out.json:
+            out.emit({"dir": str(Path(dir).resolve()), "workspaces": rows})
+            return 0
+        if not rows:
+            out.print(f"no workspaces under {Path(dir) / 'onboarding'}; create one with `onboard new-model`")
+            return 0
+        table = Table(title=f"workspaces in {Path(dir).resolve() / 'onboarding'}")
+        for col in ("workspace", "model_type", "path", "passed", "status"):
+            table.add_column(col)
+        for r in rows:
+            if "error" in r:
+                table.add_row(r["workspace"], "", "", "", f"[red]{r['error']}[/]")
+                continue
+            passed = [k for k, v in r["rungs"].items() if v in ("passed", "not_applicable")]
+            table.add_row(
+                r["workspace"], r["model_type"] or "", r["path"] or "", ", ".join(passed) or "-", r["message"]
+            )
+        out.print(table)
+        return 0
+
+    _run(json_out, body)
+
+
+@app.command("report")
+def report_cmd(name: str = typer.Argument(...), dir: Path = DIR_OPTION, json_out: bool = JSON_OPTION):
+    """Write REPORT.md into the workspace: the evidence of every rung, waivers first."""
+
+    def body(out: Out) -> int:
+        from onboard.report import write_report
+        from onboard.workspace import Workspace
+
+        ws = Workspace.load(dir, name)
+        path = write_report(ws)
+        if out.json:
+            out.emit({"workspace": name, "report": str(path), "waivers": list(ws.ledger.waivers().values())})
+        else:
+            out.print(f"wrote {path}")
+        return 0
+
+    _run(json_out, body)
+
+
+# ---- waive -----------------------------------------------------------------------------------
+@app.command("waive")
+def waive_cmd(
+    name: str = typer.Argument(...),
+    rung: str = typer.Argument(..., help="The rung whose criterion is waived."),
+    criterion: str = typer.Argument(..., help="The criterion name from checklists/<rung>.yaml."),
+    why: str = typer.Option(..., "--why", help="The reason, on the record (a person's decision)."),
+    dir: Path = DIR_OPTION,
+    json_out: bool = JSON_OPTION,
+):
+    """Waive one criterion of a rung, with a reason; shown in red in status and the report."""
+
+    def body(out: Out) -> int:
+        from onboard.gates import ChecklistError, load_checklist
+        from onboard.ladder import RUNGS
+        from onboard.ledger import Ledger
+        from onboard.lock import WorkspaceLock
+        from onboard.workspace import Workspace
+
+        ws = Workspace.load(dir, name)
+        if rung not in RUNGS:
+            raise BadInput(f"unknown rung '{rung}' (rungs: {', '.join(RUNGS)})")
+        try:
+            checklist = load_checklist(rung)
+        except ChecklistError:
+            raise BadInput(f"rung '{rung}' is not built yet: it has no checklist to waive from") from None
+        if checklist.criterion(criterion) is None:
+            names = ", ".join(c.name for c in checklist.criteria)
+            raise BadInput(f"rung '{rung}' has no criterion '{criterion}' (criteria: {names})")
+        if not why.strip():
+            raise BadInput("--why must say why the criterion is waived")
+        with WorkspaceLock(ws.root):
+            ledger = Ledger.load(ws.ledger.path)
+            waiver = ledger.add_waiver(rung, criterion, why.strip())
+            ledger.save()
+        if out.json:
+            out.emit({"workspace": name, "waiver": waiver})
+        else:
+            out.print(f"[bold white on red]WAIVED[/] {rung}/{criterion}: {waiver['why']}")
+            out.print(f"recorded in {ws.ledger.path}; the next `onboard next-step {name}` counts it as ok-but-waived")
+        return 0
+
+    _run(json_out, body)
+
+
+# ---- train / demo / skill ------------------------------------------------------------------------
+@app.command(
+    "train",
+    context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
+)
+def train_cmd(
+    ctx: typer.Context,
+    config: Path = typer.Option(..., "--config", help="Recipe TOML."),
+    nproc: int = typer.Option(1, "--nproc", help="Processes on this host (only 1 for now)."),
+):
+    """Train with a recipe, like `python -m titan_core.train --config RECIPE [--a.b=c ...]`."""
+    if nproc != 1:
+        print("error: --nproc > 1 is not available yet (multi-process launch comes with the simple_fsdp rung); "
+              "use torchrun -m titan_core.train", file=sys.stderr)  # fmt: skip
+        raise typer.Exit(EXIT_BAD_INPUT)
+    from titan_core.train import main as train_main
+
+    raise typer.Exit(train_main(["--config", str(config), *_anchored_paths(config), *ctx.args]))
+
+
+# Recipe paths that name files; a workspace recipe writes them relative to its own folder.
+RECIPE_PATHS = ("model.hf_config", "model.module_file", "data.path", "metrics.output_dir")
+
+
+def _anchored_paths(config: Path) -> list[str]:
+    """Overrides that make the recipe's relative paths relative to the recipe's folder, so
+    `onboard train --config onboarding/NAME/recipe.toml` works from any folder. They go
+    before the user's own overrides, which therefore still win. A recipe that does not
+    parse is left for titan_core to report."""
+    import tomllib
+
+    try:
+        recipe = tomllib.loads(Path(config).read_text())
+    except (OSError, tomllib.TOMLDecodeError):
+        return []
+    out = []
+    for dotted in RECIPE_PATHS:
+        section, key = dotted.split(".")
+        value = recipe.get(section, {}).get(key) if isinstance(recipe.get(section), dict) else None
+        if isinstance(value, str) and value and not Path(value).is_absolute():
+            out.append(f"--{dotted}={(Path(config).parent / value).resolve()}")
+    return out
+
+
+@app.command("demo")
+def demo_cmd(
+    dir: Path = typer.Option(Path("demo-run"), "--dir", help="Folder for the demo workspace."),
+    device: str = typer.Option("auto", "--device", help="auto | cpu | cuda | tpu."),
+    json_out: bool = JSON_OPTION,
+):
+    """new-model for the llama3 debugmodel, next-step up to the last rung that exists, status, report."""
+
+    def body(out: Out) -> int:
+        from onboard.demo import run_demo
+
+        result = run_demo(dir, device=device, out=out)
+        if out.json:
+            out.emit(result)
+        return result["exit_code"]
+
+    _run(json_out, body)
+
+
+@skill_app.command("install")
+def skill_install_cmd(
+    agent: str = typer.Option(..., "--agent", help="claude | codex | generic."),
+    dir: Path = DIR_OPTION,
+    json_out: bool = JSON_OPTION,
+):
+    """Install the onboard-model skill where that agent loads skills."""
+
+    def body(out: Out) -> int:
+        from onboard.skill_install import install
+
+        result = install(agent, dir)
+        if out.json:
+            out.emit(result)
+        else:
+            where = result["skill_dir"] + (f" (+ section in {result['agents_md']})" if result["agents_md"] else "")
+            out.print(f"installed the onboard-model skill for {agent}: {where}")
+        return 0
+
+    _run(json_out, body)
+
+
+def main() -> None:
+    """Console-script entry point."""
+    app()
+
+
+if __name__ == "__main__":
+    main()

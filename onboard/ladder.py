@@ -1,0 +1,342 @@
+"""The ladder: rung order, each rung's state from the ledger, and `next-step`.
+
+State of a rung, from its latest attempt in ladder.json:
+
+    pending         never attempted
+    passed          latest attempt passed and nothing it read has changed since
+    not_applicable  latest attempt said the rung does not apply (with the reason)
+    stale           it passed (or was n/a), but a file it read changed, or an earlier rung
+                    was re-verified after it: its evidence no longer describes the model
+    failed          latest attempt failed its gate
+    interrupted     latest attempt was stopped (Ctrl-C, SIGTERM, a kill) before it finished
+    running         latest attempt is in progress in a live process
+    not built yet   DESIGN lists the rung but this version of onboard has no module for it
+
+The current rung is the first built one that is not passed / not_applicable.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import os
+import platform
+import shutil
+import signal
+import threading
+import traceback
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from importlib import metadata
+from types import ModuleType
+from typing import Any, Callable
+
+from onboard.errors import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_INTERRUPTED, EXIT_PASSED, BadInput, Interrupted
+from onboard.gates import Checklist, evaluate, gate_passed, load_checklist
+from onboard.ledger import Ledger, now_iso, parse_iso
+from onboard.lock import WorkspaceLock, holder
+from onboard.rungs.base import RungContext, RungResult
+from onboard.workspace import Workspace
+
+RUNGS = ("eager", "parity", "simple_fsdp", "compile", "graph_trainer", "kernels", "tuning")
+ACCEPTED = ("passed", "not_applicable")
+NOT_BUILT = "not built yet"
+
+
+@dataclass
+class RungSpec:
+    """How the engine reaches one rung: its module (imported lazily) and its checklist."""
+
+    name: str
+    module_name: str | None
+    """Importable module path; None when the rung is not built yet."""
+    module: ModuleType | Any = None
+    """A preloaded module-like object with run(ctx) (tests pass fakes here)."""
+    checklist: Checklist | None = None
+    """A preloaded checklist; default: checklists/<name>.yaml."""
+
+    @property
+    def built(self) -> bool:
+        return self.module is not None or self.module_name is not None
+
+    def load_module(self):
+        if self.module is None:
+            self.module = importlib.import_module(self.module_name)
+        return self.module
+
+    def load_checklist(self) -> Checklist:
+        if self.checklist is None:
+            self.checklist = load_checklist(self.name)
+        return self.checklist
+
+
+def default_specs() -> list[RungSpec]:
+    """Every rung of DESIGN section 1; those with a module in onboard/rungs/ are built."""
+    specs = []
+    for rung in RUNGS:
+        module_name = f"onboard.rungs.{rung}"
+        specs.append(RungSpec(rung, module_name if importlib.util.find_spec(module_name) else None))
+    return specs
+
+
+@dataclass
+class RungState:
+    rung: str
+    status: str
+    attempts: int
+    latest: dict | None
+    reason: str | None = None
+    """Why it is stale / not applicable / failed with an error; None otherwise."""
+
+
+def ladder_states(ws: Workspace, specs: list[RungSpec]) -> list[RungState]:
+    states: list[RungState] = []
+    upstream: list[tuple[str, Any]] = []  # (rung, end time) of accepted earlier attempts
+    running_pid = holder(ws.root)
+    for spec in specs:
+        entries = ws.ledger.entries(spec.name)
+        latest = entries[-1] if entries else None
+        reason = None
+        if not spec.built:
+            status = NOT_BUILT
+        elif latest is None:
+            status = "pending"
+        elif latest["status"] in ACCEPTED:
+            status = latest["status"]
+            reason = latest.get("not_applicable_reason")
+            changed = ws.changed_files(latest.get("files_read") or {})
+            started = parse_iso(latest["started"])
+            newer = [r for r, ended in upstream if ended > started]
+            if changed:
+                status, reason = "stale", f"changed since it {latest['status']}: {', '.join(changed)}"
+            elif newer:
+                status, reason = "stale", f"{', '.join(newer)} re-verified after this rung {latest['status']}"
+        else:
+            status = latest["status"]
+            reason = latest.get("error")
+            if latest.get("ended") is None and latest.get("pid") and latest.get("pid") == running_pid:
+                status, reason = "running", f"in progress in pid {running_pid}"
+        if latest is not None and latest["status"] in ACCEPTED and latest.get("ended"):
+            upstream.append((spec.name, parse_iso(latest["ended"])))
+        states.append(RungState(spec.name, status, len(entries), latest, reason))
+    return states
+
+
+def current_state(states: list[RungState]) -> RungState | None:
+    """The rung next-step runs: the first built rung that is not passed / not_applicable."""
+    return next((s for s in states if s.status not in ACCEPTED and s.status != NOT_BUILT), None)
+
+
+def last_built(states: list[RungState]) -> str | None:
+    built = [s.rung for s in states if s.status != NOT_BUILT]
+    return built[-1] if built else None
+
+
+def environment(device: str) -> dict:
+    """Device and library versions recorded with every attempt."""
+    env = {"device": device, "python": platform.python_version(), "platform": platform.platform()}
+    for dist in ("torch", "transformers", "titan-onboard"):
+        try:
+            env[dist] = metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            pass  # transformers is an optional extra
+    return env
+
+
+@contextmanager
+def sigterm_raises():
+    """While inside, SIGTERM raises Interrupted in the main thread (like Ctrl-C does)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum, frame):
+        raise Interrupted(f"signal {signum}")
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+@dataclass
+class StepOutcome:
+    """What next-step did; `exit_code` follows DESIGN section 4 (130 for interrupted)."""
+
+    workspace: str
+    status: str
+    """passed | failed | not_applicable | interrupted | complete"""
+    rung: str | None = None
+    attempt: int | None = None
+    criteria: list[dict] = field(default_factory=list)
+    human: list[str] = field(default_factory=list)
+    message: str = ""
+    entry: dict | None = None
+    next_rung: str | None = None
+
+    @property
+    def exit_code(self) -> int:
+        return {
+            "passed": EXIT_PASSED,
+            "not_applicable": EXIT_PASSED,
+            "complete": EXIT_PASSED,
+            "failed": EXIT_FAILED,
+            "interrupted": EXIT_INTERRUPTED,
+        }.get(self.status, EXIT_BAD_INPUT)
+
+    def to_json(self) -> dict:
+        failed = [c for c in self.criteria if not c["ok"]]
+        return {
+            "workspace": self.workspace,
+            "rung": self.rung,
+            "attempt": self.attempt,
+            "status": self.status,
+            "message": self.message,
+            "criteria": self.criteria,
+            "failed": [c["name"] for c in failed],
+            "hints": {c["name"]: c["hint"] for c in failed},
+            "waived": [c["name"] for c in self.criteria if c.get("waived")],
+            "measurements": (self.entry or {}).get("measurements", {}),
+            "details": (self.entry or {}).get("details", {}),
+            "error": (self.entry or {}).get("error"),
+            "attempt_dir": (self.entry or {}).get("attempt_dir"),
+            "next_rung": self.next_rung,
+            "human_checks": self.human,
+        }
+
+
+def _check_result(result: Any) -> RungResult:
+    if not isinstance(result, RungResult):
+        raise TypeError(f"rung returned {type(result).__name__}, expected RungResult")
+    if not isinstance(result.measurements, dict) or not isinstance(result.files_read, list):
+        raise TypeError("RungResult.measurements must be a dict and files_read a list")
+    if result.not_applicable is not None and not str(result.not_applicable).strip():
+        raise TypeError("RungResult.not_applicable must say why the rung does not apply")
+    return result
+
+
+def next_step(
+    ws: Workspace,
+    *,
+    specs: list[RungSpec] | None = None,
+    log: Callable[[str], None] = lambda line: None,
+    base_command: str | None = None,
+) -> StepOutcome:
+    """Run the current rung under the workspace lock and record the attempt in ladder.json.
+
+    The attempt is written as an `interrupted` placeholder before the rung starts and
+    replaced when it ends, so a hard kill leaves a valid ledger that says interrupted.
+    Bad input from the rung removes the placeholder again (nothing written).
+    """
+    specs = specs or default_specs()
+    base_command = base_command or f"onboard next-step {ws.name}"
+    with WorkspaceLock(ws.root) as lock:
+        if lock.took_over:
+            log(f"took over the lock left by pid {lock.took_over.get('pid')} (no longer running)")
+        ledger = ws.ledger = Ledger.load(ws.ledger.path)  # re-read under the lock
+        states = ladder_states(ws, specs)
+        current = current_state(states)
+        if current is None:
+            last = last_built(states)
+            not_built = [s.rung for s in states if s.status == NOT_BUILT]
+            msg = (
+                f"ladder complete up to the last rung that exists: {last}"
+                if not_built
+                else "ladder complete: every rung passed or does not apply"
+            )
+            return StepOutcome(ws.name, "complete", message=msg)
+        spec = next(s for s in specs if s.name == current.rung)
+        return _run_attempt(ws, ledger, specs, spec, current, states, log, base_command)
+
+
+def _run_attempt(ws, ledger, specs, spec, current, states, log, base_command) -> StepOutcome:
+    rung = spec.name
+    checklist = spec.load_checklist()
+    module = spec.load_module()
+    attempt = ledger.next_attempt(rung)
+    attempt_dir = ws.runs_dir / rung / f"attempt-{attempt}"
+    if attempt_dir.exists():
+        shutil.rmtree(attempt_dir)  # left by an attempt that was withdrawn as bad input
+    attempt_dir.mkdir(parents=True)
+    why = f" (re-verifying: {current.reason})" if current.status == "stale" else ""
+    log(f"{rung}: attempt {attempt}{why}")
+    evidence = {
+        s.rung: s.latest["measurements"] for s in states if s.status == "passed" and s.rung != rung and s.latest
+    }
+    entry: dict[str, Any] = {
+        "rung": rung,
+        "attempt": attempt,
+        "status": "interrupted",  # until the rung returns: a hard kill leaves this
+        "started": now_iso(),
+        "ended": None,
+        "pid": os.getpid(),
+        "command": base_command,
+        "attempt_dir": ws.key_for(attempt_dir),
+        "environment": environment(ws.device),
+        "rerun_reason": current.reason if current.status == "stale" else None,
+        "files_read": {},
+        "measurements": {},
+        "criteria": [],
+        "details": {},
+    }
+    ledger.append(entry)
+    ledger.save()
+    ctx = RungContext(workspace=ws, attempt_dir=attempt_dir, evidence=evidence, log=log)
+    error = None
+    try:
+        with sigterm_raises():
+            result = _check_result(module.run(ctx))
+    except BadInput:
+        ledger.remove(rung, attempt)
+        ledger.save()
+        shutil.rmtree(attempt_dir, ignore_errors=True)
+        for parent in (attempt_dir.parent, ws.runs_dir):  # runs/<rung>/ and runs/, if this made them
+            if parent.is_dir() and not any(parent.iterdir()):
+                parent.rmdir()
+        raise
+    except (KeyboardInterrupt, Interrupted) as e:
+        entry.update(ended=now_iso(), error=f"interrupted ({type(e).__name__}{': ' + str(e) if str(e) else ''})")
+        ledger.replace(entry)
+        ledger.save()
+        return StepOutcome(
+            ws.name, "interrupted", rung, attempt, message=f"{rung} attempt {attempt} interrupted", entry=entry
+        )
+    except Exception as e:  # the model crashed: that is a failed gate the porter must fix, not a warning
+        error = f"{type(e).__name__}: {e}"
+        (attempt_dir / "error.txt").write_text(traceback.format_exc())
+        result = None
+    entry["ended"] = now_iso()
+    entry["duration_s"] = round((parse_iso(entry["ended"]) - parse_iso(entry["started"])).total_seconds(), 3)
+    if result is not None:
+        entry["command"] = result.command or base_command
+        entry["files_read"] = ws.hashes(result.files_read)
+        entry["measurements"] = result.measurements
+        entry["details"] = result.details
+        entry["environment"]["device"] = str(result.details.get("device", ws.device))
+    if result is not None and result.not_applicable:
+        entry["status"] = "not_applicable"
+        entry["not_applicable_reason"] = str(result.not_applicable)
+        message = f"{rung} does not apply: {result.not_applicable}"
+    else:
+        waivers = {c: w for (_, c), w in ledger.waivers(rung).items()}
+        entry["criteria"] = evaluate(checklist, entry["measurements"], evidence, waivers)
+        ok = error is None and gate_passed(entry["criteria"])
+        entry["status"] = "passed" if ok else "failed"
+        if error:
+            entry["error"] = f"{error} (traceback: {ws.key_for(attempt_dir / 'error.txt')})"
+        message = f"{rung} {'passed' if ok else 'failed'} (attempt {attempt})"
+    ledger.replace(entry)
+    ledger.save()
+    after = current_state(ladder_states(ws, specs))
+    return StepOutcome(
+        ws.name,
+        entry["status"],
+        rung,
+        attempt,
+        criteria=entry["criteria"],
+        human=list(checklist.human),
+        message=message,
+        entry=entry,
+        next_rung=after.rung if after else None,
+    )

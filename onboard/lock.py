@@ -1,0 +1,102 @@
+"""One run per workspace: an advisory lock file holding the owner's pid.
+
+The lock is an `fcntl.flock` on `.onboard.lock`, so the kernel releases it when the
+owner dies however it dies; a lock file left behind by a dead process is simply taken
+over. The pid written inside is for the message the second runner sees.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import socket
+from pathlib import Path
+
+from onboard.errors import BadInput
+
+LOCK_NAME = ".onboard.lock"
+
+
+def _read_owner(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def holder(root: Path) -> int | None:
+    """The pid named in the workspace's lock file when that process is alive, else None.
+
+    Read-only (it never flocks), so `status` can say "running" without racing a next-step.
+    """
+    pid = _read_owner(Path(root) / LOCK_NAME).get("pid")
+    if not isinstance(pid, int) or pid <= 0:
+        return None
+    try:
+        os.kill(pid, 0)  # signal 0: existence check only
+    except ProcessLookupError:
+        return None
+    except PermissionError:
+        return pid  # alive, another user's
+    return pid
+
+
+class WorkspaceLock:
+    """Context manager: `with WorkspaceLock(ws.root): ...`; BadInput when another live run holds it."""
+
+    def __init__(self, root: Path):
+        self.path = Path(root) / LOCK_NAME
+        self.fd: int | None = None
+        self.took_over: dict | None = None
+        """The previous owner's record when a dead run's lock file was taken over."""
+
+    def acquire(self) -> "WorkspaceLock":
+        for _ in range(10):
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(fd)
+                owner = _read_owner(self.path)
+                pid = owner.get("pid", "?")
+                raise BadInput(
+                    f"another onboard run (pid {pid}) holds {self.path}; wait for it to finish "
+                    f"(or stop it) and run again"
+                ) from None
+            # The holder we replaced may have unlinked the file between our open and our
+            # flock; then we locked an orphan inode and must retry on the live path.
+            try:
+                same = os.fstat(fd).st_ino == os.stat(self.path).st_ino
+            except FileNotFoundError:
+                same = False
+            if not same:
+                os.close(fd)
+                continue
+            previous = _read_owner(self.path)
+            if previous.get("pid") and previous.get("pid") != os.getpid():
+                self.took_over = previous  # its flock is gone, so its process is too
+            record = json.dumps({"pid": os.getpid(), "host": socket.gethostname()})
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, record.encode(), 0)
+            os.fsync(fd)
+            self.fd = fd
+            return self
+        raise BadInput(f"could not take the lock {self.path}: it keeps changing under us")
+
+    def release(self) -> None:
+        if self.fd is None:
+            return
+        try:
+            os.unlink(self.path)  # unlink while still holding the flock, then let it go
+        except FileNotFoundError:
+            pass
+        fcntl.flock(self.fd, fcntl.LOCK_UN)
+        os.close(self.fd)
+        self.fd = None
+
+    def __enter__(self) -> "WorkspaceLock":
+        return self.acquire()
+
+    def __exit__(self, *exc) -> None:
+        self.release()

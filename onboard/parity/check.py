@@ -1,0 +1,176 @@
+"""One parity run on a workspace: upstream HF vs native port, CPU fp32, same weights.
+
+`check_workspace` is what the workspace's test_parity.py calls; it always writes the
+results JSON (even when the port raises) so the rung can report what was measured.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+import torch.nn.functional as F
+
+from onboard.parity import criteria
+from onboard.parity.compare import compare_grads, max_abs, rel_l2, round_trip
+from onboard.parity.localise import (
+    OutputRecorder, Row, attribute, compare_outputs, first_divergence, module_pairs, parameter_sources,
+)  # fmt: skip
+from onboard.parity.native import (
+    PortError, WorkspaceError, build_native, load_adapter, load_converted, native_args, native_hf_config,
+    read_workspace,
+)  # fmt: skip
+from onboard.parity.results import results_path, write_results
+from onboard.parity.upstream import UpstreamError, build_upstream
+
+LIST_CAP = 40  # keep results readable when everything is missing
+
+
+def _cap(items: list) -> list:
+    return items if len(items) <= LIST_CAP else items[:LIST_CAP] + [f"... {len(items) - LIST_CAP} more"]
+
+
+def _port(fn: Callable, what: str, *a):
+    """Call workspace code; its exceptions are the port's failure, named with the call."""
+    try:
+        return fn(*a)
+    except Exception as e:  # anything the workspace adapter raises is reported, not crashed on
+        raise PortError(f"{what} failed: {type(e).__name__}: {e}") from e
+
+
+def _inputs(vocab: int, batch: int, seq_len: int, seed: int):
+    gen = torch.Generator().manual_seed(seed)
+    tokens = torch.randint(0, vocab, (batch, seq_len), generator=gen)
+    labels = torch.randint(0, vocab, (batch, seq_len), generator=gen)
+    return tokens, labels
+
+
+def check_workspace(
+    root: Path,
+    *,
+    weights_dir: Path | None = None,
+    batch: int = 2,
+    seq_len: int = 512,
+    seed: int = 0,
+    attn_implementation: str = "eager",
+    out: Path | None = None,
+) -> dict[str, Any]:
+    """Run every parity comparison on the workspace at `root`, write and return the results.
+
+    `results['error']` is None, or {'kind': 'bad_input' | 'port' | 'internal', 'message'}:
+    bad input (no config, unknown model_type) is the user's to fix; a port error (the
+    adapter or model.py raised) fails the gate like any other divergence; anything else is
+    recorded and re-raised.
+    """
+    root = Path(root).resolve()
+    started = time.perf_counter()
+    m: dict[str, Any] = {"batch": batch, "seq_len": seq_len}
+    res: dict[str, Any] = {"workspace": str(root), "measurements": m, "error": None, "versions": _versions()}
+    try:
+        _run(root, res, m, weights_dir, batch, seq_len, seed, attn_implementation)
+    except (UpstreamError, WorkspaceError) as e:
+        res["error"] = {"kind": "bad_input", "message": str(e)}
+    except PortError as e:
+        res["error"] = {"kind": "port", "message": str(e)}
+    except Exception as e:  # a bug here or upstream: recorded with what was measured, then raised
+        res["error"] = {"kind": "internal", "message": f"{type(e).__name__}: {e}"}
+        raise
+    finally:
+        res["seconds"] = round(time.perf_counter() - started, 3)
+        write_results(out or results_path(root), res)
+    return res
+
+
+def _run(root, res, m, weights_dir, batch, seq_len, seed, attn_implementation) -> None:
+    ws = read_workspace(root)
+    cfg = native_hf_config(ws)
+    res.update(model_type=cfg["model_type"], family=ws.family, path_kind=ws.path_kind)
+    upstream = build_upstream(cfg, weights_dir=weights_dir, seed=seed, attn_implementation=attn_implementation)
+    hf = upstream.model
+    res.update(upstream_class=type(hf).__name__, weights=upstream.source)
+    adapter = load_adapter(root)
+    if callable(getattr(adapter, "unconsumed_keys", None)):
+        res["unconsumed_hf_keys"] = _port(adapter.unconsumed_keys, "adapter.unconsumed_keys", cfg)
+    # a seed the upstream init never uses: a native weight the adapter fails to load must not
+    # start equal to its upstream counterpart by coincidence of generators (it did, seed for seed)
+    native = build_native(ws, native_args(ws, adapter, cfg), seed=seed + 1000)
+
+    # 1. state dict: HF -> native (into the model) -> HF, exactly
+    load = load_converted(native, _port(adapter.from_hf, "adapter.from_hf", upstream.checkpoint))
+    back = _port(adapter.to_hf, "adapter.to_hf", native.state_dict())
+    rt = round_trip(upstream.checkpoint, back)
+    m.update(state_dict_same_keys=rt.same_keys, state_dict_max_abs_diff=rt.max_abs_diff)
+    res["state_dict"] = {
+        "missing_after_round_trip": _cap(rt.missing), "extra_after_round_trip": _cap(rt.extra),
+        "worst_key": rt.worst_key, "native_not_loaded": _cap(load.missing),
+        "converted_not_in_native": _cap(load.unexpected), "shape_mismatch": _cap(load.shape_mismatch),
+    }  # fmt: skip
+
+    # 2. logits, with every paired module's output recorded for localisation
+    tokens, labels = _inputs(hf.config.get_text_config().vocab_size, batch, seq_len, seed)
+    sources = parameter_sources(upstream.checkpoint, lambda sd: _port(adapter.from_hf, "adapter.from_hf", sd))
+    pairs = module_pairs(native, hf, sources)
+    # one upstream forward serves logits, localisation and the loss; the native side runs
+    # forward (logits) and its own loss(), which may be a swapped kernel that must agree too
+    with OutputRecorder(native, list(pairs)) as nrec, OutputRecorder(hf, list(pairs.values())) as urec:
+        with torch.no_grad():
+            native_logits = _port(native, "native forward", tokens)
+        hf_logits = hf(input_ids=tokens, use_cache=False).logits
+    m.update(logits_rel_l2=rel_l2(native_logits, hf_logits), logits_max_abs=max_abs(native_logits, hf_logits))
+    head = next((n for n, mod in hf.named_modules() if mod is hf.get_output_embeddings()), "lm_head")
+    logits_row = Row("output", head, m["logits_rel_l2"], m["logits_max_abs"], "final logits")
+    rows = compare_outputs(nrec, urec, pairs) + [logits_row]
+    _localise(res, m, rows, pairs, native, nrec, urec)
+
+    # 3. loss and per-parameter gradients (cross-entropy only: the aux loss is a training choice)
+    _, native_ce = _port(native.loss, "native loss", tokens, labels)
+    hf_ce = F.cross_entropy(hf_logits.flatten(0, 1).float(), labels.flatten())
+    m.update(
+        loss_abs_diff=abs(native_ce.item() - hf_ce.item()),
+        native_loss_repr=repr(native_ce.item()),
+        upstream_loss_repr=repr(hf_ce.item()),
+    )
+    native_ce.backward()
+    hf_ce.backward()
+    grads = compare_grads(hf, native, lambda sd: _port(adapter.to_hf, "adapter.to_hf (gradients)", sd))
+    m.update(grad_max_rel_l2=grads.max_rel_l2, grad_worst_param=grads.worst_param)
+    worst = sorted(grads.per_param.items(), key=lambda kv: -kv[1])[:5]
+    res["grads"] = {
+        "worst": [{"param": k, "rel_l2": v} for k, v in worst],
+        "upstream_without_native_grad": _cap(grads.missing),
+        "native_without_upstream_param": _cap(grads.extra),
+    }
+
+
+def _localise(res, m, rows: list[Row], pairs: dict[str, str], native, nrec, urec) -> None:
+    tol = criteria.threshold("logits_rel_l2")
+    first = first_divergence(rows, tol)
+    why = None
+    if first is not None:
+        first, why = attribute(first, rows, nrec, urec, pairs, tol)
+    m.update(
+        first_divergence_module=first.native if first else None,
+        first_divergence_upstream=first.upstream if first else None,
+        first_divergence_rel_l2=first.rel_l2 if first else None,
+        modules_compared=sum(r.rel_l2 is not None for r in rows),
+    )
+    with_params = {n for n, mod in native.named_modules() if n and any(True for _ in mod.parameters(recurse=False))}
+    res["localisation"] = {
+        "tolerance_rel_l2": tol,
+        "first": {**first.as_dict(), "why": why} if first else None,
+        "divergent": [r.as_dict() for r in rows if r.diverged(tol)][:5],
+        "table": [r.as_dict() for r in rows],
+        "native_modules_without_upstream_match": _cap(sorted(with_params - set(pairs) - {"output"})),
+    }
+
+
+def _versions() -> dict[str, str]:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:  # read from metadata: importing transformers costs seconds a bad-input run need not pay
+        hf = version("transformers")
+    except PackageNotFoundError:
+        hf = "not installed"
+    return {"torch": torch.__version__, "transformers": hf}

@@ -1,0 +1,101 @@
+"""The comparisons of the parity rung: state-dict round trip, logits, loss, gradients."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+
+
+def rel_l2(actual: torch.Tensor, expected: torch.Tensor) -> float:
+    """||actual - expected|| / ||expected||, norms accumulated in float64; 0 when both are
+    zero, inf when only `expected` is."""
+    a, e = actual.detach(), expected.detach()
+    diff = torch.linalg.vector_norm(a - e, dtype=torch.float64).item()
+    ref = torch.linalg.vector_norm(e, dtype=torch.float64).item()
+    if ref == 0.0:
+        return 0.0 if diff == 0.0 else math.inf
+    return diff / ref
+
+
+def max_abs(actual: torch.Tensor, expected: torch.Tensor) -> float:
+    """Largest absolute elementwise difference (0 for empty tensors)."""
+    if actual.numel() == 0:
+        return 0.0
+    return (actual.detach() - expected.detach()).abs().max().double().item()
+
+
+@dataclass
+class RoundTrip:
+    same_keys: bool
+    max_abs_diff: float
+    """Over keys present on both sides; inf when a shape differs or no key is shared."""
+    missing: list[str] = field(default_factory=list)
+    """Checkpoint keys that did not come back."""
+    extra: list[str] = field(default_factory=list)
+    """Keys that came back but are not in the checkpoint."""
+    worst_key: str | None = None
+
+
+def _exact_diff(a: torch.Tensor, b: torch.Tensor) -> float:
+    """0 only when bit-equal; otherwise the float64 max abs difference (inf for shape or NaN mismatches)."""
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return math.inf
+    if torch.equal(a, b):
+        return 0.0
+    diff = (b.double() - a.double()).abs().max().item()
+    return diff if diff > 0 else math.inf  # unequal yet no finite difference: NaNs in different places
+
+
+def round_trip(checkpoint: dict[str, torch.Tensor], back: dict[str, torch.Tensor]) -> RoundTrip:
+    """Compare the HF checkpoint with HF -> native -> HF; exactness is the point, so no tolerance."""
+    missing = sorted(set(checkpoint) - set(back))
+    extra = sorted(set(back) - set(checkpoint))
+    diffs = {key: _exact_diff(checkpoint[key], back[key]) for key in sorted(set(checkpoint) & set(back))}
+    worst_key = max(diffs, key=diffs.get) if diffs else None
+    worst_key = worst_key if worst_key and diffs[worst_key] > 0 else None  # name a key only when one differs
+    return RoundTrip(not missing and not extra, max(diffs.values()) if diffs else math.inf, missing, extra, worst_key)
+
+
+@dataclass
+class GradReport:
+    max_rel_l2: float
+    worst_param: str | None
+    per_param: dict[str, float]
+    missing: list[str] = field(default_factory=list)
+    """Upstream parameters with no native gradient mapped to them."""
+    extra: list[str] = field(default_factory=list)
+    """Mapped native gradients with no upstream parameter."""
+
+
+def compare_grads(
+    upstream: torch.nn.Module, native: torch.nn.Module, to_hf: Callable[[dict[str, Any]], dict[str, torch.Tensor]]
+) -> GradReport:
+    """Per-parameter rel. L2 of the native gradients (mapped to HF names by the adapter) vs upstream.
+
+    A parameter without a gradient counts as a zero gradient on that side: an expert that
+    received no token has none in either model, which is agreement, not an error.
+    """
+    native_grads = {
+        n: (p.grad if p.grad is not None else torch.zeros_like(p)).detach() for n, p in native.named_parameters()
+    }
+    mapped = to_hf(native_grads)
+    # every name of a tied tensor (lm_head.weight and the embedding), as the adapter's to_hf emits both
+    hf_grads = {
+        n: (p.grad if p.grad is not None else torch.zeros_like(p))
+        for n, p in upstream.named_parameters(remove_duplicate=False)
+    }
+    per_param = {}
+    for name in sorted(set(hf_grads) & set(mapped)):
+        if mapped[name].shape != hf_grads[name].shape:
+            per_param[name] = math.inf
+        else:
+            per_param[name] = rel_l2(mapped[name], hf_grads[name])
+    missing = sorted(set(hf_grads) - set(mapped))
+    extra = sorted(set(mapped) - set(hf_grads))
+    for name in missing + extra:
+        per_param[name] = math.inf
+    worst = max(per_param, key=per_param.get) if per_param else None
+    return GradReport(per_param[worst] if worst else math.inf, worst, per_param, missing, extra)

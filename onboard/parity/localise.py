@@ -1,0 +1,210 @@
+"""Where the native model first leaves the upstream one.
+
+Module correspondence comes from the workspace adapter itself, not from a hand-kept name
+list: every upstream checkpoint tensor is filled with its own id, passed through
+`from_hf`, and each native parameter then holds the ids of the upstream tensors it came
+from (renames, transposes, splits and fusions all keep the values). A native module and
+an upstream module correspond when the upstream one is the deepest module holding every
+source of the native module's parameters and none of its mapped parameters feed another
+native module. Both models then run with forward hooks on the paired modules, and the
+outputs are compared in the native model's execution order.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+from torch import nn
+
+from onboard.parity.compare import max_abs, rel_l2
+
+
+def _owner(key: str) -> str:
+    return key.rpartition(".")[0]
+
+
+def _common_prefix(paths: set[str]) -> str:
+    parts = [p.split(".") for p in paths]
+    out = []
+    for group in zip(*parts):
+        if len(set(group)) != 1:
+            break
+        out.append(group[0])
+    return ".".join(out)
+
+
+def parameter_sources(
+    checkpoint: dict[str, torch.Tensor], from_hf: Callable[[dict], dict]
+) -> dict[str, set[str]]:
+    """Native key -> the upstream checkpoint keys its values come from, through `from_hf`."""
+    # tensors HF ties (lm_head and the embedding) stay one object, so the adapter sees the tie
+    ids: dict[str, int] = {}
+    tagged: dict[str, torch.Tensor] = {}
+    by_storage: dict[tuple, str] = {}
+    for key, t in checkpoint.items():
+        ident = (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), t.stride())
+        if ident in by_storage:
+            ids[key], tagged[key] = ids[by_storage[ident]], tagged[by_storage[ident]]
+            continue
+        by_storage[ident] = key
+        ids[key] = len(by_storage)  # small integers are exact in fp32
+        tagged[key] = torch.full(t.shape, float(ids[key]))
+    key_of = {i: key for key, i in reversed(ids.items())}  # a shared id names its first key
+    out = {}
+    for key, value in from_hf(tagged).items():
+        if not torch.is_tensor(value):
+            continue
+        found = {int(v) for v in torch.unique(value.float()).tolist() if float(v).is_integer()}
+        out[key] = {key_of[i] for i in found if i in key_of}
+    return out
+
+
+def module_pairs(native: nn.Module, upstream: nn.Module, sources: dict[str, set[str]]) -> dict[str, str]:
+    """native module name -> upstream module name, for modules that compute the same thing."""
+    native_keys = [k for k in native.state_dict() if sources.get(k)]
+    upstream_modules = dict(upstream.named_modules())
+    feeds: dict[str, set[str]] = {}  # upstream key -> native keys built from it
+    for key in native_keys:
+        for src in sources[key]:
+            feeds.setdefault(src, set()).add(key)
+    by_upstream: dict[str, str] = {}
+    for name, module in native.named_modules():
+        if not name or isinstance(module, (nn.ModuleDict, nn.ModuleList)):
+            continue  # containers have no forward to hook
+        own = {k for k in native_keys if k.startswith(name + ".")}
+        srcs = set().union(*(sources[k] for k in own)) if own else set()
+        target = _common_prefix({_owner(s) for s in srcs}) if srcs else ""
+        if not target or target not in upstream_modules:
+            continue
+        under = [s for s in feeds if s.startswith(target + ".")]
+        if any(not feeds[s] <= own for s in under):
+            continue  # the upstream module also feeds other native modules: not the same computation
+        # several native modules may land on one upstream module (router and router.gate):
+        # the deepest one is the most specific match
+        if target not in by_upstream or len(name) > len(by_upstream[target]):
+            by_upstream[target] = name
+    return {n: u for u, n in by_upstream.items()}
+
+
+def _first_tensor(out: Any) -> torch.Tensor | None:
+    if torch.is_tensor(out):
+        return out
+    values = out.values() if isinstance(out, dict) else out if isinstance(out, (tuple, list)) else ()
+    return next((v for v in values if torch.is_tensor(v)), None)
+
+
+class OutputRecorder:
+    """Forward hooks that keep each named module's first input and output of one forward pass, in order."""
+
+    def __init__(self, model: nn.Module, names: list[str]):
+        self.outputs: dict[str, torch.Tensor] = {}
+        self.inputs: dict[str, torch.Tensor] = {}
+        self.versions: dict[str, int] = {}
+        self.order: list[str] = []
+        modules = dict(model.named_modules())
+        self._handles = [
+            modules[n].register_forward_hook(self._hook(n), with_kwargs=True) for n in names if n in modules
+        ]
+
+    def _hook(self, name: str):
+        def record(_module, args, kwargs, output):
+            tensor = _first_tensor(output)
+            if name in self.outputs or tensor is None:
+                return
+            # kept without copying (a copy per module doubled the run time); `versions` lets
+            # compare_outputs refuse a tensor that was modified in place afterwards
+            self.outputs[name] = tensor.detach()
+            self.versions[name] = tensor._version
+            # HF passes hidden_states by keyword; the first tensor argument is the module's input
+            given = _first_tensor(args)
+            given = given if given is not None else kwargs.get("hidden_states", _first_tensor(kwargs))
+            if given is not None:
+                self.inputs[name] = given.detach()
+            self.order.append(name)
+
+        return record
+
+    def intact(self, name: str) -> bool:
+        return self.outputs[name]._version == self.versions[name]
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        for h in self._handles:
+            h.remove()
+
+
+@dataclass
+class Row:
+    native: str
+    upstream: str
+    rel_l2: float | None
+    max_abs: float | None
+    note: str = ""
+
+    def diverged(self, tol: float) -> bool:
+        return self.rel_l2 is not None and (math.isnan(self.rel_l2) or self.rel_l2 > tol)
+
+    def as_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def compare_outputs(
+    native_rec: OutputRecorder, upstream_rec: OutputRecorder, pairs: dict[str, str]
+) -> list[Row]:
+    """One row per paired module that ran, in native execution order."""
+    rows = []
+    for name in native_rec.order:
+        up = pairs[name]
+        a, b = native_rec.outputs[name], upstream_rec.outputs.get(up)
+        if b is None:
+            rows.append(Row(name, up, None, None, "upstream module did not run"))
+        elif not (native_rec.intact(name) and upstream_rec.intact(up)):
+            rows.append(Row(name, up, None, None, "output was modified in place after the module returned"))
+        elif a.numel() != b.numel():
+            rows.append(Row(name, up, None, None, f"shapes differ: {tuple(a.shape)} vs {tuple(b.shape)}"))
+        else:
+            b = b.reshape(a.shape)
+            rows.append(Row(name, up, rel_l2(a, b), max_abs(a, b)))
+    return rows
+
+
+def first_divergence(rows: list[Row], tol: float) -> Row | None:
+    """The first row, in execution order, whose rel. L2 error exceeds `tol` (or is NaN)."""
+    return next((r for r in rows if r.diverged(tol)), None)
+
+
+def _same_input(name: str, native_rec: OutputRecorder, upstream_rec: OutputRecorder, pairs, tol: float) -> bool | None:
+    a, b = native_rec.inputs.get(name), upstream_rec.inputs.get(pairs.get(name, ""))
+    if a is None or b is None or a.numel() != b.numel():
+        return None
+    return not rel_l2(a, b.reshape(a.shape)) > tol
+
+
+def attribute(
+    first: Row, rows: list[Row], native_rec: OutputRecorder, upstream_rec: OutputRecorder, pairs, tol: float
+) -> tuple[Row, str]:
+    """The module to blame for the first divergent output, and why.
+
+    When the first divergent module's own input already differs, the error arose between
+    compared modules, inside an enclosing one (RoPE and attention scores sit between
+    attention.wv and attention.wo): blame the nearest diverged ancestor that was compared.
+    """
+    same = _same_input(first.native, native_rec, upstream_rec, pairs, tol)
+    if same is None:
+        return first, f"{first.native} is the first compared output that differs; everything compared before it agrees"
+    if same:
+        return first, f"{first.native} receives the same input on both sides and returns a different output"
+    ancestors = [r for r in rows if first.native.startswith(r.native + ".") and r.diverged(tol)]
+    if not ancestors:
+        return first, f"the input of {first.native} already differs, from code between the compared modules"
+    parent = max(ancestors, key=lambda r: len(r.native))
+    return parent, (
+        f"the input of {first.native} already differs: the error is inside {parent.native}, "
+        "between its compared sub-modules (e.g. RoPE, QK-norm, attention scores, routing)"
+    )

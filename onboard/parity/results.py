@@ -1,0 +1,72 @@
+"""The structured parity results: where they go, and writing/reading them.
+
+The workspace test writes them; the rung reads them back. The file is JSON with a flat
+`measurements` table (what the checklist evaluates) plus the detail a person needs to
+fix a failure (localisation table, mismatched keys, per-parameter gradient errors).
+Non-finite floats are kept as JSON `Infinity`/`NaN` (Python's json reads them back), so
+a failed comparison stays a failing number rather than a missing one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+RESULTS_ENV = "ONBOARD_PARITY_RESULTS"
+"""Path the results JSON is written to (set by the rung to its attempt folder)."""
+WEIGHTS_ENV = "ONBOARD_PARITY_WEIGHTS"
+"""Safetensors folder for the upstream weights; overrides the one new-model recorded."""
+SCHEMA = 1
+
+
+def results_path(workspace: Path) -> Path:
+    """$ONBOARD_PARITY_RESULTS, else <workspace>/runs/parity/results.json (a by-hand run)."""
+    env = os.environ.get(RESULTS_ENV)
+    return Path(env) if env else workspace / "runs" / "parity" / "results.json"
+
+
+def write_results(path: Path, results: dict[str, Any]) -> None:
+    """Write atomically (temp file + rename) so a reader never sees half a file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps({"schema": SCHEMA, **results}, indent=2, default=str) + "\n")
+    os.replace(tmp, path)
+
+
+def read_results(path: Path) -> dict[str, Any]:
+    """The results a test run wrote; ValueError for a file of another schema version."""
+    data = json.loads(path.read_text())
+    if data.get("schema") != SCHEMA:
+        raise ValueError(f"{path}: parity results schema {data.get('schema')!r}, expected {SCHEMA}")
+    return data
+
+
+def failure_summary(results: dict[str, Any]) -> str:
+    """The lines a person reads first when parity fails: error, or where it diverges first."""
+    lines = []
+    if results.get("error"):
+        err = results["error"]
+        lines.append(f"{err['kind']} error: {err['message']}")
+    loc = (results.get("localisation") or {}).get("first")
+    if loc:
+        lines.append(
+            f"first divergence: {loc['native']} (upstream {loc['upstream']}), rel L2 {loc['rel_l2']:.3g}, "
+            f"max abs {loc['max_abs']:.3g}: {loc.get('why', '')}"
+        )
+    sd = results.get("state_dict") or {}
+    for key, label in (
+        ("missing_after_round_trip", "checkpoint keys lost in HF -> native -> HF"),
+        ("extra_after_round_trip", "keys invented by HF -> native -> HF"),
+        ("native_not_loaded", "native parameters the checkpoint did not fill"),
+        ("shape_mismatch", "shape mismatches"),
+    ):
+        if sd.get(key):
+            lines.append(f"{label}: {', '.join(map(str, sd[key][:6]))}{' ...' if len(sd[key]) > 6 else ''}")
+    if sd.get("worst_key"):
+        lines.append(f"round trip changes values of {sd['worst_key']}")
+    worst = (results.get("grads") or {}).get("worst") or []
+    if worst and worst[0]["rel_l2"] > 0:
+        lines.append(f"worst gradient: {worst[0]['param']} rel L2 {worst[0]['rel_l2']:.3g}")
+    return "\n".join(lines)

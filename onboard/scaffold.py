@@ -1,0 +1,368 @@
+"""`onboard new-model`: decide everything about a workspace, render it, then move it into place.
+
+Nothing touches the disk until every input has been validated and every file rendered in
+memory; the files are then written to a temp folder next to the destination and renamed
+into place, so bad input (exit 2) leaves nothing behind and a crash leaves no half workspace.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import tempfile
+import textwrap
+from dataclasses import dataclass, field
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+import jinja2
+import tomli_w
+
+from onboard.errors import BadInput
+from onboard.fsutil import default_mode
+from onboard.ledger import Ledger, now_iso
+from onboard.lock import WorkspaceLock
+from onboard.resources import data_dir
+from onboard.workspace import HF_CONFIG, LEDGER, validate_name, workspaces_dir
+
+DEVICES = ("auto", "cpu", "cuda", "tpu")
+PATHS = ("native", "port")
+# Where a config key usually lands in a port; matched by substring, first match wins.
+KEY_HINTS = (
+    (
+        "softcap",
+        "soft-cap: final logits go through softcap() in forward and the loss head; attention "
+        "scores need a core that caps them",
+    ),
+    (
+        "sliding_window",
+        "attention window: Attention(window=...) per layer; check whether the window counts "
+        "the query itself (off by one)",
+    ),
+    ("layer_types", "per-layer attention kind (sliding vs full): args.layer_window(i) / global_every"),
+    ("tie_word_embeddings", "tie the output head to tok_embeddings (args.tie_embeddings)"),
+    ("bias", "a bias on projections: nn.Linear(..., bias=True) in Attention or FeedForward"),
+    ("rope", "RoPE: theta, scaling type, layout (half-split vs interleaved) in rope_inv_freq / apply_rope"),
+    ("head_dim", "a per-head width that is not hidden_size // num_attention_heads"),
+    ("act", "MLP activation in FeedForward (the families use SwiGLU with silu)"),
+    ("norm", "norm type, placement (pre / post / sandwich) or epsilon in Block"),
+    ("eps", "norm epsilon"),
+    ("scalar", "attention scale (Attention.scale) or another scalar multiplier"),
+    ("multiplier", "a scalar multiplier (embedding, residual or logits scale)"),
+    ("expert", "MoE: router, top-k, expert width, shared expert in Block"),
+    ("moe", "MoE layer layout in Block"),
+)
+
+
+@dataclass
+class Plan:
+    """Everything new-model decided, before anything is written."""
+
+    name: str
+    root: Path
+    family: str
+    flavor: str | None
+    path_kind: str
+    model_type: str
+    source: str
+    device: str
+    hf_config: dict
+    hf_config_text: str
+    weights: Path | None
+    unconsumed: list[str]
+    todos: list[str] = field(default_factory=list)
+    adapter_todos: list[str] = field(default_factory=list)
+    closest_reason: str = ""
+    args_summary: str = ""
+    threads: tuple[int, str] | None = None
+    files: dict[str, str] = field(default_factory=dict)
+
+    def meta(self) -> dict:
+        """The `workspace` record of ladder.json."""
+        return {
+            "name": self.name,
+            "family": self.family,
+            "flavor": self.flavor,
+            "path": self.path_kind,
+            "model_type": self.model_type,
+            "source": self.source,
+            "hf_config": HF_CONFIG,
+            "weights": str(self.weights) if self.weights else None,
+            "device": self.device,
+            "created": now_iso(),
+            "unconsumed_keys": self.unconsumed,
+            "todos": self.todos,
+            "onboard_version": _version(),
+        }
+
+
+def _version() -> str:
+    try:
+        return metadata.version("titan-onboard")
+    except metadata.PackageNotFoundError:
+        return "unknown"
+
+
+def families_line() -> str:
+    from titan_core.models import FAMILY_NAMES, get_family
+
+    return ", ".join(f"{n} ({', '.join(get_family(n).adapter.hf_model_types)})" for n in FAMILY_NAMES)
+
+
+# ---- reading the inputs ------------------------------------------------------------------
+def read_hf_config(path: Path) -> tuple[dict, str]:
+    """(config dict, exact file text) from a config.json or a folder holding one."""
+    path = Path(path)
+    if path.is_dir():
+        path = path / "config.json"
+    if not path.is_file():
+        raise BadInput(f"HF config not found: {path}")
+    text = path.read_text(encoding="utf-8", errors="replace")
+    try:
+        cfg = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise BadInput(f"malformed JSON in {path}: {e}") from None
+    if not isinstance(cfg, dict):
+        raise BadInput(f"{path} is not a JSON object")
+    if not isinstance(cfg.get("model_type"), str) or not cfg["model_type"]:
+        raise BadInput(f"{path} has no model_type; an HF config.json names its architecture there")
+    return cfg, text
+
+
+def preset_config(preset: str) -> tuple[str, str, dict]:
+    """(family, flavor, HF config dict) for FAMILY[/FLAVOR]; the flavor defaults to debugmodel."""
+    from titan_core.config import ConfigError
+    from titan_core.models import FAMILY_NAMES, get_family, resolve_args
+
+    family, _, flavor = preset.partition("/")
+    flavor = flavor or "debugmodel"
+    if family not in FAMILY_NAMES:
+        raise BadInput(f"unknown family '{family}' in --preset; families: {', '.join(FAMILY_NAMES)}")
+    try:
+        args = resolve_args(family, flavor)
+    except ConfigError as e:
+        raise BadInput(f"--preset {preset}: {e}") from None
+    return family, flavor, get_family(family).adapter.hf_config(args)
+
+
+def read_weights(path: Path | None) -> Path | None:
+    if path is None:
+        return None
+    path = Path(path).resolve()
+    if not path.is_dir():
+        raise BadInput(f"--weights {path} is not a folder")
+    if not any(path.glob("*.safetensors")):
+        raise BadInput(f"--weights {path} holds no *.safetensors files")
+    return path
+
+
+# ---- deciding ----------------------------------------------------------------------------
+def closest_family(cfg: dict) -> tuple[str, str]:
+    """(family, why) for a config no family claims: the one whose adapter reads most of its keys."""
+    from titan_core.models import FAMILY_NAMES, get_family
+    from titan_core.models.common.hf_adapter import AdapterError
+
+    scores = {}
+    for name in FAMILY_NAMES:
+        try:
+            _, used = get_family(name).adapter.args_from_hf(cfg)
+            scores[name] = len(used)
+        except (AdapterError, TypeError, ValueError):
+            scores[name] = -1  # cannot read it at all: the worst match
+    best = max(FAMILY_NAMES, key=lambda n: scores[n])  # max keeps the first on ties
+    if scores[best] < 0:
+        return best, "no family's adapter can read this config; starting from the first one"
+    return best, f"its adapter reads {scores[best]} of the config's {len(cfg)} keys, the most of any family"
+
+
+def _canonical_keys(family: str) -> set[str]:
+    """Keys the family reads from its own exported config: what it would consume of a
+    config it cannot parse (used to list the rest when its adapter rejects a config)."""
+    from titan_core.models import get_family
+
+    fam = get_family(family)
+    args = fam.flavors.get("debugmodel") or next(iter(fam.flavors.values()))
+    return fam.adapter.args_from_hf(fam.adapter.hf_config(args))[1]
+
+
+def _hint(key: str) -> str:
+    return next(
+        (h for sub, h in KEY_HINTS if sub in key),
+        "decide whether it changes the computation; implement it here or confirm it is irrelevant to training",
+    )
+
+
+def _value(v: Any) -> str:
+    return json.dumps(v, sort_keys=True)
+
+
+def plan_workspace(
+    name: str,
+    base: Path,
+    *,
+    hf_config: Path | None = None,
+    preset: str | None = None,
+    weights: Path | None = None,
+    path: str | None = None,
+    device: str = "auto",
+    force: bool = False,
+    threads: tuple[int, str] | None = None,
+) -> Plan:
+    """Validate the inputs and decide the workspace; raises BadInput, writes nothing.
+
+    `threads` = (count, why) pins the recipe's CPU intra-op threads, with the reason as
+    the recipe comment (the demo uses it); None leaves torch's default.
+    """
+    from titan_core.models import family_for_hf_model_type, get_family
+    from titan_core.models.common.hf_adapter import NEUTRAL_KEYS, AdapterError
+
+    validate_name(name)
+    if (hf_config is None) == (preset is None):
+        raise BadInput("give exactly one of --hf-config PATH or --preset FAMILY[/FLAVOR]")
+    if path is not None and path not in PATHS:
+        raise BadInput(f"--path must be one of {', '.join(PATHS)}, got '{path}'")
+    if device not in DEVICES:
+        raise BadInput(f"--device must be one of {', '.join(DEVICES)}, got '{device}'")
+    root = workspaces_dir(base) / name
+    if root.exists() and not force:
+        raise BadInput(f"workspace {root} already exists; pass --force to replace it")
+    weights_dir = read_weights(weights)
+
+    flavor = None
+    if preset is not None:
+        family, flavor, cfg = preset_config(preset)
+        text = json.dumps(cfg, indent=2) + "\n"
+        source = f"--preset {family}/{flavor}"
+    else:
+        cfg, text = read_hf_config(hf_config)
+        fam = family_for_hf_model_type(cfg["model_type"])
+        family = fam.name if fam else None
+        source = f"--hf-config {Path(hf_config).resolve()}"
+    model_type = cfg["model_type"]
+    # An unknown model_type is an error unless the port is asked for: silently starting a
+    # port would turn a typo in model_type into an hour of porting.
+    path_kind = path or "native"
+    if family is None and path_kind == "native":
+        raise BadInput(
+            f"unknown model_type '{model_type}': no titan_core family runs it (families: {families_line()}); "
+            f"use --path port to start a port from the closest family"
+        )
+    todos, adapter_todos, closest_reason = [], [], ""
+    if family is None:
+        family, closest_reason = closest_family(cfg)
+        todos.append(
+            f"model_type '{model_type}' has no titan_core family; this port starts from {family} ({closest_reason})"
+        )
+    adapter = get_family(family).adapter
+    args_summary = ""
+    try:
+        args, _ = adapter.args_from_hf(cfg)
+        unconsumed = adapter.unconsumed_keys(cfg)
+        args_summary = (
+            f"dim {args.dim}, {args.n_layers} layers, {args.n_heads} heads ({args.n_kv_heads} kv), "
+            f"vocab {args.vocab_size}" + (f", {args.n_experts} experts top-{args.top_k}" if args.n_experts else "")
+        )
+    except (AdapterError, TypeError, ValueError) as e:
+        if path_kind == "native":
+            raise BadInput(
+                f"config.json of model_type '{model_type}' does not fit the {family} family ({e}); "
+                "use --path port to port it"
+            ) from None
+        unconsumed = sorted(k for k in cfg if k not in NEUTRAL_KEYS and k not in _canonical_keys(family))
+        adapter_todos.append(f"the {family} adapter cannot read config.json: {e}; override args_from_hf below")
+        todos.append(adapter_todos[-1])
+    if path_kind == "port":
+        todos += [f"`{k}` = {_value(cfg[k])} is not read by the {family} family: {_hint(k)}" for k in unconsumed]
+    plan = Plan(
+        name=name, root=root, family=family, flavor=flavor, path_kind=path_kind, model_type=model_type,
+        source=source, device=device, hf_config=cfg, hf_config_text=text, weights=weights_dir,
+        unconsumed=unconsumed, todos=todos, adapter_todos=adapter_todos, closest_reason=closest_reason,
+        args_summary=args_summary, threads=threads,
+    )  # fmt: skip
+    plan.files = render(plan)
+    return plan
+
+
+# ---- rendering and writing ---------------------------------------------------------------
+def _comment(text: str, prefix: str = "") -> str:
+    """`text` as wrapped `#` comment lines, continuation lines indented under the prefix."""
+    lines = textwrap.wrap(prefix + text, width=96, break_on_hyphens=False)
+    return "\n".join(("# " if i == 0 else "#   ") + line for i, line in enumerate(lines))
+
+
+def _toml_value(value: Any) -> str:
+    return tomli_w.dumps({"v": value}).split("=", 1)[1].strip()
+
+
+def render(plan: Plan) -> dict[str, str]:
+    """{file name: text} of every file of the workspace except ladder.json."""
+    from titan_core.models import get_family
+
+    templates = data_dir("templates")
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(str(templates)),
+        undefined=jinja2.StrictUndefined,  # a template naming a missing variable is a bug, not blank text
+        keep_trailing_newline=True,
+        trim_blocks=True,
+        lstrip_blocks=True,
+    )
+    env.filters["toml"] = _toml_value
+    env.filters["comment"] = _comment
+    adapter_cls = type(get_family(plan.family).adapter)
+    has_test_parity = (templates / "test_parity.py.j2").is_file()
+    context = dict(
+        name=plan.name, family=plan.family, flavor=plan.flavor, path_kind=plan.path_kind,
+        model_type=plan.model_type, source=plan.source, device=plan.device,
+        weights_dir=str(plan.weights) if plan.weights else "", has_weights=plan.weights is not None,
+        unconsumed=[(k, _value(plan.hf_config[k])) for k in plan.unconsumed], todos=plan.todos,
+        adapter_todos=plan.adapter_todos, closest_reason=plan.closest_reason, args_summary=plan.args_summary,
+        adapter_module=adapter_cls.__module__, adapter_class=adapter_cls.__qualname__,
+        hf_architecture=(plan.hf_config.get("architectures") or [""])[0], hf_config_file=HF_CONFIG,
+        created=now_iso()[:19].replace("T", " "), has_test_parity=has_test_parity,
+        threads=plan.threads[0] if plan.threads else 0, threads_why=plan.threads[1] if plan.threads else "",
+    )  # fmt: skip
+    names = ["recipe.toml", "adapter.py", "README.md"]
+    if has_test_parity:
+        names.append("test_parity.py")
+    if plan.path_kind == "port":
+        names.append("model.py")
+    files = {n: env.get_template(f"{n}.j2").render(**context) for n in names}
+    # optional template sections leave runs of blank lines; PEP 8 allows two at most
+    files = {n: re.sub(r"\n{4,}", "\n\n\n", t) if n.endswith(".py") else t for n, t in files.items()}
+    files[HF_CONFIG] = plan.hf_config_text
+    files[".gitignore"] = "runs/\n.onboard.lock\n"
+    return files
+
+
+def write_workspace(plan: Plan, *, force: bool = False) -> Path:
+    """Write the rendered files to a temp folder beside the destination, then rename it into place."""
+    parent = plan.root.parent
+    parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{plan.name}.new-", dir=parent))
+    try:
+        os.chmod(tmp, default_mode("dir"))
+        for fname, text in plan.files.items():
+            (tmp / fname).write_text(text, encoding="utf-8")
+        Ledger.new(tmp / LEDGER, plan.meta()).save()
+        if plan.root.exists():
+            if not force:
+                raise BadInput(f"workspace {plan.root} already exists; pass --force to replace it")
+            _replace(plan.root, tmp)
+        else:
+            os.rename(tmp, plan.root)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return plan.root
+
+
+def _replace(root: Path, new: Path) -> None:
+    """Swap a forced workspace in, under the old one's lock so no next-step is mid-run."""
+    with WorkspaceLock(root):
+        old = Path(tempfile.mkdtemp(prefix=f".{root.name}.old-", dir=root.parent))
+        os.rename(root, old / root.name)
+        os.rename(new, root)
+    shutil.rmtree(old, ignore_errors=True)
