@@ -148,3 +148,15 @@ def test_swap_on_meta_model_keeps_outputs():
     tokens = torch.randint(0, args.vocab_size, (2, 32))
     a, b = ref(tokens), swapped(tokens)
     assert ((a - b).norm() / a.norm()).item() <= 1e-5
+
+
+def test_recipe_input_paths_are_relative_to_the_recipe(tmp_path, monkeypatch):
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    recipe = ws / "recipe.toml"
+    recipe.write_text('[model]\nhf_config = "config.json"\n[data]\npath = "/abs/corpus"\n')
+    monkeypatch.chdir(tmp_path)
+    cfg = load_config(recipe, ["--model.module_file=port/model.py"])
+    assert cfg.model.hf_config == str(ws.resolve() / "config.json")
+    assert cfg.data.path == "/abs/corpus"
+    assert cfg.model.module_file == "port/model.py"  # overrides stay relative to the cwd

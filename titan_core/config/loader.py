@@ -143,8 +143,21 @@ def apply_overrides(cfg: JobConfig, overrides: list[str]) -> JobConfig:
     return cfg
 
 
+# Input files a recipe names. Relative values are relative to the recipe's own folder, so a
+# workspace recipe works from any current directory; command-line overrides stay relative
+# to the current directory, as a shell user expects.
+RECIPE_RELATIVE_PATHS = (("model", "hf_config"), ("model", "module_file"), ("data", "path"))
+
+
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> JobConfig:
-    cfg = from_dict(load_toml(path)) if path else JobConfig()
+    cfg = JobConfig()
+    if path:
+        cfg = from_dict(load_toml(path))
+        base = Path(path).resolve().parent
+        for section, key in RECIPE_RELATIVE_PATHS:
+            value = getattr(getattr(cfg, section), key)
+            if value and not Path(value).is_absolute():
+                setattr(getattr(cfg, section), key, str(base / value))
     return apply_overrides(cfg, overrides or [])
 
 
