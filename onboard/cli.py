@@ -319,20 +319,26 @@ def waive_cmd(
 def train_cmd(
     ctx: typer.Context,
     config: Path = typer.Option(..., "--config", help="Recipe TOML."),
-    nproc: int = typer.Option(1, "--nproc", help="Processes on this host (only 1 for now)."),
+    nproc: int = typer.Option(1, "--nproc", help="Local processes (ranks) to start; >1 goes through the launcher."),
 ):
     """Train with a recipe, like `python -m titan_core.train --config RECIPE [--a.b=c ...]`."""
-    if nproc != 1:
-        print("error: --nproc > 1 is not available yet (multi-process launch comes with the simple_fsdp rung); "
-              "use torchrun -m titan_core.train", file=sys.stderr)  # fmt: skip
+    argv = ["--config", str(config), *_anchored_paths(config), *ctx.args]
+    if nproc < 1:
+        print(f"error: --nproc must be at least 1, got {nproc}", file=sys.stderr)
         raise typer.Exit(EXIT_BAD_INPUT)
+    if nproc > 1:
+        from titan_core.launcher import launch
+
+        raise typer.Exit(launch(argv, nproc))
     from titan_core.train import main as train_main
 
-    raise typer.Exit(train_main(["--config", str(config), *_anchored_paths(config), *ctx.args]))
+    raise typer.Exit(train_main(argv))
 
 
-# Recipe paths that name files; a workspace recipe writes them relative to its own folder.
-RECIPE_PATHS = ("model.hf_config", "model.module_file", "data.path", "metrics.output_dir")
+# titan_core resolves a recipe's input files against the recipe's folder; its output
+# folder stays relative to the current directory there, but a workspace recipe means its
+# own runs/ folder, so `onboard train` anchors that one too.
+RECIPE_PATHS = ("metrics.output_dir",)
 
 
 def _anchored_paths(config: Path) -> list[str]:

@@ -13,6 +13,11 @@ a dot-folder that `load_latest` never considers.
 Per-rank state (data loader position, RNG states) is stored under `ranks.rank_<r>`, one
 opaque entry per rank, because each rank's value differs and DCP would otherwise keep
 only one rank's copy of a non-tensor value.
+
+Resuming on another world size works: DCP reshards model and optimizer DTensors to the new
+mesh, a rank without a saved entry of its own takes rank 0's, and the data position
+carries over when the global batch (batch_size x data-parallel ranks) is unchanged,
+because loaders address rows by global batch index (see titan_core/data/loader.py).
 """
 
 from __future__ import annotations
@@ -180,8 +185,9 @@ class Checkpointer:
         key = f"rank_{_rank()}"
         saved = dcp.FileSystemReader(path).read_metadata().state_dict_metadata
         if f"ranks.{key}" not in saved:
-            n = sum(k.startswith("ranks.") for k in saved)
-            raise ConfigError(f"checkpoint {path} was saved by {n} rank(s) and has no state for rank {_rank()}")
+            key = "rank_0"  # saved by fewer ranks: every rank's position is rank 0's (see module docstring)
+        if f"ranks.{key}" not in saved:
+            raise ConfigError(f"checkpoint {path} has no per-rank state (no ranks.rank_0): it was not written by titan_core")
         state: dict[str, Any] = {
             "model": get_model_state_dict(model),
             "optimizer": get_optimizer_state_dict(model, optimizer),
@@ -199,8 +205,25 @@ class Checkpointer:
         if per_rank["step"] != step:
             raise ConfigError(f"checkpoint {path} holds step {per_rank['step']}, not {step}: the folder was renamed")
         if data_loader is not None:
-            data_loader.load_state_dict(per_rank["data_loader"])
+            _restore_loader(data_loader, per_rank["data_loader"], path)
         set_rng_state(per_rank["rng"])
+
+
+def _restore_loader(loader, state: dict[str, Any], path: Path) -> None:
+    """Load a loader position saved on this rank, or on another data-parallel layout."""
+    mine = loader.state_dict()
+    layout = ("dp_rank", "dp_world", "batch_size")
+    if all(state.get(k) == mine.get(k) for k in layout) or not all(k in state for k in layout):
+        loader.load_state_dict(state)  # same layout (or a loader without one): its own checks apply
+        return
+    before, now = state["batch_size"] * state["dp_world"], mine["batch_size"] * mine["dp_world"]
+    if before != now:
+        raise ConfigError(
+            f"cannot resume {path} here: its global batch is batch_size {state['batch_size']} x "
+            f"{state['dp_world']} data-parallel rank(s) = {before} rows, this run's is {mine['batch_size']} x "
+            f"{mine['dp_world']} = {now}; keep their product equal when changing the world size"
+        )
+    loader.load_state_dict({**state, **{k: mine[k] for k in layout}})
 
 
 def export_hf(model, family_name: str, args, out_dir: str | Path) -> Path:

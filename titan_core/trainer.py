@@ -1,8 +1,11 @@
 """The training loop: build everything from a JobConfig, then step.
 
 Build order matters: the model is created on the meta device, swaps replace modules
-while they cost nothing, then weights are materialised on the target and initialised;
-the optimizer is created last, over the parameters that will actually train.
+while they cost nothing, then weights are materialised on the target and initialised,
+then parallelised (each rank keeps its slice of the identically initialised full
+tensors, so any world size starts from the single-process weights); the optimizer is
+created last, over the parameters that will actually train (sharded DTensors under
+SimpleFSDP / FSDP2).
 """
 
 from __future__ import annotations
@@ -15,10 +18,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
+import torch.distributed as dist
 
-from titan_core import devices
+from titan_core import devices, distributed
 from titan_core.checkpoint import Checkpointer, export_hf
-from titan_core.config.loader import ConfigError
+from titan_core.compile import execution
 from titan_core.config.sections import JobConfig
 from titan_core.config.swaps import apply_swaps
 from titan_core.data import build_data_loader
@@ -27,6 +31,7 @@ from titan_core.metrics import MetricsLogger
 from titan_core.model_builder import build_model_from_config
 from titan_core.models.common.stats import flops_per_token, param_counts
 from titan_core.optim import build_lr_scheduler, build_optimizer
+from titan_core.parallel import build_mesh, check_parallelism, clip_grad_norm_, dp_coordinates, parallelize
 from titan_core.profiler import StepProfiler
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -44,16 +49,16 @@ class TrainResult:
     output_dir: str = ""
     summary: object = None
     """A rich Table of every step (None when logging was off)."""
+    world_size: int = 1
+    """Processes that trained together."""
+    data_parallel: str = "none"
+    """parallelism.data_parallel of the run."""
 
     @property
     def step_time_median_s(self) -> float:
         # the first steps pay for allocator warm-up and lazy init; skip them when we can
         times = [m["step_time_s"] for m in self.metrics]
         return statistics.median(times[2:] if len(times) > 4 else times)
-
-
-def _dist_env() -> tuple[int, int, int]:
-    return int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1)), int(os.environ.get("LOCAL_RANK", 0))
 
 
 def set_determinism(seed: int, deterministic: bool) -> None:
@@ -66,17 +71,24 @@ def set_determinism(seed: int, deterministic: bool) -> None:
 class Trainer:
     def __init__(self, cfg: JobConfig, *, quiet: bool = False, repeat_batch: bool = False):
         self.cfg = cfg
-        self.rank, self.world_size, local_rank = _dist_env()
-        if self.world_size > 1 and cfg.parallelism.data_parallel == "none":
-            raise ConfigError(
-                f"WORLD_SIZE={self.world_size} but parallelism.data_parallel = 'none': "
-                "choose a data-parallel mode to run on several processes"
-            )
+        self.rank, self.world_size, local_rank = distributed.current_ranks()
+        self.degrees = check_parallelism(cfg, self.world_size)
         if cfg.device.threads:
             torch.set_num_threads(cfg.device.threads)
         self.device = devices.resolve_device(
             cfg.device.type, local_rank=local_rank, libtpu_init_flags=cfg.tpu.libtpu_init_flags
         )
+        self.dist: distributed.DistState | None = None
+        self.mesh = None
+        if cfg.parallelism.data_parallel != "none":
+            self.dist = distributed.init_distributed(self.device, cfg.parallelism.timeout_s)
+        try:
+            self._build(cfg, quiet=quiet, repeat_batch=repeat_batch)
+        except BaseException:
+            self.close()
+            raise
+
+    def _build(self, cfg: JobConfig, *, quiet: bool, repeat_batch: bool) -> None:
         set_determinism(cfg.training.seed, cfg.training.deterministic)
         self.out_dir = Path(cfg.metrics.output_dir)
 
@@ -84,12 +96,21 @@ class Trainer:
         self.swaps = apply_swaps(model, swaps_for(cfg.kernels))
         model.to_empty(device=self.device)
         model.init_weights(seed=cfg.training.seed)
-        self.model = model.to(DTYPES[cfg.training.dtype])
+        model = model.to(DTYPES[cfg.training.dtype])
+        dp_rank, self.dp_world = 0, 1
+        if self.dist is not None:
+            self.mesh = build_mesh(self.degrees, self.device.type)
+            parallelize(model, cfg, self.mesh)
+            dp_rank, self.dp_world = dp_coordinates(self.mesh)
+        self.model = model
+        # execution modes (titan_core/compile): per-block compile now, the Graph Trainer over the optimizer
+        self.compiled_modules = execution.apply_per_block_compile(model, cfg) if cfg.compile.enable else []
 
         self.optimizer = build_optimizer(self.model, cfg.optimizer)
         self.lr_scheduler = build_lr_scheduler(self.optimizer, cfg.lr_scheduler, cfg.training.steps)
+        self.graph_step = execution.graph_train_step(self.model, self.optimizer, cfg) if cfg.graph_trainer.enable else None
         self.data = build_data_loader(
-            cfg, vocab_size=self.args.vocab_size, dp_rank=self.rank, dp_world=self.world_size, repeat_batch=repeat_batch
+            cfg, vocab_size=self.args.vocab_size, dp_rank=dp_rank, dp_world=self.dp_world, repeat_batch=repeat_batch
         )
         self.checkpointer = Checkpointer.from_config(cfg)
         self.profiler = StepProfiler(cfg.profiler, self._under_output(cfg.profiler.folder), self.rank)
@@ -108,6 +129,10 @@ class Trainer:
             )
             self.step = self.resumed_from or 0
 
+    def close(self) -> None:
+        """Release the process group if this trainer created it (idempotent)."""
+        distributed.teardown(self.dist)
+
     def _under_output(self, folder: str) -> Path:
         p = Path(folder)
         return p if p.is_absolute() else self.out_dir / p
@@ -119,11 +144,8 @@ class Trainer:
         )
         return loss
 
-    def train_step(self) -> dict:
-        """One optimizer step over `grad_accum` micro-batches; returns its metrics."""
-        cfg = self.cfg.training
-        devices.synchronize(self.device)
-        t0 = time.perf_counter()
+    def _eager_update(self, cfg) -> tuple[torch.Tensor, torch.Tensor]:
+        """Forward, backward, clip and optimizer step; returns (summed loss, grad norm) on the device."""
         self.optimizer.zero_grad(set_to_none=True)
         total = torch.zeros((), device=self.device)
         for _ in range(cfg.grad_accum):
@@ -131,17 +153,30 @@ class Trainer:
             loss.backward()
             total += loss.detach().float()
         params = [p for p in self.model.parameters() if p.grad is not None]
-        if cfg.max_norm > 0:
-            grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.max_norm, foreach=True)
-        else:
-            grad_norm = torch.nn.utils.get_total_norm([p.grad for p in params], foreach=True)
-        lr = self.optimizer.param_groups[0]["lr"]
+        grad_norm = clip_grad_norm_(params, cfg.max_norm, foreach=True)
         self.optimizer.step()
+        return total, grad_norm
+
+    def train_step(self) -> dict:
+        """One optimizer step over `grad_accum` micro-batches; returns its metrics."""
+        cfg = self.cfg.training
+        devices.synchronize(self.device)
+        t0 = time.perf_counter()
+        lr = self.optimizer.param_groups[0]["lr"]
+        if self.graph_step is not None:  # Graph Trainer: _eager_update's work as one captured program
+            total, grad_norm = self.graph_step.run([next(self.data) for _ in range(cfg.grad_accum)])
+        else:
+            total, grad_norm = self._eager_update(cfg)
         self.lr_scheduler.step()
+        if self.world_size > 1:
+            # each rank's loss is the mean over its own rows; TP ranks of one dp rank hold the
+            # same value, so the mean over the world is the mean over the global batch
+            dist.all_reduce(total)
+            total /= self.world_size
         loss_value, norm_value = total.item(), grad_norm.item()  # the one host sync per step
         devices.synchronize(self.device)
         dt = time.perf_counter() - t0
-        tokens = cfg.batch_size * cfg.seq_len * cfg.grad_accum * self.world_size
+        tokens = cfg.batch_size * cfg.seq_len * cfg.grad_accum * self.dp_world
         tps = tokens / dt
         return {
             "step": self.step,
@@ -173,11 +208,12 @@ class Trainer:
                     data_loader=self.data,
                     last=self.step == self.cfg.training.steps,
                 )
+            if self.cfg.checkpoint.export_hf:  # every rank: gathering sharded weights is collective
+                export_hf(self.model, self.family, self.args, self._under_output(self.cfg.checkpoint.export_hf))
         finally:
             self.profiler.close()
             self.logger.close()
-        if self.cfg.checkpoint.export_hf and self.rank == 0:
-            export_hf(self.model, self.family, self.args, self._under_output(self.cfg.checkpoint.export_hf))
+            self.close()
         return TrainResult(
             metrics=self.logger.rows,
             num_params=self.num_params,
@@ -187,4 +223,6 @@ class Trainer:
             resumed_from=self.resumed_from,
             output_dir=str(self.out_dir),
             summary=self.logger.summary_table() if self.logger.enabled else None,
+            world_size=self.world_size,
+            data_parallel=self.cfg.parallelism.data_parallel,
         )

@@ -211,7 +211,7 @@ def test_status_and_list_json(tmp_path):
     assert empty["workspaces"] == []
 
 
-def test_train_passes_overrides_through_and_refuses_nproc(tmp_path, monkeypatch):
+def test_train_passes_overrides_through_and_checks_nproc(tmp_path, monkeypatch):
     assert onboard("new-model", "m", "--preset", "llama3", "--dir", tmp_path).exit_code == 0
     monkeypatch.chdir(tmp_path / "onboarding/m")
     result = onboard(
@@ -227,15 +227,14 @@ def test_train_passes_overrides_through_and_refuses_nproc(tmp_path, monkeypatch)
     assert result.exit_code == 0, result.stderr
     assert f'hf_config = "{tmp_path.resolve() / "onboarding/m/config.json"}"' in result.stdout
     assert 'output_dir = "/tmp/x"' in result.stdout  # the user's override wins
-    nproc = onboard("train", "--nproc", "2", "--config", "recipe.toml")
-    assert nproc.exit_code == 2 and "not available yet" in nproc.stderr
+    zero = onboard("train", "--nproc", "0", "--config", "onboarding/m/recipe.toml")
+    assert zero.exit_code == 2 and "at least 1" in zero.stderr
+    # several ranks go through the launcher, which checks the config before starting any
+    bad_world = onboard("train", "--nproc", "2", "--config", "onboarding/m/recipe.toml", "--training.stepz=1")
+    assert bad_world.exit_code == 2 and "stepz" in bad_world.stderr
 
 
 def test_skill_install_for_each_agent(tmp_path):
-    from onboard.resources import data_dir
-
-    if not (data_dir("skills") / "onboard-model" / "SKILL.md").is_file():
-        pytest.skip("skills/onboard-model/SKILL.md is not in this checkout yet")
     claude = onboard("skill", "install", "--agent", "claude", "--dir", tmp_path, "--json")
     assert claude.exit_code == 0, claude.stderr
     assert (tmp_path / ".claude/skills/onboard-model/SKILL.md").is_file()

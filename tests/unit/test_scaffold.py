@@ -84,8 +84,9 @@ def test_port_model_py_computes_exactly_what_the_family_computes(tmp_path, prese
 def test_port_recipe_trains_through_titan_core_with_model_py(tmp_path):
     root = make(tmp_path, "p", preset="llama3/debugmodel", path="port")
     job = load_config(root / "recipe.toml")
-    assert job.model.module_file == "model.py"
-    job.model.hf_config, job.model.module_file = str(root / "config.json"), str(root / "model.py")
+    # the recipe names its files relative to itself; loading resolves them against its folder
+    assert job.model.module_file == str((root / "model.py").resolve())
+    assert job.model.hf_config == str((root / "config.json").resolve())
     _, _, model = build_model_from_config(job.model)
     assert type(model).__module__.startswith("titan_port_") and type(model).__name__ == "Model"
 

@@ -17,11 +17,11 @@ class Model:
     flavor: str = "debugmodel"
     """Named size within the family (see its flavors.py)."""
     hf_config: str = ""
-    """Path to a Hugging Face config.json; when set it defines the architecture instead of flavor."""
+    """Path to a Hugging Face config.json (relative: to the recipe's folder); when set it defines the architecture."""
     overrides: dict = field(default_factory=dict)
     """Field overrides applied on top of the flavor's args, e.g. {n_layers = 2}."""
     module_file: str = ""
-    """Path to a Python file whose `build_model(args)` replaces the family's model class (ports)."""
+    """Path to a Python file (relative: to the recipe's folder) whose `build_model(args)` replaces the family's model class (ports)."""
 
 
 @dataclass(kw_only=True)
@@ -53,7 +53,7 @@ class Data:
     source: Literal["synthetic", "text"] = "synthetic"
     """synthetic: seeded random tokens; text: local files through a local tokenizer."""
     path: str = ""
-    """File or folder of .txt files (source = text)."""
+    """File or folder of .txt files (source = text; relative: to the recipe's folder)."""
     tokenizer: Literal["byte", "bpe"] = "byte"
     """byte: 256 byte ids + specials; bpe: a `tokenizers` BPE trained on `path` and cached."""
     bpe_vocab_size: int = 2048
@@ -92,14 +92,18 @@ class LRScheduler:
 
 @dataclass(kw_only=True)
 class Parallelism:
-    data_parallel: Literal["simple_fsdp", "fsdp2", "none"] = "none"
-    """Data-parallel implementation."""
+    data_parallel: Literal["simple_fsdp", "fsdp2", "none"] = "simple_fsdp"
+    """simple_fsdp: sharded DTensor params gathered by a parametrization (also at world size 1); fsdp2: fully_shard; none: plain eager, one process."""
     dp_replicate: int = 1
-    """Replicate degree (HSDP outer dimension)."""
+    """Replicate degree (HSDP outer dimension: dp_replicate > 1 with dp_shard > 1 is HSDP, with dp_shard = 1 pure replication)."""
     dp_shard: int = -1
     """Shard degree; -1 fills what is left of the world size."""
     tp: int = 1
-    """Tensor-parallel degree."""
+    """Tensor-parallel degree (composed with simple_fsdp only; the family needs a TP plan)."""
+    sequence_parallel: bool = False
+    """With tp > 1, also split norms and the residual stream over the sequence across TP ranks."""
+    timeout_s: float = 300.0
+    """Seconds a collective may wait for the other ranks before it fails the run (a hung or dead rank)."""
 
 
 @dataclass(kw_only=True)
@@ -108,16 +112,42 @@ class Compile:
     """Compile each transformer block and the loss with torch.compile."""
     backend: Literal["inductor", "aot_eager", "eager"] = "inductor"
     """torch.compile backend."""
+    fullgraph: bool = False
+    """Fail on a graph break inside a block instead of splitting it (breaks are counted either way)."""
+
+
+@dataclass(kw_only=True)
+class GraphTrainer:
+    enable: bool = False
+    """Capture forward, loss, backward, clipping and AdamW as one FX graph and run it as one program."""
+    compile: Literal["none", "inductor"] = "none"
+    """none: run the captured graph as is (bit-identical to eager); inductor: compile it whole."""
+    disable_passes: list = field(default_factory=list)
+    """Graph passes to skip, by registry name (e.g. ["apply_recompute"])."""
+    numerics_changing: bool = False
+    """Also run the numerics-changing pass tier (e.g. bf16 matmuls); results are no longer bit-identical."""
+    debug_passes: bool = False
+    """Print op counts before and after each graph pass."""
+    memory_policy: Literal["default", "full", "offload"] = "default"
+    """default: save matmul outputs, recompute the rest; full: recompute all but block boundaries; offload: park saved values on the host."""
+    scan_layers: bool = False
+    """Trace identical decoder blocks once, as the body of a scan over stacked weights."""
+    split: bool = False
+    """Run forward and backward as two separately compiled programs, saved activations on the host between them."""
 
 
 @dataclass(kw_only=True)
 class Kernels:
-    loss: Literal["plain"] = "plain"
-    """Cross-entropy implementation (plain: materialised logits)."""
-    attention: Literal["sdpa", "naive"] = "sdpa"
-    """Attention implementation (naive is the reference)."""
-    moe: Literal["loop"] = "loop"
-    """Expert computation for MoE models (loop is the reference)."""
+    loss: Literal["plain", "fused_ce"] = "plain"
+    """Cross-entropy: plain materialises [tokens, vocab] logits; fused_ce computes loss and grads in token chunks."""
+    ce_chunk: int = 1024
+    """Tokens per fused_ce chunk; each chunk holds one [ce_chunk, vocab] fp32 buffer."""
+    z_loss: float = 0.0
+    """Weight of the z-loss (mean squared logsumexp of the logits) added to the cross-entropy; 0 disables it."""
+    attention: Literal["sdpa", "naive", "tokamax", "splash", "flex"] = "sdpa"
+    """Attention: naive is the reference; tokamax needs the [jax] extra; splash needs a TPU; flex cannot train on CPU."""
+    moe: Literal["loop", "grouped_mm", "tokamax"] = "loop"
+    """MoE experts: loop is the reference; grouped_mm uses torch._grouped_mm; tokamax uses ragged_dot via JAX."""
     swaps: list = field(default_factory=list)
     """Extra swaps by registry name, applied after the ones the fields above select."""
 
@@ -181,6 +211,7 @@ class JobConfig:
     lr_scheduler: LRScheduler = field(default_factory=LRScheduler)
     parallelism: Parallelism = field(default_factory=Parallelism)
     compile: Compile = field(default_factory=Compile)
+    graph_trainer: GraphTrainer = field(default_factory=GraphTrainer)
     kernels: Kernels = field(default_factory=Kernels)
     checkpoint: Checkpoint = field(default_factory=Checkpoint)
     metrics: Metrics = field(default_factory=Metrics)

@@ -41,11 +41,13 @@ class Experts(nn.Module):
 
     def forward(self, x: torch.Tensor, weights: torch.Tensor, experts: torch.Tensor) -> torch.Tensor:
         """x: [tokens, dim]; weights, experts: [tokens, top_k]."""
+        # Read each weight once: under SimpleFSDP every attribute read is an all-gather.
+        w1, w2, w3 = self.w1, self.w2, self.w3
         out = torch.zeros_like(x)
-        for e in range(self.w1.shape[0]):
+        for e in range(w1.shape[0]):
             token, slot = torch.where(experts == e)
             h = x[token]
-            h = (F.silu(h @ self.w1[e]) * (h @ self.w3[e])) @ self.w2[e]
+            h = (F.silu(h @ w1[e]) * (h @ w3[e])) @ w2[e]
             out = out.index_add(0, token, h * weights[token, slot, None])
         return out
 

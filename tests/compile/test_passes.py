@@ -1,0 +1,65 @@
+"""The pass pipeline: registry, tiers, disabling by name, debug op counts, the contract."""
+
+import pytest
+import torch
+from _tiny import batches, build
+
+from titan_core.compile.graph_trainer import GraphTrainerOptions, GraphTrainStep, build_pipeline, registered_passes
+from titan_core.compile.graph_trainer.passes import DEFAULT_PIPELINE, NUMERICS_CHANGING_PIPELINE
+from titan_core.config.loader import ConfigError
+
+
+def _one_step(**opts):
+    model, opt = build("llama3")
+    step = GraphTrainStep(model, opt, max_norm=1.0, grad_accum=1, options=GraphTrainerOptions(**opts))
+    loss, _ = step.run(batches(1))
+    return step, loss
+
+
+@pytest.fixture(scope="module")
+def reference():
+    return _one_step()
+
+
+def test_tiers_and_unknown_names():
+    passes = registered_passes()
+    assert all(not passes[n].numerics_changing for n in DEFAULT_PIPELINE)
+    assert all(passes[n].numerics_changing for n in NUMERICS_CHANGING_PIPELINE)
+    assert [p.name for p in build_pipeline()] == list(DEFAULT_PIPELINE)
+    assert "matmul_bf16" in [p.name for p in build_pipeline(numerics_changing=True)]
+    with pytest.raises(ConfigError, match="did you mean 'apply_recompute'"):
+        build_pipeline(disable=["apply_recompte"])
+
+
+def test_every_node_keeps_its_fake_value(reference):
+    step, _ = reference
+    missing = [
+        n.name for n in step.captured.gm.graph.nodes if n.op in ("placeholder", "call_function") and "val" not in n.meta
+    ]
+    assert missing == []
+    assert [r.name for r in step.stats.pass_records] == list(DEFAULT_PIPELINE)
+
+
+def test_disable_and_debug(reference, capsys):
+    _, ref_loss = reference
+    step, loss = _one_step(disable_passes=("apply_recompute",), debug_passes=True)
+    assert torch.equal(loss, ref_loss)
+    assert "apply_recompute" not in [r.name for r in step.stats.pass_records]
+    assert not any(n.meta.get("gt_recomputed") for n in step.captured.gm.graph.nodes)
+    printed = capsys.readouterr().out
+    assert "[graph pass] remove_detach:" in printed
+    assert "aten.detach.default: " in printed and " -> 0" in printed
+
+
+def test_numerics_changing_tier_is_opt_in(reference):
+    ref_step, ref_loss = reference
+    assert not any(
+        n.meta["val"].dtype == torch.bfloat16
+        for n in ref_step.captured.gm.graph.nodes
+        if isinstance(n.meta.get("val"), torch.Tensor)
+    )
+    step, loss = _one_step(numerics_changing=True)
+    rec = next(r for r in step.stats.pass_records if r.name == "matmul_bf16")
+    assert rec.changed_ops["aten._to_copy.default"][1] > rec.changed_ops["aten._to_copy.default"][0]
+    assert not torch.equal(loss, ref_loss)  # it does change numerics ...
+    assert abs(loss.item() - ref_loss.item()) < 2e-2 * ref_loss.item()  # ... by bf16 rounding only

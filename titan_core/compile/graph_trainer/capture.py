@@ -1,0 +1,288 @@
+"""Capture the whole training step (forward, loss, backward, clipping, AdamW) as one FX graph.
+
+`make_fx` traces a pure function of flat tensors: parameters, buffers, AdamW moments, the
+per-step optimizer scalars and the micro-batches go in; the summed loss, the gradient
+norm and the new parameters and moments come out. Tracing runs on fake tensors, so no
+real computation happens and any data-dependent op fails loudly instead of baking one
+batch's values into the program. Parameters are graph inputs, never constants: the
+graph can be run again on updated values (the tests perturb them to prove it).
+
+Every node is tagged while it is traced: `meta["gt_region"]` is `forward`, `backward` or
+`optimizer`, and `meta["gt_layer"]` is the decoder block index a forward node came from.
+The memory-policy and split passes act on these tags.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+from torch.distributed.tensor import DTensor
+from torch.fx import GraphModule
+from torch.fx.experimental.proxy_tensor import get_proxy_mode, make_fx
+
+from titan_core.compile.graph_trainer import functional_optim as fo
+from titan_core.compile.graph_trainer.host_sync import HostSync, HostSyncError, HostSyncGuard, describe, subgraph_syncs
+
+BATCH_FIELDS = ("tokens", "labels", "positions", "segment_ids")
+
+
+class CaptureError(RuntimeError):
+    """The training step cannot be captured as one graph; the message says why and what to change."""
+
+
+class _LossCall(nn.Module):
+    """Routes functional_call to `model.loss`, the training entry point of every family."""
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        self.model = model
+
+    def forward(self, tokens, labels, positions, segment_ids):
+        return self.model.loss(tokens, labels, positions=positions, segment_ids=segment_ids)
+
+
+@dataclass
+class StepLayout:
+    """Where each tensor sits in the flat input and output lists of the captured step."""
+
+    param_names: list[str]
+    buffer_names: list[str]
+    group_of: list[int]
+    """AdamW param-group index of each parameter."""
+    hypers: list[fo.GroupHyper]
+    batch_fields: tuple[str, ...]
+    """Batch fields present (tokens and labels always; positions, segment_ids when packed)."""
+    grad_accum: int
+    max_norm: float
+    specs: list = field(default_factory=list)
+    """Per parameter: None for a plain tensor, or the ParamSpec of a sharded (DTensor) one."""
+
+    @property
+    def n_params(self) -> int:
+        return len(self.param_names)
+
+    @property
+    def n_scalars(self) -> int:
+        return len(self.hypers) * len(fo.STEP_SCALARS)
+
+    def split_inputs(self, flat):
+        p, b = self.n_params, len(self.buffer_names)
+        it = iter(flat)
+        take = lambda n: [next(it) for _ in range(n)]
+        params, buffers, exp_avgs, exp_avg_sqs = take(p), take(b), take(p), take(p)
+        scal = take(self.n_scalars)
+        k = len(fo.STEP_SCALARS)
+        scalars = [tuple(scal[g * k : (g + 1) * k]) for g in range(len(self.hypers))]
+        micro = [dict(zip(self.batch_fields, take(len(self.batch_fields)))) for _ in range(self.grad_accum)]
+        return params, buffers, exp_avgs, exp_avg_sqs, scalars, micro
+
+    def split_outputs(self, flat):
+        """-> loss, grad_norm, new params, new exp_avgs, new exp_avg_sqs."""
+        p = self.n_params
+        return flat[0], flat[1], list(flat[2 : 2 + p]), list(flat[2 + p : 2 + 2 * p]), list(flat[2 + 2 * p : 2 + 3 * p])
+
+
+@dataclass(frozen=True)
+class ParamSpec:
+    """How a sharded parameter is rebuilt from its local shard inside the step."""
+
+    mesh: object
+    placements: tuple
+    shape: torch.Size
+    stride: tuple
+
+
+def local_tensor(t: torch.Tensor) -> torch.Tensor:
+    """The local shard of a DTensor (the tensor itself otherwise): what the graph takes as input."""
+    return t.to_local() if isinstance(t, DTensor) else t
+
+
+def as_param(local: torch.Tensor, spec: ParamSpec | None) -> torch.Tensor:
+    """The value the model reads: the local shard itself, or the DTensor it is a shard of.
+
+    Graph inputs are always local shards: a DTensor input would be baked into the graph
+    as a constant (real mode) or refused (fake mode); wrapping here keeps the shard an
+    input while the model's SimpleFSDP gather traces into all-gather / reduce-scatter nodes.
+    """
+    if spec is None:
+        return local
+    return DTensor.from_local(local, spec.mesh, spec.placements, run_check=False, shape=spec.shape, stride=spec.stride)
+
+
+@dataclass
+class CapturedStep:
+    gm: GraphModule
+    """The whole step; call it with the flat inputs (see StepLayout)."""
+    layout: StepLayout
+    example_inputs: list
+    """Fake tensors with the shape, dtype and device of each graph input."""
+    trace_time_s: float
+    host_syncs: list[HostSync] = field(default_factory=list)
+    """Sync ops met while tracing (only filled when tracing with on_host_sync='record')."""
+    scan_layers: bool = False
+
+
+class _RegionTagger:
+    """Tags nodes with the region and block they were traced in, by walking back from the newest node."""
+
+    def __init__(self):
+        self.region, self.layer = "forward", None
+
+    def _flush(self) -> None:
+        mode = get_proxy_mode()
+        if mode is None:
+            return
+        for node in reversed(mode.tracer.graph.nodes):
+            if "gt_region" in node.meta:
+                break
+            node.meta["gt_region"] = "input" if node.op == "placeholder" else self.region
+            node.meta["gt_layer"] = None if node.op == "placeholder" else self.layer
+
+    def enter(self, region: str | None = None, layer: int | None = None) -> None:
+        self._flush()
+        if region is not None:
+            self.region = region
+        self.layer = layer
+
+    def finish(self) -> None:
+        self._flush()
+
+    @contextlib.contextmanager
+    def block_hooks(self, model: nn.Module):
+        handles = []
+        # a ported model without a `layers` dict gets no block tags: every node is outside a block
+        for name, block in getattr(model, "layers", {}).items():
+            i = int(name)
+            handles.append(block.register_forward_pre_hook(lambda mod, args, i=i: self.enter(layer=i)))
+            handles.append(block.register_forward_hook(lambda mod, args, out: self.enter(layer=None)))
+        try:
+            yield
+        finally:
+            for h in handles:
+                h.remove()
+
+
+def step_layout(
+    model: nn.Module, optimizer: torch.optim.Optimizer, batch, grad_accum: int, max_norm: float
+) -> StepLayout:
+    hypers = fo.group_hypers(optimizer)
+    group_index = {id(p): gi for gi, g in enumerate(optimizer.param_groups) for p in g["params"]}
+    names, group_of, specs = [], [], []
+    for name, p in model.named_parameters():
+        if not p.requires_grad:
+            continue
+        if id(p) not in group_index:
+            raise CaptureError(f"parameter {name} requires grad but is in no optimizer param group")
+        names.append(name)
+        group_of.append(group_index[id(p)])
+        specs.append(
+            ParamSpec(p.device_mesh, tuple(p.placements), p.shape, p.stride()) if isinstance(p, DTensor) else None
+        )
+    fields = tuple(f for f in BATCH_FIELDS if getattr(batch, f) is not None)
+    if fields[:2] != ("tokens", "labels"):
+        raise CaptureError("a batch needs tokens and labels")
+    return StepLayout(
+        param_names=names,
+        buffer_names=[n for n, _ in model.named_buffers()],
+        group_of=group_of,
+        hypers=hypers,
+        batch_fields=fields,
+        grad_accum=grad_accum,
+        max_norm=max_norm,
+        specs=specs,
+    )
+
+
+def make_step_fn(
+    model: nn.Module, layout: StepLayout, *, scan_layers: bool = False, guard: HostSyncGuard | None = None, tagger=None
+):
+    """The pure step function over flat tensors that `capture_train_step` traces (and eager can run)."""
+    from titan_core.compile.graph_trainer.scan import scanned_layers
+
+    call = _LossCall(model)
+    pnames = [f"model.{n}" for n in layout.param_names]
+    bnames = [f"model.{n}" for n in layout.buffer_names]
+    tagger = tagger or _RegionTagger()
+
+    def step(*flat):
+        params, buffers, exp_avgs, exp_avg_sqs, scalars, micro = layout.split_inputs(flat)
+        guard_ctx = guard if guard is not None else contextlib.nullcontext()
+        with guard_ctx, torch.enable_grad():
+            leaves = [p.detach().requires_grad_(True) for p in params]
+            values = [as_param(leaf, spec) for leaf, spec in zip(leaves, layout.specs)]
+            state = dict(zip(pnames, values)) | dict(zip(bnames, buffers))
+            total, grads = None, None
+            for mb in micro:
+                tagger.enter(region="forward")
+                layers = (
+                    scanned_layers(model, leaves, layout.param_names, layout.specs)
+                    if scan_layers
+                    else tagger.block_hooks(model)
+                )
+                with layers:
+                    loss, _ = torch.func.functional_call(
+                        call, state, (mb["tokens"], mb["labels"], mb.get("positions"), mb.get("segment_ids"))
+                    )
+                loss = loss / layout.grad_accum
+                total = (torch.zeros((), device=loss.device) if total is None else total) + loss.detach().float()
+                tagger.enter(region="backward")
+                g = torch.autograd.grad(loss, leaves, allow_unused=True)
+                missing = [n for n, gi in zip(layout.param_names, g) if gi is None]
+                if missing:
+                    raise CaptureError(
+                        f"parameters receive no gradient: {missing[:5]}; every trainable parameter must be used by the loss"
+                    )
+                grads = list(g) if grads is None else [a + b for a, b in zip(grads, g)]
+            tagger.enter(region="optimizer")
+            grads = [g.detach() for g in grads]
+            norm = fo.global_norm(grads, layout.specs)
+            if layout.max_norm > 0:
+                grads = fo.clip_by_norm(grads, norm, layout.max_norm)
+            new_p, new_m, new_v = fo.adamw_update(
+                [p.detach() for p in params], grads, exp_avgs, exp_avg_sqs, layout.group_of, layout.hypers, scalars
+            )
+            tagger.finish()
+        return [total, norm, *new_p, *new_m, *new_v]
+
+    return step
+
+
+def capture_train_step(
+    model: nn.Module,
+    layout: StepLayout,
+    example_inputs: list[torch.Tensor],
+    *,
+    scan_layers: bool = False,
+    on_host_sync: str = "raise",
+) -> CapturedStep:
+    """Trace the step over `example_inputs` (real tensors, only their metadata is used).
+
+    on_host_sync: `raise` fails at the first op that would sync the host (HostSyncError);
+    `record` traces on and lists them in `CapturedStep.host_syncs`.
+    """
+    guard = HostSyncGuard(record=on_host_sync == "record")
+    tagger = _RegionTagger()
+    fn = make_step_fn(model, layout, scan_layers=scan_layers, guard=guard, tagger=tagger)
+    t0 = time.perf_counter()
+    try:
+        gm = make_fx(fn, tracing_mode="fake")(*example_inputs)
+    except HostSyncError:
+        raise
+    except Exception as e:
+        if guard.found:
+            # in record mode the trace goes on past a sync until the value is branched on;
+            # the syncs met so far are the answer, and the cause of the failure
+            raise HostSyncError(describe(guard.found[0]), guard.found) from e
+        raise
+    dt = time.perf_counter() - t0
+    nested = subgraph_syncs(gm)
+    if nested and on_host_sync == "raise":
+        raise HostSyncError(f"host sync inside the captured step: {nested[0].op} at {nested[0].where}")
+    gm.graph.eliminate_dead_code()
+    gm.recompile()
+    fakes = [n.meta["val"] for n in gm.graph.nodes if n.op == "placeholder"]
+    return CapturedStep(gm, layout, fakes, dt, host_syncs=list(guard.found) + nested, scan_layers=scan_layers)

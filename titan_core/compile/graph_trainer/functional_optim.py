@@ -1,0 +1,137 @@
+"""Gradient clipping and AdamW as pure functions over tensor lists, for the captured step.
+
+Both mirror, op for op, what the eager trainer runs: `clip_grad_norm_(foreach=True)` and
+`torch.optim.AdamW`'s single-tensor path (the one torch picks for CPU parameters). That
+is what makes the captured step bit-identical to eager: same kernels, same order, same
+scalar values. The only difference is where scalars that change every step come from:
+eager computes them in Python doubles and passes them to each op as a Scalar; here the
+host computes the very same doubles (`adamw_step_scalars`) and feeds them to the graph
+as 0-dim tensors of the parameter dtype, which the kernels cast to exactly the value the
+Scalar path would have used. Constants (betas, eps) stay baked into the graph.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+#: scalar inputs per parameter group, in the order `adamw_step_scalars` returns them
+STEP_SCALARS = ("decay_mul", "bias_correction2_sqrt", "neg_step_size")
+
+
+@dataclass(frozen=True)
+class GroupHyper:
+    """The constant hyperparameters of one AdamW param group."""
+
+    beta1: float
+    beta2: float
+    eps: float
+    weight_decay: float
+
+
+class UnsupportedOptimizer(ValueError):
+    """The eager optimizer uses a feature the functional AdamW does not mirror."""
+
+
+def group_hypers(optimizer: torch.optim.Optimizer) -> list[GroupHyper]:
+    """Check the optimizer is an AdamW the functional update mirrors, and read its constants."""
+    if not isinstance(optimizer, torch.optim.Adam | torch.optim.AdamW):
+        raise UnsupportedOptimizer(f"graph trainer mirrors AdamW only, got {type(optimizer).__name__}")
+    hypers = []
+    for i, g in enumerate(optimizer.param_groups):
+        for flag in ("amsgrad", "maximize", "capturable", "differentiable"):
+            if g.get(flag):
+                raise UnsupportedOptimizer(f"param group {i}: AdamW option {flag}=True is not supported")
+        if g.get("fused"):
+            raise UnsupportedOptimizer(
+                f"param group {i}: fused AdamW is not supported (its kernel is not traceable op for op)"
+            )
+        if not g.get("decoupled_weight_decay", isinstance(optimizer, torch.optim.AdamW)):
+            raise UnsupportedOptimizer(f"param group {i}: coupled (Adam-style) weight decay is not supported")
+        beta1, beta2 = (float(b) for b in g["betas"])
+        hypers.append(GroupHyper(beta1, beta2, float(g["eps"]), float(g["weight_decay"])))
+    return hypers
+
+
+def adamw_step_scalars(lr: float, step: int, h: GroupHyper) -> tuple[float, float, float]:
+    """The per-step scalars of one group, computed exactly as torch's single-tensor AdamW does.
+
+    `step` is the 1-based step the update is about to make (the state's step after `+= 1`).
+    """
+    step = float(step)  # eager reads the float32 step tensor back as a Python float
+    bias_correction1 = 1 - h.beta1**step
+    bias_correction2 = 1 - h.beta2**step
+    step_size = lr / bias_correction1
+    return 1 - lr * h.weight_decay, bias_correction2**0.5, -step_size
+
+
+def adamw_update(
+    params: list[torch.Tensor],
+    grads: list[torch.Tensor],
+    exp_avgs: list[torch.Tensor],
+    exp_avg_sqs: list[torch.Tensor],
+    group_of: list[int],
+    hypers: list[GroupHyper],
+    scalars: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]],
+) -> tuple[list[torch.Tensor], list[torch.Tensor], list[torch.Tensor]]:
+    """One AdamW step, out of place. `scalars[g]` are group g's STEP_SCALARS as 0-dim tensors."""
+    new_p, new_m, new_v = [], [], []
+    for p, g, m, v, gi in zip(params, grads, exp_avgs, exp_avg_sqs, group_of):
+        h = hypers[gi]
+        decay_mul, bc2_sqrt, neg_step_size = scalars[gi]
+        if h.weight_decay != 0:
+            p = p * decay_mul
+        m = torch.lerp(m, g, 1 - h.beta1)
+        v = torch.addcmul(v * h.beta2, g, g, value=1 - h.beta2)
+        denom = (torch.sqrt(v) / bc2_sqrt) + h.eps
+        # addcdiv(p, m, denom, value=s) computes p + (s * m) / denom; the same three roundings
+        p = p + (neg_step_size * m) / denom
+        new_p.append(p)
+        new_m.append(m)
+        new_v.append(v)
+    return new_p, new_m, new_v
+
+
+def total_norm(grads: list[torch.Tensor]) -> torch.Tensor:
+    """L2 norm over all gradients, grouped by (device, dtype) as `clip_grad_norm_(foreach=True)`."""
+    groups: dict[tuple, list[torch.Tensor]] = {}
+    for g in grads:
+        groups.setdefault((g.device, g.dtype), []).append(g)
+    first_device = grads[0].device
+    norms: list[torch.Tensor] = []
+    for tensors in groups.values():
+        norms.extend(torch._foreach_norm(tensors, 2.0))
+    return torch.linalg.vector_norm(torch.stack([n.to(first_device) for n in norms]), 2.0)
+
+
+def global_norm(grads: list[torch.Tensor], specs: list) -> torch.Tensor:
+    """The norm the eager trainer's `parallel.clip_grad_norm_` computes, over local gradient shards.
+
+    On one rank (no spec, or one-rank meshes) the local tensors are the whole gradients:
+    plain `total_norm`. On a real mesh the shards are rebuilt as DTensors and the norm is
+    taken by DTensor (replicated copies counted once), then made global, as in eager.
+    """
+    if all(s is None or s.mesh.size() == 1 for s in specs):
+        return total_norm(grads)
+    from torch.distributed.tensor import DTensor
+
+    from titan_core.compile.graph_trainer.capture import as_param
+
+    norm = torch.nn.utils.get_total_norm([as_param(g, s) for g, s in zip(grads, specs)], foreach=True)
+    return norm.full_tensor() if isinstance(norm, DTensor) else norm
+
+
+def clip_by_norm(grads: list[torch.Tensor], norm: torch.Tensor, max_norm: float) -> list[torch.Tensor]:
+    """grads * min(max_norm / (norm + 1e-6), 1), out of place; group order as in eager."""
+    clip_coef = float(max_norm) / (norm + 1e-6)
+    coef = torch.clamp(clip_coef, max=1.0)
+    index: dict[tuple, list[int]] = {}
+    for i, g in enumerate(grads):
+        index.setdefault((g.device, g.dtype), []).append(i)
+    out: list[torch.Tensor | None] = [None] * len(grads)
+    for (device, _), idx in index.items():
+        scaled = torch._foreach_mul([grads[i] for i in idx], coef.to(device))
+        for i, s in zip(idx, scaled):
+            out[i] = s
+    return out  # type: ignore[return-value]

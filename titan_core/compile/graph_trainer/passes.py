@@ -1,0 +1,215 @@
+"""Graph passes over the captured step: the contract, the registry and the default pipeline.
+
+A pass is a function `(gm, example_inputs, *, settings) -> gm`: it may rewrite `gm` in
+place or return a new module, reads everything it needs from the node tags and
+`settings`, and keeps `node.meta["val"]` (a fake tensor) on every node it adds so later
+passes can reason about shapes and bytes. Passes are registered under a name and sit in
+one of two tiers:
+
+- numerics-preserving (run by default): the step still computes bit for bit what eager
+  computes; the 3-step `torch.equal` test runs with all of them on;
+- numerics-changing (only with `--graph_trainer.numerics_changing`): faster or leaner,
+  but not bit-identical; a ladder rung must classify each one it keeps.
+
+`--graph_trainer.disable_passes=a,b` drops passes by name; `--graph_trainer.debug_passes`
+prints the op counts before and after each pass.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch.fx import GraphModule
+
+from titan_core.config.loader import ConfigError, _closest
+
+aten = torch.ops.aten
+
+PassFn = Callable[..., GraphModule]
+
+
+@dataclass(frozen=True)
+class PassSettings:
+    """Keyword settings every pass receives."""
+
+    memory_policy: str = "default"
+    """default | full | offload (see memory_policy.py)."""
+    debug: bool = False
+    """Print op counts before and after each pass."""
+
+
+@dataclass(frozen=True)
+class GraphPass:
+    name: str
+    fn: PassFn
+    numerics_changing: bool
+    description: str
+
+
+@dataclass
+class PassRecord:
+    """What one pass did: op counts before and after, and its run time."""
+
+    name: str
+    nodes_before: int
+    nodes_after: int
+    changed_ops: dict[str, tuple[int, int]]
+    """op -> (count before, count after), only for ops whose count changed."""
+    seconds: float
+
+
+_PASSES: dict[str, GraphPass] = {}
+
+#: numerics-preserving passes, in order (a name may appear twice)
+DEFAULT_PIPELINE = ("remove_detach", "dce", "tag_memory_policy", "apply_recompute", "apply_offload", "dce")
+#: appended when numerics-changing passes are allowed
+NUMERICS_CHANGING_PIPELINE = ("matmul_bf16",)
+
+
+def register_pass(name: str, *, numerics_changing: bool = False, description: str = "") -> Callable[[PassFn], PassFn]:
+    """Decorator: register a pass under `name` in its tier."""
+
+    def deco(fn: PassFn) -> PassFn:
+        if name in _PASSES and _PASSES[name].fn is not fn:
+            raise ValueError(f"graph pass '{name}' is already registered")
+        _PASSES[name] = GraphPass(name, fn, numerics_changing, description or (fn.__doc__ or "").strip().split("\n")[0])
+        return fn
+
+    return deco
+
+
+def registered_passes() -> dict[str, GraphPass]:
+    _load_builtin_passes()
+    return dict(_PASSES)
+
+
+def _load_builtin_passes() -> None:
+    # the memory-policy passes live in their own module; importing it registers them
+    from titan_core.compile.graph_trainer import memory_policy  # noqa: F401
+
+
+def build_pipeline(*, disable=(), numerics_changing: bool = False) -> list[GraphPass]:
+    """The default pipeline minus `disable`; plus the numerics-changing tier when asked."""
+    _load_builtin_passes()
+    for name in disable:
+        if name not in _PASSES:
+            raise ConfigError(
+                f"unknown graph pass '{name}' in graph_trainer.disable_passes{_closest(name, sorted(_PASSES))}"
+            )
+    names = list(DEFAULT_PIPELINE) + (list(NUMERICS_CHANGING_PIPELINE) if numerics_changing else [])
+    return [_PASSES[n] for n in names if n not in set(disable)]
+
+
+def op_counts(gm: GraphModule) -> Counter:
+    """How many nodes call each op (placeholders and output excluded)."""
+    return Counter(str(n.target) for n in gm.graph.nodes if n.op == "call_function")
+
+
+def run_passes(gm: GraphModule, example_inputs, passes: list[GraphPass], *, settings: PassSettings):
+    """Apply `passes` in order; returns (gm, [PassRecord]). Prints op-count diffs when settings.debug."""
+    records = []
+    for p in passes:
+        before, n_before = op_counts(gm), len(gm.graph.nodes)
+        t0 = time.perf_counter()
+        gm = p.fn(gm, example_inputs, settings=settings)
+        if settings.debug:
+            gm.graph.lint()  # name the pass that broke the graph, not a later one
+        dt = time.perf_counter() - t0
+        after = op_counts(gm)
+        changed = {
+            op: (before[op], after[op]) for op in sorted(before.keys() | after.keys()) if before[op] != after[op]
+        }
+        rec = PassRecord(p.name, n_before, len(gm.graph.nodes), changed, dt)
+        records.append(rec)
+        if settings.debug:
+            print(f"[graph pass] {p.name}: {rec.nodes_before} -> {rec.nodes_after} nodes in {dt * 1e3:.1f} ms")
+            for op, (b, a) in changed.items():
+                print(f"    {op}: {b} -> {a}")
+    gm.graph.lint()
+    gm.recompile()  # once, at the end: regenerating the Python code costs more than most passes
+    return gm, records
+
+
+# ---- numerics-preserving cleanup ---------------------------------------------------------
+@register_pass("remove_detach", description="drop detach/alias nodes (no-ops on values)")
+def remove_detach(gm: GraphModule, example_inputs, *, settings: PassSettings) -> GraphModule:
+    for node in list(gm.graph.nodes):
+        if node.op == "call_function" and node.target in (aten.detach.default, aten.alias.default):
+            node.replace_all_uses_with(node.args[0])
+            gm.graph.erase_node(node)
+    return gm
+
+
+@register_pass("dce", description="remove nodes whose values nobody uses")
+def dce(gm: GraphModule, example_inputs, *, settings: PassSettings) -> GraphModule:
+    gm.graph.eliminate_dead_code()
+    return gm
+
+
+# ---- numerics-changing ---------------------------------------------------------------------
+_MATMULS = {aten.mm.default: (0, 1), aten.bmm.default: (0, 1), aten.addmm.default: (1, 2)}
+
+
+@register_pass(
+    "matmul_bf16", numerics_changing=True, description="run fp32 matmuls of forward and backward with bf16 operands"
+)
+def matmul_bf16(gm: GraphModule, example_inputs, *, settings: PassSettings) -> GraphModule:
+    """Cast both matrix operands of each fp32 mm/bmm/addmm in forward and backward to bf16.
+
+    The product comes back in fp32 (bias and accumulation stay fp32); the optimizer is
+    untouched. Faster where bf16 matmuls are (GPUs, TPUs); changes numerics everywhere.
+    """
+    graph = gm.graph
+    for node in list(graph.nodes):
+        if node.op != "call_function" or node.target not in _MATMULS or node.meta.get("gt_region") == "optimizer":
+            continue
+        val = node.meta.get("val")
+        if not isinstance(val, torch.Tensor) or val.dtype != torch.float32:
+            continue
+        args = list(node.args)
+        for i in _MATMULS[node.target]:
+            with graph.inserting_before(node):
+                cast = graph.call_function(aten._to_copy.default, (args[i],), {"dtype": torch.bfloat16})
+            cast.meta.update(
+                _meta_like(args[i], dtype=torch.bfloat16),
+                gt_region=node.meta.get("gt_region"),
+                gt_layer=node.meta.get("gt_layer"),
+            )
+            args[i] = cast
+        if node.target is aten.addmm.default:
+            # keep the bias add in fp32: mm in bf16, then add
+            with graph.inserting_before(node):
+                mm = graph.call_function(aten.mm.default, (args[1], args[2]))
+                up = graph.call_function(aten._to_copy.default, (mm,), {"dtype": torch.float32})
+                out = graph.call_function(aten.add.Tensor, (args[0], up))
+            mm.meta.update(_meta_like(node, dtype=torch.bfloat16))
+            for n in (up, out):
+                n.meta.update(_meta_like(node))
+            for n in (mm, up, out):
+                n.meta.update(gt_region=node.meta.get("gt_region"), gt_layer=node.meta.get("gt_layer"))
+            node.replace_all_uses_with(out)
+            graph.erase_node(node)
+            continue
+        node.args = tuple(args)
+        node.meta["val"] = _meta_like(node, dtype=torch.bfloat16)["val"]
+        with graph.inserting_after(node):
+            up = graph.call_function(aten._to_copy.default, (node,), {"dtype": torch.float32})
+        node.replace_all_uses_with(up, delete_user_cb=lambda user, up=up: user is not up)
+        up.meta.update(
+            _meta_like(node, dtype=torch.float32),
+            gt_region=node.meta.get("gt_region"),
+            gt_layer=node.meta.get("gt_layer"),
+        )
+    return gm
+
+
+def _meta_like(node, *, dtype=None, device=None) -> dict:
+    """meta['val'] for a node computing a tensor like `node`'s, with another dtype or device."""
+    val = node.meta["val"]
+    with val.fake_mode:
+        new = torch.empty_strided(val.shape, val.stride(), dtype=dtype or val.dtype, device=device or val.device)
+    return {"val": new}

@@ -1,0 +1,276 @@
+"""What the `kernels` rung needs from titan_core: which kernels apply, and kernel vs plain path.
+
+    applicable_kernels(args, device=, dtype=) -> {"kernels.moe=grouped_mm": None | "why not", ...}
+    compare_kernel(family, args, "kernels.loss=fused_ce")  -> KernelComparison (loss, logits, grads)
+    measure_kernel(family, args, "kernels.loss=fused_ce")  -> step time and peak memory, with and without
+
+Each flag is compared with the plain path of its field (REFERENCE): the model built twice
+from the same weights, once with the kernel's swap and once with the reference's.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+import statistics
+import sys
+import time
+import typing
+from dataclasses import asdict, dataclass, field
+
+import torch
+
+from titan_core import devices
+from titan_core.config.loader import ConfigError
+from titan_core.config.sections import Kernels
+from titan_core.config.swaps import apply_swaps
+from titan_core.kernels.moe import grouped_mm_unsupported
+from titan_core.models.common.args import TransformerArgs
+from titan_core.models.registry import build_meta
+
+#: The plain path each kernel is compared with.
+REFERENCE = {"loss": "plain", "attention": "naive", "moe": "loop"}
+#: Every kernel flag the rung considers, in the order it reports them.
+KERNEL_FLAGS = (
+    "kernels.loss=fused_ce",
+    "kernels.attention=sdpa",
+    "kernels.attention=tokamax",
+    "kernels.attention=flex",
+    "kernels.attention=splash",
+    "kernels.moe=grouped_mm",
+    "kernels.moe=tokamax",
+)
+
+
+def parse_flag(flag: str) -> tuple[str, str]:
+    """'kernels.moe=grouped_mm' -> ('moe', 'grouped_mm'), checked against the Kernels section."""
+    m = re.fullmatch(r"kernels\.(\w+)=(\w+)", flag)
+    if not m or m.group(1) not in REFERENCE:
+        raise ConfigError(f"not a kernel flag: '{flag}' (expected kernels.<loss|attention|moe>=<choice>)")
+    field_name, choice = m.groups()
+    allowed = typing.get_args(typing.get_type_hints(Kernels)[field_name])
+    if choice not in allowed:
+        raise ConfigError(f"'{choice}' is not a choice of kernels.{field_name} (one of {', '.join(allowed)})")
+    return field_name, choice
+
+
+def _jax_unavailable(device_type: str) -> str | None:
+    """Why JAX kernels cannot run on `device`, or None."""
+    if not all(importlib.util.find_spec(m) is not None for m in ("jax", "tokamax")):
+        return "needs jax and tokamax: pip install 'titan-onboard[jax]'"
+    if device_type == "cuda":
+        import jax
+
+        try:
+            jax.devices("cuda")
+        except RuntimeError:
+            return "jax has no CUDA backend here, so it cannot take CUDA tensors: pip install 'jax[cuda12]'"
+    return None
+
+
+def applicable_kernels(
+    args: TransformerArgs,
+    *,
+    device: torch.device | str = "cpu",
+    dtype: torch.dtype = torch.float32,
+    captured: bool = False,
+) -> dict[str, str | None]:
+    """{kernel flag: None if it applies to this model on this device, else the reason it does not}.
+
+    `captured`: the recipe runs the step under torch.compile or the Graph Trainer.
+    """
+    # A string is read without torch.device(): "tpu" only parses once torch_tpu is loaded.
+    device_type = device.split(":")[0] if isinstance(device, str) else device.type
+    is_moe = args.n_experts > 0
+    no_jax = _jax_unavailable(device_type)
+    dense = "dense model: no MoE layers to run experts for"
+    out: dict[str, str | None] = {
+        "kernels.loss=fused_ce": None,
+        "kernels.attention=sdpa": None,
+        "kernels.attention=tokamax": no_jax,
+        "kernels.attention=flex": {
+            "cpu": "FlexAttention has no backward on CPU (torch 2.13), so it cannot train here",
+            "tpu": "FlexAttention is not verified on TorchTPU; attention=splash is the TPU kernel",
+        }.get(device_type),
+        "kernels.attention=splash": None
+        if device_type == "tpu"
+        else f"splash is a TPU kernel; device is {device_type}",
+        "kernels.moe=grouped_mm": dense
+        if not is_moe
+        else grouped_mm_unsupported(device_type, dtype, args.dim, args.moe_hidden_dim, captured=captured),
+        "kernels.moe=tokamax": dense if not is_moe else no_jax,
+    }
+    return {flag: out[flag] for flag in KERNEL_FLAGS}
+
+
+def _rel_l2(a: torch.Tensor | None, b: torch.Tensor | None) -> float:
+    if a is None and b is None:
+        return 0.0
+    if a is None or b is None:
+        return float("inf")  # one side got a gradient, the other none: a real difference
+    a, b = a.detach().double(), b.detach().double()
+    ref = b.norm().item()
+    diff = (a - b).norm().item()
+    return diff / ref if ref > 0 else diff
+
+
+def _build(family: str, args: TransformerArgs, kernels: Kernels, device, dtype, state=None):
+    from titan_core.kernels import swaps_for
+
+    model = build_meta(family, args)
+    apply_swaps(model, swaps_for(kernels))
+    model.to_empty(device=device)
+    model.init_weights(seed=0)  # also fills the non-persistent buffers (RoPE frequencies)
+    if state is not None:
+        model.load_state_dict(state, strict=True)  # also proves the swap kept the state dict
+    return model.to(dtype)
+
+
+def _kernels_for(field_name: str, choice: str, base: Kernels | None) -> Kernels:
+    kw = {} if base is None else asdict(base)
+    kw[field_name] = choice
+    return Kernels(**kw)
+
+
+def make_batch(args: TransformerArgs, *, batch: int, seq_len: int, seed: int, device, packed: bool = True):
+    """Random tokens, labels with a few ignored positions and, when packed, two documents per row."""
+    gen = torch.Generator().manual_seed(seed)
+    tokens = torch.randint(0, args.vocab_size, (batch, seq_len + 1), generator=gen)
+    inputs, labels = tokens[:, :-1].clone(), tokens[:, 1:].clone()
+    labels[:, :2] = -100
+    segment_ids = None
+    if packed:
+        cut = torch.randint(1, seq_len, (batch, 1), generator=gen)
+        segment_ids = (torch.arange(seq_len)[None, :] >= cut).long()
+    move = lambda t: None if t is None else t.to(device)  # noqa: E731
+    return move(inputs), move(labels), move(segment_ids)
+
+
+@dataclass
+class KernelComparison:
+    """The model with one kernel vs the model with the plain path, same weights and batch."""
+
+    flag: str
+    reference: str
+    loss: float
+    loss_reference: float
+    loss_rel_err: float
+    logits_rel_err: float
+    grad_rel_err: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def max_grad_rel_err(self) -> float:
+        return max(self.grad_rel_err.values(), default=0.0)
+
+    @property
+    def worst_param(self) -> str:
+        return max(self.grad_rel_err, key=self.grad_rel_err.get, default="")
+
+    def to_dict(self) -> dict:
+        return {**asdict(self), "max_grad_rel_err": self.max_grad_rel_err, "worst_param": self.worst_param}
+
+
+def compare_kernel(
+    family: str,
+    args: TransformerArgs,
+    flag: str,
+    *,
+    batch: int = 2,
+    seq_len: int = 64,
+    seed: int = 0,
+    device: torch.device | str = "cpu",
+    dtype: torch.dtype = torch.float32,
+    packed: bool = True,
+    base: Kernels | None = None,
+) -> KernelComparison:
+    """Loss, logits and every parameter's gradient with `flag` vs with its plain path.
+
+    `base` carries the other kernel settings (ce_chunk, z_loss, the other fields) of the
+    recipe; only the flag's own field differs between the two models.
+    """
+    field_name, choice = parse_flag(flag)
+    ref = _build(family, args, _kernels_for(field_name, REFERENCE[field_name], base), device, dtype)
+    ker = _build(family, args, _kernels_for(field_name, choice, base), device, dtype, state=ref.state_dict())
+    inputs, labels, segment_ids = make_batch(
+        args, batch=batch, seq_len=seq_len, seed=seed, device=device, packed=packed
+    )
+
+    def run(model):
+        loss, _ = model.loss(inputs, labels, segment_ids=segment_ids)
+        grads = torch.autograd.grad(loss, [p for _, p in model.named_parameters()], allow_unused=True)
+        with torch.no_grad():
+            logits = model(inputs, segment_ids=segment_ids)
+        return loss.detach(), logits, dict(zip([n for n, _ in model.named_parameters()], grads))
+
+    loss_r, logits_r, grads_r = run(ref)
+    loss_k, logits_k, grads_k = run(ker)
+    return KernelComparison(
+        flag=flag,
+        reference=f"kernels.{field_name}={REFERENCE[field_name]}",
+        loss=loss_k.item(),
+        loss_reference=loss_r.item(),
+        loss_rel_err=_rel_l2(loss_k, loss_r),
+        logits_rel_err=_rel_l2(logits_k, logits_r),
+        grad_rel_err={n: _rel_l2(grads_k[n], grads_r[n]) for n in grads_r},
+    )
+
+
+def _reset_cpu_peak() -> bool:
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")  # Linux: VmHWM := current RSS
+        return True
+    except OSError:
+        return False
+
+
+def _cpu_rss(field_name: str) -> int:
+    with open("/proc/self/status") as f:
+        return int(re.search(rf"{field_name}:\s+(\d+)", f.read()).group(1)) * 1024
+
+
+def measure_kernel(
+    family: str,
+    args: TransformerArgs,
+    flag: str,
+    *,
+    batch: int = 2,
+    seq_len: int = 64,
+    steps: int = 3,
+    device: torch.device | str = "cpu",
+    dtype: torch.dtype = torch.float32,
+    base: Kernels | None = None,
+) -> dict:
+    """Median forward+backward time and peak memory of one step, with the kernel and with the plain path.
+
+    Peak memory: the device allocator's peak on accelerators; on Linux CPUs the peak
+    resident set above the one before the step (VmHWM reset per step), else None.
+    """
+    device = torch.device(device)
+    field_name, choice = parse_flag(flag)
+    inputs, labels, segment_ids = make_batch(args, batch=batch, seq_len=seq_len, seed=0, device=device)
+    out = {}
+    for name, pick in (("with_kernel", choice), ("with_reference", REFERENCE[field_name])):
+        model = _build(family, args, _kernels_for(field_name, pick, base), device, dtype)
+        times, peaks = [], []
+        for _ in range(steps + 1):  # the first step warms caches and JAX/compile caches
+            model.zero_grad(set_to_none=True)
+            devices.synchronize(device)
+            if device.type == "cpu":
+                tracked = sys.platform.startswith("linux") and _reset_cpu_peak()
+                before = _cpu_rss("VmRSS") if tracked else None
+            else:
+                devices.reset_peak_memory(device)
+            t0 = time.perf_counter()
+            loss, _ = model.loss(inputs, labels, segment_ids=segment_ids)
+            loss.backward()
+            devices.synchronize(device)
+            times.append(time.perf_counter() - t0)
+            if device.type == "cpu":
+                peaks.append(_cpu_rss("VmHWM") - before if before is not None else None)
+            else:
+                peaks.append(devices.peak_memory_bytes(device))
+        known = [p for p in peaks[1:] if p is not None]
+        out[name] = {"step_time_s": statistics.median(times[1:]), "peak_memory_bytes": max(known) if known else None}
+        del model
+    return {"flag": flag, "reference": f"kernels.{field_name}={REFERENCE[field_name]}", **out}

@@ -1,0 +1,92 @@
+"""Parallelism applied from outside the model: mesh, tensor parallel, SimpleFSDP, FSDP2.
+
+degrees = check_parallelism(cfg, world_size)   # ConfigError (exit 2) on bad degrees
+mesh = build_mesh(degrees, device.type)          # needs the process group (titan_core.distributed)
+parallelize(model, cfg, mesh)                    # after init_weights, before the optimizer
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+
+from titan_core.config.loader import ConfigError
+from titan_core.config.sections import JobConfig
+from titan_core.parallel.fsdp2 import apply_fsdp2
+from titan_core.parallel.grads import clip_grad_norm_
+from titan_core.parallel.mesh import Degrees, build_mesh, dp_coordinates, dp_dim_names, resolve_degrees
+from titan_core.parallel.simple_fsdp import MixedPrecision, apply_simple_fsdp, stored_parameter
+from titan_core.parallel.tensor_parallel import apply_tensor_parallel, plan_for
+
+__all__ = [
+    "Degrees",
+    "MixedPrecision",
+    "build_mesh",
+    "check_parallelism",
+    "clip_grad_norm_",
+    "dp_coordinates",
+    "mixed_precision",
+    "parallelize",
+    "plan_for",
+    "resolve_degrees",
+    "stored_parameter",
+]
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+def check_parallelism(cfg: JobConfig, world_size: int) -> Degrees:
+    """Every check that needs no process group: degrees vs world size, mode combinations, TP plan."""
+    mode = cfg.parallelism.data_parallel
+    degrees = resolve_degrees(cfg.parallelism, world_size)
+    if mode == "none":
+        if world_size > 1:
+            raise ConfigError(
+                f"WORLD_SIZE={world_size} but parallelism.data_parallel = 'none': "
+                "choose simple_fsdp or fsdp2 to run on several processes"
+            )
+        return degrees
+    if degrees.tp > 1:
+        if mode != "simple_fsdp":
+            raise ConfigError(
+                f"parallelism.tp = {degrees.tp} composes with data_parallel = 'simple_fsdp' only, not '{mode}'"
+            )
+        if cfg.model.module_file:
+            raise ConfigError("parallelism.tp > 1 is not available for a ported model (model.module_file)")
+        plan_for(cfg.model.family)
+    if cfg.parallelism.sequence_parallel:
+        if degrees.tp == 1:
+            raise ConfigError("parallelism.sequence_parallel splits the sequence over TP ranks: it needs tp > 1")
+        if cfg.training.seq_len % degrees.tp:
+            raise ConfigError(
+                f"sequence parallel: tp ({degrees.tp}) does not divide training.seq_len ({cfg.training.seq_len})"
+            )
+    return degrees
+
+
+def mixed_precision(cfg: JobConfig) -> MixedPrecision:
+    return MixedPrecision(
+        param_dtype=_DTYPES[cfg.training.mixed_precision_param],
+        reduce_dtype=_DTYPES[cfg.training.mixed_precision_reduce],
+    )
+
+
+def parallelize(model: nn.Module, cfg: JobConfig, mesh: DeviceMesh) -> nn.Module:
+    """Apply TP (if the mesh has a `tp` dimension), then the configured data parallelism, in place.
+
+    The model must be materialised and initialised (see simple_fsdp.py for why).
+    """
+    mode = cfg.parallelism.data_parallel
+    partial: frozenset[str] = frozenset()
+    if "tp" in mesh.mesh_dim_names:
+        partial = apply_tensor_parallel(
+            model, cfg.model.family, mesh["tp"], sequence_parallel=cfg.parallelism.sequence_parallel
+        )
+    if mode == "simple_fsdp":
+        apply_simple_fsdp(model, mesh, mixed_precision(cfg), partial)
+    elif mode == "fsdp2":
+        apply_fsdp2(model, mesh[dp_dim_names(mesh)], mixed_precision(cfg))
+    else:
+        raise ConfigError(f"parallelize: data_parallel '{mode}' has nothing to apply")
+    return model

@@ -1,0 +1,33 @@
+"""FSDP2 (`torch.distributed.fsdp.fully_shard`): the hook-based, eager-oriented alternative.
+
+One FSDP unit per block plus the root (embeddings, final norm, output head). The trainer
+calls `model.loss(...)`, not `forward`, so `loss` is registered as a forward method:
+without it the root's parameters would never be gathered before use.
+"""
+
+from __future__ import annotations
+
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard, register_fsdp_forward_method
+
+from titan_core.parallel.simple_fsdp import MixedPrecision
+
+
+def apply_fsdp2(model: nn.Module, dp_mesh: DeviceMesh, mp: MixedPrecision) -> nn.Module:
+    """Shard `model` over `dp_mesh` (1-D: fully shard; 2-D replicate x shard: HSDP)."""
+    stored = next(model.parameters()).dtype
+    policy = MixedPrecisionPolicy(
+        param_dtype=None if mp.param_dtype == stored else mp.param_dtype,
+        reduce_dtype=None if mp.reduce_dtype == mp.param_dtype else mp.reduce_dtype,
+    )
+    layers = getattr(model, "layers", None)
+    blocks = (
+        layers.values() if isinstance(layers, nn.ModuleDict) else layers if isinstance(layers, nn.ModuleList) else []
+    )
+    for block in blocks:
+        fully_shard(block, mesh=dp_mesh, mp_policy=policy)
+    fully_shard(model, mesh=dp_mesh, mp_policy=policy)
+    if callable(getattr(model, "loss", None)):
+        register_fsdp_forward_method(model, "loss")
+    return model

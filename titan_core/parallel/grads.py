@@ -1,0 +1,49 @@
+"""Global gradient norm and clipping over plain or DTensor (sharded) gradients.
+
+One function for every data-parallel mode, so `none` and `simple_fsdp` run the same
+arithmetic. When every gradient lives on a one-rank mesh its local tensor is the whole
+gradient: the norm is then taken on the local tensors, exactly as plain eager does
+(DTensor's norm would go through a `Partial` square-and-root that may round differently).
+On a real mesh DTensor computes the norm (counting replicated copies once) and one
+all-reduce makes it global. Clipping scales the local tensors in place.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+from torch.distributed.tensor import DTensor
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    return t.to_local() if isinstance(t, DTensor) else t
+
+
+@torch.no_grad()
+def clip_grad_norm_(params: Iterable[torch.nn.Parameter], max_norm: float, foreach: bool = True) -> torch.Tensor:
+    """Clip gradients to a global L2 norm of `max_norm` (<= 0: measure only); returns the norm before clipping."""
+    grads = [p.grad for p in params if p.grad is not None]
+    if not grads:
+        return torch.zeros(())
+    locals_ = [_local(g) for g in grads]
+    one_rank = all(not isinstance(g, DTensor) or g.device_mesh.size() == 1 for g in grads)
+    if one_rank:
+        norm = torch.nn.utils.get_total_norm(locals_, foreach=foreach)
+    else:
+        norm = torch.nn.utils.get_total_norm(grads, foreach=foreach)
+        if isinstance(norm, DTensor):
+            norm = norm.full_tensor()
+    if max_norm > 0:
+        # the same arithmetic as torch.nn.utils.clip_grads_with_norm_, on the local shards
+        coef = torch.clamp(float(max_norm) / (norm + 1e-6), max=1.0)
+        by_device: dict[torch.device, list[torch.Tensor]] = {}
+        for t in locals_:
+            by_device.setdefault(t.device, []).append(t)
+        for device, ts in by_device.items():
+            if foreach:
+                torch._foreach_mul_(ts, coef.to(device))
+            else:
+                for t in ts:
+                    t.mul_(coef.to(device))
+    return norm

@@ -1,0 +1,159 @@
+"""SimpleFSDP: sharded DTensor parameters read through a gathering parametrization.
+
+Each parameter is stored as a DTensor on the mesh (`Shard` on `dp_shard`, `Replicate` on
+`dp_replicate`, its TP placement on `tp`). Reading `module.weight` runs a property that
+redistributes the stored DTensor to replicated over the data-parallel dimensions (the
+all-gather, in the policy's param dtype) and hands the module a plain tensor. Autograd
+of that redistribute is the reduce-scatter (all-reduce on replicated dimensions) in the
+policy's reduce dtype, with `Partial("avg")` so the gradient is the data-parallel mean.
+No hooks and no module wrapper: the collectives are ordinary ops a compiler can see.
+
+The property replaces `torch.nn.utils.parametrize` on purpose: parametrize renames
+parameters to `...parametrizations.weight.original`, which would change every
+state-dict key, optimizer group rule and checkpoint. Here `_parameters` keeps the
+original names and holds the sharded DTensors, so state dicts and DCP see the shards.
+
+Parameters are sharded from materialised, initialised full tensors (each rank keeps its
+own slice, no communication): DTensor's random init on CPU does not reproduce a
+full-tensor draw, and the sharded run must start from the single-process weights.
+Buffers (e.g. RoPE frequencies) stay plain, replicated tensors.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import DTensor, Partial, Placement, Replicate, Shard, distribute_tensor
+
+_CLASS_CACHE: dict[tuple[type, tuple[str, ...]], type] = {}
+
+
+@dataclass(frozen=True)
+class MixedPrecision:
+    param_dtype: torch.dtype
+    """Dtype a parameter is gathered in and computed with."""
+    reduce_dtype: torch.dtype
+    """Dtype gradients are reduced in (then cast back to the stored dtype)."""
+
+
+class Gather:
+    """Reads one stored DTensor parameter as the tensor its module computes with."""
+
+    def __init__(self, *, compute: list[Placement], grad: list[Placement], mp: MixedPrecision, stored_dtype,
+                 tp_mesh: DeviceMesh | None = None, tp_placement: Placement | None = None):  # fmt: skip
+        self.compute = compute
+        self.grad = grad
+        # None means "no cast": at equal dtypes the gather is exactly the stored values.
+        self.forward_dtype = mp.param_dtype if mp.param_dtype != stored_dtype else None
+        # the backward collective otherwise runs in the stored dtype (not the gathered one)
+        self.backward_dtype = mp.reduce_dtype if mp.reduce_dtype != stored_dtype else None
+        self.tp_mesh = tp_mesh
+        self.tp_placement = tp_placement
+
+    def __call__(self, stored: DTensor) -> torch.Tensor:
+        full = stored.redistribute(
+            placements=self.compute, forward_dtype=self.forward_dtype, backward_dtype=self.backward_dtype
+        )
+        local = full.to_local(grad_placements=self.grad)
+        if self.tp_placement is None:
+            return local
+        # A tensor-parallel weight: its TP module computes with a DTensor on the tp mesh.
+        return DTensor.from_local(
+            local, self.tp_mesh, [self.tp_placement], run_check=False, shape=stored.shape, stride=stored.stride()
+        )
+
+
+def _gathered_class(base: type, names: tuple[str, ...]) -> type:
+    key = (base, names)
+    if key not in _CLASS_CACHE:
+
+        def reader(name):
+            return property(lambda self: self._simple_fsdp_gathers[name](self._parameters[name]))
+
+        _CLASS_CACHE[key] = type(f"SimpleFSDP{base.__name__}", (base,), {n: reader(n) for n in names})
+    return _CLASS_CACHE[key]
+
+
+def _dp_shard_dim(param: torch.Tensor, tp_placement: Placement | None) -> int | None:
+    """Tensor dim to shard over dp_shard: 0, unless TP already shards it (then the next one)."""
+    taken = tp_placement.dim if isinstance(tp_placement, Shard) else None
+    for d in range(param.ndim):
+        if d != taken:
+            return d
+    return None  # a 1-D tensor TP already shards (e.g. a column-parallel bias): replicate it over dp
+
+
+def _placements(param: torch.Tensor, mesh: DeviceMesh, tp_placement: Placement | None, tp_partial_grad: bool):
+    """(stored, compute, grad) placements, one per mesh dimension."""
+    stored, compute, grad = [], [], []
+    for name in mesh.mesh_dim_names:
+        if name == "dp_replicate":
+            stored.append(Replicate())
+        elif name == "dp_shard":
+            d = _dp_shard_dim(param, tp_placement)
+            stored.append(Replicate() if d is None else Shard(d))
+        else:  # tp
+            p = tp_placement or Replicate()
+            stored.append(p)
+            compute.append(p)
+            # A replicated weight applied to TP-local activations (QK-norm on local heads)
+            # gets a partial gradient on each TP rank: the true gradient is their sum.
+            grad.append(tp_placement or (Partial("sum") if tp_partial_grad else Replicate()))
+            continue
+        compute.append(Replicate())
+        grad.append(Partial("avg"))
+    return stored, compute, grad
+
+
+def _shard(param: nn.Parameter, mesh: DeviceMesh, stored: list[Placement]) -> nn.Parameter:
+    """This rank's slice of a materialised parameter as a DTensor on `mesh`, without communication."""
+    if isinstance(param, DTensor):  # TP already holds this rank's tp slice; cut the dp slice out of it
+        dp_names = tuple(n for n in mesh.mesh_dim_names if n != "tp")
+        dp_placements = stored[: len(dp_names)]
+        local = distribute_tensor(
+            param.detach().to_local(), mesh[dp_names], dp_placements, src_data_rank=None
+        ).to_local()
+    else:
+        local = distribute_tensor(param.detach(), mesh, stored, src_data_rank=None).to_local()
+    shape, stride = param.shape, param.stride()
+    # clone: own storage, so the full tensor is freed once the module lets go of it
+    sharded = DTensor.from_local(local.detach().clone(), mesh, stored, run_check=False, shape=shape, stride=stride)
+    return nn.Parameter(sharded, requires_grad=param.requires_grad)
+
+
+def apply_simple_fsdp(model: nn.Module, mesh: DeviceMesh, mp: MixedPrecision,
+                      tp_partial_grad: frozenset[str] = frozenset()) -> nn.Module:  # fmt: skip
+    """Shard every parameter of a materialised model over `mesh` and read it through a Gather.
+
+    `mesh` has dimensions among dp_replicate, dp_shard, tp (see parallel/mesh.py); TP, if
+    any, must already be applied. `tp_partial_grad` names parameters whose gradient is a
+    partial sum over TP ranks. A parameter shared by several modules is sharded once.
+    """
+    tp_mesh = mesh["tp"] if "tp" in mesh.mesh_dim_names else None
+    done: dict[int, tuple[nn.Parameter, Gather]] = {}
+    for mod_name, module in model.named_modules():
+        gathers: dict[str, Gather] = {}
+        for pname, param in list(module._parameters.items()):
+            if param is None:
+                continue
+            if id(param) not in done:
+                fqn = f"{mod_name}.{pname}" if mod_name else pname
+                tp_placement = param.placements[0] if isinstance(param, DTensor) else None
+                stored, compute, grad = _placements(param, mesh, tp_placement, fqn in tp_partial_grad)
+                sharded = _shard(param, mesh, stored)
+                gather = Gather(compute=compute, grad=grad, mp=mp, stored_dtype=param.dtype,
+                                tp_mesh=tp_mesh if tp_placement is not None else None, tp_placement=tp_placement)  # fmt: skip
+                done[id(param)] = (sharded, gather)
+            module._parameters[pname], gathers[pname] = done[id(param)]
+        if gathers:
+            module.__class__ = _gathered_class(type(module), tuple(sorted(gathers)))
+            module._simple_fsdp_gathers = gathers
+    return model
+
+
+def stored_parameter(module: nn.Module, name: str) -> nn.Parameter:
+    """The stored (sharded, master-dtype) parameter behind `module.<name>`."""
+    return module._parameters[name]

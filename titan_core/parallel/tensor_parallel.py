@@ -1,0 +1,86 @@
+"""Apply a family's TP plan (plans.py) to every block of a materialised model."""
+
+from __future__ import annotations
+
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor.parallel import parallelize_module
+
+from titan_core.config.loader import ConfigError
+from titan_core.parallel.plans import TP_PLANS, TPPlan
+
+
+def plan_for(family: str) -> TPPlan:
+    """The family's TP plan; a ConfigError naming the family when it has none."""
+    if family not in TP_PLANS:
+        raise ConfigError(
+            f"tensor parallel has no plan for family '{family}' (plans exist for {', '.join(sorted(TP_PLANS))}); "
+            "set parallelism.tp = 1"
+        )
+    return TP_PLANS[family]
+
+
+def _blocks(model: nn.Module, family: str) -> dict[str, nn.Module]:
+    layers = getattr(model, "layers", None)
+    if isinstance(layers, nn.ModuleDict):
+        return dict(layers.items())
+    if isinstance(layers, nn.ModuleList):
+        return {str(i): b for i, b in enumerate(layers)}
+    raise ConfigError(f"tensor parallel: the {family} model has no `layers` ModuleDict/ModuleList to apply its plan to")
+
+
+def _lookup(block: nn.Module, dotted: str, where: str):
+    obj = block
+    for part in dotted.split("."):
+        if not hasattr(obj, part):
+            raise ConfigError(f"tensor parallel plan: {where} has no '{dotted}' (the plan does not fit this model)")
+        obj = getattr(obj, part)
+    return obj
+
+
+def apply_tensor_parallel(model: nn.Module, family: str, tp_mesh: DeviceMesh, *,
+                          sequence_parallel: bool = False) -> frozenset[str]:  # fmt: skip
+    """Split each block's linears over `tp_mesh`; returns the fqns whose grads are partial over TP.
+
+    Each rank keeps its own slice of the (identically initialised) weights: no communication.
+    """
+    plan = plan_for(family)
+    tp = tp_mesh.size()
+    block_plan = {**plan.block, **plan.sp_block} if sequence_parallel else plan.block
+    block_partial = plan.partial_grad + (
+        tuple(p for p in plan.sp_partial_grad if not p.startswith("/")) if sequence_parallel else ()
+    )
+    partial: set[str] = set()
+    for idx, block in _blocks(model, family).items():
+        where = f"layers.{idx}"
+        for quantity, dotted in plan.divisible.items():
+            n = _lookup(block, dotted, where)
+            if n % tp:
+                raise ConfigError(f"tensor parallel: tp ({tp}) does not divide the {quantity} of {where} ({n})")
+        for path in block_plan:
+            _lookup(block, path, where)
+        parallelize_module(block, tp_mesh, {path: style() for path, style in block_plan.items()}, src_data_rank=None)
+        for path, attrs in plan.local_counts.items():
+            module = _lookup(block, path, where)
+            for attr in attrs:
+                setattr(module, attr, getattr(module, attr) // tp)
+        partial.update(f"{where}.{p}" for p in block_partial if _param_exists(block, p))
+    if sequence_parallel:
+        for path in plan.sp_model:
+            _lookup(model, path, "the model")
+        parallelize_module(model, tp_mesh, {path: style() for path, style in plan.sp_model.items()}, src_data_rank=None)
+        partial.update(p[1:] for p in plan.sp_partial_grad if p.startswith("/") and _param_exists(model, p[1:]))
+    return frozenset(partial)
+
+
+def _param_exists(root: nn.Module, dotted: str) -> bool:
+    owner, _, leaf = dotted.rpartition(".")
+    module = root.get_submodule(owner) if _has(root, owner) else None
+    return module is not None and getattr(module, leaf, None) is not None
+
+
+def _has(block: nn.Module, path: str) -> bool:
+    try:
+        return block.get_submodule(path) is not None
+    except AttributeError:
+        return False
