@@ -10,10 +10,10 @@ export HF_HUB_OFFLINE := 1
 
 $(STAMP): pyproject.toml constraints.txt
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q pip==26.3
 	# torch first, CPU build from its own pin, so nothing later pulls a multi-GB CUDA wheel
 	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -c constraints.txt -e '.[hf,dev]'
+	$(PY) -m pip install -q -c constraints.txt -e '.[hf,jax,dev]'
 	@touch $(STAMP)
 
 install: $(STAMP)

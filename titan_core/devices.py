@@ -11,6 +11,7 @@ import platform
 import resource
 import time
 from functools import lru_cache
+from pathlib import Path
 
 import torch
 
@@ -81,6 +82,21 @@ def peak_memory_bytes(device: torch.device) -> int:
     backend = getattr(torch, device.type, None)
     if device.type != "cpu" and hasattr(backend, "max_memory_allocated"):
         return int(backend.max_memory_allocated(device))
+    return _cpu_peak_rss()
+
+
+def _cpu_peak_rss() -> int:
+    """This process's peak resident set size.
+
+    VmHWM first: `ru_maxrss` is inherited across fork and exec on Linux, so a rank started
+    by a launcher would report its parent's peak instead of its own.
+    """
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024  # kB
+    except OSError:
+        pass
     return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024  # Linux reports KiB
 
 

@@ -7,6 +7,7 @@ import pytest
 from typer.testing import CliRunner
 
 from onboard.cli import app
+from onboard.ladder import default_specs
 
 runner = CliRunner()
 LLAMA = {
@@ -202,7 +203,10 @@ def test_status_and_list_json(tmp_path):
         assert onboard("new-model", name, "--preset", "llama3", "--dir", tmp_path).exit_code == 0
     status = json.loads(onboard("status", "a", "--dir", tmp_path, "--json").stdout)
     assert [(r["rung"], r["status"]) for r in status["rungs"]][:3] == [
-        ("eager", "pending"), ("parity", "pending"), ("simple_fsdp", "not built yet")]  # fmt: skip
+        ("eager", "pending"), ("parity", "pending"), ("simple_fsdp", "pending")]  # fmt: skip
+    built = {spec.name for spec in default_specs() if spec.built}
+    for row in status["rungs"]:
+        assert (row["status"] == "not built yet") == (row["rung"] not in built), row
     assert status["current_rung"] == "eager" and status["message"] == "next: run eager"
     listing = json.loads(onboard("list", "--dir", tmp_path, "--json").stdout)
     assert [w["workspace"] for w in listing["workspaces"]] == ["a", "b"]

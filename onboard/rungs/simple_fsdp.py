@@ -1,0 +1,283 @@
+"""Rung 3, `simple_fsdp`: sharding and mixed precision change nothing they should not.
+
+Through titan_core's launcher (`run_world`) the rung trains the workspace recipe on W
+local processes (2 on CPU with gloo, one per device on an accelerator), each rank given
+B/W rows of the eager rung's global batch B, and measures what checklists/simple_fsdp.yaml
+judges (DESIGN section 5):
+
+- fp32 SimpleFSDP: step-1 loss and grad norm against the unsharded baseline, relative error;
+- bf16 params / fp32 reduce: the 20-step loss curve against the fp32 curve, worst step;
+- beside them, the step time of SimpleFSDP and of FSDP2 on the same steps, and peak memory.
+
+The baseline is the eager rung's evidence whenever one sharded step is the same arithmetic
+as eager's one big batch. It is not when a term of the loss is computed per forward pass
+over a rank's rows: a MoE load-balancing loss (aux_loss_coef != 0) or a token mean over
+rows with ignored labels (text data). A W-rank step then equals a one-process step with
+grad_accum = W over the same rows, so the rung runs that step and compares with it, and
+says so in `baseline_why`; the distance to the eager evidence is still recorded.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import statistics
+from pathlib import Path
+
+from onboard.errors import BadInput
+from onboard.rungs import eager
+from onboard.rungs.base import RungContext, RungResult
+
+RUNG = "simple_fsdp"
+STEPS = eager.STEPS
+"""Steps of each sharded run: the same number as the eager rung, on the same repeated batch."""
+CPU_WORLD = 2
+"""Processes on a CPU: the smallest world that shards anything (DESIGN section 5)."""
+TIMEOUT_S = 900.0
+"""A sharded run that takes longer than this ends as a failed attempt, never a hung CLI."""
+FP32 = "float32"
+
+
+def resolved_device_type(device_type: str) -> str:
+    """`[device] type` as titan_core resolves it (`auto`: cuda when available, else cpu)."""
+    import torch
+
+    if device_type == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return device_type
+
+
+def world_size(device_type: str) -> int:
+    """W: 2 processes on CPU; every local device on an accelerator."""
+    import torch
+
+    device_type = resolved_device_type(device_type)
+    if device_type == "cpu":
+        return CPU_WORLD
+    backend = getattr(torch, device_type, None)
+    count = backend.device_count() if backend is not None and hasattr(backend, "device_count") else 1
+    return max(1, int(count))
+
+
+def rel(value: float, reference: float) -> float:
+    """|value - reference| / |reference| (inf when the reference is 0 and the value is not)."""
+    if value == reference:
+        return 0.0
+    return abs(value - reference) / abs(reference) if reference else math.inf
+
+
+def curve_max_rel(curve: list[float], reference: list[float]) -> tuple[float, int | None]:
+    """(worst relative difference over the steps, its 1-based step); inf when a curve is short."""
+    if len(curve) != STEPS or len(reference) != STEPS:
+        return math.inf, None
+    errs = [rel(a, b) if math.isfinite(a) else math.inf for a, b in zip(curve, reference)]
+    worst = max(range(STEPS), key=lambda i: errs[i])
+    return errs[worst], worst + 1
+
+
+def median_step_time(rows: list[dict]) -> float:
+    """Median step time, leaving out the first two steps (allocator warm-up, lazy init) as eager does."""
+    times = [r["step_time_s"] for r in rows]
+    return statistics.median(times[2:] if len(times) > 4 else times)
+
+
+def baseline_reason(cfg, evidence: dict) -> str | None:
+    """Why the eager evidence is not the baseline of the sharded step-1 numbers (None: it is)."""
+    from titan_core.model_builder import resolve_model_args
+
+    t = cfg.training
+    if "eager" not in evidence:
+        return "no passed eager evidence to compare with"
+    not_fp32 = [k for k in ("dtype", "mixed_precision_param", "mixed_precision_reduce") if getattr(t, k) != FP32]
+    if not_fp32:
+        return f"the recipe's eager evidence is not fp32 ({', '.join(f'training.{k}' for k in not_fp32)})"
+    coef = resolve_model_args(cfg.model).aux_loss_coef
+    if coef:
+        return (
+            f"aux_loss_coef = {coef:g}: the load-balancing loss is computed per forward pass over a rank's rows, "
+            "so W ranks equal one process with grad_accum = W, not eager's one big batch"
+        )
+    if cfg.data.source != "synthetic":
+        return (
+            f"data.source = '{cfg.data.source}': rows may hold ignored labels, and the token mean of each "
+            "rank's rows then differs from the mean over the whole batch"
+        )
+    return None
+
+
+def sharded_config(base, out_dir: Path, *, world: int, mode: str, param_dtype: str):
+    """The eager gate's recipe as one W-rank run: B/W rows per rank, fp32 master weights."""
+    from titan_core.launcher import cpu_count
+
+    cfg = copy.deepcopy(base)
+    cfg.training.batch_size = base.training.batch_size // world
+    cfg.training.dtype = FP32
+    cfg.training.mixed_precision_param = param_dtype
+    cfg.training.mixed_precision_reduce = FP32
+    p = cfg.parallelism
+    p.data_parallel, p.dp_replicate, p.dp_shard, p.tp, p.sequence_parallel = mode, 1, -1, 1, False
+    if resolved_device_type(cfg.device.type) == "cpu":
+        # W processes with torch's default threads each would fight over the cores (4x slower here)
+        fair = max(1, cpu_count() // world)
+        if not cfg.device.threads or cfg.device.threads > fair:
+            cfg.device.threads = fair
+    cfg.metrics.output_dir = str(out_dir)
+    return cfg
+
+
+def baseline_config(base, out_dir: Path, *, world: int):
+    """One process, one fp32 step over the global batch's rows, as grad_accum = W micro-batches of B/W."""
+    cfg = copy.deepcopy(base)
+    t = cfg.training
+    t.steps, t.batch_size, t.grad_accum = 1, t.batch_size // world, world
+    t.dtype = t.mixed_precision_param = t.mixed_precision_reduce = FP32
+    cfg.metrics.output_dir = str(out_dir)
+    return cfg
+
+
+def _world(ctx: RungContext, cfg, world: int, label: str, *, required: bool) -> tuple[list[dict], str | None]:
+    """(rank 0's metric rows, failure or None) of one W-rank run; a required run that fails raises."""
+    from titan_core.config import ConfigError
+    from titan_core.launcher import run_world
+
+    ctx.log(f"simple_fsdp: {label} on {world} processes -> {cfg.metrics.output_dir}")
+    try:
+        run = run_world(cfg, world, repeat_batch=True, timeout_s=TIMEOUT_S)
+    except ConfigError as e:
+        raise BadInput(f"{ctx.workspace.recipe_path}: {e}") from None
+    if run.ok:
+        return run.metrics, None
+    stopped_on_nan = run.metrics and not math.isfinite(run.metrics[-1]["loss"])
+    if stopped_on_nan or not required:  # a measurement the gate judges (or one it does not need)
+        return run.metrics, run.launch.failure or f"exit code {run.launch.exit_code}"
+    raise RuntimeError(f"the {label} run failed: {run.launch.failure}")
+
+
+def _baseline(ctx: RungContext, base, world: int, why: str | None) -> tuple[float, float]:
+    """(step-1 loss, grad norm) the sharded fp32 step must reproduce."""
+    if why is None:
+        ev = ctx.evidence["eager"]
+        return float(ev["step1_loss_repr"]), float(ev["step1_grad_norm_repr"])
+    from titan_core.config import ConfigError
+    from titan_core.train import run as train_run
+
+    cfg = baseline_config(base, ctx.attempt_dir / "baseline", world=world)
+    ctx.log(f"simple_fsdp: baseline = 1 process, grad_accum {world}, fp32, 1 step ({why})")
+    try:
+        # not repeated: micro-batch k holds rows k*B/W..., exactly rank k's rows in the sharded run
+        row = train_run(cfg, repeat_batch=False).metrics[0]
+    except ConfigError as e:
+        raise BadInput(f"{ctx.workspace.recipe_path}: {e}") from None
+    return row["loss"], row["grad_norm"]
+
+
+def measure(fp32: list[dict], bf16: list[dict], fsdp2: list[dict], *, baseline: tuple[float, float],
+            eager_evidence: dict | None) -> dict:  # fmt: skip
+    """Gate measurements from rank 0's rows of the three sharded runs and the baseline step."""
+    first = fp32[0]
+    worst, worst_step = curve_max_rel([r["loss"] for r in bf16], [r["loss"] for r in fp32])
+    m = {
+        "steps_run": len(fp32),
+        "bf16_steps_run": len(bf16),
+        "step1_loss_repr": repr(first["loss"]),
+        "step1_grad_norm_repr": repr(first["grad_norm"]),
+        "baseline_step1_loss_repr": repr(baseline[0]),
+        "baseline_step1_grad_norm_repr": repr(baseline[1]),
+        "step1_loss_rel_err": rel(first["loss"], baseline[0]),
+        "step1_grad_norm_rel_err": rel(first["grad_norm"], baseline[1]),
+        "bf16_loss_curve_max_rel": worst,
+        "bf16_loss_curve_worst_step": worst_step,
+        "step_time_median_s": median_step_time(fp32),
+        "bf16_step_time_median_s": median_step_time(bf16) if bf16 else None,
+        "fsdp2_step_time_median_s": median_step_time(fsdp2) if fsdp2 else None,
+        "tokens_per_s": statistics.median(r["tokens_per_s"] for r in (fp32[2:] if len(fp32) > 4 else fp32)),
+        "peak_mem_bytes": max(r["peak_mem_bytes"] for r in fp32),
+        "bf16_peak_mem_bytes": max((r["peak_mem_bytes"] for r in bf16), default=None),
+        "fsdp2_peak_mem_bytes": max((r["peak_mem_bytes"] for r in fsdp2), default=None),
+        # FSDP2 shards the same way: a different step-1 loss there points at the model, not SimpleFSDP
+        "fsdp2_step1_loss_rel_err": rel(fsdp2[0]["loss"], first["loss"]) if fsdp2 else None,
+    }
+    if fsdp2:
+        m["fsdp2_over_simple_fsdp_step_time"] = m["fsdp2_step_time_median_s"] / m["step_time_median_s"]
+    if eager_evidence:
+        m["eager_step1_loss_rel_err"] = rel(first["loss"], float(eager_evidence["step1_loss_repr"]))
+        m["eager_step1_grad_norm_rel_err"] = rel(first["grad_norm"], float(eager_evidence["step1_grad_norm_repr"]))
+    return m
+
+
+def run(ctx: RungContext) -> RungResult:
+    from titan_core.config import ConfigError
+
+    base = eager.job_config(ctx)
+    b = base.training.batch_size
+    world = world_size(base.device.type)
+    if b % world:
+        raise BadInput(
+            f"{ctx.workspace.recipe_path}: training.batch_size = {b} does not split over {world} ranks; the sharded "
+            f"run gives each rank batch_size / {world} rows so that together they see the eager rung's global "
+            f"batch: use a batch size divisible by {world}"
+        )
+    try:
+        why = baseline_reason(base, ctx.evidence)
+    except ConfigError as e:
+        raise BadInput(f"{ctx.workspace.recipe_path}: {e}") from None
+    t = base.training
+    ctx.log(
+        f"simple_fsdp: world size {world}, {b // world} of {b} rows x {t.seq_len} tokens per rank, "
+        f"{STEPS} steps on a repeated batch, device {resolved_device_type(base.device.type)}"
+    )
+    out = ctx.attempt_dir
+
+    def sharded(name: str, mode: str, param_dtype: str, label: str, required: bool = True):
+        cfg = sharded_config(base, out / name, world=world, mode=mode, param_dtype=param_dtype)
+        return _world(ctx, cfg, world, label, required=required)
+
+    fp32, fp32_failure = sharded("fp32", "simple_fsdp", FP32, "SimpleFSDP fp32")
+    bf16, bf16_failure = sharded("bf16", "simple_fsdp", "bfloat16", "SimpleFSDP bf16 params / fp32 reduce")
+    # FSDP2 is measured for its step time beside SimpleFSDP's; the gate does not judge it
+    fsdp2, fsdp2_failure = sharded("fsdp2", "fsdp2", FP32, "FSDP2 fp32", required=False)
+    if not fp32:
+        raise RuntimeError(f"the SimpleFSDP fp32 run logged no step (metrics: {out / 'fp32'})")
+    baseline = _baseline(ctx, base, world, why)
+    m = measure(fp32, bf16, fsdp2, baseline=baseline, eager_evidence=ctx.evidence.get("eager"))
+    m.update(
+        world_size=world,
+        global_batch_size=b,
+        batch_size_per_rank=b // world,
+        baseline="eager evidence" if why is None else f"1 process, grad_accum = {world}, same rows",
+        baseline_why=why or "one sharded step is the same arithmetic as eager's step on the whole batch",
+    )
+    ctx.log(
+        f"simple_fsdp: step-1 loss rel {m['step1_loss_rel_err']:.2e}, grad norm rel "
+        f"{m['step1_grad_norm_rel_err']:.2e} (vs {m['baseline']}); bf16 curve max rel "
+        f"{m['bf16_loss_curve_max_rel']:.2e}; step time {m['step_time_median_s'] * 1e3:.0f} ms SimpleFSDP"
+        + (f", {m['fsdp2_step_time_median_s'] * 1e3:.0f} ms FSDP2" if fsdp2 else ", FSDP2 failed")
+    )
+    key = ctx.workspace.key_for
+    details = {
+        "device": resolved_device_type(base.device.type),
+        "world_size": world,
+        "loss_curve": [r["loss"] for r in fp32],
+        "grad_norm_curve": [r["grad_norm"] for r in fp32],
+        "bf16_loss_curve": [r["loss"] for r in bf16],
+        "fsdp2_loss_curve": [r["loss"] for r in fsdp2],
+        "runs": {
+            name: {
+                "metrics_file": key(out / name / "metrics.jsonl"),
+                "rank_logs": key(out / name / "logs"),
+                # run_world wrote the resolved recipe there: one run by hand, exactly
+                "command": f"python -m titan_core.train --config {out / name / 'world_recipe.toml'} "
+                f"--nproc {world} --repeat-batch",
+            }
+            for name in ("fp32", "bf16", "fsdp2")
+        },
+    }
+    for name, failure in (("fp32", fp32_failure), ("bf16", bf16_failure), ("fsdp2", fsdp2_failure)):
+        if failure:  # the run stopped (a non-finite loss, or FSDP2 failing): its rank report
+            details[f"{name}_failure"] = failure
+    return RungResult(
+        measurements=m,
+        files_read=eager.files_read(ctx, base),
+        command=f"onboard next-step {ctx.workspace.name} --dir {ctx.workspace.root.parent.parent}",
+        details=details,
+    )
