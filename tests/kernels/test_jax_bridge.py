@@ -171,3 +171,12 @@ def test_outputs_never_alias_inputs_or_each_other():
     gx, gy = torch.autograd.grad(b, (x, y), torch.ones(5, 3))
     assert gx.data_ptr() != gy.data_ptr() and torch.equal(gx, torch.ones(5, 3)) and torch.equal(gy, gx)
     torch.library.opcheck(pass_through.ops("dlpack")[0], (x, y))
+
+
+def test_dlpack_is_zero_copy_both_ways():
+    from titan_core.kernels.jax_bridge import _to_jax, _to_torch
+
+    t = torch.randn(1000)
+    assert _to_jax(t).unsafe_buffer_pointer() == t.data_ptr()
+    a = jnp.arange(1000.0) * 2
+    assert _to_torch([a], [])[0].data_ptr() == a.unsafe_buffer_pointer()
