@@ -139,7 +139,7 @@ def resolve_threshold(threshold: Any, measurements: dict, evidence: dict) -> tup
     return measurements[metric], None
 
 
-def _check(c: Criterion, value: Any, threshold: Any) -> tuple[bool, str | None]:
+def check_value(c: Criterion, value: Any, threshold: Any) -> tuple[bool, str | None]:
     """(ok, problem) for one comparison; problem explains a failure that is not a plain miss."""
     if c.comparator == "is_true":
         if not isinstance(value, bool):
@@ -179,7 +179,7 @@ def evaluate(
             value, raw_ok, hint = measurements[c.metric], False, problem
         else:
             value = measurements[c.metric]
-            raw_ok, problem = _check(c, value, threshold)
+            raw_ok, problem = check_value(c, value, threshold)
             if problem:
                 hint = f"{problem}; {hint}"
         waiver = waivers.get(c.name)

@@ -6,18 +6,14 @@ the same numbers, so both read the one checklist file; no threshold is written i
 
 from __future__ import annotations
 
-import math
-import operator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
+from onboard import gates
 
 # Measured by the rung around the pytest run, so the test cannot assert it about itself.
 RUNG_ONLY_METRICS = frozenset({"pytest_passed"})
-
-_COMPARE = {"<=": operator.le, "<": operator.lt, ">=": operator.ge, ">": operator.gt, "==": operator.eq}
 
 
 def checklist_path() -> Path:
@@ -28,23 +24,16 @@ def checklist_path() -> Path:
 
 
 @dataclass(frozen=True)
-class Criterion:
-    name: str
-    metric: str
-    comparator: str
-    threshold: Any
-    hint: str
+class Criterion(gates.Criterion):
+    """A gate criterion that the workspace test can assert on its own measurements."""
 
     def check(self, measurements: dict[str, Any]) -> tuple[bool, Any]:
-        """(ok, value). A missing metric fails, as in the gate: nothing passes unmeasured."""
+        """(ok, value), with the gate's own comparison; a missing metric fails, as in the gate."""
         value = measurements.get(self.metric)
         if value is None:
             return False, None
-        if self.comparator == "is_true":
-            return value is True, value
-        if isinstance(value, float) and math.isnan(value):
-            return False, value
-        return bool(_COMPARE[self.comparator](value, self.threshold)), value
+        ok, _ = gates.check_value(self, value, self.threshold)
+        return ok, value
 
     def describe(self, value: Any) -> str:
         bound = "" if self.comparator == "is_true" else f" {self.comparator} {self.threshold!r}"
@@ -52,15 +41,9 @@ class Criterion:
 
 
 def load_criteria(path: Path | None = None) -> list[Criterion]:
-    """Every machine criterion of the parity checklist."""
-    data = yaml.safe_load((path or checklist_path()).read_text())
-    out = []
-    for item in data["criteria"]:
-        comparator = item["comparator"]
-        if comparator != "is_true" and comparator not in _COMPARE:
-            raise ValueError(f"parity checklist: unknown comparator {comparator!r} in {item['name']}")
-        out.append(Criterion(item["name"], item["metric"], comparator, item.get("threshold"), item.get("hint", "")))
-    return out
+    """Every machine criterion of the parity checklist, parsed by the gate's own loader."""
+    checklist = gates.load_checklist("parity", path or checklist_path())
+    return [Criterion(c.name, c.metric, c.comparator, c.threshold, c.hint) for c in checklist.criteria]
 
 
 def asserted_criteria() -> list[Criterion]:
