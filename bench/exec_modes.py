@@ -5,11 +5,14 @@ For each shape (the llama3 debugmodel, and a wider CPU shape: dim 512, 8 layers,
 reports step time (median after warm-up), compile time (first step minus the median;
 for the Graph Trainer also its trace / pass / backend-compile split), tokens/s, MFU and
 peak memory (on CPU the process's peak RSS, compiler included). Then the make_fx trace
-time of the whole step for 2, 8 and 32 layers, with and without scan over layers.
+time of the whole step for 2, 8 and 32 layers, with and without scan over layers. Per
+shape, one more process steps all modes round-robin, for step-time ratios that hold on
+a machine whose load drifts.
 Each subprocess gets an empty inductor cache, so compile times are cold. Prints JSON.
 
     python bench/exec_modes.py [--steps 6] [--shapes debugmodel,wide] [--modes ...]
-                               [--trace-layers 2,8,32] [--out FILE] [--device cpu]
+                               [--trace-layers 2,8,32] [--interleaved-rounds 6]
+                               [--out FILE] [--device cpu]
 """
 
 from __future__ import annotations
@@ -27,6 +30,11 @@ os.environ.setdefault("TORCH_DEVICE_BACKEND_AUTOLOAD", "0")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 SHAPES = {
+    "tiny": {
+        "overrides": "{dim = 64, n_layers = 2, n_heads = 4, n_kv_heads = 2, vocab_size = 256}",
+        "batch": 2,
+        "seq": 64,
+    },
     "debugmodel": {"overrides": "{}", "batch": 8, "seq": 256},
     "wide": {
         "overrides": "{dim = 512, n_layers = 8, n_heads = 8, n_kv_heads = 4, ffn_hidden_dim = 1536}",
@@ -42,19 +50,24 @@ MODES = {
 }
 
 
-def _train_one(shape: str, mode: str, steps: int, device: str, dtype: str) -> dict:
+def _cfg(shape: str, mode: str, steps: int, device: str, dtype: str):
     from titan_core.config import load_config
-    from titan_core.trainer import Trainer
 
     s = SHAPES[shape]
-    cfg = load_config(None, [
+    return load_config(None, [
         "--model.family=llama3", f"--model.overrides={s['overrides']}", f"--training.batch_size={s['batch']}",
         f"--training.seq_len={s['seq']}", f"--training.steps={steps}", f"--device.type={device}",
         f"--training.dtype={dtype}", f"--training.mixed_precision_param={dtype}",
         "--parallelism.data_parallel=none", "--metrics.rich=false", f"--metrics.output_dir={tempfile.mkdtemp()}",
         *MODES[mode],
     ])  # fmt: skip
-    t = Trainer(cfg, quiet=True)
+
+
+def _train_one(shape: str, mode: str, steps: int, device: str, dtype: str) -> dict:
+    from titan_core.trainer import Trainer
+
+    s = SHAPES[shape]
+    t = Trainer(_cfg(shape, mode, steps, device, dtype), quiet=True)
     rows = t.train().metrics
     times = [r["step_time_s"] for r in rows]
     steady = statistics.median(times[2:]) if len(times) > 3 else times[-1]
@@ -79,6 +92,34 @@ def _train_one(shape: str, mode: str, steps: int, device: str, dtype: str) -> di
         out.update(trace_time_s=st.trace_time_s, passes_time_s=st.passes_time_s, backend_compile_s=st.compile_time_s,
                    programs_per_step=st.programs_per_step[-1], saved_activation_bytes=saved.device)  # fmt: skip
     return out
+
+
+def _interleaved(shape: str, modes: list[str], rounds: int, device: str, dtype: str) -> dict:
+    """Step time of every mode in one process, stepping them round-robin after their first step.
+
+    On a machine shared with other work the load drifts; round-robin steps let the drift
+    hit every mode alike, so the ratios between modes hold even when absolute times do not.
+    """
+    from titan_core.trainer import Trainer
+
+    trainers = {}
+    for mode in modes:
+        t = Trainer(_cfg(shape, mode, rounds + 1, device, dtype), quiet=True)
+        t.step = 1
+        t.train_step()  # capture / compile
+        trainers[mode] = t
+    times: dict[str, list[float]] = {m: [] for m in modes}
+    for _ in range(rounds):
+        for mode, t in trainers.items():
+            t.step += 1
+            times[mode].append(t.train_step()["step_time_s"])
+    med = {m: statistics.median(v) for m, v in times.items()}
+    return {
+        "shape": shape,
+        "rounds": rounds,
+        "step_time_s": med,
+        "speedup_vs_eager": {m: med.get("eager", float("nan")) / v for m, v in med.items()},
+    }
 
 
 def _trace_one(layers: int, scan: bool) -> dict:
@@ -125,9 +166,11 @@ def _subprocess(job: dict, timeout_s: float) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=6)
-    ap.add_argument("--shapes", default=",".join(SHAPES))
+    ap.add_argument("--shapes", default="debugmodel,wide", help=f"of {', '.join(SHAPES)} (tiny: a smoke test)")
     ap.add_argument("--modes", default=",".join(MODES))
     ap.add_argument("--trace-layers", default="2,8,32")
+    ap.add_argument("--interleaved-rounds", type=int, default=6, help="0 skips the round-robin step-time run")
+    ap.add_argument("--skip-isolated", action="store_true", help="only the round-robin run (no per-mode processes)")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--timeout", type=float, default=1800)
@@ -137,11 +180,12 @@ def main() -> None:
     if a.one:
         job = json.loads(a.one)
         kind = job.pop("kind")
-        print(json.dumps(_train_one(**job) if kind == "train" else _trace_one(**job)))
+        run = {"train": _train_one, "trace": _trace_one, "interleaved": _interleaved}[kind]
+        print(json.dumps(run(**job)))
         return
-    report: dict = {"train": [], "trace": [], "load_average_1m_start": os.getloadavg()[0]}
-    for shape in a.shapes.split(","):
-        for mode in a.modes.split(","):
+    report: dict = {"train": [], "interleaved": [], "trace": [], "load_average_1m_start": os.getloadavg()[0]}
+    for shape in [x for x in a.shapes.split(",") if x]:
+        for mode in [x for x in a.modes.split(",") if x] if not a.skip_isolated else []:
             job = {
                 "kind": "train",
                 "shape": shape,
@@ -152,6 +196,11 @@ def main() -> None:
             }
             report["train"].append(_subprocess(job, a.timeout))
             print(json.dumps(report["train"][-1]), file=sys.stderr)
+        if a.interleaved_rounds > 0:
+            job = {"kind": "interleaved", "shape": shape, "modes": [x for x in a.modes.split(",") if x],
+                   "rounds": a.interleaved_rounds, "device": a.device, "dtype": a.dtype}  # fmt: skip
+            report["interleaved"].append(_subprocess(job, a.timeout))
+            print(json.dumps(report["interleaved"][-1]), file=sys.stderr)
     for layers in [int(x) for x in a.trace_layers.split(",") if x]:
         for scan in (False, True):
             report["trace"].append(_subprocess({"kind": "trace", "layers": layers, "scan": scan}, a.timeout))

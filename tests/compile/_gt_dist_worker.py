@@ -1,7 +1,8 @@
 """One rank of the 2-process Graph Trainer test: `python _gt_dist_worker.py OUT_DIR`.
 
 For every family: 3 eager steps and 3 Graph Trainer steps under SimpleFSDP, from the same
-init and data; writes what it measured to OUT_DIR/rank_<r>.json.
+init and data (and llama3 once more with scan over layers); writes what it measured to
+OUT_DIR/rank_<r>.json.
 """
 
 from __future__ import annotations
@@ -49,6 +50,18 @@ def main() -> None:
                 "reduce_scatters": sum("reduce_scatter_tensor" in t for t in targets),
                 "programs_per_step": graph.graph_step.stats.programs_per_step,
             }
+        # scan over layers: the SimpleFSDP gathers run inside the loop body, once per layer
+        eager, e_loss, _ = _run(tiny_cfg("llama3", out / "e_scan", batch_size=2))
+        graph, g_loss, _ = _run(
+            tiny_cfg("llama3", out / "g_scan", "--graph_trainer.enable", "--graph_trainer.scan_layers", batch_size=2)
+        )
+        res["scan"] = {
+            "eager_loss": e_loss,
+            "graph_loss": g_loss,
+            "params_equal": all(
+                torch.equal(local(p), local(q)) for p, q in zip(eager.model.parameters(), graph.model.parameters())
+            ),
+        }
     finally:
         distributed.teardown(state)
     (out / f"rank_{state.rank}.json").write_text(json.dumps(res))

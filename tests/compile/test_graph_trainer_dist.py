@@ -31,3 +31,8 @@ def test_two_ranks_bit_identical_to_eager(ranks, family):
         assert res["all_gathers"] > 0 and res["reduce_scatters"] > 0
     assert ranks[0][family]["eager_loss"] == ranks[1][family]["eager_loss"]  # the global (all-reduced) loss
     assert ranks[0][family]["local_shard_shapes"][0][0] == 128  # vocab 256 sharded over 2 ranks
+
+
+def test_two_ranks_scan_over_layers(ranks):
+    for r in ranks:
+        assert r["scan"]["graph_loss"] == r["scan"]["eager_loss"] and r["scan"]["params_equal"]

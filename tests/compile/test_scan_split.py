@@ -33,6 +33,10 @@ def test_scan_equals_unrolled(unrolled):
     # ... so the top-level graph holds no per-layer attention (it lives once, in the body)
     assert not any("flash_attention" in str(n.target) for n in gm.graph.nodes)
     assert step.stats.programs_per_step == [1, 1]
+    # AdamW runs once per stack of same-named block weights, not once per layer
+    n_params = len(ref_params)  # 21: 3 outside the blocks + 2 layers x 9
+    lerps = sum(n.target is torch.ops.aten.lerp.Scalar for n in gm.graph.nodes)
+    assert lerps == 3 + 9 < n_params
 
 
 def test_scan_refuses_different_blocks():

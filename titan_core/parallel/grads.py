@@ -20,7 +20,7 @@ def _local(t: torch.Tensor) -> torch.Tensor:
     return t.to_local() if isinstance(t, DTensor) else t
 
 
-def _total_norm(ts: list[torch.Tensor], foreach: bool) -> torch.Tensor:
+def total_norm(ts: list[torch.Tensor], foreach: bool = True) -> torch.Tensor:
     """L2 norm over all tensors, accumulated in fp64 where the device has it.
 
     In fp32 the norm of one large gradient (e.g. a 2048 x 256 output head) is ~3e-5 off
@@ -41,7 +41,7 @@ def clip_grad_norm_(params: Iterable[torch.nn.Parameter], max_norm: float, forea
         return torch.zeros(())
     locals_ = [_local(g) for g in grads]
     one_rank = all(not isinstance(g, DTensor) or g.device_mesh.size() == 1 for g in grads)
-    norm = _total_norm(locals_ if one_rank else grads, foreach=foreach)
+    norm = total_norm(locals_ if one_rank else grads, foreach=foreach)
     if isinstance(norm, DTensor):
         norm = norm.full_tensor()
     if max_norm > 0:

@@ -197,14 +197,51 @@ def step_layout(
     )
 
 
-def make_step_fn(
-    model: nn.Module, layout: StepLayout, *, scan_layers: bool = False, guard: HostSyncGuard | None = None, tagger=None
-):
+class _Packing:
+    """The tensors the step differentiates and updates: one per parameter, or under scan the
+    parameters outside the blocks followed by one stack per block parameter name."""
+
+    def __init__(self, layout: StepLayout, stacking=None):
+        self.layout, self.stacking = layout, stacking
+
+    def pack(self, per_param: list) -> list:
+        st = self.stacking
+        if st is None:
+            return list(per_param)
+        return [per_param[i] for i in st.others] + [torch.stack([per_param[i] for i in row]) for row in st.index]
+
+    def unpack(self, packed: list) -> list:
+        """Back to one tensor per parameter, in layout order (a stack comes back as views)."""
+        st = self.stacking
+        if st is None:
+            return list(packed)
+        out: list = [None] * self.layout.n_params
+        for i, t in zip(st.others, packed):
+            out[i] = t
+        for row, t in zip(st.index, packed[len(st.others) :]):
+            for i, piece in zip(row, t.unbind(0)):
+                out[i] = piece
+        return out
+
+    def pick(self, per_param: list) -> list:
+        """A per-parameter attribute (group, spec) for each packed tensor (a stack takes its layer 0's)."""
+        st = self.stacking
+        return (
+            list(per_param)
+            if st is None
+            else [per_param[i] for i in st.others] + [per_param[row[0]] for row in st.index]
+        )
+
+
+def make_step_fn(model: nn.Module, layout: StepLayout, *, scan_layers: bool = False, guard=None, tagger=None):
     """The pure step function over flat tensors that `capture_train_step` traces (and eager can run)."""
-    from titan_core.compile.graph_trainer.scan import scanned_layers
+    from titan_core.compile.graph_trainer.scan import plan_stacking, scanned_layers
 
     call = _LossCall(model)
-    pnames = [f"model.{n}" for n in layout.param_names]
+    stacking = plan_stacking(model, layout.param_names, layout.group_of) if scan_layers else None
+    packing = _Packing(layout, stacking)
+    outside = stacking.others if stacking else range(layout.n_params)
+    pnames = [f"model.{layout.param_names[i]}" for i in outside]
     bnames = [f"model.{n}" for n in layout.buffer_names]
     tagger = tagger or _RegionTagger()
 
@@ -212,41 +249,48 @@ def make_step_fn(
         params, buffers, exp_avgs, exp_avg_sqs, scalars, micro = layout.split_inputs(flat)
         guard_ctx = guard if guard is not None else contextlib.nullcontext()
         with guard_ctx, torch.enable_grad():
-            leaves = [p.detach().requires_grad_(True) for p in params]
-            values = [as_param(leaf, spec) for leaf, spec in zip(leaves, layout.specs)]
+            leaves = [p.detach().requires_grad_(True) for p in packing.pack(params)]
+            n_out = len(pnames)
+            values = [as_param(leaf, spec) for leaf, spec in zip(leaves[:n_out], packing.pick(layout.specs))]
             state = dict(zip(pnames, values)) | dict(zip(bnames, buffers))
             total, grads = None, None
             for mb in micro:
                 tagger.enter(region="forward")
-                layers = (
-                    scanned_layers(model, leaves, layout.param_names, layout.specs)
-                    if scan_layers
-                    else tagger.block_hooks(model)
-                )
+                if stacking is not None:
+                    block_specs = packing.pick(layout.specs)[n_out:]
+                    layers = scanned_layers(model, leaves[n_out:], stacking.block_names, block_specs)
+                else:
+                    layers = tagger.block_hooks(model)
                 with layers:
-                    loss, _ = torch.func.functional_call(
-                        call, state, (mb["tokens"], mb["labels"], mb.get("positions"), mb.get("segment_ids"))
-                    )
+                    args = (mb["tokens"], mb["labels"], mb.get("positions"), mb.get("segment_ids"))
+                    loss, _ = torch.func.functional_call(call, state, args)
                 loss = loss / layout.grad_accum
                 total = (torch.zeros((), device=loss.device) if total is None else total) + loss.detach().float()
                 tagger.enter(region="backward")
                 g = torch.autograd.grad(loss, leaves, allow_unused=True)
-                missing = [n for n, gi in zip(layout.param_names, g) if gi is None]
-                if missing:
+                if any(gi is None for gi in g):
+                    missing = [n for n, gi in zip(layout.param_names, packing.unpack(g)) if gi is None]
                     raise CaptureError(
                         f"parameters receive no gradient: {missing[:5]}; every trainable parameter must be used by the loss"
                     )
                 grads = list(g) if grads is None else [a + b for a, b in zip(grads, g)]
             tagger.enter(region="optimizer")
             grads = [g.detach() for g in grads]
-            norm = fo.global_norm(grads, layout.specs)
+            # the norm sees one gradient per parameter, in eager's order; the rest is elementwise
+            norm = fo.global_norm(packing.unpack(grads), layout.specs)
             if layout.max_norm > 0:
                 grads = fo.clip_by_norm(grads, norm, layout.max_norm)
             new_p, new_m, new_v = fo.adamw_update(
-                [p.detach() for p in params], grads, exp_avgs, exp_avg_sqs, layout.group_of, layout.hypers, scalars
+                [leaf.detach() for leaf in leaves],
+                grads,
+                packing.pack(exp_avgs),
+                packing.pack(exp_avg_sqs),
+                packing.pick(layout.group_of),
+                layout.hypers,
+                scalars,
             )
             tagger.finish()
-        return [total, norm, *new_p, *new_m, *new_v]
+        return [total, norm, *packing.unpack(new_p), *packing.unpack(new_m), *packing.unpack(new_v)]
 
     return step
 

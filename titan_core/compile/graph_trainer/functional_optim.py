@@ -94,15 +94,10 @@ def adamw_update(
 
 
 def total_norm(grads: list[torch.Tensor]) -> torch.Tensor:
-    """L2 norm over all gradients, grouped by (device, dtype) as `clip_grad_norm_(foreach=True)`."""
-    groups: dict[tuple, list[torch.Tensor]] = {}
-    for g in grads:
-        groups.setdefault((g.device, g.dtype), []).append(g)
-    first_device = grads[0].device
-    norms: list[torch.Tensor] = []
-    for tensors in groups.values():
-        norms.extend(torch._foreach_norm(tensors, 2.0))
-    return torch.linalg.vector_norm(torch.stack([n.to(first_device) for n in norms]), 2.0)
+    """L2 norm over all gradients: the eager trainer's own function (fp64 accumulation)."""
+    from titan_core.parallel.grads import total_norm as eager_total_norm
+
+    return eager_total_norm(grads)
 
 
 def global_norm(grads: list[torch.Tensor], specs: list) -> torch.Tensor:
@@ -118,7 +113,7 @@ def global_norm(grads: list[torch.Tensor], specs: list) -> torch.Tensor:
 
     from titan_core.compile.graph_trainer.capture import as_param
 
-    norm = torch.nn.utils.get_total_norm([as_param(g, s) for g, s in zip(grads, specs)], foreach=True)
+    norm = total_norm([as_param(g, s) for g, s in zip(grads, specs)])
     return norm.full_tensor() if isinstance(norm, DTensor) else norm
 
 

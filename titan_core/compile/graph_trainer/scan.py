@@ -4,8 +4,10 @@ Unrolled, the captured step holds one copy of the block per layer, so trace and 
 time grow with depth. Here the per-layer weights are stacked along a new leading dim
 inside the step and the blocks run as one `scan_op` (the raw higher-order op: the public
 `scan()` wraps itself in torch.compile and cannot be traced by make_fx), whose body is
-one block applied to one slice of the stacked weights. Autograd through the scan is the
-op's own; the gradient of each layer's weights comes back through the stack.
+one block applied to one slice of the stacked weights. The stacks are what the step
+differentiates and updates: clipping and AdamW run once per stack (elementwise, so
+each element computes what it computes per layer), and only the step's inputs and
+outputs stay per layer, so the traced op count stops growing with depth.
 
 The decoder's `hidden()` loops `for block in self.layers.values()`: while tracing, that
 one call is pointed at a single callable that runs the whole scan. The summed auxiliary
@@ -15,6 +17,7 @@ loss rides in the loop carry, so it is added in the same order as the unrolled l
 from __future__ import annotations
 
 import contextlib
+from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -85,25 +88,46 @@ def scan_blocks(
     return h, aux
 
 
-@contextlib.contextmanager
-def scanned_layers(model: nn.Module, leaves: list[torch.Tensor], param_names: list[str], specs=None):
-    """Within the context, `model.hidden()` runs all blocks as one scan over stacked `leaves`.
+@dataclass(frozen=True)
+class Stacking:
+    """Which flat parameters stack into which per-name tensor under scan_layers."""
 
-    `leaves` are local tensors (shards under SimpleFSDP, stacked shard by shard); `specs`
-    (per parameter, None when plain) rebuild each slice as the DTensor the block reads.
+    block_names: list[str]
+    """Parameter names inside a block, e.g. `attention.wq.weight`."""
+    index: list[list[int]]
+    """index[j][l]: flat position of block parameter j of layer l."""
+    others: list[int]
+    """Flat positions of the parameters outside the blocks (embedding, final norm, head)."""
+
+
+def plan_stacking(model: nn.Module, param_names: list[str], group_of: list[int]) -> Stacking:
+    """Check the blocks can be scanned and map each block parameter name to its layers' positions."""
+    block_names = check_scannable(model)
+    pos = {name: i for i, name in enumerate(param_names)}
+    index = [[pos[f"layers.{k}.{bn}"] for k in model.layers] for bn in block_names]
+    for bn, row in zip(block_names, index):
+        if len({group_of[i] for i in row}) != 1:
+            raise ScanError(
+                f"{bn} sits in different optimizer param groups across layers; scan updates it as one stack"
+            )
+    stacked = {i for row in index for i in row}
+    return Stacking(block_names, index, [i for i in range(len(param_names)) if i not in stacked])
+
+
+@contextlib.contextmanager
+def scanned_layers(model: nn.Module, stacked: list[torch.Tensor], block_names: list[str], block_specs: list):
+    """Within the context, `model.hidden()` runs all blocks as one scan over the `stacked` weights.
+
+    `stacked[j]` is block parameter j of every layer along dim 0 (local shards under
+    SimpleFSDP); `block_specs[j]` (None when plain) rebuilds each slice as the DTensor the
+    block reads.
     """
     from titan_core.compile.graph_trainer.capture import as_param
 
-    block_names = check_scannable(model)
-    index = {name: i for i, name in enumerate(param_names)}
-    first = next(iter(model.layers.keys()))
-    per_layer = [[leaves[index[f"layers.{k}.{bn}"]] for bn in block_names] for k in model.layers]
-    block_specs = [specs[index[f"layers.{first}.{bn}"]] for bn in block_names] if specs else [None] * len(block_names)
     wrap = (lambda j, w: as_param(w, block_specs[j])) if any(block_specs) else None
     template = next(iter(model.layers.values()))
 
     def run_all(h, cos, sin, segment_ids):
-        stacked = [torch.stack([layer[j] for layer in per_layer]) for j in range(len(block_names))]
         return scan_blocks(template, stacked, block_names, h, cos, sin, segment_ids, wrap)
 
     # hidden() iterates self.layers.values(); one "block" that is the whole scan takes their place
