@@ -1,13 +1,16 @@
 """Gradient clipping and AdamW as pure functions over tensor lists, for the captured step.
 
-Both mirror, op for op, what the eager trainer runs: `clip_grad_norm_(foreach=True)` and
-`torch.optim.AdamW`'s single-tensor path (the one torch picks for CPU parameters). That
-is what makes the captured step bit-identical to eager: same kernels, same order, same
-scalar values. The only difference is where scalars that change every step come from:
-eager computes them in Python doubles and passes them to each op as a Scalar; here the
-host computes the very same doubles (`adamw_step_scalars`) and feeds them to the graph
-as 0-dim tensors of the parameter dtype, which the kernels cast to exactly the value the
-Scalar path would have used. Constants (betas, eps) stay baked into the graph.
+Both compute, op for op, what the eager trainer runs: the norm is the trainer's own
+`parallel.grads.total_norm` (fp64 accumulation), the clipping mirrors its scaling, and
+the update mirrors `torch.optim.AdamW`'s single-tensor path (the one torch picks for CPU
+parameters). That is what makes the captured step bit-identical to eager: same kernels,
+same order, same scalar values. The only difference is where scalars that change every
+step come from: eager computes them in Python doubles and passes them to each op as a
+Scalar; here the host computes the very same doubles (`adamw_step_scalars`) and feeds
+them to the graph as 0-dim fp32 tensors, which the kernels read as exactly the value
+the Scalar path would have used for fp32 parameters. Constants (betas, eps) stay baked
+into the graph. (bf16 parameters are not bit-identical: eager's fused addcdiv/addcmul
+round once in fp32 opmath where the decomposed ops round each step in bf16.)
 """
 
 from __future__ import annotations
