@@ -19,6 +19,7 @@ from titan_core.kernels.attention import FlexAttention, KernelUnavailable, Splas
 from titan_core.kernels.fused_ce import FusedCrossEntropyHead, ZLossCrossEntropyHead
 from titan_core.kernels.moe import GroupedMMExperts, TokamaxExperts
 from titan_core.models.common.attention import NaiveAttention, SDPAttention
+from titan_core.models.common import moe_static  # noqa: F401  (registers the capture-friendly `moe.dense` swap)
 
 ATTENTION_PATH = "layers.*.attention.core"
 EXPERTS_PATH = "layers.*.moe.experts"
