@@ -84,3 +84,27 @@ def test_tokamax_without_jax_is_a_clear_error(monkeypatch):
     q, k, v, _ = attention_inputs()
     with pytest.raises(KernelUnavailable, match=r"attention=tokamax needs jax and tokamax.*\[jax\]"):
         TokamaxAttention()(q, k, v, scale=0.25, window=None, segment_ids=None)
+
+
+def test_sdpa_bf16_on_cpu_takes_the_math_backend():
+    """The CPU flash kernel is the less accurate one in bf16 (see attention._cpu_bf16_math):
+    with flash disabled globally the bf16 result must not change, and fp32 keeps flash."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    from titan_core.models.common.attention import SDPAttention
+
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, 4, 64, 16) for _ in range(3))
+    core = SDPAttention()
+    qb, kb, vb = q.bfloat16(), k.bfloat16(), v.bfloat16()
+    out = core(qb, kb, vb, scale=0.25, window=None, segment_ids=None)
+    with sdpa_kernel(SDPBackend.MATH):
+        math = torch.nn.functional.scaled_dot_product_attention(qb, kb, vb, is_causal=True, scale=0.25)
+    assert torch.equal(out, math)
+    with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+        flash = torch.nn.functional.scaled_dot_product_attention(qb, kb, vb, is_causal=True, scale=0.25)
+    assert not torch.equal(out, flash)  # the two kernels do differ in bf16; fp32 is untouched:
+    assert torch.equal(
+        core(q, k, v, scale=0.25, window=None, segment_ids=None),
+        torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True, scale=0.25),
+    )
