@@ -85,8 +85,16 @@ def init_distributed(device: torch.device, timeout_s: float) -> DistState:
     return DistState(rank, world, local_rank, owned=True)
 
 
-def teardown(state: DistState | None) -> None:
-    """Destroy the group if this process created it (idempotent)."""
+def teardown(state: DistState | None, *, together: bool = False) -> None:
+    """Destroy the group if this process created it (idempotent).
+
+    `together`: the run ended normally on every rank, so wait for all of them first. A rank
+    that destroys its gloo group while a peer still talks to it can take the peer down
+    with `terminate called without an active exception` (seen once here: rank 1 aborted
+    after all 20 steps). After a failure there is no barrier: the peers may be gone.
+    """
     if state is not None and state.owned and dist.is_initialized():
+        if together and state.world_size > 1:
+            dist.barrier()
         dist.destroy_process_group()
         state.owned = False

@@ -129,9 +129,10 @@ class Trainer:
             )
             self.step = self.resumed_from or 0
 
-    def close(self) -> None:
-        """Release the process group if this trainer created it (idempotent)."""
-        distributed.teardown(self.dist)
+    def close(self, *, together: bool = False) -> None:
+        """Release the process group if this trainer created it (idempotent); `together`: every
+        rank finished normally, so they leave the group at the same time."""
+        distributed.teardown(self.dist, together=together)
 
     def _under_output(self, folder: str) -> Path:
         p = Path(folder)
@@ -191,6 +192,7 @@ class Trainer:
 
     def train(self) -> TrainResult:
         devices.reset_peak_memory(self.device)
+        completed = False
         try:
             while self.step < self.cfg.training.steps:
                 self.step += 1
@@ -210,10 +212,11 @@ class Trainer:
                 )
             if self.cfg.checkpoint.export_hf:  # every rank: gathering sharded weights is collective
                 export_hf(self.model, self.family, self.args, self._under_output(self.cfg.checkpoint.export_hf))
+            completed = True
         finally:
             self.profiler.close()
             self.logger.close()
-            self.close()
+            self.close(together=completed)
         return TrainResult(
             metrics=self.logger.rows,
             num_params=self.num_params,
