@@ -43,7 +43,7 @@ def _toml_table(d: dict) -> str:
 
 
 def swaps(family: str) -> list[str]:
-    return ["--kernels.swaps=moe.dense"] if family == "qwen3_moe" else []
+    return ["--kernels.moe=dense"] if family == "qwen3_moe" else []
 
 
 def tiny_cfg(family: str, out, *extra: str, steps: int = 3, batch_size: int = 4, seq_len: int = 32, **model_more):

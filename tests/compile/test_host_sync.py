@@ -51,7 +51,7 @@ def test_an_added_item_fails_the_capture_at_its_line():
 def test_reference_moe_loop_is_reported_with_the_fix():
     """torch.where per expert has a data-dependent shape: a sync on device, a break in a graph."""
     model, opt = build("qwen3_moe", dense_moe=False)
-    with pytest.raises(HostSyncError, match=r"nonzero[\s\S]*moe.dense"):
+    with pytest.raises(HostSyncError, match=r"nonzero[\s\S]*kernels.moe=dense"):
         _capture(model, opt)
     found = find_host_syncs(model, opt, batches(1))
     # one torch.where per expert per MoE layer, in the forward

@@ -8,7 +8,7 @@ one compiled graph (dynamo treats their weights as inputs).
 Graph breaks are counted per block with `torch._dynamo.explain` on the inputs each block
 really receives, with the reason of each break: the `compile` rung requires 0 inside a
 block. Usual causes: data-dependent Python (`if t.sum() > 0`), `.item()` / `.tolist()`
-(e.g. MoE routing with `torch.where` per expert: use the `moe.dense` swap), unbacked
+(e.g. MoE routing with `torch.where` per expert: use `kernels.moe=dense`), unbacked
 (data-dependent) shapes, and calls dynamo cannot trace (C extensions, some prints).
 """
 

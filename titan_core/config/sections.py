@@ -146,8 +146,9 @@ class Kernels:
     """Weight of the z-loss (mean squared logsumexp of the logits) added to the cross-entropy; 0 disables it."""
     attention: Literal["sdpa", "naive", "tokamax", "splash", "flex"] = "sdpa"
     """Attention: naive is the reference; tokamax needs the [jax] extra; splash needs a TPU; flex cannot train on CPU."""
-    moe: Literal["loop", "grouped_mm", "tokamax"] = "loop"
-    """MoE experts: loop is the reference; grouped_mm uses torch._grouped_mm; tokamax uses ragged_dot via JAX."""
+    moe: Literal["loop", "dense", "grouped_mm", "tokamax"] = "loop"
+    """MoE experts: loop is the reference (syncs the host); dense is static-shape, for torch.compile and the
+    Graph Trainer; grouped_mm uses torch._grouped_mm; tokamax uses ragged_dot via JAX."""
     swaps: list = field(default_factory=list)
     """Extra swaps by registry name, applied after the ones the fields above select."""
 

@@ -75,8 +75,8 @@ def _sync_reason(func, args, kwargs) -> str | None:
 def describe(sync: HostSync) -> str:
     return (
         f"host sync inside the captured step: {sync.op} {sync.why}\n  at {sync.where or '(no user frame)'}\n"
-        "Make the code shape-static (for MoE routing use the `moe.dense` swap: "
-        "--kernels.swaps=moe.dense) or keep the value on the device."
+        "Make the code shape-static (for MoE routing use the static-shape experts: "
+        "--kernels.moe=dense) or keep the value on the device."
     )
 
 

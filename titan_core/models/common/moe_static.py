@@ -10,7 +10,7 @@ experts in index order onto zeros, as the loop does, gives the same sums.
 
 Cost: n_experts / top_k times the expert FLOPs of the loop (4x for the debug models),
 acceptable for the debug shapes this is for; a grouped-matmul kernel is the fast path.
-Selected with the `moe.dense` swap (module path `layers.*.moe.experts`).
+Selected with `kernels.moe = "dense"` (the `moe.dense` swap, module path `layers.*.moe.experts`).
 """
 
 from __future__ import annotations
