@@ -96,8 +96,24 @@ def test_compare_kernel_carries_base_settings_to_both_sides():
 
 
 def test_measure_kernel_reports_time_and_memory():
-    out = measure_kernel("llama3", _args("llama3", n_layers=1), "kernels.loss=fused_ce", seq_len=16, steps=1)
+    """Fused CE in 32-token chunks never holds the [256, vocab] logits the plain loss keeps (and
+    their log-softmax, and their gradient): its step peaks lower, as counted tensor bytes."""
+    args = _args("llama3", n_layers=1)
+    out = measure_kernel(
+        "llama3", args, "kernels.loss=fused_ce", batch=4, seq_len=64, steps=1, base=Kernels(ce_chunk=32)
+    )
     assert out["reference"] == "kernels.loss=plain"
     for side in ("with_kernel", "with_reference"):
         assert out[side]["step_time_s"] > 0
-        assert out[side]["peak_memory_bytes"] is None or out[side]["peak_memory_bytes"] >= 0
+    logits = 4 * 64 * args.vocab_size * 4
+    plain, fused = out["with_reference"]["peak_memory_bytes"], out["with_kernel"]["peak_memory_bytes"]
+    assert plain >= 2 * logits  # logits and log-softmax alive together
+    assert fused < plain - logits
+
+
+@pytest.mark.skipif(not HAS_JAX, reason="needs jax and tokamax (the [jax] extra)")
+def test_measure_kernel_does_not_claim_memory_for_a_jax_kernel():
+    out = measure_kernel("llama3", _args("llama3", n_layers=1), "kernels.attention=tokamax", seq_len=16, steps=1)
+    assert out["with_kernel"]["peak_memory_bytes"] is None
+    assert "outside torch" in out["with_kernel"]["peak_memory_note"]
+    assert out["with_reference"]["peak_memory_bytes"] > 0

@@ -13,12 +13,13 @@ from __future__ import annotations
 import importlib.util
 import re
 import statistics
-import sys
 import time
 import typing
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
 import torch
+from torch import nn
 
 from titan_core import devices
 from titan_core.config.loader import ConfigError
@@ -27,6 +28,7 @@ from titan_core.config.swaps import apply_swaps
 from titan_core.kernels.moe import grouped_mm_unsupported
 from titan_core.models.common.args import TransformerArgs
 from titan_core.models.registry import build_meta
+from titan_core.tensor_memory import TensorPeak
 
 #: The plain path each kernel is compared with.
 REFERENCE = {"loss": "plain", "attention": "naive", "moe": "loop"}
@@ -37,6 +39,7 @@ KERNEL_FLAGS = (
     "kernels.attention=tokamax",
     "kernels.attention=flex",
     "kernels.attention=splash",
+    "kernels.moe=dense",
     "kernels.moe=grouped_mm",
     "kernels.moe=tokamax",
 )
@@ -95,6 +98,7 @@ def applicable_kernels(
         "kernels.attention=splash": None
         if device_type == "tpu"
         else f"splash is a TPU kernel; device is {device_type}",
+        "kernels.moe=dense": dense if not is_moe else None,
         "kernels.moe=grouped_mm": dense
         if not is_moe
         else grouped_mm_unsupported(device_type, dtype, args.dim, args.moe_hidden_dim, captured=captured),
@@ -114,10 +118,11 @@ def _rel_l2(a: torch.Tensor | None, b: torch.Tensor | None) -> float:
     return diff / ref if ref > 0 else diff
 
 
-def _build(family: str, args: TransformerArgs, kernels: Kernels, device, dtype, state=None):
+def _build(family: str, args: TransformerArgs, kernels: Kernels, device, dtype, state=None, build_meta_model=None):
     from titan_core.kernels import swaps_for
 
-    model = build_meta(family, args)
+    # a ported workspace's own model.py builds its model; the swaps then target its modules
+    model = build_meta_model() if build_meta_model is not None else build_meta(family, args)
     apply_swaps(model, swaps_for(kernels))
     model.to_empty(device=device)
     model.init_weights(seed=0)  # also fills the non-persistent buffers (RoPE frequencies)
@@ -182,15 +187,24 @@ def compare_kernel(
     dtype: torch.dtype = torch.float32,
     packed: bool = True,
     base: Kernels | None = None,
+    build_meta_model: Callable[[], nn.Module] | None = None,
 ) -> KernelComparison:
     """Loss, logits and every parameter's gradient with `flag` vs with its plain path.
 
     `base` carries the other kernel settings (ce_chunk, z_loss, the other fields) of the
     recipe; only the flag's own field differs between the two models.
+    `build_meta_model`: builds the model on the meta device instead of the family's class
+    (a ported model.py); called once per model, so it must return a fresh module each time.
     """
     field_name, choice = parse_flag(flag)
-    ref = _build(family, args, _kernels_for(field_name, REFERENCE[field_name], base), device, dtype)
-    ker = _build(family, args, _kernels_for(field_name, choice, base), device, dtype, state=ref.state_dict())
+    ref = _build(
+        family, args, _kernels_for(field_name, REFERENCE[field_name], base), device, dtype,
+        build_meta_model=build_meta_model,
+    )  # fmt: skip
+    ker = _build(
+        family, args, _kernels_for(field_name, choice, base), device, dtype, state=ref.state_dict(),
+        build_meta_model=build_meta_model,
+    )  # fmt: skip
     inputs, labels, segment_ids = make_batch(
         args, batch=batch, seq_len=seq_len, seed=seed, device=device, packed=packed
     )
@@ -215,18 +229,22 @@ def compare_kernel(
     )
 
 
-def _reset_cpu_peak() -> bool:
-    try:
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")  # Linux: VmHWM := current RSS
-        return True
-    except OSError:
-        return False
+def _step_peak(model, inputs, labels, segment_ids, device: torch.device) -> int:
+    """Peak memory of one forward + backward: the allocator's on accelerators, counted tensors on CPU."""
+    if device.type == "cpu":
+        with TensorPeak() as peak:
+            loss, _ = model.loss(inputs, labels, segment_ids=segment_ids)
+            loss.backward()
+        return peak.peak_bytes
+    devices.reset_peak_memory(device)
+    loss, _ = model.loss(inputs, labels, segment_ids=segment_ids)
+    loss.backward()
+    devices.synchronize(device)
+    return devices.peak_memory_bytes(device)
 
 
-def _cpu_rss(field_name: str) -> int:
-    with open("/proc/self/status") as f:
-        return int(re.search(rf"{field_name}:\s+(\d+)", f.read()).group(1)) * 1024
+#: choices whose work runs in JAX: their buffers live in JAX's allocator, which torch cannot see
+JAX_BACKED = {"tokamax", "splash"}
 
 
 def measure_kernel(
@@ -240,37 +258,37 @@ def measure_kernel(
     device: torch.device | str = "cpu",
     dtype: torch.dtype = torch.float32,
     base: Kernels | None = None,
+    build_meta_model: Callable[[], nn.Module] | None = None,
 ) -> dict:
     """Median forward+backward time and peak memory of one step, with the kernel and with the plain path.
 
-    Peak memory: the device allocator's peak on accelerators; on Linux CPUs the peak
-    resident set above the one before the step (VmHWM reset per step), else None.
+    Peak memory: the device allocator's peak on accelerators; on CPU the most tensor bytes
+    alive at once during one more, untimed step (`TensorPeak`: the resident set cannot see a
+    step's tensors once malloc reuses pages). None for a JAX-backed kernel (tokamax, splash):
+    JAX allocates outside torch, so its peak would look smaller than it is; `peak_memory_note` says so.
+    `build_meta_model`: as in `compare_kernel` (a ported model.py builds the model).
     """
     device = torch.device(device)
     field_name, choice = parse_flag(flag)
     inputs, labels, segment_ids = make_batch(args, batch=batch, seq_len=seq_len, seed=0, device=device)
     out = {}
     for name, pick in (("with_kernel", choice), ("with_reference", REFERENCE[field_name])):
-        model = _build(family, args, _kernels_for(field_name, pick, base), device, dtype)
-        times, peaks = [], []
+        model = _build(family, args, _kernels_for(field_name, pick, base), device, dtype,
+                       build_meta_model=build_meta_model)  # fmt: skip
+        times = []
         for _ in range(steps + 1):  # the first step warms caches and JAX/compile caches
             model.zero_grad(set_to_none=True)
             devices.synchronize(device)
-            if device.type == "cpu":
-                tracked = sys.platform.startswith("linux") and _reset_cpu_peak()
-                before = _cpu_rss("VmRSS") if tracked else None
-            else:
-                devices.reset_peak_memory(device)
             t0 = time.perf_counter()
             loss, _ = model.loss(inputs, labels, segment_ids=segment_ids)
             loss.backward()
             devices.synchronize(device)
             times.append(time.perf_counter() - t0)
-            if device.type == "cpu":
-                peaks.append(_cpu_rss("VmHWM") - before if before is not None else None)
-            else:
-                peaks.append(devices.peak_memory_bytes(device))
-        known = [p for p in peaks[1:] if p is not None]
-        out[name] = {"step_time_s": statistics.median(times[1:]), "peak_memory_bytes": max(known) if known else None}
+        out[name] = {"step_time_s": statistics.median(times[1:]), "peak_memory_bytes": None}
+        if pick in JAX_BACKED:
+            out[name]["peak_memory_note"] = "JAX allocates this kernel's buffers outside torch: not measured"
+        else:
+            model.zero_grad(set_to_none=True)
+            out[name]["peak_memory_bytes"] = _step_peak(model, inputs, labels, segment_ids, device)
         del model
     return {"flag": flag, "reference": f"kernels.{field_name}={REFERENCE[field_name]}", **out}

@@ -1,0 +1,56 @@
+"""Peak bytes of the tensors a piece of code allocates, counted at the dispatcher.
+
+CPUs have no allocator statistics like `torch.cuda.max_memory_allocated`, and the
+process's resident set does not see a step's tensors once malloc reuses freed pages (a
+second step of the same model shows a rise of a few KiB). `TensorPeak` counts instead:
+every tensor an op returns adds its storage's bytes when that storage is new, and a
+finalizer subtracts them when the storage is freed, so `peak_bytes` is the most tensor
+memory alive at once between entering and leaving the mode (inputs and parameters that
+existed before are not counted; gradients and activations saved for backward are).
+
+Blind spots: memory an op uses internally and frees before returning (a kernel's
+workspace), and memory owned by another runtime (JAX buffers behind a DLPack bridge) are
+not seen. Backward is seen on CPU, where autograd runs it on the calling thread.
+"""
+
+from __future__ import annotations
+
+import weakref
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+
+
+def _key(t: torch.Tensor) -> int:
+    return t.untyped_storage().data_ptr()
+
+
+class TensorPeak(TorchDispatchMode):
+    """`with TensorPeak() as p: step()` then `p.peak_bytes` (and `p.live_bytes` still alive at exit)."""
+
+    def __init__(self):
+        super().__init__()
+        self._live: dict[int, int] = {}
+        self.live_bytes = 0
+        self.peak_bytes = 0
+
+    def _freed(self, key: int) -> None:
+        self.live_bytes -= self._live.pop(key, 0)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        # a view or an in-place result lives in an input's storage: nothing new was allocated
+        inputs = {_key(t) for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor) and not t.is_meta}
+        for t in tree_flatten(out)[0]:
+            if not isinstance(t, torch.Tensor) or t.is_meta:
+                continue
+            storage = t.untyped_storage()
+            key = storage.data_ptr()
+            if key and key not in inputs and key not in self._live:
+                self._live[key] = storage.nbytes()
+                self.live_bytes += storage.nbytes()
+                self.peak_bytes = max(self.peak_bytes, self.live_bytes)
+                # storages keep their Python object alive as long as the C++ storage lives
+                weakref.finalize(storage, self._freed, key)
+        return out
