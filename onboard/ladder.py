@@ -13,6 +13,11 @@ State of a rung, from its latest attempt in ladder.json:
     not built yet   DESIGN lists the rung but this version of onboard has no module for it
 
 The current rung is the first built one that is not passed / not_applicable.
+
+A rung may return recipe edits (RungResult.recipe_edits, e.g. the kernels it keeps): the
+engine applies them only when the gate passed, records them in the entry (`recipe_edit`:
+file, sha256 before and after, each edit with its reason), and an edit recorded that way
+does not make the earlier rungs stale; any other change to the recipe still does.
 """
 
 from __future__ import annotations
@@ -35,7 +40,8 @@ from onboard.errors import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_INTERRUPTED, EXIT_P
 from onboard.gates import Checklist, evaluate, gate_passed, load_checklist
 from onboard.ledger import Ledger, now_iso, parse_iso
 from onboard.lock import WorkspaceLock, holder
-from onboard.rungs.base import RungContext, RungResult
+from onboard.recipe_edit import RecipeEditError, apply_edits
+from onboard.rungs.base import RecipeEdit, RungContext, RungResult
 from onboard.workspace import Workspace
 
 RUNGS = ("eager", "parity", "simple_fsdp", "compile", "graph_trainer", "kernels", "tuning")
@@ -203,6 +209,7 @@ class StepOutcome:
             "attempt_dir": (self.entry or {}).get("attempt_dir"),
             "next_rung": self.next_rung,
             "human_checks": self.human,
+            "recipe_edit": (self.entry or {}).get("recipe_edit"),
         }
 
 
@@ -211,9 +218,24 @@ def _check_result(result: Any) -> RungResult:
         raise TypeError(f"rung returned {type(result).__name__}, expected RungResult")
     if not isinstance(result.measurements, dict) or not isinstance(result.files_read, list):
         raise TypeError("RungResult.measurements must be a dict and files_read a list")
+    if not isinstance(result.recipe_edits, list) or not all(isinstance(e, RecipeEdit) for e in result.recipe_edits):
+        raise TypeError("RungResult.recipe_edits must be a list of RecipeEdit")
     if result.not_applicable is not None and not str(result.not_applicable).strip():
         raise TypeError("RungResult.not_applicable must say why the rung does not apply")
     return result
+
+
+def _apply_recipe_edits(ws: Workspace, entry: dict, edits: list[RecipeEdit]) -> None:
+    """Write a passed rung's edits into recipe.toml and record them (hashes before and after) in its entry.
+
+    files_read gets the recipe's hash after the edit: the rung's own evidence describes the
+    edited recipe, and the earlier rungs reach it through the recorded edit chain
+    (`Workspace.changed_files`).
+    """
+    record = apply_edits(ws.recipe_path, edits)
+    key = ws.key_for(ws.recipe_path)
+    entry["recipe_edit"] = {"file": key, **record}
+    entry["files_read"][key] = record["sha256_after"]
 
 
 def next_step(
@@ -322,6 +344,13 @@ def _run_attempt(ws, ledger, specs, spec, current, states, log, base_command) ->
         waivers = {c: w for (_, c), w in ledger.waivers(rung).items()}
         entry["criteria"] = evaluate(checklist, entry["measurements"], evidence, waivers)
         ok = error is None and gate_passed(entry["criteria"])
+        if ok and result.recipe_edits:
+            # only a passed gate edits the recipe; an edit that cannot be applied fails the attempt
+            try:
+                _apply_recipe_edits(ws, entry, result.recipe_edits)
+            except (RecipeEditError, OSError) as e:
+                ok, error = False, f"recipe edit failed, recipe.toml unchanged: {type(e).__name__}: {e}"
+                (attempt_dir / "error.txt").write_text(f"{error}\n")
         entry["status"] = "passed" if ok else "failed"
         if error:
             entry["error"] = f"{error} (traceback: {ws.key_for(attempt_dir / 'error.txt')})"

@@ -115,6 +115,12 @@ def _rung_section(ws: Workspace, state, spec: RungSpec) -> list[str]:
     if state.reason and state.status == "stale":
         lines += [f"**Stale**: {state.reason}. `onboard next-step {ws.name}` re-verifies it.", ""]
     lines += _evidence(ws, entry) + [""] + _criteria(entry)
+    edit = entry.get("recipe_edit")
+    if edit:  # the flags this passed gate wrote into the recipe, each with its reason
+        before, after = ((edit.get(k) or "missing")[:16] for k in ("sha256_before", "sha256_after"))
+        lines += ["", f"Recipe edits (`{edit['file']}`, sha256 {before} -> {after}):", ""]
+        rows = [[f"`{e['key']}`", f"`{json.dumps(e['value'])}`", e["why"]] for e in edit["edits"]]
+        lines += _table(["key", "value", "why"], rows)
     measurements = entry.get("measurements") or {}
     if measurements:
         lines += ["", *_table(["measurement", "value"], [[k, fmt(v)] for k, v in measurements.items()])]

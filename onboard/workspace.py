@@ -141,8 +141,48 @@ class Workspace:
         return {self.key_for(p): sha256_file(self.path_for(self.key_for(p))) for p in paths}
 
     def changed_files(self, files_read: dict[str, str | None]) -> list[str]:
-        """Keys whose current sha256 differs from the recorded one (a deleted file counts)."""
-        return [k for k, digest in files_read.items() if sha256_file(self.path_for(k)) != digest]
+        """Keys whose current sha256 differs from the recorded one (a deleted file counts).
+
+        A difference that only the recipe edits of passed rungs made is no change: those
+        edits were proven by their own gate (e.g. the kernels gate showed the kernel equal to
+        the plain path), so the rungs before them keep their evidence. The recorded hash
+        must lead to the current one through recorded edits alone; a hand edit anywhere in
+        between breaks the chain and the file counts as changed.
+        """
+        chains = self.recipe_edit_chains()
+        changed = []
+        for key, digest in files_read.items():
+            current = sha256_file(self.path_for(key))
+            if current != digest and not _chain_reaches(chains.get(key, {}), digest, current):
+                changed.append(key)
+        return changed
+
+    def recipe_edit_chains(self) -> dict[str, dict[str, set[str]]]:
+        """{file key: {sha256 before: {sha256 after, ...}}} of the edits recorded by passed attempts."""
+        chains: dict[str, dict[str, set[str]]] = {}
+        for entry in self.ledger.attempts:
+            edit = entry.get("recipe_edit")
+            if entry.get("status") != "passed" or not edit:
+                continue
+            before, after = edit.get("sha256_before"), edit.get("sha256_after")
+            if before and after:
+                chains.setdefault(edit.get("file", RECIPE), {}).setdefault(before, set()).add(after)
+        return chains
+
+
+def _chain_reaches(edges: dict[str, set[str]], start: str | None, goal: str | None) -> bool:
+    """Whether recorded edits lead from hash `start` to hash `goal` (a walk over before -> after)."""
+    if start is None or goal is None:
+        return False  # a file that was missing, or is missing now, was not edited by a rung
+    seen, todo = {start}, [start]
+    while todo:
+        for nxt in edges.get(todo.pop(), ()):
+            if nxt == goal:
+                return True
+            if nxt not in seen:  # an edit back and forth must not loop forever
+                seen.add(nxt)
+                todo.append(nxt)
+    return False
 
 
 def list_workspaces(base: Path) -> list[Path]:

@@ -4,6 +4,10 @@ A rung module `onboard/rungs/<rung>.py` exposes `RUNG = "<rung>"` and
 `run(ctx: RungContext) -> RungResult`. It does the work and measures; it never decides
 pass or fail (the engine evaluates `checklists/<rung>.yaml` against the measurements) and
 never writes ladder.json. Bad user input raises `onboard.errors.BadInput` (exit 2).
+
+A rung that earns flags for the recipe never writes recipe.toml itself: it returns them as
+`RungResult.recipe_edits`, and the engine applies them only when the gate passed (see
+`onboard.recipe_edit`), recording each with its reason in the ledger entry.
 """
 
 from __future__ import annotations
@@ -28,6 +32,21 @@ class RungContext:
     """Prints a progress line to the person waiting (stderr; silent under --json)."""
 
 
+@dataclass(frozen=True)
+class RecipeEdit:
+    """One recipe value a rung earned: `key` = `value` in recipe.toml, with the reason as its comment."""
+
+    key: str
+    """Dotted "section.field" (e.g. "kernels.loss"); the last part is the field, the rest its [section]."""
+    value: Any
+    """A TOML-representable value: str, bool, int, float, or a list of those."""
+    why: str
+    """One line: why the rung chose it (becomes the `# ...` comment after the value)."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"key": self.key, "value": self.value, "why": self.why}
+
+
 @dataclass
 class RungResult:
     measurements: dict[str, Any]
@@ -40,3 +59,6 @@ class RungResult:
     """Why the rung does not apply to this model (never "skipped"); the gate is then not evaluated."""
     details: dict[str, Any] = field(default_factory=dict)
     """Extra structured facts for the report (loss curve, parity table, first divergent module, device)."""
+    recipe_edits: list[RecipeEdit] = field(default_factory=list)
+    """Recipe values the rung earned; applied by the engine only if the gate passes (never on a failed
+    gate or a not_applicable rung). Empty: the recipe stays as it is."""
