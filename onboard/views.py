@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 from typing import Any
 
@@ -28,6 +29,22 @@ KEY_METRICS = {
         ("logits_rel_l2", "logits", "{:.1e}"),
         ("loss_abs_diff", "loss", "{:.1e}"),
         ("grad_max_rel_l2", "grads", "{:.1e}"),
+    ),
+    "compile": (
+        ("graph_breaks", "breaks", "{:d}"),
+        ("step1_loss_rel_err", "step-1 loss", "{:.1e}"),
+        ("speedup_vs_eager", "vs eager", "{:.2f}x"),
+    ),
+    "graph_trainer": (
+        ("graphs_per_step", "graphs/step", "{:d}"),
+        ("host_syncs", "syncs", "{:d}"),
+        ("bit_identical", "bit-identical", None),
+        ("speedup_vs_eager", "vs eager", "{:.2f}x"),
+    ),
+    "kernels": (
+        ("kernels_compared", "compared", "{:d}"),
+        ("worst_logits_rel_err", "worst logits", "{:.1e}"),
+        ("worst_grad_rel_err", "worst grads", "{:.1e}"),
     ),
 }
 
@@ -173,6 +190,10 @@ def show_outcome(print_, outcome) -> None:
             print_(Text.assemble((c["name"], "bold red"), ": ", c["hint"]))
         elif c.get("waived"):
             print_(Text.assemble(("WAIVED", "bold white on red"), f" {c['name']}: {c['why']}"))
+    recipe_edit = (outcome.entry or {}).get("recipe_edit")
+    for edit in (recipe_edit or {}).get("edits", []):  # what the passed gate wrote into the recipe
+        value = json.dumps(edit["value"])  # the value as TOML shows it: strings quoted
+        print_(Text.assemble((f"{recipe_edit['file']}: ", "bold"), f"{edit['key']} = {value} ({edit['why']})"))
     style = {"passed": "bold green", "not_applicable": "cyan", "failed": "bold red"}.get(outcome.status, "magenta")
     accepted = outcome.status in ("passed", "not_applicable")
     nxt = f"; next rung: {outcome.next_rung}" if accepted and outcome.next_rung else ""

@@ -1,0 +1,329 @@
+"""Rung 6, `kernels`: each fused kernel equals the plain PyTorch path it replaces (DESIGN sections 5 and 6).
+
+For every kernel flag titan_core knows (`titan_core.kernels.rung.KERNEL_FLAGS`) the rung asks
+whether it applies to this model on this device (`applicable_kernels`; one that does not is
+recorded as not_applicable with the reason, never skipped). For each that applies it
+
+1. compares the model with the kernel against the model with the field's plain path, same
+   weights and batch, fp32 (`compare_kernel`): loss, logits and every parameter's gradient,
+   relative L2; the recipe's other kernel settings (ce_chunk, z_loss, ...) are on both sides;
+2. measures one training step (forward + backward) with and without it at the recipe's batch
+   (`measure_kernel`): median step time and peak memory.
+
+The checklist judges the worst errors over all kernels. The keep rule then picks, per field
+(loss, attention, moe), what the recipe should run; a field whose pick differs from the recipe
+becomes a `RecipeEdit`, which the engine writes only when the gate passed.
+"""
+
+from __future__ import annotations
+
+import math
+from contextlib import contextmanager
+from typing import Any
+
+from onboard.errors import BadInput
+from onboard.gates import check_value, load_checklist
+from onboard.rungs import eager, simple_fsdp
+from onboard.rungs.base import RecipeEdit, RungContext, RungResult
+
+RUNG = "kernels"
+COMPARE_MAX_TOKENS = 4096
+"""Most tokens (batch x seq_len) of the fp32 comparison: past this the rows shrink first, then the
+sequence. The comparison builds two fp32 models and keeps every gradient of both, so a large
+recipe batch costs memory and minutes without telling more about the kernel's arithmetic."""
+MEASURE_STEPS = 3
+"""Timed steps per side after one warm-up step (JAX/compile caches, allocator): the median is kept."""
+MIN_MEMORY_SAVING_PERCENT = 20
+"""A passing kernel that is slower is still kept when it cuts the step's peak memory by at least
+this many percent (issue 6: "not slower or saves at least 20% peak memory")."""
+CAPTURE_UNSAFE = {"moe": "loop"}
+"""Plain paths a captured step (torch.compile, Graph Trainer) cannot run: the expert loop reads the
+routing on the host. Under capture the keep rule never falls back to them; the recipe keeps its value."""
+ERROR_METRICS = {
+    "loss_rel_err": "worst_loss_rel_err",
+    "logits_rel_err": "worst_logits_rel_err",
+    "max_grad_rel_err": "worst_grad_rel_err",
+}
+"""Per-kernel error -> the aggregate metric the checklist judges (its threshold is the per-kernel tolerance)."""
+
+
+def compare_shape(batch_size: int, seq_len: int, max_tokens: int = COMPARE_MAX_TOKENS) -> tuple[int, int, str]:
+    """(batch, seq_len, why) of the fp32 comparison: the recipe's shape unless it is over max_tokens."""
+    if batch_size * seq_len <= max_tokens:
+        return batch_size, seq_len, "the recipe's batch_size x seq_len"
+    batch = max(1, max_tokens // seq_len)
+    seq = min(seq_len, max_tokens // batch)
+    return batch, seq, (
+        f"the recipe's {batch_size} x {seq_len} tokens capped at {max_tokens} (COMPARE_MAX_TOKENS) to keep "
+        "the two fp32 models and their gradients small"
+    )
+
+
+def tolerances(checklist=None) -> dict[str, Any]:
+    """{per-kernel error name: the checklist criterion that judges it}: thresholds live in the YAML only."""
+    checklist = checklist or load_checklist(RUNG)
+    by_metric = {c.metric: c for c in checklist.criteria}
+    return {name: by_metric[metric] for name, metric in ERROR_METRICS.items() if metric in by_metric}
+
+
+def within_tolerance(errors: dict[str, float], criteria: dict[str, Any]) -> bool:
+    """Whether one kernel's errors pass every error criterion of the checklist (the keep rule's "passes")."""
+    return all(check_value(c, errors.get(name), c.threshold)[0] for name, c in criteria.items())
+
+
+def keep_decision(*, passed: bool, time_with: float, time_without: float,
+                  peak_with: int | None, peak_without: int | None) -> dict[str, Any]:  # fmt: skip
+    """Whether the recipe keeps a kernel: it passes, and it is not slower or saves >= 20% peak memory.
+
+    Not slower is the median step time with <= without, no tolerance. The saving is judged
+    in whole bytes (100 x (without - with) >= 20 x without) so the 20% edge is exact; an
+    unknown peak (None) cannot claim a saving.
+    """
+    not_slower = time_with <= time_without
+    known = peak_with is not None and peak_without is not None and peak_without > 0
+    saving = 1 - peak_with / peak_without if known else None
+    saves = known and 100 * (peak_without - peak_with) >= MIN_MEMORY_SAVING_PERCENT * peak_without
+    kept = passed and (not_slower or saves)
+    if time_with > 0 and time_without > 0:
+        speed = f"{time_without / time_with:.2f}x faster" if not_slower else f"{time_with / time_without:.2f}x slower"
+    else:
+        speed = "not timed"
+    if saving is not None:
+        memory = f"{saving:.0%} less peak memory"
+    else:
+        memory = "no peak memory without it to save from" if peak_without == 0 else "peak memory not measured"
+    if not passed:
+        reason = "it does not equal the plain path within the checklist's tolerance"
+    elif not_slower:
+        reason = f"not slower ({speed}, {memory})"
+    elif saves:
+        reason = f"saves >= {MIN_MEMORY_SAVING_PERCENT}% peak memory ({memory}, {speed})"
+    else:
+        reason = f"slower and saves < {MIN_MEMORY_SAVING_PERCENT}% peak memory ({speed}, {memory})"
+    return {
+        "kept": kept,
+        "not_slower": not_slower,
+        "memory_saving": saving,
+        "time_ratio": time_with / time_without if time_without > 0 else None,
+        "reason": reason,
+        "why": f"{'kept' if kept else 'not kept'}: {reason}",
+    }
+
+
+def choose(field_name: str, rows: dict[str, dict], current: str, *, reference: str,
+           captured: bool = False) -> tuple[str, str]:  # fmt: skip
+    """(value, why) for one kernels field: the fastest kept kernel, else the plain path.
+
+    `rows`: {choice: {"kept": bool, "step_time_s": float, "max_rel_err": float, "reason": str}} of the
+    field's compared kernels. Under capture a plain path the step cannot run (CAPTURE_UNSAFE) is
+    never chosen: the recipe's current value stays.
+    """
+    kept = {choice: r for choice, r in rows.items() if r["kept"]}
+    if kept:
+        best = min(kept, key=lambda c: kept[c]["step_time_s"])
+        r = kept[best]
+        others = f"; fastest of {len(kept)} kept" if len(kept) > 1 else ""
+        return best, (f"kernels rung: matches {field_name}={reference} (fp32 rel err {r['max_rel_err']:.1e}); "
+                      f"{r['reason']}{others}")  # fmt: skip
+    if captured and CAPTURE_UNSAFE.get(field_name) == reference and current != reference:
+        return current, f"kernels rung: no {field_name} kernel kept, but a captured step cannot run {reference}"
+    return reference, (f"kernels rung: no {field_name} kernel both matched and was not slower or saved "
+                       f">= {MIN_MEMORY_SAVING_PERCENT}% peak memory; the plain path")  # fmt: skip
+
+
+@contextmanager
+def _threads(n: int):
+    """The recipe's CPU intra-op threads while the rung runs (what train.run would use), then torch's again."""
+    import torch
+
+    before = torch.get_num_threads()
+    if n:
+        torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+def _dtype(training):
+    """The compute dtype the recipe trains in: what decides which kernels can run it (e.g. grouped_mm)."""
+    import torch
+
+    bf16 = "bfloat16" in (training.dtype, training.mixed_precision_param)
+    return torch.bfloat16 if bf16 else torch.float32
+
+
+def _errors(cmp) -> dict[str, float]:
+    return {"loss_rel_err": cmp.loss_rel_err, "logits_rel_err": cmp.logits_rel_err,
+            "max_grad_rel_err": cmp.max_grad_rel_err}  # fmt: skip
+
+
+def _one_kernel(ctx, flag, *, family, args, device, base, builder, shapes, criteria) -> dict:
+    """Compare one applicable kernel with its plain path, then time it; a kernel that raises is a failed row."""
+    from titan_core.kernels import compare_kernel, measure_kernel
+
+    (cb, cs), (mb, ms) = shapes
+    row: dict[str, Any] = {"status": "compared"}
+    try:
+        cmp = compare_kernel(family, args, flag, batch=cb, seq_len=cs, device=device, base=base,
+                             build_meta_model=builder)  # fmt: skip
+    except Exception as e:  # noqa: BLE001 -- recorded as this kernel's failure, which fails the gate
+        ctx.log(f"kernels: {flag} raised {type(e).__name__}: {e}")
+        return {"status": "raised", "error": f"{type(e).__name__}: {e}", "kept": False}
+    errors = _errors(cmp)
+    worst5 = sorted(cmp.grad_rel_err.items(), key=lambda kv: -_finite(kv[1]))[:5]
+    row.update(reference=cmp.reference, loss=cmp.loss, loss_reference=cmp.loss_reference, **errors,
+               worst_param=cmp.worst_param, worst_params=dict(worst5),
+               passed=within_tolerance(errors, criteria))  # fmt: skip
+    ctx.log(
+        f"kernels: {flag} vs {cmp.reference}: loss {cmp.loss_rel_err:.1e}, logits {cmp.logits_rel_err:.1e}, "
+        f"grads {cmp.max_grad_rel_err:.1e} ({cmp.worst_param})" + ("" if row["passed"] else " -- FAILS")
+    )
+    if not row["passed"]:
+        row.update(kept=False, reason="it does not equal the plain path within the checklist's tolerance")
+        row["why"] = f"not kept: {row['reason']}"
+        return row  # a wrong kernel is never kept: timing it would only cost time
+    try:
+        timing = measure_kernel(family, args, flag, batch=mb, seq_len=ms, steps=MEASURE_STEPS, device=device,
+                                base=base, build_meta_model=builder)  # fmt: skip
+    except Exception as e:  # noqa: BLE001 -- it cannot run the recipe's step: a failure, not a warning
+        ctx.log(f"kernels: {flag} raised {type(e).__name__} in the timed step: {e}")
+        return {**row, "status": "raised", "error": f"timed step: {type(e).__name__}: {e}", "kept": False}
+    w, wo = timing["with_kernel"], timing["with_reference"]
+    decision = keep_decision(passed=True, time_with=w["step_time_s"], time_without=wo["step_time_s"],
+                             peak_with=w["peak_memory_bytes"], peak_without=wo["peak_memory_bytes"])  # fmt: skip
+    row.update(step_time_s=w["step_time_s"], reference_step_time_s=wo["step_time_s"],
+               peak_memory_bytes=w["peak_memory_bytes"], reference_peak_memory_bytes=wo["peak_memory_bytes"],
+               **decision)  # fmt: skip
+    ctx.log(
+        f"kernels: {flag}: step {w['step_time_s'] * 1e3:.1f} ms vs {wo['step_time_s'] * 1e3:.1f} ms, "
+        f"peak {_mb(w['peak_memory_bytes'])} vs {_mb(wo['peak_memory_bytes'])}: {decision['why']}"
+    )
+    return row
+
+
+def _finite(x: float) -> float:
+    """NaN ranks as the worst error (it is one), not as an incomparable value."""
+    return math.inf if math.isnan(x) else x
+
+
+def _mb(n: int | None) -> str:
+    return "n/a" if n is None else f"{n / 2**20:.1f} MiB"
+
+
+def summarise(rows: dict[str, dict]) -> dict[str, Any]:
+    """Flat gate measurements from the per-flag rows: counts, the worst errors and which kernel/param."""
+    compared = {f: r for f, r in rows.items() if r["status"] != "not_applicable"}
+    m: dict[str, Any] = {
+        "kernels_considered": len(rows),
+        "kernels_applicable": len(compared),
+        "kernels_compared": sum(r["status"] == "compared" for r in compared.values()),
+        "kernels_raised": sum(r["status"] == "raised" for r in compared.values()),
+        "kernels_not_applicable": len(rows) - len(compared),
+    }
+    worst_overall, worst_flag = -1.0, None
+    for name, metric in ERROR_METRICS.items():
+        values = {f: (_finite(r[name]) if name in r else math.inf) for f, r in compared.items()}
+        flag = max(values, key=values.get) if values else None
+        m[metric] = values[flag] if flag else None
+        m[metric.replace("_rel_err", "_kernel")] = flag
+        if flag and values[flag] > worst_overall:
+            worst_overall, worst_flag = values[flag], flag
+    m["worst_kernel"] = worst_flag
+    grad_flag = m["worst_grad_kernel"]
+    m["worst_grad_param"] = compared[grad_flag].get("worst_param") if grad_flag else None
+    for flag, r in rows.items():  # per flag, short names: loss_fused_ce_max_rel_err, attention_sdpa_kept, ...
+        short = flag.removeprefix("kernels.").replace("=", "_")
+        if r["status"] == "not_applicable":
+            m[f"{short}_not_applicable"] = r["reason"]
+            continue
+        if "loss_rel_err" in r:
+            m[f"{short}_max_rel_err"] = max(_finite(r[n]) for n in ERROR_METRICS)
+        if "time_ratio" in r:
+            m[f"{short}_time_ratio"] = r["time_ratio"]
+            m[f"{short}_memory_saving"] = r["memory_saving"]
+        m[f"{short}_kept"] = bool(r.get("kept"))
+    return m
+
+
+def decide(rows: dict[str, dict], current, *, captured: bool) -> tuple[list[RecipeEdit], dict[str, dict]]:
+    """(recipe edits, decision per field) from the per-flag rows; `current` is the recipe's Kernels section."""
+    from titan_core.kernels.rung import REFERENCE, parse_flag
+
+    by_field: dict[str, dict[str, dict]] = {}
+    for flag, r in rows.items():
+        if r["status"] != "not_applicable":
+            field_name, choice = parse_flag(flag)
+            by_field.setdefault(field_name, {})[choice] = {
+                "kept": bool(r.get("kept")), "step_time_s": r.get("step_time_s", math.inf),
+                "max_rel_err": max(_finite(r.get(n, math.inf)) for n in ERROR_METRICS), "reason": r.get("reason", ""),
+            }  # fmt: skip
+    edits, decisions = [], {}
+    for field_name, reference in REFERENCE.items():
+        now = getattr(current, field_name)
+        if field_name not in by_field:
+            decisions[field_name] = {"value": now, "edit": False, "why": "no kernel of this field applies here"}
+            continue
+        value, why = choose(field_name, by_field[field_name], now, reference=reference, captured=captured)
+        decisions[field_name] = {"value": value, "was": now, "edit": value != now, "why": why}
+        if value != now:
+            edits.append(RecipeEdit(f"kernels.{field_name}", value, why))
+    return edits, decisions
+
+
+def run(ctx: RungContext) -> RungResult:
+    """Compare and time every applicable kernel; the keep rule's picks come back as recipe edits."""
+    from titan_core import devices
+    from titan_core.config import ConfigError
+    from titan_core.kernels import applicable_kernels
+    from titan_core.model_builder import build_model_from_config, resolve_model_args
+
+    cfg = eager.job_config(ctx)
+    try:
+        args = resolve_model_args(cfg.model)
+        device = devices.resolve_device(cfg.device.type, libtpu_init_flags=cfg.tpu.libtpu_init_flags)
+    except ConfigError as e:
+        raise BadInput(f"{ctx.workspace.recipe_path}: {e}") from None
+    device_type = simple_fsdp.resolved_device_type(cfg.device.type)
+    t = cfg.training
+    captured = bool(cfg.compile.enable or cfg.graph_trainer.enable)
+    dtype = _dtype(t)
+    applicable = applicable_kernels(args, device=device_type, dtype=dtype, captured=captured)
+    # a port's own model.py builds the model (the swaps then replace its modules), else the family's class
+    builder = (lambda: build_model_from_config(cfg.model)[2]) if cfg.model.module_file else None
+    cb, cs, compare_why = compare_shape(t.batch_size, t.seq_len)
+    criteria = tolerances()
+    n_apply = sum(reason is None for reason in applicable.values())
+    ctx.log(
+        f"kernels: {n_apply} of {len(applicable)} kernel flags apply on {device_type}; fp32 comparison at "
+        f"{cb} x {cs} tokens, timing at {t.batch_size} x {t.seq_len} ({MEASURE_STEPS} steps after a warm-up)"
+    )
+    rows: dict[str, dict] = {}
+    with _threads(cfg.device.threads):
+        for flag, reason in applicable.items():
+            if reason is not None:
+                rows[flag] = {"status": "not_applicable", "reason": reason}
+                ctx.log(f"kernels: {flag} not applicable: {reason}")
+                continue
+            rows[flag] = _one_kernel(ctx, flag, family=cfg.model.family, args=args, device=device,
+                                     base=cfg.kernels, builder=builder, criteria=criteria,
+                                     shapes=((cb, cs), (t.batch_size, t.seq_len)))  # fmt: skip
+    m = summarise(rows)
+    edits, decisions = decide(rows, cfg.kernels, captured=captured)
+    m.update(
+        compare_dtype="float32", compare_batch_size=cb, compare_seq_len=cs, compare_shape_why=compare_why,
+        measure_batch_size=t.batch_size, measure_seq_len=t.seq_len, measure_steps=MEASURE_STEPS,
+        recipe_dtype=str(dtype).removeprefix("torch."), captured=captured,
+        proposed_recipe_edits=[f"{e.key}={e.value}" for e in edits],  # written only if the gate passes
+    )  # fmt: skip
+    for e in edits:
+        ctx.log(f"kernels: recipe keeps {e.key} = {e.value!r} ({e.why}) if the gate passes")
+    return RungResult(
+        measurements=m,
+        files_read=eager.files_read(ctx, cfg),
+        command=f"onboard next-step {ctx.workspace.name} --dir {ctx.workspace.root.parent.parent}",
+        details={"device": device_type, "kernels": rows, "decisions": decisions,
+                 "path": ctx.workspace.path_kind, "model_file": cfg.model.module_file or None},  # fmt: skip
+        recipe_edits=edits,
+    )
+
