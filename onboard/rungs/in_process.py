@@ -107,10 +107,18 @@ def build_trainer(ctx: RungContext, cfg):
 
 def train(ctx: RungContext, cfg, label: str):
     """(trainer, result) of one in-process run of `cfg`; the rows land in cfg.metrics.output_dir."""
+    import torch
+
     ctx.log(f"{label}: {cfg.training.steps} steps -> {cfg.metrics.output_dir}")
-    trainer = build_trainer(ctx, cfg)
-    with quiet_mesh_pickling():
-        result = trainer.train()
+    threads = torch.get_num_threads()
+    try:
+        # a Trainer sets the process-wide thread count from [device] threads; the next run of
+        # the rung must start from the process's own count, not from this run's
+        trainer = build_trainer(ctx, cfg)
+        with quiet_mesh_pickling():
+            result = trainer.train()
+    finally:
+        torch.set_num_threads(threads)
     if not result.metrics:
         raise RuntimeError(f"{label}: training ran no step")
     return trainer, result

@@ -89,7 +89,7 @@ def keep_decision(*, passed: bool, time_with: float, time_without: float,
     else:
         speed = "not timed"
     if saving is not None:
-        memory = f"{saving:.0%} less peak memory"
+        memory = f"{saving:.0%} less peak memory" if saving >= 0 else f"{-saving:.0%} more peak memory"
     else:
         memory = "no peak memory without it to save from" if peak_without == 0 else "peak memory not measured"
     if not passed:

@@ -133,3 +133,16 @@ def test_capture_moe_replaces_what_cannot_be_traced_and_keeps_what_can(narrow_ws
     assert in_process.capture_moe(cfg, args) == (None, 'the recipe\'s kernels.moe = "grouped_mm" is kept')
     cfg.kernels.moe = "dense"
     assert in_process.capture_moe(cfg, args)[0] is None
+
+
+def test_a_run_with_its_own_threads_does_not_leave_them_to_the_next(narrow_ws, tmp_path):
+    """The exactness runs use one thread; the timed run after them must get the process's own count."""
+    import torch
+
+    ws = narrow_ws("llama3")
+    ctx = RungContext(workspace=ws, attempt_dir=tmp_path, evidence={}, log=lambda line: None)
+    cfg = in_process.mode_config(eager.job_config(ctx), tmp_path / "one", steps=1)
+    before = torch.get_num_threads()
+    cfg.device.threads = before + 1
+    in_process.train(ctx, cfg, "test")
+    assert torch.get_num_threads() == before
