@@ -33,15 +33,11 @@ TIMED_STEPS = 10
 """Steps of the timed run: the first pays for capture and compile, the rest give the median."""
 
 
-def _local(t):
-    from torch.distributed.tensor import DTensor
-
-    return t.to_local() if isinstance(t, DTensor) else t
-
-
 def compare_runs(eager_tr, eager_rows, graph_tr, graph_rows) -> dict:
     """Exactness of the captured run against the eager one: bit equality and, when it fails, where."""
     import torch
+
+    from titan_core.compile.graph_trainer.capture import local_tensor as _local
 
     losses = [r["loss"] for r in graph_rows] == [r["loss"] for r in eager_rows]
     norms = [r["grad_norm"] for r in graph_rows] == [r["grad_norm"] for r in eager_rows]

@@ -24,6 +24,32 @@ DENSE_WHY = (
 )
 
 
+@contextlib.contextmanager
+def process_threads(n: int = 0):
+    """Run with `n` intra-op threads (0: leave them), then give the process its own count back.
+
+    torch's thread count is process-wide and a Trainer sets it from [device] threads, so
+    without this one in-process run would hand its count to the next.
+    """
+    import torch
+
+    before = torch.get_num_threads()
+    if n:
+        torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+def compute_dtype(training):
+    """The dtype the recipe computes in: it decides which kernels can run (e.g. grouped_mm)."""
+    import torch
+
+    bf16 = "bfloat16" in (training.dtype, training.mixed_precision_param)
+    return torch.bfloat16 if bf16 else torch.float32
+
+
 def model_args(ctx: RungContext, cfg):
     """The recipe's resolved architecture; a recipe that does not resolve is bad input."""
     from titan_core.config import ConfigError
@@ -43,7 +69,6 @@ def capture_moe(cfg, args) -> tuple[str | None, str]:
     with a kernel that claims it can is the finding the gate should report.
     """
     from titan_core.kernels import applicable_kernels
-    from titan_core.trainer import DTYPES
 
     if not args.n_experts:
         return None, "dense model: no MoE experts"
@@ -52,8 +77,7 @@ def capture_moe(cfg, args) -> tuple[str | None, str]:
         return "dense", DENSE_WHY
     if moe != "dense":
         device = resolved_device_type(cfg.device.type)
-        dtype = DTYPES[cfg.training.mixed_precision_param]
-        why = applicable_kernels(args, device=device, dtype=dtype, captured=True).get(f"kernels.moe={moe}")
+        why = applicable_kernels(args, device=device, dtype=compute_dtype(cfg.training), captured=True).get(f"kernels.moe={moe}")
         if why:
             return "dense", f"the recipe's kernels.moe = \"{moe}\" cannot be captured here ({why}); dense instead"
     return None, f"the recipe's kernels.moe = \"{moe}\" is kept"
@@ -107,18 +131,11 @@ def build_trainer(ctx: RungContext, cfg):
 
 def train(ctx: RungContext, cfg, label: str):
     """(trainer, result) of one in-process run of `cfg`; the rows land in cfg.metrics.output_dir."""
-    import torch
-
     ctx.log(f"{label}: {cfg.training.steps} steps -> {cfg.metrics.output_dir}")
-    threads = torch.get_num_threads()
-    try:
-        # a Trainer sets the process-wide thread count from [device] threads; the next run of
-        # the rung must start from the process's own count, not from this run's
+    with process_threads():
         trainer = build_trainer(ctx, cfg)
         with quiet_mesh_pickling():
             result = trainer.train()
-    finally:
-        torch.set_num_threads(threads)
     if not result.metrics:
         raise RuntimeError(f"{label}: training ran no step")
     return trainer, result

@@ -18,12 +18,11 @@ becomes a `RecipeEdit`, which the engine writes only when the gate passed.
 from __future__ import annotations
 
 import math
-from contextlib import contextmanager
 from typing import Any
 
 from onboard.errors import BadInput
 from onboard.gates import check_value, load_checklist
-from onboard.rungs import eager, simple_fsdp
+from onboard.rungs import eager, in_process, simple_fsdp
 from onboard.rungs.base import RecipeEdit, RungContext, RungResult
 
 RUNG = "kernels"
@@ -129,28 +128,6 @@ def choose(field_name: str, rows: dict[str, dict], current: str, *, reference: s
         return current, f"kernels rung: no {field_name} kernel kept, but a captured step cannot run {reference}"
     return reference, (f"kernels rung: no {field_name} kernel both matched and was not slower or saved "
                        f">= {MIN_MEMORY_SAVING_PERCENT}% peak memory; the plain path")  # fmt: skip
-
-
-@contextmanager
-def _threads(n: int):
-    """The recipe's CPU intra-op threads while the rung runs (what train.run would use), then torch's again."""
-    import torch
-
-    before = torch.get_num_threads()
-    if n:
-        torch.set_num_threads(n)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
-
-
-def _dtype(training):
-    """The compute dtype the recipe trains in: what decides which kernels can run it (e.g. grouped_mm)."""
-    import torch
-
-    bf16 = "bfloat16" in (training.dtype, training.mixed_precision_param)
-    return torch.bfloat16 if bf16 else torch.float32
 
 
 def _errors(cmp) -> dict[str, float]:
@@ -287,7 +264,7 @@ def run(ctx: RungContext) -> RungResult:
     device_type = simple_fsdp.resolved_device_type(cfg.device.type)
     t = cfg.training
     captured = bool(cfg.compile.enable or cfg.graph_trainer.enable)
-    dtype = _dtype(t)
+    dtype = in_process.compute_dtype(t)
     applicable = applicable_kernels(args, device=device_type, dtype=dtype, captured=captured)
     # a port's own model.py builds the model (the swaps then replace its modules), else the family's class
     builder = (lambda: build_model_from_config(cfg.model)[2]) if cfg.model.module_file else None
@@ -299,7 +276,7 @@ def run(ctx: RungContext) -> RungResult:
         f"{cb} x {cs} tokens, timing at {t.batch_size} x {t.seq_len} ({MEASURE_STEPS} steps after a warm-up)"
     )
     rows: dict[str, dict] = {}
-    with _threads(cfg.device.threads):
+    with in_process.process_threads(cfg.device.threads):
         for flag, reason in applicable.items():
             if reason is not None:
                 rows[flag] = {"status": "not_applicable", "reason": reason}
