@@ -2,30 +2,36 @@
 
 Backends: naive (reference), sdpa, tokamax (JAX bridge; xla on CPU), flex (forward only
 on CPU: no backward there), splash (TPU only; on CPU reported as unavailable with the
-reason). Masks: plain causal, and sliding window + packed documents. Each case also
+reason). Masks: plain causal, and sliding window + packed documents. Speed is reported
+through titan_core.timing: each backend is `compare`d against naive, interleaved in one
+process (each sample one call, doing what the backend's call does: forward + backward, or
+forward only for flex on CPU), giving the time ratio with its interval. Each case also
 checks the backend against naive (rel. L2 of the output), so a fast wrong answer shows.
+Prints JSON with the protocol's settings and the machine's load.
 
-    python bench/attention.py [--dtype float32] [--repeats 5]
+    python bench/attention.py [--dtype float32] [--shapes small,medium,large] [--backends sdpa,tokamax,...]
+                              [--min-rounds N --max-rounds N]
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import statistics
-import time
 
 os.environ.setdefault("TORCH_DEVICE_BACKEND_AUTOLOAD", "0")
 
 import torch  # noqa: E402
 
+import _report  # noqa: E402
 from titan_core.kernels.attention import FlexAttention, KernelUnavailable, SplashAttention, TokamaxAttention  # noqa: E402
 from titan_core.models.common.attention import NaiveAttention, SDPAttention  # noqa: E402
+from titan_core.timing import compare, timed  # noqa: E402
 
-# (batch, heads, kv_heads, seq, head_dim)
-SHAPES = [(1, 8, 2, 256, 64), (1, 16, 4, 1024, 64), (2, 8, 8, 2048, 64)]
+# (batch, heads, kv_heads, seq, head_dim); tiny: a smoke test
+SHAPES = {"tiny": (1, 4, 2, 64, 32), "small": (1, 8, 2, 256, 64), "medium": (1, 16, 4, 1024, 64),
+          "large": (2, 8, 8, 2048, 64)}  # fmt: skip
 MASKS = {"causal": (None, False), "window512_packed": (512, True)}
+BACKENDS = {"sdpa": SDPAttention, "tokamax": TokamaxAttention, "flex": FlexAttention, "splash": SplashAttention}
 
 
 def _inputs(shape, dtype, packed):
@@ -42,40 +48,32 @@ def _inputs(shape, dtype, packed):
     return q, kk, v, seg
 
 
-def _time(fn, repeats):
-    fn()  # warm-up: JAX jit / flex block mask / allocator
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
-    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--shapes", default="small,medium,large", help=f"of {', '.join(SHAPES)} (tiny: a smoke test)")
+    ap.add_argument("--backends", default=",".join(BACKENDS), help="compared against naive")
+    ap.add_argument("--masks", default=",".join(MASKS))
+    _report.add_protocol_args(ap)
     opts = ap.parse_args()
+    protocol = _report.protocol_from(opts)
     dtype = getattr(torch, opts.dtype)
-    backends = {
-        "naive": NaiveAttention(),
-        "sdpa": SDPAttention(),
-        "tokamax": TokamaxAttention(),
-        "flex": FlexAttention(),
-        "splash": SplashAttention(),
-    }
-    results = []
-    for shape in SHAPES:
-        for mask_name, (window, packed) in MASKS.items():
+    naive = NaiveAttention()
+    backends = {name: BACKENDS[name]() for name in opts.backends.split(",") if name}
+    report = _report.start("attention", protocol, dtype=opts.dtype, threads=torch.get_num_threads(), results=[])
+    for shape_name in opts.shapes.split(","):
+        shape = SHAPES[shape_name]
+        for mask_name in opts.masks.split(","):
+            window, packed = MASKS[mask_name]
             q, k, v, seg = _inputs(shape, dtype, packed)
             with torch.no_grad():
-                ref = NaiveAttention()(q, k, v, scale=0.125, window=window, segment_ids=seg)
+                ref = naive(q, k, v, scale=0.125, window=window, segment_ids=seg)
             for name, core in backends.items():
-                row = {"backend": name, "shape_bnksd": list(shape), "mask": mask_name, "dtype": opts.dtype}
+                case = {"shape": shape_name, "shape_bnksd": list(shape), "mask": mask_name}
+                row = {"backend": name, **case, "dtype": opts.dtype}
                 train = not (name == "flex" and q.device.type == "cpu")
 
-                def call():
+                def call(core=core):
                     with torch.set_grad_enabled(train):
                         out = core(q, k, v, scale=0.125, window=window, segment_ids=seg)
                         if train:
@@ -87,13 +85,15 @@ def main() -> None:
                     row["rel_l2_vs_naive"] = (
                         (out.detach().double() - ref.double()).norm() / ref.double().norm()
                     ).item()
-                    row["time_s"] = _time(call, opts.repeats)
-                    row["measures"] = "forward+backward" if train else "forward only (no CPU backward)"
+                    cmp = compare(timed(call), timed(lambda: call(naive)), protocol)
+                    row["time_s"], row["naive_time_s"] = cmp.candidate_median_s, cmp.baseline_median_s
+                    row["measures"] = "forward+backward" if train else "forward only (no CPU backward), naive alike"
+                    report["comparisons"].append(_report.entry(cmp, name, "naive", **case))
                 except KernelUnavailable as e:
                     row["unavailable"] = str(e)
-                results.append(row)
-                print(json.dumps(row), flush=True)
-    print(json.dumps({"threads": torch.get_num_threads(), "results": results}, indent=1))
+                report["results"].append(row)
+                _report.progress(row)
+    _report.emit(report)
 
 
 if __name__ == "__main__":

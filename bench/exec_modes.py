@@ -1,17 +1,21 @@
 """Execution modes side by side: eager, per-block compile, Graph Trainer (none / inductor).
 
-For each shape (the llama3 debugmodel, and a wider CPU shape: dim 512, 8 layers, sequence
-512) and each mode, one fresh subprocess trains a few steps through the Trainer and
-reports step time (median after warm-up), compile time (first step minus the median;
-for the Graph Trainer also its trace / pass / backend-compile split), tokens/s, MFU and
-peak memory (on CPU the process's peak RSS, compiler included). Then the make_fx trace
-time of the whole step for 2, 8 and 32 layers, with and without scan over layers. Per
-shape, one more process steps all modes round-robin, for step-time ratios that hold on
-a machine whose load drifts.
-Each subprocess gets an empty inductor cache, so compile times are cold. Prints JSON.
+Speed is reported through titan_core.timing. Per shape (tiny: a smoke test; the llama3
+debugmodel; a wider CPU shape: dim 512, 8 layers, sequence 512), one process builds a
+Trainer per mode, runs each one's first step (capture / compile), then `compare`s every
+mode against eager, interleaved (A B B A ...; each sample one `train_step()`), for
+step-time ratios with their interval that hold on a machine whose load drifts.
+Besides, each mode trains a few steps in a fresh subprocess for what only a run of its
+own shows: compile time (first step minus the steady median; for the Graph Trainer also
+its trace / pass / backend-compile split), step time, tokens/s and MFU over the steady
+window (titan_core.run_stats), peak memory (on CPU the process's peak RSS, compiler
+included). Then the make_fx trace time of the whole step for 2, 8 and 32 layers, with and
+without scan over layers. Each subprocess gets an empty inductor cache, so compile times
+are cold. Prints JSON with the protocol's settings and the machine's load.
 
     python bench/exec_modes.py [--steps 6] [--shapes debugmodel,wide] [--modes ...]
-                               [--trace-layers 2,8,32] [--interleaved-rounds 6]
+                               [--trace-layers 2,8,32] [--skip-isolated] [--skip-interleaved]
+                               [--min-rounds N --max-rounds N --max-seconds S]
                                [--out FILE] [--device cpu]
 """
 
@@ -20,14 +24,16 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import asdict
 
 os.environ.setdefault("TORCH_DEVICE_BACKEND_AUTOLOAD", "0")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import _report  # noqa: E402
 
 SHAPES = {
     "tiny": {
@@ -64,24 +70,21 @@ def _cfg(shape: str, mode: str, steps: int, device: str, dtype: str):
 
 
 def _train_one(shape: str, mode: str, steps: int, device: str, dtype: str) -> dict:
+    from titan_core.run_stats import RunStats
     from titan_core.trainer import Trainer
 
     s = SHAPES[shape]
     t = Trainer(_cfg(shape, mode, steps, device, dtype), quiet=True)
     rows = t.train().metrics
-    times = [r["step_time_s"] for r in rows]
-    steady = statistics.median(times[2:]) if len(times) > 3 else times[-1]
+    stats = RunStats.from_rows(rows)
     out = {
         "shape": shape,
         "mode": mode,
         "params": t.num_params,
         "tokens_per_step": s["batch"] * s["seq"],
-        "step_time_s": steady,
-        "first_step_s": times[0],
-        "compile_time_s": max(times[0] - steady, 0.0),
-        "tokens_per_s": s["batch"] * s["seq"] / steady,
-        "mfu": statistics.median(r["mfu"] for r in rows[2:]) if len(rows) > 3 else rows[-1]["mfu"],
-        "peak_mem_bytes": max(r["peak_mem_bytes"] for r in rows),
+        **stats.measurements(),
+        "first_step_s": rows[0]["step_time_s"],
+        "compile_time_s": max(rows[0]["step_time_s"] - stats.step_time_median_s, 0.0),
         "losses": [r["loss"] for r in rows],
     }
     if t.graph_step is not None:
@@ -94,39 +97,41 @@ def _train_one(shape: str, mode: str, steps: int, device: str, dtype: str) -> di
     return out
 
 
-def _interleaved(shape: str, modes: list[str], rounds: int, device: str, dtype: str) -> dict:
-    """Step time of every mode in one process, stepping them round-robin after their first step.
-
-    On a machine shared with other work the load drifts; round-robin steps let the drift
-    hit every mode alike, so the ratios between modes hold even when absolute times do not.
-    """
+def _interleaved(shape: str, modes: list[str], device: str, dtype: str, protocol: dict) -> dict:
+    """Every mode against eager in one process: `compare(mode_step, eager_step)`, one
+    `train_step()` per sample, after each Trainer's first step (capture / compile)."""
+    from titan_core.timing import TimingProtocol, compare
     from titan_core.trainer import Trainer
 
+    p = TimingProtocol.from_dict(protocol)
+    modes = ["eager"] + [m for m in modes if m != "eager"]
+    steps = 1 + len(modes) * (p.warmup + p.max_rounds)  # enough for the lr schedule of the most-stepped (eager)
     trainers = {}
     for mode in modes:
-        t = Trainer(_cfg(shape, mode, rounds + 1, device, dtype), quiet=True)
+        t = Trainer(_cfg(shape, mode, steps, device, dtype), quiet=True)
         t.step = 1
         t.train_step()  # capture / compile
         trainers[mode] = t
-    times: dict[str, list[float]] = {m: [] for m in modes}
-    for _ in range(rounds):
-        for mode, t in trainers.items():
+
+    def sample(mode: str):
+        def one() -> float:
+            t = trainers[mode]
             t.step += 1
-            times[mode].append(t.train_step()["step_time_s"])
-    med = {m: statistics.median(v) for m, v in times.items()}
-    return {
-        "shape": shape,
-        "rounds": rounds,
-        "step_time_s": med,
-        "speedup_vs_eager": {m: med.get("eager", float("nan")) / v for m, v in med.items()},
-    }
+            return t.train_step()["step_time_s"]
+
+        return one
+
+    comparisons = [
+        _report.entry(compare(sample(mode), sample("eager"), p), mode, "eager", shape=shape) for mode in modes[1:]
+    ]
+    return {"shape": shape, "comparisons": comparisons}
 
 
 def _trace_one(layers: int, scan: bool) -> dict:
     import torch
 
-    from titan_core.compile.graph_trainer import GraphTrainerOptions, GraphTrainStep
-    from titan_core.config.sections import Optimizer
+    from titan_core.compile.graph_trainer import GraphTrainStep
+    from titan_core.config.sections import GraphTrainer, Optimizer
     from titan_core.data.loader import Batch
     from titan_core.models import build_meta, resolve_args
     from titan_core.optim import build_optimizer
@@ -137,7 +142,7 @@ def _trace_one(layers: int, scan: bool) -> dict:
     model.init_weights(seed=0)
     opt = build_optimizer(model, Optimizer())
     batch = Batch(torch.randint(0, args.vocab_size, (2, 64)), torch.randint(0, args.vocab_size, (2, 64)))
-    step = GraphTrainStep(model, opt, max_norm=1.0, grad_accum=1, options=GraphTrainerOptions(scan_layers=scan))
+    step = GraphTrainStep(model, opt, max_norm=1.0, grad_accum=1, config=GraphTrainer(scan_layers=scan))
     t0 = time.perf_counter()
     step.capture([batch])
     return {"layers": layers, "scan": scan, "trace_time_s": step.stats.trace_time_s, "passes_time_s": step.stats.passes_time_s,
@@ -165,17 +170,18 @@ def _subprocess(job: dict, timeout_s: float) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--steps", type=int, default=6)
+    ap.add_argument("--steps", type=int, default=6, help="steps of each mode's own run")
     ap.add_argument("--shapes", default="debugmodel,wide", help=f"of {', '.join(SHAPES)} (tiny: a smoke test)")
     ap.add_argument("--modes", default=",".join(MODES))
     ap.add_argument("--trace-layers", default="2,8,32")
-    ap.add_argument("--interleaved-rounds", type=int, default=6, help="0 skips the round-robin step-time run")
-    ap.add_argument("--skip-isolated", action="store_true", help="only the round-robin run (no per-mode processes)")
+    ap.add_argument("--skip-interleaved", action="store_true", help="no comparison run (only the per-mode processes)")
+    ap.add_argument("--skip-isolated", action="store_true", help="only the comparison run (no per-mode processes)")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--timeout", type=float, default=1800)
     ap.add_argument("--out", default="")
     ap.add_argument("--one", default="", help=argparse.SUPPRESS)
+    _report.add_protocol_args(ap)
     a = ap.parse_args()
     if a.one:
         job = json.loads(a.one)
@@ -183,34 +189,28 @@ def main() -> None:
         run = {"train": _train_one, "trace": _trace_one, "interleaved": _interleaved}[kind]
         print(json.dumps(run(**job)))
         return
-    report: dict = {"train": [], "interleaved": [], "trace": [], "load_average_1m_start": os.getloadavg()[0]}
+    protocol = _report.protocol_from(a)
+    report = _report.start("exec_modes", protocol, device=a.device, dtype=a.dtype, train=[], trace=[])
+    modes = [x for x in a.modes.split(",") if x]
     for shape in [x for x in a.shapes.split(",") if x]:
-        for mode in [x for x in a.modes.split(",") if x] if not a.skip_isolated else []:
-            job = {
-                "kind": "train",
-                "shape": shape,
-                "mode": mode,
-                "steps": a.steps,
-                "device": a.device,
-                "dtype": a.dtype,
-            }
+        for mode in modes if not a.skip_isolated else []:
+            job = {"kind": "train", "shape": shape, "mode": mode, "steps": a.steps, "device": a.device,
+                   "dtype": a.dtype}  # fmt: skip
             report["train"].append(_subprocess(job, a.timeout))
-            print(json.dumps(report["train"][-1]), file=sys.stderr)
-        if a.interleaved_rounds > 0:
-            job = {"kind": "interleaved", "shape": shape, "modes": [x for x in a.modes.split(",") if x],
-                   "rounds": a.interleaved_rounds, "device": a.device, "dtype": a.dtype}  # fmt: skip
-            report["interleaved"].append(_subprocess(job, a.timeout))
-            print(json.dumps(report["interleaved"][-1]), file=sys.stderr)
+            _report.progress(report["train"][-1])
+        if not a.skip_interleaved and any(m != "eager" for m in modes):
+            job = {"kind": "interleaved", "shape": shape, "modes": modes, "device": a.device, "dtype": a.dtype,
+                   "protocol": asdict(protocol)}  # fmt: skip
+            res = _subprocess(job, a.timeout)
+            if "error" in res:
+                report.setdefault("errors", []).append(res)
+            report["comparisons"] += res.get("comparisons", [])
+            _report.progress(res)
     for layers in [int(x) for x in a.trace_layers.split(",") if x]:
         for scan in (False, True):
             report["trace"].append(_subprocess({"kind": "trace", "layers": layers, "scan": scan}, a.timeout))
-            print(json.dumps(report["trace"][-1]), file=sys.stderr)
-    report["load_average_1m_end"] = os.getloadavg()[0]
-    text = json.dumps(report, indent=2)
-    if a.out:
-        with open(a.out, "w") as f:
-            f.write(text + "\n")
-    print(text)
+            _report.progress(report["trace"][-1])
+    _report.emit(report, a.out)
 
 
 if __name__ == "__main__":

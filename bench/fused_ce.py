@@ -1,14 +1,18 @@
 """Fused linear cross-entropy vs the plain (naive) head: peak memory and time, fwd + bwd.
 
-Default shape: 4096 tokens, hidden 1024, vocab 128256, fp32 on CPU. Each variant runs in
-its own subprocess so one cannot inherit the other's allocator state or peak. The memory
-figure is what the loss itself adds on top of what both variants must hold (hidden states,
-weight, and at the end of the step their gradients): the process's peak resident set during
-one forward + backward, minus its resident set just before (gradients set to None), minus
-the bytes of the two gradients the step creates. Linux VmHWM is reset through
-/proc/self/clear_refs so each step is measured on its own. Prints JSON with both ratios.
+Default shape: 4096 tokens, hidden 1024, vocab 128256, fp32 on CPU. Memory: each variant
+runs in its own subprocess so one cannot inherit the other's allocator state or peak. The
+memory figure is what the loss itself adds on top of what both variants must hold (hidden
+states, weight, and at the end of the step their gradients): the process's peak resident
+set during one forward + backward, minus its resident set just before (gradients set to
+None), minus the bytes of the two gradients the step creates. Linux VmHWM is reset through
+/proc/self/clear_refs so each step is measured on its own. Time is reported through
+titan_core.timing: one more process holds both variants and `compare(fused, naive)` steps
+them interleaved until the ratio's interval is narrow enough. Prints JSON with the memory
+ratio, the comparison (interval, describe() line), the protocol's settings and the load.
 
-    python bench/fused_ce.py [--tokens 4096 --hidden 1024 --vocab 128256 --chunk 1024 --iters 2 --rounds 2]
+    python bench/fused_ce.py [--tokens 4096 --hidden 1024 --vocab 128256 --chunk 1024 --iters 2]
+                             [--min-rounds N --max-rounds N]
 """
 
 from __future__ import annotations
@@ -19,12 +23,15 @@ import os
 import re
 import subprocess
 import sys
-import time
+from dataclasses import asdict
 
 os.environ.setdefault("TORCH_DEVICE_BACKEND_AUTOLOAD", "0")
 
+import _report  # noqa: E402
+
 MEMORY_TARGET = 0.15  # fused peak at most 15% of naive's
-TIME_TARGET = 1.3  # fused time at most 1.3x naive's
+TIME_TARGET = 1.3  # fused time at most 1.3x naive's (the whole interval: ci_high)
+SHAPE_KEYS = ("tokens", "hidden", "vocab", "chunk", "dtype")
 
 
 def _status_kib(field: str) -> int:
@@ -37,7 +44,8 @@ def _reset_peak() -> None:
         f.write("5")  # resets VmHWM to the current RSS
 
 
-def run_variant(opts) -> dict:
+def _setup(opts):
+    """(h, w, grad bytes, {variant: one forward + backward returning the loss})."""
     import torch
 
     from titan_core.kernels.fused_ce import fused_linear_cross_entropy, reference_cross_entropy
@@ -49,36 +57,45 @@ def run_variant(opts) -> dict:
     labels = torch.randint(0, opts.vocab, (opts.tokens,), generator=gen)
     # Both variants end the step holding h.grad and w.grad: they are not the loss's overhead.
     grad_bytes = h.numel() * h.element_size() + w.numel() * w.element_size()
+    losses = {
+        "fused": lambda: fused_linear_cross_entropy(h, w, labels, chunk=opts.chunk),
+        "naive": lambda: reference_cross_entropy(h, w, labels),
+    }
 
-    if opts.variant == "fused":
-        loss_fn = lambda: fused_linear_cross_entropy(h, w, labels, chunk=opts.chunk)  # noqa: E731
-    else:
-        loss_fn = lambda: reference_cross_entropy(h, w, labels)  # noqa: E731
+    def step(variant):
+        def run() -> float:
+            h.grad = w.grad = None
+            loss = losses[variant]()
+            loss.backward()
+            return loss.item()
 
-    def step() -> float:
-        loss = loss_fn()
-        loss.backward()
-        return loss.item()
+        return run
 
-    peaks, times, losses = [], [], []
+    return h, w, grad_bytes, {v: step(v) for v in losses}
+
+
+def run_memory(opts) -> dict:
+    """One variant's peak loss memory over `iters + 1` steps (the largest: conservative)."""
+    import torch
+
+    h, w, grad_bytes, steps = _setup(opts)
+    peaks, losses = [], []
     for _ in range(opts.iters + 1):
         h.grad = w.grad = None
         before = _status_kib("VmRSS")
         _reset_peak()
-        t0 = time.perf_counter()
-        losses.append(step())
-        times.append(time.perf_counter() - t0)
+        losses.append(steps[opts.variant]())
         peaks.append((_status_kib("VmHWM") - before) * 1024 - grad_bytes)
-    # The first step also pays one-time costs (thread pool, first-touch of the allocator):
-    # it is reported but not timed; memory is the largest over all steps, to be conservative.
-    return {
-        "variant": opts.variant,
-        "loss": losses[-1],
-        "peak_loss_memory_bytes": max(peaks),
-        "step_times_s": times[1:],
-        "first_step_time_s": times[0],
-        "threads": torch.get_num_threads(),
-    }
+    return {"variant": opts.variant, "loss": losses[-1], "peak_loss_memory_bytes": max(peaks),
+            "threads": torch.get_num_threads()}  # fmt: skip
+
+
+def run_timing(opts) -> dict:
+    from titan_core.timing import TimingProtocol, compare, timed
+
+    _, _, _, steps = _setup(opts)
+    cmp = compare(timed(steps["fused"]), timed(steps["naive"]), TimingProtocol.from_dict(json.loads(opts.protocol)))
+    return _report.entry(cmp, "fused_ce", "naive")
 
 
 def main() -> None:
@@ -88,52 +105,42 @@ def main() -> None:
     ap.add_argument("--vocab", type=int, default=128256)
     ap.add_argument("--chunk", type=int, default=1024)
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
-    ap.add_argument("--iters", type=int, default=2, help="timed steps after the first")
-    ap.add_argument("--rounds", type=int, default=2, help="subprocess pairs, alternating order")
-    ap.add_argument("--variant", choices=["naive", "fused"], help="internal: run one variant in this process")
+    ap.add_argument("--iters", type=int, default=2, help="memory-measured steps after the first")
+    ap.add_argument("--variant", choices=["naive", "fused", "timing"], help="internal: one job in this process")
+    ap.add_argument("--protocol", default="{}", help=argparse.SUPPRESS)
+    _report.add_protocol_args(ap)
     opts = ap.parse_args()
     if opts.variant:
-        print(json.dumps(run_variant(opts)))
+        print(json.dumps(run_timing(opts) if opts.variant == "timing" else run_memory(opts)))
         return
 
-    # Rounds alternate the order (naive, fused, fused, naive, ...) so machine noise from
-    # other work hits both alike; the time is the fastest step seen, since contention only
-    # ever adds time. Memory is the largest peak seen.
-    runs: dict[str, list[dict]] = {"naive": [], "fused": []}
-    for r in range(opts.rounds):
-        for variant in ("naive", "fused") if r % 2 == 0 else ("fused", "naive"):
-            cmd = [sys.executable, __file__, "--variant", variant] + [
-                f"--{k}={getattr(opts, k)}" for k in ("tokens", "hidden", "vocab", "chunk", "dtype", "iters")
-            ]
-            out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
-            runs[variant].append(json.loads(out.strip().splitlines()[-1]))
-    results = {}
-    for variant, rs in runs.items():
-        peak = max(r["peak_loss_memory_bytes"] for r in rs)
-        results[variant] = {
-            "loss": rs[-1]["loss"],
-            "peak_loss_memory_bytes": peak,
-            "peak_loss_memory_gib": round(peak / 2**30, 3),
-            "time_s": min(t for r in rs for t in r["step_times_s"]),
-            "all_step_times_s": [round(t, 3) for r in rs for t in r["step_times_s"]],
-            "threads": rs[-1]["threads"],
-        }
-    naive, fused = results["naive"], results["fused"]
+    protocol = _report.protocol_from(opts)
+    report = _report.start("fused_ce", protocol, shape={k: getattr(opts, k) for k in SHAPE_KEYS})
+
+    def job(variant: str) -> dict:
+        cmd = [sys.executable, __file__, f"--variant={variant}", f"--protocol={json.dumps(asdict(protocol))}"]
+        cmd += [f"--{k}={getattr(opts, k)}" for k in (*SHAPE_KEYS, "iters")]
+        out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+        return json.loads(out.strip().splitlines()[-1])
+
+    for variant in ("naive", "fused"):
+        r = job(variant)
+        report[variant] = {**r, "peak_loss_memory_gib": round(r["peak_loss_memory_bytes"] / 2**30, 3)}
+        _report.progress(report[variant])
+    cmp = job("timing")
+    report["comparisons"].append(cmp)
+    naive, fused = report["naive"], report["fused"]
+    naive["time_s"], fused["time_s"] = cmp["baseline_median_s"], cmp["candidate_median_s"]
     mem_ratio = fused["peak_loss_memory_bytes"] / naive["peak_loss_memory_bytes"]
-    time_ratio = fused["time_s"] / naive["time_s"]
-    report = {
-        "shape": {k: getattr(opts, k) for k in ("tokens", "hidden", "vocab", "chunk", "dtype")},
-        "naive": naive,
-        "fused": fused,
-        "loss_abs_diff": abs(fused["loss"] - naive["loss"]),
-        "fused_over_naive_peak_memory_ratio": round(mem_ratio, 4),
-        "fused_over_naive_time_ratio": round(time_ratio, 4),
-        "memory_target_ratio_max": MEMORY_TARGET,
-        "time_target_ratio_max": TIME_TARGET,
-        "meets_memory_target": mem_ratio <= MEMORY_TARGET,
-        "meets_time_target": time_ratio <= TIME_TARGET,
-    }
-    print(json.dumps(report, indent=2))
+    report.update(
+        loss_abs_diff=abs(fused["loss"] - naive["loss"]),
+        fused_over_naive_peak_memory_ratio=round(mem_ratio, 4),
+        memory_target_ratio_max=MEMORY_TARGET,
+        time_target_ratio_max=TIME_TARGET,
+        meets_memory_target=mem_ratio <= MEMORY_TARGET,
+        meets_time_target=cmp["ci_high"] <= TIME_TARGET,
+    )
+    _report.emit(report)
 
 
 if __name__ == "__main__":

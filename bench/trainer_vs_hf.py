@@ -1,26 +1,28 @@
 """titan_core llama3 debugmodel vs HF LlamaForCausalLM of the same shape: eager fp32 train steps.
 
-Both models live in one process and are stepped alternately (so machine noise hits both
-alike); each step is forward + cross-entropy + backward + AdamW. Prints JSON:
-{"titan_tokens_per_s", "hf_tokens_per_s", "ratio", ...} with ratio = titan / hf.
+Speed is reported through titan_core.timing: both models live in one process and
+`compare(titan_step, hf_step)` steps them interleaved (A B B A ..., so machine noise hits
+both alike) until the time ratio's interval is narrow enough; each sample is one step,
+forward + cross-entropy + backward + AdamW. Prints JSON: the comparison (ratio = titan
+time / HF time, with its interval and describe() line), each side's median step time and
+tokens/s, the protocol's settings and the machine's load.
 
-    python bench/trainer_vs_hf.py [--steps 20] [--warmup 3] [--batch 8] [--seq 256]
+    python bench/trainer_vs_hf.py [--batch 8] [--seq 256] [--min-rounds N --max-rounds N]
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import statistics
-import time
 
 os.environ.setdefault("TORCH_DEVICE_BACKEND_AUTOLOAD", "0")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch  # noqa: E402
 
+import _report  # noqa: E402
 from titan_core.models import build_meta, get_family, resolve_args  # noqa: E402
+from titan_core.timing import compare, timed  # noqa: E402
 
 
 def build_titan(args):
@@ -41,11 +43,11 @@ def build_hf(args):
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--steps", type=int, default=20)
-    ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--seq", type=int, default=256)
+    _report.add_protocol_args(ap)
     opts = ap.parse_args()
+    protocol = _report.protocol_from(opts)
 
     args = resolve_args("llama3", "debugmodel")
     titan, hf = build_titan(args), build_hf(args)
@@ -68,33 +70,21 @@ def main() -> None:
         opt_h.step()
         opt_h.zero_grad(set_to_none=True)
 
-    times: dict[str, list[float]] = {"titan": [], "hf": []}
-    for i in range(opts.warmup + opts.steps):
-        order = [("titan", titan_step), ("hf", hf_step)]
-        if i % 2:
-            order.reverse()
-        for name, fn in order:
-            t0 = time.perf_counter()
-            fn()
-            dt = time.perf_counter() - t0
-            if i >= opts.warmup:
-                times[name].append(dt)
+    report = _report.start(
+        "trainer_vs_hf", protocol, dtype="float32", threads=torch.get_num_threads(),
+        shape={"dim": args.dim, "n_layers": args.n_layers, "n_heads": args.n_heads, "n_kv_heads": args.n_kv_heads,
+               "vocab": args.vocab_size, "batch": opts.batch, "seq": opts.seq},
+    )  # fmt: skip
+    cmp = compare(timed(titan_step), timed(hf_step), protocol)
     tokens_per_step = opts.batch * opts.seq
-    med = {k: statistics.median(v) for k, v in times.items()}
-    out = {
-        "benchmark": "trainer_vs_hf",
-        "shape": {"dim": args.dim, "n_layers": args.n_layers, "n_heads": args.n_heads, "n_kv_heads": args.n_kv_heads,
-                  "vocab": args.vocab_size, "batch": opts.batch, "seq": opts.seq},
-        "dtype": "float32",
-        "threads": torch.get_num_threads(),
-        "timed_steps": opts.steps,
-        "titan_step_s_median": med["titan"],
-        "hf_step_s_median": med["hf"],
-        "titan_tokens_per_s": tokens_per_step / med["titan"],
-        "hf_tokens_per_s": tokens_per_step / med["hf"],
-        "ratio": med["hf"] / med["titan"],
-    }  # fmt: skip
-    print(json.dumps(out, indent=2))
+    report.update(
+        titan_step_s_median=cmp.candidate_median_s,
+        hf_step_s_median=cmp.baseline_median_s,
+        titan_tokens_per_s=tokens_per_step / cmp.candidate_median_s,
+        hf_tokens_per_s=tokens_per_step / cmp.baseline_median_s,
+    )
+    report["comparisons"].append(_report.entry(cmp, "titan_core", "HF"))
+    _report.emit(report)
 
 
 if __name__ == "__main__":

@@ -12,6 +12,8 @@ A checklist:
         hint: "symptom -> usual cause"
     human:
       - "A person checked ..."
+    params:                         # the other numbers the rung runs with to decide its gate:
+      steps: 20                     # step counts, keep rules, the timing protocol (`timing:`)
 
 A threshold reference is `measurements.<metric>` (this attempt), `evidence.<rung>.<metric>`
 (a passed earlier rung) or a bare metric name (this attempt). A criterion whose metric or
@@ -59,6 +61,14 @@ class Checklist:
     title: str
     criteria: tuple[Criterion, ...]
     human: tuple[str, ...] = field(default_factory=tuple)
+    params: dict[str, Any] = field(default_factory=dict)
+    """`params:` of the file: the numbers the rung runs with (a checklist is the one place for them)."""
+
+    def param(self, name: str) -> Any:
+        """One of `params`; a missing one is a bug in the shipped checklist, named as such."""
+        if name not in self.params:
+            raise ChecklistError(f"checklists/{self.rung}.yaml: params has no '{name}' (has: {', '.join(self.params)})")
+        return self.params[name]
 
     def criterion(self, name: str) -> Criterion | None:
         return next((c for c in self.criteria if c.name == name), None)
@@ -91,7 +101,10 @@ def parse_checklist(data: Any, source: str) -> Checklist:
     if not criteria:
         raise ChecklistError(f"{source}: no criteria (a gate with nothing to check would pass vacuously)")
     human = tuple(str(h) for h in (data.get("human") or []))
-    return Checklist(str(data["rung"]), str(data.get("title", data["rung"])), tuple(criteria), human)
+    params = data.get("params") or {}
+    if not isinstance(params, dict):
+        raise ChecklistError(f"{source}: params must be a mapping of name -> value")
+    return Checklist(str(data["rung"]), str(data.get("title", data["rung"])), tuple(criteria), human, dict(params))
 
 
 def load_checklist(rung: str, path: Path | None = None) -> Checklist:

@@ -36,6 +36,8 @@ from importlib import metadata
 from types import ModuleType
 from typing import Any, Callable
 
+from titan_core.config.loader import ConfigError
+
 from onboard.errors import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_INTERRUPTED, EXIT_PASSED, BadInput, Interrupted
 from onboard.gates import Checklist, evaluate, gate_passed, load_checklist
 from onboard.ledger import Ledger, now_iso, parse_iso
@@ -309,13 +311,16 @@ def _run_attempt(ws, ledger, specs, spec, current, states, log, base_command) ->
     try:
         with sigterm_raises():
             result = _check_result(module.run(ctx))
-    except BadInput:
+    except (BadInput, ConfigError) as e:
+        # the recipe (or a file it names) is bad input, whichever rung found it: exit 2, nothing recorded
         ledger.remove(rung, attempt)
         ledger.save()
         shutil.rmtree(attempt_dir, ignore_errors=True)
         for parent in (attempt_dir.parent, ws.runs_dir):  # runs/<rung>/ and runs/, if this made them
             if parent.is_dir() and not any(parent.iterdir()):
                 parent.rmdir()
+        if isinstance(e, ConfigError):
+            raise BadInput(f"{ws.recipe_path}: {e}") from None
         raise
     except (KeyboardInterrupt, Interrupted) as e:
         entry.update(ended=now_iso(), error=f"interrupted ({type(e).__name__}{': ' + str(e) if str(e) else ''})")

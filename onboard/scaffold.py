@@ -113,25 +113,6 @@ def families_line() -> str:
 
 
 # ---- reading the inputs ------------------------------------------------------------------
-def read_hf_config(path: Path) -> tuple[dict, str]:
-    """(config dict, exact file text) from a config.json or a folder holding one."""
-    path = Path(path)
-    if path.is_dir():
-        path = path / "config.json"
-    if not path.is_file():
-        raise BadInput(f"HF config not found: {path}")
-    text = path.read_text(encoding="utf-8", errors="replace")
-    try:
-        cfg = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise BadInput(f"malformed JSON in {path}: {e}") from None
-    if not isinstance(cfg, dict):
-        raise BadInput(f"{path} is not a JSON object")
-    if not isinstance(cfg.get("model_type"), str) or not cfg["model_type"]:
-        raise BadInput(f"{path} has no model_type; an HF config.json names its architecture there")
-    return cfg, text
-
-
 def preset_config(preset: str) -> tuple[str, str, dict]:
     """(family, flavor, HF config dict) for FAMILY[/FLAVOR]; the flavor defaults to debugmodel."""
     from titan_core.config import ConfigError
@@ -237,7 +218,9 @@ def plan_workspace(
         text = json.dumps(cfg, indent=2) + "\n"
         source = f"--preset {family}/{flavor}"
     else:
-        cfg, text = read_hf_config(hf_config)
+        from titan_core.config.hf_config import read_hf_config_text
+
+        cfg, text = read_hf_config_text(hf_config, require_model_type=True)  # ConfigError: exit 2, as BadInput
         fam = family_for_hf_model_type(cfg["model_type"])
         family = fam.name if fam else None
         source = f"--hf-config {Path(hf_config).resolve()}"

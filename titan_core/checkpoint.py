@@ -46,6 +46,7 @@ from torch.distributed.checkpoint.state_dict import (
 
 from titan_core.config.loader import ConfigError
 from titan_core.config.sections import JobConfig
+from titan_core.models.registry import get_family
 
 _STEP_DIR = re.compile(r"step-(\d+)")
 
@@ -232,11 +233,9 @@ def export_hf(model, family_name: str, args, out_dir: str | Path) -> Path:
     Gathers sharded parameters first; under a process group only rank 0 writes.
     """
     try:
-        from safetensors.torch import save_file
+        from safetensors.torch import save_file  # optional extra [hf]
     except ImportError:
         raise ConfigError("exporting HF weights needs safetensors: pip install titan-onboard[hf]") from None
-    from titan_core.models.registry import get_family
-
     adapter = get_family(family_name).adapter
     out = Path(out_dir)
     with _single_process_ok():

@@ -9,13 +9,12 @@ from __future__ import annotations
 import os
 import platform
 import resource
-import time
-from functools import lru_cache
 from pathlib import Path
 
 import torch
 
 from titan_core.config.loader import ConfigError
+from titan_core.cpu_peak import measured_cpu_peak
 
 # Dense bf16 peak FLOP/s per chip, from the vendors' published specifications.
 PEAK_BF16_FLOPS: dict[str, float] = {
@@ -51,12 +50,12 @@ def _init_tpu(libtpu_init_flags: str) -> None:
     """Import torch_tpu only on request: it aborts the process when no TPU is attached.
 
     LIBTPU_INIT_ARGS must be set before libtpu loads, so the flags go into the environment
-    first. TorchTPU runs eagerly by default, which is what the eager and parity rungs need.
+    first. TorchTPU runs eagerly by default, which is what eager training and parity checks need.
     """
     if libtpu_init_flags:
         os.environ["LIBTPU_INIT_ARGS"] = (os.environ.get("LIBTPU_INIT_ARGS", "") + " " + libtpu_init_flags).strip()
     try:
-        import torch_tpu  # noqa: F401
+        import torch_tpu  # noqa: F401  (optional extra; importing it aborts a process with no TPU)
     except ImportError:
         raise ConfigError(
             "device 'tpu' requested but torch_tpu is not installed: on a TPU host run "
@@ -74,7 +73,7 @@ def synchronize(device: torch.device) -> None:
 def reset_peak_memory(device: torch.device) -> None:
     """Start a new peak: the allocator's on accelerators; on Linux CPUs the process's VmHWM.
 
-    Without the CPU reset, a second run in one process (a ladder rung comparing two
+    Without the CPU reset, a second run in one process (e.g. a comparison of two
     execution modes) would report the larger peak of the two as its own.
     """
     backend = getattr(torch, device.type, None)
@@ -120,7 +119,8 @@ def device_name(device: torch.device) -> str:
 
 
 def peak_flops(device: torch.device, dtype: torch.dtype) -> float:
-    """Peak FLOP/s for MFU: the vendor table on accelerators, a measured probe on CPU."""
+    """Peak FLOP/s for MFU: the vendor table on accelerators; on CPU the best matmul rate seen on
+    this machine (titan_core.cpu_peak), so CPU MFU is indicative, and comparable across runs."""
     if device.type == "cpu":
         return measured_cpu_peak(dtype)
     name = device_name(device).lower()
@@ -128,25 +128,3 @@ def peak_flops(device: torch.device, dtype: torch.dtype) -> float:
         if key.split()[-1] in name:
             return flops
     return float("nan")  # unknown accelerator: MFU is reported as nan rather than guessed
-
-
-@lru_cache(maxsize=None)
-def measured_cpu_peak(dtype: torch.dtype = torch.float32) -> float:
-    """Matmul FLOP/s of this CPU at the current thread count, measured once per process.
-
-    Not cached on disk on purpose: a probe taken while other work loaded the machine
-    would understate the peak for every later run (MFU above 100%). Measuring in the
-    same process as the training it normalises keeps both under the same conditions.
-    """
-    n = 1024
-    a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
-    a @ b  # warm-up: thread pool and allocator
-    # Many short trials, keep the fastest: on a shared machine some trial usually gets the
-    # cores to itself, and an understated peak would inflate MFU past 100%.
-    best, deadline, trials = float("inf"), time.perf_counter() + 0.5, 0
-    while trials < 8 or (time.perf_counter() < deadline and trials < 60):
-        t0 = time.perf_counter()
-        a @ b
-        best = min(best, time.perf_counter() - t0)
-        trials += 1
-    return 2 * n**3 / best

@@ -30,7 +30,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from titan_core.config.loader import ConfigError
+from titan_core.argv import parse_argv
+from titan_core.config.loader import ConfigError, load_config, to_toml
 
 TAIL_LINES = 30
 EXIT_TIMEOUT = 124
@@ -58,7 +59,7 @@ def cpu_count() -> int:
 
 def check_nproc(nproc: int, device_type: str) -> list[str]:
     """Warnings about `nproc` on this machine; ConfigError when it cannot work at all."""
-    import torch
+    import torch  # import-time cost: the launcher is imported by entry points that may never need torch
 
     if nproc < 1:
         raise ConfigError(f"--nproc must be >= 1, got {nproc}")
@@ -231,13 +232,10 @@ def launch(argv: list[str], nproc: int, *, timeout_s: float | None = None) -> in
     before any process starts. Rank 0's output is echoed; every rank's output goes to
     `<metrics.output_dir>/logs/rank_<r>.log`.
     """
-    from titan_core.config.loader import load_config
-    from titan_core.parallel import check_parallelism
-    from titan_core.train import _pop_option, parse_argv
+    from titan_core.parallel import check_parallelism  # import-time cost: torch loads only when a run starts
 
     try:
-        _, checked = _pop_option(list(argv), "--repeat-batch", takes_value=False)  # a flag for the ranks only
-        config, print_config, overrides = parse_argv(checked)
+        config, print_config, overrides = parse_argv(list(argv))
         cfg = load_config(config, overrides)
         for warning in check_nproc(nproc, cfg.device.type):
             print(f"warning: {warning}", file=sys.stderr)
@@ -246,9 +244,8 @@ def launch(argv: list[str], nproc: int, *, timeout_s: float | None = None) -> in
         print(f"error: {e}", file=sys.stderr)
         return 2
     if print_config:
-        from titan_core.train import main
-
-        return main(list(argv))
+        sys.stdout.write(to_toml(cfg))
+        return 0
     cmd = [sys.executable, "-m", "titan_core.train", *argv]
     result = launch_command(
         cmd, nproc, log_dir=Path(cfg.metrics.output_dir) / "logs", timeout_s=timeout_s, echo_rank0=True
@@ -269,17 +266,17 @@ class WorldRun:
         return self.launch.exit_code == 0
 
 
-def run_world(cfg, nproc: int, *, repeat_batch: bool = False, timeout_s: float | None = None) -> WorldRun:
+def run_world(cfg, nproc: int, *, timeout_s: float | None = None) -> WorldRun:
     """Train `cfg` on `nproc` local processes and return rank 0's per-step metrics.
 
-    The public entry for a ladder rung: e.g. step-1 loss and grad norm at world size 2,
-    or a bf16 loss curve, or the median step time of simple_fsdp vs fsdp2. `cfg` is a
-    JobConfig; `training.batch_size` is per rank, so pass the single-process batch divided
-    by the data-parallel degree to see the same global batch. Raises ConfigError on bad
+    For a caller that compares runs: e.g. step-1 loss and grad norm at world size 2, or a
+    bf16 loss curve, or the median step time of simple_fsdp vs fsdp2. `cfg` is a JobConfig
+    and says everything the ranks do (`data.repeat_batch` included); `training.batch_size`
+    is per rank, so pass the single-process batch divided by the data-parallel degree to
+    see the same global batch. Raises ConfigError on bad
     input; a failed run comes back with `ok = False` and `launch.failure` saying why.
     """
-    from titan_core.config.loader import to_toml
-    from titan_core.parallel import check_parallelism
+    from titan_core.parallel import check_parallelism  # import-time cost: torch loads only when a run starts
 
     check_nproc(nproc, cfg.device.type)
     check_parallelism(cfg, nproc)
@@ -289,9 +286,7 @@ def run_world(cfg, nproc: int, *, repeat_batch: bool = False, timeout_s: float |
     recipe.write_text(to_toml(cfg))
     metrics_path = out / "metrics.jsonl"
     start = metrics_path.stat().st_size if metrics_path.exists() else 0  # the logger appends
-    cmd = [sys.executable, "-m", "titan_core.train", "--config", str(recipe)] + (
-        ["--repeat-batch"] if repeat_batch else []
-    )
+    cmd = [sys.executable, "-m", "titan_core.train", "--config", str(recipe)]
     result = launch_command(cmd, nproc, log_dir=out / "logs", timeout_s=timeout_s)
     rows: list[dict] = []
     if metrics_path.exists():

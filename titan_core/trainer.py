@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import math
 import os
-import statistics
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,7 +31,10 @@ from titan_core.model_builder import build_model_from_config
 from titan_core.models.common.stats import flops_per_token, param_counts
 from titan_core.optim import build_lr_scheduler, build_optimizer
 from titan_core.parallel import build_mesh, check_parallelism, clip_grad_norm_, dp_coordinates, parallelize
+from titan_core.parallel.mesh import dp_group
 from titan_core.profiler import StepProfiler
+from titan_core.run_stats import RunStats
+from titan_core.token_mean import global_valid_tokens, micro_batch_term
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
@@ -55,10 +57,13 @@ class TrainResult:
     """parallelism.data_parallel of the run."""
 
     @property
+    def stats(self) -> RunStats:
+        """Steady-window speed and memory of the run (raises on a run that logged no step)."""
+        return RunStats.from_rows(self.metrics)
+
+    @property
     def step_time_median_s(self) -> float:
-        # the first steps pay for allocator warm-up and lazy init; skip them when we can
-        times = [m["step_time_s"] for m in self.metrics]
-        return statistics.median(times[2:] if len(times) > 4 else times)
+        return self.stats.step_time_median_s
 
 
 def set_determinism(seed: int, deterministic: bool) -> None:
@@ -69,7 +74,7 @@ def set_determinism(seed: int, deterministic: bool) -> None:
 
 
 class Trainer:
-    def __init__(self, cfg: JobConfig, *, quiet: bool = False, repeat_batch: bool = False):
+    def __init__(self, cfg: JobConfig, *, quiet: bool = False):
         self.cfg = cfg
         self.rank, self.world_size, local_rank = distributed.current_ranks()
         self.degrees = check_parallelism(cfg, self.world_size)
@@ -83,12 +88,12 @@ class Trainer:
         if cfg.parallelism.data_parallel != "none":
             self.dist = distributed.init_distributed(self.device, cfg.parallelism.timeout_s)
         try:
-            self._build(cfg, quiet=quiet, repeat_batch=repeat_batch)
+            self._build(cfg, quiet=quiet)
         except BaseException:
             self.close()
             raise
 
-    def _build(self, cfg: JobConfig, *, quiet: bool, repeat_batch: bool) -> None:
+    def _build(self, cfg: JobConfig, *, quiet: bool) -> None:
         set_determinism(cfg.training.seed, cfg.training.deterministic)
         self.out_dir = Path(cfg.metrics.output_dir)
 
@@ -98,20 +103,25 @@ class Trainer:
         model.init_weights(seed=cfg.training.seed)
         model = model.to(DTYPES[cfg.training.dtype])
         dp_rank, self.dp_world = 0, 1
+        self.dp_group = None
+        """The data-parallel peers the step's valid-token count is summed over (None: this rank alone)."""
         if self.dist is not None:
             self.mesh = build_mesh(self.degrees, self.device.type)
             parallelize(model, cfg, self.mesh)
             dp_rank, self.dp_world = dp_coordinates(self.mesh)
+            self.dp_group = dp_group(self.mesh)
         self.model = model
         # execution modes (titan_core/compile): per-block compile now, the Graph Trainer over the optimizer
         self.compiled_modules = execution.apply_per_block_compile(model, cfg) if cfg.compile.enable else []
 
         self.optimizer = build_optimizer(self.model, cfg.optimizer)
         self.lr_scheduler = build_lr_scheduler(self.optimizer, cfg.lr_scheduler, cfg.training.steps)
-        self.graph_step = execution.graph_train_step(self.model, self.optimizer, cfg) if cfg.graph_trainer.enable else None
-        self.data = build_data_loader(
-            cfg, vocab_size=self.args.vocab_size, dp_rank=dp_rank, dp_world=self.dp_world, repeat_batch=repeat_batch
+        self.graph_step = (
+            execution.graph_train_step(self.model, self.optimizer, cfg, dp_world=self.dp_world)
+            if cfg.graph_trainer.enable
+            else None
         )
+        self.data = build_data_loader(cfg, vocab_size=self.args.vocab_size, dp_rank=dp_rank, dp_world=self.dp_world)
         self.checkpointer = Checkpointer.from_config(cfg)
         self.profiler = StepProfiler(cfg.profiler, self._under_output(cfg.profiler.folder), self.rank)
         self.logger = MetricsLogger(
@@ -138,21 +148,16 @@ class Trainer:
         p = Path(folder)
         return p if p.is_absolute() else self.out_dir / p
 
-    def _micro_batch_loss(self, batch) -> torch.Tensor:
-        move = lambda t: None if t is None else t.to(self.device, non_blocking=True)  # noqa: E731
-        loss, _ = self.model.loss(
-            move(batch.tokens), move(batch.labels), positions=move(batch.positions), segment_ids=move(batch.segment_ids)
-        )
-        return loss
-
-    def _eager_update(self, cfg) -> tuple[torch.Tensor, torch.Tensor]:
-        """Forward, backward, clip and optimizer step; returns (summed loss, grad norm) on the device."""
+    def _eager_update(self, cfg, batches, n_tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Forward, backward, clip and optimizer step over the step's micro-batches (on the device);
+        returns (this rank's share of the global token-mean loss, grad norm) on the device."""
         self.optimizer.zero_grad(set_to_none=True)
         total = torch.zeros((), device=self.device)
-        for _ in range(cfg.grad_accum):
-            loss = self._micro_batch_loss(next(self.data)) / cfg.grad_accum
-            loss.backward()
-            total += loss.detach().float()
+        for b in batches:
+            loss, ce = self.model.loss(b.tokens, b.labels, positions=b.positions, segment_ids=b.segment_ids)
+            term = micro_batch_term(loss, ce, b.labels, n_tokens, dp_world=self.dp_world, grad_accum=cfg.grad_accum)
+            term.backward()
+            total += term.detach().float()
         params = [p for p in self.model.parameters() if p.grad is not None]
         grad_norm = clip_grad_norm_(params, cfg.max_norm, foreach=True)
         self.optimizer.step()
@@ -164,14 +169,18 @@ class Trainer:
         devices.synchronize(self.device)
         t0 = time.perf_counter()
         lr = self.optimizer.param_groups[0]["lr"]
+        batches = [next(self.data).to(self.device, non_blocking=True) for _ in range(cfg.grad_accum)]
+        # the loss is the mean over the valid tokens of the whole global batch (titan_core/token_mean.py)
+        n_tokens = global_valid_tokens([b.labels for b in batches], self.dp_group)
         if self.graph_step is not None:  # Graph Trainer: _eager_update's work as one captured program
-            total, grad_norm = self.graph_step.run([next(self.data) for _ in range(cfg.grad_accum)])
+            total, grad_norm = self.graph_step.run(batches, n_tokens)
         else:
-            total, grad_norm = self._eager_update(cfg)
+            total, grad_norm = self._eager_update(cfg, batches, n_tokens)
         self.lr_scheduler.step()
         if self.world_size > 1:
-            # each rank's loss is the mean over its own rows; TP ranks of one dp rank hold the
-            # same value, so the mean over the world is the mean over the global batch
+            # each rank's total is dp_world times its share of the global token mean (plus the
+            # aux term); TP ranks of one dp rank hold the same value, so the mean over the
+            # world is the global token mean
             dist.all_reduce(total)
             total /= self.world_size
         loss_value, norm_value = total.item(), grad_norm.item()  # the one host sync per step

@@ -13,8 +13,10 @@ from typing import Any, Callable
 import torch
 import torch.nn.functional as F
 
+from titan_core.numerics import max_abs, rel_l2
+
 from onboard.parity import criteria
-from onboard.parity.compare import compare_grads, max_abs, rel_l2, round_trip
+from onboard.parity.compare import compare_grads, round_trip
 from onboard.parity.localise import (
     OutputRecorder, Row, attribute, compare_outputs, first_divergence, module_pairs, parameter_sources,
 )  # fmt: skip

@@ -1,4 +1,7 @@
-"""The comparisons of the parity rung: state-dict round trip, logits, loss, gradients."""
+"""The comparisons of the parity rung: state-dict round trip, logits, loss, gradients.
+
+Relative errors are titan_core.numerics' (one zero-reference rule for parity, kernels and tests).
+"""
 
 from __future__ import annotations
 
@@ -8,23 +11,7 @@ from typing import Any, Callable
 
 import torch
 
-
-def rel_l2(actual: torch.Tensor, expected: torch.Tensor) -> float:
-    """||actual - expected|| / ||expected||, norms accumulated in float64; 0 when both are
-    zero, inf when only `expected` is."""
-    a, e = actual.detach(), expected.detach()
-    diff = torch.linalg.vector_norm(a - e, dtype=torch.float64).item()
-    ref = torch.linalg.vector_norm(e, dtype=torch.float64).item()
-    if ref == 0.0:
-        return 0.0 if diff == 0.0 else math.inf
-    return diff / ref
-
-
-def max_abs(actual: torch.Tensor, expected: torch.Tensor) -> float:
-    """Largest absolute elementwise difference (0 for empty tensors)."""
-    if actual.numel() == 0:
-        return 0.0
-    return (actual.detach() - expected.detach()).abs().max().double().item()
+from titan_core.numerics import rel_l2
 
 
 @dataclass

@@ -14,11 +14,6 @@ and `init_weights(seed)`.
 
 from __future__ import annotations
 
-import dataclasses
-import hashlib
-import importlib.util
-import sys
-import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
@@ -58,41 +53,36 @@ class WorkspaceModel:
 
 def read_workspace(root: Path) -> WorkspaceModel:
     """What recipe.toml says the native model is; recipe paths are relative to the workspace."""
+    from titan_core.config import ConfigError, load_config
+
     recipe_path = root / "recipe.toml"
     if not recipe_path.is_file():
         raise WorkspaceError(f"no recipe.toml in workspace {root}")
     try:
-        recipe = tomllib.loads(recipe_path.read_text())
-    except tomllib.TOMLDecodeError as e:
-        raise WorkspaceError(f"malformed TOML in {recipe_path}: {e}") from None
-    model = recipe.get("model", {})
+        model = load_config(recipe_path).model  # the loader anchors recipe paths at the workspace
+    except ConfigError as e:
+        raise WorkspaceError(str(e)) from None
 
-    def local(value: str) -> Path | None:
-        # recipe paths are relative to the workspace, wherever the command runs from
-        return None if not value else (root / value).resolve()
-
-    hf_config = local(model.get("hf_config", ""))
+    hf_config = Path(model.hf_config) if model.hf_config else None
     if hf_config is None and (root / "config.json").is_file():
         hf_config = root / "config.json"  # a preset workspace may carry its exported config
     return WorkspaceModel(
         root=root,
-        family=model.get("family", "llama3"),
-        flavor=model.get("flavor", "debugmodel"),
+        family=model.family,
+        flavor=model.flavor,
         hf_config_path=hf_config,
-        overrides=dict(model.get("overrides", {})),
-        module_file=local(model.get("module_file", "")),
+        overrides=dict(model.overrides),
+        module_file=Path(model.module_file) if model.module_file else None,
     )
 
 
 def _import_file(path: Path, role: str) -> ModuleType:
+    from titan_core.model_builder import import_module_file
+
     if not path.is_file():
         raise WorkspaceError(f"workspace {role} not found: {path}")
-    name = f"onboard_ws_{role}_{hashlib.sha1(str(path).encode()).hexdigest()[:10]}"
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module  # dataclasses and pickling look modules up by name
     try:
-        spec.loader.exec_module(module)
+        module = import_module_file(path, prefix=f"onboard_ws_{role}")
     except Exception as e:  # any error in the workspace's own code is the port's failure, reported with its type
         raise PortError(f"importing {path} failed: {type(e).__name__}: {e}") from e
     return module
@@ -124,7 +114,8 @@ def native_hf_config(ws: WorkspaceModel) -> dict[str, Any]:
 
 def native_args(ws: WorkspaceModel, adapter: Any, cfg: dict[str, Any]):
     """TransformerArgs from the config through the workspace adapter, then the recipe overrides."""
-    from titan_core.models.common.args import TransformerArgs
+    from titan_core.config import ConfigError
+    from titan_core.models import apply_model_overrides
 
     try:
         args, _ = adapter.args_from_hf(cfg)
@@ -132,11 +123,10 @@ def native_args(ws: WorkspaceModel, adapter: Any, cfg: dict[str, Any]):
         raise PortError(f"adapter.args_from_hf failed: {type(e).__name__}: {e}") from e
     if ws.hf_config_path is None or not ws.overrides:
         return args  # a preset's overrides already shaped the exported config
-    valid = {f.name for f in dataclasses.fields(TransformerArgs)}
-    unknown = sorted(set(ws.overrides) - valid)
-    if unknown:
-        raise WorkspaceError(f"recipe [model.overrides] has unknown fields {unknown}")
-    return dataclasses.replace(args, **ws.overrides)
+    try:
+        return apply_model_overrides(args, ws.overrides)
+    except ConfigError as e:
+        raise WorkspaceError(f"recipe [model.overrides]: {e}") from None
 
 
 def build_native(ws: WorkspaceModel, args, *, seed: int) -> nn.Module:

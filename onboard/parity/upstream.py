@@ -6,7 +6,6 @@ downloaded), then either initialised from a seed or loaded from local safetensor
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -29,16 +28,14 @@ class Upstream:
 
 
 def read_hf_config(path: Path) -> dict[str, Any]:
-    """The config.json as a dict, with one clear error for a missing or malformed file."""
-    if not path.is_file():
-        raise UpstreamError(f"HF config not found: {path}")
+    """titan_core's config.json reader (a model_type required), its ConfigError as UpstreamError."""
+    from titan_core.config import ConfigError
+    from titan_core.config.hf_config import read_hf_config as read
+
     try:
-        cfg = json.loads(path.read_text())
-    except json.JSONDecodeError as e:
-        raise UpstreamError(f"malformed JSON in {path}: {e}") from None
-    if not isinstance(cfg, dict) or not isinstance(cfg.get("model_type"), str):
-        raise UpstreamError(f"{path} has no 'model_type' string; is it a Hugging Face config.json?")
-    return cfg
+        return read(path, require_model_type=True)
+    except ConfigError as e:
+        raise UpstreamError(str(e)) from None
 
 
 def _require_transformers() -> None:

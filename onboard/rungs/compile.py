@@ -1,7 +1,7 @@
 """Rung 4, `compile`: every decoder block and the loss head compile without a graph break,
 and compiling changes the numbers by rounding only (DESIGN sections 1 and 5).
 
-The rung trains the workspace recipe for the eager gate's steps on the same repeated
+The rung trains the workspace recipe for the checklist's `steps` on the same repeated
 batch with per-block `torch.compile` (`--compile.enable`, the recipe's `compile.backend`),
 then asks dynamo, block by block on the inputs each block really received, how many
 graphs it made and why it broke (`titan_core.compile.explain_blocks`). Measured:
@@ -13,19 +13,16 @@ graphs it made and why it broke (`titan_core.compile.explain_blocks`). Measured:
   memory, beside the eager rung's.
 
 A MoE recipe with the reference loop experts runs with `kernels.moe = "dense"` (see
-in_process.DENSE_WHY); `flags` in the measurements lists exactly what was verified.
+harness.DENSE_WHY); `flags` in the measurements lists exactly what was verified.
 """
+
 
 from __future__ import annotations
 
-import statistics
-
-from onboard.rungs import eager, in_process
+from onboard.rungs import harness
 from onboard.rungs.base import RungContext, RungResult
 
 RUNG = "compile"
-STEPS = eager.STEPS
-"""Steps of the compiled run: the eager gate's, so the loss curves can be laid side by side."""
 
 
 def break_report(report: dict) -> tuple[dict, dict]:
@@ -46,21 +43,25 @@ def break_report(report: dict) -> tuple[dict, dict]:
 
 def last_loss_rel(rows: list[dict], eager_evidence: dict) -> float | None:
     """Last-step loss against the eager rung's last loss after as many steps (None: not comparable)."""
+    from titan_core.numerics import rel
+
     if "last_loss_repr" not in eager_evidence or eager_evidence.get("steps_run") != len(rows):
         return None
-    return in_process.rel(rows[-1]["loss"], float(eager_evidence["last_loss_repr"]))
+    return rel(rows[-1]["loss"], float(eager_evidence["last_loss_repr"]))
 
 
 def run(ctx: RungContext) -> RungResult:
     import torch
 
     from titan_core.compile import dynamo_compile_seconds, explain_blocks
+    from titan_core.numerics import rel
 
-    base = eager.job_config(ctx)
-    args = in_process.model_args(ctx, base)
-    moe, moe_why = in_process.capture_moe(base, args)
-    cfg = in_process.mode_config(base, ctx.attempt_dir, steps=STEPS, moe=moe, compile={"enable": True})
-    flags = ["--compile.enable"] + ([f"--kernels.moe={moe}"] if moe else [])
+    base = harness.job_config(ctx)
+    args = harness.model_args(base)
+    moe, moe_why = harness.capture_moe(base, args)
+    steps = harness.param(RUNG, "steps")
+    cfg = harness.mode_config(base, ctx.attempt_dir, steps=steps, moe=moe, compile={"enable": True})
+    flags = ["--compile.enable=true"] + ([f"--kernels.moe={moe}"] if moe else [])
     ctx.log(
         f"compile: per-block torch.compile, backend {cfg.compile.backend}, fullgraph {cfg.compile.fullgraph}, "
         f"{args.n_layers} blocks + loss head"
@@ -68,22 +69,20 @@ def run(ctx: RungContext) -> RungResult:
     )
     torch._dynamo.reset()  # a fresh cache: compile time and graph counts are this run's own
     before = dynamo_compile_seconds()
-    trainer, result = in_process.train(ctx, cfg, "compile")
+    trainer, result = harness.train(ctx, cfg, "compile")
     compile_s = dynamo_compile_seconds() - before
     rows = result.metrics
     ctx.log(f"compile: trained, {compile_s:.1f} s compiling; counting graph breaks per block (torch._dynamo.explain)")
-    with in_process.quiet_mesh_pickling():
+    with harness.quiet_mesh_pickling():
         report = explain_blocks(trainer.model, next(trainer.data))
     m, per_module = break_report(report)
     loss1 = rows[0]["loss"]
-    eager_loss1 = in_process.eager_step1_loss(ctx)
-    step_time = in_process.median_step_time(rows)
-    peak = max(r["peak_mem_bytes"] for r in rows)
+    eager_loss1 = harness.eager_step1_loss(ctx)
     m.update(
         steps_run=len(rows),
         step1_loss_repr=repr(loss1),
         baseline_step1_loss_repr=repr(eager_loss1),
-        step1_loss_rel_err=in_process.rel(loss1, eager_loss1),
+        step1_loss_rel_err=rel(loss1, eager_loss1),
         # rounding differences compound over the steps: shown, not judged
         last_loss_rel_vs_eager=last_loss_rel(rows, ctx.evidence.get("eager") or {}),
         backend=cfg.compile.backend,
@@ -93,26 +92,23 @@ def run(ctx: RungContext) -> RungResult:
         flags=" ".join(flags),
         compile_time_s=compile_s,
         first_step_time_s=rows[0]["step_time_s"],
-        step_time_median_s=step_time,
-        tokens_per_s=statistics.median(r["tokens_per_s"] for r in (rows[2:] if len(rows) > 4 else rows)),
-        peak_mem_bytes=peak,
+        **harness.run_stats(rows),
     )
-    in_process.beside_eager(m, ctx.evidence, step_time_s=step_time, peak_mem_bytes=peak)
+    harness.beside_eager(m, ctx.evidence)
     ctx.log(
         f"compile: {m['graph_breaks']} graph breaks in {m['modules_compiled']} compiled modules; step-1 loss rel "
-        f"{m['step1_loss_rel_err']:.2e} vs eager; {step_time * 1e3:.0f} ms/step"
-        + (f" ({m['speedup_vs_eager']:.2f}x eager)" if "speedup_vs_eager" in m else "")
+        f"{m['step1_loss_rel_err']:.2e} vs eager; {m['step_time_median_s'] * 1e3:.0f} ms/step; {m['vs_eager_text']}"
     )
     return RungResult(
         measurements=m,
-        files_read=eager.files_read(ctx, base),
-        command=f"onboard next-step {ctx.workspace.name} --dir {ctx.workspace.root.parent.parent}",
+        files_read=harness.files_read(ctx, base),
+        command=harness.next_step_command(ctx),
         details={
             "device": result.device,
             "per_module": per_module,
             "loss_curve": [r["loss"] for r in rows],
             "swaps": dict(result.swaps),
             "metrics_file": ctx.workspace.key_for(ctx.attempt_dir / "metrics.jsonl"),
-            "reproduce": f"onboard train --config {ctx.workspace.recipe_path} {' '.join(flags)}",
+            "reproduce": harness.train_command(ctx, flags),
         },
     )

@@ -6,38 +6,33 @@ Three parts, all in this process:
 
 1. probe (tracing only, weights untouched): every host sync the step would make
    (`find_host_syncs`), and the saved-activation bytes of each memory policy;
-2. exactness: the recipe for EQUAL_STEPS steps eagerly and as a captured step run
+2. exactness: the recipe for the checklist's `exact_steps` eagerly and as a captured step run
    uncompiled (`graph_trainer.compile = "none"`, unsplit, numerics-preserving passes
    only), both deterministic: losses, grad norms, parameters and AdamW state `torch.equal`;
    programs launched per step and captures per run;
 3. speed: the recipe's own `[graph_trainer]` settings (compile, memory policy, scan,
-   split) for TIMED_STEPS steps: trace, pass and backend compile time, step time and
+   split) for `timed_steps` steps: trace, pass and backend compile time, step time and
    peak memory, beside the eager and compile rungs'.
 
 A MoE recipe with the reference loop experts runs with `kernels.moe = "dense"` (see
-in_process.DENSE_WHY), in the eager and the captured run alike.
+harness.DENSE_WHY), in the eager and the captured run alike.
 """
 
 from __future__ import annotations
 
 import gc
-import statistics
 
-from onboard.rungs import eager, in_process
+from onboard.rungs import harness
 from onboard.rungs.base import RungContext, RungResult
 
 RUNG = "graph_trainer"
-EQUAL_STEPS = 3
-"""Steps of the exactness check (DESIGN section 5): enough for AdamW's state to matter."""
-TIMED_STEPS = 10
-"""Steps of the timed run: the first pays for capture and compile, the rest give the median."""
 
 
 def compare_runs(eager_tr, eager_rows, graph_tr, graph_rows) -> dict:
     """Exactness of the captured run against the eager one: bit equality and, when it fails, where."""
     import torch
 
-    from titan_core.compile.graph_trainer.capture import local_tensor as _local
+    from titan_core.parallel import local_tensor as _local
 
     losses = [r["loss"] for r in graph_rows] == [r["loss"] for r in eager_rows]
     norms = [r["grad_norm"] for r in graph_rows] == [r["grad_norm"] for r in eager_rows]
@@ -71,7 +66,7 @@ def probe(ctx: RungContext, cfg) -> tuple[dict, dict]:
     """Host syncs and memory-policy bytes of the captured step, by tracing a fresh model."""
     from titan_core.compile.graph_trainer import CaptureError, find_host_syncs, measure_memory_policies
 
-    trainer = in_process.build_trainer(ctx, cfg)
+    trainer = harness.build_trainer(cfg)
     try:
         batches = [next(trainer.data) for _ in range(cfg.training.grad_accum)]
         ctx.log("graph_trainer: tracing the step to look for host syncs")
@@ -103,41 +98,44 @@ def probe(ctx: RungContext, cfg) -> tuple[dict, dict]:
 def run(ctx: RungContext) -> RungResult:
     from titan_core.compile.graph_trainer import CaptureError, HostSyncError
 
-    base = eager.job_config(ctx)
-    args = in_process.model_args(ctx, base)
-    moe, moe_why = in_process.capture_moe(base, args)
+    from titan_core.numerics import rel
+
+    base = harness.job_config(ctx)
+    args = harness.model_args(base)
+    moe, moe_why = harness.capture_moe(base, args)
+    exact_steps, timed_steps = harness.param(RUNG, "exact_steps"), harness.param(RUNG, "timed_steps")
     out = ctx.attempt_dir
     gt = base.graph_trainer
-    flags = ["--graph_trainer.enable"] + ([f"--kernels.moe={moe}"] if moe else [])
+    flags = ["--graph_trainer.enable=true"] + ([f"--kernels.moe={moe}"] if moe else [])
     common = {"moe": moe}
     ctx.log(
         f"graph_trainer: capture the whole step of {args.n_layers} blocks"
         + ("; MoE experts: kernels.moe = dense (the recipe's loop syncs the host; measurements.moe_why)" if moe else "")
     )
-    m, details = probe(ctx, in_process.mode_config(base, out / "probe", steps=1, **common))
+    m, details = probe(ctx, harness.mode_config(base, out / "probe", steps=1, **common))
     m.update(moe_experts=moe or (base.kernels.moe if args.n_experts else None), moe_why=moe_why, flags=" ".join(flags))
-    files = eager.files_read(ctx, base)
-    command = f"onboard next-step {ctx.workspace.name} --dir {ctx.workspace.root.parent.parent}"
+    files = harness.files_read(ctx, base)
+    command = harness.next_step_command(ctx)
     if m.get("captured") is False or m.get("host_syncs"):
         m.setdefault("captured", True)  # a sync was found while tracing, which did capture the rest
         ctx.log(f"graph_trainer: not run: {m.get('capture_error') or m['first_host_sync']}")
         return RungResult(measurements=m, files_read=files, command=command, details=details)
 
     exact = {"enable": True, "compile": "none", "numerics_changing": False, "split": False}
-    e_cfg = in_process.mode_config(base, out / "eager", steps=EQUAL_STEPS, deterministic=True, **common)
-    g_cfg = in_process.mode_config(
-        base, out / "exact", steps=EQUAL_STEPS, deterministic=True, graph_trainer=exact, **common
+    e_cfg = harness.mode_config(base, out / "eager", steps=exact_steps, deterministic=True, **common)
+    g_cfg = harness.mode_config(
+        base, out / "exact", steps=exact_steps, deterministic=True, graph_trainer=exact, **common
     )
     for cfg in (e_cfg, g_cfg):
-        if in_process.resolved_device_type(cfg.device.type) == "cpu":
+        if harness.resolved_device_type(cfg.device.type) == "cpu":
             # once here, on a loaded machine, eager and the captured step (2 threads each) ended
             # 3e-5 apart in layers.0.attention.wk after 3 steps, and never again when idle: a
             # threaded kernel's summation order is not promised across runs; one thread fixes
             # it, so equal means equal and a difference is the capture's
             cfg.device.threads = 1
-    e_tr, e_res = in_process.train(ctx, e_cfg, "graph_trainer: eager reference")
+    e_tr, e_res = harness.train(ctx, e_cfg, "graph_trainer: eager reference")
     try:
-        g_tr, g_res = in_process.train(ctx, g_cfg, "graph_trainer: captured step, uncompiled")
+        g_tr, g_res = harness.train(ctx, g_cfg, "graph_trainer: captured step, uncompiled")
     except (CaptureError, HostSyncError) as e:
         m.update(captured=False, capture_error=str(e))
         return RungResult(measurements=m, files_read=files, command=command, details=details)
@@ -146,25 +144,23 @@ def run(ctx: RungContext) -> RungResult:
         captured=True,
         captures_per_run=stats.captures,
         graphs_per_step=max(stats.programs_per_step),
-        exact_steps=EQUAL_STEPS,
+        exact_steps=exact_steps,
         **compare_runs(e_tr, e_res.metrics, g_tr, g_res.metrics),
     )
-    m["eager_step1_loss_rel_err"] = in_process.rel(g_res.metrics[0]["loss"], in_process.eager_step1_loss(ctx))
+    m["eager_step1_loss_rel_err"] = rel(g_res.metrics[0]["loss"], harness.eager_step1_loss(ctx))
     passes = [{"name": p.name, "nodes_before": p.nodes_before, "nodes_after": p.nodes_after} for p in stats.pass_records]
     exact_curve, eager_curve = [r["loss"] for r in g_res.metrics], [r["loss"] for r in e_res.metrics]
     del e_tr, g_tr  # their models and optimizer state would inflate the timed run's peak memory
     gc.collect()
 
     timed_sections = {"enable": True}
-    t_cfg = in_process.mode_config(base, out / "timed", steps=TIMED_STEPS, graph_trainer=timed_sections, **common)
+    t_cfg = harness.mode_config(base, out / "timed", steps=timed_steps, graph_trainer=timed_sections, **common)
     ctx.log(
         f"graph_trainer: timed run with the recipe's settings: compile {gt.compile}, memory policy "
         f"{gt.memory_policy}, scan_layers {gt.scan_layers}, split {gt.split}"
     )
-    t_tr, t_res = in_process.train(ctx, t_cfg, "graph_trainer: timed")
+    t_tr, t_res = harness.train(ctx, t_cfg, "graph_trainer: timed")
     rows, ts = t_res.metrics, t_tr.graph_step.stats
-    step_time = in_process.median_step_time(rows)
-    peak = max(r["peak_mem_bytes"] for r in rows)
     m.update(
         graph_compile=gt.compile,
         memory_policy=gt.memory_policy,
@@ -176,20 +172,18 @@ def run(ctx: RungContext) -> RungResult:
         backend_compile_time_s=ts.compile_time_s,
         compile_time_s=ts.trace_time_s + ts.passes_time_s + ts.compile_time_s,
         first_step_time_s=rows[0]["step_time_s"],
-        step_time_median_s=step_time,
-        tokens_per_s=statistics.median(r["tokens_per_s"] for r in rows[2:]),
-        peak_mem_bytes=peak,
+        **harness.run_stats(rows),
     )
-    in_process.beside_eager(m, ctx.evidence, step_time_s=step_time, peak_mem_bytes=peak)
+    harness.beside_eager(m, ctx.evidence)
+    step_time = m["step_time_median_s"]
     compiled = ctx.evidence.get("compile") or {}
     if compiled.get("step_time_median_s"):
         m["compile_rung_step_time_median_s"] = compiled["step_time_median_s"]
         m["speedup_vs_compile_rung"] = compiled["step_time_median_s"] / step_time
     ctx.log(
         f"graph_trainer: {m['graphs_per_step']} program per step, {m['host_syncs']} host syncs, "
-        f"{'bit-identical' if m['bit_identical'] else 'NOT bit-identical'} to eager over {EQUAL_STEPS} steps; "
-        f"{step_time * 1e3:.0f} ms/step with compile={gt.compile}"
-        + (f" ({m['speedup_vs_eager']:.2f}x eager)" if "speedup_vs_eager" in m else "")
+        f"{'bit-identical' if m['bit_identical'] else 'NOT bit-identical'} to eager over {exact_steps} steps; "
+        f"{step_time * 1e3:.0f} ms/step with compile={gt.compile}; {m['vs_eager_text']}"
     )
     details.update(
         device=t_res.device,
@@ -198,6 +192,6 @@ def run(ctx: RungContext) -> RungResult:
         eager_loss_curve=eager_curve,
         passes=passes,
         metrics_files={k: ctx.workspace.key_for(out / k / "metrics.jsonl") for k in ("eager", "exact", "timed")},
-        reproduce=f"onboard train --config {ctx.workspace.recipe_path} {' '.join(flags)}",
+        reproduce=harness.train_command(ctx, flags),
     )
     return RungResult(measurements=m, files_read=files, command=command, details=details)

@@ -1,14 +1,17 @@
 """Rung 6, `kernels`: each fused kernel equals the plain PyTorch path it replaces (DESIGN sections 5 and 6).
 
-For every kernel flag titan_core knows (`titan_core.kernels.rung.KERNEL_FLAGS`) the rung asks
+For every kernel flag titan_core knows (`titan_core.kernels.compare.KERNEL_FLAGS`) the rung asks
 whether it applies to this model on this device (`applicable_kernels`; one that does not is
 recorded as not_applicable with the reason, never skipped). For each that applies it
 
 1. compares the model with the kernel against the model with the field's plain path, same
    weights and batch, fp32 (`compare_kernel`): loss, logits and every parameter's gradient,
-   relative L2; the recipe's other kernel settings (ce_chunk, z_loss, ...) are on both sides;
-2. measures one training step (forward + backward) with and without it at the recipe's batch
-   (`measure_kernel`): median step time and peak memory.
+   relative L2 (titan_core.numerics); the recipe's other kernel settings (ce_chunk, z_loss, ...)
+   are on both sides;
+2. times one training step (forward + backward) with and without it at the recipe's batch
+   through the one timing protocol (`measure_kernel`, titan_core.timing, settings in the
+   checklist's `params.timing`): interleaved, with an interval, `faster` / `slower` /
+   `indistinguishable`; and measures each side's peak memory.
 
 The checklist judges the worst errors over all kernels. The keep rule then picks, per field
 (loss, attention, moe), what the recipe should run; a field whose pick differs from the recipe
@@ -18,23 +21,13 @@ becomes a `RecipeEdit`, which the engine writes only when the gate passed.
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, Callable
 
-from onboard.errors import BadInput
-from onboard.gates import check_value, load_checklist
-from onboard.rungs import eager, in_process, simple_fsdp
+from onboard.gates import check_value
+from onboard.rungs import harness
 from onboard.rungs.base import RecipeEdit, RungContext, RungResult
 
 RUNG = "kernels"
-COMPARE_MAX_TOKENS = 4096
-"""Most tokens (batch x seq_len) of the fp32 comparison: past this the rows shrink first, then the
-sequence. The comparison builds two fp32 models and keeps every gradient of both, so a large
-recipe batch costs memory and minutes without telling more about the kernel's arithmetic."""
-MEASURE_STEPS = 3
-"""Timed steps per side after one warm-up step (JAX/compile caches, allocator): the median is kept."""
-MIN_MEMORY_SAVING_PERCENT = 20
-"""A passing kernel that is slower is still kept when it cuts the step's peak memory by at least
-this many percent (issue 6: "not slower or saves at least 20% peak memory")."""
 CAPTURE_UNSAFE = {"moe": "loop"}
 """Plain paths a captured step (torch.compile, Graph Trainer) cannot run: the expert loop reads the
 routing on the host. Under capture the keep rule never falls back to them; the recipe keeps its value."""
@@ -46,22 +39,29 @@ ERROR_METRICS = {
 """Per-kernel error -> the aggregate metric the checklist judges (its threshold is the per-kernel tolerance)."""
 
 
-def compare_shape(batch_size: int, seq_len: int, max_tokens: int = COMPARE_MAX_TOKENS) -> tuple[int, int, str]:
+def protocol():
+    """The timing protocol of the keep decisions, from the checklist's `params.timing`."""
+    from titan_core.timing import TimingProtocol
+
+    return TimingProtocol.from_dict(harness.param(RUNG, "timing"))
+
+
+def compare_shape(batch_size: int, seq_len: int, max_tokens: int | None = None) -> tuple[int, int, str]:
     """(batch, seq_len, why) of the fp32 comparison: the recipe's shape unless it is over max_tokens."""
+    max_tokens = max_tokens or harness.param(RUNG, "compare_max_tokens")
     if batch_size * seq_len <= max_tokens:
         return batch_size, seq_len, "the recipe's batch_size x seq_len"
     batch = max(1, max_tokens // seq_len)
     seq = min(seq_len, max_tokens // batch)
     return batch, seq, (
-        f"the recipe's {batch_size} x {seq_len} tokens capped at {max_tokens} (COMPARE_MAX_TOKENS) to keep "
+        f"the recipe's {batch_size} x {seq_len} tokens capped at {max_tokens} (params.compare_max_tokens) to keep "
         "the two fp32 models and their gradients small"
     )
 
 
-def tolerances(checklist=None) -> dict[str, Any]:
+def tolerances() -> dict[str, Any]:
     """{per-kernel error name: the checklist criterion that judges it}: thresholds live in the YAML only."""
-    checklist = checklist or load_checklist(RUNG)
-    by_metric = {c.metric: c for c in checklist.criteria}
+    by_metric = {c.metric: c for c in harness.checklist(RUNG).criteria}
     return {name: by_metric[metric] for name, metric in ERROR_METRICS.items() if metric in by_metric}
 
 
@@ -70,64 +70,80 @@ def within_tolerance(errors: dict[str, float], criteria: dict[str, Any]) -> bool
     return all(check_value(c, errors.get(name), c.threshold)[0] for name, c in criteria.items())
 
 
-def keep_decision(*, passed: bool, time_with: float, time_without: float,
-                  peak_with: int | None, peak_without: int | None) -> dict[str, Any]:  # fmt: skip
-    """Whether the recipe keeps a kernel: it passes, and it is not slower or saves >= 20% peak memory.
+def keep_decision(*, passed: bool, timing: dict, peak_with: int | None, peak_without: int | None,
+                  speed: str = "") -> dict[str, Any]:  # fmt: skip
+    """Whether the recipe keeps a kernel: it passes, and it is `faster` than the plain path by the
+    timing protocol, or it saves at least `params.min_memory_saving_percent` of the step's peak memory.
 
-    Not slower is the median step time with <= without, no tolerance. The saving is judged
-    in whole bytes (100 x (without - with) >= 20 x without) so the 20% edge is exact; an
-    unknown peak (None) cannot claim a saving.
+    `indistinguishable` keeps the plain path, the simpler choice. The saving is judged in
+    whole bytes (100 x (without - with) >= pct x without) so the edge is exact; an unknown
+    peak (None) cannot claim a saving. `speed`: the protocol's one-line description.
     """
-    not_slower = time_with <= time_without
+    pct = harness.param(RUNG, "min_memory_saving_percent")
+    faster = timing["outcome"] == "faster"
     known = peak_with is not None and peak_without is not None and peak_without > 0
     saving = 1 - peak_with / peak_without if known else None
-    saves = known and 100 * (peak_without - peak_with) >= MIN_MEMORY_SAVING_PERCENT * peak_without
-    kept = passed and (not_slower or saves)
-    if time_with > 0 and time_without > 0:
-        speed = f"{time_without / time_with:.2f}x faster" if not_slower else f"{time_with / time_without:.2f}x slower"
-    else:
-        speed = "not timed"
+    saves = known and 100 * (peak_without - peak_with) >= pct * peak_without
+    kept = passed and (faster or saves)
+    speed = speed or f"{timing['outcome']} (time ratio {timing['ratio']:.2f}, CI {timing['ci_low']:.2f}-{timing['ci_high']:.2f})"
     if saving is not None:
         memory = f"{saving:.0%} less peak memory" if saving >= 0 else f"{-saving:.0%} more peak memory"
     else:
         memory = "no peak memory without it to save from" if peak_without == 0 else "peak memory not measured"
     if not passed:
         reason = "it does not equal the plain path within the checklist's tolerance"
-    elif not_slower:
-        reason = f"not slower ({speed}, {memory})"
+    elif faster:
+        reason = f"faster ({speed}; {memory})"
     elif saves:
-        reason = f"saves >= {MIN_MEMORY_SAVING_PERCENT}% peak memory ({memory}, {speed})"
+        reason = f"saves >= {pct}% peak memory ({memory}; {speed})"
     else:
-        reason = f"slower and saves < {MIN_MEMORY_SAVING_PERCENT}% peak memory ({speed}, {memory})"
+        reason = f"not faster ({speed}) and saves < {pct}% peak memory ({memory}): the plain path is simpler"
     return {
         "kept": kept,
-        "not_slower": not_slower,
+        "outcome": timing["outcome"],
         "memory_saving": saving,
-        "time_ratio": time_with / time_without if time_without > 0 else None,
+        "time_ratio": timing["ratio"],
+        "time_ratio_ci": [timing["ci_low"], timing["ci_high"]],
         "reason": reason,
         "why": f"{'kept' if kept else 'not kept'}: {reason}",
     }
 
 
-def choose(field_name: str, rows: dict[str, dict], current: str, *, reference: str,
-           captured: bool = False) -> tuple[str, str]:  # fmt: skip
-    """(value, why) for one kernels field: the fastest kept kernel, else the plain path.
+Contest = Callable[[str, str], dict]
+"""(challenger, holder) -> measure_kernel's answer for the challenger against the holder."""
 
-    `rows`: {choice: {"kept": bool, "step_time_s": float, "max_rel_err": float, "reason": str}} of the
-    field's compared kernels. Under capture a plain path the step cannot run (CAPTURE_UNSAFE) is
-    never chosen: the recipe's current value stays.
+
+def choose(field_name: str, rows: dict[str, dict], current: str, *, reference: str,
+           captured: bool = False, contest: Contest | None = None) -> tuple[str, str, list[dict]]:  # fmt: skip
+    """(value, why, contests) for one kernels field.
+
+    `rows`: {choice: {"kept": bool, "max_rel_err": float, "reason": str}} of the field's compared
+    kernels, in KERNEL_FLAGS order (simplest first). One kept kernel is chosen; of several, the
+    simplest holds the field until a later one is `faster` than it head to head (`contest`, the
+    same timing protocol), so noise never swaps one kept kernel for another. None kept: the plain
+    path; but under capture a plain path the step cannot run (CAPTURE_UNSAFE) is never chosen.
     """
-    kept = {choice: r for choice, r in rows.items() if r["kept"]}
+    kept = [choice for choice, r in rows.items() if r["kept"]]
+    contests: list[dict] = []
     if kept:
-        best = min(kept, key=lambda c: kept[c]["step_time_s"])
-        r = kept[best]
-        others = f"; fastest of {len(kept)} kept" if len(kept) > 1 else ""
+        best = kept[0]
+        for challenger in kept[1:]:
+            if contest is None:
+                break
+            result = contest(challenger, best)
+            won = result["timing"]["outcome"] == "faster"
+            contests.append({"challenger": challenger, "holder": best, "won": won, "timing": result["timing"],
+                             "describe": result.get("describe", "")})  # fmt: skip
+            best = challenger if won else best
+        r = rows[best]
+        others = f"; held against {len(kept) - 1} other kept kernel(s) head to head" if len(kept) > 1 else ""
         return best, (f"kernels rung: matches {field_name}={reference} (fp32 rel err {r['max_rel_err']:.1e}); "
-                      f"{r['reason']}{others}")  # fmt: skip
+                      f"{r['reason']}{others}"), contests  # fmt: skip
     if captured and CAPTURE_UNSAFE.get(field_name) == reference and current != reference:
-        return current, f"kernels rung: no {field_name} kernel kept, but a captured step cannot run {reference}"
-    return reference, (f"kernels rung: no {field_name} kernel both matched and was not slower or saved "
-                       f">= {MIN_MEMORY_SAVING_PERCENT}% peak memory; the plain path")  # fmt: skip
+        return current, f"kernels rung: no {field_name} kernel kept, but a captured step cannot run {reference}", []
+    pct = harness.param(RUNG, "min_memory_saving_percent")
+    return reference, (f"kernels rung: no {field_name} kernel both matched and was faster or saved "
+                       f">= {pct}% peak memory; the plain path"), []  # fmt: skip
 
 
 def _errors(cmp) -> dict[str, float]:
@@ -135,15 +151,22 @@ def _errors(cmp) -> dict[str, float]:
             "max_grad_rel_err": cmp.max_grad_rel_err}  # fmt: skip
 
 
-def _one_kernel(ctx, flag, *, family, args, device, base, builder, shapes, criteria) -> dict:
+def _finite(x: float) -> float:
+    """NaN ranks as the worst error (it is one), not as an incomparable value."""
+    return math.inf if math.isnan(x) else x
+
+
+def _mb(n: int | None) -> str:
+    return "n/a" if n is None else f"{n / 2**20:.1f} MiB"
+
+
+def _one_kernel(ctx, flag, *, build, timing_kw, criteria) -> dict:
     """Compare one applicable kernel with its plain path, then time it; a kernel that raises is a failed row."""
     from titan_core.kernels import compare_kernel, measure_kernel
 
-    (cb, cs), (mb, ms) = shapes
     row: dict[str, Any] = {"status": "compared"}
     try:
-        cmp = compare_kernel(family, args, flag, batch=cb, seq_len=cs, device=device, base=base,
-                             build_meta_model=builder)  # fmt: skip
+        cmp = compare_kernel(flag=flag, **build)
     except Exception as e:  # noqa: BLE001 -- recorded as this kernel's failure, which fails the gate
         ctx.log(f"kernels: {flag} raised {type(e).__name__}: {e}")
         return {"status": "raised", "error": f"{type(e).__name__}: {e}", "kept": False}
@@ -161,31 +184,18 @@ def _one_kernel(ctx, flag, *, family, args, device, base, builder, shapes, crite
         row["why"] = f"not kept: {row['reason']}"
         return row  # a wrong kernel is never kept: timing it would only cost time
     try:
-        timing = measure_kernel(family, args, flag, batch=mb, seq_len=ms, steps=MEASURE_STEPS, device=device,
-                                base=base, build_meta_model=builder)  # fmt: skip
+        timing = measure_kernel(flag=flag, **timing_kw)
     except Exception as e:  # noqa: BLE001 -- it cannot run the recipe's step: a failure, not a warning
         ctx.log(f"kernels: {flag} raised {type(e).__name__} in the timed step: {e}")
         return {**row, "status": "raised", "error": f"timed step: {type(e).__name__}: {e}", "kept": False}
     w, wo = timing["with_kernel"], timing["with_reference"]
-    decision = keep_decision(passed=True, time_with=w["step_time_s"], time_without=wo["step_time_s"],
-                             peak_with=w["peak_memory_bytes"], peak_without=wo["peak_memory_bytes"])  # fmt: skip
-    row.update(step_time_s=w["step_time_s"], reference_step_time_s=wo["step_time_s"],
+    decision = keep_decision(passed=True, timing=timing["timing"], peak_with=w["peak_memory_bytes"],
+                             peak_without=wo["peak_memory_bytes"], speed=timing.get("describe", ""))  # fmt: skip
+    row.update(step_time_s=w["step_time_s"], reference_step_time_s=wo["step_time_s"], timing=timing["timing"],
                peak_memory_bytes=w["peak_memory_bytes"], reference_peak_memory_bytes=wo["peak_memory_bytes"],
                **decision)  # fmt: skip
-    ctx.log(
-        f"kernels: {flag}: step {w['step_time_s'] * 1e3:.1f} ms vs {wo['step_time_s'] * 1e3:.1f} ms, "
-        f"peak {_mb(w['peak_memory_bytes'])} vs {_mb(wo['peak_memory_bytes'])}: {decision['why']}"
-    )
+    ctx.log(f"kernels: {flag}: peak {_mb(w['peak_memory_bytes'])} vs {_mb(wo['peak_memory_bytes'])}: {decision['why']}")
     return row
-
-
-def _finite(x: float) -> float:
-    """NaN ranks as the worst error (it is one), not as an incomparable value."""
-    return math.inf if math.isnan(x) else x
-
-
-def _mb(n: int | None) -> str:
-    return "n/a" if n is None else f"{n / 2**20:.1f} MiB"
 
 
 def summarise(rows: dict[str, dict]) -> dict[str, Any]:
@@ -218,21 +228,26 @@ def summarise(rows: dict[str, dict]) -> dict[str, Any]:
             m[f"{short}_max_rel_err"] = max(_finite(r[n]) for n in ERROR_METRICS)
         if "time_ratio" in r:
             m[f"{short}_time_ratio"] = r["time_ratio"]
+            m[f"{short}_time_ratio_ci"] = r["time_ratio_ci"]
+            m[f"{short}_timing"] = r["outcome"]
             m[f"{short}_memory_saving"] = r["memory_saving"]
         m[f"{short}_kept"] = bool(r.get("kept"))
     return m
 
 
-def decide(rows: dict[str, dict], current, *, captured: bool) -> tuple[list[RecipeEdit], dict[str, dict]]:
-    """(recipe edits, decision per field) from the per-flag rows; `current` is the recipe's Kernels section."""
-    from titan_core.kernels.rung import REFERENCE, parse_flag
+def decide(rows: dict[str, dict], current, *, captured: bool,
+           contest: Contest | None = None) -> tuple[list[RecipeEdit], dict[str, dict]]:  # fmt: skip
+    """(recipe edits, decision per field) from the per-flag rows; `current` is the recipe's Kernels section.
+
+    `contest(field, challenger, holder)` times two kept kernels of one field head to head."""
+    from titan_core.kernels.compare import REFERENCE, parse_flag
 
     by_field: dict[str, dict[str, dict]] = {}
     for flag, r in rows.items():
         if r["status"] != "not_applicable":
             field_name, choice = parse_flag(flag)
             by_field.setdefault(field_name, {})[choice] = {
-                "kept": bool(r.get("kept")), "step_time_s": r.get("step_time_s", math.inf),
+                "kept": bool(r.get("kept")),
                 "max_rel_err": max(_finite(r.get(n, math.inf)) for n in ERROR_METRICS), "reason": r.get("reason", ""),
             }  # fmt: skip
     edits, decisions = [], {}
@@ -241,8 +256,10 @@ def decide(rows: dict[str, dict], current, *, captured: bool) -> tuple[list[Reci
         if field_name not in by_field:
             decisions[field_name] = {"value": now, "edit": False, "why": "no kernel of this field applies here"}
             continue
-        value, why = choose(field_name, by_field[field_name], now, reference=reference, captured=captured)
-        decisions[field_name] = {"value": value, "was": now, "edit": value != now, "why": why}
+        field_contest = (lambda a, b, f=field_name: contest(f, a, b)) if contest else None
+        value, why, contests = choose(field_name, by_field[field_name], now, reference=reference,
+                                      captured=captured, contest=field_contest)  # fmt: skip
+        decisions[field_name] = {"value": value, "was": now, "edit": value != now, "why": why, "contests": contests}
         if value != now:
             edits.append(RecipeEdit(f"kernels.{field_name}", value, why))
     return edits, decisions
@@ -251,45 +268,49 @@ def decide(rows: dict[str, dict], current, *, captured: bool) -> tuple[list[Reci
 def run(ctx: RungContext) -> RungResult:
     """Compare and time every applicable kernel; the keep rule's picks come back as recipe edits."""
     from titan_core import devices
-    from titan_core.config import ConfigError
-    from titan_core.kernels import applicable_kernels
-    from titan_core.model_builder import build_model_from_config, resolve_model_args
+    from titan_core.kernels import applicable_kernels, measure_kernel
+    from titan_core.model_builder import build_model_from_config
 
-    cfg = eager.job_config(ctx)
-    try:
-        args = resolve_model_args(cfg.model)
-        device = devices.resolve_device(cfg.device.type, libtpu_init_flags=cfg.tpu.libtpu_init_flags)
-    except ConfigError as e:
-        raise BadInput(f"{ctx.workspace.recipe_path}: {e}") from None
-    device_type = simple_fsdp.resolved_device_type(cfg.device.type)
+    cfg = harness.job_config(ctx)
+    args = harness.model_args(cfg)
+    device = devices.resolve_device(cfg.device.type, libtpu_init_flags=cfg.tpu.libtpu_init_flags)
+    device_type = harness.resolved_device_type(cfg.device.type)
     t = cfg.training
     captured = bool(cfg.compile.enable or cfg.graph_trainer.enable)
-    dtype = in_process.compute_dtype(t)
+    dtype = harness.compute_dtype(t)
     applicable = applicable_kernels(args, device=device_type, dtype=dtype, captured=captured)
     # a port's own model.py builds the model (the swaps then replace its modules), else the family's class
     builder = (lambda: build_model_from_config(cfg.model)[2]) if cfg.model.module_file else None
     cb, cs, compare_why = compare_shape(t.batch_size, t.seq_len)
-    criteria = tolerances()
+    proto = protocol()
+    common = dict(family=cfg.model.family, args=args, device=device, base=cfg.kernels, build_meta_model=builder)
+    build = dict(common, batch=cb, seq_len=cs)
+    timing_kw = dict(common, batch=t.batch_size, seq_len=t.seq_len, protocol=proto)
     n_apply = sum(reason is None for reason in applicable.values())
     ctx.log(
         f"kernels: {n_apply} of {len(applicable)} kernel flags apply on {device_type}; fp32 comparison at "
-        f"{cb} x {cs} tokens, timing at {t.batch_size} x {t.seq_len} ({MEASURE_STEPS} steps after a warm-up)"
+        f"{cb} x {cs} tokens, timing at {t.batch_size} x {t.seq_len} (interleaved, {proto.min_rounds}-"
+        f"{proto.max_rounds} rounds, {proto.confidence:.0%} interval)"
     )
+
+    def contest(field_name: str, challenger: str, holder: str) -> dict:
+        out = measure_kernel(flag=f"kernels.{field_name}={challenger}", against=holder, **timing_kw)
+        ctx.log(f"kernels: head to head: {out['describe']}")
+        return out
+
     rows: dict[str, dict] = {}
-    with in_process.process_threads(cfg.device.threads):
+    with harness.process_threads(cfg.device.threads):
         for flag, reason in applicable.items():
             if reason is not None:
                 rows[flag] = {"status": "not_applicable", "reason": reason}
                 ctx.log(f"kernels: {flag} not applicable: {reason}")
                 continue
-            rows[flag] = _one_kernel(ctx, flag, family=cfg.model.family, args=args, device=device,
-                                     base=cfg.kernels, builder=builder, criteria=criteria,
-                                     shapes=((cb, cs), (t.batch_size, t.seq_len)))  # fmt: skip
+            rows[flag] = _one_kernel(ctx, flag, build=build, timing_kw=timing_kw, criteria=tolerances())
+        edits, decisions = decide(rows, cfg.kernels, captured=captured, contest=contest)
     m = summarise(rows)
-    edits, decisions = decide(rows, cfg.kernels, captured=captured)
     m.update(
         compare_dtype="float32", compare_batch_size=cb, compare_seq_len=cs, compare_shape_why=compare_why,
-        measure_batch_size=t.batch_size, measure_seq_len=t.seq_len, measure_steps=MEASURE_STEPS,
+        measure_batch_size=t.batch_size, measure_seq_len=t.seq_len, timing_protocol=vars(proto),
         recipe_dtype=str(dtype).removeprefix("torch."), captured=captured,
         proposed_recipe_edits=[f"{e.key}={e.value}" for e in edits],  # written only if the gate passes
     )  # fmt: skip
@@ -297,10 +318,9 @@ def run(ctx: RungContext) -> RungResult:
         ctx.log(f"kernels: recipe keeps {e.key} = {e.value!r} ({e.why}) if the gate passes")
     return RungResult(
         measurements=m,
-        files_read=eager.files_read(ctx, cfg),
-        command=f"onboard next-step {ctx.workspace.name} --dir {ctx.workspace.root.parent.parent}",
+        files_read=harness.files_read(ctx, cfg),
+        command=harness.next_step_command(ctx),
         details={"device": device_type, "kernels": rows, "decisions": decisions,
                  "path": ctx.workspace.path_kind, "model_file": cfg.model.module_file or None},  # fmt: skip
         recipe_edits=edits,
     )
-

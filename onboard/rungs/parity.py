@@ -17,12 +17,11 @@ from pathlib import Path
 
 from onboard.errors import BadInput
 from onboard.parity.results import RESULTS_ENV, WEIGHTS_ENV, failure_summary, read_results
+from onboard.rungs import harness
 from onboard.rungs.base import RungContext, RungResult
 
 RUNG = "parity"
 TEST_FILE = "test_parity.py"
-TIMEOUT_S = 1800
-"""A stuck parity run (a huge model on a slow CPU) ends as a failed attempt, not a hung CLI."""
 
 
 def pytest_command(test_file: Path) -> list[str]:
@@ -60,7 +59,8 @@ def run(ctx: RungContext) -> RungResult:
     log_path = ctx.attempt_dir / "pytest.log"
     with open(log_path, "w") as log:
         try:
-            proc = subprocess.run(cmd, cwd=ws.root, env=env, stdout=log, stderr=subprocess.STDOUT, timeout=TIMEOUT_S)
+            timeout = harness.param(RUNG, "timeout_s")
+            proc = subprocess.run(cmd, cwd=ws.root, env=env, stdout=log, stderr=subprocess.STDOUT, timeout=timeout)
             returncode = proc.returncode
         except subprocess.TimeoutExpired:
             returncode = None

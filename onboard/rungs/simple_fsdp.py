@@ -10,41 +10,31 @@ judges (DESIGN section 5):
 - beside them, the step time of SimpleFSDP and of FSDP2 on the same steps, and peak memory.
 
 The baseline is the eager rung's evidence whenever one sharded step is the same arithmetic
-as eager's one big batch. It is not when a term of the loss is computed per forward pass
-over a rank's rows: a MoE load-balancing loss (aux_loss_coef != 0) or a token mean over
-rows with ignored labels (text data). A W-rank step then equals a one-process step with
-grad_accum = W over the same rows, so the rung runs that step and compares with it, and
-says so in `baseline_why`; the distance to the eager evidence is still recorded.
+as eager's one big batch. The cross-entropy is: titan_core normalises it by the global
+count of valid tokens over every rank and micro-batch (titan_core/token_mean.py), so rows
+with ignored labels (text data) spread unevenly over the ranks change nothing. A term
+computed per forward pass over a rank's rows is not: a MoE load-balancing loss
+(aux_loss_coef != 0). A W-rank step then equals a one-process step with grad_accum = W
+over the same rows, so the rung runs that step and compares with it, and says so in
+`baseline_why`; the distance to the eager evidence is still recorded. So does a recipe
+that is not fp32 (its eager evidence is then no fp32 number).
 """
 
 from __future__ import annotations
 
 import copy
 import math
-import statistics
 from pathlib import Path
 
+from titan_core.numerics import curve_max_rel, rel
+
 from onboard.errors import BadInput
-from onboard.rungs import eager
+from onboard.rungs import harness
 from onboard.rungs.base import RungContext, RungResult
+from onboard.rungs.harness import resolved_device_type
 
 RUNG = "simple_fsdp"
-STEPS = eager.STEPS
-"""Steps of each sharded run: the same number as the eager rung, on the same repeated batch."""
-CPU_WORLD = 2
-"""Processes on a CPU: the smallest world that shards anything (DESIGN section 5)."""
-TIMEOUT_S = 900.0
-"""A sharded run that takes longer than this ends as a failed attempt, never a hung CLI."""
 FP32 = "float32"
-
-
-def resolved_device_type(device_type: str) -> str:
-    """`[device] type` as titan_core resolves it (`auto`: cuda when available, else cpu)."""
-    import torch
-
-    if device_type == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    return device_type
 
 
 def world_size(device_type: str) -> int:
@@ -53,32 +43,10 @@ def world_size(device_type: str) -> int:
 
     device_type = resolved_device_type(device_type)
     if device_type == "cpu":
-        return CPU_WORLD
+        return harness.param(RUNG, "cpu_world")
     backend = getattr(torch, device_type, None)
     count = backend.device_count() if backend is not None and hasattr(backend, "device_count") else 1
     return max(1, int(count))
-
-
-def rel(value: float, reference: float) -> float:
-    """|value - reference| / |reference| (inf when the reference is 0 and the value is not)."""
-    if value == reference:
-        return 0.0
-    return abs(value - reference) / abs(reference) if reference else math.inf
-
-
-def curve_max_rel(curve: list[float], reference: list[float]) -> tuple[float, int | None]:
-    """(worst relative difference over the steps, its 1-based step); inf when a curve is short."""
-    if len(curve) != STEPS or len(reference) != STEPS:
-        return math.inf, None
-    errs = [rel(a, b) if math.isfinite(a) else math.inf for a, b in zip(curve, reference)]
-    worst = max(range(STEPS), key=lambda i: errs[i])
-    return errs[worst], worst + 1
-
-
-def median_step_time(rows: list[dict]) -> float:
-    """Median step time, leaving out the first two steps (allocator warm-up, lazy init) as eager does."""
-    times = [r["step_time_s"] for r in rows]
-    return statistics.median(times[2:] if len(times) > 4 else times)
 
 
 def baseline_reason(cfg, evidence: dict) -> str | None:
@@ -97,11 +65,7 @@ def baseline_reason(cfg, evidence: dict) -> str | None:
             f"aux_loss_coef = {coef:g}: the load-balancing loss is computed per forward pass over a rank's rows, "
             "so W ranks equal one process with grad_accum = W, not eager's one big batch"
         )
-    if cfg.data.source != "synthetic":
-        return (
-            f"data.source = '{cfg.data.source}': rows may hold ignored labels, and the token mean of each "
-            "rank's rows then differs from the mean over the whole batch"
-        )
+    # ignored labels (text data) need no reason: the CE is the mean over the global batch's valid tokens
     return None
 
 
@@ -131,20 +95,18 @@ def baseline_config(base, out_dir: Path, *, world: int):
     t = cfg.training
     t.steps, t.batch_size, t.grad_accum = 1, t.batch_size // world, world
     t.dtype = t.mixed_precision_param = t.mixed_precision_reduce = FP32
+    # not repeated: micro-batch k holds rows k*B/W..., exactly rank k's rows in the sharded run
+    cfg.data.repeat_batch = False
     cfg.metrics.output_dir = str(out_dir)
     return cfg
 
 
 def _world(ctx: RungContext, cfg, world: int, label: str, *, required: bool) -> tuple[list[dict], str | None]:
     """(rank 0's metric rows, failure or None) of one W-rank run; a required run that fails raises."""
-    from titan_core.config import ConfigError
     from titan_core.launcher import run_world
 
     ctx.log(f"simple_fsdp: {label} on {world} processes -> {cfg.metrics.output_dir}")
-    try:
-        run = run_world(cfg, world, repeat_batch=True, timeout_s=TIMEOUT_S)
-    except ConfigError as e:
-        raise BadInput(f"{ctx.workspace.recipe_path}: {e}") from None
+    run = run_world(cfg, world, timeout_s=float(harness.param(RUNG, "timeout_s")))
     if run.ok:
         return run.metrics, None
     stopped_on_nan = run.metrics and not math.isfinite(run.metrics[-1]["loss"])
@@ -158,24 +120,24 @@ def _baseline(ctx: RungContext, base, world: int, why: str | None) -> tuple[floa
     if why is None:
         ev = ctx.evidence["eager"]
         return float(ev["step1_loss_repr"]), float(ev["step1_grad_norm_repr"])
-    from titan_core.config import ConfigError
     from titan_core.train import run as train_run
 
     cfg = baseline_config(base, ctx.attempt_dir / "baseline", world=world)
     ctx.log(f"simple_fsdp: baseline = 1 process, grad_accum {world}, fp32, 1 step ({why})")
-    try:
-        # not repeated: micro-batch k holds rows k*B/W..., exactly rank k's rows in the sharded run
-        row = train_run(cfg, repeat_batch=False).metrics[0]
-    except ConfigError as e:
-        raise BadInput(f"{ctx.workspace.recipe_path}: {e}") from None
+    row = train_run(cfg).metrics[0]
     return row["loss"], row["grad_norm"]
 
 
 def measure(fp32: list[dict], bf16: list[dict], fsdp2: list[dict], *, baseline: tuple[float, float],
-            eager_evidence: dict | None) -> dict:  # fmt: skip
-    """Gate measurements from rank 0's rows of the three sharded runs and the baseline step."""
+            eager_evidence: dict | None, steps: int) -> dict:  # fmt: skip
+    """Gate measurements from rank 0's rows of the three sharded runs (`steps` planned) and the baseline step."""
+    from titan_core.timing import compare_samples
+
     first = fp32[0]
-    worst, worst_step = curve_max_rel([r["loss"] for r in bf16], [r["loss"] for r in fp32])
+    worst, worst_step = math.inf, None  # a curve that stopped short (a non-finite loss) is the worst
+    if len(bf16) == len(fp32) == steps:
+        worst, worst_step = curve_max_rel([r["loss"] for r in bf16], [r["loss"] for r in fp32])
+    stats = harness.run_stats(fp32)
     m = {
         "steps_run": len(fp32),
         "bf16_steps_run": len(bf16),
@@ -187,11 +149,9 @@ def measure(fp32: list[dict], bf16: list[dict], fsdp2: list[dict], *, baseline: 
         "step1_grad_norm_rel_err": rel(first["grad_norm"], baseline[1]),
         "bf16_loss_curve_max_rel": worst,
         "bf16_loss_curve_worst_step": worst_step,
-        "step_time_median_s": median_step_time(fp32),
-        "bf16_step_time_median_s": median_step_time(bf16) if bf16 else None,
-        "fsdp2_step_time_median_s": median_step_time(fsdp2) if fsdp2 else None,
-        "tokens_per_s": statistics.median(r["tokens_per_s"] for r in (fp32[2:] if len(fp32) > 4 else fp32)),
-        "peak_mem_bytes": max(r["peak_mem_bytes"] for r in fp32),
+        **stats,
+        "bf16_step_time_median_s": harness.run_stats(bf16)["step_time_median_s"] if bf16 else None,
+        "fsdp2_step_time_median_s": harness.run_stats(fsdp2)["step_time_median_s"] if fsdp2 else None,
         "bf16_peak_mem_bytes": max((r["peak_mem_bytes"] for r in bf16), default=None),
         "fsdp2_peak_mem_bytes": max((r["peak_mem_bytes"] for r in fsdp2), default=None),
         # FSDP2 shards the same way: a different step-1 loss there points at the model, not SimpleFSDP
@@ -199,6 +159,8 @@ def measure(fp32: list[dict], bf16: list[dict], fsdp2: list[dict], *, baseline: 
     }
     if fsdp2:
         m["fsdp2_over_simple_fsdp_step_time"] = m["fsdp2_step_time_median_s"] / m["step_time_median_s"]
+        cmp = compare_samples(harness.run_stats(fsdp2)["step_times_s"], stats["step_times_s"])
+        m["fsdp2_vs_simple_fsdp"] = cmp.describe("FSDP2", "SimpleFSDP") if cmp else None
     if eager_evidence:
         m["eager_step1_loss_rel_err"] = rel(first["loss"], float(eager_evidence["step1_loss_repr"]))
         m["eager_step1_grad_norm_rel_err"] = rel(first["grad_norm"], float(eager_evidence["step1_grad_norm_repr"]))
@@ -206,9 +168,9 @@ def measure(fp32: list[dict], bf16: list[dict], fsdp2: list[dict], *, baseline: 
 
 
 def run(ctx: RungContext) -> RungResult:
-    from titan_core.config import ConfigError
-
-    base = eager.job_config(ctx)
+    base = harness.job_config(ctx)
+    steps = harness.param(RUNG, "steps")
+    base.training.steps = steps
     b = base.training.batch_size
     world = world_size(base.device.type)
     if b % world:
@@ -217,14 +179,11 @@ def run(ctx: RungContext) -> RungResult:
             f"run gives each rank batch_size / {world} rows so that together they see the eager rung's global "
             f"batch: use a batch size divisible by {world}"
         )
-    try:
-        why = baseline_reason(base, ctx.evidence)
-    except ConfigError as e:
-        raise BadInput(f"{ctx.workspace.recipe_path}: {e}") from None
+    why = baseline_reason(base, ctx.evidence)
     t = base.training
     ctx.log(
         f"simple_fsdp: world size {world}, {b // world} of {b} rows x {t.seq_len} tokens per rank, "
-        f"{STEPS} steps on a repeated batch, device {resolved_device_type(base.device.type)}"
+        f"{steps} steps on a repeated batch, device {resolved_device_type(base.device.type)}"
     )
     out = ctx.attempt_dir
 
@@ -239,7 +198,7 @@ def run(ctx: RungContext) -> RungResult:
     if not fp32:
         raise RuntimeError(f"the SimpleFSDP fp32 run logged no step (metrics: {out / 'fp32'})")
     baseline = _baseline(ctx, base, world, why)
-    m = measure(fp32, bf16, fsdp2, baseline=baseline, eager_evidence=ctx.evidence.get("eager"))
+    m = measure(fp32, bf16, fsdp2, baseline=baseline, eager_evidence=ctx.evidence.get("eager"), steps=steps)
     m.update(
         world_size=world,
         global_batch_size=b,
@@ -251,7 +210,7 @@ def run(ctx: RungContext) -> RungResult:
         f"simple_fsdp: step-1 loss rel {m['step1_loss_rel_err']:.2e}, grad norm rel "
         f"{m['step1_grad_norm_rel_err']:.2e} (vs {m['baseline']}); bf16 curve max rel "
         f"{m['bf16_loss_curve_max_rel']:.2e}; step time {m['step_time_median_s'] * 1e3:.0f} ms SimpleFSDP"
-        + (f", {m['fsdp2_step_time_median_s'] * 1e3:.0f} ms FSDP2" if fsdp2 else ", FSDP2 failed")
+        + (f", {m['fsdp2_step_time_median_s'] * 1e3:.0f} ms FSDP2 ({m['fsdp2_vs_simple_fsdp']})" if fsdp2 else ", FSDP2 failed")
     )
     key = ctx.workspace.key_for
     details = {
@@ -266,8 +225,7 @@ def run(ctx: RungContext) -> RungResult:
                 "metrics_file": key(out / name / "metrics.jsonl"),
                 "rank_logs": key(out / name / "logs"),
                 # run_world wrote the resolved recipe there: one run by hand, exactly
-                "command": f"python -m titan_core.train --config {out / name / 'world_recipe.toml'} "
-                f"--nproc {world} --repeat-batch",
+                "command": f"python -m titan_core.train --config {out / name / 'world_recipe.toml'} --nproc {world}",
             }
             for name in ("fp32", "bf16", "fsdp2")
         },
@@ -277,7 +235,7 @@ def run(ctx: RungContext) -> RungResult:
             details[f"{name}_failure"] = failure
     return RungResult(
         measurements=m,
-        files_read=eager.files_read(ctx, base),
-        command=f"onboard next-step {ctx.workspace.name} --dir {ctx.workspace.root.parent.parent}",
+        files_read=harness.files_read(ctx, base),
+        command=harness.next_step_command(ctx),
         details=details,
     )

@@ -8,13 +8,13 @@ local/global and RoPE-skip pattern within 2 layers.
 from __future__ import annotations
 
 import torch
-from torch.distributed.tensor import DTensor
 
 from titan_core.config import load_config
 from titan_core.config.sections import Optimizer
-from titan_core.data.loader import Batch
+from titan_core.data.base import Batch
 from titan_core.models import FAMILY_NAMES, build_meta, resolve_args
 from titan_core.optim import build_optimizer
+from titan_core.parallel.local import local_tensor as local  # noqa: F401  (the compile tests' name for it)
 
 COMMON = {
     "n_layers": 2,
@@ -88,10 +88,6 @@ def batches(n: int, *, vocab: int = 256, batch: int = 4, seq: int = 32, seed: in
         Batch(torch.randint(0, vocab, (batch, seq), generator=g), torch.randint(0, vocab, (batch, seq), generator=g))
         for _ in range(n)
     ]
-
-
-def local(t: torch.Tensor) -> torch.Tensor:
-    return t.to_local() if isinstance(t, DTensor) else t
 
 
 def same_params(a, b) -> bool:

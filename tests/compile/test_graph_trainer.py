@@ -4,8 +4,9 @@ import pytest
 import torch
 from _tiny import FAMILIES, batches, build, same_params, tiny_cfg
 
-from titan_core.compile.graph_trainer import GraphTrainerOptions, GraphTrainStep
+from titan_core.compile.graph_trainer import GraphTrainStep
 from titan_core.config.loader import ConfigError
+from titan_core.config.sections import GraphTrainer
 from titan_core.trainer import Trainer
 
 
@@ -47,7 +48,7 @@ def test_simple_fsdp_world_size_1_and_grad_accum(tmp_path):
 def test_parameters_are_graph_inputs_not_constants():
     """Perturb the weights after capture: the captured program must see the new values."""
     model, opt = build("llama3")
-    step = GraphTrainStep(model, opt, max_norm=1.0, grad_accum=1, options=GraphTrainerOptions())
+    step = GraphTrainStep(model, opt, max_norm=1.0, grad_accum=1, config=GraphTrainer())
     (b,) = batches(1)
     step.capture([b])
     flat = step.inputs([b])

@@ -6,11 +6,11 @@ from _tiny import batches, build
 from torch import nn
 
 from titan_core.compile.graph_trainer import (
-    GraphTrainerOptions,
     GraphTrainStep,
     HostSyncError,
     find_host_syncs,
 )
+from titan_core.config.sections import GraphTrainer
 
 
 class ItemNorm(nn.Module):
@@ -26,7 +26,7 @@ class ItemNorm(nn.Module):
 
 
 def _capture(model, opt, **opts):
-    step = GraphTrainStep(model, opt, max_norm=1.0, grad_accum=1, options=GraphTrainerOptions(**opts))
+    step = GraphTrainStep(model, opt, max_norm=1.0, grad_accum=1, config=GraphTrainer(**opts))
     step.capture(batches(1))
     return step
 

@@ -4,18 +4,18 @@ import torch
 from _tiny import batches, build
 
 from titan_core.compile.graph_trainer import (
-    GraphTrainerOptions,
     GraphTrainStep,
     measure_memory_policies,
     saved_activation_bytes,
 )
 from titan_core.compile.graph_trainer.report import POLICY_PASSES
+from titan_core.config.sections import GraphTrainer
 
 
 def _step(policy: str | None):
     model, opt = build("llama3", n_layers=6)
-    opts = GraphTrainerOptions(memory_policy=policy) if policy else GraphTrainerOptions(disable_passes=POLICY_PASSES)
-    step = GraphTrainStep(model, opt, max_norm=1.0, grad_accum=1, options=opts)
+    opts = GraphTrainer(memory_policy=policy) if policy else GraphTrainer(disable_passes=POLICY_PASSES)
+    step = GraphTrainStep(model, opt, max_norm=1.0, grad_accum=1, config=opts)
     loss, norm = step.run(batches(1))
     return step, loss, norm, [p.detach().clone() for p in model.parameters()]
 

@@ -4,14 +4,15 @@ import pytest
 import torch
 from _tiny import batches, build
 
-from titan_core.compile.graph_trainer import GraphTrainerOptions, GraphTrainStep, build_pipeline, registered_passes
+from titan_core.compile.graph_trainer import GraphTrainStep, build_pipeline, registered_passes
 from titan_core.compile.graph_trainer.passes import DEFAULT_PIPELINE, NUMERICS_CHANGING_PIPELINE
 from titan_core.config.loader import ConfigError
+from titan_core.config.sections import GraphTrainer
 
 
 def _one_step(**opts):
     model, opt = build("llama3")
-    step = GraphTrainStep(model, opt, max_norm=1.0, grad_accum=1, options=GraphTrainerOptions(**opts))
+    step = GraphTrainStep(model, opt, max_norm=1.0, grad_accum=1, config=GraphTrainer(**opts))
     loss, _ = step.run(batches(1))
     return step, loss
 

@@ -4,12 +4,13 @@ import pytest
 import torch
 from _tiny import batches, build
 
-from titan_core.compile.graph_trainer import GraphTrainerOptions, GraphTrainStep, ScanError, saved_activation_bytes
+from titan_core.compile.graph_trainer import GraphTrainStep, ScanError, saved_activation_bytes
+from titan_core.config.sections import GraphTrainer
 
 
 def _train(family, steps=2, **opts):
     model, opt = build(family)
-    step = GraphTrainStep(model, opt, max_norm=1.0, grad_accum=1, options=GraphTrainerOptions(**opts))
+    step = GraphTrainStep(model, opt, max_norm=1.0, grad_accum=1, config=GraphTrainer(**opts))
     losses = [step.run([b])[0] for b in batches(steps)]
     return step, losses, [p.detach() for p in model.parameters()]
 
@@ -41,7 +42,7 @@ def test_scan_equals_unrolled(unrolled):
 
 def test_scan_refuses_different_blocks():
     model, opt = build("glimmer")  # layer 0 windowed with RoPE, layer 1 global without
-    step = GraphTrainStep(model, opt, max_norm=1.0, grad_accum=1, options=GraphTrainerOptions(scan_layers=True))
+    step = GraphTrainStep(model, opt, max_norm=1.0, grad_accum=1, config=GraphTrainer(scan_layers=True))
     with pytest.raises(ScanError, match="layer 1 differs from layer 0 at attention"):
         step.run(batches(1))
 

@@ -10,8 +10,12 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+import torch
+
 from titan_core.config import load_config
+from titan_core.data import IGNORE_INDEX, Batch
 from titan_core.models import FAMILY_NAMES, build_meta, resolve_args
+from titan_core.numerics import curve_max_rel
 
 COMMON = "n_layers=2, dim=64, n_heads=4, n_kv_heads=2, head_dim=16, ffn_hidden_dim=128, vocab_size=256"
 EXTRA = {
@@ -66,14 +70,35 @@ def param_reads_per_forward(family: str) -> int:
     return reads + (1 if args.tie_embeddings else 0)
 
 
-def rel(a: float, b: float) -> float:
-    return abs(a - b) / abs(b) if b else abs(a)
-
-
 def max_rel(got: list[float], want: list[float]) -> float:
+    """The worst `titan_core.numerics.rel` over two curves of finite values."""
     assert len(got) == len(want), (got, want)
     assert all(math.isfinite(x) for x in got)
-    return max(rel(a, b) for a, b in zip(got, want))
+    return curve_max_rel(got, want)[0]
+
+
+VALID_PER_ROW = (2, 5, SEQ_LEN - 1, SEQ_LEN)
+"""Valid labels in each row of `uneven_rows`: rank 0's two rows (of 2) are mostly ignored
+labels (7 of 64 valid), rank 1's almost none (63 of 64 valid)."""
+
+
+def uneven_rows(step: int, *, vocab: int = 256) -> tuple[torch.Tensor, torch.Tensor]:
+    """(tokens, labels) [GLOBAL_BATCH, SEQ_LEN] of one global batch whose rows hold very
+    different numbers of ignored labels (-100 at the row's end, like document padding)."""
+    g = torch.Generator().manual_seed(1000 + step)
+    tokens = torch.randint(0, vocab, (GLOBAL_BATCH, SEQ_LEN), generator=g)
+    labels = torch.randint(0, vocab, (GLOBAL_BATCH, SEQ_LEN), generator=g)
+    for row, valid in enumerate(VALID_PER_ROW):
+        labels[row, valid:] = IGNORE_INDEX
+    return tokens, labels
+
+
+def uneven_batch(step: int, part: int = 0, parts: int = 1) -> Batch:
+    """Rows `part` of `parts` equal slices of `uneven_rows(step)`: a rank's rows (parts = dp
+    world) or a micro-batch (parts = grad_accum); parts = 1 is the whole global batch."""
+    tokens, labels = uneven_rows(step)
+    n = GLOBAL_BATCH // parts
+    return Batch(tokens[part * n : (part + 1) * n].clone(), labels[part * n : (part + 1) * n].clone())
 
 
 def curve(rows: list[dict]) -> dict:

@@ -14,7 +14,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).parent))
 
 import torch
-from _cases import DENSE, FAMILIES, GLOBAL_BATCH, tiny_cfg
+from _cases import DENSE, FAMILIES, GLOBAL_BATCH, tiny_cfg, uneven_batch
 from torch.distributed.tensor import DTensor
 
 from titan_core import distributed
@@ -128,12 +128,56 @@ def scenario_w4(out: Path) -> dict:
     return res
 
 
+def _full(t: torch.Tensor) -> torch.Tensor:
+    return t.full_tensor() if isinstance(t, DTensor) else t  # collective: every rank calls it
+
+
+def _uneven_steps(trainer: Trainer, steps: int, rank: int, world: int) -> list[dict]:
+    """`steps` steps, this rank fed its rows of `uneven_batch(step)` (very uneven ignored labels)."""
+    trainer.data = iter([uneven_batch(s, rank, world) for s in range(steps)])
+    return _steps(trainer, steps)[0]
+
+
+def scenario_token_mean(out: Path) -> dict:
+    """World size 2, rank 0's rows mostly ignored labels, rank 1's almost none: eager SimpleFSDP
+    (llama3, and qwen3_moe for its aux term) one step, with every full gradient saved for the
+    pytest side; then llama3 eager vs the Graph Trainer on two such steps."""
+    rank, world = torch.distributed.get_rank(), torch.distributed.get_world_size()
+    res: dict = {}
+    grads = {}
+    for fam in ("llama3", "qwen3_moe"):
+        t = Trainer(tiny_cfg(fam, out / f"tm_{fam}", batch_size=GLOBAL_BATCH // world, steps=1), quiet=True)
+        rows = _uneven_steps(t, 1, rank, world)
+        res[fam] = {**_curve(rows), "mode": t.degrees.mode}
+        grads[fam] = {n: _full(p.grad).clone() for n, p in t.model.named_parameters()}
+        t.close()
+    if rank == 0:
+        torch.save(grads, out / "token_mean_grads.pt")
+    runs = {}
+    for name, extra in (("eager", ()), ("graph", ("--graph_trainer.enable",))):
+        t = Trainer(tiny_cfg("llama3", out / f"tm_gt_{name}", *extra, batch_size=GLOBAL_BATCH // world, steps=2),
+                    quiet=True)  # fmt: skip
+        runs[name] = (t, _uneven_steps(t, 2, rank, world))
+    (e, e_rows), (g, g_rows) = runs["eager"], runs["graph"]
+    params_equal = all(torch.equal(_full(p.detach()), _full(q.detach()))
+                       for p, q in zip(e.model.parameters(), g.model.parameters()))  # fmt: skip
+    state_equal = all(
+        torch.equal(_full(e.optimizer.state[p][k]), _full(g.optimizer.state[q][k]))
+        for p, q in zip(e.model.parameters(), g.model.parameters())
+        for k in ("exp_avg", "exp_avg_sq", "step")
+    )
+    res["graph_vs_eager"] = {"eager": _curve(e_rows), "graph": _curve(g_rows), "params_equal": params_equal,
+                             "optimizer_state_equal": state_equal,
+                             "programs_per_step": g.graph_step.stats.programs_per_step}  # fmt: skip
+    return res
+
+
 def main() -> None:
     scenario, out, *rest = sys.argv[1:]
     out = Path(out)
     state = distributed.init_distributed(torch.device("cpu"), timeout_s=120)
     try:
-        res = {"w2": scenario_w2, "w4": scenario_w4}[scenario](out, *rest)
+        res = {"w2": scenario_w2, "w4": scenario_w4, "token_mean": scenario_token_mean}[scenario](out, *rest)
     finally:
         distributed.teardown(state)
     (out / f"rank_{state.rank}.json").write_text(json.dumps(res))

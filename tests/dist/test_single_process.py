@@ -4,13 +4,14 @@ and SimpleFSDP at world size 1 being bit-identical to plain eager."""
 from __future__ import annotations
 
 import json
+import tomllib
 
 import pytest
 import torch
 from _cases import tiny_cfg
 from torch.distributed.tensor import DTensor
 
-from titan_core.config import ConfigError, JobConfig, load_config
+from titan_core.config import ConfigError, JobConfig, from_dict, load_config, to_toml
 from titan_core.config.sections import Parallelism
 from titan_core.launcher import check_nproc, cpu_count
 from titan_core.parallel import check_parallelism, resolve_degrees
@@ -93,7 +94,10 @@ def test_tp_degree_must_divide_the_heads():
         (["--nproc", "2", "--parallelism.data_parallel=none"], "WORLD_SIZE=2 but parallelism.data_parallel = 'none'"),
         (["--nproc", "0"], "--nproc must be >= 1"),
         (["--nproc", "two"], "--nproc expects a positive integer"),
-        (["--nproc", "3", "--repeat-batch", "--parallelism.tp=2"], "tp (2) = 2 does not divide the world size 3"),
+        (
+            ["--nproc", "3", "--data.repeat_batch=true", "--parallelism.tp=2"],
+            "tp (2) = 2 does not divide the world size 3",
+        ),
     ],
 )
 def test_launch_bad_input_exits_2_before_starting(argv, needle, tmp_path, capfd):
@@ -135,12 +139,16 @@ def test_world_size_1_simple_fsdp_is_bit_identical_to_eager(tmp_path, family):
         sharded.close()
 
 
-def test_repeat_batch_flag_of_the_entry(tmp_path):
-    """`--repeat-batch` (what run_world passes to its ranks) trains on the first batch every step."""
+def test_repeat_batch_override_of_the_entry(tmp_path):
+    """`--data.repeat_batch=true` trains on the first batch every step; the field is in the
+    resolved recipe, so the recipe alone (what run_world hands its ranks) reproduces the run."""
     argv = ["--model.overrides={n_layers=1, dim=64, n_heads=4, n_kv_heads=2, ffn_hidden_dim=128, vocab_size=256}",
             "--training.steps=3", "--training.batch_size=2", "--training.seq_len=16", "--device.type=cpu",
             "--metrics.rich=false", "--parallelism.data_parallel=none"]  # fmt: skip
-    assert main([*argv, "--repeat-batch", f"--metrics.output_dir={tmp_path / 'a'}"]) == 0
-    want = run(load_config(None, [*argv, f"--metrics.output_dir={tmp_path / 'b'}"]), quiet=True, repeat_batch=True)
+    assert main([*argv, "--data.repeat_batch=true", f"--metrics.output_dir={tmp_path / 'a'}"]) == 0
+    cfg = load_config(None, [*argv, f"--metrics.output_dir={tmp_path / 'b'}"])
+    cfg.data.repeat_batch = True
+    assert from_dict(tomllib.loads(to_toml(cfg))).data.repeat_batch is True
+    want = run(cfg, quiet=True)
     rows = [json.loads(x) for x in (tmp_path / "a" / "metrics.jsonl").read_text().splitlines()]
     assert [r["loss"] for r in rows] == [m["loss"] for m in want.metrics]

@@ -1,4 +1,4 @@
-"""The public API the kernels rung builds on: which kernels apply, kernel vs plain path, timing."""
+"""titan_core.kernels.compare: which kernels apply, kernel vs plain path, timing through the protocol."""
 
 import importlib.util
 
@@ -9,7 +9,10 @@ from kernel_helpers import FP32_TOL
 from titan_core.config.loader import ConfigError
 from titan_core.config.sections import Kernels
 from titan_core.kernels import applicable_kernels, compare_kernel, measure_kernel
-from titan_core.kernels.rung import KERNEL_FLAGS, parse_flag
+from titan_core.kernels.compare import KERNEL_FLAGS, parse_flag
+from titan_core.timing import TimingProtocol
+
+QUICK = TimingProtocol(warmup=1, min_rounds=2, max_rounds=2)
 from titan_core.models import build_meta, resolve_args
 
 HAS_JAX = all(importlib.util.find_spec(m) for m in ("jax", "tokamax"))
@@ -100,11 +103,14 @@ def test_measure_kernel_reports_time_and_memory():
     their log-softmax, and their gradient): its step peaks lower, as counted tensor bytes."""
     args = _args("llama3", n_layers=1)
     out = measure_kernel(
-        "llama3", args, "kernels.loss=fused_ce", batch=4, seq_len=64, steps=1, base=Kernels(ce_chunk=32)
+        "llama3", args, "kernels.loss=fused_ce", batch=4, seq_len=64, protocol=QUICK, base=Kernels(ce_chunk=32)
     )
     assert out["reference"] == "kernels.loss=plain"
     for side in ("with_kernel", "with_reference"):
         assert out[side]["step_time_s"] > 0
+    t = out["timing"]
+    assert t["rounds"] == 2 and t["outcome"] in ("faster", "slower", "indistinguishable") and t["ci_low"] <= t["ratio"]
+    assert t["candidate_median_s"] == out["with_kernel"]["step_time_s"] and "CI" in out["describe"]
     logits = 4 * 64 * args.vocab_size * 4
     plain, fused = out["with_reference"]["peak_memory_bytes"], out["with_kernel"]["peak_memory_bytes"]
     assert plain >= 2 * logits  # logits and log-softmax alive together
@@ -113,7 +119,13 @@ def test_measure_kernel_reports_time_and_memory():
 
 @pytest.mark.skipif(not HAS_JAX, reason="needs jax and tokamax (the [jax] extra)")
 def test_measure_kernel_does_not_claim_memory_for_a_jax_kernel():
-    out = measure_kernel("llama3", _args("llama3", n_layers=1), "kernels.attention=tokamax", seq_len=16, steps=1)
+    out = measure_kernel("llama3", _args("llama3", n_layers=1), "kernels.attention=tokamax", seq_len=16, protocol=QUICK)
     assert out["with_kernel"]["peak_memory_bytes"] is None
     assert "outside torch" in out["with_kernel"]["peak_memory_note"]
     assert out["with_reference"]["peak_memory_bytes"] > 0
+
+
+def test_measure_kernel_against_another_kernel():
+    out = measure_kernel("llama3", _args("llama3", n_layers=1), "kernels.attention=sdpa", against="naive",
+                         seq_len=16, protocol=QUICK)  # fmt: skip
+    assert out["reference"] == "kernels.attention=naive" and out["timing"]["rounds"] == 2

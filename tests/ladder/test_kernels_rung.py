@@ -1,5 +1,5 @@
 """The kernels rung: real comparisons on narrowed llama3, glimmer and qwen3_moe debug workspaces,
-the keep rule on synthetic numbers (its edges included), a broken kernel failing the gate by name,
+the keep rule on synthetic numbers (its edges included, timings through the one timing protocol), a broken kernel failing the gate by name,
 and the engine writing the kept kernels into recipe.toml only on a pass without making the earlier
 rungs stale, while a hand edit still does.
 
@@ -30,8 +30,9 @@ from onboard.rungs.base import RecipeEdit, RungContext
 from onboard.scaffold import plan_workspace, write_workspace
 from onboard.views import show_outcome
 from onboard.workspace import Workspace
+from titan_core.timing import compare
 from titan_core.kernels.fused_ce import FusedCrossEntropyHead
-from titan_core.kernels.rung import KERNEL_FLAGS, REFERENCE, parse_flag
+from titan_core.kernels.compare import KERNEL_FLAGS, REFERENCE, parse_flag
 from titan_core.models.common.attention import SDPAttention
 
 HAS_JAX = all(importlib.util.find_spec(m) for m in ("jax", "tokamax"))
@@ -72,13 +73,19 @@ def run_rung(ws: Workspace, tmp_path: Path, lines: list | None = None):
     return kernels.run(RungContext(workspace=ws, attempt_dir=attempt, evidence={}, log=log))
 
 
+def timing(w: float, wo: float) -> dict:
+    """The timing protocol's answer for two steady step times (no noise: the interval is a point)."""
+    return compare(lambda: w, lambda: wo, kernels.protocol()).to_dict()
+
+
 def scripted_measure(monkeypatch, times: dict[str, tuple[float, float]]) -> None:
     """measure_kernel -> (step time with, without) per flag; default: slower, same memory (never kept)."""
 
-    def measure(family, args, flag, **kw):
+    def measure(family=None, args=None, flag=None, against=None, **kw):
         w, wo = times.get(flag, (2.0, 1.0))
         field_name, _ = parse_flag(flag)
-        return {"flag": flag, "reference": f"kernels.{field_name}={REFERENCE[field_name]}",
+        return {"flag": flag, "reference": f"kernels.{field_name}={against or REFERENCE[field_name]}",
+                "timing": timing(w, wo), "describe": f"scripted {w} vs {wo}",
                 "with_kernel": {"step_time_s": w, "peak_memory_bytes": 1000},
                 "with_reference": {"step_time_s": wo, "peak_memory_bytes": 1000}}  # fmt: skip
 
@@ -94,19 +101,24 @@ def assert_decisions_follow_the_rule(result) -> None:
             continue
         assert r["status"] == "compared", r
         d = kernels.keep_decision(
-            passed=r["passed"], time_with=r["step_time_s"], time_without=r["reference_step_time_s"],
+            passed=r["passed"], timing=r["timing"],
             peak_with=r["peak_memory_bytes"], peak_without=r["reference_peak_memory_bytes"],
         )  # fmt: skip
-        assert d["kept"] == r["kept"] and d["why"] == r["why"], flag
+        assert d["kept"] == r["kept"] and d["outcome"] == r["outcome"] == r["timing"]["outcome"], flag
+        assert d["kept"] == (r["timing"]["outcome"] == "faster" or r["reason"].startswith("saves")), flag
         field_name, choice = parse_flag(flag)
         by_field.setdefault(field_name, {})[choice] = r
     edits = {e.key: e.value for e in result.recipe_edits}
     for field_name, decision in decisions.items():
-        kept = {c: r for c, r in by_field.get(field_name, {}).items() if r["kept"]}
+        kept = [c for c, r in by_field.get(field_name, {}).items() if r["kept"]]
         if field_name not in by_field:
             assert not decision["edit"]
             continue
-        expected = min(kept, key=lambda c: kept[c]["step_time_s"]) if kept else REFERENCE[field_name]
+        # the simplest kept kernel holds the field until a later one wins head to head
+        expected = kept[0] if kept else REFERENCE[field_name]
+        for c in decision["contests"]:
+            assert c["holder"] == expected and c["timing"]["outcome"] in ("faster", "slower", "indistinguishable")
+            expected = c["challenger"] if c["won"] else expected
         assert decision["value"] == expected, (field_name, decision)
         assert decision["edit"] == (expected != decision["was"])
         assert edits.get(f"kernels.{field_name}") == (expected if decision["edit"] else None)
@@ -118,8 +130,9 @@ def assert_decisions_follow_the_rule(result) -> None:
 @pytest.mark.parametrize(
     "time_with, peak_with, peak_without, kept",
     [
-        (1.0, 100, 100, True),  # exactly as fast: not slower
-        (1.0 + 1e-12, 100, 100, False),  # a hair slower, no saving: no hidden tolerance
+        (1.0, 100, 100, False),  # exactly as fast: indistinguishable keeps the plain path
+        (1.01, 100, 100, False),  # within the protocol's minimum effect: indistinguishable
+        (0.9, 100, 100, True),  # faster beyond the minimum effect, and the interval says so
         (1.5, 80, 100, True),  # slower, exactly 20% less peak memory
         (1.5, 81, 100, False),  # slower, 19%
         (1.5, None, 100, False),  # an unmeasured peak cannot claim a saving
@@ -128,22 +141,43 @@ def assert_decisions_follow_the_rule(result) -> None:
     ],
 )
 def test_keep_decision_edges(time_with, peak_with, peak_without, kept):
-    d = kernels.keep_decision(passed=True, time_with=time_with, time_without=1.0, peak_with=peak_with,
-                              peak_without=peak_without)  # fmt: skip
+    t = timing(time_with, 1.0)
+    d = kernels.keep_decision(passed=True, timing=t, peak_with=peak_with, peak_without=peak_without)
     assert d["kept"] is kept and d["why"].startswith("kept" if kept else "not kept")
-    assert kernels.keep_decision(passed=False, time_with=0.1, time_without=1.0, peak_with=1, peak_without=100)[
+    assert "CI" in d["why"]  # the interval is always shown, never a bare ratio
+    assert kernels.keep_decision(passed=False, timing=timing(0.1, 1.0), peak_with=1, peak_without=100)[
         "kept"] is False  # fmt: skip
 
 
-def test_choose_fastest_kept_else_plain_path_and_never_loop_under_capture():
-    rows = {"sdpa": {"kept": True, "step_time_s": 0.3, "max_rel_err": 1e-7, "reason": "not slower"},
-            "tokamax": {"kept": True, "step_time_s": 0.2, "max_rel_err": 2e-7, "reason": "not slower"},
-            "flex": {"kept": False, "step_time_s": 0.1, "max_rel_err": 1.0, "reason": "wrong"}}  # fmt: skip
-    value, why = kernels.choose("attention", rows, "sdpa", reference="naive")
-    assert value == "tokamax" and "fastest of 2 kept" in why
+def test_keep_decision_on_noise_keeps_the_plain_path():
+    import random
+
+    rng = random.Random(0)
+    noisy = compare(lambda: rng.lognormvariate(0, 0.2), lambda: rng.lognormvariate(0, 0.2), kernels.protocol())
+    d = kernels.keep_decision(passed=True, timing=noisy.to_dict(), peak_with=100, peak_without=100)
+    assert noisy.outcome == "indistinguishable" and d["kept"] is False
+
+
+def test_choose_simplest_kept_unless_beaten_head_to_head_and_never_loop_under_capture():
+    rows = {"sdpa": {"kept": True, "max_rel_err": 1e-7, "reason": "faster"},
+            "tokamax": {"kept": True, "max_rel_err": 2e-7, "reason": "faster"},
+            "flex": {"kept": False, "max_rel_err": 1.0, "reason": "wrong"}}  # fmt: skip
+    calls = []
+
+    def contest(outcome):
+        def run(challenger, holder):
+            calls.append((challenger, holder))
+            return {"timing": {"outcome": outcome}, "describe": outcome}
+        return run
+
+    value, why, contests = kernels.choose("attention", rows, "sdpa", reference="naive", contest=contest("faster"))
+    assert value == "tokamax" and calls == [("tokamax", "sdpa")] and contests[0]["won"] and "head to head" in why
+    value, _, contests = kernels.choose("attention", rows, "sdpa", reference="naive",
+                                        contest=contest("indistinguishable"))  # fmt: skip
+    assert value == "sdpa" and not contests[0]["won"]  # a tie keeps the simpler kernel
     none = {"dense": {**rows["flex"]}}
     assert kernels.choose("moe", none, "dense", reference="loop")[0] == "loop"
-    value, why = kernels.choose("moe", none, "dense", reference="loop", captured=True)
+    value, why, _ = kernels.choose("moe", none, "dense", reference="loop", captured=True)
     assert value == "dense" and "captured step cannot run loop" in why
 
 
@@ -190,6 +224,7 @@ def test_rung_passes_on_narrowed_debug_workspaces(tmp_path, family):
     assert m["kernels_compared"] == len(compared) and m["kernels_raised"] == 0
     assert (m["compare_batch_size"], m["compare_seq_len"], m["compare_dtype"]) == (4, 32, "float32")
     assert all(rows[f]["step_time_s"] > 0 and rows[f]["reference_step_time_s"] > 0 for f in compared)
+    assert all(rows[f]["timing"]["rounds"] >= kernels.protocol().min_rounds for f in compared)
     assert_decisions_follow_the_rule(result)
     assert {p.name for p in result.files_read} == {"recipe.toml", "config.json"}
     assert sum(line.startswith("kernels: kernels.") for line in lines) >= len(KERNEL_FLAGS)
@@ -240,8 +275,10 @@ def test_a_port_builds_its_models_from_its_own_model_file(tmp_path):
         )
     result = run_rung(ws, tmp_path)
     assert gate_passed(evaluate(load_checklist("kernels"), result.measurements))
-    # two models per comparison and two per timing, every one of them from the port's model.py
-    assert len(counter.read_text()) == 4 * result.measurements["kernels_compared"]
+    # two models per comparison and two per timing (one more pair per head-to-head contest), every
+    # one of them from the port's model.py
+    contests = sum(len(d.get("contests", [])) for d in result.details["decisions"].values())
+    assert len(counter.read_text()) == 4 * result.measurements["kernels_compared"] + 2 * contests
     assert result.details["path"] == "port" and "model.py" in {p.name for p in result.files_read}
 
 

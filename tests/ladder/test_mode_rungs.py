@@ -8,7 +8,7 @@ import pytest
 
 from onboard.gates import evaluate, gate_passed, load_checklist
 from onboard.rungs import compile as compile_rung
-from onboard.rungs import eager, graph_trainer, in_process
+from onboard.rungs import eager, graph_trainer, harness
 from onboard.rungs.base import RungContext
 
 pytestmark = pytest.mark.slow
@@ -44,14 +44,15 @@ def test_compile_rung_passes_with_no_breaks_and_eager_step1_loss(narrow_ws, tmp_
     assert set(result.details["per_module"]) == {"layers.0", "layers.1", "loss_head"}
     assert all(v["graphs"] == 1 for v in result.details["per_module"].values())
     assert m["step1_loss_rel_err"] <= 1e-5 and m["baseline_step1_loss_repr"] == evidence["eager"]["step1_loss_repr"]
-    assert m["compile_time_s"] > 0 and m["steps_run"] == eager.STEPS
+    assert m["compile_time_s"] > 0 and m["steps_run"] == harness.param("compile", "steps")
     assert m["eager_step_time_median_s"] == evidence["eager"]["step_time_median_s"] and m["speedup_vs_eager"] > 0
+    assert m["vs_eager"]["outcome"] in ("faster", "slower", "indistinguishable") and "CI" in m["vs_eager_text"]
     if family == "qwen3_moe":  # eager ran the loop experts; the compiled run the static ones, same sums
-        assert m["moe_experts"] == "dense" and m["flags"] == "--compile.enable --kernels.moe=dense"
+        assert m["moe_experts"] == "dense" and m["flags"] == "--compile.enable=true --kernels.moe=dense"
         assert "torch.where" in m["moe_why"]
         assert result.details["swaps"] == {"layers.0.moe.experts": "moe.dense", "layers.1.moe.experts": "moe.dense"}
     else:
-        assert m["moe_experts"] is None and m["flags"] == "--compile.enable"
+        assert m["moe_experts"] is None and m["flags"] == "--compile.enable=true"
     assert any("0 graph breaks" in line for line in lines)
 
 
@@ -59,7 +60,7 @@ def test_compile_rung_reports_the_moe_loop_graph_breaks(narrow_ws, tmp_path, mon
     """Without the static experts, the per-expert torch.where breaks every MoE block; the gate says where."""
     ws = narrow_ws("qwen3_moe")
     evidence = with_eager(ws, tmp_path)
-    monkeypatch.setattr(in_process, "capture_moe", lambda cfg, args: (None, "kept the loop (test)"))
+    monkeypatch.setattr(harness, "capture_moe", lambda cfg, args: (None, "kept the loop (test)"))
     result, criteria, _ = run_rung(compile_rung, ws, tmp_path, evidence)
     m = result.measurements
     assert failed(criteria) == ["no_graph_breaks"]
@@ -83,19 +84,19 @@ def test_graph_trainer_rung_passes_bit_identical_with_one_program_per_step(narro
     assert m["eager_step1_loss_rel_err"] <= 1e-5
     assert m["saved_activation_bytes_full"] < m["saved_activation_bytes_default"] < m["saved_activation_bytes_none"]
     assert m["saved_activation_host_bytes_offload"] > 0
-    assert len(result.details["loss_curve"]) == graph_trainer.TIMED_STEPS and m["trace_time_s"] > 0
+    assert len(result.details["loss_curve"]) == harness.param("graph_trainer", "timed_steps") and m["trace_time_s"] > 0
     assert m["moe_experts"] == ("dense" if family == "qwen3_moe" else None)
 
 
 def test_graph_trainer_rung_finds_the_moe_loop_host_sync_before_training(narrow_ws, tmp_path, monkeypatch):
     ws = narrow_ws("qwen3_moe")
     evidence = with_eager(ws, tmp_path)
-    monkeypatch.setattr(in_process, "capture_moe", lambda cfg, args: (None, "kept the loop (test)"))
+    monkeypatch.setattr(harness, "capture_moe", lambda cfg, args: (None, "kept the loop (test)"))
 
     def no_training(*a, **k):
         raise AssertionError("a step with host syncs must not be trained")
 
-    monkeypatch.setattr(in_process, "train", no_training)
+    monkeypatch.setattr(harness, "train", no_training)
     result, criteria, _ = run_rung(graph_trainer, ws, tmp_path, evidence)
     m = result.measurements
     assert m["host_syncs"] >= 1 and "nonzero" in m["first_host_sync"] and "moe.py" in m["first_host_sync"]
@@ -123,16 +124,16 @@ def test_graph_trainer_rung_catches_a_captured_adamw_off_by_rounding(narrow_ws, 
 def test_capture_moe_replaces_what_cannot_be_traced_and_keeps_what_can(narrow_ws, tmp_path):
     ws = narrow_ws("qwen3_moe")
     ctx = RungContext(workspace=ws, attempt_dir=tmp_path, evidence={}, log=lambda line: None)
-    cfg = eager.job_config(ctx)
-    args = in_process.model_args(ctx, cfg)
-    assert in_process.capture_moe(cfg, args)[0] == "dense"  # the loop
+    cfg = harness.job_config(ctx)
+    args = harness.model_args(cfg)
+    assert harness.capture_moe(cfg, args)[0] == "dense"  # the loop
     cfg.kernels.moe = "grouped_mm"  # fp32: torch._grouped_mm's meta function takes bf16 only
-    moe, why = in_process.capture_moe(cfg, args)
+    moe, why = harness.capture_moe(cfg, args)
     assert moe == "dense" and "bf16 only" in why
     cfg.training.mixed_precision_param = "bfloat16"
-    assert in_process.capture_moe(cfg, args) == (None, 'the recipe\'s kernels.moe = "grouped_mm" is kept')
+    assert harness.capture_moe(cfg, args) == (None, 'the recipe\'s kernels.moe = "grouped_mm" is kept')
     cfg.kernels.moe = "dense"
-    assert in_process.capture_moe(cfg, args)[0] is None
+    assert harness.capture_moe(cfg, args)[0] is None
 
 
 def test_a_run_with_its_own_threads_does_not_leave_them_to_the_next(narrow_ws, tmp_path):
@@ -141,8 +142,8 @@ def test_a_run_with_its_own_threads_does_not_leave_them_to_the_next(narrow_ws, t
 
     ws = narrow_ws("llama3")
     ctx = RungContext(workspace=ws, attempt_dir=tmp_path, evidence={}, log=lambda line: None)
-    cfg = in_process.mode_config(eager.job_config(ctx), tmp_path / "one", steps=1)
+    cfg = harness.mode_config(harness.job_config(ctx), tmp_path / "one", steps=1)
     before = torch.get_num_threads()
     cfg.device.threads = before + 1
-    in_process.train(ctx, cfg, "test")
+    harness.train(ctx, cfg, "test")
     assert torch.get_num_threads() == before

@@ -12,7 +12,8 @@ import pytest
 
 from onboard.errors import BadInput
 from onboard.gates import evaluate, gate_passed, load_checklist
-from onboard.rungs import eager, simple_fsdp
+from onboard.rungs import harness, simple_fsdp
+from titan_core.numerics import curve_max_rel
 from onboard.rungs.base import RungContext
 
 EVIDENCE = {"eager": {"step1_loss_repr": "7.5", "step1_grad_norm_repr": "3.0"}}
@@ -30,7 +31,8 @@ def set_recipe(ws, old: str, new: str) -> None:
 
 def rows(losses, norm=3.0, step_time=0.1):
     return [
-        {"loss": x, "grad_norm": norm, "step_time_s": step_time, "tokens_per_s": 1000.0, "peak_mem_bytes": 1 << 20}
+        {"loss": x, "grad_norm": norm, "step_time_s": step_time, "tokens_per_s": 1000.0, "mfu": 0.1,
+         "peak_mem_bytes": 1 << 20}
         for x in losses
     ]
 
@@ -50,15 +52,23 @@ def test_odd_global_batch_is_bad_input_before_any_process_starts(debug_ws, tmp_p
 
 
 def test_dense_synthetic_fp32_compares_with_the_eager_evidence(debug_ws, tmp_path):
-    cfg = eager.job_config(ctx_for(debug_ws, tmp_path))
+    cfg = harness.job_config(ctx_for(debug_ws, tmp_path))
     assert simple_fsdp.baseline_reason(cfg, EVIDENCE) is None
     assert "no passed eager evidence" in simple_fsdp.baseline_reason(cfg, {})
+
+
+def test_text_data_compares_with_the_eager_evidence(debug_ws, tmp_path):
+    """Ignored labels spread unevenly over the ranks are no reason: the loss is the global token
+    mean (titan_core/token_mean.py; tests/dist/test_token_mean.py checks the arithmetic)."""
+    set_recipe(debug_ws, "[data]\nsource = \"synthetic\"", "[data]\nsource = \"text\"\npath = \"corpus.txt\"")
+    cfg = harness.job_config(ctx_for(debug_ws, tmp_path))
+    assert cfg.data.source == "text"
+    assert simple_fsdp.baseline_reason(cfg, EVIDENCE) is None
 
 
 @pytest.mark.parametrize(
     "edit, why",
     [
-        (("[data]\nsource = \"synthetic\"", "[data]\nsource = \"text\"\npath = \"corpus.txt\""), "ignored labels"),
         (('dtype = "float32"', 'dtype = "bfloat16"'), r"not fp32 \(training.dtype\)"),
         (
             ('dtype = "float32"', 'dtype = "float32"\nmixed_precision_reduce = "bfloat16"'),
@@ -68,7 +78,7 @@ def test_dense_synthetic_fp32_compares_with_the_eager_evidence(debug_ws, tmp_pat
 )
 def test_other_arithmetic_needs_its_own_baseline(debug_ws, tmp_path, edit, why):
     set_recipe(debug_ws, *edit)
-    cfg = eager.job_config(ctx_for(debug_ws, tmp_path))
+    cfg = harness.job_config(ctx_for(debug_ws, tmp_path))
     assert re.search(why, simple_fsdp.baseline_reason(cfg, EVIDENCE))
 
 
@@ -78,7 +88,7 @@ def test_moe_aux_loss_needs_the_grad_accum_baseline(tmp_path):
 
     write_workspace(plan_workspace("moe", tmp_path, preset="qwen3_moe/debugmodel", device="cpu"))
     ws = Workspace.load(tmp_path, "moe")
-    cfg = eager.job_config(ctx_for(ws, tmp_path))
+    cfg = harness.job_config(ctx_for(ws, tmp_path))
     why = simple_fsdp.baseline_reason(cfg, EVIDENCE)
     assert why is not None and "aux_loss_coef = 0.001" in why and "grad_accum = W" in why
     base = simple_fsdp.baseline_config(cfg, tmp_path / "b", world=2)
@@ -88,7 +98,7 @@ def test_moe_aux_loss_needs_the_grad_accum_baseline(tmp_path):
 
 
 def test_sharded_config_gives_each_rank_its_share_and_one_thread_per_core(debug_ws, tmp_path):
-    cfg = eager.job_config(ctx_for(debug_ws, tmp_path))
+    cfg = harness.job_config(ctx_for(debug_ws, tmp_path))
     cfg.parallelism.tp = 2  # whatever the recipe says, the rung shards over every rank
     s = simple_fsdp.sharded_config(cfg, tmp_path / "x", world=2, mode="fsdp2", param_dtype="bfloat16")
     assert s.training.batch_size * 2 == cfg.training.batch_size
@@ -103,22 +113,22 @@ def test_sharded_config_gives_each_rank_its_share_and_one_thread_per_core(debug_
 
 
 def test_curve_max_rel_finds_the_worst_step_and_refuses_short_curves():
-    ref = [2.0] * simple_fsdp.STEPS
+    ref = [2.0] * harness.param("simple_fsdp", "steps")
     curve = list(ref)
     curve[6] = 2.03
-    worst, step = simple_fsdp.curve_max_rel(curve, ref)
+    worst, step = curve_max_rel(curve, ref)
     assert step == 7 and worst == pytest.approx(0.015)
-    assert simple_fsdp.curve_max_rel(curve[:-1], ref) == (math.inf, None)  # the bf16 run stopped early
+    assert curve_max_rel(curve[:-1], ref) == (math.inf, None)  # the bf16 run stopped early
     curve[3] = float("nan")
-    assert simple_fsdp.curve_max_rel(curve, ref) == (math.inf, 4)
+    assert curve_max_rel(curve, ref) == (math.inf, 4)
 
 
 def test_measurements_judged_by_the_checklist(tmp_path):
     """The rung's numbers through the real checklist: W x too large a gradient fails, and only that."""
-    n = simple_fsdp.STEPS
+    n = harness.param("simple_fsdp", "steps")
     fp32 = rows([7.0 - 0.1 * i for i in range(n)], norm=6.0)
     bf16 = rows([7.0 - 0.1 * i + 0.01 for i in range(n)])
-    m = simple_fsdp.measure(fp32, bf16, rows([7.0] * n), baseline=(7.0, 3.0), eager_evidence=None)
+    m = simple_fsdp.measure(fp32, bf16, rows([7.0] * n), baseline=(7.0, 3.0), eager_evidence=None, steps=n)
     m["world_size"] = 2
     results = {r["name"]: r for r in evaluate(load_checklist("simple_fsdp"), m)}
     assert not results["step1_grad_norm"]["ok"] and results["step1_grad_norm"]["value"] == 1.0
@@ -126,13 +136,14 @@ def test_measurements_judged_by_the_checklist(tmp_path):
     assert [name for name, r in results.items() if not r["ok"]] == ["step1_grad_norm"]
     assert m["bf16_loss_curve_max_rel"] == pytest.approx(0.01 / 5.1)
     assert m["fsdp2_step1_loss_rel_err"] == 0.0 and m["fsdp2_over_simple_fsdp_step_time"] == 1.0
-    m = simple_fsdp.measure(rows([7.0] * n, norm=3.0), bf16, [], baseline=(7.0, 3.0), eager_evidence=None)
+    m = simple_fsdp.measure(rows([7.0] * n, norm=3.0), bf16, [], baseline=(7.0, 3.0), eager_evidence=None, steps=n)
     assert m["fsdp2_step_time_median_s"] is None  # FSDP2 failed: recorded, not judged
     assert gate_passed(evaluate(load_checklist("simple_fsdp"), {**m, "world_size": 2, "bf16_loss_curve_max_rel": 0}))
 
 
 def test_every_criterion_names_a_metric_the_rung_measures():
-    m = simple_fsdp.measure(rows([7.0] * simple_fsdp.STEPS), rows([7.0] * simple_fsdp.STEPS), [],
-                            baseline=(7.0, 3.0), eager_evidence=EVIDENCE["eager"])  # fmt: skip
+    n = harness.param("simple_fsdp", "steps")
+    m = simple_fsdp.measure(rows([7.0] * n), rows([7.0] * n), [],
+                            baseline=(7.0, 3.0), eager_evidence=EVIDENCE["eager"], steps=n)  # fmt: skip
     measured = set(m) | {"world_size", "global_batch_size", "batch_size_per_rank", "baseline", "baseline_why"}
     assert {c.metric for c in load_checklist("simple_fsdp").criteria} <= measured

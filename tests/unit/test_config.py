@@ -160,3 +160,23 @@ def test_recipe_input_paths_are_relative_to_the_recipe(tmp_path, monkeypatch):
     assert cfg.model.hf_config == str(ws.resolve() / "config.json")
     assert cfg.data.path == "/abs/corpus"
     assert cfg.model.module_file == "port/model.py"  # overrides stay relative to the cwd
+
+
+def test_every_recipe_path_is_anchored_by_the_loader(tmp_path, monkeypatch):
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    recipe = ws / "recipe.toml"
+    recipe.write_text(
+        '[model]\nhf_config = "config.json"\nmodule_file = "model.py"\n'
+        '[data]\npath = "corpus"\ncache_dir = "cache"\n'
+    )
+    monkeypatch.chdir(tmp_path)
+    cfg = load_config(recipe)
+    base = ws.resolve()
+    assert (cfg.model.hf_config, cfg.model.module_file) == (str(base / "config.json"), str(base / "model.py"))
+    assert (cfg.data.path, cfg.data.cache_dir) == (str(base / "corpus"), str(base / "cache"))
+    # a field at its default stays as it is (the tokenizer cache under the cwd), so that
+    # --print-config output loaded as a recipe prints the same again
+    recipe.write_text("[training]\nsteps = 1\n")
+    assert load_config(recipe).data.cache_dir == load_config(None).data.cache_dir == ".cache/titan_core"
+    assert load_config(recipe, ["--data.cache_dir=c"]).data.cache_dir == "c"

@@ -82,9 +82,8 @@ def test_synthetic_ranks_are_disjoint_and_together_equal_one_big_rank():
 
 
 def test_repeat_batch_yields_one_fixed_batch():
-    cfg = _cfg()
-    rep = _take(build_data_loader(cfg, vocab_size=100, repeat_batch=True), 3)
-    plain = next(build_data_loader(cfg, vocab_size=100))
+    rep = _take(build_data_loader(_cfg(repeat_batch=True), vocab_size=100), 3)
+    plain = next(build_data_loader(_cfg(), vocab_size=100))
     assert _same(rep[0], rep[1]) and _same(rep[1], rep[2]) and _same(rep[0], plain)
 
 

@@ -1,6 +1,11 @@
 """HF <-> native: tiny transformers models with random weights, mapped through each family's
-adapter, must give the same logits as the native model, round-trip bit-exactly, and have
-their configs read into the right args with no key left unaccounted for."""
+adapter, must give the same logits, loss and gradients as the native model, round-trip
+bit-exactly, and have their configs read into the right args with no key left unaccounted for.
+
+Logits, loss and gradients are held to the parity gate: its sequence length and thresholds
+are read from checklists/parity.yaml (as the rung and the workspace test_parity.py read them),
+never written here.
+"""
 
 from __future__ import annotations
 
@@ -9,14 +14,24 @@ import torch
 
 transformers = pytest.importorskip("transformers", reason="needs the [hf] extra")
 
+from onboard.parity.compare import compare_grads  # noqa: E402
+from onboard.parity.criteria import threshold  # noqa: E402
 from titan_core.models.common.hf_adapter import AdapterError  # noqa: E402
 from titan_core.models.registry import build_meta, family_for_hf_model_type, get_family  # noqa: E402
+from titan_core.numerics import max_abs, rel_l2  # noqa: E402
 
 pytestmark = pytest.mark.hf
 
+# the parity gate's thresholds and sequence length (checklists/parity.yaml)
+SEQ = int(threshold("seq_len"))
+LOGITS_REL_L2, LOGITS_MAX_ABS = threshold("logits_rel_l2"), threshold("logits_max_abs")
+LOSS_ABS, GRAD_REL_L2 = threshold("loss_abs_diff"), threshold("grad_max_rel_l2")
+BATCH = 2
+MAX_POSITIONS = 2 * SEQ
+
 TINY = dict(
     hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-    vocab_size=128, max_position_embeddings=256,
+    vocab_size=128, max_position_embeddings=MAX_POSITIONS,
 )  # fmt: skip
 LLAMA3_ROPE = dict(
     rope_type="llama3", rope_theta=500000.0, factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
@@ -64,7 +79,6 @@ CASES = {
         {"dense_layers": [0], "norm_topk_prob": False, "aux_loss_coef": 0.02, "moe_every": 1},
     ),
 }  # fmt: skip
-BATCH, SEQ = 2, 128
 
 
 def randomize_(model: torch.nn.Module, seed: int) -> None:
@@ -99,21 +113,48 @@ def native_from_hf(model):
     return fam, args, native.eval()
 
 
+def _tokens(vocab: int, seed: int) -> torch.Tensor:
+    return torch.randint(0, vocab, (BATCH, SEQ), generator=torch.Generator().manual_seed(seed))
+
+
 def logit_errors(case: str, attn: str = "sdpa") -> tuple[float, float]:
     model = hf_model(case, attn)
     _, _, native = native_from_hf(model)
-    tokens = torch.randint(0, model.config.vocab_size, (BATCH, SEQ), generator=torch.Generator().manual_seed(2))
+    tokens = _tokens(model.config.vocab_size, 2)
     with torch.no_grad():
         ref = model(tokens).logits
         out = native(tokens)
-    return ((out - ref).norm() / ref.norm()).item(), (out - ref).abs().max().item()
+    return rel_l2(out, ref), max_abs(out, ref)
 
 
 @pytest.mark.parametrize("attn", ["sdpa", "eager"])
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_logits_match_hf(case, attn):
     rel, abs_ = logit_errors(case, attn)
-    assert rel <= 1e-5 and abs_ <= 1e-4, f"{case} ({attn}): logits rel L2 {rel:.3g}, max abs {abs_:.3g}"
+    assert rel <= LOGITS_REL_L2 and abs_ <= LOGITS_MAX_ABS, (
+        f"{case} ({attn}, seq {SEQ}): logits rel L2 {rel:.3g} (gate {LOGITS_REL_L2:g}), "
+        f"max abs {abs_:.3g} (gate {LOGITS_MAX_ABS:g})"
+    )
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_loss_and_grads_match_hf(case):
+    """Cross-entropy (as the parity rung measures it: the aux loss is a training choice) and every
+    parameter's gradient, mapped to HF names by the adapter."""
+    model = hf_model(case)
+    fam, _, native = native_from_hf(model)
+    tokens, labels = _tokens(model.config.vocab_size, 2), _tokens(model.config.vocab_size, 3)
+    _, native_ce = native.loss(tokens, labels)
+    hf_ce = torch.nn.functional.cross_entropy(model(tokens).logits.flatten(0, 1).float(), labels.flatten())
+    diff = abs(native_ce.item() - hf_ce.item())
+    assert diff <= LOSS_ABS, f"{case} (seq {SEQ}): loss abs diff {diff:.3g} (gate {LOSS_ABS:g})"
+    native_ce.backward()
+    hf_ce.backward()
+    grads = compare_grads(model, native, fam.adapter.to_hf)
+    assert not grads.missing and not grads.extra, (grads.missing, grads.extra)
+    assert grads.max_rel_l2 <= GRAD_REL_L2, (
+        f"{case} (seq {SEQ}): gradient of {grads.worst_param} rel L2 {grads.max_rel_l2:.3g} (gate {GRAD_REL_L2:g})"
+    )
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
@@ -122,7 +163,7 @@ def test_args_from_hf(case):
     fam = family_for_hf_model_type(cfg.model_type)
     args, _ = fam.adapter.args_from_hf(cfg.to_dict())
     assert (args.dim, args.n_layers, args.n_heads, args.n_kv_heads, args.vocab_size) == (64, 2, 4, 2, 128)
-    assert args.ffn_hidden_dim == 128 and args.max_seq_len == 256
+    assert args.ffn_hidden_dim == 128 and args.max_seq_len == MAX_POSITIONS
     for field, expected in CASES[case][1].items():
         assert getattr(args, field) == expected, field
     assert fam.adapter.unconsumed_keys(cfg.to_dict()) == []

@@ -9,7 +9,8 @@ import torch
 from torch import nn
 
 from onboard.gates import load_checklist
-from onboard.parity.compare import compare_grads, max_abs, rel_l2, round_trip
+from onboard.parity.compare import compare_grads, round_trip
+from titan_core.numerics import max_abs, rel_l2
 from onboard.parity.criteria import RUNG_ONLY_METRICS, Criterion, asserted_criteria, load_criteria, threshold
 
 

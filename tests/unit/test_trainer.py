@@ -6,7 +6,9 @@ import math
 import pytest
 
 
+from onboard.gates import load_checklist
 from titan_core.config import load_config
+from titan_core.numerics import curve_max_rel, rel
 from titan_core.optim import lr_factor
 from titan_core.config.sections import LRScheduler
 from titan_core.train import run
@@ -32,7 +34,7 @@ def _cfg(tmp_path, *extra, model=TINY_MODEL):
 
 
 def test_loss_falls_and_metrics_round_trip_exactly(tmp_path):
-    result = run(_cfg(tmp_path, "--training.steps=12", "--optimizer.lr=3e-3"), repeat_batch=True)
+    result = run(_cfg(tmp_path, "--training.steps=12", "--optimizer.lr=3e-3", "--data.repeat_batch=true"))
     losses = [m["loss"] for m in result.metrics]
     assert len(losses) == 12 and all(math.isfinite(x) for x in losses)
     assert losses[-1] < losses[0] - 0.5
@@ -59,13 +61,18 @@ def test_resume_from_checkpoint_is_bit_identical(tmp_path):
 
 
 def test_grad_accumulation_matches_the_large_batch(tmp_path):
+    """Same tokens, summed in a different order: the simple_fsdp gate's fp32 bound (a W-rank step
+    is compared with grad_accum = W there). Uneven ignored labels: tests/dist/test_token_mean.py."""
+    gate = load_checklist("simple_fsdp")
+    loss_tol, norm_tol = gate.criterion("step1_loss").threshold, gate.criterion("step1_grad_norm").threshold
     big = run(_cfg(tmp_path / "big", "--training.steps=1", "--training.batch_size=4"), quiet=True)
     acc = run(
         _cfg(tmp_path / "acc", "--training.steps=1", "--training.batch_size=2", "--training.grad_accum=2"), quiet=True
     )
-    # Same tokens, summed in a different order: equal up to float rounding.
-    assert acc.metrics[0]["loss"] == pytest.approx(big.metrics[0]["loss"], rel=1e-5)
-    assert acc.metrics[0]["grad_norm"] == pytest.approx(big.metrics[0]["grad_norm"], rel=1e-4)
+    e = rel(acc.metrics[0]["loss"], big.metrics[0]["loss"])
+    assert e <= loss_tol, f"grad_accum = 2 step-1 loss rel {e:.2e} > {loss_tol:g}"
+    e = rel(acc.metrics[0]["grad_norm"], big.metrics[0]["grad_norm"])
+    assert e <= norm_tol, f"grad_accum = 2 grad norm rel {e:.2e} > {norm_tol:g}"
 
 
 def test_profiler_writes_a_trace(tmp_path):
@@ -96,9 +103,19 @@ def test_no_decay_groups():
     assert decay["weight_decay"] == 0.1 and no_decay["weight_decay"] == 0.0
 
 
-def test_bf16_training_runs(tmp_path):
-    result = run(_cfg(tmp_path, "--training.steps=2", "--training.dtype=bfloat16", "--training.deterministic=false"), quiet=True)
-    assert all(math.isfinite(m["loss"]) for m in result.metrics)
+def test_bf16_training_tracks_fp32(tmp_path):
+    """bf16 weights, activations and optimizer state, 2 steps, against the same fp32 steps."""
+    bound = load_checklist("simple_fsdp").criterion("bf16_loss_curve").threshold
+    steps = ("--training.steps=2", "--training.deterministic=false")
+    fp32 = run(_cfg(tmp_path / "fp32", *steps), quiet=True)
+    bf16 = run(_cfg(tmp_path / "bf16", *steps, "--training.dtype=bfloat16"), quiet=True)
+    worst, step = curve_max_rel([m["loss"] for m in bf16.metrics], [m["loss"] for m in fp32.metrics])
+    assert worst <= bound, (
+        f"bf16 loss at step {step} is {worst:.2e} relative from fp32 (inf: not finite or a step missing); "
+        f"the bound {bound:g} is the simple_fsdp gate's for a bf16 loss curve against fp32 "
+        "(checklists/simple_fsdp.yaml bf16_loss_curve): bf16 rounds each value to 8 significant bits "
+        "(about 4e-3 relative), and a few steps from a random init must stay well inside it (measured ~1e-5)"
+    )
 
 
 def test_text_data_and_hf_export(tmp_path):

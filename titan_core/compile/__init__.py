@@ -1,7 +1,6 @@
 """Execution modes beyond eager: per-block torch.compile and the Graph Trainer.
 
-Public API for callers that measure them (the ladder's `compile` and `graph_trainer`
-rungs):
+Public API for callers that run and measure them:
 
 - per-block compile: `apply_per_block_compile`, `explain_blocks` (graph breaks and their
   reasons per block), `graph_breaks_total`, `dynamo_compile_seconds`;

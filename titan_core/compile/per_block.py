@@ -6,7 +6,7 @@ graph break local (the rest of the model stays compiled) and lets identical bloc
 one compiled graph (dynamo treats their weights as inputs).
 
 Graph breaks are counted per block with `torch._dynamo.explain` on the inputs each block
-really receives, with the reason of each break: the `compile` rung requires 0 inside a
+really receives, with the reason of each break, so a caller can require 0 inside a
 block. Usual causes: data-dependent Python (`if t.sum() > 0`), `.item()` / `.tolist()`
 (e.g. MoE routing with `torch.where` per expert: use `kernels.moe=dense`), unbacked
 (data-dependent) shapes, and calls dynamo cannot trace (C extensions, some prints).
@@ -17,6 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import torch
+import torch._dynamo.utils
 from torch import nn
 
 # importing registers the capture-friendly MoE experts swap (`moe.dense`)
@@ -98,12 +99,10 @@ def explain_blocks(model: nn.Module, batch) -> dict[str, BlockBreaks]:
 
 
 def graph_breaks_total(report: dict[str, BlockBreaks]) -> int:
-    """Sum of breaks over all compiled modules (the rung's criterion value)."""
+    """Sum of breaks over all compiled modules (0 when every block compiled whole)."""
     return sum(b.breaks for b in report.values())
 
 
 def dynamo_compile_seconds() -> float:
     """Seconds spent in dynamo compiles (tracing + backend) in this process so far."""
-    from torch._dynamo.utils import compilation_time_metrics
-
-    return float(sum(compilation_time_metrics.get("_compile.compile_inner", [])))
+    return float(sum(torch._dynamo.utils.compilation_time_metrics.get("_compile.compile_inner", [])))

@@ -20,7 +20,8 @@ class ConfigError(ValueError):
     """Bad user input in a recipe or an override; entry points turn it into exit code 2."""
 
 
-def _closest(name: str, options: list[str]) -> str:
+def did_you_mean(name: str, options: list[str]) -> str:
+    """The suffix for an unknown-name error: the closest valid option, or all of them."""
     match = difflib.get_close_matches(name, options, n=1, cutoff=0.5)
     return f" (did you mean '{match[0]}'?)" if match else f" (valid: {', '.join(options)})"
 
@@ -88,7 +89,7 @@ def _apply_section(section_obj: Any, values: dict, section: str) -> None:
     types = _field_types(type(section_obj))
     for key, value in values.items():
         if key not in types:
-            raise ConfigError(f"unknown key '{section}.{key}'{_closest(key, list(types))}")
+            raise ConfigError(f"unknown key '{section}.{key}'{did_you_mean(key, list(types))}")
         setattr(section_obj, key, _coerce(value, types[key], f"{section}.{key}"))
 
 
@@ -97,7 +98,7 @@ def from_dict(data: dict) -> JobConfig:
     sections = _field_types(JobConfig)
     for section, values in data.items():
         if section not in sections:
-            raise ConfigError(f"unknown section '{section}'{_closest(section, list(sections))}")
+            raise ConfigError(f"unknown section '{section}'{did_you_mean(section, list(sections))}")
         if not isinstance(values, dict):
             raise ConfigError(f"section '{section}' must be a table, got {values!r}")
         _apply_section(getattr(cfg, section), values, section)
@@ -129,7 +130,7 @@ def apply_overrides(cfg: JobConfig, overrides: list[str]) -> JobConfig:
             raise ConfigError(f"override '{arg}' must name a section and a key, like --training.steps=10")
         section, key = dotted.split(".", 1)
         if section not in sections:
-            raise ConfigError(f"unknown section '{section}'{_closest(section, list(sections))}")
+            raise ConfigError(f"unknown section '{section}'{did_you_mean(section, list(sections))}")
         if not has_eq:
             if i + 1 < len(items) and not items[i + 1].startswith("--"):
                 value = items[i + 1]
@@ -143,10 +144,12 @@ def apply_overrides(cfg: JobConfig, overrides: list[str]) -> JobConfig:
     return cfg
 
 
-# Input files a recipe names. Relative values are relative to the recipe's own folder, so a
-# workspace recipe works from any current directory; command-line overrides stay relative
-# to the current directory, as a shell user expects.
-RECIPE_RELATIVE_PATHS = (("model", "hf_config"), ("model", "module_file"), ("data", "path"))
+# Input files a recipe names, and the tokenizer cache. Relative values are relative to the
+# recipe's own folder, so a recipe works from any current directory; this is the only
+# place that anchors them. Command-line overrides stay relative to the current directory,
+# as a shell user expects, and so does a field left at its default (for data.cache_dir,
+# `.cache/titan_core`): `--print-config` output loaded as a recipe then prints the same.
+RECIPE_RELATIVE_PATHS = (("model", "hf_config"), ("model", "module_file"), ("data", "path"), ("data", "cache_dir"))
 
 
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> JobConfig:
@@ -156,7 +159,8 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
         base = Path(path).resolve().parent
         for section, key in RECIPE_RELATIVE_PATHS:
             value = getattr(getattr(cfg, section), key)
-            if value and not Path(value).is_absolute():
+            default = getattr(getattr(JobConfig(), section), key)
+            if value and value != default and not Path(value).is_absolute():
                 setattr(getattr(cfg, section), key, str(base / value))
     return apply_overrides(cfg, overrides or [])
 

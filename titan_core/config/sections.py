@@ -62,6 +62,8 @@ class Data:
     """Where the trained tokenizer is cached."""
     pack_documents: bool = True
     """Pack documents into sequences and emit segment ids so attention stays within a document."""
+    repeat_batch: bool = False
+    """Train on the first micro-batch at every step (data the model can memorise: the loss must fall)."""
 
 
 @dataclass(kw_only=True)

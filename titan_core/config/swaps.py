@@ -16,7 +16,7 @@ from typing import Callable
 
 from torch import nn
 
-from titan_core.config.loader import ConfigError, _closest
+from titan_core.config.loader import ConfigError, did_you_mean
 
 log = logging.getLogger("titan_core.swaps")
 
@@ -53,7 +53,7 @@ def register_swap(name: str, pattern: str, description: str = "") -> Callable[[F
 
 def get_swap(name: str) -> Swap:
     if name not in _REGISTRY:
-        raise ConfigError(f"unknown swap '{name}'{_closest(name, sorted(_REGISTRY))}")
+        raise ConfigError(f"unknown swap '{name}'{did_you_mean(name, sorted(_REGISTRY))}")
     return _REGISTRY[name]
 
 

@@ -1,6 +1,7 @@
 """Training data: synthetic tokens or local text, as resumable per-rank iterators of Batches."""
 
-from titan_core.data.loader import IGNORE_INDEX, Batch, RowLoader, SyntheticLoader, build_data_loader
+from titan_core.data.base import IGNORE_INDEX, Batch, RowLoader
+from titan_core.data.loader import SyntheticLoader, build_data_loader
 from titan_core.data.text import TextLoader, split_documents
 from titan_core.data.tokenizer import BpeTokenizer, ByteTokenizer, build_tokenizer, load_or_train_bpe
 

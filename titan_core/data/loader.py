@@ -1,111 +1,19 @@
-"""Batches, the resumable loader contract, synthetic data and `build_data_loader`.
+"""Synthetic data and `build_data_loader`, the loader `cfg.data` describes.
 
-Every loader addresses data by *global row index*: micro-batch `k` on dp rank `r` holds
-rows `(k * dp_world + r) * batch_size + i`, `i < batch_size`. So ranks never share a row
-within a global batch, and a run on one rank with `batch_size * dp_world` rows per batch
-sees exactly the union of what the ranks of a sharded run see (the data-parallel gates
-compare the two). A batch is a pure function of its index, which makes the loader's
-state a single counter and a resume exact.
+The loader contract (global row indexing, resumable state) is in base.py; text.py reads
+local text files.
 """
 
 from __future__ import annotations
 
-import hashlib
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from titan_core.config.loader import ConfigError
 from titan_core.config.sections import JobConfig
-
-IGNORE_INDEX = -100  # the label of a position with no next-token target (CrossEntropyHead's default)
-
-
-@dataclass
-class Batch:
-    """One micro-batch; positions and segment_ids are None unless documents are packed."""
-
-    tokens: torch.Tensor
-    """[B, S] int64 input ids."""
-    labels: torch.Tensor
-    """[B, S] int64 next-token targets; -100 where a position has no target."""
-    positions: torch.Tensor | None = None
-    """[B, S] int64 position within the packed document, 0 at each document start."""
-    segment_ids: torch.Tensor | None = None
-    """[B, S] int64 index of the document within its row, so attention can stay inside it."""
-
-    def to(self, device: torch.device | str, non_blocking: bool = False) -> Batch:
-        def move(t):
-            return None if t is None else t.to(device, non_blocking=non_blocking)
-
-        return Batch(move(self.tokens), move(self.labels), move(self.positions), move(self.segment_ids))
-
-
-def mix_seed(*parts: int) -> int:
-    """A 63-bit seed from integers; hashing keeps nearby (seed, row) pairs unrelated."""
-    digest = hashlib.sha256(":".join(str(p) for p in parts).encode()).digest()
-    return int.from_bytes(digest[:8], "little") & ((1 << 63) - 1)
-
-
-class RowLoader:
-    """An endless, resumable iterator of Batches built from `row(global_index)`.
-
-    Subclasses provide `row(g) -> (tokens [S], labels [S], positions | None, segment_ids | None)`
-    and `_identity()`, the settings a saved state must match to be resumable here.
-    """
-
-    def __init__(self, *, batch_size: int, seq_len: int, dp_rank: int, dp_world: int, repeat_batch: bool):
-        if batch_size < 1 or seq_len < 1:
-            raise ConfigError(f"training.batch_size ({batch_size}) and training.seq_len ({seq_len}) must be >= 1")
-        if not 0 <= dp_rank < dp_world:
-            raise ConfigError(f"dp_rank {dp_rank} is outside [0, dp_world = {dp_world})")
-        self.batch_size = batch_size
-        self.seq_len = seq_len
-        self.dp_rank = dp_rank
-        self.dp_world = dp_world
-        self.repeat_batch = repeat_batch
-        self.step = 0
-        """Micro-batches yielded so far (the index of the next one)."""
-
-    # ---- subclass surface ----------------------------------------------------------
-    def row(self, g: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
-        raise NotImplementedError
-
-    def _identity(self) -> dict[str, Any]:
-        raise NotImplementedError
-
-    # ---- iteration -----------------------------------------------------------------
-    def batch_at(self, k: int) -> Batch:
-        """Micro-batch `k` of this rank, without moving the iterator."""
-        first = (k * self.dp_world + self.dp_rank) * self.batch_size
-        rows = [self.row(first + i) for i in range(self.batch_size)]
-        tokens, labels, positions, segments = (list(col) for col in zip(*rows))
-
-        def stack(ts):
-            return None if ts[0] is None else torch.stack(ts)
-
-        return Batch(torch.stack(tokens), torch.stack(labels), stack(positions), stack(segments))
-
-    def __iter__(self) -> RowLoader:
-        return self
-
-    def __next__(self) -> Batch:
-        batch = self.batch_at(0 if self.repeat_batch else self.step)
-        self.step += 1
-        return batch
-
-    # ---- resume --------------------------------------------------------------------
-    def state_dict(self) -> dict[str, Any]:
-        return {"step": self.step, **self._identity()}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Continue after micro-batch `state["step"]`; refuse a state saved with other data settings."""
-        mine = self._identity()
-        diffs = [f"{k}: saved {state.get(k)!r}, now {v!r}" for k, v in mine.items() if state.get(k) != v]
-        if diffs:
-            raise ConfigError("cannot resume the data loader, its settings changed (" + "; ".join(diffs) + ")")
-        self.step = int(state["step"])
+from titan_core.data.base import IGNORE_INDEX, Batch, RowLoader, mix_seed  # noqa: F401  (re-exported)
+from titan_core.data.text import TextLoader
 
 
 class SyntheticLoader(RowLoader):
@@ -131,12 +39,11 @@ class SyntheticLoader(RowLoader):
         }  # fmt: skip
 
 
-def build_data_loader(cfg: JobConfig, *, vocab_size: int, dp_rank: int = 0, dp_world: int = 1,
-                      repeat_batch: bool = False) -> RowLoader:  # fmt: skip
+def build_data_loader(cfg: JobConfig, *, vocab_size: int, dp_rank: int = 0, dp_world: int = 1) -> RowLoader:
     """The loader `cfg.data` describes, yielding this rank's micro-batches of `cfg.training` shape.
 
-    `repeat_batch=True` yields micro-batch 0 forever (the eager gate checks that loss falls
-    on data the model can memorise). One `next()` is one micro-batch: with
+    With `data.repeat_batch` it yields micro-batch 0 forever (data the model can memorise,
+    so the loss must fall). One `next()` is one micro-batch: with
     `training.grad_accum = n` the trainer draws n per optimizer step.
     """
     kw = dict(
@@ -144,12 +51,10 @@ def build_data_loader(cfg: JobConfig, *, vocab_size: int, dp_rank: int = 0, dp_w
         seq_len=cfg.training.seq_len,
         dp_rank=dp_rank,
         dp_world=dp_world,
-        repeat_batch=repeat_batch,
+        repeat_batch=cfg.data.repeat_batch,
     )
     if cfg.data.source == "synthetic":
         return SyntheticLoader(vocab_size=vocab_size, seed=cfg.training.seed, **kw)
     if cfg.data.source == "text":
-        from titan_core.data.text import TextLoader
-
         return TextLoader(cfg.data, vocab_size=vocab_size, **kw)
     raise ConfigError(f"data.source '{cfg.data.source}' is not one of synthetic, text")

@@ -15,7 +15,7 @@ Not packed: each document is cut into rows of its own (same overlap), the last o
 padded with EOS whose labels are -100; positions and segment ids are None.
 
 The corpus is read and tokenised in memory: this loader is meant for small local
-corpora (tests, demos, gate runs), not for pre-training sets.
+corpora (tests, demos, short check runs), not for pre-training sets.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ import torch
 
 from titan_core.config.loader import ConfigError
 from titan_core.config.sections import Data
-from titan_core.data.loader import IGNORE_INDEX, RowLoader
+from titan_core.data.base import IGNORE_INDEX, RowLoader
 from titan_core.data.tokenizer import build_tokenizer, corpus_key
 
 _PARAGRAPH_BREAK = re.compile(r"\n[ \t]*\n")

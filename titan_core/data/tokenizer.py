@@ -67,7 +67,7 @@ def corpus_key(texts: list[str], vocab_size: int) -> str:
 
 
 def _train_bpe(docs: list[str], vocab_size: int):
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers  # import-time cost: BPE only
 
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
@@ -89,7 +89,7 @@ def load_or_train_bpe(file_texts: list[str], docs: list[str], vocab_size: int, c
     The cache file is written to a temporary name and renamed, so a crashed run never
     leaves a half-written tokenizer that a later run would load.
     """
-    from tokenizers import Tokenizer
+    from tokenizers import Tokenizer  # import-time cost: loaded only when a BPE is asked for
 
     min_vocab = 256 + 2  # the byte alphabet plus the two specials
     if vocab_size < min_vocab:

@@ -1,5 +1,19 @@
 """Model families. Each folder: model.py, flavors.py, state_dict_adapter.py."""
 
-from titan_core.models.registry import FAMILY_NAMES, build_meta, family_for_hf_model_type, get_family, resolve_args
+from titan_core.models.registry import (
+    FAMILY_NAMES,
+    apply_model_overrides,
+    build_meta,
+    family_for_hf_model_type,
+    get_family,
+    resolve_args,
+)
 
-__all__ = ["FAMILY_NAMES", "build_meta", "family_for_hf_model_type", "get_family", "resolve_args"]
+__all__ = [
+    "FAMILY_NAMES",
+    "apply_model_overrides",
+    "build_meta",
+    "family_for_hf_model_type",
+    "get_family",
+    "resolve_args",
+]

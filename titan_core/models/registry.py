@@ -9,7 +9,7 @@ from typing import Callable
 import torch
 from torch import nn
 
-from titan_core.config.loader import ConfigError, _closest
+from titan_core.config.loader import ConfigError, did_you_mean
 from titan_core.models.common.args import TransformerArgs
 from titan_core.models.common.hf_adapter import HFAdapter
 
@@ -26,7 +26,7 @@ class ModelFamily:
 
 def get_family(name: str) -> ModelFamily:
     if name not in FAMILY_NAMES:
-        raise ConfigError(f"unknown model family '{name}'{_closest(name, list(FAMILY_NAMES))}")
+        raise ConfigError(f"unknown model family '{name}'{did_you_mean(name, list(FAMILY_NAMES))}")
     module = importlib.import_module(f"titan_core.models.{name}")
     return module.FAMILY
 
@@ -42,15 +42,19 @@ def family_for_hf_model_type(model_type: str) -> ModelFamily | None:
 def resolve_args(family: str, flavor: str, overrides: dict | None = None) -> TransformerArgs:
     fam = get_family(family)
     if flavor not in fam.flavors:
-        raise ConfigError(f"unknown flavor '{flavor}' of {family}{_closest(flavor, sorted(fam.flavors))}")
-    args = fam.flavors[flavor]
-    if overrides:
-        valid = set(TransformerArgs.__dataclass_fields__)
-        for key in overrides:
-            if key not in valid:
-                raise ConfigError(f"unknown model override '{key}'{_closest(key, sorted(valid))}")
-        args = replace(args, **overrides)
-    return args
+        raise ConfigError(f"unknown flavor '{flavor}' of {family}{did_you_mean(flavor, sorted(fam.flavors))}")
+    return apply_model_overrides(fam.flavors[flavor], overrides)
+
+
+def apply_model_overrides(args: TransformerArgs, overrides: dict | None) -> TransformerArgs:
+    """`args` with the `model.overrides` fields replaced; ConfigError naming an unknown field."""
+    if not overrides:
+        return args
+    valid = set(TransformerArgs.__dataclass_fields__)
+    for key in overrides:
+        if key not in valid:
+            raise ConfigError(f"unknown model override '{key}'{did_you_mean(key, sorted(valid))}")
+    return replace(args, **overrides)
 
 
 def build_meta(family: str, args: TransformerArgs) -> nn.Module:

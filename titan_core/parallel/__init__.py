@@ -15,6 +15,7 @@ from titan_core.config.loader import ConfigError
 from titan_core.config.sections import JobConfig
 from titan_core.parallel.fsdp2 import apply_fsdp2
 from titan_core.parallel.grads import clip_grad_norm_
+from titan_core.parallel.local import local_tensor
 from titan_core.parallel.mesh import Degrees, build_mesh, dp_coordinates, dp_dim_names, resolve_degrees
 from titan_core.parallel.simple_fsdp import MixedPrecision, apply_simple_fsdp, stored_parameter
 from titan_core.parallel.tensor_parallel import apply_tensor_parallel, plan_for
@@ -26,6 +27,7 @@ __all__ = [
     "check_parallelism",
     "clip_grad_norm_",
     "dp_coordinates",
+    "local_tensor",
     "mixed_precision",
     "parallelize",
     "plan_for",

@@ -15,9 +15,7 @@ from collections.abc import Iterable
 import torch
 from torch.distributed.tensor import DTensor
 
-
-def _local(t: torch.Tensor) -> torch.Tensor:
-    return t.to_local() if isinstance(t, DTensor) else t
+from titan_core.parallel.local import local_tensor
 
 
 def total_norm(ts: list[torch.Tensor], foreach: bool = True) -> torch.Tensor:
@@ -27,7 +25,7 @@ def total_norm(ts: list[torch.Tensor], foreach: bool = True) -> torch.Tensor:
     its exact value and the rounding depends on how the tensor is split, so a sharded
     run would miss a 1e-6 comparison with eager on rounding alone. TPUs have no fp64.
     """
-    if any(_local(t).device.type not in ("cpu", "cuda") for t in ts):
+    if any(local_tensor(t).device.type not in ("cpu", "cuda") for t in ts):
         return torch.nn.utils.get_total_norm(ts, foreach=foreach)
     norms = [torch.linalg.vector_norm(t, 2.0, dtype=torch.float64) for t in ts]
     return torch.linalg.vector_norm(torch.stack(norms)).float()
@@ -39,7 +37,7 @@ def clip_grad_norm_(params: Iterable[torch.nn.Parameter], max_norm: float, forea
     grads = [p.grad for p in params if p.grad is not None]
     if not grads:
         return torch.zeros(())
-    locals_ = [_local(g) for g in grads]
+    locals_ = [local_tensor(g) for g in grads]
     one_rank = all(not isinstance(g, DTensor) or g.device_mesh.size() == 1 for g in grads)
     norm = total_norm(locals_ if one_rank else grads, foreach=foreach)
     if isinstance(norm, DTensor):

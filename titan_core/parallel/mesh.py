@@ -94,3 +94,15 @@ def dp_coordinates(mesh: DeviceMesh) -> tuple[int, int]:
         rank = rank * size + mesh.get_local_rank(name)
         world *= size
     return rank, world
+
+
+def dp_group(mesh: DeviceMesh):
+    """The process group of this rank's data-parallel peers (the ranks holding other rows of the
+    global batch); None when there are none. Tensor-parallel peers are not in it: they hold the
+    same rows. Two data-parallel dimensions of size > 1 (HSDP) are flattened into one group."""
+    names = [n for n in dp_dim_names(mesh) if mesh.size(mesh.mesh_dim_names.index(n)) > 1]
+    if not names:
+        return None
+    if len(names) == 1:
+        return mesh.get_group(names[0])
+    return mesh[tuple(names)]._flatten().get_group()

@@ -1,25 +1,20 @@
 """The Graph Trainer: the whole train step captured with make_fx and run as one program.
 
 capture.py traces forward + loss + autograd.grad + clipping + functional AdamW into one
-FX graph; passes.py holds the pass contract, registry and pipeline; memory_policy.py the
-save / recompute / offload tagging and the passes that act on it; scan.py runs identical
-blocks as one loop; split.py cuts forward and backward into two programs; runner.py runs
-it all as the trainer's step; report.py measures it for the ladder rungs.
+FX graph (params.py: how sharded parameters enter it); passes.py holds the pass contract
+and pipeline, registry.py the pass registry; memory_policy.py the save / recompute /
+offload tagging and the passes that act on it; scan.py runs identical blocks as one loop;
+split.py cuts forward and backward into two programs; runner.py runs it all as the
+trainer's step; report.py measures the captured step without training.
 """
 
 from titan_core.compile.graph_trainer.capture import CapturedStep, CaptureError, StepLayout, capture_train_step
 from titan_core.compile.graph_trainer.host_sync import HostSync, HostSyncError, host_sync_nodes
 from titan_core.compile.graph_trainer.memory_policy import ActivationBytes, saved_activation_bytes
-from titan_core.compile.graph_trainer.passes import (
-    PassSettings,
-    build_pipeline,
-    op_counts,
-    register_pass,
-    registered_passes,
-    run_passes,
-)
+from titan_core.compile.graph_trainer.passes import build_pipeline, op_counts, registered_passes, run_passes
+from titan_core.compile.graph_trainer.registry import PassSettings, register_pass
 from titan_core.compile.graph_trainer.report import find_host_syncs, graphs_per_step, measure_memory_policies
-from titan_core.compile.graph_trainer.runner import GraphStats, GraphTrainerOptions, GraphTrainStep
+from titan_core.compile.graph_trainer.runner import GraphStats, GraphTrainStep
 from titan_core.compile.graph_trainer.scan import ScanError, check_scannable
 
 __all__ = [
@@ -28,7 +23,6 @@ __all__ = [
     "CapturedStep",
     "GraphStats",
     "GraphTrainStep",
-    "GraphTrainerOptions",
     "HostSync",
     "HostSyncError",
     "PassSettings",

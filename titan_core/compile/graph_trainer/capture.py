@@ -1,10 +1,13 @@
 """Capture the whole training step (forward, loss, backward, clipping, AdamW) as one FX graph.
 
 `make_fx` traces a pure function of flat tensors: parameters, buffers, AdamW moments, the
-per-step optimizer scalars and the micro-batches go in; the summed loss, the gradient
-norm and the new parameters and moments come out. Tracing runs on fake tensors, so no
-real computation happens and any data-dependent op fails loudly instead of baking one
-batch's values into the program. Parameters are graph inputs, never constants: the
+per-step optimizer scalars, the micro-batches and the step's global count of valid tokens
+go in; the summed loss, the gradient norm and the new parameters and moments come out.
+The count is computed outside the graph (and all-reduced over the data-parallel ranks
+there): each micro-batch's loss is weighted by it exactly as in eager
+(titan_core/token_mean.py), so the program holds no extra collective and no host sync.
+Tracing runs on fake tensors, so no real computation happens and any data-dependent op
+fails loudly instead of baking one batch's values into the program. Parameters are graph inputs, never constants: the
 graph can be run again on updated values (the tests perturb them to prove it).
 
 Every node is tagged while it is traced: `meta["gt_region"]` is `forward`, `backward` or
@@ -20,12 +23,14 @@ from dataclasses import dataclass, field
 
 import torch
 from torch import nn
-from torch.distributed.tensor import DTensor
 from torch.fx import GraphModule
 from torch.fx.experimental.proxy_tensor import get_proxy_mode, make_fx
 
 from titan_core.compile.graph_trainer import functional_optim as fo
 from titan_core.compile.graph_trainer.host_sync import HostSync, HostSyncError, HostSyncGuard, describe, subgraph_syncs
+from titan_core.compile.graph_trainer.params import as_param, param_spec
+from titan_core.compile.graph_trainer.scan import plan_stacking, scanned_layers
+from titan_core.token_mean import micro_batch_term
 
 BATCH_FIELDS = ("tokens", "labels", "positions", "segment_ids")
 
@@ -60,6 +65,8 @@ class StepLayout:
     max_norm: float
     specs: list = field(default_factory=list)
     """Per parameter: None for a plain tensor, or the ParamSpec of a sharded (DTensor) one."""
+    dp_world: int = 1
+    """Data-parallel ranks: the loss weights of titan_core/token_mean.py use it."""
 
     @property
     def n_params(self) -> int:
@@ -78,39 +85,13 @@ class StepLayout:
         k = len(fo.STEP_SCALARS)
         scalars = [tuple(scal[g * k : (g + 1) * k]) for g in range(len(self.hypers))]
         micro = [dict(zip(self.batch_fields, take(len(self.batch_fields)))) for _ in range(self.grad_accum)]
-        return params, buffers, exp_avgs, exp_avg_sqs, scalars, micro
+        (n_tokens,) = take(1)  # the step's valid labels over every micro-batch and dp rank (int64 scalar)
+        return params, buffers, exp_avgs, exp_avg_sqs, scalars, micro, n_tokens
 
     def split_outputs(self, flat):
         """-> loss, grad_norm, new params, new exp_avgs, new exp_avg_sqs."""
         p = self.n_params
         return flat[0], flat[1], list(flat[2 : 2 + p]), list(flat[2 + p : 2 + 2 * p]), list(flat[2 + 2 * p : 2 + 3 * p])
-
-
-@dataclass(frozen=True)
-class ParamSpec:
-    """How a sharded parameter is rebuilt from its local shard inside the step."""
-
-    mesh: object
-    placements: tuple
-    shape: torch.Size
-    stride: tuple
-
-
-def local_tensor(t: torch.Tensor) -> torch.Tensor:
-    """The local shard of a DTensor (the tensor itself otherwise): what the graph takes as input."""
-    return t.to_local() if isinstance(t, DTensor) else t
-
-
-def as_param(local: torch.Tensor, spec: ParamSpec | None) -> torch.Tensor:
-    """The value the model reads: the local shard itself, or the DTensor it is a shard of.
-
-    Graph inputs are always local shards: a DTensor input would be baked into the graph
-    as a constant (real mode) or refused (fake mode); wrapping here keeps the shard an
-    input while the model's SimpleFSDP gather traces into all-gather / reduce-scatter nodes.
-    """
-    if spec is None:
-        return local
-    return DTensor.from_local(local, spec.mesh, spec.placements, run_check=False, shape=spec.shape, stride=spec.stride)
 
 
 @dataclass
@@ -167,7 +148,7 @@ class _RegionTagger:
 
 
 def step_layout(
-    model: nn.Module, optimizer: torch.optim.Optimizer, batch, grad_accum: int, max_norm: float
+    model: nn.Module, optimizer: torch.optim.Optimizer, batch, grad_accum: int, max_norm: float, *, dp_world: int = 1
 ) -> StepLayout:
     hypers = fo.group_hypers(optimizer)
     group_index = {id(p): gi for gi, g in enumerate(optimizer.param_groups) for p in g["params"]}
@@ -179,9 +160,7 @@ def step_layout(
             raise CaptureError(f"parameter {name} requires grad but is in no optimizer param group")
         names.append(name)
         group_of.append(group_index[id(p)])
-        specs.append(
-            ParamSpec(p.device_mesh, tuple(p.placements), p.shape, p.stride()) if isinstance(p, DTensor) else None
-        )
+        specs.append(param_spec(p))
     fields = tuple(f for f in BATCH_FIELDS if getattr(batch, f) is not None)
     if fields[:2] != ("tokens", "labels"):
         raise CaptureError("a batch needs tokens and labels")
@@ -194,6 +173,7 @@ def step_layout(
         grad_accum=grad_accum,
         max_norm=max_norm,
         specs=specs,
+        dp_world=dp_world,
     )
 
 
@@ -235,8 +215,6 @@ class _Packing:
 
 def make_step_fn(model: nn.Module, layout: StepLayout, *, scan_layers: bool = False, guard=None, tagger=None):
     """The pure step function over flat tensors that `capture_train_step` traces (and eager can run)."""
-    from titan_core.compile.graph_trainer.scan import plan_stacking, scanned_layers
-
     call = _LossCall(model)
     stacking = plan_stacking(model, layout.param_names, layout.group_of) if scan_layers else None
     packing = _Packing(layout, stacking)
@@ -246,7 +224,7 @@ def make_step_fn(model: nn.Module, layout: StepLayout, *, scan_layers: bool = Fa
     tagger = tagger or _RegionTagger()
 
     def step(*flat):
-        params, buffers, exp_avgs, exp_avg_sqs, scalars, micro = layout.split_inputs(flat)
+        params, buffers, exp_avgs, exp_avg_sqs, scalars, micro, n_tokens = layout.split_inputs(flat)
         guard_ctx = guard if guard is not None else contextlib.nullcontext()
         with guard_ctx, torch.enable_grad():
             leaves = [p.detach().requires_grad_(True) for p in packing.pack(params)]
@@ -263,8 +241,11 @@ def make_step_fn(model: nn.Module, layout: StepLayout, *, scan_layers: bool = Fa
                     layers = tagger.block_hooks(model)
                 with layers:
                     args = (mb["tokens"], mb["labels"], mb.get("positions"), mb.get("segment_ids"))
-                    loss, _ = torch.func.functional_call(call, state, args)
-                loss = loss / layout.grad_accum
+                    loss, ce = torch.func.functional_call(call, state, args)
+                # eager's arithmetic exactly (Trainer._eager_update): the global token mean's share
+                loss = micro_batch_term(
+                    loss, ce, mb["labels"], n_tokens, dp_world=layout.dp_world, grad_accum=layout.grad_accum
+                )
                 total = (torch.zeros((), device=loss.device) if total is None else total) + loss.detach().float()
                 tagger.enter(region="backward")
                 g = torch.autograd.grad(loss, leaves, allow_unused=True)

@@ -18,6 +18,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+from torch.distributed.tensor import DTensor
+
+from titan_core.compile.graph_trainer.params import as_param
+from titan_core.parallel.grads import total_norm as eager_total_norm
 
 #: scalar inputs per parameter group, in the order `adamw_step_scalars` returns them
 STEP_SCALARS = ("decay_mul", "bias_correction2_sqrt", "neg_step_size")
@@ -98,8 +102,6 @@ def adamw_update(
 
 def total_norm(grads: list[torch.Tensor]) -> torch.Tensor:
     """L2 norm over all gradients: the eager trainer's own function (fp64 accumulation)."""
-    from titan_core.parallel.grads import total_norm as eager_total_norm
-
     return eager_total_norm(grads)
 
 
@@ -112,10 +114,6 @@ def global_norm(grads: list[torch.Tensor], specs: list) -> torch.Tensor:
     """
     if all(s is None or s.mesh.size() == 1 for s in specs):
         return total_norm(grads)
-    from torch.distributed.tensor import DTensor
-
-    from titan_core.compile.graph_trainer.capture import as_param
-
     norm = total_norm([as_param(g, s) for g, s in zip(grads, specs)])
     return norm.full_tensor() if isinstance(norm, DTensor) else norm
 

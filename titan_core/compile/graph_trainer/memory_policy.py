@@ -29,7 +29,8 @@ import torch
 from torch.fx import GraphModule, Node
 from torch.multiprocessing.reductions import StorageWeakRef
 
-from titan_core.compile.graph_trainer.passes import PassSettings, _meta_like, register_pass
+from titan_core.compile.graph_trainer.graph_meta import meta_like
+from titan_core.compile.graph_trainer.registry import PassSettings, register_pass
 
 aten = torch.ops.aten
 
@@ -131,7 +132,7 @@ def apply_offload(gm: GraphModule, example_inputs, *, settings: PassSettings) ->
                 aten._to_copy.default, (node,), {"device": torch.device("cpu"), "non_blocking": True}
             )
         host.meta.update(
-            _meta_like(node, device=torch.device("cpu")),
+            meta_like(node, device=torch.device("cpu")),
             gt_region="forward",
             gt_layer=node.meta.get("gt_layer"),
             gt_offloaded=True,
@@ -139,7 +140,7 @@ def apply_offload(gm: GraphModule, example_inputs, *, settings: PassSettings) ->
         first = min(later, key=_position(graph))
         with graph.inserting_before(first):
             back = graph.call_function(aten._to_copy.default, (host,), {"device": val.device, "non_blocking": True})
-        back.meta.update(_meta_like(node), gt_region=first.meta["gt_region"], gt_layer=None, gt_reloaded=True)
+        back.meta.update(meta_like(node), gt_region=first.meta["gt_region"], gt_layer=None, gt_reloaded=True)
         for user in later:
             user.replace_input_with(node, back)
         node.meta["gt_policy"] = "save"  # what stays on the device is only its forward life

@@ -1,15 +1,15 @@
-"""Graph passes over the captured step: the contract, the registry and the default pipeline.
+"""Graph passes over the captured step: the contract, the default pipeline and the cleanup passes.
 
 A pass is a function `(gm, example_inputs, *, settings) -> gm`: it may rewrite `gm` in
 place or return a new module, reads everything it needs from the node tags and
 `settings`, and keeps `node.meta["val"]` (a fake tensor) on every node it adds so later
-passes can reason about shapes and bytes. Passes are registered under a name and sit in
-one of two tiers:
+passes can reason about shapes and bytes. Passes are registered under a name
+(`register_pass`, in registry.py) and sit in one of two tiers:
 
 - numerics-preserving (run by default): the step still computes bit for bit what eager
   computes; the 3-step `torch.equal` test runs with all of them on;
 - numerics-changing (only with `--graph_trainer.numerics_changing`): faster or leaner,
-  but not bit-identical; a ladder rung must classify each one it keeps.
+  but not bit-identical; whoever turns one on must check its effect on the numbers.
 
 `--graph_trainer.disable_passes=a,b` drops passes by name; `--graph_trainer.debug_passes`
 prints the op counts before and after each pass.
@@ -19,35 +19,18 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 from torch.fx import GraphModule
 
-from titan_core.config.loader import ConfigError, _closest
+# importing memory_policy registers its passes (it imports the registry, never this module)
+from titan_core.compile.graph_trainer import memory_policy  # noqa: F401
+from titan_core.compile.graph_trainer.graph_meta import meta_like
+from titan_core.compile.graph_trainer.registry import GraphPass, PassSettings, passes_by_name, register_pass
+from titan_core.config.loader import ConfigError, did_you_mean
 
 aten = torch.ops.aten
-
-PassFn = Callable[..., GraphModule]
-
-
-@dataclass(frozen=True)
-class PassSettings:
-    """Keyword settings every pass receives."""
-
-    memory_policy: str = "default"
-    """default | full | offload (see memory_policy.py)."""
-    debug: bool = False
-    """Print op counts before and after each pass."""
-
-
-@dataclass(frozen=True)
-class GraphPass:
-    name: str
-    fn: PassFn
-    numerics_changing: bool
-    description: str
 
 
 @dataclass
@@ -62,46 +45,27 @@ class PassRecord:
     seconds: float
 
 
-_PASSES: dict[str, GraphPass] = {}
-
 #: numerics-preserving passes, in order (a name may appear twice)
 DEFAULT_PIPELINE = ("remove_detach", "dce", "tag_memory_policy", "apply_recompute", "apply_offload", "dce")
 #: appended when numerics-changing passes are allowed
 NUMERICS_CHANGING_PIPELINE = ("matmul_bf16",)
 
 
-def register_pass(name: str, *, numerics_changing: bool = False, description: str = "") -> Callable[[PassFn], PassFn]:
-    """Decorator: register a pass under `name` in its tier."""
-
-    def deco(fn: PassFn) -> PassFn:
-        if name in _PASSES and _PASSES[name].fn is not fn:
-            raise ValueError(f"graph pass '{name}' is already registered")
-        _PASSES[name] = GraphPass(name, fn, numerics_changing, description or (fn.__doc__ or "").strip().split("\n")[0])
-        return fn
-
-    return deco
-
-
 def registered_passes() -> dict[str, GraphPass]:
-    _load_builtin_passes()
-    return dict(_PASSES)
-
-
-def _load_builtin_passes() -> None:
-    # the memory-policy passes live in their own module; importing it registers them
-    from titan_core.compile.graph_trainer import memory_policy  # noqa: F401
+    """Every registered pass by name: this module's and memory_policy.py's."""
+    return passes_by_name()
 
 
 def build_pipeline(*, disable=(), numerics_changing: bool = False) -> list[GraphPass]:
     """The default pipeline minus `disable`; plus the numerics-changing tier when asked."""
-    _load_builtin_passes()
+    passes = passes_by_name()
     for name in disable:
-        if name not in _PASSES:
+        if name not in passes:
             raise ConfigError(
-                f"unknown graph pass '{name}' in graph_trainer.disable_passes{_closest(name, sorted(_PASSES))}"
+                f"unknown graph pass '{name}' in graph_trainer.disable_passes{did_you_mean(name, sorted(passes))}"
             )
     names = list(DEFAULT_PIPELINE) + (list(NUMERICS_CHANGING_PIPELINE) if numerics_changing else [])
-    return [_PASSES[n] for n in names if n not in set(disable)]
+    return [passes[n] for n in names if n not in set(disable)]
 
 
 def op_counts(gm: GraphModule) -> Counter:
@@ -175,7 +139,7 @@ def matmul_bf16(gm: GraphModule, example_inputs, *, settings: PassSettings) -> G
             with graph.inserting_before(node):
                 cast = graph.call_function(aten._to_copy.default, (args[i],), {"dtype": torch.bfloat16})
             cast.meta.update(
-                _meta_like(args[i], dtype=torch.bfloat16),
+                meta_like(args[i], dtype=torch.bfloat16),
                 gt_region=node.meta.get("gt_region"),
                 gt_layer=node.meta.get("gt_layer"),
             )
@@ -186,30 +150,23 @@ def matmul_bf16(gm: GraphModule, example_inputs, *, settings: PassSettings) -> G
                 mm = graph.call_function(aten.mm.default, (args[1], args[2]))
                 up = graph.call_function(aten._to_copy.default, (mm,), {"dtype": torch.float32})
                 out = graph.call_function(aten.add.Tensor, (args[0], up))
-            mm.meta.update(_meta_like(node, dtype=torch.bfloat16))
+            mm.meta.update(meta_like(node, dtype=torch.bfloat16))
             for n in (up, out):
-                n.meta.update(_meta_like(node))
+                n.meta.update(meta_like(node))
             for n in (mm, up, out):
                 n.meta.update(gt_region=node.meta.get("gt_region"), gt_layer=node.meta.get("gt_layer"))
             node.replace_all_uses_with(out)
             graph.erase_node(node)
             continue
         node.args = tuple(args)
-        node.meta["val"] = _meta_like(node, dtype=torch.bfloat16)["val"]
+        node.meta["val"] = meta_like(node, dtype=torch.bfloat16)["val"]
         with graph.inserting_after(node):
             up = graph.call_function(aten._to_copy.default, (node,), {"dtype": torch.float32})
         node.replace_all_uses_with(up, delete_user_cb=lambda user, up=up: user is not up)
         up.meta.update(
-            _meta_like(node, dtype=torch.float32),
+            meta_like(node, dtype=torch.float32),
             gt_region=node.meta.get("gt_region"),
             gt_layer=node.meta.get("gt_layer"),
         )
     return gm
 
-
-def _meta_like(node, *, dtype=None, device=None) -> dict:
-    """meta['val'] for a node computing a tensor like `node`'s, with another dtype or device."""
-    val = node.meta["val"]
-    with val.fake_mode:
-        new = torch.empty_strided(val.shape, val.stride(), dtype=dtype or val.dtype, device=device or val.device)
-    return {"val": new}

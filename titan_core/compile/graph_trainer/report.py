@@ -1,7 +1,8 @@
-"""Measurements a ladder rung asks of the Graph Trainer, without training.
+"""Measurements of the Graph Trainer's captured step, without training.
 
 Each function captures the step of a built model and optimizer on one batch (tracing
-only: nothing runs on the device, the weights are untouched).
+only: nothing runs on the device, the weights are untouched): saved-activation bytes per
+memory policy, the ops that would sync the host, programs launched per step.
 """
 
 from __future__ import annotations
@@ -10,15 +11,23 @@ from torch import nn
 
 from titan_core.compile.graph_trainer.host_sync import HostSync, HostSyncError, host_sync_nodes
 from titan_core.compile.graph_trainer.memory_policy import POLICIES, ActivationBytes, saved_activation_bytes
-from titan_core.compile.graph_trainer.runner import GraphTrainerOptions, GraphTrainStep
+from titan_core.compile.graph_trainer.runner import GraphTrainStep
+from titan_core.config.sections import GraphTrainer
 
 #: the passes that implement a memory policy; dropping them all measures the untouched capture
 POLICY_PASSES = ("tag_memory_policy", "apply_offload", "apply_recompute")
 
 
-def _capture(model, optimizer, batches, *, max_norm: float, **options) -> GraphTrainStep:
+def _capture(
+    model, optimizer, batches, *, max_norm: float, on_host_sync: str = "raise", **section
+) -> GraphTrainStep:
     step = GraphTrainStep(
-        model, optimizer, max_norm=max_norm, grad_accum=len(batches), options=GraphTrainerOptions(**options)
+        model,
+        optimizer,
+        max_norm=max_norm,
+        grad_accum=len(batches),
+        config=GraphTrainer(**section),
+        on_host_sync=on_host_sync,
     )
     step.capture(batches)
     return step
@@ -57,5 +66,5 @@ def find_host_syncs(model: nn.Module, optimizer, batches: list, *, max_norm: flo
 
 
 def graphs_per_step(step: GraphTrainStep) -> list[int]:
-    """Programs launched by each step run so far (the rung's criterion: 1 per step, unsplit)."""
+    """Programs launched by each step run so far (1 per step unsplit, 2 split)."""
     return list(step.stats.programs_per_step)

@@ -1,7 +1,8 @@
 """Run the captured step as the trainer's optimizer step: capture once, then one program per step.
 
 `GraphTrainStep` owns the capture, the pass pipeline, the compile (none: the FX graph
-itself; inductor: `compile_fx` over it) and the write-back. Optimizer state lives where
+itself; inductor: `compile_fx` over it) and the write-back, all as the `graph_trainer`
+config section says. Optimizer state lives where
 eager keeps it, in `optimizer.state[p]` (step, exp_avg, exp_avg_sq), so checkpoints and
 a switch between eager and graph mode see one and the same state.
 """
@@ -16,44 +17,20 @@ import torch
 from torch import nn
 
 from titan_core.compile.graph_trainer import functional_optim as fo
-from titan_core.compile.graph_trainer.capture import CapturedStep, capture_train_step, local_tensor, step_layout
-from titan_core.compile.graph_trainer.passes import PassRecord, PassSettings, build_pipeline, run_passes
+from titan_core.compile.graph_trainer.capture import CapturedStep, capture_train_step, step_layout
+from titan_core.compile.graph_trainer.params import local_tensor
+from titan_core.compile.graph_trainer.passes import PassRecord, build_pipeline, run_passes
+from titan_core.compile.graph_trainer.registry import PassSettings
 from titan_core.compile.graph_trainer.split import SplitProgram, split_forward_backward
+from titan_core.config.sections import GraphTrainer
+from titan_core.token_mean import global_valid_tokens
 
 log = logging.getLogger("titan_core.graph_trainer")
 
 
-@dataclass(frozen=True)
-class GraphTrainerOptions:
-    """What `GraphTrainStep` does; built from the `graph_trainer` config section by `from_config`."""
-
-    compile: str = "none"
-    """none: run the FX graph as is (bit-identical to eager); inductor: compile it whole."""
-    disable_passes: tuple[str, ...] = ()
-    numerics_changing: bool = False
-    debug_passes: bool = False
-    memory_policy: str = "default"
-    scan_layers: bool = False
-    split: bool = False
-    on_host_sync: str = "raise"
-    """raise: capture fails at a host sync; record: capture on and report them."""
-
-    @classmethod
-    def from_config(cls, section) -> GraphTrainerOptions:
-        return cls(
-            compile=section.compile,
-            disable_passes=tuple(section.disable_passes),
-            numerics_changing=section.numerics_changing,
-            debug_passes=section.debug_passes,
-            memory_policy=section.memory_policy,
-            scan_layers=section.scan_layers,
-            split=section.split,
-        )
-
-
 @dataclass
 class GraphStats:
-    """What a rung reads after a run: capture count, programs per step, times."""
+    """What the step did so far: capture count, programs per step, times, pass records, host syncs."""
 
     captures: int = 0
     """How many times the step was traced (1 for a whole run: it is captured once)."""
@@ -74,7 +51,7 @@ def _compile(gm, example_inputs, backend: str):
     if backend == "none":
         return gm
     if backend == "inductor":
-        from torch._inductor.compile_fx import compile_fx
+        from torch._inductor.compile_fx import compile_fx  # import-time cost: inductor loads only when asked for
 
         return compile_fx(gm, example_inputs)
     raise ValueError(f"unknown graph_trainer.compile '{backend}' (none | inductor)")
@@ -90,10 +67,20 @@ class GraphTrainStep:
         *,
         max_norm: float,
         grad_accum: int,
-        options: GraphTrainerOptions,
+        config: GraphTrainer,
+        on_host_sync: str = "raise",
+        dp_world: int = 1,
     ):
-        self.model, self.optimizer, self.opts = model, optimizer, options
-        self.max_norm, self.grad_accum = max_norm, grad_accum
+        """`config` is the `graph_trainer` config section (its `enable` is not read here).
+
+        on_host_sync: raise: the capture fails at a host sync; record: it goes on and
+        lists them in `stats.host_syncs`.
+        dp_world: data-parallel ranks; above 1 every step must be given the step's global
+        valid-token count (`n_tokens`, titan_core/token_mean.py).
+        """
+        self.model, self.optimizer, self.config = model, optimizer, config
+        self.on_host_sync = on_host_sync
+        self.max_norm, self.grad_accum, self.dp_world = max_norm, grad_accum, dp_world
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.layout = None
         self.captured: CapturedStep | None = None
@@ -101,7 +88,7 @@ class GraphTrainStep:
         self.split: SplitProgram | None = None
         self.stats = GraphStats()
         # the pipeline is validated now so a bad pass name fails before any work
-        self.pipeline = build_pipeline(disable=options.disable_passes, numerics_changing=options.numerics_changing)
+        self.pipeline = build_pipeline(disable=config.disable_passes, numerics_changing=config.numerics_changing)
 
     # ---- state ---------------------------------------------------------------------
     def _state(self):
@@ -123,8 +110,13 @@ class GraphTrainStep:
                 out.append(torch.tensor(value, dtype=torch.float32, device=device))
         return out
 
-    def inputs(self, batches) -> list[torch.Tensor]:
-        """The flat graph inputs for this step (parameters are read live, never copied in)."""
+    def inputs(self, batches, n_tokens: torch.Tensor | None = None) -> list[torch.Tensor]:
+        """The flat graph inputs for this step (parameters are read live, never copied in).
+
+        n_tokens: valid labels of the whole step, summed over the data-parallel ranks
+        (titan_core.token_mean.global_valid_tokens); None counts these batches' labels,
+        which is the global count only when there is one data-parallel rank.
+        """
         states = self._state()
         device = local_tensor(self.params[0]).device
         step = int(states[0]["step"]) + 1  # a CPU tensor: reading it does not wait for the device
@@ -137,16 +129,25 @@ class GraphTrainStep:
             if present != self.layout.batch_fields:
                 raise ValueError(f"batch fields {present} differ from the captured {self.layout.batch_fields}")
             flat += [getattr(b, f).to(device, non_blocking=True) for f in present]
+        if n_tokens is None:
+            if self.dp_world > 1:
+                raise ValueError(
+                    f"{self.dp_world} data-parallel ranks: pass the step's global valid-token count (n_tokens)"
+                )
+            n_tokens = global_valid_tokens([b.labels.to(device, non_blocking=True) for b in batches])
+        flat.append(n_tokens.to(device, non_blocking=True))
         return flat
 
     # ---- capture -------------------------------------------------------------------
-    def capture(self, batches) -> CapturedStep:
-        self.layout = layout = step_layout(self.model, self.optimizer, batches[0], self.grad_accum, self.max_norm)
-        example = self.inputs(batches)
-        cap = capture_train_step(
-            self.model, layout, example, scan_layers=self.opts.scan_layers, on_host_sync=self.opts.on_host_sync
+    def capture(self, batches, n_tokens: torch.Tensor | None = None) -> CapturedStep:
+        self.layout = layout = step_layout(
+            self.model, self.optimizer, batches[0], self.grad_accum, self.max_norm, dp_world=self.dp_world
         )
-        settings = PassSettings(memory_policy=self.opts.memory_policy, debug=self.opts.debug_passes)
+        example = self.inputs(batches, n_tokens)
+        cap = capture_train_step(
+            self.model, layout, example, scan_layers=self.config.scan_layers, on_host_sync=self.on_host_sync
+        )
+        settings = PassSettings(memory_policy=self.config.memory_policy, debug=self.config.debug_passes)
         t0 = time.perf_counter()
         cap.gm, records = run_passes(cap.gm, cap.example_inputs, self.pipeline, settings=settings)
         self.stats.passes_time_s = time.perf_counter() - t0
@@ -155,23 +156,26 @@ class GraphTrainStep:
         self.stats.captures += 1
         self.captured = cap
         t0 = time.perf_counter()
-        if self.opts.split:
+        if self.config.split:
             self.split = split_forward_backward(cap.gm)
-            self.split.compile(lambda gm, ex: _compile(gm, ex, self.opts.compile))
+            self.split.compile(lambda gm, ex: _compile(gm, ex, self.config.compile))
         else:
-            self.program = _compile(cap.gm, cap.example_inputs, self.opts.compile)
+            self.program = _compile(cap.gm, cap.example_inputs, self.config.compile)
         self.stats.compile_time_s = time.perf_counter() - t0
         return cap
 
     # ---- step ----------------------------------------------------------------------
     @torch.no_grad()
-    def run(self, batches) -> tuple[torch.Tensor, torch.Tensor]:
-        """One optimizer step over the micro-batches; returns (summed loss, grad norm) on the device."""
+    def run(self, batches, n_tokens: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """One optimizer step over the micro-batches; returns (summed loss, grad norm) on the device.
+
+        n_tokens: as in `inputs` (the Trainer passes the all-reduced count).
+        """
         if len(batches) != self.grad_accum:
             raise ValueError(f"expected {self.grad_accum} micro-batches, got {len(batches)}")
         if self.captured is None:
-            self.capture(batches)
-        flat = self.inputs(batches)
+            self.capture(batches, n_tokens)
+        flat = self.inputs(batches, n_tokens)
         if self.split is not None:
             out, programs = self.split(flat), 2
         else:

@@ -23,6 +23,8 @@ import torch
 from torch import nn
 from torch._higher_order_ops.scan import scan_op
 
+from titan_core.compile.graph_trainer.params import as_param
+
 
 class ScanError(ValueError):
     """The model's decoder blocks cannot be scanned (they are not structurally identical)."""
@@ -122,8 +124,6 @@ def scanned_layers(model: nn.Module, stacked: list[torch.Tensor], block_names: l
     SimpleFSDP); `block_specs[j]` (None when plain) rebuilds each slice as the DTensor the
     block reads.
     """
-    from titan_core.compile.graph_trainer.capture import as_param
-
     wrap = (lambda j, w: as_param(w, block_specs[j])) if any(block_specs) else None
     template = next(iter(model.layers.values()))
 

@@ -5,11 +5,10 @@ from __future__ import annotations
 import torch
 
 from titan_core.models.common.args import TransformerArgs
+from titan_core.models.common.decoder import Transformer
 
 
 def _meta_model(args: TransformerArgs):
-    from titan_core.models.common.decoder import Transformer
-
     with torch.device("meta"):
         return Transformer(args)
 

@@ -2,9 +2,9 @@
 
 Expert layouts (E experts, D = dim, I = moe_hidden_dim):
 - native: experts.w1 / w3 [E, D, I] and w2 [E, I, D] (tokens @ w);
-- HF in memory (transformers 5): mlp.experts.gate_up_proj [E, 2I, D] (gate rows first)
+- HF in memory (transformers 5): mlp.experts.gate_up_proj [E, 2I, D] (gate_proj rows first)
   and mlp.experts.down_proj [E, D, I] (F.linear layout);
-- HF on disk (published checkpoints): mlp.experts.{e}.{gate,up,down}_proj.weight.
+- HF on disk (published checkpoints): mlp.experts.{e}.(gate_proj|up_proj|down_proj).weight.
 Conversions are transposes, splits and concatenations only, so HF -> native -> HF is
 bit-exact. `to_hf` writes the in-memory layout; `from_hf` reads both.
 """

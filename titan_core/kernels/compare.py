@@ -1,19 +1,21 @@
-"""What the `kernels` rung needs from titan_core: which kernels apply, and kernel vs plain path.
+"""Kernel against plain path: which kernels apply to a model, whether one computes what the
+plain path computes, and which of the two steps faster.
 
     applicable_kernels(args, device=, dtype=) -> {"kernels.moe=grouped_mm": None | "why not", ...}
     compare_kernel(family, args, "kernels.loss=fused_ce")  -> KernelComparison (loss, logits, grads)
-    measure_kernel(family, args, "kernels.loss=fused_ce")  -> step time and peak memory, with and without
+    measure_kernel(family, args, "kernels.loss=fused_ce")  -> the timing protocol's answer and peak memory
 
 Each flag is compared with the plain path of its field (REFERENCE): the model built twice
-from the same weights, once with the kernel's swap and once with the reference's.
+from the same weights, once with the kernel's swap and once with the reference's. Errors
+are titan_core.numerics' relative L2 (one zero-reference rule for every comparison);
+timings go through titan_core.timing (interleaved, with an interval, may say
+"indistinguishable").
 """
 
 from __future__ import annotations
 
 import importlib.util
 import re
-import statistics
-import time
 import typing
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -26,13 +28,16 @@ from titan_core.config.loader import ConfigError
 from titan_core.config.sections import Kernels
 from titan_core.config.swaps import apply_swaps
 from titan_core.kernels.moe import grouped_mm_unsupported
+from titan_core.kernels.swaps import swaps_for
 from titan_core.models.common.args import TransformerArgs
 from titan_core.models.registry import build_meta
+from titan_core.numerics import rel_l2
 from titan_core.tensor_memory import TensorPeak
+from titan_core.timing import Comparison, TimingProtocol, compare, timed
 
 #: The plain path each kernel is compared with.
 REFERENCE = {"loss": "plain", "attention": "naive", "moe": "loop"}
-#: Every kernel flag the rung considers, in the order it reports them.
+#: Every kernel flag, in the order they are reported: within a field, simplest first.
 KERNEL_FLAGS = (
     "kernels.loss=fused_ce",
     "kernels.attention=sdpa",
@@ -107,20 +112,7 @@ def applicable_kernels(
     return {flag: out[flag] for flag in KERNEL_FLAGS}
 
 
-def _rel_l2(a: torch.Tensor | None, b: torch.Tensor | None) -> float:
-    if a is None and b is None:
-        return 0.0
-    if a is None or b is None:
-        return float("inf")  # one side got a gradient, the other none: a real difference
-    a, b = a.detach().double(), b.detach().double()
-    ref = b.norm().item()
-    diff = (a - b).norm().item()
-    return diff / ref if ref > 0 else diff
-
-
 def _build(family: str, args: TransformerArgs, kernels: Kernels, device, dtype, state=None, build_meta_model=None):
-    from titan_core.kernels import swaps_for
-
     # a ported workspace's own model.py builds its model; the swaps then target its modules
     model = build_meta_model() if build_meta_model is not None else build_meta(family, args)
     apply_swaps(model, swaps_for(kernels))
@@ -223,9 +215,9 @@ def compare_kernel(
         reference=f"kernels.{field_name}={REFERENCE[field_name]}",
         loss=loss_k.item(),
         loss_reference=loss_r.item(),
-        loss_rel_err=_rel_l2(loss_k, loss_r),
-        logits_rel_err=_rel_l2(logits_k, logits_r),
-        grad_rel_err={n: _rel_l2(grads_k[n], grads_r[n]) for n in grads_r},
+        loss_rel_err=rel_l2(loss_k, loss_r),
+        logits_rel_err=rel_l2(logits_k, logits_r),
+        grad_rel_err={n: rel_l2(grads_k[n], grads_r[n]) for n in grads_r},
     )
 
 
@@ -252,16 +244,21 @@ def measure_kernel(
     args: TransformerArgs,
     flag: str,
     *,
+    against: str | None = None,
     batch: int = 2,
     seq_len: int = 64,
-    steps: int = 3,
     device: torch.device | str = "cpu",
     dtype: torch.dtype = torch.float32,
     base: Kernels | None = None,
     build_meta_model: Callable[[], nn.Module] | None = None,
+    protocol: TimingProtocol | None = None,
 ) -> dict:
-    """Median forward+backward time and peak memory of one step, with the kernel and with the plain path.
+    """One training step (forward + backward) with the kernel against `against` (default: the
+    field's plain path), timed by the protocol, and the peak memory of each.
 
+    Both models are built first; their steps then run interleaved (titan_core.timing), so
+    the machine's load falls on both alike. `timing` is the protocol's `Comparison` (ratio
+    = kernel time / other time, its interval, `faster` / `slower` / `indistinguishable`).
     Peak memory: the device allocator's peak on accelerators; on CPU the most tensor bytes
     alive at once during one more, untimed step (`TensorPeak`: the resident set cannot see a
     step's tensors once malloc reuses pages). None for a JAX-backed kernel (tokamax, splash):
@@ -270,25 +267,32 @@ def measure_kernel(
     """
     device = torch.device(device)
     field_name, choice = parse_flag(flag)
+    other = against or REFERENCE[field_name]
+    parse_flag(f"kernels.{field_name}={other}")
     inputs, labels, segment_ids = make_batch(args, batch=batch, seq_len=seq_len, seed=0, device=device)
-    out = {}
-    for name, pick in (("with_kernel", choice), ("with_reference", REFERENCE[field_name])):
-        model = _build(family, args, _kernels_for(field_name, pick, base), device, dtype,
-                       build_meta_model=build_meta_model)  # fmt: skip
-        times = []
-        for _ in range(steps + 1):  # the first step warms caches and JAX/compile caches
+    models = {
+        pick: _build(family, args, _kernels_for(field_name, pick, base), device, dtype, build_meta_model=build_meta_model)
+        for pick in (choice, other)
+    }
+
+    def step(model):
+        def run():
             model.zero_grad(set_to_none=True)
-            devices.synchronize(device)
-            t0 = time.perf_counter()
             loss, _ = model.loss(inputs, labels, segment_ids=segment_ids)
             loss.backward()
-            devices.synchronize(device)
-            times.append(time.perf_counter() - t0)
-        out[name] = {"step_time_s": statistics.median(times[1:]), "peak_memory_bytes": None}
+
+        return timed(run, sync=lambda: devices.synchronize(device))
+
+    timing: Comparison = compare(step(models[choice]), step(models[other]), protocol)
+    out = {"flag": flag, "reference": f"kernels.{field_name}={other}", "timing": timing.to_dict()}
+    for name, pick, median in (("with_kernel", choice, timing.candidate_median_s),
+                               ("with_reference", other, timing.baseline_median_s)):  # fmt: skip
+        side = {"step_time_s": median, "peak_memory_bytes": None}
         if pick in JAX_BACKED:
-            out[name]["peak_memory_note"] = "JAX allocates this kernel's buffers outside torch: not measured"
+            side["peak_memory_note"] = "JAX allocates this kernel's buffers outside torch: not measured"
         else:
-            model.zero_grad(set_to_none=True)
-            out[name]["peak_memory_bytes"] = _step_peak(model, inputs, labels, segment_ids, device)
-        del model
-    return {"flag": flag, "reference": f"kernels.{field_name}={REFERENCE[field_name]}", **out}
+            models[pick].zero_grad(set_to_none=True)
+            side["peak_memory_bytes"] = _step_peak(models[pick], inputs, labels, segment_ids, device)
+        out[name] = side
+    out["describe"] = timing.describe(flag, out["reference"])
+    return out

@@ -1,0 +1,71 @@
+"""What every bench shares: the timing protocol's flags, one comparison's JSON entry, and the report.
+
+Speed goes through titan_core.timing (`compare`: interleaved, with an interval); the report
+records the protocol's settings and the machine's 1-minute load at start and end, and
+lists every comparison as `Comparison.to_dict()` plus its `describe()` line. Progress goes
+to stderr, so stdout is the one JSON document.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from dataclasses import asdict
+from pathlib import Path
+
+from titan_core.timing import Comparison, TimingProtocol
+
+
+def load() -> float | None:
+    """The machine's 1-minute load average (None where the OS has none)."""
+    try:
+        return round(os.getloadavg()[0], 2)
+    except (OSError, AttributeError):
+        return None
+
+
+def add_protocol_args(ap: argparse.ArgumentParser) -> None:
+    """--warmup-rounds / --min-rounds / --max-rounds / --max-seconds, defaulting to TimingProtocol's."""
+    d = TimingProtocol()
+    g = ap.add_argument_group("timing protocol (titan_core.timing.TimingProtocol; shorten for smoke runs)")
+    g.add_argument("--warmup-rounds", type=int, default=d.warmup, help=f"rounds discarded first (default {d.warmup})")
+    g.add_argument("--min-rounds", type=int, default=None, help=f"default {d.min_rounds}, at most --max-rounds")
+    g.add_argument("--max-rounds", type=int, default=d.max_rounds, help=f"default {d.max_rounds}")
+    g.add_argument("--max-seconds", type=float, default=d.max_seconds, help=f"per comparison ({d.max_seconds:g})")
+
+
+def protocol_from(a: argparse.Namespace) -> TimingProtocol:
+    d = TimingProtocol()
+    min_rounds = a.min_rounds if a.min_rounds is not None else min(d.min_rounds, a.max_rounds)
+    return TimingProtocol(warmup=a.warmup_rounds, min_rounds=min_rounds, max_rounds=a.max_rounds,
+                          max_seconds=a.max_seconds)  # fmt: skip
+
+
+def entry(cmp: Comparison, candidate: str, baseline: str, **context) -> dict:
+    """One comparison as the reports list it: what was compared, the describe() line, to_dict()."""
+    return {**context, "candidate": candidate, "baseline": baseline, "describe": cmp.describe(candidate, baseline),
+            **cmp.to_dict()}  # fmt: skip
+
+
+def start(benchmark: str, protocol: TimingProtocol, **fields) -> dict:
+    """A report to fill in: `comparisons` takes `entry(...)`s; `emit` finishes and prints it."""
+    return {"benchmark": benchmark, "timing_protocol": asdict(protocol), "load_avg_1m": {"start": load()},
+            **fields, "comparisons": []}  # fmt: skip
+
+
+def emit(report: dict, out: str = "") -> None:
+    """Record the load at the end, print each comparison's line to stderr and the JSON to stdout (and `out`)."""
+    report["load_avg_1m"]["end"] = load()
+    for c in report["comparisons"]:
+        print(c["describe"], file=sys.stderr)
+    text = json.dumps(report, indent=2)
+    if out:
+        Path(out).write_text(text + "\n")
+    print(text, flush=True)
+
+
+def progress(obj) -> None:
+    """One line of progress (a dict as JSON) on stderr."""
+    print(obj if isinstance(obj, str) else json.dumps(obj), file=sys.stderr, flush=True)

@@ -1,0 +1,234 @@
+"""What every rung that trains shares: the gate's recipe, its numbers, one in-process run,
+the steady-state statistics, the commands that reproduce it, and the eager evidence every
+speed is put beside.
+
+Not a rung (no RUNG): the engine only imports modules named after DESIGN section 1's rungs.
+A titan_core `ConfigError` raised here reaches the engine, which turns it into bad input
+(exit 2, nothing recorded) once for every rung.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import logging
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+from onboard.gates import load_checklist
+from onboard.rungs.base import RungContext
+
+DENSE_WHY = (
+    "the recipe's MoE experts are the reference loop (kernels.moe = \"loop\"), which gathers each expert's tokens "
+    "with torch.where: a host sync, a graph break under torch.compile and a data-dependent shape in a captured "
+    "step; the capture-friendly experts (kernels.moe = \"dense\": dropless, static shapes, all experts on all "
+    "tokens with a masked combine, n_experts / top_k x the expert FLOPs) compute the same sums"
+)
+
+
+@lru_cache(maxsize=None)
+def checklist(rung: str):
+    """checklists/<rung>.yaml, read once per process."""
+    return load_checklist(rung)
+
+
+def param(rung: str, name: str) -> Any:
+    """One of the `params:` of checklists/<rung>.yaml: every number a rung runs with to decide its gate."""
+    return checklist(rung).param(name)
+
+
+# ---- the recipe a gate runs ----------------------------------------------------------------
+def job_config(ctx: RungContext):
+    """The workspace recipe, adjusted for the gate: the eager gate's steps on its repeated batch
+    (warm-up capped so the peak lr is reached), output in the attempt folder, nothing saved or
+    profiled (the gate measures training, not checkpointing). Recipe paths are anchored by
+    titan_core's loader, so this works from any folder."""
+    from titan_core.config import load_config
+
+    steps = param("eager", "steps")
+    cfg = load_config(ctx.workspace.recipe_path)
+    cfg.training.steps = steps
+    cfg.lr_scheduler.warmup_steps = min(cfg.lr_scheduler.warmup_steps, int(steps * param("eager", "warmup_cap")))
+    cfg.data.repeat_batch = True
+    cfg.checkpoint.enable = False
+    cfg.checkpoint.export_hf = ""
+    cfg.profiler.enable = False
+    cfg.metrics.output_dir = str(ctx.attempt_dir)
+    cfg.metrics.log_freq = 5
+    cfg.metrics.rich = False
+    return cfg
+
+
+def files_read(ctx: RungContext, cfg) -> list[Path]:
+    """The files whose change makes a training rung's evidence stale."""
+    files = [ctx.workspace.recipe_path]
+    for value in (cfg.model.hf_config, cfg.model.module_file):
+        if value:
+            files.append(Path(value))
+    if cfg.data.source == "text" and cfg.data.path and Path(cfg.data.path).is_file():
+        files.append(Path(cfg.data.path))
+    return files
+
+
+def next_step_command(ctx: RungContext) -> str:
+    """The command that reproduces a rung's attempt from any folder (the workspace is <dir>/onboarding/<name>)."""
+    return f"onboard next-step {ctx.workspace.name} --dir {ctx.workspace.root.parent.parent}"
+
+
+def train_command(ctx: RungContext, flags: list[str]) -> str:
+    """`onboard train` of the workspace recipe with the flags a rung verified."""
+    return " ".join(["onboard", "train", "--config", str(ctx.workspace.recipe_path), *flags])
+
+
+def resolved_device_type(device_type: str) -> str:
+    """`[device] type` as titan_core resolves it (`auto`: cuda when available, else cpu)."""
+    import torch
+
+    if device_type == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return device_type
+
+
+def model_args(cfg):
+    """The recipe's resolved architecture (a recipe that does not resolve raises ConfigError)."""
+    from titan_core.model_builder import resolve_model_args
+
+    return resolve_model_args(cfg.model)
+
+
+def compute_dtype(training):
+    """The dtype the recipe computes in: it decides which kernels can run (e.g. grouped_mm)."""
+    import torch
+
+    bf16 = "bfloat16" in (training.dtype, training.mixed_precision_param)
+    return torch.bfloat16 if bf16 else torch.float32
+
+
+# ---- execution modes (compile, graph_trainer) ------------------------------------------------
+def capture_moe(cfg, args) -> tuple[str | None, str]:
+    """(kernels.moe choice to run a captured step with, or None to keep the recipe's; why).
+
+    The reference loop is replaced, and so is a kernel that titan_core says cannot be
+    traced here (torch._grouped_mm's meta function takes bf16 only); a capture problem
+    with a kernel that claims it can is the finding the gate should report.
+    """
+    from titan_core.kernels import applicable_kernels
+
+    if not args.n_experts:
+        return None, "dense model: no MoE experts"
+    moe = cfg.kernels.moe
+    if moe == "loop":
+        return "dense", DENSE_WHY
+    if moe != "dense":
+        device = resolved_device_type(cfg.device.type)
+        why = applicable_kernels(args, device=device, dtype=compute_dtype(cfg.training), captured=True).get(f"kernels.moe={moe}")
+        if why:
+            return "dense", f"the recipe's kernels.moe = \"{moe}\" cannot be captured here ({why}); dense instead"
+    return None, f"the recipe's kernels.moe = \"{moe}\" is kept"
+
+
+def mode_config(base, out_dir: Path, *, steps: int, deterministic: bool = False, moe: str | None = None, **sections):
+    """The gate's recipe for another execution mode: `sections` maps 'compile' /
+    'graph_trainer' to the fields to set there; the other mode is switched off."""
+    cfg = copy.deepcopy(base)
+    cfg.compile.enable = False
+    cfg.graph_trainer.enable = False
+    for section, fields in sections.items():
+        for name, value in fields.items():
+            setattr(getattr(cfg, section), name, value)
+    if moe is not None:
+        cfg.kernels.moe = moe
+    cfg.training.steps = steps
+    cfg.training.deterministic = deterministic
+    cfg.metrics.output_dir = str(out_dir)
+    return cfg
+
+
+@contextlib.contextmanager
+def process_threads(n: int = 0):
+    """Run with `n` intra-op threads (0: leave them), then give the process its own count back.
+
+    torch's thread count is process-wide and a Trainer sets it from [device] threads, so
+    without this one in-process run would hand its count to the next.
+    """
+    import torch
+
+    before = torch.get_num_threads()
+    if n:
+        torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+@contextlib.contextmanager
+def quiet_mesh_pickling():
+    """Silence torch's DeviceMesh pickling warning for the duration of a compile.
+
+    Dynamo's cache keys pickle the SimpleFSDP mesh; torch then warns, once per block and
+    step, that a mesh pickled before its process groups existed cannot find them. Here
+    the groups exist before anything is compiled (titan_core creates them, also at world
+    size 1), so the warning is noise that would bury the rung's progress lines.
+    """
+    logger = logging.getLogger("torch.distributed.device_mesh")
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+
+
+def build_trainer(cfg):
+    """A titan_core Trainer of `cfg`, quiet (the rung prints its own progress)."""
+    from titan_core.trainer import Trainer
+
+    return Trainer(cfg, quiet=True)
+
+
+def train(ctx: RungContext, cfg, label: str):
+    """(trainer, result) of one in-process run of `cfg`; the rows land in cfg.metrics.output_dir."""
+    ctx.log(f"{label}: {cfg.training.steps} steps -> {cfg.metrics.output_dir}")
+    with process_threads():
+        trainer = build_trainer(cfg)
+        with quiet_mesh_pickling():
+            result = trainer.train()
+    if not result.metrics:
+        raise RuntimeError(f"{label}: training ran no step")
+    return trainer, result
+
+
+# ---- measurements ----------------------------------------------------------------------------
+def run_stats(rows: list[dict]) -> dict[str, Any]:
+    """The steady-state speed and memory measurements of one run's rows (titan_core.run_stats)."""
+    from titan_core.run_stats import RunStats
+
+    return RunStats.from_rows(rows).measurements()
+
+
+def beside_eager(m: dict, evidence: dict) -> None:
+    """Put this run's step times and peak memory beside the eager rung's: ratios, and the
+    timing protocol's interval on the step-time ratio (two runs timed apart: unpaired)."""
+    from titan_core.timing import compare_samples
+
+    ev = evidence.get("eager") or {}
+    m["eager_step_time_median_s"] = ev.get("step_time_median_s")
+    m["eager_peak_mem_bytes"] = ev.get("peak_mem_bytes")
+    if ev.get("step_time_median_s"):
+        m["speedup_vs_eager"] = ev["step_time_median_s"] / m["step_time_median_s"]
+    cmp = compare_samples(m.get("step_times_s") or [], ev.get("step_times_s") or [])
+    m["vs_eager"] = cmp.to_dict() if cmp else None
+    m["vs_eager_text"] = cmp.describe("this run", "eager") if cmp else "no interval (eager evidence has no step times)"
+    m["speedup_vs_eager_ci"] = cmp.short() if cmp else None
+    if ev.get("peak_mem_bytes"):
+        m["peak_mem_vs_eager"] = m["peak_mem_bytes"] / ev["peak_mem_bytes"]
+
+
+def eager_step1_loss(ctx: RungContext) -> float:
+    """The eager rung's exact step-1 loss (the ladder runs this rung only after eager passed)."""
+    ev = ctx.evidence.get("eager")
+    if not ev or "step1_loss_repr" not in ev:
+        raise RuntimeError("no passed eager evidence to compare with: run the eager rung first")
+    return float(ev["step1_loss_repr"])

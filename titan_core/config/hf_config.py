@@ -1,0 +1,36 @@
+"""Reading a Hugging Face config.json: the one reader for every caller, errors as ConfigError."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from titan_core.config.loader import ConfigError
+
+
+def read_hf_config_text(path: str | Path, *, require_model_type: bool = False) -> tuple[dict, str]:
+    """(config dict, exact file text) from a config.json, or from a folder holding one.
+
+    ConfigError for a missing file, malformed JSON or a value that is not a JSON object;
+    with `require_model_type`, also when it names no architecture in `model_type`.
+    """
+    path = Path(path)
+    if path.is_dir():
+        path = path / "config.json"
+    if not path.is_file():
+        raise ConfigError(f"HF config not found: {path}")
+    text = path.read_text(encoding="utf-8", errors="replace")
+    try:
+        cfg = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"malformed JSON in {path}: {e}") from None
+    if not isinstance(cfg, dict):
+        raise ConfigError(f"{path} is not a JSON object; an HF config.json is one, naming its model_type")
+    if require_model_type and (not isinstance(cfg.get("model_type"), str) or not cfg["model_type"]):
+        raise ConfigError(f"{path} has no model_type; an HF config.json names its architecture there")
+    return cfg, text
+
+
+def read_hf_config(path: str | Path, *, require_model_type: bool = False) -> dict:
+    """The config.json (or a folder's config.json) as a dict; see `read_hf_config_text`."""
+    return read_hf_config_text(path, require_model_type=require_model_type)[0]

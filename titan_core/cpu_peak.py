@@ -1,0 +1,107 @@
+"""The CPU's matmul peak, the denominator of CPU MFU: the best rate seen on this machine.
+
+A probe in one process on a shared machine measures whatever share of the cores it got:
+the same model once read MFU 34.7% and 91.4% in two runs in a row, because each run
+probed its own peak. So a probe here takes the best of several timed rounds, and the best
+probe ever seen for this CPU, thread count, dtype and torch version is kept on disk
+(`$TITAN_CORE_CACHE_DIR`, default `~/.cache/titan_core`, file `cpu_peak.json`, written
+atomically) with the date and the machine's load when it was taken. A loaded probe can
+never lower it, so after one quiet probe every run divides by the same number.
+
+CPU MFU stays indicative: the peak is a measured matmul rate, not a datasheet figure.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import tempfile
+import time
+from datetime import datetime, timezone
+from functools import lru_cache
+from pathlib import Path
+
+import torch
+
+N = 1024
+"""Matmul size of the probe: large enough to be compute-bound on a CPU, small enough to take ~10 ms."""
+
+
+def cache_path() -> Path:
+    root = os.environ.get("TITAN_CORE_CACHE_DIR") or Path.home() / ".cache" / "titan_core"
+    return Path(root) / "cpu_peak.json"
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def cache_key(dtype: torch.dtype) -> str:
+    return f"{_cpu_model()} | threads={torch.get_num_threads()} | {dtype} | torch {torch.__version__}"
+
+
+def probe(dtype: torch.dtype = torch.float32, *, rounds: int = 5, trials: int = 8) -> float:
+    """Best matmul FLOP/s over `rounds` rounds of `trials` timed products (each round after a pause)."""
+    a, b = torch.randn(N, N, dtype=dtype), torch.randn(N, N, dtype=dtype)
+    a @ b  # warm-up: thread pool and allocator
+    best = float("inf")
+    for r in range(rounds):
+        if r:
+            time.sleep(0.02)  # let a neighbour's burst pass: rounds sample different moments
+        for _ in range(trials):
+            t0 = time.perf_counter()
+            a @ b
+            best = min(best, time.perf_counter() - t0)
+    return 2 * N**3 / best
+
+
+def _read() -> dict:
+    try:
+        data = json.loads(cache_path().read_text())
+        return data if isinstance(data, dict) else {}
+    except (OSError, ValueError):
+        return {}
+
+
+def _write(data: dict) -> None:
+    path = cache_path()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".cpu_peak.", suffix=".tmp")
+        with os.fdopen(fd, "w") as f:
+            json.dump(data, f, indent=2)
+        os.replace(tmp, path)
+    except OSError:
+        pass  # a read-only home: the peak is this process's own probe, still the best of its rounds
+
+
+def _load() -> float | None:
+    try:
+        return os.getloadavg()[0]
+    except (OSError, AttributeError):
+        return None
+
+
+@lru_cache(maxsize=None)
+def measured_cpu_peak(dtype: torch.dtype = torch.float32) -> float:
+    """FLOP/s to divide CPU MFU by: max(this process's probe, the best probe kept for this machine)."""
+    rate = probe(dtype)
+    key = cache_key(dtype)
+    data = _read()
+    kept = data.get(key) if isinstance(data.get(key), dict) else None
+    if kept and isinstance(kept.get("flops"), (int, float)) and kept["flops"] >= rate:
+        return float(kept["flops"])
+    data[key] = {
+        "flops": rate,
+        "measured": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "load_1min": _load(),
+    }
+    _write(data)
+    return rate

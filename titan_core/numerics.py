@@ -1,0 +1,77 @@
+"""How two results are compared: the one place that defines a relative error.
+
+    rel_l2(actual, expected)      ||actual - expected||_2 / ||expected||_2, tensors
+    max_abs(actual, expected)     max |actual - expected|, tensors
+    rel(value, reference)         |value - reference| / |reference|, Python numbers
+    curve_max_rel(curve, ref)     the worst `rel` over two equally long curves, and its step
+
+Norms and differences are taken in float64 whatever the inputs' dtype, so an fp32
+comparison is not limited by the arithmetic of the comparison itself.
+
+**The zero-reference rule** (one rule for every comparison and test): when the reference is
+exactly zero, the error is 0.0 if the value is zero too and `inf` otherwise. A relative
+error of something non-zero against nothing is unbounded; reporting the absolute
+difference instead would let a kernel that writes small garbage where the plain path
+writes zeros (an expert that got no token) pass a relative threshold. A missing tensor
+(`None`, a parameter without a gradient) is a zero tensor. NaN anywhere gives `inf` (it is
+the worst disagreement, and compares as one).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+
+def _ratio(diff: float, ref: float) -> float:
+    if math.isnan(diff) or math.isnan(ref):
+        return math.inf
+    if ref == 0.0:
+        return 0.0 if diff == 0.0 else math.inf
+    return diff / ref
+
+
+def rel_l2(actual: torch.Tensor | None, expected: torch.Tensor | None) -> float:
+    """Relative L2 error of `actual` against `expected` (the zero-reference rule above).
+
+    `None` is a zero tensor of the other side's shape: a parameter that got no gradient
+    (an expert no token was routed to) has a zero gradient, so one side's None against the
+    other side's zeros is agreement, wherever the comparison is made. Shapes must match.
+    """
+    if actual is None and expected is None:
+        return 0.0
+    if actual is None:
+        actual = torch.zeros_like(expected)
+    if expected is None:
+        expected = torch.zeros_like(actual)
+    a, e = actual.detach(), expected.detach()
+    if a.shape != e.shape:
+        raise ValueError(f"rel_l2: shapes differ, {tuple(a.shape)} vs {tuple(e.shape)}")
+    diff = torch.linalg.vector_norm(a.double() - e.double()).item()
+    ref = torch.linalg.vector_norm(e.double()).item()
+    return _ratio(diff, ref)
+
+
+def max_abs(actual: torch.Tensor, expected: torch.Tensor) -> float:
+    """Largest absolute elementwise difference in float64 (0.0 for empty tensors, inf for NaN)."""
+    if actual.numel() == 0:
+        return 0.0
+    d = (actual.detach().double() - expected.detach().double()).abs().max().item()
+    return math.inf if math.isnan(d) else d
+
+
+def rel(value: float, reference: float) -> float:
+    """|value - reference| / |reference| for two numbers (the zero-reference rule above)."""
+    if value == reference:
+        return 0.0
+    return _ratio(abs(value - reference), abs(reference))
+
+
+def curve_max_rel(curve: list[float], reference: list[float]) -> tuple[float, int | None]:
+    """(worst `rel` over the steps, its 1-based step); (inf, None) when the curves differ in length or are empty."""
+    if not curve or len(curve) != len(reference):
+        return math.inf, None
+    errs = [rel(a, b) if math.isfinite(a) else math.inf for a, b in zip(curve, reference)]
+    worst = max(range(len(errs)), key=lambda i: errs[i])
+    return errs[worst], worst + 1
