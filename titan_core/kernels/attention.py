@@ -7,8 +7,11 @@ parameters, so swapping one in leaves the state dict untouched.
 
 from __future__ import annotations
 
+import importlib
+
 import torch
 from torch import nn
+from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
 
 class KernelUnavailable(RuntimeError):
@@ -17,8 +20,6 @@ class KernelUnavailable(RuntimeError):
 
 def import_jax_kernels(module: str, flag: str):
     """Import a JAX-backed kernel module, or say which extra is missing."""
-    import importlib
-
     try:
         return importlib.import_module(f"titan_core.kernels.{module}")
     except ImportError as e:
@@ -106,8 +107,6 @@ class FlexAttention(nn.Module):
         self.compile = compile
 
     def forward(self, q, k, v, *, scale: float, window: int | None, segment_ids):
-        from torch.nn.attention.flex_attention import create_block_mask, flex_attention
-
         if q.device.type == "cpu" and torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
             raise KernelUnavailable(
                 "kernels.attention=flex: FlexAttention has no backward on CPU in torch 2.13, so it cannot "
@@ -142,7 +141,5 @@ _COMPILED_FLEX = None
 def _compiled_flex():
     global _COMPILED_FLEX
     if _COMPILED_FLEX is None:
-        from torch.nn.attention.flex_attention import flex_attention
-
         _COMPILED_FLEX = torch.compile(flex_attention, dynamic=False)
     return _COMPILED_FLEX

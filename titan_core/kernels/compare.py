@@ -67,7 +67,7 @@ def _jax_unavailable(device_type: str) -> str | None:
     if not all(importlib.util.find_spec(m) is not None for m in ("jax", "tokamax")):
         return "needs jax and tokamax: pip install 'titan-onboard[jax]'"
     if device_type == "cuda":
-        import jax
+        import jax  # optional extra [jax]: imported only to ask it for a CUDA backend
 
         try:
             jax.devices("cuda")

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from torch._subclasses.fake_tensor import is_fake
+from torch.fx.experimental.proxy_tensor import get_proxy_mode
 
 from titan_core.kernels.attention import KernelUnavailable, import_jax_kernels
 from titan_core.models.common.moe import Experts
@@ -76,9 +78,6 @@ def grouped_mm_unsupported(
 
 def _captured(x: torch.Tensor) -> bool:
     """Is this call being traced (dynamo, fake tensors, or make_fx's proxy mode)?"""
-    from torch._subclasses.fake_tensor import is_fake
-    from torch.fx.experimental.proxy_tensor import get_proxy_mode
-
     return torch.compiler.is_compiling() or is_fake(x) or get_proxy_mode() is not None
 
 
