@@ -107,6 +107,8 @@ def new_model(
             "files": files,
             "unconsumed_keys": plan.unconsumed,
             "todos": plan.todos,
+            "architecture_differences": plan.arch_differences,
+            "architecture_note": plan.arch_note,
             "next": f"onboard next-step {name}" + ("" if Path(dir) == Path(".") else f" --dir {dir}"),
         }
         if out.json:
@@ -124,6 +126,14 @@ def new_model(
                 out.print(f"  {key} = {json.dumps(plan.hf_config[key])}", markup=False)
         else:
             out.print(f"every architecture key of config.json is consumed by the {plan.family} family")
+        if plan.arch_differences:
+            out.print(f"[bold yellow]architecture differences from the {plan.family} family the keys cannot show:[/]")
+            for diff in plan.arch_differences:
+                out.print(f"  {diff}", markup=False)
+        elif plan.arch_note:
+            out.print(plan.arch_note, markup=False)
+        elif plan.path_kind == "port":
+            out.print(f"no architecture differences from the {plan.family} family in the upstream modules")
         if plan.path_kind == "port":
             out.print(f"{len(plan.todos)} TODO(port) items in model.py")
         out.print(f"next: [bold]{result['next']}[/]")

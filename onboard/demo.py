@@ -29,7 +29,9 @@ def run_demo(base: Path, *, device: str, out) -> dict:
     ws = Workspace.load(base, NAME)
     specs = default_specs()
     steps = []
-    for _ in range(len(RUNGS) + 1):  # each call advances one rung or stops
+    # each call advances one rung or stops; a rung's recipe edit can send the ladder back to
+    # re-verify the rungs that read the edited keys, so allow a few climbs before giving up
+    for _ in range(3 * len(RUNGS)):
         outcome = next_step(ws, specs=specs, log=out.log, base_command=f"onboard next-step {NAME} --dir {base}")
         steps.append(outcome)
         if outcome.status != "complete":

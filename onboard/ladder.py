@@ -7,6 +7,8 @@ State of a rung, from its latest attempt in ladder.json:
     not_applicable  latest attempt said the rung does not apply (with the reason)
     stale           it passed (or was n/a), but a file it read changed, or an earlier rung
                     was re-verified after it: its evidence no longer describes the model
+    invalid         the ledger says passed (or n/a), but the entry's recorded measurements
+                    do not satisfy its checklist, or it has none (onboard/evidence.py)
     failed          latest attempt failed its gate
     interrupted     latest attempt was stopped (Ctrl-C, SIGTERM, a kill) before it finished
     running         latest attempt is in progress in a live process
@@ -16,8 +18,10 @@ The current rung is the first built one that is not passed / not_applicable.
 
 A rung may return recipe edits (RungResult.recipe_edits, e.g. the kernels it keeps): the
 engine applies them only when the gate passed, records them in the entry (`recipe_edit`:
-file, sha256 before and after, each edit with its reason), and an edit recorded that way
-does not make the earlier rungs stale; any other change to the recipe still does.
+file, sha256 before and after, each edit with its reason). Such an edit makes stale every
+earlier rung whose run reads an edited key (its `reads_recipe_key`), so `next-step`
+re-verifies the recipe as it now is; the rungs that do not read those keys keep their
+evidence. Any other change to the recipe makes every rung that read it stale.
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ from typing import Any, Callable
 from titan_core.config.loader import ConfigError
 
 from onboard.errors import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_INTERRUPTED, EXIT_PASSED, BadInput, Interrupted
+from onboard.evidence import INVALID, check_entry
 from onboard.gates import Checklist, evaluate, gate_passed, load_checklist
 from onboard.ledger import Ledger, now_iso, parse_iso
 from onboard.lock import WorkspaceLock, holder
@@ -72,6 +77,10 @@ class RungSpec:
             self.module = importlib.import_module(self.module_name)
         return self.module
 
+    def reads_recipe_key(self):
+        """The rung's `reads_recipe_key(key)` (see onboard.rungs.base), or None: it reads every key."""
+        return getattr(self.load_module(), "reads_recipe_key", None)
+
     def load_checklist(self) -> Checklist:
         if self.checklist is None:
             self.checklist = load_checklist(self.name)
@@ -94,7 +103,9 @@ class RungState:
     attempts: int
     latest: dict | None
     reason: str | None = None
-    """Why it is stale / not applicable / failed with an error; None otherwise."""
+    """Why it is stale / invalid / not applicable / failed with an error; None otherwise."""
+    checked: list[dict] | None = None
+    """An accepted latest entry's criteria as re-evaluated from its measurements (evidence.check_entry)."""
 
 
 def ladder_states(ws: Workspace, specs: list[RungSpec]) -> list[RungState]:
@@ -104,29 +115,28 @@ def ladder_states(ws: Workspace, specs: list[RungSpec]) -> list[RungState]:
     for spec in specs:
         entries = ws.ledger.entries(spec.name)
         latest = entries[-1] if entries else None
-        reason = None
+        reason, verdict = None, None
         if not spec.built:
             status = NOT_BUILT
         elif latest is None:
             status = "pending"
         elif latest["status"] in ACCEPTED:
-            status = latest["status"]
-            reason = latest.get("not_applicable_reason")
-            changed = ws.changed_files(latest.get("files_read") or {})
-            started = parse_iso(latest["started"])
-            newer = [r for r, ended in upstream if ended > started]
-            if changed:
+            verdict = check_entry(latest, spec.load_checklist, ws.ledger)  # the ledger is evidence, not a claim
+            status, reason = latest["status"], latest.get("not_applicable_reason")
+            if verdict.problem:
+                status, reason = INVALID, verdict.problem
+            elif changed := ws.changed_files(latest.get("files_read") or {}, spec.reads_recipe_key()):
                 status, reason = "stale", f"changed since it {latest['status']}: {', '.join(changed)}"
-            elif newer:
+            elif newer := [r for r, ended in upstream if ended > parse_iso(latest["started"])]:
                 status, reason = "stale", f"{', '.join(newer)} re-verified after this rung {latest['status']}"
         else:
             status = latest["status"]
             reason = latest.get("error")
             if latest.get("ended") is None and latest.get("pid") and latest.get("pid") == running_pid:
                 status, reason = "running", f"in progress in pid {running_pid}"
-        if latest is not None and latest["status"] in ACCEPTED and latest.get("ended"):
+        if verdict is not None and verdict.problem is None and latest.get("ended"):
             upstream.append((spec.name, parse_iso(latest["ended"])))
-        states.append(RungState(spec.name, status, len(entries), latest, reason))
+        states.append(RungState(spec.name, status, len(entries), latest, reason, verdict.criteria if verdict else None))
     return states
 
 
@@ -168,6 +178,18 @@ def sigterm_raises():
         signal.signal(signal.SIGTERM, previous)
 
 
+def entry_error(entry: dict | None) -> str | None:
+    """The error an attempt hit, as one line: the engine's (the rung raised) or the one the
+    rung reported in its details (parity: the port raised, {kind, message}); None if neither."""
+    entry = entry or {}
+    if entry.get("error"):
+        return str(entry["error"])
+    err = (entry.get("details") or {}).get("error")
+    if isinstance(err, dict) and err.get("message"):
+        return f"{err.get('kind', 'rung')} error: {err['message']}"
+    return str(err) if err else None
+
+
 @dataclass
 class StepOutcome:
     """What next-step did; `exit_code` follows DESIGN section 4 (130 for interrupted)."""
@@ -207,7 +229,7 @@ class StepOutcome:
             "waived": [c["name"] for c in self.criteria if c.get("waived")],
             "measurements": (self.entry or {}).get("measurements", {}),
             "details": (self.entry or {}).get("details", {}),
-            "error": (self.entry or {}).get("error"),
+            "error": entry_error(self.entry),
             "attempt_dir": (self.entry or {}).get("attempt_dir"),
             "next_rung": self.next_rung,
             "human_checks": self.human,
@@ -231,8 +253,8 @@ def _apply_recipe_edits(ws: Workspace, entry: dict, edits: list[RecipeEdit]) -> 
     """Write a passed rung's edits into recipe.toml and record them (hashes before and after) in its entry.
 
     files_read gets the recipe's hash after the edit: the rung's own evidence describes the
-    edited recipe, and the earlier rungs reach it through the recorded edit chain
-    (`Workspace.changed_files`).
+    edited recipe; an earlier rung reaches it through the recorded edit chain only if it
+    reads none of the edited keys (`Workspace.changed_files`), else it re-verifies.
     """
     record = apply_edits(ws.recipe_path, edits)
     key = ws.key_for(ws.recipe_path)
@@ -283,7 +305,7 @@ def _run_attempt(ws, ledger, specs, spec, current, states, log, base_command) ->
     if attempt_dir.exists():
         shutil.rmtree(attempt_dir)  # left by an attempt that was withdrawn as bad input
     attempt_dir.mkdir(parents=True)
-    why = f" (re-verifying: {current.reason})" if current.status == "stale" else ""
+    why = f" (re-verifying: {current.reason})" if current.status in ("stale", INVALID) else ""
     log(f"{rung}: attempt {attempt}{why}")
     evidence = {
         s.rung: s.latest["measurements"] for s in states if s.status == "passed" and s.rung != rung and s.latest
@@ -298,7 +320,7 @@ def _run_attempt(ws, ledger, specs, spec, current, states, log, base_command) ->
         "command": base_command,
         "attempt_dir": ws.key_for(attempt_dir),
         "environment": environment(ws.device),
-        "rerun_reason": current.reason if current.status == "stale" else None,
+        "rerun_reason": current.reason if current.status in ("stale", INVALID) else None,
         "files_read": {},
         "measurements": {},
         "criteria": [],

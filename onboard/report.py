@@ -5,11 +5,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from onboard.evidence import INVALID
 from onboard.fsutil import atomic_write_text
 from onboard.gates import ChecklistError
 from onboard.ladder import NOT_BUILT, RungSpec, default_specs, ladder_states
 from onboard.ledger import now_iso
-from onboard.views import fmt, fmt_threshold, ladder_message
+from onboard.views import fmt, fmt_threshold, ladder_message, shown_criteria
 from onboard.workspace import REPORT, Workspace
 
 
@@ -40,26 +41,27 @@ def _waivers(ws: Workspace) -> list[str]:
     return lines + [""]
 
 
-def _criteria(entry: dict) -> list[str]:
+def _criteria(criteria: list[dict]) -> list[str]:
     rows = []
-    for c in entry.get("criteria", []):
+    for c in criteria:
         if c.get("waived"):
             ok = "🔴 **WAIVED**" + ("" if c.get("raw_ok") else " (failed)") + f": {c.get('why')}"
         else:
             ok = "✅ ok" if c["ok"] else "❌ **FAIL**"
         rows.append([c["name"], fmt(c["value"]), fmt_threshold(c), ok])
     lines = _table(["criterion", "value", "threshold", "ok"], rows) if rows else ["(no criteria evaluated)"]
-    failed = [c for c in entry.get("criteria", []) if not c["ok"]]
+    failed = [c for c in criteria if not c["ok"]]
     if failed:
         lines += ["", "Hints for the failed criteria:", ""]
         lines += [f"- **{c['name']}**: {c['hint']}" for c in failed]
     return lines
 
 
-def _evidence(ws: Workspace, entry: dict) -> list[str]:
+def _evidence(ws: Workspace, entry: dict, status: str) -> list[str]:
     env = entry.get("environment", {})
+    recorded = "" if status == entry.get("status") else f"; ladder.json says {entry.get('status')}"
     rows = [
-        ["status", f"**{entry['status']}** (attempt {entry['attempt']})"],
+        ["status", f"**{status}** (attempt {entry.get('attempt')}{recorded})"],
         ["command", f"`{entry.get('command', '')}`"],
         ["started", entry.get("started")],
         ["ended", entry.get("ended") or "never (the process was killed)"],
@@ -114,7 +116,14 @@ def _rung_section(ws: Workspace, state, spec: RungSpec) -> list[str]:
         return lines + ["Not attempted yet.", ""]
     if state.reason and state.status == "stale":
         lines += [f"**Stale**: {state.reason}. `onboard next-step {ws.name}` re-verifies it.", ""]
-    lines += _evidence(ws, entry) + [""] + _criteria(entry)
+    if state.status == INVALID:
+        lines += [
+            f"**❌ Invalid**: the ledger entry is not evidence: {state.reason}. "
+            f"The criteria below are re-evaluated from its recorded measurements; "
+            f"`onboard next-step {ws.name}` re-runs the rung.",
+            "",
+        ]
+    lines += _evidence(ws, entry, state.status) + [""] + _criteria(shown_criteria(state))
     edit = entry.get("recipe_edit")
     if edit:  # the flags this passed gate wrote into the recipe, each with its reason
         before, after = ((edit.get(k) or "missing")[:16] for k in ("sha256_before", "sha256_after"))

@@ -75,6 +75,10 @@ class Plan:
     unconsumed: list[str]
     todos: list[str] = field(default_factory=list)
     adapter_todos: list[str] = field(default_factory=list)
+    arch_differences: list[str] = field(default_factory=list)
+    """Structural differences the config keys cannot show (a port: onboard/arch_diff.py)."""
+    arch_note: str | None = None
+    """Why the structure was not compared, when it was not."""
     closest_reason: str = ""
     args_summary: str = ""
     threads: tuple[int, str] | None = None
@@ -95,6 +99,7 @@ class Plan:
             "created": now_iso(),
             "unconsumed_keys": self.unconsumed,
             "todos": self.todos,
+            "architecture_differences": self.arch_differences,
             "onboard_version": _version(),
         }
 
@@ -257,12 +262,19 @@ def plan_workspace(
         unconsumed = sorted(k for k in cfg if k not in NEUTRAL_KEYS and k not in _canonical_keys(family))
         adapter_todos.append(f"the {family} adapter cannot read config.json: {e}; override args_from_hf below")
         todos.append(adapter_todos[-1])
+    arch_differences, arch_note = [], None
     if path_kind == "port":
+        from onboard.arch_diff import architecture_differences
+
+        diff = architecture_differences(cfg, family)
+        arch_differences, arch_note = diff.differences, diff.note
+        todos += [f"architecture: {d}" for d in arch_differences]
         todos += [f"`{k}` = {_value(cfg[k])} is not read by the {family} family: {_hint(k)}" for k in unconsumed]
     plan = Plan(
         name=name, root=root, family=family, flavor=flavor, path_kind=path_kind, model_type=model_type,
         source=source, device=device, hf_config=cfg, hf_config_text=text, weights=weights_dir,
         unconsumed=unconsumed, todos=todos, adapter_todos=adapter_todos, closest_reason=closest_reason,
+        arch_differences=arch_differences, arch_note=arch_note,
         args_summary=args_summary, threads=threads,
     )  # fmt: skip
     plan.files = render(plan)
@@ -302,6 +314,7 @@ def render(plan: Plan) -> dict[str, str]:
         weights_dir=str(plan.weights) if plan.weights else "", has_weights=plan.weights is not None,
         unconsumed=[(k, _value(plan.hf_config[k])) for k in plan.unconsumed], todos=plan.todos,
         adapter_todos=plan.adapter_todos, closest_reason=plan.closest_reason, args_summary=plan.args_summary,
+        arch_differences=plan.arch_differences, arch_note=plan.arch_note or "",
         adapter_module=adapter_cls.__module__, adapter_class=adapter_cls.__qualname__,
         hf_architecture=(plan.hf_config.get("architectures") or [""])[0], hf_config_file=HF_CONFIG,
         created=now_iso()[:19].replace("T", " "), has_test_parity=has_test_parity,

@@ -9,13 +9,15 @@ from typing import Any
 from rich.table import Table
 from rich.text import Text
 
-from onboard.ladder import NOT_BUILT, RungState, current_state, last_built
+from onboard.evidence import INVALID
+from onboard.ladder import NOT_BUILT, RungState, current_state, entry_error, last_built
 
 STATUS_STYLE = {
     "passed": "bold green",
     "not_applicable": "cyan",
     "failed": "bold red",
     "stale": "bold yellow",
+    INVALID: "bold white on red",
     "interrupted": "magenta",
     "running": "blue",
     "pending": "dim",
@@ -118,7 +120,7 @@ def ladder_table(states: list[RungState], title: str | None = None) -> Table:
         style = STATUS_STYLE.get(s.status, "")
         marker = "  <- next" if current is not None and s.rung == current.rung else ""
         nums = key_numbers_text(s.rung, s.latest)
-        waived = [c["name"] for c in (s.latest or {}).get("criteria", []) if c.get("waived")]
+        waived = [c["name"] for c in shown_criteria(s) if c.get("waived")]
         note = s.reason or ""
         if waived:
             note = (note + "; " if note else "") + f"WAIVED: {', '.join(waived)}"
@@ -126,8 +128,15 @@ def ladder_table(states: list[RungState], title: str | None = None) -> Table:
     return table
 
 
+def shown_criteria(s: RungState) -> list[dict]:
+    """The criteria a rung's state rests on: re-evaluated from the measurements for an
+    accepted entry (so an edited ledger cannot show ok), as recorded otherwise."""
+    return s.checked if s.checked is not None else (s.latest or {}).get("criteria", [])
+
+
 def state_dict(s: RungState) -> dict:
     last = s.latest or {}
+    criteria = shown_criteria(s)
     return {
         "rung": s.rung,
         "status": s.status,
@@ -137,8 +146,14 @@ def state_dict(s: RungState) -> dict:
         "last_started": last.get("started"),
         "last_ended": last.get("ended"),
         "key_measurements": key_numbers(s.rung, s.latest),
-        "failed_criteria": [c["name"] for c in last.get("criteria", []) if not c.get("ok")],
-        "waived_criteria": [c["name"] for c in last.get("criteria", []) if c.get("waived")],
+        "failed_criteria": [c["name"] for c in criteria if not c.get("ok")],
+        "waived_criteria": [c["name"] for c in criteria if c.get("waived")],
+        "recorded_status": last.get("status"),
+        "invalid_criteria": [
+            {k: c[k] for k in ("name", "metric", "value", "comparator", "threshold", "threshold_ref", "hint")}
+            for c in criteria
+            if s.status == INVALID and not c.get("ok")
+        ],
     }
 
 
@@ -146,9 +161,13 @@ def ladder_message(states: list[RungState]) -> str:
     """One line: what next-step would do now."""
     current = current_state(states)
     if current is not None:
-        verb = {"stale": "re-verify", "failed": "retry", "interrupted": "retry", "running": "wait for"}.get(
-            current.status, "run"
-        )
+        verb = {
+            "stale": "re-verify",
+            INVALID: "re-run",
+            "failed": "retry",
+            "interrupted": "retry",
+            "running": "wait for",
+        }.get(current.status, "run")
         return f"next: {verb} {current.rung}"
     if any(s.status == NOT_BUILT for s in states):
         return f"ladder complete up to the last rung that exists: {last_built(states)}"
@@ -182,7 +201,7 @@ def show_outcome(print_, outcome) -> None:
         return
     if outcome.criteria:
         print_(criteria_table(outcome.criteria, title=f"{outcome.rung} gate, attempt {outcome.attempt}"))
-    error = (outcome.entry or {}).get("error")
+    error = entry_error(outcome.entry)
     if error:
         print_(Text.assemble(("error: ", "bold red"), error))
     for c in outcome.criteria:

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import hashlib
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 from onboard.errors import BadInput
 from onboard.fsutil import sha256_file
@@ -137,37 +139,81 @@ class Workspace:
         p = Path(key)
         return p if p.is_absolute() else self.root / p
 
+    def weight_files(self) -> list[Path]:
+        """The safetensors files of the workspace's weights folder (`--weights`), sorted; none without one."""
+        w = self.weights_dir
+        return sorted(w.glob("*.safetensors")) if w is not None and w.is_dir() else []
+
     def hashes(self, paths) -> dict[str, str | None]:
-        return {self.key_for(p): sha256_file(self.path_for(self.key_for(p))) for p in paths}
+        """{files_read key: fingerprint} of the files a rung read (`fingerprint`)."""
+        return {self.key_for(p): fingerprint(self.path_for(self.key_for(p))) for p in paths}
 
-    def changed_files(self, files_read: dict[str, str | None]) -> list[str]:
-        """Keys whose current sha256 differs from the recorded one (a deleted file counts).
+    def changed_files(self, files_read: dict[str, str | None], reads: Callable[[str], bool] | None = None) -> list[str]:
+        """Keys whose current fingerprint differs from the recorded one (a deleted file counts).
 
-        A difference that only the recipe edits of passed rungs made is no change: those
-        edits were proven by their own gate (e.g. the kernels gate showed the kernel equal to
-        the plain path), so the rungs before them keep their evidence. The recorded hash
-        must lead to the current one through recorded edits alone; a hand edit anywhere in
-        between breaks the chain and the file counts as changed.
+        A difference that only the recipe edits of passed rungs made is no change for a rung
+        that does not read the edited keys (`reads("section.field")` False: e.g. the eager
+        rung runs eagerly whatever execution mode a later rung chose), so it keeps its
+        evidence. An edit of a key it does read (a kernel the kernels rung kept, which the
+        eager rung trains with) makes it re-verify, so passed is never shown for a recipe
+        combination no gate ran. The recorded hash must lead to the current one through such
+        edits alone; a hand edit anywhere in between breaks the chain and the file counts as
+        changed. `reads` None: the rung reads every key.
         """
-        chains = self.recipe_edit_chains()
+        chains = self.recipe_edit_chains(reads)
         changed = []
         for key, digest in files_read.items():
-            current = sha256_file(self.path_for(key))
+            current = fingerprint(self.path_for(key))
             if current != digest and not _chain_reaches(chains.get(key, {}), digest, current):
                 changed.append(key)
         return changed
 
-    def recipe_edit_chains(self) -> dict[str, dict[str, set[str]]]:
-        """{file key: {sha256 before: {sha256 after, ...}}} of the edits recorded by passed attempts."""
+    def recipe_edit_chains(self, reads: Callable[[str], bool] | None = None) -> dict[str, dict[str, set[str]]]:
+        """{file key: {sha256 before: {sha256 after, ...}}} of the edits recorded by passed attempts
+        that touched no key `reads` says is read (None: every key is read, so no edit counts)."""
         chains: dict[str, dict[str, set[str]]] = {}
         for entry in self.ledger.attempts:
             edit = entry.get("recipe_edit")
             if entry.get("status") != "passed" or not edit:
                 continue
+            keys = [e.get("key", "") for e in edit.get("edits") or []]
+            if reads is None or not keys or any(reads(k) for k in keys):
+                continue
             before, after = edit.get("sha256_before"), edit.get("sha256_after")
             if before and after:
                 chains.setdefault(edit.get("file", RECIPE), {}).setdefault(before, set()).add(after)
         return chains
+
+
+SAFETENSORS_HEADER_CAP = 100 * 2**20  # safetensors' own limit on a header's size
+SAMPLES, SAMPLE_BYTES = 16, 64 * 2**10  # 1 MiB read of a weights file, however large
+
+
+def fingerprint(path: Path) -> str | None:
+    """What files_read records of a file: the hex sha256 of its bytes, or None when it is missing.
+
+    A `*.safetensors` file (weights: gigabytes) is fingerprinted cheaply instead: the sha256
+    of its size, its header (the 8-byte length and the JSON naming every tensor's dtype,
+    shape and byte range) and 16 evenly spaced 64 KiB samples of the tensor bytes. Another
+    architecture changes the header; other values of the same shapes (a fine-tuned
+    checkpoint) change the samples; a few bytes edited between two samples go unseen, the
+    price of not reading gigabytes.
+    """
+    path = Path(path)
+    if path.suffix != ".safetensors" or not path.is_file():
+        return sha256_file(path)
+    size = path.stat().st_size
+    h = hashlib.sha256(f"safetensors size={size}|".encode())
+    with path.open("rb") as f:
+        head = f.read(8)
+        n = int.from_bytes(head, "little") if len(head) == 8 else 0
+        h.update(head + f.read(min(n, SAFETENSORS_HEADER_CAP)))
+        start = f.tell()
+        span = max(size - start, 0)
+        for i in range(SAMPLES):
+            f.seek(start + span * i // SAMPLES)
+            h.update(f.read(min(SAMPLE_BYTES, span)))
+    return h.hexdigest()
 
 
 def _chain_reaches(edges: dict[str, set[str]], start: str | None, goal: str | None) -> bool:

@@ -30,6 +30,7 @@ import random
 import re
 import shutil
 import warnings
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -44,8 +45,12 @@ from torch.distributed.checkpoint.state_dict import (
     set_optimizer_state_dict,
 )
 
+from titan_core.config.hf_config import read_hf_config
 from titan_core.config.loader import ConfigError
 from titan_core.config.sections import JobConfig
+from titan_core.config.sections import Model as ModelConfig
+from titan_core.model_builder import args_from_hf_config, model_adapter
+from titan_core.models.common.hf_adapter import AdapterError
 from titan_core.models.registry import get_family
 
 _STEP_DIR = re.compile(r"step-(\d+)")
@@ -227,23 +232,32 @@ def _restore_loader(loader, state: dict[str, Any], path: Path) -> None:
     loader.load_state_dict({**state, **{k: mine[k] for k in layout}})
 
 
-def export_hf(model, family_name: str, args, out_dir: str | Path) -> Path:
-    """Write `model.safetensors` + `config.json` in the family's HF layout; returns `out_dir`.
+def export_hf(model, family_name: str, args, out_dir: str | Path, *, model_cfg: ModelConfig | None = None) -> Path:
+    """Write `model.safetensors` + `config.json` in the HF layout; returns `out_dir`.
 
+    With `model_cfg` (the recipe's [model] section) the export goes through the recipe's
+    model: its adapter (`adapter_file`'s, else the family's) maps the weights, and config.json
+    is the recipe's `hf_config` with every field kept (model_type, architectures, a port's
+    own keys), [model.overrides] written into it, dtype that of the exported tensors; a recipe
+    without `hf_config` gets the adapter's `hf_config(args)`. Without `model_cfg`: the family's.
     Gathers sharded parameters first; under a process group only rank 0 writes.
     """
     try:
         from safetensors.torch import save_file  # optional extra [hf]
     except ImportError:
         raise ConfigError("exporting HF weights needs safetensors: pip install titan-onboard[hf]") from None
-    adapter = get_family(family_name).adapter
+    adapter = model_adapter(model_cfg) if model_cfg is not None else get_family(family_name).adapter
     out = Path(out_dir)
     with _single_process_ok():
         sd = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
     if _rank() == 0:
         tensors: dict[str, torch.Tensor] = {}
         storages: set[int] = set()
-        hf_sd = adapter.to_hf(sd)
+        try:
+            hf_sd = adapter.to_hf(sd)
+            config = _export_config(adapter, model_cfg, args)
+        except AdapterError as e:
+            raise ConfigError(f"cannot export HF weights: {e}") from None
         if args.tie_embeddings:
             # The adapter hands a tied head back as the embedding itself (as an HF model's
             # state_dict does); like save_pretrained, store it once: the config re-ties it.
@@ -255,8 +269,8 @@ def export_hf(model, family_name: str, args, out_dir: str | Path) -> Path:
                 t = t.clone()
             storages.add(t.untyped_storage().data_ptr())
             tensors[name] = t
-        config = adapter.hf_config(args)
         dtypes = {t.dtype for t in tensors.values()}
+        config.pop("torch_dtype", None)  # transformers 4's name for dtype; the export says its own
         if len(dtypes) == 1:
             config["dtype"] = str(dtypes.pop()).removeprefix("torch.")
         out.mkdir(parents=True, exist_ok=True)
@@ -264,3 +278,27 @@ def export_hf(model, family_name: str, args, out_dir: str | Path) -> Path:
         (out / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
     _barrier()
     return out
+
+
+def _export_config(adapter, model_cfg: ModelConfig | None, args) -> dict[str, Any]:
+    """The HF config of an export (see `export_hf`). A recipe's [model.overrides] are written
+    through the adapter's `hf_config(args)` into the keys config.json already has; the result
+    must read back as the trained args, else the export would describe another model."""
+    if model_cfg is None or not model_cfg.hf_config:
+        if not callable(getattr(adapter, "hf_config", None)):
+            raise ConfigError("the adapter has no hf_config(args) and the recipe names no model.hf_config to export")
+        return adapter.hf_config(args)
+    config = read_hf_config(model_cfg.hf_config)
+    if not model_cfg.overrides:
+        return config  # the trained args are this config's, by construction
+    try:
+        mapped = adapter.hf_config(args) if callable(getattr(adapter, "hf_config", None)) else {}
+    except AdapterError:
+        mapped = {}  # a port's family may not export its shape; the read-back check below decides
+    config.update({k: v for k, v in mapped.items() if k in config and k not in ("model_type", "architectures")})
+    if replace(args_from_hf_config(adapter, config), init_std=args.init_std) != args:  # init is no architecture
+        raise ConfigError(
+            f"cannot export HF weights: the recipe's [model.overrides] {sorted(model_cfg.overrides)} change the "
+            f"architecture in a way {model_cfg.hf_config} cannot be rewritten to say; export without them"
+        )
+    return config

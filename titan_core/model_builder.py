@@ -1,8 +1,12 @@
-"""Model config section -> (family, args, model on meta).
+"""Model config section -> (family, args, model on meta): the one way a recipe's model is built.
 
-Three sources of architecture, in order of precedence: an HF config.json (through the
-family adapter), else the named flavor; `overrides` apply last. A `module_file` (a
-workspace's ported model.py) replaces the family's model class but keeps its args.
+Two sources of architecture, in order of precedence: an HF config.json, read by the
+`adapter_file`'s adapter when the recipe names one (a workspace's adapter.py) and by the
+family's otherwise, else the named flavor; `overrides` apply last. A `module_file` (a
+workspace's ported model.py) replaces the family's model class; its `build_model(args)`
+receives the same args, port-specific config values included (`args.extra`, filled by the
+adapter). Training, export and parity all build through `resolve_model_args` and
+`build_meta_model`, so they cannot disagree on the model.
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ import importlib.util
 import sys
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import torch
 from torch import nn
@@ -24,15 +29,50 @@ from titan_core.models.common.hf_adapter import AdapterError
 from titan_core.models.registry import apply_model_overrides, build_meta, get_family, resolve_args
 
 
+ADAPTER_FUNCTIONS = ("from_hf", "to_hf", "args_from_hf")
+
+
 def resolve_model_args(cfg: ModelConfig) -> TransformerArgs:
+    """The recipe's architecture: its config.json through `model_adapter(cfg)`, else its flavor.
+
+    An adapter's AdapterError (a config it cannot map) becomes a ConfigError naming the
+    config file; anything else an adapter file's own code raises propagates.
+    """
     if not cfg.hf_config:
         return resolve_args(cfg.family, cfg.flavor, cfg.overrides)
-    family = get_family(cfg.family)
     try:
-        args, _ = family.adapter.args_from_hf(read_hf_config(cfg.hf_config))
+        return args_from_hf_config(model_adapter(cfg), read_hf_config(cfg.hf_config), cfg.overrides)
     except AdapterError as e:
         raise ConfigError(f"{cfg.hf_config}: {e}") from None
-    return apply_model_overrides(args, cfg.overrides)
+
+
+def args_from_hf_config(adapter: Any, hf_cfg: dict, overrides: dict | None = None) -> TransformerArgs:
+    """`adapter.args_from_hf(hf_cfg)`'s args with `overrides` applied (ConfigError for a bad
+    override; whatever the adapter raises propagates, so a caller can tell the two apart)."""
+    args, _ = adapter.args_from_hf(hf_cfg)
+    if not isinstance(args, TransformerArgs):
+        raise TypeError(f"args_from_hf returned {type(args).__name__}, not (TransformerArgs, used keys)")
+    return apply_model_overrides(args, overrides)
+
+
+def model_adapter(cfg: ModelConfig) -> Any:
+    """The HF adapter of the recipe: its `adapter_file`'s when set, else the family's."""
+    return load_adapter_file(cfg.adapter_file) if cfg.adapter_file else get_family(cfg.family).adapter
+
+
+def load_adapter_file(path: str | Path) -> Any:
+    """The adapter a Python file defines: a module-level `ADAPTER` object, else the module's
+    own `args_from_hf`, `from_hf` and `to_hf` functions (`hf_config(args)`,
+    `unconsumed_keys(cfg)` optional). ConfigError for a missing file or a missing function;
+    whatever the file's own code raises propagates."""
+    if not Path(path).is_file():
+        raise ConfigError(f"model.adapter_file not found: {path}")
+    module = import_module_file(path, prefix="titan_adapter")
+    adapter = getattr(module, "ADAPTER", module)
+    lacking = [f for f in ADAPTER_FUNCTIONS if not callable(getattr(adapter, f, None))]
+    if lacking:
+        raise ConfigError(f"{path} provides no {', '.join(lacking)} (define ADAPTER or module functions)")
+    return adapter
 
 
 def import_module_file(path: str | Path, *, prefix: str = "titan_port") -> ModuleType:
@@ -67,12 +107,15 @@ def load_module_file(path: str | Path) -> ModuleType:
     return module
 
 
-def build_model_from_config(cfg: ModelConfig) -> tuple[str, TransformerArgs, nn.Module]:
-    args = resolve_model_args(cfg)
+def build_meta_model(cfg: ModelConfig, args: TransformerArgs) -> nn.Module:
+    """The recipe's model class (the `module_file`'s `build_model`, else the family's) on meta."""
     if cfg.module_file:
         module = load_module_file(cfg.module_file)
         with torch.device("meta"):
-            model = module.build_model(args)
-    else:
-        model = build_meta(cfg.family, args)
-    return cfg.family, args, model
+            return module.build_model(args)
+    return build_meta(cfg.family, args)
+
+
+def build_model_from_config(cfg: ModelConfig) -> tuple[str, TransformerArgs, nn.Module]:
+    args = resolve_model_args(cfg)
+    return cfg.family, args, build_meta_model(cfg, args)

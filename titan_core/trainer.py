@@ -28,7 +28,7 @@ from titan_core.data import build_data_loader
 from titan_core.kernels import swaps_for
 from titan_core.metrics import MetricsLogger
 from titan_core.model_builder import build_model_from_config
-from titan_core.models.common.stats import flops_per_token, param_counts
+from titan_core.models.common.stats import flops_per_token
 from titan_core.optim import build_lr_scheduler, build_optimizer
 from titan_core.parallel import build_mesh, check_parallelism, clip_grad_norm_, dp_coordinates, parallelize
 from titan_core.parallel.mesh import dp_group
@@ -98,6 +98,7 @@ class Trainer:
         self.out_dir = Path(cfg.metrics.output_dir)
 
         self.family, self.args, model = build_model_from_config(cfg.model)
+        built_params = sum(p.numel() for p in model.parameters())  # the recipe's model (a port's own layers too)
         self.swaps = apply_swaps(model, swaps_for(cfg.kernels))
         model.to_empty(device=self.device)
         model.init_weights(seed=cfg.training.seed)
@@ -127,8 +128,7 @@ class Trainer:
         self.logger = MetricsLogger(
             self.out_dir, log_freq=cfg.metrics.log_freq, use_rich=cfg.metrics.rich, enabled=self.rank == 0 and not quiet
         )
-        counts = param_counts(self.args)
-        self.num_params = counts["total"]
+        self.num_params = built_params
         self.flops_per_token = flops_per_token(self.args, cfg.training.seq_len)
         self.peak_flops = devices.peak_flops(self.device, DTYPES[cfg.training.mixed_precision_param])
         self.step = 0
@@ -220,7 +220,8 @@ class Trainer:
                     last=self.step == self.cfg.training.steps,
                 )
             if self.cfg.checkpoint.export_hf:  # every rank: gathering sharded weights is collective
-                export_hf(self.model, self.family, self.args, self._under_output(self.cfg.checkpoint.export_hf))
+                out = self._under_output(self.cfg.checkpoint.export_hf)
+                export_hf(self.model, self.family, self.args, out, model_cfg=self.cfg.model)
             completed = True
         finally:
             self.profiler.close()

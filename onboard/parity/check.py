@@ -6,6 +6,7 @@ results JSON (even when the port raises) so the rung can report what was measure
 
 from __future__ import annotations
 
+import math
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -17,9 +18,8 @@ from titan_core.numerics import max_abs, rel_l2
 
 from onboard.parity import criteria
 from onboard.parity.compare import compare_grads, round_trip
-from onboard.parity.localise import (
-    OutputRecorder, Row, attribute, compare_outputs, first_divergence, module_pairs, parameter_sources,
-)  # fmt: skip
+from onboard.parity import features
+from onboard.parity.localise import OutputRecorder, Row, compare_outputs, localise, module_pairs, parameter_sources
 from onboard.parity.native import (
     PortError, WorkspaceError, build_native, load_adapter, load_converted, native_args, native_hf_config,
     read_workspace,
@@ -40,13 +40,6 @@ def _port(fn: Callable, what: str, *a):
         return fn(*a)
     except Exception as e:  # anything the workspace adapter raises is reported, not crashed on
         raise PortError(f"{what} failed: {type(e).__name__}: {e}") from e
-
-
-def _inputs(vocab: int, batch: int, seq_len: int, seed: int):
-    gen = torch.Generator().manual_seed(seed)
-    tokens = torch.randint(0, vocab, (batch, seq_len), generator=gen)
-    labels = torch.randint(0, vocab, (batch, seq_len), generator=gen)
-    return tokens, labels
 
 
 def check_workspace(
@@ -91,7 +84,8 @@ def _run(root, res, m, weights_dir, batch, seq_len, seed, attn_implementation) -
     res.update(model_type=cfg["model_type"], family=ws.family, path_kind=ws.path_kind)
     upstream = build_upstream(cfg, weights_dir=weights_dir, seed=seed, attn_implementation=attn_implementation)
     hf = upstream.model
-    res.update(upstream_class=type(hf).__name__, weights=upstream.source)
+    res.update(upstream_class=type(hf).__name__, weights=upstream.source, weights_check=upstream.loading)
+    m.update(upstream.counts())
     adapter = load_adapter(root)
     if callable(getattr(adapter, "unconsumed_keys", None)):
         res["unconsumed_hf_keys"] = _port(adapter.unconsumed_keys, "adapter.unconsumed_keys", cfg)
@@ -110,26 +104,61 @@ def _run(root, res, m, weights_dir, batch, seq_len, seed, attn_implementation) -
         "converted_not_in_native": _cap(load.unexpected), "shape_mismatch": _cap(load.shape_mismatch),
     }  # fmt: skip
 
-    # 2. logits, with every paired module's output recorded for localisation
-    tokens, labels = _inputs(hf.config.get_text_config().vocab_size, batch, seq_len, seed)
+    # 2. the inputs: long enough for every window, with pad ids when the config has one
+    params = criteria.params()
+    declared = features.declare(hf.config)
+    seq_len = features.seq_len_for(declared, seq_len, params)
+    m["seq_len"] = seq_len
+    vocab = hf.config.get_text_config().vocab_size
+    tokens, labels = features.make_inputs(vocab, batch, seq_len, seed, declared, params)
+    features.record_static(declared, tokens, seq_len, params)
     sources = parameter_sources(upstream.checkpoint, lambda sd: _port(adapter.from_hf, "adapter.from_hf", sd))
     pairs = module_pairs(native, hf, sources)
-    # one upstream forward serves logits, localisation and the loss; the native side runs
-    # forward (logits) and its own loss(), which may be a swapped kernel that must agree too
+
+    # 3. logits, localisation, loss, gradients: on the given weights, then (when a declared
+    # soft-cap or the routing stayed idle) on weights scaled so that every feature is active
+    passes: list[dict[str, Any]] = []
+
+    def compare(name: str, how: str | None = None) -> None:
+        passes.append({"name": name, "how": how or "", "measurements": {}})
+        try:
+            _compare(passes[-1], hf, native, adapter, tokens, labels, pairs, declared, params)
+        except PortError:  # keep what the passes measured before the port raised
+            for p in passes:
+                m.update({k: v for k, v in p["measurements"].items() if k not in m})
+            raise
+
+    compare("weights" if weights_dir is not None else "seeded")
+    how = features.prepare_feature_pass(hf, declared, tokens, params)
+    if how is not None:
+        load_converted(native, _port(adapter.from_hf, "adapter.from_hf", hf.state_dict()))
+        compare("features", how)
+    _combine(res, m, passes, declared)
+
+
+def _compare(record, hf, native, adapter, tokens, labels, pairs, declared, params) -> None:
+    """One comparison of both models on `tokens` into `record`: measurements, localisation, gradients."""
+    name, how, pm = record["name"], record["how"], record["measurements"]
+    hf.zero_grad(set_to_none=True)
+    native.zero_grad(set_to_none=True)
+    # one upstream forward serves logits, localisation, the feature probes and the loss; the
+    # native side runs forward (logits) and its own loss(), which may be a swapped kernel that must agree too
     with OutputRecorder(native, list(pairs)) as nrec, OutputRecorder(hf, list(pairs.values())) as urec:
         with torch.no_grad():
             native_logits = _port(native, "native forward", tokens)
-        hf_logits = hf(input_ids=tokens, use_cache=False).logits
-    m.update(logits_rel_l2=rel_l2(native_logits, hf_logits), logits_max_abs=max_abs(native_logits, hf_logits))
+        with features.Probe(hf, declared) as probe:
+            hf_logits = hf(input_ids=tokens, use_cache=False).logits
+    features.record_probe(declared, probe, name, params, f" ({how})" if how else "")
+    pm.update(logits_rel_l2=rel_l2(native_logits, hf_logits), logits_max_abs=max_abs(native_logits, hf_logits))
     head = next((n for n, mod in hf.named_modules() if mod is hf.get_output_embeddings()), "lm_head")
-    logits_row = Row("output", head, m["logits_rel_l2"], m["logits_max_abs"], "final logits")
+    logits_row = Row("output", head, pm["logits_rel_l2"], pm["logits_max_abs"], "final logits")
     rows = compare_outputs(nrec, urec, pairs) + [logits_row]
-    _localise(res, m, rows, pairs, native, nrec, urec)
+    loc = _localise(pm, rows, pairs, native, nrec, urec)
 
-    # 3. loss and per-parameter gradients (cross-entropy only: the aux loss is a training choice)
+    # cross-entropy only: the aux loss is a training choice
     _, native_ce = _port(native.loss, "native loss", tokens, labels)
     hf_ce = F.cross_entropy(hf_logits.flatten(0, 1).float(), labels.flatten())
-    m.update(
+    pm.update(
         loss_abs_diff=abs(native_ce.item() - hf_ce.item()),
         native_loss_repr=repr(native_ce.item()),
         upstream_loss_repr=repr(hf_ce.item()),
@@ -137,29 +166,79 @@ def _run(root, res, m, weights_dir, batch, seq_len, seed, attn_implementation) -
     native_ce.backward()
     hf_ce.backward()
     grads = compare_grads(hf, native, lambda sd: _port(adapter.to_hf, "adapter.to_hf (gradients)", sd))
-    m.update(grad_max_rel_l2=grads.max_rel_l2, grad_worst_param=grads.worst_param)
+    pm.update(grad_max_rel_l2=grads.max_rel_l2, grad_worst_param=grads.worst_param)
     worst = sorted(grads.per_param.items(), key=lambda kv: -kv[1])[:5]
-    res["grads"] = {
+    grad_detail = {
         "worst": [{"param": k, "rel_l2": v} for k, v in worst],
         "upstream_without_native_grad": _cap(grads.missing),
         "native_without_upstream_param": _cap(grads.extra),
+        "diagnosis": _embedding_diagnosis(hf, grads, tokens, declared),
     }
+    record.update(localisation=loc, grads=grad_detail)
 
 
-def _localise(res, m, rows: list[Row], pairs: dict[str, str], native, nrec, urec) -> None:
+WORST_OF = ("logits_rel_l2", "logits_max_abs", "loss_abs_diff", "grad_max_rel_l2")
+
+
+def _worst(values) -> float:
+    return max(values, key=lambda v: math.inf if math.isnan(v) else v)
+
+
+def _combine(res, m, passes: list[dict], declared) -> None:
+    """The flat measurements the checklist evaluates: each comparison's worst over the passes."""
+    first = passes[0]["measurements"]
+    m.update({k: first[k] for k in ("native_loss_repr", "upstream_loss_repr", "modules_compared")})
+    for key in WORST_OF:
+        m[key] = _worst(p["measurements"][key] for p in passes)
+    worst_grad = max(passes, key=lambda p: _worst([p["measurements"]["grad_max_rel_l2"]]))
+    m["grad_worst_param"] = worst_grad["measurements"]["grad_worst_param"]
+    res["grads"] = {**worst_grad["grads"], "pass": worst_grad["name"]}
+    # localisation of the first pass that diverges (the seeded one when both do)
+    shown = next((p for p in passes if p["measurements"]["first_divergence_module"]), passes[0])
+    m.update({k: v for k, v in shown["measurements"].items() if k.startswith("first_divergence")})
+    m["first_divergence_pass"] = shown["name"] if shown["measurements"]["first_divergence_module"] else None
+    res["localisation"] = {**shown["localisation"], "pass": shown["name"]}
+    res["passes"] = [{"name": p["name"], "how": p["how"], "measurements": p["measurements"]} for p in passes]
+    res["features"] = {name: f.as_dict() for name, f in declared.items()}
+    m["features_exercised"] = features.exercised(declared)
+    for name, f in declared.items():
+        if f.declared:
+            m[f"feature_{name}"] = f.value
+
+
+def _embedding_diagnosis(hf, grads, tokens, declared) -> str | None:
+    """Why the embedding's gradient differs, when the pad row is where it differs."""
+    pad = declared["padding"]
+    emb = hf.get_input_embeddings()
+    if not pad.declared or emb.weight.grad is None:
+        return None
+    names = [n for n, p in hf.named_parameters(remove_duplicate=False) if p is emb.weight]
+    name = next((n for n in names if n in grads.mapped), None)
+    if name is None or grads.mapped[name].shape != emb.weight.shape:
+        return None
+    pad_id = pad.config["pad_token_id"]
+    diff = grads.mapped[name].double() - emb.weight.grad.double()
+    total, on_pad = float(diff.norm()), float(diff[pad_id].norm())
+    if total == 0.0 or on_pad < 0.5 * total:  # most of the difference is elsewhere: not the padding row
+        return None
+    return (
+        f"the gradient of {name} differs on the pad row (id {pad_id}; {int((tokens == pad_id).sum())} pad ids in the "
+        f"batch): the upstream embedding has padding_idx={pad_id}, so the lookup gives that row no gradient; "
+        f"build the native embedding with padding_idx = the config's pad_token_id ({pad_id})"
+    )
+
+
+def _localise(pm, rows: list[Row], pairs: dict[str, str], native, nrec, urec) -> dict[str, Any]:
     tol = criteria.threshold("logits_rel_l2")
-    first = first_divergence(rows, tol)
-    why = None
-    if first is not None:
-        first, why = attribute(first, rows, nrec, urec, pairs, tol)
-    m.update(
+    first, why = localise(rows, nrec, urec, pairs, tol)
+    pm.update(
         first_divergence_module=first.native if first else None,
         first_divergence_upstream=first.upstream if first else None,
         first_divergence_rel_l2=first.rel_l2 if first else None,
         modules_compared=sum(r.rel_l2 is not None for r in rows),
     )
     with_params = {n for n, mod in native.named_modules() if n and any(True for _ in mod.parameters(recurse=False))}
-    res["localisation"] = {
+    return {
         "tolerance_rel_l2": tol,
         "first": {**first.as_dict(), "why": why} if first else None,
         "divergent": [r.as_dict() for r in rows if r.diverged(tol)][:5],

@@ -55,6 +55,8 @@ class GradReport:
     """Upstream parameters with no native gradient mapped to them."""
     extra: list[str] = field(default_factory=list)
     """Mapped native gradients with no upstream parameter."""
+    mapped: dict[str, torch.Tensor] = field(default_factory=dict, repr=False)
+    """The native gradients under HF names (for a diagnosis of where one differs)."""
 
 
 def compare_grads(
@@ -85,4 +87,4 @@ def compare_grads(
     for name in missing + extra:
         per_param[name] = math.inf
     worst = max(per_param, key=per_param.get) if per_param else None
-    return GradReport(per_param[worst] if worst else math.inf, worst, per_param, missing, extra)
+    return GradReport(per_param[worst] if worst else math.inf, worst, per_param, missing, extra, mapped)

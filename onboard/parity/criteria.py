@@ -51,6 +51,11 @@ def asserted_criteria() -> list[Criterion]:
     return [c for c in load_criteria() if c.metric not in RUNG_ONLY_METRICS]
 
 
+def params(path: Path | None = None) -> dict[str, Any]:
+    """The checklist's `params:` (the numbers parity runs with, e.g. how features are exercised)."""
+    return dict(gates.load_checklist("parity", path or checklist_path()).params)
+
+
 def threshold(metric: str) -> float:
     """The numeric threshold of the criterion on `metric` (e.g. the localisation tolerance)."""
     for c in load_criteria():

@@ -146,9 +146,12 @@ class Row:
     rel_l2: float | None
     max_abs: float | None
     note: str = ""
+    relocated: bool = False
+    """The output differs only by where a step sits: the next compared module's input agrees
+    (a port that scales after its embedding where upstream scales inside it)."""
 
     def diverged(self, tol: float) -> bool:
-        return self.rel_l2 is not None and (math.isnan(self.rel_l2) or self.rel_l2 > tol)
+        return not self.relocated and self.rel_l2 is not None and (math.isnan(self.rel_l2) or self.rel_l2 > tol)
 
     def as_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -168,6 +171,9 @@ def compare_outputs(
             rows.append(Row(name, up, None, None, "output was modified in place after the module returned"))
         elif a.numel() != b.numel():
             rows.append(Row(name, up, None, None, f"shapes differ: {tuple(a.shape)} vs {tuple(b.shape)}"))
+        elif not (a.is_floating_point() and b.is_floating_point()):  # ids or indices: equal or not
+            same = a.shape == b.shape and torch.equal(a, b.reshape(a.shape))
+            rows.append(Row(name, up, 0.0 if same else math.inf, 0.0 if same else math.inf, "integer output"))
         else:
             b = b.reshape(a.shape)
             rows.append(Row(name, up, rel_l2(a, b), max_abs(a, b)))
@@ -179,11 +185,42 @@ def first_divergence(rows: list[Row], tol: float) -> Row | None:
     return next((r for r in rows if r.diverged(tol)), None)
 
 
-def _same_input(name: str, native_rec: OutputRecorder, upstream_rec: OutputRecorder, pairs, tol: float) -> bool | None:
+def _inputs_of(name: str, native_rec: OutputRecorder, upstream_rec: OutputRecorder, pairs):
     a, b = native_rec.inputs.get(name), upstream_rec.inputs.get(pairs.get(name, ""))
     if a is None or b is None or a.numel() != b.numel():
+        return None, None
+    return a, b.reshape(a.shape)
+
+
+def _same_input(name: str, native_rec: OutputRecorder, upstream_rec: OutputRecorder, pairs, tol: float) -> bool | None:
+    a, b = _inputs_of(name, native_rec, upstream_rec, pairs)
+    if a is None:
         return None
-    return not rel_l2(a, b.reshape(a.shape)) > tol
+    if not (a.is_floating_point() and b.is_floating_point()):
+        return torch.equal(a, b)  # token ids, positions: equal or not, never a relative error
+    return not rel_l2(a, b) > tol
+
+
+def _is_ids_module(name: str, native_rec: OutputRecorder) -> bool:
+    given = native_rec.inputs.get(name)
+    return given is not None and not given.is_floating_point()
+
+
+def mark_relocated(rows: list[Row], native_rec, upstream_rec, pairs, tol: float) -> None:
+    """An embedding whose output differs while the next compared module's input agrees: the
+    two sides apply a step (Gemma's sqrt(dim) scale) at different places, not a divergence."""
+    for i, row in enumerate(rows):
+        if not row.diverged(tol) or not _is_ids_module(row.native, native_rec):
+            continue
+        if not _same_input(row.native, native_rec, upstream_rec, pairs, tol):
+            continue
+        after = next((r for r in rows[i + 1 :] if not r.native.startswith(row.native + ".")), None)
+        if after is not None and _same_input(after.native, native_rec, upstream_rec, pairs, tol):
+            row.relocated = True
+            row.note = (
+                f"output differs but {after.native} receives the same input on both sides: a step (e.g. an "
+                "embedding scale) sits after this module here and inside it upstream; not a divergence"
+            )
 
 
 def attribute(
@@ -200,11 +237,33 @@ def attribute(
         return first, f"{first.native} is the first compared output that differs; everything compared before it agrees"
     if same:
         return first, f"{first.native} receives the same input on both sides and returns a different output"
-    ancestors = [r for r in rows if first.native.startswith(r.native + ".") and r.diverged(tol)]
-    if not ancestors:
-        return first, f"the input of {first.native} already differs, from code between the compared modules"
-    parent = max(ancestors, key=lambda r: len(r.native))
-    return parent, (
-        f"the input of {first.native} already differs: the error is inside {parent.native}, "
-        "between its compared sub-modules (e.g. RoPE, QK-norm, attention scores, routing)"
+    # walk out through the diverged ancestors whose input differs too: the error is inside the
+    # first one whose input agrees, or, if none does, before the outermost one
+    outer = first
+    for parent in sorted((r for r in rows if first.native.startswith(r.native + ".") and r.diverged(tol)),
+                         key=lambda r: -len(r.native)):  # fmt: skip
+        if _same_input(parent.native, native_rec, upstream_rec, pairs, tol) is not False:
+            return parent, (
+                f"the input of {first.native} already differs: the error is inside {parent.native}, "
+                "between its compared sub-modules (e.g. RoPE, QK-norm, attention scores, routing)"
+            )
+        outer = parent
+    start = next(i for i, r in enumerate(rows) if r.native == outer.native or r.native.startswith(outer.native + "."))
+    before = next((r for r in reversed(rows[:start]) if r.rel_l2 is not None), None)
+    if before is None or before.diverged(tol):
+        return outer, f"the input of {outer.native} already differs, from code before it that no compared module covers"
+    a, b = _inputs_of(outer.native, native_rec, upstream_rec, pairs)
+    row = Row(before.native, before.upstream, rel_l2(a, b), max_abs(a, b), f"the input of {outer.native}")
+    return row, (
+        f"{before.native}'s output agrees but the input of {outer.native} already differs: the step between them "
+        "differs (an embedding scale or multiplier applied after the embedding, outside any compared module)"
     )
+
+
+def localise(rows: list[Row], native_rec, upstream_rec, pairs, tol: float) -> tuple[Row | None, str | None]:
+    """The module to blame for the first divergence and why; (None, None) when all agree."""
+    mark_relocated(rows, native_rec, upstream_rec, pairs, tol)
+    first = first_divergence(rows, tol)
+    if first is None:
+        return None, None
+    return attribute(first, rows, native_rec, upstream_rec, pairs, tol)

@@ -1,29 +1,31 @@
 """The native side of parity, read from the workspace alone.
 
 A workspace defines its native model with three files: recipe.toml ([model] family,
-hf_config, overrides, module_file), adapter.py (HF <-> native) and, on the port path,
-model.py. This module reads exactly those, so a person running test_parity.py by hand and
-the rung see the same model.
+hf_config, overrides, module_file, adapter_file), adapter.py (HF <-> native) and, on the
+port path, model.py. This module reads exactly those, so a person running test_parity.py
+by hand and the rung see the same model, and it builds that model through titan_core's
+own `resolve_model_args` / `build_meta_model` pieces (titan_core.model_builder), so the
+training rungs, `onboard train` and export build the model parity verified. Only the
+errors are classified here: a recipe's mistake is bad input, the workspace code's is the port's.
 
-adapter.py contract: either a module-level `ADAPTER` object, or module-level functions,
-providing `from_hf(sd) -> sd`, `to_hf(sd) -> sd` and `args_from_hf(cfg) -> (TransformerArgs, used_keys)`
-(`unconsumed_keys(cfg)` optional). model.py contract (port path): `build_model(args)`
-returning a module with `forward(tokens) -> logits`, `loss(tokens, labels) -> (loss, ce)`
-and `init_weights(seed)`.
+adapter.py contract (titan_core.model_builder.load_adapter_file): either a module-level
+`ADAPTER` object, or module-level functions, providing `from_hf(sd) -> sd`,
+`to_hf(sd) -> sd` and `args_from_hf(cfg) -> (TransformerArgs, used_keys)`
+(`unconsumed_keys(cfg)` optional); port-specific config values travel in `args.extra`.
+The recipe's `adapter_file` names it; a recipe that names none means the workspace's
+adapter.py. model.py contract (port path): `build_model(args)` returning a module with
+`forward(tokens) -> logits`, `loss(tokens, labels) -> (loss, ce)` and `init_weights(seed)`.
 """
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import torch
 from torch import nn
-
-ADAPTER_FUNCTIONS = ("from_hf", "to_hf", "args_from_hf")
-
 
 class WorkspaceError(ValueError):
     """The workspace is missing a file or has a malformed one (bad input, exit 2)."""
@@ -45,6 +47,10 @@ class WorkspaceModel:
     overrides: dict[str, Any]
     module_file: Path | None
     """model.py on the port path."""
+    adapter_file: Path | None = None
+    """The adapter the recipe names (`[model] adapter_file`), else the workspace's adapter.py."""
+    model_config: Any = None
+    """The recipe's [model] section (titan_core's config) with `adapter_file` filled in."""
 
     @property
     def path_kind(self) -> str:
@@ -66,6 +72,8 @@ def read_workspace(root: Path) -> WorkspaceModel:
     hf_config = Path(model.hf_config) if model.hf_config else None
     if hf_config is None and (root / "config.json").is_file():
         hf_config = root / "config.json"  # a preset workspace may carry its exported config
+    if not model.adapter_file:
+        model.adapter_file = str(root / "adapter.py")
     return WorkspaceModel(
         root=root,
         family=model.family,
@@ -73,31 +81,36 @@ def read_workspace(root: Path) -> WorkspaceModel:
         hf_config_path=hf_config,
         overrides=dict(model.overrides),
         module_file=Path(model.module_file) if model.module_file else None,
+        adapter_file=Path(model.adapter_file),
+        model_config=model,
     )
 
 
-def _import_file(path: Path, role: str) -> ModuleType:
-    from titan_core.model_builder import import_module_file
+@contextlib.contextmanager
+def _workspace_code(what: str):
+    """Run workspace code: titan_core's ConfigError (a file missing, a function lacking) is
+    bad input; anything else the code raises is the port's failure, reported with its type."""
+    from titan_core.config import ConfigError
 
-    if not path.is_file():
-        raise WorkspaceError(f"workspace {role} not found: {path}")
     try:
-        module = import_module_file(path, prefix=f"onboard_ws_{role}")
-    except Exception as e:  # any error in the workspace's own code is the port's failure, reported with its type
-        raise PortError(f"importing {path} failed: {type(e).__name__}: {e}") from e
-    return module
+        yield
+    except ConfigError as e:
+        raise WorkspaceError(str(e)) from None
+    except Exception as e:  # the workspace's own code: its error fails the gate, never crashes it
+        raise PortError(f"{what} failed: {type(e).__name__}: {e}") from e
 
 
 def load_adapter(root: Path) -> Any:
-    """The workspace adapter: `ADAPTER` if adapter.py defines it, else the module's functions."""
-    module = _import_file(root / "adapter.py", "adapter")
-    adapter = getattr(module, "ADAPTER", module)
-    lacking = [f for f in ADAPTER_FUNCTIONS if not callable(getattr(adapter, f, None))]
-    if lacking:
-        raise WorkspaceError(
-            f"{root / 'adapter.py'} provides no {', '.join(lacking)} (define ADAPTER or module functions)"
-        )
-    return adapter
+    """The workspace adapter (the recipe's adapter_file, else adapter.py): `ADAPTER` if it
+    defines one, else the module's functions; loaded by titan_core as training loads it."""
+    from titan_core.model_builder import load_adapter_file
+
+    ws = read_workspace(root) if (root / "recipe.toml").is_file() else None
+    path = ws.adapter_file if ws is not None else root / "adapter.py"
+    if not path.is_file():
+        raise WorkspaceError(f"workspace adapter not found: {path}")
+    with _workspace_code(f"importing {path}"):
+        return load_adapter_file(path)
 
 
 def native_hf_config(ws: WorkspaceModel) -> dict[str, Any]:
@@ -113,42 +126,31 @@ def native_hf_config(ws: WorkspaceModel) -> dict[str, Any]:
 
 
 def native_args(ws: WorkspaceModel, adapter: Any, cfg: dict[str, Any]):
-    """TransformerArgs from the config through the workspace adapter, then the recipe overrides."""
+    """TransformerArgs from the config through the workspace adapter, then the recipe overrides
+    (titan_core's `args_from_hf_config`, which training's `resolve_model_args` calls too)."""
     from titan_core.config import ConfigError
-    from titan_core.models import apply_model_overrides
+    from titan_core.model_builder import args_from_hf_config
 
+    # a preset's overrides already shaped the exported config
+    overrides = ws.overrides if ws.hf_config_path is not None else None
     try:
-        args, _ = adapter.args_from_hf(cfg)
+        return args_from_hf_config(adapter, cfg, overrides)
+    except ConfigError as e:  # only the overrides raise it: the adapter's own errors are not ConfigErrors
+        raise WorkspaceError(f"recipe [model.overrides]: {e}") from None
     except Exception as e:  # the workspace adapter's own code; its error is a port failure
         raise PortError(f"adapter.args_from_hf failed: {type(e).__name__}: {e}") from e
-    if ws.hf_config_path is None or not ws.overrides:
-        return args  # a preset's overrides already shaped the exported config
-    try:
-        return apply_model_overrides(args, ws.overrides)
-    except ConfigError as e:
-        raise WorkspaceError(f"recipe [model.overrides]: {e}") from None
 
 
 def build_native(ws: WorkspaceModel, args, *, seed: int) -> nn.Module:
-    """The native model on CPU in fp32, initialised from `seed` before any weights load."""
-    from titan_core.models import build_meta
+    """The native model on CPU in fp32, initialised from `seed` before any weights load:
+    titan_core's `build_meta_model` of the recipe's [model] section, as training builds it."""
+    from titan_core.model_builder import build_meta_model
 
-    try:
-        if ws.module_file is not None:
-            build = getattr(_import_file(ws.module_file, "model"), "build_model", None)
-            if not callable(build):
-                raise WorkspaceError(f"{ws.module_file} defines no build_model(args)")
-            with torch.device("meta"):
-                model = build(args)
-        else:
-            model = build_meta(ws.family, args)
+    with _workspace_code("building the native model"):
+        model = build_meta_model(ws.model_config, args)
         model = model.to_empty(device="cpu").float()
         if hasattr(model, "init_weights"):
             model.init_weights(seed=seed)
-    except WorkspaceError:
-        raise
-    except Exception as e:  # a model the port cannot build is the port's failure
-        raise PortError(f"building the native model failed: {type(e).__name__}: {e}") from e
     return model.eval()
 
 

@@ -49,10 +49,26 @@ def failure_summary(results: dict[str, Any]) -> str:
     if results.get("error"):
         err = results["error"]
         lines.append(f"{err['kind']} error: {err['message']}")
-    loc = (results.get("localisation") or {}).get("first")
+    check = results.get("weights_check") or {}
+    for key, label in (
+        ("missing", "checkpoint tensors missing (transformers initialised them)"),
+        ("unexpected", "checkpoint tensors the upstream class does not use"),
+        ("mismatched", "checkpoint tensors of another shape"),
+    ):
+        if check.get(key):
+            names = check[key]
+            of = f" of {check['expected']}" if key == "missing" and check.get("expected") else ""
+            more = " ..." if len(names) > 6 else ""
+            lines.append(f"{label}: {len(names)}{of}: {', '.join(map(str, names[:6]))}{more}")
+    loc_all = results.get("localisation") or {}
+    loc = loc_all.get("first")
     if loc:
+        where = ""
+        if loc_all.get("pass") == "features":
+            how = next((p["how"] for p in results.get("passes", []) if p["name"] == "features"), "")
+            where = f" in the features pass ({how})"
         lines.append(
-            f"first divergence: {loc['native']} (upstream {loc['upstream']}), rel L2 {loc['rel_l2']:.3g}, "
+            f"first divergence{where}: {loc['native']} (upstream {loc['upstream']}), rel L2 {loc['rel_l2']:.3g}, "
             f"max abs {loc['max_abs']:.3g}: {loc.get('why', '')}"
         )
     sd = results.get("state_dict") or {}
@@ -66,7 +82,15 @@ def failure_summary(results: dict[str, Any]) -> str:
             lines.append(f"{label}: {', '.join(map(str, sd[key][:6]))}{' ...' if len(sd[key]) > 6 else ''}")
     if sd.get("worst_key"):
         lines.append(f"round trip changes values of {sd['worst_key']}")
-    worst = (results.get("grads") or {}).get("worst") or []
+    grads = results.get("grads") or {}
+    worst = grads.get("worst") or []
     if worst and worst[0]["rel_l2"] > 0:
-        lines.append(f"worst gradient: {worst[0]['param']} rel L2 {worst[0]['rel_l2']:.3g}")
+        where = f" ({grads['pass']} pass)" if grads.get("pass") else ""
+        lines.append(f"worst gradient{where}: {worst[0]['param']} rel L2 {worst[0]['rel_l2']:.3g}")
+    if grads.get("diagnosis"):
+        lines.append(grads["diagnosis"])
+    declared = (results.get("features") or {}).items()
+    idle = [f"{name}: {f['how']}" for name, f in declared if f["declared"] and not f["exercised"]]
+    if idle:
+        lines.append("declared but not exercised: " + "; ".join(idle))
     return "\n".join(lines)

@@ -2,11 +2,17 @@
 
 It is built from the workspace's config.json with transformers' own config class (never
 downloaded), then either initialised from a seed or loaded from local safetensors weights.
+Loaded weights are checked, not filled in: transformers initialises a tensor the checkpoint
+lacks and drops one the class does not use, so both are recorded (with the counts the
+parity checklist requires to be 0); patterns the upstream class itself declares ignorable
+(`_keys_to_ignore_on_load_missing` / `_unexpected`, tied weights) are not counted. A folder
+with `model.safetensors`, or sharded files with `model.safetensors.index.json`, is enough:
+no config.json or generation_config.json is read from it.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +31,18 @@ class Upstream:
     """HF's own state dict: with tied embeddings, lm_head.weight is the embedding tensor itself."""
     source: str
     """'seed=N' or the weights folder."""
+    loading: dict[str, Any] = field(default_factory=dict)
+    """What loading the weights found: files, and the checkpoint tensors the upstream class
+    expects but did not get (`missing`), got but does not use (`unexpected`) or got with
+    another shape (`mismatched`), after the class's own ignorable patterns; all empty when seeded."""
+
+    def counts(self) -> dict[str, int]:
+        """The measurements: how many tensors are missing, unused, mis-shaped (0 for a seeded init)."""
+        return {
+            "weights_missing_keys": len(self.loading.get("missing", [])),
+            "weights_unexpected_keys": len(self.loading.get("unexpected", [])),
+            "weights_mismatched_keys": len(self.loading.get("mismatched", [])),
+        }
 
 
 def read_hf_config(path: Path) -> dict[str, Any]:
@@ -77,13 +95,9 @@ def build_upstream(
     from transformers import AutoModelForCausalLM
 
     try:
+        loading: dict[str, Any] = {}
         if weights_dir is not None:
-            if not any(Path(weights_dir).glob("*.safetensors")):
-                raise UpstreamError(f"no *.safetensors files in weights folder {weights_dir}")
-            model = AutoModelForCausalLM.from_pretrained(
-                str(weights_dir), config=config, dtype=torch.float32,
-                attn_implementation=attn_implementation, local_files_only=True,
-            )  # fmt: skip
+            model, loading = _load_weights(Path(weights_dir), config, attn_implementation)
             source = str(weights_dir)
         else:
             with torch.random.fork_rng(devices=[]):  # HF init draws from the global generator; leave it as found
@@ -99,4 +113,69 @@ def build_upstream(
         kind = cfg["model_type"]
         raise UpstreamError(f"transformers cannot build a causal LM for model_type '{kind}': {e}") from None
     model = model.float().eval()
-    return Upstream(model=model, checkpoint=model.state_dict(), source=source)
+    return Upstream(model=model, checkpoint=model.state_dict(), source=source, loading=loading)
+
+
+def weight_files(weights_dir: Path) -> list[Path]:
+    """The safetensors files of a weights folder: model.safetensors, or the shards its index names.
+
+    UpstreamError (bad input) for a folder that is neither, or whose index names absent shards.
+    """
+    import json
+
+    if not weights_dir.is_dir():
+        raise UpstreamError(f"weights folder {weights_dir} does not exist")
+    index = weights_dir / "model.safetensors.index.json"
+    if index.is_file():
+        try:
+            shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        except (ValueError, KeyError, TypeError, AttributeError) as e:
+            raise UpstreamError(f"{index}: not a safetensors index (no weight_map): {e}") from None
+        absent = [s for s in shards if not (weights_dir / s).is_file()]
+        if absent:
+            raise UpstreamError(f"{index} names shards that are not in {weights_dir}: {', '.join(absent)}")
+        return [weights_dir / s for s in shards]
+    if (weights_dir / "model.safetensors").is_file():
+        return [weights_dir / "model.safetensors"]
+    found = sorted(p.name for p in weights_dir.glob("*.safetensors"))
+    if found:
+        raise UpstreamError(
+            f"weights folder {weights_dir} holds {', '.join(found[:4])}{' ...' if len(found) > 4 else ''} but neither "
+            "model.safetensors nor model.safetensors.index.json: a sharded checkpoint needs its index"
+        )
+    raise UpstreamError(f"no *.safetensors files in weights folder {weights_dir}")
+
+
+def _load_weights(weights_dir: Path, config, attn_implementation: str):
+    """from_pretrained on the folder, with the loading report kept (nothing silently filled in)."""
+    from safetensors import SafetensorError
+    from transformers import AutoModelForCausalLM, GenerationConfig
+
+    files = weight_files(weights_dir)
+    try:
+        # a generation config given means none is read from the folder (parity never generates);
+        # mismatched shapes are reported with the rest instead of raised one by one
+        model, info = AutoModelForCausalLM.from_pretrained(
+            str(weights_dir), config=config, dtype=torch.float32, attn_implementation=attn_implementation,
+            local_files_only=True, use_safetensors=True, generation_config=GenerationConfig(),
+            ignore_mismatched_sizes=True, output_loading_info=True,
+        )  # fmt: skip
+    except (OSError, RuntimeError, TypeError, KeyError, SafetensorError) as e:  # an unreadable or foreign checkpoint
+        raise UpstreamError(f"loading the weights in {weights_dir} failed: {type(e).__name__}: {e}") from None
+    mismatched = [
+        f"{m[0]}: checkpoint {tuple(m[1])} vs model {tuple(m[2])}" if isinstance(m, (tuple, list)) and len(m) == 3
+        else str(m)
+        for m in info.get("mismatched_keys") or []
+    ]  # fmt: skip
+    loading = {
+        "files": [p.name for p in files],
+        "expected": len(set(model.state_dict()) - set(getattr(model, "all_tied_weights_keys", None) or {})),
+        "missing": sorted(info.get("missing_keys") or []),
+        "unexpected": sorted(info.get("unexpected_keys") or []),
+        "mismatched": sorted(mismatched),
+        "ignorable_by_upstream": sorted(
+            set(getattr(model, "_keys_to_ignore_on_load_missing", None) or [])
+            | set(getattr(model, "_keys_to_ignore_on_load_unexpected", None) or [])
+        ),
+    }
+    return model, loading

@@ -8,6 +8,11 @@ never writes ladder.json. Bad user input raises `onboard.errors.BadInput` (exit 
 A rung that earns flags for the recipe never writes recipe.toml itself: it returns them as
 `RungResult.recipe_edits`, and the engine applies them only when the gate passed (see
 `onboard.recipe_edit`), recording each with its reason in the ledger entry.
+
+A rung module may define `reads_recipe_key(key: str) -> bool` ("section.field"): whether its
+run depends on that recipe key. A recipe edit recorded by a later passed rung leaves this
+rung's evidence standing only if it touched no key this rung reads; without the function a
+rung reads every key (any edit makes it re-verify).
 """
 
 from __future__ import annotations

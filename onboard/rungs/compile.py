@@ -23,6 +23,7 @@ from onboard.rungs import harness
 from onboard.rungs.base import RungContext, RungResult
 
 RUNG = "compile"
+reads_recipe_key = harness.reads_all_but_mode
 
 
 def break_report(report: dict) -> tuple[dict, dict]:

@@ -15,6 +15,7 @@ from onboard.rungs import harness
 from onboard.rungs.base import RungContext, RungResult
 
 RUNG = "eager"
+reads_recipe_key = harness.reads_all_but_mode
 
 
 def measure(rows: list[dict], vocab_size: int, num_params: int, *, steps: int) -> dict:

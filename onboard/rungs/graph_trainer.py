@@ -22,10 +22,11 @@ from __future__ import annotations
 
 import gc
 
-from onboard.rungs import harness
+from onboard.rungs import execution_mode, harness
 from onboard.rungs.base import RungContext, RungResult
 
 RUNG = "graph_trainer"
+reads_recipe_key = harness.reads_all_but_mode
 
 
 def compare_runs(eager_tr, eager_rows, graph_tr, graph_rows) -> dict:
@@ -194,4 +195,22 @@ def run(ctx: RungContext) -> RungResult:
         metrics_files={k: ctx.workspace.key_for(out / k / "metrics.jsonl") for k in ("eager", "exact", "timed")},
         reproduce=harness.train_command(ctx, flags),
     )
-    return RungResult(measurements=m, files_read=files, command=command, details=details)
+    del t_tr
+    gc.collect()
+    edits = []
+    if m["bit_identical"] and m["graphs_per_step"] == 1 and m["captures_per_run"] == 1:
+        # part 4: the recipe's execution mode, among the modes whose checks held
+        modes = ["eager"] + (["compile"] if "compile" in ctx.evidence else []) + ["graph_trainer"]
+        edits, record = execution_mode.choose(ctx, base, rung=RUNG, moe=moe, modes=modes)
+        m.update(execution_mode=record["execution_mode"], execution_mode_why=record["execution_mode_why"])
+        # a memory policy trades compute for memory: it earns its place only when memory binds,
+        # which the gate's small batch never shows; the recipe's policy stays, said so
+        saved = {k.removeprefix("saved_activation_bytes_"): v for k, v in m.items() if k.startswith("saved_activation_bytes_")}
+        m["memory_policy_choice"] = gt.memory_policy
+        m["memory_policy_why"] = (
+            f"kept the recipe's {gt.memory_policy!r}: saved activations per policy {saved} bytes; at the gate's "
+            "batch no memory budget binds, so recomputing would only cost time"
+        )
+        details["execution_mode"] = record
+        ctx.log(f"graph_trainer: the recipe's execution mode: {record['execution_mode']} ({record['execution_mode_why']})")
+    return RungResult(measurements=m, files_read=files, command=command, details=details, recipe_edits=edits)

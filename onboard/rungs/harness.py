@@ -39,15 +39,32 @@ def param(rung: str, name: str) -> Any:
 
 
 # ---- the recipe a gate runs ----------------------------------------------------------------
-def job_config(ctx: RungContext):
-    """The workspace recipe, adjusted for the gate: the eager gate's steps on its repeated batch
-    (warm-up capped so the peak lr is reached), output in the attempt folder, nothing saved or
-    profiled (the gate measures training, not checkpointing). Recipe paths are anchored by
-    titan_core's loader, so this works from any folder."""
+MODE_KEYS = frozenset({"compile.enable", "graph_trainer.enable"})
+"""The recipe keys that choose the execution mode. Every rung but kernels sets the mode it runs
+itself (eager, or its own), so an edit of these keys leaves their evidence standing."""
+
+
+def reads_all_but_mode(key: str) -> bool:
+    """`reads_recipe_key` of a rung that runs its own execution mode: every key but MODE_KEYS."""
+    return key not in MODE_KEYS
+
+
+def recipe(ctx: RungContext):
+    """The workspace recipe exactly as written (paths anchored by titan_core's loader)."""
     from titan_core.config import load_config
 
+    return load_config(ctx.workspace.recipe_path)
+
+
+def job_config(ctx: RungContext):
+    """The workspace recipe, adjusted for the gate: eager execution (a rung that runs another mode
+    switches it on itself), the eager gate's steps on its repeated batch (warm-up capped so the
+    peak lr is reached), output in the attempt folder, nothing saved or profiled (the gate
+    measures training, not checkpointing). Works from any folder."""
     steps = param("eager", "steps")
-    cfg = load_config(ctx.workspace.recipe_path)
+    cfg = recipe(ctx)
+    cfg.compile.enable = False
+    cfg.graph_trainer.enable = False
     cfg.training.steps = steps
     cfg.lr_scheduler.warmup_steps = min(cfg.lr_scheduler.warmup_steps, int(steps * param("eager", "warmup_cap")))
     cfg.data.repeat_batch = True
@@ -61,14 +78,20 @@ def job_config(ctx: RungContext):
 
 
 def files_read(ctx: RungContext, cfg) -> list[Path]:
-    """The files whose change makes a training rung's evidence stale."""
-    files = [ctx.workspace.recipe_path]
-    for value in (cfg.model.hf_config, cfg.model.module_file):
+    """The files whose change makes a training rung's evidence stale: the recipe and what
+    defines the workspace's model (config.json, the adapter, model.py; the workspace's own
+    adapter.py and model.py even where the recipe names other ones, as parity reads them),
+    the weights (`Workspace.hashes` fingerprints safetensors cheaply) and a text data file."""
+    ws = ctx.workspace
+    files = [ws.recipe_path]
+    for value in (cfg.model.hf_config, cfg.model.adapter_file, cfg.model.module_file):
         if value:
             files.append(Path(value))
+    files += [p for p in (ws.hf_config_path, ws.adapter_path, ws.model_file) if p is not None and p.is_file()]
+    files += ws.weight_files()
     if cfg.data.source == "text" and cfg.data.path and Path(cfg.data.path).is_file():
         files.append(Path(cfg.data.path))
-    return files
+    return list(dict.fromkeys(p.resolve() for p in files))
 
 
 def next_step_command(ctx: RungContext) -> str:

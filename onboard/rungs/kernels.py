@@ -8,7 +8,10 @@ recorded as not_applicable with the reason, never skipped). For each that applie
    weights and batch, fp32 (`compare_kernel`): loss, logits and every parameter's gradient,
    relative L2 (titan_core.numerics); the recipe's other kernel settings (ce_chunk, z_loss, ...)
    are on both sides;
-2. times one training step (forward + backward) with and without it at the recipe's batch
+2. checks it in the recipe's execution mode (`titan_core.kernels.modes.mode_check`): no graph
+   break under per-block compile, no host sync and a clean capture under the Graph Trainer;
+   a kernel that fails there is not kept, with that reason;
+3. times one training step (forward + backward) with and without it at the recipe's batch
    through the one timing protocol (`measure_kernel`, titan_core.timing, settings in the
    checklist's `params.timing`): interleaved, with an interval, `faster` / `slower` /
    `indistinguishable`; and measures each side's peak memory.
@@ -115,19 +118,28 @@ Contest = Callable[[str, str], dict]
 
 def choose(field_name: str, rows: dict[str, dict], current: str, *, reference: str,
            captured: bool = False, contest: Contest | None = None) -> tuple[str, str, list[dict]]:  # fmt: skip
-    """(value, why, contests) for one kernels field.
+    """(value, why, contests) for one kernels field; `current` is the recipe's value.
 
-    `rows`: {choice: {"kept": bool, "max_rel_err": float, "reason": str}} of the field's compared
-    kernels, in KERNEL_FLAGS order (simplest first). One kept kernel is chosen; of several, the
-    simplest holds the field until a later one is `faster` than it head to head (`contest`, the
-    same timing protocol), so noise never swaps one kept kernel for another. None kept: the plain
-    path; but under capture a plain path the step cannot run (CAPTURE_UNSAFE) is never chosen.
+    `rows`: {choice: {"kept": bool, "ran": bool, "outcome": str | None, "max_rel_err": float,
+    "reason": str}} of the field's compared kernels, in KERNEL_FLAGS order (simplest first);
+    `ran`: it matched and runs in the recipe's execution mode. The recipe's value is the
+    incumbent: only measured evidence moves the field, so a re-run on noise never flips it.
+
+    - Kernels kept: the incumbent holds if it is one of them, else the simplest kept kernel;
+      a later kept one takes the field only by being `faster` head to head (`contest`).
+    - None kept: the incumbent stays if it is the plain path, or the library's default
+      (attention = sdpa) that ran and was not `slower` than the plain path; else the plain
+      path, except that under capture a plain path the step cannot run (CAPTURE_UNSAFE) is
+      never chosen.
     """
+    from titan_core.kernels import DEFAULTS
+
     kept = [choice for choice, r in rows.items() if r["kept"]]
     contests: list[dict] = []
     if kept:
-        best = kept[0]
-        for challenger in kept[1:]:
+        order = ([current] if current in kept else []) + [c for c in kept if c != current]
+        best = order[0]
+        for challenger in order[1:]:
             if contest is None:
                 break
             result = contest(challenger, best)
@@ -139,6 +151,10 @@ def choose(field_name: str, rows: dict[str, dict], current: str, *, reference: s
         others = f"; held against {len(kept) - 1} other kept kernel(s) head to head" if len(kept) > 1 else ""
         return best, (f"kernels rung: matches {field_name}={reference} (fp32 rel err {r['max_rel_err']:.1e}); "
                       f"{r['reason']}{others}"), contests  # fmt: skip
+    r = rows.get(current) or {}
+    if current != reference and current == DEFAULTS.get(field_name) and r.get("ran") and r.get("outcome") != "slower":
+        return current, (f"kernels rung: no {field_name} kernel was faster; the recipe's {current}, the library "
+                         f"default, matched and is not slower than {reference}: it stays"), []  # fmt: skip
     if captured and CAPTURE_UNSAFE.get(field_name) == reference and current != reference:
         return current, f"kernels rung: no {field_name} kernel kept, but a captured step cannot run {reference}", []
     pct = harness.param(RUNG, "min_memory_saving_percent")
@@ -160,9 +176,11 @@ def _mb(n: int | None) -> str:
     return "n/a" if n is None else f"{n / 2**20:.1f} MiB"
 
 
-def _one_kernel(ctx, flag, *, build, timing_kw, criteria) -> dict:
-    """Compare one applicable kernel with its plain path, then time it; a kernel that raises is a failed row."""
+def _one_kernel(ctx, flag, *, build, timing_kw, criteria, mode_kw) -> dict:
+    """Compare one applicable kernel with its plain path, check it in the recipe's execution mode,
+    then time it; a kernel that raises is a failed row."""
     from titan_core.kernels import compare_kernel, measure_kernel
+    from titan_core.kernels.modes import mode_check
 
     row: dict[str, Any] = {"status": "compared"}
     try:
@@ -183,6 +201,16 @@ def _one_kernel(ctx, flag, *, build, timing_kw, criteria) -> dict:
         row.update(kept=False, reason="it does not equal the plain path within the checklist's tolerance")
         row["why"] = f"not kept: {row['reason']}"
         return row  # a wrong kernel is never kept: timing it would only cost time
+    try:
+        check = mode_check(flag=flag, **mode_kw)
+    except Exception as e:  # noqa: BLE001 -- it cannot even be traced in the recipe's mode: not kept, said why
+        check = {"mode": mode_kw["mode"], "ok": False, "reason": f"{flag} fails in {mode_kw['mode']}: {type(e).__name__}: {e}"}
+    row["mode_check"] = check
+    if not check["ok"]:
+        ctx.log(f"kernels: {check['reason']}")
+        row.update(kept=False, reason=f"it does not run in the recipe's execution mode: {check['reason']}")
+        row["why"] = f"not kept: {row['reason']}"
+        return row
     try:
         timing = measure_kernel(flag=flag, **timing_kw)
     except Exception as e:  # noqa: BLE001 -- it cannot run the recipe's step: a failure, not a warning
@@ -247,7 +275,7 @@ def decide(rows: dict[str, dict], current, *, captured: bool,
         if r["status"] != "not_applicable":
             field_name, choice = parse_flag(flag)
             by_field.setdefault(field_name, {})[choice] = {
-                "kept": bool(r.get("kept")),
+                "kept": bool(r.get("kept")), "ran": "timing" in r, "outcome": r.get("outcome"),
                 "max_rel_err": max(_finite(r.get(n, math.inf)) for n in ERROR_METRICS), "reason": r.get("reason", ""),
             }  # fmt: skip
     edits, decisions = [], {}
@@ -271,24 +299,31 @@ def run(ctx: RungContext) -> RungResult:
     from titan_core.kernels import applicable_kernels, measure_kernel
     from titan_core.model_builder import build_model_from_config
 
+    from onboard.rungs.execution_mode import recipe_mode
+
     cfg = harness.job_config(ctx)
+    mode = recipe_mode(harness.recipe(ctx))
     args = harness.model_args(cfg)
     device = devices.resolve_device(cfg.device.type, libtpu_init_flags=cfg.tpu.libtpu_init_flags)
     device_type = harness.resolved_device_type(cfg.device.type)
     t = cfg.training
-    captured = bool(cfg.compile.enable or cfg.graph_trainer.enable)
+    captured = mode != "eager"
     dtype = harness.compute_dtype(t)
-    applicable = applicable_kernels(args, device=device_type, dtype=dtype, captured=captured)
-    # a port's own model.py builds the model (the swaps then replace its modules), else the family's class
+    # a port's own model.py builds the model (the swaps then replace its modules), else the family's class;
+    # a swap that would replace a port's own module (a custom attention core) does not apply
     builder = (lambda: build_model_from_config(cfg.model)[2]) if cfg.model.module_file else None
+    applicable = applicable_kernels(args, device=device_type, dtype=dtype, captured=captured,
+                                    model=builder() if builder else None)  # fmt: skip
     cb, cs, compare_why = compare_shape(t.batch_size, t.seq_len)
     proto = protocol()
     common = dict(family=cfg.model.family, args=args, device=device, base=cfg.kernels, build_meta_model=builder)
     build = dict(common, batch=cb, seq_len=cs)
     timing_kw = dict(common, batch=t.batch_size, seq_len=t.seq_len, protocol=proto)
+    mode_kw = dict(common, mode=mode, batch=cb, seq_len=cs, packed=cfg.data.source == "text", max_norm=t.max_norm)
     n_apply = sum(reason is None for reason in applicable.values())
     ctx.log(
-        f"kernels: {n_apply} of {len(applicable)} kernel flags apply on {device_type}; fp32 comparison at "
+        f"kernels: {n_apply} of {len(applicable)} kernel flags apply on {device_type}, judged in the recipe's "
+        f"execution mode ({mode}); fp32 comparison at "
         f"{cb} x {cs} tokens, timing at {t.batch_size} x {t.seq_len} (interleaved, {proto.min_rounds}-"
         f"{proto.max_rounds} rounds, {proto.confidence:.0%} interval)"
     )
@@ -305,13 +340,13 @@ def run(ctx: RungContext) -> RungResult:
                 rows[flag] = {"status": "not_applicable", "reason": reason}
                 ctx.log(f"kernels: {flag} not applicable: {reason}")
                 continue
-            rows[flag] = _one_kernel(ctx, flag, build=build, timing_kw=timing_kw, criteria=tolerances())
+            rows[flag] = _one_kernel(ctx, flag, build=build, timing_kw=timing_kw, criteria=tolerances(), mode_kw=mode_kw)
         edits, decisions = decide(rows, cfg.kernels, captured=captured, contest=contest)
     m = summarise(rows)
     m.update(
         compare_dtype="float32", compare_batch_size=cb, compare_seq_len=cs, compare_shape_why=compare_why,
         measure_batch_size=t.batch_size, measure_seq_len=t.seq_len, timing_protocol=vars(proto),
-        recipe_dtype=str(dtype).removeprefix("torch."), captured=captured,
+        recipe_dtype=str(dtype).removeprefix("torch."), captured=captured, execution_mode=mode,
         proposed_recipe_edits=[f"{e.key}={e.value}" for e in edits],  # written only if the gate passes
     )  # fmt: skip
     for e in edits:

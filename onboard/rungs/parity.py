@@ -21,6 +21,12 @@ from onboard.rungs import harness
 from onboard.rungs.base import RungContext, RungResult
 
 RUNG = "parity"
+
+
+def reads_recipe_key(key: str) -> bool:
+    """Parity's native model comes from [model] alone (onboard.parity.native.read_workspace)."""
+    return key.startswith("model.")
+
 TEST_FILE = "test_parity.py"
 
 
@@ -37,7 +43,7 @@ def pytest_command(test_file: Path) -> list[str]:
 
 def _files_read(ws) -> list[Path]:
     files = [ws.recipe_path, ws.adapter_path, ws.root / TEST_FILE]
-    files += [p for p in (ws.hf_config_path, ws.model_file) if p is not None]
+    files += [p for p in (ws.hf_config_path, ws.model_file) if p is not None] + ws.weight_files()
     return [p for p in files if p.is_file()]
 
 
@@ -82,7 +88,8 @@ def run(ctx: RungContext) -> RungResult:
     summary = failure_summary(results)
     if summary and returncode != 0:
         ctx.log(summary)
-    keep = ("state_dict", "grads", "error", "weights", "upstream_class", "model_type", "versions", "unconsumed_hf_keys")
+    keep = ("state_dict", "grads", "error", "weights", "upstream_class", "model_type", "versions", "unconsumed_hf_keys",
+            "features", "weights_check", "passes")  # fmt: skip
     details = {k: results.get(k) for k in keep}
     # the per-module table can run to thousands of rows: it stays in results.json
     details["localisation"] = {k: v for k, v in (results.get("localisation") or {}).items() if k != "table"}

@@ -34,6 +34,7 @@ from onboard.rungs.base import RungContext, RungResult
 from onboard.rungs.harness import resolved_device_type
 
 RUNG = "simple_fsdp"
+reads_recipe_key = harness.reads_all_but_mode
 FP32 = "float32"
 
 
@@ -233,9 +234,72 @@ def run(ctx: RungContext) -> RungResult:
     for name, failure in (("fp32", fp32_failure), ("bf16", bf16_failure), ("fsdp2", fsdp2_failure)):
         if failure:  # the run stopped (a non-finite loss, or FSDP2 failing): its rank report
             details[f"{name}_failure"] = failure
+    edits, choices = recipe_choices(ctx, base, m)
+    m.update(choices)
     return RungResult(
         measurements=m,
         files_read=harness.files_read(ctx, base),
         command=harness.next_step_command(ctx),
         details=details,
+        recipe_edits=edits,
     )
+
+
+def time_precisions(ctx: RungContext, base) -> "Comparison":
+    """bf16 parameters against fp32, one process, the two Trainers' steps interleaved (the timing
+    protocol, `params.timing`): the speed the recipe's own run would see, paired so that the
+    machine's drift between two separate runs cannot decide it."""
+    from titan_core.timing import TimingProtocol, compare
+
+    trainers = {}
+    try:
+        with harness.process_threads():
+            for dtype in (FP32, "bfloat16"):
+                cfg = copy.deepcopy(base)
+                cfg.training.steps, cfg.training.mixed_precision_param = 10_000, dtype
+                cfg.training.dtype = cfg.training.mixed_precision_reduce = FP32
+                cfg.metrics.output_dir = str(ctx.attempt_dir / f"precision-{dtype}")
+                trainers[dtype] = harness.build_trainer(cfg)
+                trainers[dtype].train_step()  # warm-up outside the timed rounds
+            proto = TimingProtocol.from_dict(harness.param(RUNG, "timing"))
+            step = {k: (lambda t=t: t.train_step()["step_time_s"]) for k, t in trainers.items()}
+            return compare(step["bfloat16"], step[FP32], proto)
+    finally:
+        for t in trainers.values():
+            t.close()
+
+
+def recipe_choices(ctx: RungContext, base, m: dict, timing=None) -> tuple[list, dict]:
+    """(recipe edits, measurements) for the two levers this rung measured.
+
+    Mixed precision: bf16 parameters are kept only when they are `faster` than fp32 by the
+    timing protocol (`time_precisions`, or `timing` given) and the bf16 loss curve passed the
+    checklist's bound; otherwise fp32, the simpler choice (on a CPU bf16 usually loses). Data
+    parallel: SimpleFSDP stays, whatever FSDP2 measured: it is the path the compile and
+    graph_trainer rungs verify (the Graph Trainer captures SimpleFSDP's parametrization), so a
+    recipe with FSDP2 would hold a combination no later gate ran.
+    """
+    from onboard.rungs.base import RecipeEdit
+
+    recipe = harness.recipe(ctx)
+    bound = next(c.threshold for c in harness.checklist(RUNG).criteria if c.metric == "bf16_loss_curve_max_rel")
+    curve_ok = m["bf16_loss_curve_max_rel"] <= bound
+    if not curve_ok:
+        keep_bf16, why = False, f"simple_fsdp rung: bf16's loss curve left fp32's by more than {bound:g}; fp32"
+    else:
+        cmp = timing if timing is not None else time_precisions(ctx, base)
+        ctx.log(f"simple_fsdp: {cmp.describe('bf16 params', 'fp32')}")
+        keep_bf16, why = cmp.outcome == "faster", f"simple_fsdp rung: {cmp.describe('bf16 params', 'fp32')}"
+    want = "bfloat16" if keep_bf16 else FP32
+    edits = []
+    if recipe.training.mixed_precision_param != want:
+        edits.append(RecipeEdit("training.mixed_precision_param", want, why))
+    return edits, {
+        "mixed_precision_choice": want,
+        "mixed_precision_why": why,
+        "data_parallel_choice": recipe.parallelism.data_parallel,
+        "data_parallel_why": (
+            "SimpleFSDP stays: the compile and graph_trainer rungs verify it (FSDP2 measured beside it: "
+            f"{m.get('fsdp2_vs_simple_fsdp') or 'failed'})"
+        ),
+    }

@@ -68,7 +68,7 @@ def test_eager_ladder_end_to_end(tmp_path):
     assert m["tokens_per_s"] > 0 and m["step_time_median_s"] > 0 and m["peak_mem_bytes"] > 0 and m["mfu"] > 0
     assert m["num_params"] > 0
     entry = json.loads((ws / "ladder.json").read_text())["attempts"][-1]
-    assert set(entry["files_read"]) == {"recipe.toml", "config.json"}
+    assert set(entry["files_read"]) == {"recipe.toml", "config.json", "adapter.py"}
     assert entry["environment"]["device"] == "cpu" and entry["environment"]["torch"].startswith("2.")
     assert entry["command"] == f"onboard next-step dbg --dir {tmp_path.resolve()}"
 

@@ -1,7 +1,8 @@
 """The kernels rung: real comparisons on narrowed llama3, glimmer and qwen3_moe debug workspaces,
 the keep rule on synthetic numbers (its edges included, timings through the one timing protocol), a broken kernel failing the gate by name,
-and the engine writing the kept kernels into recipe.toml only on a pass without making the earlier
-rungs stale, while a hand edit still does.
+and the engine writing the kept kernels into recipe.toml only on a pass, making the earlier rungs
+that train with the recipe's kernels re-verify (parity, which reads only [model], keeps its evidence),
+while a hand edit makes every rung stale.
 
 To stay fast on a 2-core machine each preset's config.json is narrowed (every feature kept: GQA,
 sliding windows, soft-cap, tied weights, experts; one or two layers of width 64, vocab 256), the
@@ -32,6 +33,7 @@ from onboard.views import show_outcome
 from onboard.workspace import Workspace
 from titan_core.timing import compare
 from titan_core.kernels.fused_ce import FusedCrossEntropyHead
+from titan_core.kernels import DEFAULTS
 from titan_core.kernels.compare import KERNEL_FLAGS, REFERENCE, parse_flag
 from titan_core.models.common.attention import SDPAttention
 
@@ -114,8 +116,11 @@ def assert_decisions_follow_the_rule(result) -> None:
         if field_name not in by_field:
             assert not decision["edit"]
             continue
-        # the simplest kept kernel holds the field until a later one wins head to head
-        expected = kept[0] if kept else REFERENCE[field_name]
+        # the incumbent (else the simplest kept kernel) holds the field until a later one wins head to
+        # head; none kept: the plain path, or the library default when it ran and was not slower
+        was, rows_was = decision["was"], by_field.get(field_name, {}).get(decision["was"], {})
+        default_stays = was == DEFAULTS[field_name] and "timing" in rows_was and rows_was.get("outcome") != "slower"
+        expected = (was if was in kept else kept[0]) if kept else (was if default_stays else REFERENCE[field_name])
         for c in decision["contests"]:
             assert c["holder"] == expected and c["timing"]["outcome"] in ("faster", "slower", "indistinguishable")
             expected = c["challenger"] if c["won"] else expected
@@ -175,10 +180,27 @@ def test_choose_simplest_kept_unless_beaten_head_to_head_and_never_loop_under_ca
     value, _, contests = kernels.choose("attention", rows, "sdpa", reference="naive",
                                         contest=contest("indistinguishable"))  # fmt: skip
     assert value == "sdpa" and not contests[0]["won"]  # a tie keeps the simpler kernel
+    calls.clear()  # the recipe's value is the incumbent: the others must beat it
+    value, _, _ = kernels.choose("attention", rows, "tokamax", reference="naive", contest=contest("indistinguishable"))
+    assert value == "tokamax" and calls == [("sdpa", "tokamax")]
     none = {"dense": {**rows["flex"]}}
     assert kernels.choose("moe", none, "dense", reference="loop")[0] == "loop"
     value, why, _ = kernels.choose("moe", none, "dense", reference="loop", captured=True)
     assert value == "dense" and "captured step cannot run loop" in why
+
+
+def test_none_kept_keeps_the_library_default_unless_it_is_slower():
+    """sdpa indistinguishable from naive: the recipe's sdpa stays (a re-run on noise never flips it);
+    sdpa slower: the plain path; a recipe already on the plain path stays there."""
+    row = {"kept": False, "ran": True, "max_rel_err": 1e-7, "reason": "not faster"}
+    tie = {"sdpa": {**row, "outcome": "indistinguishable"}}
+    value, why, _ = kernels.choose("attention", tie, "sdpa", reference="naive")
+    assert value == "sdpa" and "library default" in why
+    assert kernels.choose("attention", {"sdpa": {**row, "outcome": "slower"}}, "sdpa", reference="naive")[0] == "naive"
+    assert kernels.choose("attention", {"sdpa": {**row, "ran": False}}, "sdpa", reference="naive")[0] == "naive"
+    assert kernels.choose("attention", tie, "naive", reference="naive")[0] == "naive"
+    tok = {"tokamax": {**row, "outcome": "indistinguishable"}}  # not the default: the plain path, the simpler
+    assert kernels.choose("attention", tok, "tokamax", reference="naive")[0] == "naive"
 
 
 def test_compare_shape_caps_tokens_and_says_so():
@@ -226,7 +248,7 @@ def test_rung_passes_on_narrowed_debug_workspaces(tmp_path, family):
     assert all(rows[f]["step_time_s"] > 0 and rows[f]["reference_step_time_s"] > 0 for f in compared)
     assert all(rows[f]["timing"]["rounds"] >= kernels.protocol().min_rounds for f in compared)
     assert_decisions_follow_the_rule(result)
-    assert {p.name for p in result.files_read} == {"recipe.toml", "config.json"}
+    assert {p.name for p in result.files_read} == {"recipe.toml", "config.json", "adapter.py"}
     assert sum(line.startswith("kernels: kernels.") for line in lines) >= len(KERNEL_FLAGS)
 
 
@@ -277,8 +299,9 @@ def test_a_port_builds_its_models_from_its_own_model_file(tmp_path):
     assert gate_passed(evaluate(load_checklist("kernels"), result.measurements))
     # two models per comparison and two per timing (one more pair per head-to-head contest), every
     # one of them from the port's model.py
+    # one more, on the meta device, to ask which swaps the port's modules can take
     contests = sum(len(d.get("contests", [])) for d in result.details["decisions"].values())
-    assert len(counter.read_text()) == 4 * result.measurements["kernels_compared"] + 2 * contests
+    assert len(counter.read_text()) == 1 + 4 * result.measurements["kernels_compared"] + 2 * contests
     assert result.details["path"] == "port" and "model.py" in {p.name for p in result.files_read}
 
 
@@ -305,9 +328,10 @@ def statuses(ws: Workspace, sp) -> dict[str, str]:
 
 
 @pytest.mark.slow
-def test_engine_edits_the_recipe_only_on_a_pass_and_keeps_earlier_rungs_passed(tmp_path, monkeypatch):
+def test_engine_edits_the_recipe_only_on_a_pass_and_re_verifies_the_rungs_that_read_it(tmp_path, monkeypatch):
     ws = narrowed_workspace(tmp_path, "llama3")
     sp = ladder_specs()
+    sp[1].module.reads_recipe_key = lambda key: key.startswith("model.")  # as the real parity rung
     for rung in ("eager", "parity", "simple_fsdp"):
         assert next_step(Workspace.load(tmp_path, ws.name), specs=sp).status == "passed"
     # fused_ce "faster" would be kept, but a broken sdpa fails the gate: nothing is written
@@ -332,7 +356,10 @@ def test_engine_edits_the_recipe_only_on_a_pass_and_keeps_earlier_rungs_passed(t
     assert edit["sha256_after"] == sha256_file(ws.recipe_path) == passed.entry["files_read"]["recipe.toml"]
     assert [e["key"] for e in edit["edits"]] == ["kernels.loss"] and passed.to_json()["recipe_edit"] == edit
     st = statuses(ws, sp)
-    assert [st[r] for r in ("eager", "parity", "simple_fsdp", "kernels")] == ["passed"] * 4
+    # eager and simple_fsdp train with the recipe's kernels: fused_ce is a combination they have not
+    # run, so they re-verify; parity reads only [model]; the kernels evidence is the edited recipe's
+    assert [st[r] for r in ("eager", "parity", "simple_fsdp", "kernels")] == ["stale", "passed", "stale", "passed"]
+    assert "recipe.toml" in {s.rung: s for s in ladder_states(Workspace.load(tmp_path, ws.name), sp)}["eager"].reason
 
     printed: list = []
     show_outcome(printed.append, passed)
@@ -340,7 +367,7 @@ def test_engine_edits_the_recipe_only_on_a_pass_and_keeps_earlier_rungs_passed(t
     report = write_report(Workspace.load(tmp_path, ws.name), sp).read_text()
     assert "Recipe edits (`recipe.toml`" in report and '`"fused_ce"`' in report
 
-    # a hand edit after the rung's edit: every rung that read the recipe is stale again
+    # a hand edit after the rung's edit: every rung that read the recipe is stale
     ws.recipe_path.write_text(text.replace('loss = "fused_ce"', 'loss = "plain"'))
     st = statuses(ws, sp)
     assert [st[r] for r in ("eager", "parity", "simple_fsdp", "kernels")] == ["stale"] * 4
@@ -359,3 +386,27 @@ def test_an_edit_that_cannot_be_applied_fails_the_attempt(debug_ws):
     out = next_step(debug_ws, specs=sp)
     assert out.status == "failed" and "recipe edit failed, recipe.toml unchanged" in out.entry["error"]
     assert debug_ws.recipe_path.read_bytes() == before and "recipe_edit" not in out.entry
+
+
+@pytest.mark.slow
+def test_a_kernel_is_judged_in_the_recipes_execution_mode(tmp_path, monkeypatch):
+    """fused_ce "faster" and equal to the plain loss, but breaking the compiled loss head: the recipe
+    trains with per-block compile, so it is not kept, and the reason says so."""
+    ws = narrowed_workspace(tmp_path, "llama3")
+    with open(ws.recipe_path, "a") as f:
+        f.write("\n[compile]\nenable = true\n")
+    right = FusedCrossEntropyHead.forward
+
+    def breaking(self, hidden, weight, labels):
+        hidden = hidden * 1.0
+        labels.tolist()  # host data inside the kernel: a graph break under torch.compile
+        return right(self, hidden, weight, labels)
+
+    monkeypatch.setattr(FusedCrossEntropyHead, "forward", breaking)
+    scripted_measure(monkeypatch, {"kernels.loss=fused_ce": (0.5, 1.0)})
+    result = run_rung(ws, tmp_path)
+    row = result.details["kernels"]["kernels.loss=fused_ce"]
+    assert result.measurements["execution_mode"] == "compile" and row["passed"] is True
+    assert row["kept"] is False and "execution mode" in row["reason"] and "graph-breaks" in row["reason"]
+    assert row["mode_check"]["graph_breaks"] >= 1 and "step_time_s" not in row  # never timed
+    assert result.details["decisions"]["loss"]["value"] == "plain"

@@ -130,7 +130,7 @@ def test_llama3_partial_sum_fails_then_the_real_reduce_passes(tmp_path, monkeypa
     assert m["step1_grad_norm_rel_err"] <= 1e-6
     assert_sharded_runs(ws, 2, m)
     entry = json.loads((ws / "ladder.json").read_text())["attempts"][-1]
-    assert set(entry["files_read"]) == {"recipe.toml", "config.json"}
+    assert set(entry["files_read"]) == {"recipe.toml", "config.json", "adapter.py"}
     assert entry["command"] == f"onboard next-step llama --dir {tmp_path.resolve()}"
     status = json.loads(onboard("status", "llama", "--dir", tmp_path, "--json").stdout)
     assert [(r["rung"], r["status"]) for r in status["rungs"][:3]] == [

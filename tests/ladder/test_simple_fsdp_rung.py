@@ -147,3 +147,31 @@ def test_every_criterion_names_a_metric_the_rung_measures():
                             baseline=(7.0, 3.0), eager_evidence=EVIDENCE["eager"], steps=n)  # fmt: skip
     measured = set(m) | {"world_size", "global_batch_size", "batch_size_per_rank", "baseline", "baseline_why"}
     assert {c.metric for c in load_checklist("simple_fsdp").criteria} <= measured
+
+
+def test_bf16_is_kept_only_when_faster_and_on_the_fp32_curve(debug_ws, tmp_path):
+    from titan_core.timing import compare
+
+    ctx = ctx_for(debug_ws, tmp_path)
+    faster = compare(lambda: 0.1, lambda: 0.2)  # bf16 steps, fp32 steps: noiseless, twice as fast
+    tie = compare(lambda: 0.2, lambda: 0.2)
+    m = {"bf16_loss_curve_max_rel": 0.001, "fsdp2_vs_simple_fsdp": "FSDP2 is 1.4x faster (...)"}
+    edits, choice = simple_fsdp.recipe_choices(ctx, None, m, timing=faster)
+    assert [(e.key, e.value) for e in edits] == [("training.mixed_precision_param", "bfloat16")]
+    assert "faster" in choice["mixed_precision_why"] and "CI" in choice["mixed_precision_why"]
+    edits, choice = simple_fsdp.recipe_choices(ctx, None, {**m, "bf16_loss_curve_max_rel": 0.5}, timing=faster)
+    assert edits == [] and choice["mixed_precision_choice"] == "float32" and "loss curve" in choice["mixed_precision_why"]
+    edits, choice = simple_fsdp.recipe_choices(ctx, None, m, timing=tie)  # indistinguishable: fp32, the simpler
+    assert edits == [] and choice["mixed_precision_choice"] == "float32"
+    assert choice["data_parallel_choice"] == "simple_fsdp" and "FSDP2" in choice["data_parallel_why"]
+
+
+def test_precisions_are_timed_interleaved_in_one_process(debug_ws, tmp_path):
+    from titan_core.timing import TimingProtocol
+
+    ctx = ctx_for(debug_ws, tmp_path)
+    base = harness.job_config(ctx)
+    base.training.batch_size, base.training.seq_len = 2, 16
+    cmp = simple_fsdp.time_precisions(ctx, base)
+    assert cmp.paired and cmp.rounds >= TimingProtocol.from_dict(harness.param("simple_fsdp", "timing")).min_rounds
+    assert cmp.outcome in ("faster", "slower", "indistinguishable")

@@ -25,18 +25,21 @@ def test_qwen3_moe_climbs_every_built_rung(narrow_ws, tmp_path):
     ws = narrow_ws("qwen3_moe", "moe")
     built = [s.name for s in default_specs() if s.built]
     seen = []
-    for _ in built:
+    for _ in range(3 * len(built)):  # a rung's recipe edit may send the ladder round again
         res = onboard("next-step", "moe", "--dir", tmp_path, "--json")
         out = json.loads(res.stdout)
+        if out["status"] == "complete":
+            break
         assert res.exit_code == 0 and out["status"] in ("passed", "not_applicable"), (
             out.get("rung"), out.get("failed"), out.get("hints"), out.get("error"))  # fmt: skip
         seen.append(out["rung"])
-    assert seen == built
-    done = json.loads(onboard("next-step", "moe", "--dir", tmp_path, "--json").stdout)
-    assert done["status"] == "complete"
+    assert out["status"] == "complete" and sorted(set(seen), key=seen.index) == built
     ledger = json.loads((ws.root / "ladder.json").read_text())["attempts"]
-    by_rung = {e["rung"]: e for e in ledger}
-    assert [e["rung"] for e in ledger] == built  # one attempt each: nothing stale, nothing re-run
+    by_rung = {e["rung"]: e for e in ledger}  # the latest attempt of each
+    assert {e["status"] for e in ledger} <= {"passed", "not_applicable"}
+    edits = [x["key"] for e in ledger for x in (e.get("recipe_edit") or {}).get("edits", [])]
+    if any(not k.endswith(".enable") for k in edits):  # e.g. kernels.moe: the rungs that read it re-verified
+        assert len(ledger) > len(built) and by_rung["eager"]["rerun_reason"]
     comp, graph = by_rung["compile"]["measurements"], by_rung["graph_trainer"]["measurements"]
     assert comp["graph_breaks"] == 0 and comp["moe_experts"] == "dense" and comp["step1_loss_rel_err"] <= 1e-5
     assert (graph["graphs_per_step"], graph["host_syncs"], graph["bit_identical"]) == (1, 0, True)

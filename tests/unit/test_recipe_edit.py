@@ -1,6 +1,7 @@
 """Recipe edits by a passed rung: line edits that keep the person's comments, checked by reading
 the file back, written atomically; and the edit chain that keeps earlier rungs from going stale
-over an edit a gate proved, while any hand edit still makes them stale."""
+over an edit a gate proved of keys they do not read, while an edit of a key they read, or any
+hand edit, makes them stale."""
 
 from __future__ import annotations
 
@@ -149,16 +150,35 @@ def _rung_edit(ws, value: str) -> dict:
     return apply_edits(ws.recipe_path, [RecipeEdit("kernels.loss", value, "rung")])
 
 
-def test_a_chain_of_rung_edits_is_no_change(tmp_path):
+def NOT_KERNELS(key: str) -> bool:
+    """A rung that reads every recipe key but the kernels section."""
+    return not key.startswith("kernels.")
+
+
+def test_a_chain_of_rung_edits_is_no_change_for_a_rung_that_does_not_read_the_keys(tmp_path):
     ws = _workspace(tmp_path)
     eager = ws.hashes([ws.recipe_path])
     _record(ws, "eager", "passed", eager)
     first = _rung_edit(ws, "fused_ce")
     _record(ws, "kernels", "passed", {"recipe.toml": first["sha256_after"]}, first)
-    assert ws.changed_files(eager) == []
+    assert ws.changed_files(eager, NOT_KERNELS) == []
     second = _rung_edit(ws, "plain")  # a later passed rung edits again: the chain goes on
     _record(ws, "tuning", "passed", {"recipe.toml": second["sha256_after"]}, second)
-    assert ws.changed_files(eager) == [] and ws.changed_files({"recipe.toml": first["sha256_after"]}) == []
+    assert ws.changed_files(eager, NOT_KERNELS) == []
+    assert ws.changed_files({"recipe.toml": first["sha256_after"]}, NOT_KERNELS) == []
+
+
+def test_a_rung_edit_of_a_key_a_rung_reads_makes_it_re_verify(tmp_path):
+    """The eager rung trains with the recipe's kernels: a kernel the kernels rung kept is a new
+    combination eager has not run, so its passed would not describe the recipe any more."""
+    ws = _workspace(tmp_path)
+    eager = ws.hashes([ws.recipe_path])
+    _record(ws, "eager", "passed", eager)
+    edit = _rung_edit(ws, "fused_ce")
+    _record(ws, "kernels", "passed", {"recipe.toml": edit["sha256_after"]}, edit)
+    assert ws.changed_files(eager) == ["recipe.toml"]  # reads every key
+    assert ws.changed_files(eager, lambda key: key == "kernels.loss") == ["recipe.toml"]
+    assert ws.changed_files(eager, lambda key: key == "compile.enable") == []
 
 
 def test_a_hand_edit_after_the_rung_edit_is_a_change(tmp_path):
@@ -168,8 +188,8 @@ def test_a_hand_edit_after_the_rung_edit_is_a_change(tmp_path):
     edit = _rung_edit(ws, "fused_ce")
     _record(ws, "kernels", "passed", {"recipe.toml": edit["sha256_after"]}, edit)
     ws.recipe_path.write_text(ws.recipe_path.read_text().replace("ce_chunk = 512", "ce_chunk = 256"))
-    assert ws.changed_files(eager) == ["recipe.toml"]
-    assert ws.changed_files({"recipe.toml": edit["sha256_after"]}) == ["recipe.toml"]
+    assert ws.changed_files(eager, NOT_KERNELS) == ["recipe.toml"]
+    assert ws.changed_files({"recipe.toml": edit["sha256_after"]}, NOT_KERNELS) == ["recipe.toml"]
 
 
 def test_a_hand_edit_before_the_rung_edit_is_a_change(tmp_path):
@@ -179,7 +199,7 @@ def test_a_hand_edit_before_the_rung_edit_is_a_change(tmp_path):
     ws.recipe_path.write_text(ws.recipe_path.read_text().replace("ce_chunk = 512", "ce_chunk = 256"))
     edit = _rung_edit(ws, "fused_ce")  # e.g. a person edited while the rung ran
     _record(ws, "kernels", "passed", {"recipe.toml": edit["sha256_after"]}, edit)
-    assert ws.changed_files(eager) == ["recipe.toml"]
+    assert ws.changed_files(eager, NOT_KERNELS) == ["recipe.toml"]
 
 
 def test_only_passed_attempts_carry_the_chain(tmp_path):
@@ -187,7 +207,7 @@ def test_only_passed_attempts_carry_the_chain(tmp_path):
     eager = ws.hashes([ws.recipe_path])
     edit = _rung_edit(ws, "fused_ce")
     _record(ws, "kernels", "failed", {}, edit)  # never written by the engine; must not count if it were
-    assert ws.changed_files(eager) == ["recipe.toml"]
+    assert ws.changed_files(eager, NOT_KERNELS) == ["recipe.toml"]
     ws.recipe_path.unlink()
     _record(ws, "kernels", "passed", {}, edit)
-    assert ws.changed_files(eager) == ["recipe.toml"]  # a deleted recipe is a change, whatever the chain
+    assert ws.changed_files(eager, NOT_KERNELS) == ["recipe.toml"]  # a deleted recipe is a change, whatever the chain

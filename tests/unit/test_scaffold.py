@@ -31,7 +31,9 @@ def make(tmp_path, name, **kw):
 def test_preset_workspace_files_are_valid_and_consistent(tmp_path):
     root = make(tmp_path, "dbg", preset="llama3/debugmodel", device="cpu")
     recipe = tomllib.loads((root / "recipe.toml").read_text())
-    assert recipe["model"] == {"family": "llama3", "flavor": "debugmodel", "hf_config": "config.json"}
+    assert recipe["model"] == {
+        "family": "llama3", "flavor": "debugmodel", "hf_config": "config.json", "adapter_file": "adapter.py",
+    }  # fmt: skip
     assert recipe["device"]["type"] == "cpu"
     cfg = json.loads((root / "config.json").read_text())
     args = resolve_args("llama3", "debugmodel")
@@ -87,6 +89,7 @@ def test_port_recipe_trains_through_titan_core_with_model_py(tmp_path):
     # the recipe names its files relative to itself; loading resolves them against its folder
     assert job.model.module_file == str((root / "model.py").resolve())
     assert job.model.hf_config == str((root / "config.json").resolve())
+    assert job.model.adapter_file == str((root / "adapter.py").resolve())
     _, _, model = build_model_from_config(job.model)
     assert type(model).__module__.startswith("titan_port_") and type(model).__name__ == "Model"
 

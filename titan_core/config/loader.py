@@ -149,7 +149,9 @@ def apply_overrides(cfg: JobConfig, overrides: list[str]) -> JobConfig:
 # place that anchors them. Command-line overrides stay relative to the current directory,
 # as a shell user expects, and so does a field left at its default (for data.cache_dir,
 # `.cache/titan_core`): `--print-config` output loaded as a recipe then prints the same.
-RECIPE_RELATIVE_PATHS = (("model", "hf_config"), ("model", "module_file"), ("data", "path"), ("data", "cache_dir"))
+RECIPE_RELATIVE_PATHS = (
+    ("model", "hf_config"), ("model", "module_file"), ("model", "adapter_file"), ("data", "path"), ("data", "cache_dir"),
+)  # fmt: skip
 
 
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> JobConfig:

@@ -4,6 +4,14 @@ A swap runs on the model while it still lives on the meta device, before any wei
 exist, so replacing a module costs nothing and the replacement is initialised with the
 rest of the model. Kernels and execution variants are swaps, which makes each of them
 one flag that can be compared against the module it replaces.
+
+A swap states which module classes it may replace (`replaces`) and which it builds
+(`produces`). A module at a matching path of any other class (a model's own attention
+core, experts or loss head) is never replaced: the swap is refused with the path, the
+class found and the classes it replaces, because replacing it would silently drop what
+that module does. Classes are compared exactly, so a subclass of a library module is the
+model's own too. What one swap on a path produces, another swap on the same path may
+replace: kernels replace each other.
 """
 
 from __future__ import annotations
@@ -24,6 +32,10 @@ log = logging.getLogger("titan_core.swaps")
 Factory = Callable[[nn.Module, str], nn.Module]
 
 
+class SwapNotApplicable(ConfigError):
+    """A swap matched a module of a class it does not replace (a model's own module)."""
+
+
 @dataclass(frozen=True)
 class Swap:
     name: str
@@ -34,18 +46,40 @@ class Swap:
     """Builds the replacement from the module it replaces."""
     description: str = ""
     """One line for listings and logs."""
+    replaces: tuple[type, ...] | None = None
+    """Classes this swap was written to replace; None: any module (no contract to keep)."""
+    produces: tuple[type, ...] = ()
+    """Classes the factory returns; a sibling swap on the same pattern may replace them."""
 
 
 _REGISTRY: dict[str, Swap] = {}
 
 
-def register_swap(name: str, pattern: str, description: str = "") -> Callable[[Factory], Factory]:
-    """Decorator: register `factory` under `name` for modules whose path matches `pattern`."""
+def _classes(value: type | tuple[type, ...] | None) -> tuple[type, ...]:
+    if value is None:
+        return ()
+    return (value,) if isinstance(value, type) else tuple(value)
+
+
+def register_swap(
+    name: str,
+    pattern: str,
+    description: str = "",
+    *,
+    replaces: type | tuple[type, ...] | None = None,
+    produces: type | tuple[type, ...] | None = None,
+) -> Callable[[Factory], Factory]:
+    """Decorator: register `factory` under `name` for modules whose path matches `pattern`.
+
+    `replaces`: the module classes the factory can take (exact classes); a matched module
+    of another class makes `apply_swaps` refuse. `produces`: the classes it returns.
+    """
 
     def deco(factory: Factory) -> Factory:
         if name in _REGISTRY and _REGISTRY[name].factory is not factory:
             raise ValueError(f"swap '{name}' is already registered")
-        _REGISTRY[name] = Swap(name, pattern, factory, description)
+        rep = None if replaces is None else _classes(replaces)
+        _REGISTRY[name] = Swap(name, pattern, factory, description, rep, _classes(produces))
         return factory
 
     return deco
@@ -61,21 +95,83 @@ def registered_swaps() -> dict[str, Swap]:
     return dict(_REGISTRY)
 
 
+def replaceable_classes(swap: Swap) -> tuple[type, ...] | None:
+    """Classes `swap` may replace: its own `replaces` plus what swaps on its pattern produce.
+
+    None: the swap takes any module.
+    """
+    if swap.replaces is None:
+        return None
+    out = list(swap.replaces)
+    for other in _REGISTRY.values():
+        if other.pattern == swap.pattern:
+            out += [c for c in other.produces if c not in out]
+    return tuple(out)
+
+
+def _matches(paths: list[str], swap: Swap) -> list[str]:
+    return [p for p in paths if fnmatch.fnmatchcase(p, swap.pattern)]
+
+
+def _refusal(model: nn.Module, swap: Swap, hits: list[str]) -> str | None:
+    """Why `swap` must not replace the modules at `hits`, or None when it may replace them all."""
+    allowed = replaceable_classes(swap)
+    if allowed is None:
+        return None
+    foreign: dict[type, list[str]] = {}
+    for p in hits:
+        cls = type(model.get_submodule(p))
+        if cls not in allowed:
+            foreign.setdefault(cls, []).append(p)
+    if not foreign:
+        return None
+    found = []
+    for cls, where in foreign.items():
+        at = swap.pattern if len(where) == len(hits) else ", ".join(where[:3]) + (" ..." if len(where) > 3 else "")
+        found.append(f"{at} is {cls.__qualname__}")
+    names = ", ".join(sorted(c.__name__ for c in allowed))
+    own = " / ".join(c.__qualname__ for c in foreign)
+    return (
+        f"{'; '.join(found)}, not one of the classes swap '{swap.name}' replaces ({names}); "
+        f"replacing it would drop what {own} does"
+    )
+
+
+def swap_applicability(model: nn.Module, names: list[str]) -> dict[str, str | None]:
+    """{swap name: None if `apply_swaps(model, [name])` would replace something, else why not}.
+
+    Nothing is replaced. Reasons: no module matches the pattern, or a matched module is
+    of a class the swap does not replace. `model` may live on the meta device.
+    """
+    paths = [p for p, _ in model.named_modules() if p]
+    out: dict[str, str | None] = {}
+    for name in names:
+        swap = get_swap(name)
+        hits = _matches(paths, swap)
+        out[name] = _refusal(model, swap, hits) if hits else f"no module matches '{swap.pattern}'"
+    return out
+
+
 def apply_swaps(model: nn.Module, names: list[str]) -> dict[str, str]:
     """Apply the named swaps to `model` in place; return {module_path: swap_name}.
 
     Two swaps matching the same module is a configuration error: the result would
-    depend on their order, which nobody should have to reason about.
+    depend on their order, which nobody should have to reason about. A swap that
+    matches a module of a class it does not replace raises `SwapNotApplicable` before
+    anything is replaced.
     """
     swaps = [get_swap(n) for n in names]
     claimed: dict[str, str] = {}
     plan: list[tuple[str, Swap]] = []
     paths = [p for p, _ in model.named_modules() if p]
     for swap in swaps:
-        hits = [p for p in paths if fnmatch.fnmatchcase(p, swap.pattern)]
+        hits = _matches(paths, swap)
         if not hits:
             warnings.warn(f"swap '{swap.name}' matched no module (pattern '{swap.pattern}')", stacklevel=2)
             log.warning("swap %s matched no module (pattern %s)", swap.name, swap.pattern)
+        refusal = _refusal(model, swap, hits)
+        if refusal is not None:
+            raise SwapNotApplicable(f"swap '{swap.name}' does not apply to this model: {refusal}")
         for p in hits:
             if p in claimed:
                 raise ConfigError(f"swaps '{claimed[p]}' and '{swap.name}' both claim module '{p}'")
@@ -86,6 +182,8 @@ def apply_swaps(model: nn.Module, names: list[str]) -> dict[str, str]:
         parent = model.get_submodule(parent_path) if parent_path else model
         old = getattr(parent, child)
         new = swap.factory(old, path)
+        if swap.produces and type(new) not in swap.produces:
+            raise TypeError(f"swap '{swap.name}' built {type(new).__name__}, not one of the classes it declares")
         setattr(parent, child, new)
         log.info("swap %s: %s %s -> %s", swap.name, path, type(old).__name__, type(new).__name__)
     return claimed

@@ -26,6 +26,18 @@ def import_jax_kernels(module: str, flag: str):
         raise KernelUnavailable(f"{flag} needs jax and tokamax ({e}): pip install 'titan-onboard[jax]'") from e
 
 
+def jax_kernels_or_reason(module: str, flag: str):
+    """The kernel module, or the KernelUnavailable to raise when the kernel is called.
+
+    Kernels look their module up when they are built, not in forward: an import inside
+    forward is a call dynamo will not trace, so every compiled block would break there.
+    """
+    try:
+        return import_jax_kernels(module, flag)
+    except KernelUnavailable as e:
+        return e
+
+
 class TokamaxAttention(nn.Module):
     """tokamax.dot_product_attention through the JAX bridge.
 
@@ -36,9 +48,12 @@ class TokamaxAttention(nn.Module):
     def __init__(self, implementation: str = "device"):
         super().__init__()
         self.implementation = implementation
+        self._ops = jax_kernels_or_reason("tokamax_ops", "kernels.attention=tokamax")
 
     def forward(self, q, k, v, *, scale: float, window: int | None, segment_ids):
-        tokamax_attention = import_jax_kernels("tokamax_ops", "kernels.attention=tokamax").tokamax_attention
+        if isinstance(self._ops, KernelUnavailable):
+            raise self._ops
+        tokamax_attention = self._ops.tokamax_attention
         impl = self.implementation
         if impl == "device":
             impl = {"cpu": "xla", "tpu": "mosaic"}.get(q.device.type, "auto")

@@ -1,7 +1,7 @@
 """Kernel against plain path: which kernels apply to a model, whether one computes what the
 plain path computes, and which of the two steps faster.
 
-    applicable_kernels(args, device=, dtype=) -> {"kernels.moe=grouped_mm": None | "why not", ...}
+    applicable_kernels(args, device=, dtype=, model=) -> {"kernels.moe=grouped_mm": None | "why not", ...}
     compare_kernel(family, args, "kernels.loss=fused_ce")  -> KernelComparison (loss, logits, grads)
     measure_kernel(family, args, "kernels.loss=fused_ce")  -> the timing protocol's answer and peak memory
 
@@ -26,9 +26,9 @@ from torch import nn
 from titan_core import devices
 from titan_core.config.loader import ConfigError
 from titan_core.config.sections import Kernels
-from titan_core.config.swaps import apply_swaps
+from titan_core.config.swaps import apply_swaps, registered_swaps, swap_applicability
 from titan_core.kernels.moe import grouped_mm_unsupported
-from titan_core.kernels.swaps import swaps_for
+from titan_core.kernels.swaps import DEFAULTS, swaps_for
 from titan_core.models.common.args import TransformerArgs
 from titan_core.models.registry import build_meta
 from titan_core.numerics import rel_l2
@@ -82,10 +82,16 @@ def applicable_kernels(
     device: torch.device | str = "cpu",
     dtype: torch.dtype = torch.float32,
     captured: bool = False,
+    model: nn.Module | None = None,
 ) -> dict[str, str | None]:
     """{kernel flag: None if it applies to this model on this device, else the reason it does not}.
 
     `captured`: the recipe runs the step under torch.compile or the Graph Trainer.
+    `model`: the model as built (a meta-device model is enough; nothing is replaced) when
+    it is not the family's own class, e.g. one built from a ported model.py. A flag whose
+    swaps, on either side of its comparison, meet a module of a class they do not replace
+    (the model's own attention core, experts or loss head) does not apply, with the path
+    and class as the reason; so does one whose swaps match no module of the model.
     """
     # A string is read without torch.device(): "tpu" only parses once torch_tpu is loaded.
     device_type = device.split(":")[0] if isinstance(device, str) else device.type
@@ -109,13 +115,53 @@ def applicable_kernels(
         else grouped_mm_unsupported(device_type, dtype, args.dim, args.moe_hidden_dim, captured=captured),
         "kernels.moe=tokamax": dense if not is_moe else no_jax,
     }
+    if model is not None:
+        for flag in KERNEL_FLAGS:
+            why = _model_refuses(model, flag)
+            # the model's own module is the reason that holds on every device; a swap that
+            # matches nothing only fills in where nothing else was said (a dense model's MoE)
+            if why is not None and (out[flag] is None or not why.startswith("no module")):
+                out[flag] = why
     return {flag: out[flag] for flag in KERNEL_FLAGS}
 
 
-def _build(family: str, args: TransformerArgs, kernels: Kernels, device, dtype, state=None, build_meta_model=None):
-    # a ported workspace's own model.py builds its model; the swaps then target its modules
+def _model_refuses(model: nn.Module, flag: str) -> str | None:
+    """Why the swaps of `flag`'s comparison (kernel side, then plain side) cannot build from `model`."""
+    field_name, choice = parse_flag(flag)
+    names = _field_swaps(field_name, choice) + _field_swaps(field_name, REFERENCE[field_name])
+    for name, why in swap_applicability(model, list(dict.fromkeys(names))).items():
+        if why is not None:
+            return f"{why} (swap '{name}')" if why.startswith("no module") else why
+    return None
+
+
+def _field_swaps(field_name: str, choice: str) -> list[str]:
+    """The swaps `build_model_with` applies for `field_name` = `choice` on a section that is otherwise default."""
+    return _swap_names(kernels_for(field_name, choice, None), field_name)
+
+
+def _swap_names(kernels: Kernels, field_name: str | None = None) -> list[str]:
+    """`swaps_for(kernels)`, plus the swap of `field_name`'s built-in choice (attention.sdpa) when it
+    has one: a comparison then runs the module it names, not whatever the builder put there."""
+    names = swaps_for(kernels)
+    if field_name is not None and getattr(kernels, field_name) == DEFAULTS[field_name]:
+        explicit = f"{field_name}.{DEFAULTS[field_name]}"
+        if explicit in registered_swaps() and explicit not in names:
+            names.append(explicit)
+    return names
+
+
+def build_model_with(
+    family: str, args: TransformerArgs, kernels: Kernels, device, dtype, *, state=None, build_meta_model=None,
+    field_name: str | None = None,
+) -> nn.Module:  # fmt: skip
+    """The model with `kernels`' swaps, initialised (seed 0) on `device` in `dtype`, or loaded
+    from `state`. `build_meta_model`: a meta-device builder instead of the family's class (a
+    ported model.py); its own modules are refused (`SwapNotApplicable`), never replaced.
+    `field_name`: the field a comparison is about; its built-in choice (attention=sdpa) is then
+    swapped in explicitly, so that side runs the module it names."""
     model = build_meta_model() if build_meta_model is not None else build_meta(family, args)
-    apply_swaps(model, swaps_for(kernels))
+    apply_swaps(model, _swap_names(kernels, field_name))
     model.to_empty(device=device)
     model.init_weights(seed=0)  # also fills the non-persistent buffers (RoPE frequencies)
     if state is not None:
@@ -123,7 +169,8 @@ def _build(family: str, args: TransformerArgs, kernels: Kernels, device, dtype, 
     return model.to(dtype)
 
 
-def _kernels_for(field_name: str, choice: str, base: Kernels | None) -> Kernels:
+def kernels_for(field_name: str, choice: str, base: Kernels | None) -> Kernels:
+    """`base` (default: the default section) with `field_name` set to `choice`."""
     kw = {} if base is None else asdict(base)
     kw[field_name] = choice
     return Kernels(**kw)
@@ -187,15 +234,18 @@ def compare_kernel(
     recipe; only the flag's own field differs between the two models.
     `build_meta_model`: builds the model on the meta device instead of the family's class
     (a ported model.py); called once per model, so it must return a fresh module each time.
+    A module of the model's own class where a swap of the comparison goes (a custom
+    attention core, say) raises `SwapNotApplicable` instead of being replaced;
+    `applicable_kernels(..., model=)` says so beforehand.
     """
     field_name, choice = parse_flag(flag)
-    ref = _build(
-        family, args, _kernels_for(field_name, REFERENCE[field_name], base), device, dtype,
-        build_meta_model=build_meta_model,
+    ref = build_model_with(
+        family, args, kernels_for(field_name, REFERENCE[field_name], base), device, dtype,
+        build_meta_model=build_meta_model, field_name=field_name,
     )  # fmt: skip
-    ker = _build(
-        family, args, _kernels_for(field_name, choice, base), device, dtype, state=ref.state_dict(),
-        build_meta_model=build_meta_model,
+    ker = build_model_with(
+        family, args, kernels_for(field_name, choice, base), device, dtype, state=ref.state_dict(),
+        build_meta_model=build_meta_model, field_name=field_name,
     )  # fmt: skip
     inputs, labels, segment_ids = make_batch(
         args, batch=batch, seq_len=seq_len, seed=seed, device=device, packed=packed
@@ -271,7 +321,10 @@ def measure_kernel(
     parse_flag(f"kernels.{field_name}={other}")
     inputs, labels, segment_ids = make_batch(args, batch=batch, seq_len=seq_len, seed=0, device=device)
     models = {
-        pick: _build(family, args, _kernels_for(field_name, pick, base), device, dtype, build_meta_model=build_meta_model)
+        pick: build_model_with(
+            family, args, kernels_for(field_name, pick, base), device, dtype,
+            build_meta_model=build_meta_model, field_name=field_name,
+        )  # fmt: skip
         for pick in (choice, other)
     }
 

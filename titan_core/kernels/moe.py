@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from torch._subclasses.fake_tensor import is_fake
 from torch.fx.experimental.proxy_tensor import get_proxy_mode
 
-from titan_core.kernels.attention import KernelUnavailable, import_jax_kernels
+from titan_core.kernels.attention import KernelUnavailable, jax_kernels_or_reason
 from titan_core.models.common.moe import Experts
 
 
@@ -100,9 +100,12 @@ class TokamaxExperts(_SortedExperts):
     def __init__(self, old: Experts, implementation: str = "device"):
         super().__init__(old)
         self.implementation = implementation
+        self._ops = jax_kernels_or_reason("tokamax_ops", "kernels.moe=tokamax")
 
     def _matmul(self, rows, weight, counts):
-        ragged_dot = import_jax_kernels("tokamax_ops", "kernels.moe=tokamax").ragged_dot
+        if isinstance(self._ops, KernelUnavailable):
+            raise self._ops
+        ragged_dot = self._ops.ragged_dot
         impl = self.implementation
         if impl == "device":
             impl = {"cpu": "xla", "tpu": "mosaic"}.get(rows.device.type, "auto")

@@ -3,6 +3,8 @@
 
 Settings (ce_chunk, z_loss) are part of the swap name, e.g.
 `loss.fused_ce(chunk=512,z_loss=0.0001)`, so the swap log says exactly what was applied.
+Each swap replaces only the library's module at its path or another kernel for it
+(`replaces`); a model's own module there (another class) makes `apply_swaps` refuse.
 Nothing here imports jax: the tokamax and splash modules import it when they first run.
 """
 
@@ -15,31 +17,38 @@ from titan_core.kernels.attention import FlexAttention, SplashAttention, Tokamax
 from titan_core.kernels.fused_ce import FusedCrossEntropyHead, ZLossCrossEntropyHead
 from titan_core.kernels.moe import GroupedMMExperts, TokamaxExperts
 from titan_core.models.common.attention import NaiveAttention, SDPAttention
-from titan_core.models.common import moe_static  # noqa: F401  (registers the capture-friendly `moe.dense` swap)
+from titan_core.models.common.layers import CrossEntropyHead
+from titan_core.models.common.moe import Experts
+from titan_core.models.common.moe_static import DenseExperts  # also registers the capture-friendly `moe.dense` swap
 
 ATTENTION_PATH = "layers.*.attention.core"
 EXPERTS_PATH = "layers.*.moe.experts"
 LOSS_PATH = "loss_head"
 
-register_swap("attention.naive", ATTENTION_PATH, "explicit-softmax reference attention")(
-    lambda old, path: NaiveAttention()
-)
-register_swap("attention.sdpa", ATTENTION_PATH, "torch scaled_dot_product_attention")(lambda old, path: SDPAttention())
-register_swap("attention.tokamax", ATTENTION_PATH, "tokamax dot_product_attention through the JAX bridge")(
-    lambda old, path: TokamaxAttention()
-)
-register_swap("attention.splash", ATTENTION_PATH, "TPU Pallas splash attention through TorchTPU")(
-    lambda old, path: SplashAttention()
-)
-register_swap("attention.flex", ATTENTION_PATH, "torch FlexAttention with a block mask")(
-    lambda old, path: FlexAttention()
-)
-register_swap("moe.grouped_mm", EXPERTS_PATH, "experts as torch._grouped_mm over expert-sorted tokens")(
-    lambda old, path: GroupedMMExperts(old)
-)
-register_swap("moe.tokamax", EXPERTS_PATH, "experts as tokamax ragged_dot through the JAX bridge")(
-    lambda old, path: TokamaxExperts(old)
-)
+#: The classes each path's swaps replace: the library's module there and every kernel for it.
+#: A model's own module at one of these paths (another class) is never replaced.
+ATTENTION_CORES = (SDPAttention, NaiveAttention, TokamaxAttention, SplashAttention, FlexAttention)
+EXPERTS = (Experts, DenseExperts, GroupedMMExperts, TokamaxExperts)
+LOSS_HEADS = (CrossEntropyHead, ZLossCrossEntropyHead, FusedCrossEntropyHead)
+
+
+def _attention(name: str, description: str, cls: type) -> None:
+    register_swap(name, ATTENTION_PATH, description, replaces=ATTENTION_CORES, produces=cls)(lambda old, path: cls())
+
+
+_attention("attention.naive", "explicit-softmax reference attention", NaiveAttention)
+_attention("attention.sdpa", "torch scaled_dot_product_attention", SDPAttention)
+_attention("attention.tokamax", "tokamax dot_product_attention through the JAX bridge", TokamaxAttention)
+_attention("attention.splash", "TPU Pallas splash attention through TorchTPU", SplashAttention)
+_attention("attention.flex", "torch FlexAttention with a block mask", FlexAttention)
+register_swap(
+    "moe.grouped_mm", EXPERTS_PATH, "experts as torch._grouped_mm over expert-sorted tokens",
+    replaces=EXPERTS, produces=GroupedMMExperts,
+)(lambda old, path: GroupedMMExperts(old))  # fmt: skip
+register_swap(
+    "moe.tokamax", EXPERTS_PATH, "experts as tokamax ragged_dot through the JAX bridge",
+    replaces=EXPERTS, produces=TokamaxExperts,
+)(lambda old, path: TokamaxExperts(old))  # fmt: skip
 
 # The model's built-in modules: selecting one of these needs no swap.
 DEFAULTS = {"attention": "sdpa", "loss": "plain", "moe": "loop"}
@@ -57,7 +66,7 @@ def _loss_swap(cfg: Kernels) -> str | None:
             return None
         name, z = f"loss.plain(z_loss={cfg.z_loss!r})", cfg.z_loss
         factory = lambda old, path: ZLossCrossEntropyHead(old.final_softcap, old.ignore_index, z_loss=z)  # noqa: E731
-        what = "plain cross-entropy plus z-loss"
+        what, cls = "plain cross-entropy plus z-loss", ZLossCrossEntropyHead
     else:
         settings = [] if cfg.ce_chunk == _DEFAULT_CHUNK else [f"chunk={cfg.ce_chunk}"]
         settings += [f"z_loss={cfg.z_loss!r}"] if cfg.z_loss else []
@@ -66,9 +75,9 @@ def _loss_swap(cfg: Kernels) -> str | None:
         factory = lambda old, path: FusedCrossEntropyHead(  # noqa: E731
             old.final_softcap, old.ignore_index, chunk=chunk, z_loss=z
         )
-        what = "fused linear cross-entropy in token chunks"
+        what, cls = "fused linear cross-entropy in token chunks", FusedCrossEntropyHead
     if name not in registered_swaps():
-        register_swap(name, LOSS_PATH, what)(factory)
+        register_swap(name, LOSS_PATH, what, replaces=LOSS_HEADS, produces=cls)(factory)
     return name
 
 

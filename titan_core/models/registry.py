@@ -47,13 +47,18 @@ def resolve_args(family: str, flavor: str, overrides: dict | None = None) -> Tra
 
 
 def apply_model_overrides(args: TransformerArgs, overrides: dict | None) -> TransformerArgs:
-    """`args` with the `model.overrides` fields replaced; ConfigError naming an unknown field."""
+    """`args` with the `model.overrides` fields replaced (an `extra` table merges into
+    args.extra, key by key); ConfigError naming an unknown field."""
     if not overrides:
         return args
     valid = set(TransformerArgs.__dataclass_fields__)
     for key in overrides:
         if key not in valid:
             raise ConfigError(f"unknown model override '{key}'{did_you_mean(key, sorted(valid))}")
+    if "extra" in overrides:
+        if not isinstance(overrides["extra"], dict):
+            raise ConfigError(f"model override 'extra' must be a table of port fields, got {overrides['extra']!r}")
+        overrides = {**overrides, "extra": {**args.extra, **overrides["extra"]}}
     return replace(args, **overrides)
 
 

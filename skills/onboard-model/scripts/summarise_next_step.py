@@ -4,9 +4,10 @@
 Usage: onboard next-step NAME --json | python summarise_next_step.py
        python summarise_next_step.py step.json
 
-Prints the rung and status, each failed criterion (value, threshold, hint), and for a
-parity failure the first divergent module and the section of references/parity.md that
-covers it. Standard library only, so it runs in any Python the agent has.
+Prints the error first (the rung, or the port under test, raised), then the rung and
+status, each failed criterion (value, threshold, hint), and for a parity failure the first
+divergent module and the section of references/parity.md that covers it. Standard library
+only, so it runs in any Python the agent has.
 """
 
 from __future__ import annotations
@@ -71,11 +72,14 @@ def _fmt(value) -> str:
 def summarise(step: dict) -> list[str]:
     if "error" in step and "rung" not in step:
         return [f"bad input (exit 2): {step['error']}", "fix the input named above; nothing was recorded"]
-    lines = [f"rung {step.get('rung')}, attempt {step.get('attempt')}: {step.get('status')}"]
-    if step.get("message"):
-        lines.append(step["message"])
+    lines = []
+    # the error comes first: when the rung (or the port under test) raised, it is the cause
+    # and the failed criteria below are only its consequence (they were never measured)
     if step.get("error"):
         lines.append(f"error: {step['error']}")
+    lines.append(f"rung {step.get('rung')}, attempt {step.get('attempt')}: {step.get('status')}")
+    if step.get("message"):
+        lines.append(step["message"])
     rung = step.get("rung")
     failed = [c for c in step.get("criteria", []) if not c.get("ok")]
     sections: list[str] = []

@@ -63,6 +63,9 @@ class TransformerArgs:
     """Weight of the load-balancing loss added to the training loss."""
     init_std: float = 0.02
     """Std of the normal init of projection and embedding weights."""
+    extra: dict = field(default_factory=dict)
+    """Port-specific config values the family classes ignore and a port's `build_model(args)` reads (e.g. Granite's
+    multipliers): a workspace adapter fills it in `extra_args_from_hf` (`{"extra": {...}}`); overrides merge into it."""
 
     def __post_init__(self) -> None:
         if self.n_kv_heads is None:

@@ -2,6 +2,17 @@
 
 The score computation lives in a separate `core` module so kernels can replace it through
 the swap registry (`layers.*.attention.core`) while projections and RoPE stay put.
+
+The core contract, which every attention kernel and a port's own core keep:
+
+    core(q, k, v, *, scale, window, segment_ids) -> out
+      q            [batch, n_heads, seq, head_dim]     after QK-norm and RoPE
+      k, v         [batch, n_kv_heads, seq, head_dim]  not repeated for GQA: query head h reads
+                   kv head h // (n_heads // n_kv_heads)
+      scale        float multiplying q @ k^T (Attention.scale = head_dim ** -0.5)
+      window       None, or keep keys with q_pos - k_pos < window (the query itself counts); causal always
+      segment_ids  None, or [batch, seq] ids of packed documents: attend within the same id only
+      out          [batch, n_heads, seq, head_dim] in q's dtype
 """
 
 from __future__ import annotations
@@ -41,7 +52,8 @@ def attention_mask(
 
 
 class NaiveAttention(nn.Module):
-    """Reference: explicit softmax(q k^T * scale + mask) v, in the input dtype."""
+    """Reference core: explicit softmax(q k^T * scale + mask) v, softmax in fp32, output in
+    the input dtype; the plain path every attention kernel is compared with."""
 
     def forward(self, q, k, v, *, scale: float, window: int | None, segment_ids):
         rep = q.shape[1] // k.shape[1]
@@ -85,6 +97,17 @@ def _cpu_bf16_math(q: torch.Tensor):
 
 
 class Attention(nn.Module):
+    """Grouped-query attention: projections, optional per-head QK-norm, RoPE, then `core`.
+
+    forward(x [batch, seq, dim], cos, sin [batch, seq, head_dim], segment_ids) -> [batch, seq, dim]:
+    wq/wk/wv (nn.Linear, weight [out, in]) give q [b, s, n_heads, head_dim] and k, v
+    [b, s, n_kv_heads, head_dim]; `q_norm`/`k_norm` (RMSNorm over head_dim, so per head)
+    normalise them before RoPE when `qk_norm`; RoPE uses the half-split layout (`apply_rope`)
+    unless `use_rope` is False for this layer; `core` (the contract above) attends; `wo` maps
+    back. A full-width QK-norm (one RMSNorm over n_heads * head_dim, as OLMo-2 has) is not
+    this module's: a port normalises the projections before the per-head view itself.
+    """
+
     def __init__(
         self,
         dim: int,

@@ -21,6 +21,13 @@ from titan_core.models.common.moe import MoE
 
 
 class Block(nn.Module):
+    """Pre-norm decoder layer i: x + attention(attention_norm(x)), then x + mlp(ffn_norm(x)).
+
+    The MLP is `moe` (a MoE) on layers args.layer_is_moe(i), else `feed_forward`. There are
+    no post-norms (on a sub-layer's output before the residual add): a model that has them
+    (OLMo-2, Gemma-2) is a port with its own Block.
+    """
+
     def __init__(self, args: TransformerArgs, i: int):
         super().__init__()
         self.attention_norm = RMSNorm(args.dim, args.norm_eps)

@@ -63,6 +63,8 @@ class HFAdapter:
 
     # ---- state dicts ----------------------------------------------------------------
     def layer_keys(self) -> dict[str, str]:
+        """{native suffix: HF suffix} of the tensors of one layer, renamed one to one (LAYER_KEYS);
+        extend it for a weight the family lacks (a post-norm, an extra projection)."""
         return LAYER_KEYS
 
     def to_hf(self, sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -97,6 +99,7 @@ class HFAdapter:
         return out
 
     def layer_to_hf(self, i: int, suffix: str, value, table) -> dict[str, torch.Tensor]:
+        """One native tensor `layers.{i}.{suffix}` -> HF, by `table` (layer_keys())."""
         if suffix not in table:
             raise AdapterError(f"no HF name for native key 'layers.{i}.{suffix}'")
         return {f"model.layers.{i}.{table[suffix]}": value}
@@ -144,6 +147,9 @@ class HFAdapter:
         return {k: v for k, v in sd.items() if k != "lm_head.weight"}
 
     def layer_from_hf(self, i: int, entries: dict[str, torch.Tensor], inverse) -> dict[str, torch.Tensor]:
+        """All HF tensors of layer i (keyed by the suffix after `model.layers.{i}.`) -> native
+        `layers.{i}.*`; `inverse` is layer_keys() inverted. The inverse of layer_group_to_hf:
+        a family with fused HF tensors pops them here and leaves the rest to this base."""
         out = {}
         for suffix, value in entries.items():
             if suffix not in inverse:
@@ -226,7 +232,8 @@ class HFAdapter:
         return {"rope_theta": float(theta), "rope_scaling": scaling}
 
     def extra_args_from_hf(self, cfg, take) -> dict[str, Any]:
-        """Family-specific fields; the base reads llama's attention_bias."""
+        """Family-specific TransformerArgs fields (a port's own values go in `extra`); the
+        base reads llama's attention_bias. `take(key, default)` reads and marks a key consumed."""
         bias = take("attention_bias", False)
         return {"qkv_bias": bias, "out_bias": bias}
 

@@ -65,7 +65,11 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 
 
 class FeedForward(nn.Module):
-    """SwiGLU MLP: w2(silu(w1 x) * w3 x)."""
+    """SwiGLU MLP: w2(silu(w1 x) * w3 x), [..., dim] -> [..., dim].
+
+    w1 is HF's gate_proj, w3 its up_proj, w2 its down_proj (nn.Linear, weight [out, in]).
+    Also the shared expert of `MoE`. Another activation or a non-gated MLP is a port's own module.
+    """
 
     def __init__(self, dim: int, hidden_dim: int, bias: bool = False):
         super().__init__()

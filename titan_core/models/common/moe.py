@@ -14,7 +14,12 @@ from titan_core.models.common.layers import FeedForward
 
 
 class Router(nn.Module):
-    """Softmax over experts in fp32, top-k, optional renormalisation of the kept weights."""
+    """Softmax over experts in fp32, top-k, optional renormalisation of the kept weights.
+
+    forward(x [tokens, dim]) -> (probs [tokens, n_experts] fp32, weights [tokens, top_k] in
+    x's dtype, experts [tokens, top_k] int64, distinct per token). The scores come from one
+    Linear(dim, n_experts) with no bias. `probs` feeds the load-balancing loss.
+    """
 
     def __init__(self, dim: int, n_experts: int, top_k: int, norm_topk_prob: bool):
         super().__init__()
@@ -31,7 +36,11 @@ class Router(nn.Module):
 
 
 class Experts(nn.Module):
-    """SwiGLU experts; w1/w3: [experts, dim, hidden], w2: [experts, hidden, dim]."""
+    """SwiGLU experts; w1/w3: [experts, dim, hidden], w2: [experts, hidden, dim].
+
+    Weights are applied as `x @ w` (the transpose of nn.Linear's [out, in]). Every experts
+    kernel (swap path `layers.*.moe.experts`) keeps this forward contract and these weights.
+    """
 
     def __init__(self, n_experts: int, dim: int, hidden_dim: int):
         super().__init__()
@@ -53,6 +62,13 @@ class Experts(nn.Module):
 
 
 class MoE(nn.Module):
+    """Router, experts and an optional shared expert; forward(x [..., dim]) -> (out, aux).
+
+    Tokens are flattened to [tokens, dim] for routing. The shared expert (a FeedForward of
+    `shared_hidden_dim`) is added to every token unscaled; a model that scales it per token
+    (Qwen2-MoE: by a sigmoid of a Linear(dim, 1)) needs its own MoE. `aux` is this layer's load-balancing loss.
+    """
+
     def __init__(
         self,
         dim: int,

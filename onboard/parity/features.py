@@ -1,0 +1,412 @@
+"""Parity exercises what the config declares.
+
+Seeded weights leave many features idle: at HF's init attention scores sit near 0.006,
+far below a soft-cap of 50, so a port without the cap agrees to 1e-7. Each feature the
+upstream config declares is therefore measured while the comparison runs, and parity adds
+a second pass ("features") with weights scaled until every soft-cap clips. Declared by
+(HF config) -> exercised when (numbers: `params:` of checklists/parity.yaml):
+
+- attention soft-cap, `attn_logit_softcapping`: at least feature_softcap_clipped_min of
+  the unmasked scores are clipped;
+- final soft-cap, `final_logit_softcapping`: the same, of the pre-cap logits;
+- sliding window, `sliding_window` (the layers `layer_types` windows, all without it):
+  seq_len >= feature_window_seq_factor x the largest window (parity's seq_len grows to it);
+- experts, `num_experts` / `num_local_experts` / `n_routed_experts`: every expert of every
+  MoE layer gets at least feature_min_tokens_per_expert tokens;
+- padding, `pad_token_id`: pad ids in the batch (the last feature_pad_fraction of the
+  first sequence: right padding).
+
+"Clipped" is abs(x) >= cap: there the cap removes at least 24% of the value (tanh(1) = 0.76).
+Scores are read from inside the upstream's own eager attention (its module's
+`eager_attention_forward`, wrapped for the forward), pre-cap logits from the output
+embedding's forward hook, routing from the routers' outputs.
+
+The features pass scales, in the upstream checkpoint, the weights that feed a cap: the
+attention's QK-norm weights, or its q/k projections when it has no QK-norm (scores grow as
+the square of the factor); the final norm's weight for the final cap (the output head when
+there is no final norm and the head is untied). The factors are found by measuring: each
+round scales so that the feature_softcap_clipped_target quantile reaches the cap. If an
+expert got no token in the first pass, the features pass also projects each router's weight
+off the mean direction of its inputs (the component random tokens' hidden states share, on
+which every token picks the same experts). The native model receives the same scaled
+checkpoint through the adapter, and every criterion applies to both passes.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import sys
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+SAMPLE = 1 << 18  # values kept per call for the quantile that sets the next scale
+
+
+@dataclass
+class Feature:
+    name: str
+    label: str
+    declared: bool
+    exercised: bool | None = None
+    """None when not declared; else whether some parity pass had it active."""
+    how: str = ""
+    value: float | None = None
+    """The measure (fraction clipped, seq_len / window, min tokens per expert, pad tokens)."""
+    pass_name: str | None = None
+    config: dict[str, Any] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "declared": self.declared, "exercised": self.exercised, "how": self.how, "value": self.value,
+            "pass": self.pass_name, **self.config,
+        }  # fmt: skip
+
+
+def _text_config(config):
+    return config.get_text_config() if hasattr(config, "get_text_config") else config
+
+
+def layer_windows(config) -> list[int]:
+    """The window of every windowed upstream layer (empty when none is windowed)."""
+    c = _text_config(config)
+    window = getattr(c, "sliding_window", None)
+    if not window:
+        return []
+    types = getattr(c, "layer_types", None)
+    if types:
+        return [int(window) for t in types if t == "sliding_attention"]
+    if getattr(c, "use_sliding_window", True) is False:
+        return []
+    return [int(window)] * int(getattr(c, "num_hidden_layers", 1))
+
+
+def n_experts(config) -> int:
+    c = _text_config(config)
+    for key in ("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts"):
+        value = getattr(c, key, None)
+        if isinstance(value, int) and value > 0:
+            return value
+    return 0
+
+
+def declare(config) -> dict[str, Feature]:
+    """Every feature parity knows, with whether the upstream config declares it."""
+    c = _text_config(config)
+    attn_cap, final_cap = getattr(c, "attn_logit_softcapping", None), getattr(c, "final_logit_softcapping", None)
+    windows = layer_windows(config)
+    experts = n_experts(config)
+    pad = getattr(c, "pad_token_id", None)
+    pad_ok = isinstance(pad, int) and 0 <= pad < c.vocab_size
+    return {
+        "attention_softcap": Feature(
+            "attention_softcap", "attention soft-cap", bool(attn_cap), config={"cap": attn_cap} if attn_cap else {}
+        ),
+        "final_softcap": Feature(
+            "final_softcap", "final soft-cap", bool(final_cap), config={"cap": final_cap} if final_cap else {}
+        ),
+        "sliding_window": Feature(
+            "sliding_window", "sliding window", bool(windows), config={"window": max(windows)} if windows else {}
+        ),
+        "experts": Feature(
+            "experts", "experts", experts > 0,
+            config={"n_experts": experts, "top_k": getattr(c, "num_experts_per_tok", None)} if experts else {},
+        ),  # fmt: skip
+        "padding": Feature("padding", "padding", pad_ok, config={"pad_token_id": pad} if pad_ok else {}),
+    }
+
+
+def seq_len_for(features: dict[str, Feature], seq_len: int, params: dict[str, Any]) -> int:
+    """The parity sequence length: at least `seq_len`, and long enough for every window."""
+    window = features["sliding_window"].config.get("window")
+    return max(seq_len, int(params["feature_window_seq_factor"]) * window) if window else seq_len
+
+
+def make_inputs(vocab: int, batch: int, seq_len: int, seed: int, features: dict[str, Feature], params):
+    """Random tokens and labels; with a declared pad id, the end of the first sequence is padding."""
+    gen = torch.Generator().manual_seed(seed)
+    tokens = torch.randint(0, vocab, (batch, seq_len), generator=gen)
+    labels = torch.randint(0, vocab, (batch, seq_len), generator=gen)
+    pad = features["padding"]
+    if pad.declared:
+        n = max(1, int(seq_len * float(params["feature_pad_fraction"])))
+        tokens[0, -n:] = pad.config["pad_token_id"]
+    return tokens, labels
+
+
+def record_static(features: dict[str, Feature], tokens: torch.Tensor, seq_len: int, params) -> None:
+    """The features whose exercise depends on the inputs alone: window and padding."""
+    f = features["sliding_window"]
+    if f.declared:
+        window, factor = f.config["window"], float(params["feature_window_seq_factor"])
+        f.value = seq_len / window
+        f.exercised = f.value >= factor
+        f.how = f"seq_len {seq_len} = {f.value:.3g} x the largest window {window} (needs >= {factor:g} x)"
+        f.pass_name = "all"
+    f = features["padding"]
+    if f.declared:
+        pad = f.config["pad_token_id"]
+        f.value = int((tokens == pad).sum())
+        f.exercised = f.value > 0
+        tail = max(1, int(seq_len * float(params["feature_pad_fraction"])))
+        f.how = f"{f.value} pad ids (id {pad}) in the batch: the last {tail} positions of sequence 0, the rest random"
+        f.pass_name = "all"
+
+
+# ---- measuring inside the upstream forward -------------------------------------------------
+class _Stat:
+    def __init__(self, sample: bool):
+        self.clipped, self.total, self.samples, self.sample = 0, 0, [], sample
+
+    def add(self, magnitudes: torch.Tensor, cap: float, valid: torch.Tensor | None = None) -> None:
+        x = magnitudes.detach().float()
+        keep = torch.ones_like(x, dtype=torch.bool) if valid is None else valid.expand_as(x)
+        self.clipped += int(((x >= cap) & keep).sum())
+        self.total += int(keep.sum())
+        if self.sample:  # a strided subset for the quantile that sets the next scale
+            step = max(1, x.numel() // SAMPLE)
+            self.samples.append(x.flatten()[::step][keep.flatten()[::step]])
+
+    @property
+    def fraction(self) -> float | None:
+        return self.clipped / self.total if self.total else None
+
+    def quantile(self, q: float) -> float | None:
+        values = torch.cat(self.samples) if self.samples else torch.empty(0)
+        if values.numel() == 0:
+            return None
+        return float(torch.quantile(values[:: max(1, values.numel() // SAMPLE)], q))
+
+
+def _repeat_kv(x: torch.Tensor, n_heads: int) -> torch.Tensor:
+    return x if x.shape[1] == n_heads else x.repeat_interleave(n_heads // x.shape[1], dim=1)
+
+
+class Probe:
+    """Measures, during upstream forwards, what each declared feature saw."""
+
+    def __init__(self, model: nn.Module, features: dict[str, Feature], *, sample: bool = False):
+        self.model, self.features, self.sample = model, features, sample
+        self.attention, self.final = _Stat(sample), _Stat(sample)
+        self.expert_counts: dict[str, torch.Tensor] = {}
+        self.router_inputs: dict[str, torch.Tensor] = {}  # kept when sampling, to rebalance routing
+        self._undo: list = []
+
+    def routers(self) -> dict[str, nn.Module]:
+        """Upstream router modules: a `gate`/`router` whose weight is [n_experts, hidden]."""
+        e = self.features["experts"].config.get("n_experts")
+        if not e:
+            return {}
+        return {
+            name: mod
+            for name, mod in self.model.named_modules()
+            if name.rpartition(".")[2] in ("gate", "router")
+            and isinstance(getattr(mod, "weight", None), torch.Tensor)
+            and mod.weight.dim() == 2 and mod.weight.shape[0] == e
+        }  # fmt: skip
+
+    def __enter__(self):
+        if self.features["attention_softcap"].declared:
+            self._wrap_eager_attention()
+        if self.features["final_softcap"].declared:
+            cap = float(self.features["final_softcap"].config["cap"])
+            head = self.model.get_output_embeddings()
+            self._undo.append(head.register_forward_hook(lambda _m, _a, out: self.final.add(out.abs(), cap)).remove)
+        for name, mod in self.routers().items():
+            self._undo.append(mod.register_forward_hook(self._count(name)).remove)
+        return self
+
+    def __exit__(self, *exc):
+        for undo in reversed(self._undo):
+            undo()
+        self._undo = []
+
+    def _count(self, name: str):
+        e, k = self.features["experts"].config["n_experts"], self.features["experts"].config["top_k"]
+
+        def hook(_module, args, out):
+            given = next((t for t in args if torch.is_tensor(t)), None)
+            if self.sample and given is not None:
+                self.router_inputs[name] = given.detach().reshape(-1, given.shape[-1])
+            outs = out if isinstance(out, (tuple, list)) else (out,)
+            idx = next((t for t in outs if torch.is_tensor(t) and not t.is_floating_point()), None)
+            if idx is None:  # a plain linear router: its logits, top-k as upstream routes
+                logits = next(t for t in outs if torch.is_tensor(t))
+                idx = logits.reshape(-1, e).topk(int(k or 1), dim=-1).indices
+            counts = torch.bincount(idx.reshape(-1).long(), minlength=e)
+            self.expert_counts[name] = self.expert_counts.get(name, 0) + counts
+
+        return hook
+
+    def _wrap_eager_attention(self) -> None:
+        """Wrap `eager_attention_forward` of every module that defines an attention class of the model."""
+        cap = float(self.features["attention_softcap"].config["cap"])
+        modules = {sys.modules[type(m).__module__] for m in self.model.modules() if "Attention" in type(m).__name__}
+        for module in modules:
+            original = getattr(module, "eager_attention_forward", None)
+            if original is None:
+                continue
+
+            def wrapped(mod, query, key, value, attention_mask, *a, _original=original, **kw):
+                if kw.get("softcap") is not None:
+                    self._scores(mod, query, key, attention_mask, kw.get("scaling"), cap)
+                return _original(mod, query, key, value, attention_mask, *a, **kw)
+
+            module.eager_attention_forward = wrapped
+            self._undo.append(lambda m=module, o=original: setattr(m, "eager_attention_forward", o))
+
+    @torch.no_grad()
+    def _scores(self, mod, query, key, mask, scaling, cap: float) -> None:
+        scaling = mod.head_dim**-0.5 if scaling is None else scaling
+        scores = (query @ _repeat_kv(key, query.shape[1]).transpose(-2, -1)) * scaling
+        if mask is not None:
+            valid = mask[..., : scores.shape[-1]] == 0 if mask.is_floating_point() else mask[..., : scores.shape[-1]]
+        else:
+            s_q, s_k = scores.shape[-2:]
+            valid = torch.ones(s_q, s_k, dtype=torch.bool).tril(s_k - s_q)
+        self.attention.add(scores.abs(), cap, valid)
+
+    def min_tokens_per_expert(self) -> tuple[int, str | None]:
+        if not self.expert_counts:
+            return 0, None
+        name, counts = min(self.expert_counts.items(), key=lambda kv: int(kv[1].min()))
+        return int(counts.min()), name
+
+
+def record_probe(features: dict[str, Feature], probe: Probe, pass_name: str, params, how: str = "") -> None:
+    """Fill in the measured features from `probe`, unless an earlier pass already exercised them."""
+    need = float(params["feature_softcap_clipped_min"])
+    for name, stat in (("attention_softcap", probe.attention), ("final_softcap", probe.final)):
+        f = features[name]
+        if not f.declared or f.exercised:
+            continue
+        if stat.fraction is None:
+            f.exercised, f.how = False, (
+                "no scores measured: the upstream attention was not the eager implementation parity wraps"
+                if name == "attention_softcap" else "no pre-cap logits measured at the output embedding"
+            )  # fmt: skip
+            continue
+        f.value, f.exercised, f.pass_name = stat.fraction, stat.fraction >= need, pass_name
+        what = "scores" if name == "attention_softcap" else "logits"
+        clipped = f"{stat.fraction:.1%} of {what} clipped (|x| >= cap {f.config['cap']:g})"
+        f.how = _then(f.how, f"{clipped} in the {pass_name} pass{how}")
+    f = features["experts"]
+    if f.declared and not f.exercised:
+        low, where = probe.min_tokens_per_expert()
+        f.value = low if where else None  # None: no router found, nothing to rebalance
+        f.exercised = where is not None and low >= int(params["feature_min_tokens_per_expert"])
+        f.pass_name = pass_name
+        f.how = _then(f.how, (
+            f"every expert got >= {low} tokens in the {pass_name} pass{how}" if f.exercised
+            else f"an expert of {where} got {low} tokens in the {pass_name} pass{how}" if where
+            else "no router output found (a module named gate or router with [n_experts, hidden] weights)"
+        ))  # fmt: skip
+
+
+def _then(earlier: str, now: str) -> str:
+    return f"{earlier}; then {now}" if earlier else now
+
+
+def exercised(features: dict[str, Feature]) -> bool:
+    return all(f.exercised for f in features.values() if f.declared)
+
+
+# ---- the features pass: scaling the upstream weights that feed each cap ----------------------
+def _attention_keys(sd: dict[str, torch.Tensor]) -> tuple[list[str], int]:
+    """(keys to scale, power of the factor in the scores): QK-norm weights, else q/k projections."""
+    norms = [k for k in sd if re.search(r"\.(q_norm|k_norm)\.weight$", k)]
+    if norms:
+        return norms, 2
+    return [k for k in sd if re.search(r"\.(q_proj|k_proj)\.(weight|bias)$", k)], 2
+
+
+def _final_keys(model: nn.Module, sd: dict[str, torch.Tensor]) -> list[str]:
+    norms = [k for k in sd if k.endswith("norm.weight") and not re.search(r"\.\d+\.", k)]
+    if norms:
+        return norms[-1:]
+    head = model.get_output_embeddings().weight
+    if head is model.get_input_embeddings().weight:
+        return []  # a tied head: scaling it would scale the embedding too
+    return [k for k, v in sd.items() if v.data_ptr() == head.data_ptr()]
+
+
+@torch.no_grad()
+def _scale(model: nn.Module, keys: list[str], factor: float) -> None:
+    params = dict(model.named_parameters(remove_duplicate=False))
+    for key in keys:
+        params[key].mul_(factor)
+
+
+@torch.no_grad()
+def _balance_routers(model: nn.Module, features: dict[str, Feature], tokens, params) -> int:
+    """Project every router's weight off the mean direction of its inputs, until every expert
+    gets tokens; returns the rounds spent. Hidden states of random tokens share a large common
+    component after a few layers, and routing on it sends every token to the same experts."""
+    need = int(params["feature_min_tokens_per_expert"])
+    for rounds in range(int(params["feature_search_rounds"])):
+        with Probe(model, features, sample=True) as probe:
+            model(input_ids=tokens, use_cache=False)
+        if probe.min_tokens_per_expert()[0] >= need:
+            return rounds
+        routers = probe.routers()
+        for name, x in probe.router_inputs.items():
+            mean = x.float().mean(0)
+            if float(mean.norm()) == 0.0:
+                continue
+            u = (mean / mean.norm()).to(routers[name].weight.dtype)
+            w = routers[name].weight
+            w.sub_((w @ u)[:, None] * u[None, :])
+    return int(params["feature_search_rounds"])
+
+
+def prepare_feature_pass(model: nn.Module, features: dict[str, Feature], tokens, params) -> str | None:
+    """Scale the upstream weights in place until every unexercised soft-cap clips; say how.
+
+    None when no feature needs a second pass. Each round runs one upstream forward; the
+    scale of a cap's keys is multiplied by (cap / q)^(1/power), q the target quantile of
+    the values that cap sees, until the clipped fraction reaches the minimum.
+    """
+    # a cap whose values could not be read (no eager attention upstream) cannot be searched for
+    todo = [
+        n for n in ("attention_softcap", "final_softcap")
+        if features[n].declared and not features[n].exercised and features[n].value is not None
+    ]  # fmt: skip
+    sd = model.state_dict()
+    keys = {"attention_softcap": _attention_keys(sd), "final_softcap": (_final_keys(model, sd), 1)}
+    for n in todo:
+        if not keys[n][0]:
+            why = "no weights found to scale (q/k projections or QK-norm; the final norm, or an untied head)"
+            features[n].how = _then(features[n].how, why)
+    todo = [n for n in todo if keys[n][0]]
+    balance = features["experts"].declared and not features["experts"].exercised and features["experts"].value == 0
+    if not todo and not balance:
+        return None
+    how = []
+    if balance:
+        rounds = _balance_routers(model, features, tokens, params)
+        how.append(f"router weights projected off their inputs' mean direction ({rounds} rounds)")
+    need, target = float(params["feature_softcap_clipped_min"]), float(params["feature_softcap_clipped_target"])
+    max_scale = float(params["feature_max_scale"])
+    scale = {n: 1.0 for n in todo}
+    for _ in range(int(params["feature_search_rounds"])):
+        with torch.no_grad(), Probe(model, features, sample=True) as probe:
+            model(input_ids=tokens[:1], use_cache=False)  # one sequence is enough to set a scale
+        stats = {"attention_softcap": probe.attention, "final_softcap": probe.final}
+        todo = [n for n in todo if (stats[n].fraction or 0.0) < need and scale[n] < max_scale]
+        if not todo:
+            break
+        for n in todo:
+            q, (k, power) = stats[n].quantile(1 - target), keys[n]
+            cap = float(features[n].config["cap"])
+            gain = (cap / q) ** (1 / power) if q and math.isfinite(q) and q > 0 else 10.0
+            gain = min(max(gain, 1.01), max_scale / scale[n])
+            _scale(model, k, gain)
+            scale[n] *= gain
+    for n, factor in scale.items():
+        k = keys[n][0]
+        what = k[0] if n == "final_softcap" else "QK-norm weights" if "norm" in k[0] else "q/k projections"
+        how.append(f"{what} x{factor:.3g}")
+    return ", ".join(how)

@@ -1,0 +1,72 @@
+"""The execution-mode choice of the graph_trainer rung: the timing protocol decides, a tie keeps
+the simpler mode, and the choice comes back as recipe edits of exactly the keys that change."""
+
+from __future__ import annotations
+
+import pytest
+
+from onboard.rungs import execution_mode, harness
+from onboard.rungs.base import RungContext
+
+
+class Scripted:
+    """A trainer whose steps take a scripted, noiseless time."""
+
+    def __init__(self, seconds: float):
+        self.seconds, self.closed = seconds, False
+
+    def train_step(self):
+        return {"step_time_s": self.seconds}
+
+    def close(self):
+        self.closed = True
+
+
+def choose(debug_ws, tmp_path, monkeypatch, times: dict[str, float], moe=None):
+    made = {}
+
+    def trainer(base, out, mode, moe_):
+        made[mode] = Scripted(times[mode])
+        return made[mode]
+
+    monkeypatch.setattr(execution_mode, "_trainer", trainer)
+    ctx = RungContext(workspace=debug_ws, attempt_dir=tmp_path, evidence={}, log=lambda line: None)
+    edits, record = execution_mode.choose(ctx, harness.job_config(ctx), rung="graph_trainer", moe=moe,
+                                          modes=list(times))  # fmt: skip
+    assert all(t.closed for t in made.values())
+    return {e.key: e.value for e in edits}, record
+
+
+def test_a_faster_mode_is_chosen_and_written(debug_ws, tmp_path, monkeypatch):
+    edits, record = choose(debug_ws, tmp_path, monkeypatch, {"eager": 0.2, "compile": 0.1, "graph_trainer": 0.3})
+    assert record["execution_mode"] == "compile" and edits == {"compile.enable": True}
+    assert "faster than eager" in record["execution_mode_why"] and "CI" in record["execution_mode_why"]
+
+
+def test_a_tie_keeps_eager_and_edits_nothing(debug_ws, tmp_path, monkeypatch):
+    edits, record = choose(debug_ws, tmp_path, monkeypatch, {"eager": 0.2, "compile": 0.2, "graph_trainer": 0.201})
+    assert record["execution_mode"] == "eager" and edits == {}
+    assert {c["outcome"] for c in record["execution_mode_vs_eager"].values()} == {"indistinguishable"}
+
+
+@pytest.mark.parametrize("graph, chosen", [(0.05, "graph_trainer"), (0.1, "compile")])
+def test_two_faster_modes_meet_head_to_head(debug_ws, tmp_path, monkeypatch, graph, chosen):
+    edits, record = choose(debug_ws, tmp_path, monkeypatch, {"eager": 0.2, "compile": 0.1, "graph_trainer": graph})
+    assert record["execution_mode"] == chosen and record["execution_mode_head_to_head"] is not None
+    assert edits == ({"graph_trainer.enable": True} if chosen == "graph_trainer" else {"compile.enable": True})
+
+
+def test_a_captured_mode_brings_the_experts_it_ran(debug_ws, tmp_path, monkeypatch):
+    edits, _ = choose(debug_ws, tmp_path, monkeypatch, {"eager": 0.2, "graph_trainer": 0.1}, moe="dense")
+    assert edits == {"graph_trainer.enable": True, "kernels.moe": "dense"}
+
+
+def test_rungs_that_run_their_own_mode_do_not_read_the_mode_keys():
+    from onboard.rungs import compile as compile_rung
+    from onboard.rungs import eager, graph_trainer, kernels, parity, simple_fsdp
+
+    for rung in (eager, simple_fsdp, compile_rung, graph_trainer):
+        assert not rung.reads_recipe_key("compile.enable") and not rung.reads_recipe_key("graph_trainer.enable")
+        assert rung.reads_recipe_key("kernels.loss") and rung.reads_recipe_key("training.batch_size")
+    assert parity.reads_recipe_key("model.hf_config") and not parity.reads_recipe_key("kernels.loss")
+    assert not hasattr(kernels, "reads_recipe_key")  # it judges kernels in the recipe's mode: it reads everything

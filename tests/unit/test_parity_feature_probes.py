@@ -1,0 +1,100 @@
+"""What each declared feature is, and how parity makes it active (onboard/parity/features.py)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from onboard.parity import features
+from onboard.parity.criteria import params
+from onboard.parity.upstream import build_upstream
+
+pytestmark = pytest.mark.hf
+
+SMALL = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1, vocab_size=64)
+
+
+def _declared(config):
+    return {n: f for n, f in features.declare(config).items() if f.declared}
+
+
+def test_declared_features_come_from_the_upstream_config():
+    import transformers as tf
+
+    gemma = _declared(tf.Gemma2Config(**SMALL, head_dim=16, sliding_window=64, pad_token_id=0))
+    assert set(gemma) == {"attention_softcap", "final_softcap", "sliding_window", "padding"}
+    assert (gemma["attention_softcap"].config, gemma["final_softcap"].config) == ({"cap": 50.0}, {"cap": 30.0})
+    assert features.layer_windows(tf.Gemma2Config(**SMALL, sliding_window=64)) == [64]  # layer 1 is global
+    assert features.layer_windows(tf.MistralConfig(**SMALL, sliding_window=64)) == [64, 64]
+    assert features.layer_windows(tf.Qwen3Config(**SMALL, sliding_window=64)) == []  # use_sliding_window false
+    moe = _declared(tf.Qwen3MoeConfig(**SMALL, num_experts=4, num_experts_per_tok=2))
+    assert set(moe) == {"experts"} and moe["experts"].config == {"n_experts": 4, "top_k": 2}
+    assert _declared(tf.LlamaConfig(**SMALL)) == {}
+
+
+def test_sequence_grows_to_twice_the_largest_window_and_padding_goes_at_the_end():
+    import transformers as tf
+
+    p = params()
+    declared = features.declare(tf.Gemma2Config(**SMALL, sliding_window=400, pad_token_id=3))
+    seq = features.seq_len_for(declared, 512, p)
+    assert seq == 400 * p["feature_window_seq_factor"]
+    tokens, _ = features.make_inputs(64, 2, seq, 0, declared, p)
+    n = int(seq * p["feature_pad_fraction"])
+    assert (tokens[0, -n:] == 3).all() and tokens.shape == (2, seq)
+    features.record_static(declared, tokens, seq, p)
+    assert declared["sliding_window"].exercised and declared["padding"].value >= n
+
+
+def test_probe_reads_the_scores_inside_the_upstream_attention_and_restores_it():
+    import transformers as tf
+
+    cfg = tf.Gemma2Config(**SMALL, head_dim=16, query_pre_attn_scalar=16, sliding_window=64).to_dict()
+    hf = build_upstream(cfg, seed=0).model
+    module = __import__(type(hf).__module__, fromlist=["eager_attention_forward"])
+    original = module.eager_attention_forward
+    declared = features.declare(hf.config)
+    tokens = torch.randint(0, 64, (1, 128), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad(), features.Probe(hf, declared) as probe:
+        hf(input_ids=tokens)
+    assert module.eager_attention_forward is original
+    assert probe.attention.fraction == 0.0 and probe.attention.total > 0  # seeded scores are tiny
+    # causal and window masks come from upstream: layer 0 keeps q - k < 64, layer 1 everything causal
+    assert probe.attention.total == 2 * (sum(min(i + 1, 64) for i in range(128)) + 128 * 129 // 2)
+    features.record_probe(declared, probe, "seeded", params())
+    assert not declared["attention_softcap"].exercised and declared["attention_softcap"].value == 0.0
+    how = features.prepare_feature_pass(hf, declared, tokens, params())
+    assert "q/k projections x" in how
+    with torch.no_grad(), features.Probe(hf, declared) as probe:
+        hf(input_ids=tokens)
+    assert probe.attention.fraction >= params()["feature_softcap_clipped_min"]
+    assert probe.final.fraction >= params()["feature_softcap_clipped_min"]
+
+
+def test_collapsed_routing_is_rebalanced_until_every_expert_gets_tokens():
+    """Random tokens' hidden states share one direction; a router aligned with it sends
+    every token to the same experts (the qwen3_moe debugmodel's layer 3 at its seeded init)."""
+    import transformers as tf
+
+    cfg = tf.Qwen3MoeConfig(**SMALL, head_dim=16, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=16)
+    hf = build_upstream(cfg.to_dict(), seed=0).model
+    declared = features.declare(hf.config)
+    tokens = torch.randint(0, 64, (1, 256), generator=torch.Generator().manual_seed(0))
+    gen = torch.Generator().manual_seed(1)
+    shared = torch.randn(32, generator=gen)
+    with torch.no_grad():  # every token's hidden state gets the same large component...
+        hf.model.embed_tokens.weight.add_(shared)
+        for router in features.Probe(hf, declared).routers().values():  # ...which favours experts 0 and 1
+            sign = torch.tensor([[1.0], [1.0], [-1.0], [-1.0]])
+            router.weight.copy_(sign * shared + 0.05 * torch.randn(router.weight.shape, generator=gen))
+    with torch.no_grad(), features.Probe(hf, declared) as probe:
+        hf(input_ids=tokens)
+    features.record_probe(declared, probe, "seeded", params())
+    assert declared["experts"].value == 0 and not declared["experts"].exercised
+    how = features.prepare_feature_pass(hf, declared, tokens, params())
+    assert "projected off their inputs' mean direction" in how
+    with torch.no_grad(), features.Probe(hf, declared) as probe:
+        hf(input_ids=tokens)
+    features.record_probe(declared, probe, "features", params())
+    assert declared["experts"].exercised and declared["experts"].value >= params()["feature_min_tokens_per_expert"]
+    assert "got 0 tokens in the seeded pass; then every expert got" in declared["experts"].how
