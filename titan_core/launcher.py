@@ -32,9 +32,12 @@ from pathlib import Path
 
 from titan_core.argv import parse_argv
 from titan_core.config.loader import ConfigError, load_config, to_toml
+from titan_core.die_with_parent import with_parent_death_signal
 
 TAIL_LINES = 30
 EXIT_TIMEOUT = 124
+PORT_RETRIES = 2
+_PORT_TAKEN = ("EADDRINUSE", "Address already in use", "address already in use")
 
 
 @dataclass
@@ -140,8 +143,34 @@ def _tail_block(lines: list[str]) -> str:
 def launch_command(cmd: list[str], nproc: int, *, log_dir: Path | None = None, timeout_s: float | None = None,
                    echo_rank0: bool = False, grace_s: float = 3.0,
                    env: dict[str, str] | None = None) -> LaunchResult:  # fmt: skip
-    """Run `cmd` as ranks 0..nproc-1 of one world and wait for all of them (see module docstring)."""
-    port = _free_port()
+    """Run `cmd` as ranks 0..nproc-1 of one world and wait for all of them (see module docstring).
+
+    The rendezvous port is picked free and released before rank 0 binds it, so another process
+    on a busy host can take it in between: a world whose ranks fail on "address already in use"
+    is started again on a fresh port (at most PORT_RETRIES times), and the result says so.
+    """
+    retried = 0
+    while True:
+        result = _launch_once(cmd, nproc, _free_port(), log_dir=log_dir, timeout_s=timeout_s,
+                              echo_rank0=echo_rank0, grace_s=grace_s, env=env)  # fmt: skip
+        if retried >= PORT_RETRIES or not _lost_port_race(result):
+            break
+        retried += 1
+        print(f"warning: the rendezvous port was taken before rank 0 bound it; starting the world again "
+              f"on a fresh port ({retried} of {PORT_RETRIES})", file=sys.stderr)  # fmt: skip
+    if retried and result.failure:
+        result.failure += f"\n(the world was started {retried + 1} times: its rendezvous port was taken each time)"
+    return result
+
+
+def _lost_port_race(result: LaunchResult) -> bool:
+    return result.exit_code not in (0, 130, EXIT_TIMEOUT) and any(
+        marker in line for tail in result.tails for line in tail for marker in _PORT_TAKEN
+    )
+
+
+def _launch_once(cmd: list[str], nproc: int, port: int, *, log_dir: Path | None, timeout_s: float | None,
+                 echo_rank0: bool, grace_s: float, env: dict[str, str] | None) -> LaunchResult:  # fmt: skip
     if log_dir is not None:
         log_dir.mkdir(parents=True, exist_ok=True)
     tails = [collections.deque(maxlen=TAIL_LINES) for _ in range(nproc)]
@@ -152,8 +181,10 @@ def launch_command(cmd: list[str], nproc: int, *, log_dir: Path | None = None, t
     timed_out = interrupted = False
     try:
         for r in range(nproc):
+            # each rank in its own session (so _stop can end its whole group) and killed with
+            # the launcher, which a session of its own would otherwise let it outlive
             p = subprocess.Popen(
-                cmd, env=_child_env(r, nproc, port, env), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                with_parent_death_signal(cmd), env=_child_env(r, nproc, port, env), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL, text=True, errors="replace", start_new_session=True,
             )  # fmt: skip
             procs.append(p)

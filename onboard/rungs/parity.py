@@ -19,6 +19,7 @@ from onboard.errors import BadInput
 from onboard.parity.results import RESULTS_ENV, WEIGHTS_ENV, failure_summary, read_results
 from onboard.rungs import harness
 from onboard.rungs.base import RungContext, RungResult
+from titan_core.die_with_parent import with_parent_death_signal
 
 RUNG = "parity"
 
@@ -66,7 +67,10 @@ def run(ctx: RungContext) -> RungResult:
     with open(log_path, "w") as log:
         try:
             timeout = harness.param(RUNG, "timeout_s")
-            proc = subprocess.run(cmd, cwd=ws.root, env=env, stdout=log, stderr=subprocess.STDOUT, timeout=timeout)
+            # killed with next-step: a kill -9 must not leave it writing into a closed attempt
+            proc = subprocess.run(
+                with_parent_death_signal(cmd), cwd=ws.root, env=env, stdout=log, stderr=subprocess.STDOUT, timeout=timeout
+            )
             returncode = proc.returncode
         except subprocess.TimeoutExpired:
             returncode = None

@@ -6,6 +6,7 @@ from __future__ import annotations
 import sys
 import time
 
+import pytest
 from _cases import max_rel, overrides
 
 from titan_core.config import load_config
@@ -113,3 +114,38 @@ def test_launch_command_timeout_stops_every_rank(tmp_path):
     assert "did not finish within 2 s" in result.failure and "ranks still running: 0, 1" in result.failure
     assert "  | started" in result.failure
     assert time.monotonic() - t0 < 15
+
+
+PORT_TAKEN_ONCE = """
+import os, pathlib, sys
+tries = pathlib.Path(os.environ['TRIES'], os.environ['RANK'])
+n = int(tries.read_text()) + 1 if tries.exists() else 1
+tries.write_text(str(n))
+print('port', os.environ['MASTER_PORT'], 'try', n, flush=True)
+if n <= int(os.environ['FAIL_TRIES']) and os.environ['RANK'] == '0':
+    print('RuntimeError: The server socket has failed to listen on any local network address. '
+          'port: 0, useIpv6: 0, code: -98, name: EADDRINUSE, message: address already in use', flush=True)
+    sys.exit(1)
+"""
+
+
+@pytest.mark.parametrize("fail_tries, ok", [(1, True), (3, False)])
+def test_a_world_that_lost_its_port_starts_again_on_a_fresh_one(tmp_path, capsys, fail_tries, ok):
+    from titan_core.launcher import PORT_RETRIES
+
+    env = {"TRIES": str(tmp_path), "FAIL_TRIES": str(fail_tries)}
+    result = launch_command([sys.executable, "-c", PORT_TAKEN_ONCE], 2, log_dir=tmp_path / "logs", env=env)
+    tries = int((tmp_path / "0").read_text())
+    if ok:
+        assert result.exit_code == 0 and tries == 2
+        assert "starting the world again on a fresh port (1 of 2)" in capsys.readouterr().err
+    else:  # every try lost the race: the failure is reported, with how often it was tried
+        assert result.exit_code == 1 and tries == PORT_RETRIES + 1
+        assert "EADDRINUSE" in result.failure and f"started {PORT_RETRIES + 1} times" in result.failure
+
+
+def test_a_rank_failing_for_another_reason_is_not_restarted(tmp_path):
+    env = {"TRIES": str(tmp_path), "FAIL_TRIES": "0"}
+    script = PORT_TAKEN_ONCE + "\nsys.exit(5 if os.environ['RANK'] == '1' else 0)"
+    result = launch_command([sys.executable, "-c", script], 2, env=env)
+    assert result.exit_code == 5 and int((tmp_path / "1").read_text()) == 1
