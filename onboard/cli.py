@@ -2,11 +2,15 @@
 
 Every command takes --json: then stdout carries one JSON document and nothing else
 (progress goes to stderr, and is silent). Exit codes (DESIGN section 4): 0 passed / done,
-1 gate failed, 2 bad input (one line on stderr, nothing written), 130 interrupted.
+1 gate failed, 2 bad input (one line on stderr, nothing written), 130 interrupted. An OS
+error is one line too, never a traceback: exit 2 where the input is at fault (a path, a
+name, a read-only target), 1 where the machine failed mid-run (disk full); see
+`onboard.errors.describe_os_error`. Under --json the same line is {"error", "exit_code"}.
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import sys
 from pathlib import Path
@@ -16,7 +20,7 @@ import typer
 from rich.console import Console
 from rich.panel import Panel
 
-from onboard.errors import EXIT_BAD_INPUT, BadInput
+from onboard.errors import EXIT_BAD_INPUT, EXIT_FAILED, BadInput, EnvironmentFailed, describe_os_error
 
 app = typer.Typer(
     add_completion=False,
@@ -54,19 +58,40 @@ class Out:
 
 
 def _run(json_mode: bool, body: Callable[[Out], int]) -> None:
-    """Run a command body; bad input becomes one line on stderr and exit 2."""
+    """Run a command body; bad input and OS errors become one line on stderr and exit 2 or 1."""
     from titan_core.config.loader import ConfigError
 
     out = Out(json_mode)
     try:
         code = body(out)
     except (BadInput, ConfigError) as e:
-        message = " ".join(str(e).split())
-        print(f"error: {message}", file=sys.stderr)
-        if json_mode:
-            out.emit({"error": message, "exit_code": EXIT_BAD_INPUT})
-        raise typer.Exit(EXIT_BAD_INPUT) from None
+        _fail(out, " ".join(str(e).split()), EXIT_BAD_INPUT)
+    except EnvironmentFailed as e:
+        _fail(out, " ".join(str(e).split()), EXIT_FAILED)
+    except OSError as e:
+        code, message = describe_os_error(e)
+        _fail(out, message, code, errno=errno.errorcode.get(e.errno) if e.errno is not None else None)
     raise typer.Exit(code or 0)
+
+
+def _fail(out: Out, message: str, code: int, **extra) -> None:
+    print(f"error: {message}", file=sys.stderr)
+    if out.json:
+        out.emit({"error": message, "exit_code": code, **extra})
+    raise typer.Exit(code) from None
+
+
+def _check_dir(dir: Path, *, workspaces: bool = True) -> Path:
+    """Refuse a --dir that is a file (or whose onboarding/ is), before anything is created
+    there; a folder that does not exist yet is fine (new-model makes it)."""
+    from onboard.workspace import workspaces_dir
+
+    for path, what in ((Path(dir), "--dir"), (workspaces_dir(dir), "onboarding/ under --dir")):
+        if path.exists() and not path.is_dir():
+            raise BadInput(f"{what} must be a folder, but {path} is not one")
+        if not workspaces:
+            break
+    return Path(dir)
 
 
 # ---- new-model -----------------------------------------------------------------------------
@@ -93,6 +118,7 @@ def new_model(
     def body(out: Out) -> int:
         from onboard.scaffold import plan_workspace, write_workspace
 
+        _check_dir(dir)
         plan = plan_workspace(
             name, dir, hf_config=hf_config, preset=preset, weights=weights, path=path, device=device, force=force
         )
@@ -152,12 +178,14 @@ def next_step_cmd(name: str = typer.Argument(...), dir: Path = DIR_OPTION, json_
         from onboard.views import show_outcome
         from onboard.workspace import Workspace
 
-        ws = Workspace.load(dir, name)
+        ws = Workspace.load(_check_dir(dir), name)
         command = f"onboard next-step {name}" + ("" if Path(dir) == Path(".") else f" --dir {dir}")
         outcome = next_step(ws, log=out.log, base_command=command)
+        if outcome.os_error:  # the machine failed, not the gate: one line, like any other OS error
+            print(f"error: {outcome.message}", file=sys.stderr)
         if out.json:
             out.emit(outcome.to_json())
-        else:
+        elif not outcome.os_error:
             show_outcome(out.print, outcome)
         return outcome.exit_code
 
@@ -193,7 +221,7 @@ def status_cmd(name: str = typer.Argument(...), dir: Path = DIR_OPTION, json_out
         from onboard.views import status_dict
         from onboard.workspace import Workspace
 
-        ws = Workspace.load(dir, name)
+        ws = Workspace.load(_check_dir(dir), name)
         states = ladder_states(ws, default_specs())
         if out.json:
             out.emit(status_dict(ws, states))
@@ -210,20 +238,24 @@ def list_cmd(dir: Path = DIR_OPTION, json_out: bool = JSON_OPTION):
 
     def body(out: Out) -> int:
         from rich.table import Table
+        from rich.text import Text
 
         from onboard.ladder import default_specs, ladder_states
         from onboard.views import ladder_message
-        from onboard.workspace import Workspace, list_workspaces
+        from onboard.workspace import LEDGER, Workspace, list_workspaces
 
         specs = default_specs()
         rows = []
-        for root in list_workspaces(dir):
+        for root in list_workspaces(_check_dir(dir)):
             try:
                 ws = Workspace.load(dir, root.name)
-            except BadInput as e:  # one broken workspace must not hide the others
-                rows.append({"workspace": root.name, "error": str(e)})
+                states = ladder_states(ws, specs)  # reads the files the rungs read: may meet an OS error too
+            except (BadInput, OSError) as e:  # one unreadable ledger must not hide the other workspaces
+                why = describe_os_error(e)[1] if isinstance(e, OSError) else " ".join(str(e).split())
+                rows.append(
+                    {"workspace": root.name, "status": "unreadable", "ledger": str(root / LEDGER), "error": why}
+                )
                 continue
-            states = ladder_states(ws, specs)
             rows.append(
                 {
                     "workspace": ws.name,
@@ -244,8 +276,8 @@ def list_cmd(dir: Path = DIR_OPTION, json_out: bool = JSON_OPTION):
         for col in ("workspace", "model_type", "path", "passed", "status"):
             table.add_column(col)
         for r in rows:
-            if "error" in r:
-                table.add_row(r["workspace"], "", "", "", f"[red]{r['error']}[/]")
+            if "error" in r:  # Text, not markup: the message holds brackets (attempts[2])
+                table.add_row(r["workspace"], "", "", "", Text(f"unreadable ledger: {r['error']}", style="red"))
                 continue
             passed = [k for k, v in r["rungs"].items() if v in ("passed", "not_applicable")]
             table.add_row(
@@ -265,7 +297,7 @@ def report_cmd(name: str = typer.Argument(...), dir: Path = DIR_OPTION, json_out
         from onboard.report import write_report
         from onboard.workspace import Workspace
 
-        ws = Workspace.load(dir, name)
+        ws = Workspace.load(_check_dir(dir), name)
         path = write_report(ws)
         if out.json:
             out.emit({"workspace": name, "report": str(path), "waivers": list(ws.ledger.waivers().values())})
@@ -295,7 +327,7 @@ def waive_cmd(
         from onboard.lock import WorkspaceLock
         from onboard.workspace import Workspace
 
-        ws = Workspace.load(dir, name)
+        ws = Workspace.load(_check_dir(dir), name)
         if rung not in RUNGS:
             raise BadInput(f"unknown rung '{rung}' (rungs: {', '.join(RUNGS)})")
         try:
@@ -336,13 +368,21 @@ def train_cmd(
     if nproc < 1:
         print(f"error: --nproc must be at least 1, got {nproc}", file=sys.stderr)
         raise typer.Exit(EXIT_BAD_INPUT)
-    if nproc > 1:
-        from titan_core.launcher import launch
+    # titan_core reports its own config errors; an OS error (an output folder that cannot
+    # be written, a full disk) is one line here, as in every other command
+    try:
+        if nproc > 1:
+            from titan_core.launcher import launch
 
-        raise typer.Exit(launch(argv, nproc))
-    from titan_core.train import main as train_main
+            code = launch(argv, nproc)
+        else:
+            from titan_core.train import main as train_main
 
-    raise typer.Exit(train_main(argv))
+            code = train_main(argv)
+    except OSError as e:
+        code, message = describe_os_error(e)
+        print(f"error: {message}", file=sys.stderr)
+    raise typer.Exit(code)
 
 
 # titan_core resolves a recipe's input files against the recipe's folder; its output
@@ -401,7 +441,7 @@ def skill_install_cmd(
     def body(out: Out) -> int:
         from onboard.skill_install import install
 
-        result = install(agent, dir)
+        result = install(agent, _check_dir(dir, workspaces=False))
         if out.json:
             out.emit(result)
         else:

@@ -42,7 +42,16 @@ from typing import Any, Callable
 
 from titan_core.config.loader import ConfigError
 
-from onboard.errors import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_INTERRUPTED, EXIT_PASSED, BadInput, Interrupted
+from onboard.errors import (
+    EXIT_BAD_INPUT,
+    EXIT_FAILED,
+    EXIT_INTERRUPTED,
+    EXIT_PASSED,
+    BadInput,
+    EnvironmentFailed,
+    Interrupted,
+    describe_os_error,
+)
 from onboard.evidence import INVALID, check_entry
 from onboard.gates import Checklist, evaluate, gate_passed, load_checklist
 from onboard.ledger import Ledger, now_iso, parse_iso
@@ -204,6 +213,9 @@ class StepOutcome:
     message: str = ""
     entry: dict | None = None
     next_rung: str | None = None
+    os_error: str | None = None
+    """The OS error the attempt stopped on (disk full, a file it could not read): the
+    attempt is recorded failed, and the CLI says this in one line instead of the criteria."""
 
     @property
     def exit_code(self) -> int:
@@ -234,6 +246,8 @@ class StepOutcome:
             "next_rung": self.next_rung,
             "human_checks": self.human,
             "recipe_edit": (self.entry or {}).get("recipe_edit"),
+            "os_error": self.os_error,
+            "exit_code": self.exit_code,
         }
 
 
@@ -327,39 +341,56 @@ def _run_attempt(ws, ledger, specs, spec, current, states, log, base_command) ->
         "details": {},
     }
     ledger.append(entry)
-    ledger.save()
+    try:
+        ledger.save()
+    except OSError:
+        # nothing could be recorded, so nothing ran: the CLI says why (a read-only
+        # workspace is the input's fault, a full disk the machine's)
+        ledger.remove(rung, attempt)
+        _remove_attempt_dir(ws, attempt_dir)
+        raise
     ctx = RungContext(workspace=ws, attempt_dir=attempt_dir, evidence=evidence, log=log)
-    error = None
+    error = os_error = traceback_key = None
     try:
         with sigterm_raises():
             result = _check_result(module.run(ctx))
     except (BadInput, ConfigError) as e:
         # the recipe (or a file it names) is bad input, whichever rung found it: exit 2, nothing recorded
         ledger.remove(rung, attempt)
-        ledger.save()
-        shutil.rmtree(attempt_dir, ignore_errors=True)
-        for parent in (attempt_dir.parent, ws.runs_dir):  # runs/<rung>/ and runs/, if this made them
-            if parent.is_dir() and not any(parent.iterdir()):
-                parent.rmdir()
+        _record(ledger, f"{rung} attempt {attempt} was withdrawn as bad input ({e})")
+        _remove_attempt_dir(ws, attempt_dir)
         if isinstance(e, ConfigError):
             raise BadInput(f"{ws.recipe_path}: {e}") from None
         raise
     except (KeyboardInterrupt, Interrupted) as e:
         entry.update(ended=now_iso(), error=f"interrupted ({type(e).__name__}{': ' + str(e) if str(e) else ''})")
         ledger.replace(entry)
-        ledger.save()
+        _record(ledger, f"{rung} attempt {attempt} was interrupted")
         return StepOutcome(
             ws.name, "interrupted", rung, attempt, message=f"{rung} attempt {attempt} interrupted", entry=entry
         )
+    except OSError as e:
+        # the disk filled up, a file could not be read or written: the attempt could not finish,
+        # which is failed (interrupted means a signal), and the CLI says so in one line
+        error = os_error = f"{type(e).__name__}: {e}"
+        traceback_key = _write_error(ws, attempt_dir, traceback.format_exc())
+        result = None
     except Exception as e:  # the model crashed: that is a failed gate the porter must fix, not a warning
         error = f"{type(e).__name__}: {e}"
-        (attempt_dir / "error.txt").write_text(traceback.format_exc())
+        traceback_key = _write_error(ws, attempt_dir, traceback.format_exc())
         result = None
     entry["ended"] = now_iso()
     entry["duration_s"] = round((parse_iso(entry["ended"]) - parse_iso(entry["started"])).total_seconds(), 3)
     if result is not None:
+        try:
+            files_read = ws.hashes(result.files_read)
+        except OSError as e:
+            error = os_error = f"the files the rung read cannot be fingerprinted: {type(e).__name__}: {e}"
+            traceback_key = _write_error(ws, attempt_dir, traceback.format_exc())
+            result = None
+    if result is not None:
         entry["command"] = result.command or base_command
-        entry["files_read"] = ws.hashes(result.files_read)
+        entry["files_read"] = files_read
         entry["measurements"] = result.measurements
         entry["details"] = result.details
         entry["environment"]["device"] = str(result.details.get("device", ws.device))
@@ -377,13 +408,17 @@ def _run_attempt(ws, ledger, specs, spec, current, states, log, base_command) ->
                 _apply_recipe_edits(ws, entry, result.recipe_edits)
             except (RecipeEditError, OSError) as e:
                 ok, error = False, f"recipe edit failed, recipe.toml unchanged: {type(e).__name__}: {e}"
-                (attempt_dir / "error.txt").write_text(f"{error}\n")
+                os_error = error if isinstance(e, OSError) else None
+                traceback_key = _write_error(ws, attempt_dir, f"{error}\n")
         entry["status"] = "passed" if ok else "failed"
         if error:
-            entry["error"] = f"{error} (traceback: {ws.key_for(attempt_dir / 'error.txt')})"
+            written = f"traceback: {traceback_key}" if traceback_key else "no traceback: error.txt could not be written"
+            entry["error"] = f"{error} ({written})"
         message = f"{rung} {'passed' if ok else 'failed'} (attempt {attempt})"
     ledger.replace(entry)
-    ledger.save()
+    _record(ledger, f"{rung} attempt {attempt} ended {entry['status']}" + (f" ({error})" if error else ""))
+    if os_error:
+        message = f"{rung} attempt {attempt} failed on an OS error: {entry['error']}; recorded in {ledger.path}"
     after = current_state(ladder_states(ws, specs))
     return StepOutcome(
         ws.name,
@@ -395,4 +430,38 @@ def _run_attempt(ws, ledger, specs, spec, current, states, log, base_command) ->
         message=message,
         entry=entry,
         next_rung=after.rung if after else None,
+        os_error=os_error,
     )
+
+
+def _write_error(ws: Workspace, attempt_dir, text: str) -> str | None:
+    """Write the attempt's error.txt; its key, or None where the disk refused that too (disk full)."""
+    path = attempt_dir / "error.txt"
+    try:
+        path.write_text(text)
+    except OSError:
+        return None
+    return ws.key_for(path)
+
+
+def _record(ledger: Ledger, what: str) -> None:
+    """Save the ledger; where the disk refuses, say what could not be recorded and what the
+    file still shows (the placeholder reads interrupted), as EnvironmentFailed (exit 1)."""
+    try:
+        ledger.save()
+    except OSError as e:
+        raise EnvironmentFailed(
+            f"{what}, but {ledger.path} could not be updated ({describe_os_error(e)[1]}); "
+            "it still holds the placeholder written before the rung started, which reads interrupted"
+        ) from e
+
+
+def _remove_attempt_dir(ws: Workspace, attempt_dir) -> None:
+    """Remove a withdrawn attempt's folder, and runs/<rung>/ and runs/ if that leaves them empty."""
+    shutil.rmtree(attempt_dir, ignore_errors=True)
+    for parent in (attempt_dir.parent, ws.runs_dir):  # runs/<rung>/ and runs/, if this made them
+        try:
+            if parent.is_dir() and not any(parent.iterdir()):
+                parent.rmdir()
+        except OSError:
+            return  # tidying up never hides the error that made the attempt go

@@ -11,6 +11,7 @@ import fcntl
 import json
 import os
 import socket
+import time
 from pathlib import Path
 
 from onboard.errors import BadInput
@@ -45,25 +46,44 @@ def holder(root: Path) -> int | None:
 class WorkspaceLock:
     """Context manager: `with WorkspaceLock(ws.root): ...`; BadInput when another live run holds it."""
 
-    def __init__(self, root: Path):
-        self.path = Path(root) / LOCK_NAME
+    def __init__(self, root: Path, file_name: str = LOCK_NAME):
+        """The lock of folder `root`; `file_name` names another lock file in it (new-model's
+        per-name lock `onboarding/.NAME.lock`, held while a workspace is written or swapped)."""
+        self.path = Path(root) / file_name
         self.fd: int | None = None
         self.took_over: dict | None = None
         """The previous owner's record when a dead run's lock file was taken over."""
 
     def acquire(self) -> "WorkspaceLock":
+        if not self._take():
+            pid = _read_owner(self.path).get("pid", "?")
+            raise BadInput(
+                f"another onboard run (pid {pid}) holds {self.path}; wait for it to finish (or stop it) and run again"
+            )
+        return self
+
+    def try_acquire(self, wait_s: float = 0.0) -> bool:
+        """Take the lock if it is free within `wait_s` seconds (polled); False if a live run keeps it."""
+        deadline = time.monotonic() + wait_s
+        while not self._take():
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.02)
+        return True
+
+    def follow(self, root: Path) -> None:
+        """The locked folder was renamed to `root`: the lock file (the same inode, still
+        locked) now lives there, which is where `release` must unlink it."""
+        self.path = Path(root) / self.path.name
+
+    def _take(self) -> bool:
         for _ in range(10):
             fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
                 os.close(fd)
-                owner = _read_owner(self.path)
-                pid = owner.get("pid", "?")
-                raise BadInput(
-                    f"another onboard run (pid {pid}) holds {self.path}; wait for it to finish "
-                    f"(or stop it) and run again"
-                ) from None
+                return False
             # The holder we replaced may have unlinked the file between our open and our
             # flock; then we locked an orphan inode and must retry on the live path.
             try:
@@ -77,11 +97,19 @@ class WorkspaceLock:
             if previous.get("pid") and previous.get("pid") != os.getpid():
                 self.took_over = previous  # its flock is gone, so its process is too
             record = json.dumps({"pid": os.getpid(), "host": socket.gethostname()})
-            os.ftruncate(fd, 0)
-            os.pwrite(fd, record.encode(), 0)
-            os.fsync(fd)
+            try:
+                os.ftruncate(fd, 0)
+                os.pwrite(fd, record.encode(), 0)
+                os.fsync(fd)
+            except BaseException:  # a full disk: leave no lock file behind (we hold the flock, as release does)
+                try:
+                    os.unlink(self.path)
+                except OSError:
+                    pass
+                os.close(fd)
+                raise
             self.fd = fd
-            return self
+            return True
         raise BadInput(f"could not take the lock {self.path}: it keeps changing under us")
 
     def release(self) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import secrets
 import shutil
 import tempfile
 import textwrap
@@ -22,11 +23,11 @@ import jinja2
 import tomli_w
 
 from onboard.errors import BadInput
-from onboard.fsutil import default_mode
+from onboard.fsutil import default_mode, fsync_dir
 from onboard.ledger import Ledger, now_iso
 from onboard.lock import WorkspaceLock
 from onboard.resources import data_dir
-from onboard.workspace import HF_CONFIG, LEDGER, validate_name, workspaces_dir
+from onboard.workspace import HF_CONFIG, LEDGER, name_lock, recover_locked, temp_prefix, validate_name, workspaces_dir
 
 DEVICES = ("auto", "cpu", "cuda", "tpu")
 PATHS = ("native", "port")
@@ -203,6 +204,7 @@ def plan_workspace(
     the recipe comment (the demo uses it); None leaves torch's default.
     """
     from titan_core.models import family_for_hf_model_type, get_family
+    from titan_core.models.common.errors import ArchitectureError
     from titan_core.models.common.hf_adapter import NEUTRAL_KEYS, AdapterError
 
     validate_name(name)
@@ -253,6 +255,11 @@ def plan_workspace(
             f"dim {args.dim}, {args.n_layers} layers, {args.n_heads} heads ({args.n_kv_heads} kv), "
             f"vocab {args.vocab_size}" + (f", {args.n_experts} experts top-{args.top_k}" if args.n_experts else "")
         )
+    except ArchitectureError as e:
+        # no model of any path can be built from it (a zero, a fraction, heads that do not
+        # divide): refused on the port path too, where another adapter error is a TODO
+        where = Path(hf_config).resolve() if hf_config is not None else f"--preset {preset}"
+        raise BadInput(f"{where}: {e}") from None
     except (AdapterError, TypeError, ValueError) as e:
         if path_kind == "native":
             raise BadInput(
@@ -334,31 +341,78 @@ def render(plan: Plan) -> dict[str, str]:
 
 
 def write_workspace(plan: Plan, *, force: bool = False) -> Path:
-    """Write the rendered files to a temp folder beside the destination, then rename it into place."""
+    """Write the rendered files to a temp folder beside the destination, then rename it into place.
+
+    All of it under the per-name lock (`name_lock`), after recovering what a crashed
+    new-model of the same NAME left (`recover_locked`; workspace.py lists what a crash
+    leaves at each instant and what recovery does with it). ladder.json is written last,
+    so a temp folder that holds one is complete.
+    """
     parent = plan.root.parent
+    created = not parent.exists()
     parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{plan.name}.new-", dir=parent))
+    try:
+        with name_lock(parent, plan.name):
+            recover_locked(parent, plan.name)
+            _write_locked(plan, force=force)
+    except BaseException:
+        if created:  # a failed first new-model leaves no empty onboarding/ behind
+            try:
+                parent.rmdir()
+            except OSError:
+                pass
+        raise
+    return plan.root
+
+
+def _write_locked(plan: Plan, *, force: bool) -> None:
+    parent = plan.root.parent
+    tmp = Path(tempfile.mkdtemp(prefix=temp_prefix(plan.name, "new"), dir=parent))
     try:
         os.chmod(tmp, default_mode("dir"))
         for fname, text in plan.files.items():
-            (tmp / fname).write_text(text, encoding="utf-8")
-        Ledger.new(tmp / LEDGER, plan.meta()).save()
+            _write_synced(tmp / fname, text)
+        Ledger.new(tmp / LEDGER, plan.meta()).save()  # last: it marks the folder complete
+        fsync_dir(tmp)
         if plan.root.exists():
             if not force:
                 raise BadInput(f"workspace {plan.root} already exists; pass --force to replace it")
             _replace(plan.root, tmp)
         else:
             os.rename(tmp, plan.root)
+            fsync_dir(parent)
     except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
+        shutil.rmtree(tmp, ignore_errors=True)  # gone already once renamed into place
         raise
-    return plan.root
+
+
+def _write_synced(path: Path, text: str) -> None:
+    # on disk before ladder.json is, so "holds ladder.json" means complete after a power cut too
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
 
 
 def _replace(root: Path, new: Path) -> None:
-    """Swap a forced workspace in, under the old one's lock so no next-step is mid-run."""
-    with WorkspaceLock(root):
-        old = Path(tempfile.mkdtemp(prefix=f".{root.name}.old-", dir=root.parent))
-        os.rename(root, old / root.name)
-        os.rename(new, root)
+    """Swap a forced workspace in, under the old one's lock so no next-step is mid-run.
+
+    The old one is renamed aside, the new one renamed in (the commit point), then the old
+    one removed. A failure between the two renames puts the old one back; a crash there
+    leaves it for recovery to put back.
+    """
+    lock = WorkspaceLock(root).acquire()
+    old = root.parent / f"{temp_prefix(root.name, 'old')}{secrets.token_hex(4)}"
+    try:
+        os.rename(root, old)
+        lock.follow(old)  # the lock file moved with its folder
+        try:
+            os.rename(new, root)
+        except BaseException:
+            os.rename(old, root)
+            lock.follow(root)
+            raise
+        fsync_dir(root.parent)
+    finally:
+        lock.release()
     shutil.rmtree(old, ignore_errors=True)

@@ -71,18 +71,20 @@ def fmt(value: Any) -> str:
     return str(value)
 
 
+# A recorded criterion is sure to have a name and ok (ledger.shape_problem); the rest of
+# what evaluate() writes may be missing from a hand-edited entry, so it is read with get.
 def fmt_threshold(c: dict) -> str:
-    if c["comparator"] == "is_true":
+    if c.get("comparator") == "is_true":
         return "is true"
     ref = f" ({c['threshold_ref']})" if c.get("threshold_ref") else ""
-    return f"{c['comparator']} {fmt(c['threshold'])}{ref}"
+    return f"{c.get('comparator', '?')} {fmt(c.get('threshold'))}{ref}"
 
 
 def key_numbers(rung: str, entry: dict | None) -> dict[str, Any]:
     if not entry:
         return {}
     m = entry.get("measurements") or {}
-    names = [k for k, _, _ in KEY_METRICS.get(rung, ())] or [c["metric"] for c in entry.get("criteria", [])[:3]]
+    names = [k for k, _, _ in KEY_METRICS.get(rung, ())] or [c.get("metric") for c in entry.get("criteria", [])[:3]]
     return {n: m[n] for n in names if n in m}
 
 
@@ -107,7 +109,7 @@ def criteria_table(criteria: list[dict], title: str | None = None) -> Table:
             ok = Text("WAIVED" + ("" if c.get("raw_ok") else " (failed)"), style="bold white on red")
         else:
             ok = Text("ok", style="bold green") if c["ok"] else Text("FAIL", style="bold red")
-        table.add_row(c["name"], fmt(c["value"]), fmt_threshold(c), ok)
+        table.add_row(c["name"], fmt(c.get("value")), fmt_threshold(c), ok)
     return table
 
 
@@ -150,7 +152,7 @@ def state_dict(s: RungState) -> dict:
         "waived_criteria": [c["name"] for c in criteria if c.get("waived")],
         "recorded_status": last.get("status"),
         "invalid_criteria": [
-            {k: c[k] for k in ("name", "metric", "value", "comparator", "threshold", "threshold_ref", "hint")}
+            {k: c.get(k) for k in ("name", "metric", "value", "comparator", "threshold", "threshold_ref", "hint")}
             for c in criteria
             if s.status == INVALID and not c.get("ok")
         ],

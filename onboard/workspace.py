@@ -3,14 +3,19 @@
 from __future__ import annotations
 
 import hashlib
+import os
+import re
+import shutil
+import sys
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
 from onboard.errors import BadInput
-from onboard.fsutil import sha256_file
+from onboard.fsutil import fsync_dir, sha256_file
 from onboard.ledger import Ledger
+from onboard.lock import WorkspaceLock
 
 WORKSPACES = "onboarding"
 RECIPE = "recipe.toml"
@@ -19,10 +24,19 @@ LEDGER = "ladder.json"
 REPORT = "REPORT.md"
 
 
+MAX_NAME = 64
+"""Longest NAME. The longest path component a workspace makes is new-model's temp folder
+`.NAME.new-XXXXXXXX` (NAME plus 14 bytes), so any NAME allowed stays far below the 255
+bytes per component that common filesystems allow."""
+
+
 def validate_name(name: str) -> None:
-    """A workspace name is a plain ASCII identifier: it becomes a folder and appears in commands."""
+    """A workspace name is a plain ASCII identifier of at most MAX_NAME characters: it
+    becomes a folder and appears in commands."""
     if not name:
         raise BadInput("NAME is empty; use an identifier such as my_model")
+    if len(name) > MAX_NAME:
+        raise BadInput(f"NAME is {len(name)} characters long; at most {MAX_NAME} are allowed (it names a folder)")
     if "/" in name or "\\" in name or ".." in name:
         raise BadInput(f"NAME '{name}' must not contain '/', '\\' or '..'; it names a folder under {WORKSPACES}/")
     if not (name.isascii() and name.isidentifier()):
@@ -56,6 +70,7 @@ class Workspace:
     def load(cls, base: Path, name: str) -> "Workspace":
         validate_name(name)
         root = workspaces_dir(base) / name
+        recover(base, name)
         if not root.is_dir():
             known = ", ".join(w.name for w in list_workspaces(base)) or "none"
             raise BadInput(
@@ -232,8 +247,129 @@ def _chain_reaches(edges: dict[str, set[str]], start: str | None, goal: str | No
 
 
 def list_workspaces(base: Path) -> list[Path]:
-    """Folders under <base>/onboarding/ that hold a ladder.json, sorted by name."""
+    """Folders under <base>/onboarding/ that hold a ladder.json, sorted by name; hidden ones
+    (new-model's temp folders `.NAME.new-*`, `.NAME.old-*`) are never listed, and what a
+    crashed new-model left is recovered first."""
     top = workspaces_dir(base)
     if not top.is_dir():
         return []
-    return sorted(p for p in top.iterdir() if p.is_dir() and (p / LEDGER).is_file())
+    for name in sorted({m.group(1) for p in top.iterdir() if (m := TEMP_FOLDER.fullmatch(p.name))}):
+        recover(base, name)
+    return sorted(p for p in top.iterdir() if not p.name.startswith(".") and p.is_dir() and (p / LEDGER).is_file())
+
+
+# ---- what a crashed new-model leaves behind --------------------------------------------------
+# `new-model` builds a workspace in `.NAME.new-XXXX` (ladder.json written last: a temp folder
+# holding one is complete) and renames it to NAME; `--force` first renames the old workspace
+# to `.NAME.old-XXXX` and removes that once the new one is in place. All of it happens under
+# the per-name lock `onboarding/.NAME.lock`. A crash at any instant leaves one of:
+#   NAME (old) + incomplete or complete .new     -> the new one is removed (nothing was replaced)
+#   no NAME    + .old (+ complete .new)          -> .old is renamed back: the command did not
+#                                                   finish, so the workspace is as before it (its
+#                                                   evidence and a porter's edits cannot be
+#                                                   rebuilt; running the command again rebuilds the new)
+#   no NAME    + complete .new, no .old          -> .new is moved in (a first new-model that had
+#                                                   finished building: nothing to lose)
+#   NAME (new) + .old, whole or partly removed   -> .old is removed (the replacement was done)
+# The rename of the new one to NAME is the commit point. Recovery runs on the next
+# Workspace.load, list_workspaces and new-model, under the same lock, so it never touches a
+# folder a live new-model is still writing; it prints one line to stderr saying what it did.
+TEMP_FOLDER = re.compile(rf"\.([A-Za-z_][A-Za-z0-9_]{{0,{MAX_NAME - 1}}})\.(new|old)-[A-Za-z0-9_]+")
+RECOVER_WAIT_S = 10.0
+"""How long a command waits for a live new-model of the same NAME that holds its lock while
+NAME is missing (a swap in progress: renaming takes milliseconds, writing the files little more)."""
+
+
+def temp_prefix(name: str, kind: str) -> str:
+    """`.NAME.new-` or `.NAME.old-`: the prefix of new-model's temp folders (kind new | old)."""
+    return f".{name}.{kind}-"
+
+
+def name_lock(top: Path, name: str) -> WorkspaceLock:
+    """The per-name lock in onboarding/ that new-model holds while it writes or swaps NAME."""
+    return WorkspaceLock(top, f".{name}.lock")
+
+
+def leftovers(top: Path, name: str) -> dict[str, list[Path]]:
+    """{"new": [...], "old": [...]}: new-model's temp folders of NAME in `top`, oldest first."""
+    found: dict[str, list[Path]] = {"new": [], "old": []}
+    try:
+        entries = list(os.scandir(top))
+    except OSError:
+        return found
+    for entry in entries:
+        m = TEMP_FOLDER.fullmatch(entry.name)
+        if m and m.group(1) == name and entry.is_dir(follow_symlinks=False):
+            found[m.group(2)].append(Path(entry.path))
+    for paths in found.values():
+        paths.sort(key=lambda p: (_mtime(p), p.name))
+    return found
+
+
+def _mtime(path: Path) -> int:
+    try:
+        return path.stat().st_mtime_ns
+    except OSError:
+        return 0  # removed meanwhile by its own new-model: it sorts first and is skipped there
+
+
+def recover(base: Path, name: str) -> str | None:
+    """Finish or undo what a crashed new-model left of workspace NAME (see above).
+
+    Takes the per-name lock: when a live new-model holds it, NAME is left to it (waiting up
+    to RECOVER_WAIT_S when NAME is missing, so a swap in progress is waited out rather than
+    reported as no workspace). Returns the line printed to stderr, None when nothing was done.
+    """
+    top = workspaces_dir(base)
+    found = leftovers(top, name)
+    if not found["new"] and not found["old"]:
+        return None
+    lock = name_lock(top, name)
+    try:
+        if not lock.try_acquire(0.0 if (top / name).is_dir() else RECOVER_WAIT_S):
+            return None
+        try:
+            return recover_locked(top, name)
+        finally:
+            lock.release()
+    except OSError as e:  # a read-only onboarding/ must not break status or list
+        line = f"onboard: workspace {name}: could not tidy what an interrupted new-model left: {e}"
+        print(line, file=sys.stderr)
+        return line
+
+
+def recover_locked(top: Path, name: str) -> str | None:
+    """`recover` for a caller that holds the per-name lock (new-model itself)."""
+    found = leftovers(top, name)
+    root = top / name
+    done: list[str] = []
+    if not root.exists():
+        complete = [p for p in found["new"] if (p / LEDGER).is_file()]
+        if found["old"]:
+            old = found["old"].pop()
+            inner = old / name  # an earlier onboard kept the old workspace one level down
+            src = inner if not (old / LEDGER).is_file() and (inner / LEDGER).is_file() else old
+            # its lock file moved aside with it, left by the dead swapper: taken and released
+            # (so removed) around the rename, so no next-step reports a lock taken over
+            with WorkspaceLock(src) as ws_lock:
+                os.rename(src, root)
+                ws_lock.follow(root)
+            if src == inner:
+                os.rmdir(old)
+            done.append("restored the workspace an interrupted `new-model --force` had moved aside")
+        elif complete:
+            new = complete[-1]
+            found["new"].remove(new)
+            os.rename(new, root)
+            done.append("moved in the workspace an interrupted `new-model` had finished building")
+        fsync_dir(top)
+    stale = found["new"] + found["old"]
+    for path in stale:
+        shutil.rmtree(path, ignore_errors=True)
+    if stale:
+        done.append(f"removed {', '.join(p.name for p in stale)}")
+    if not done:
+        return None
+    line = f"onboard: workspace {name}: " + "; ".join(done)
+    print(line, file=sys.stderr)
+    return line

@@ -1,9 +1,9 @@
 """Start a child process that cannot outlive the process that started it.
 
-A rung that is killed with SIGKILL runs no cleanup: without this, the parity `pytest` child
-runs on and writes results into an attempt the ledger already closed, and sharded ranks
-(each in its own session, so that the launcher can stop a rank's whole group) live on until
-their next collective times out.
+A process killed with SIGKILL runs no cleanup: without this, a test child it started runs
+on and writes results into a folder its parent already gave up on, and the ranks of a local
+world (each in its own session, so that the launcher can stop a rank's whole group) live on
+until their next collective times out.
 
 `with_parent_death_signal(cmd)` returns an argv that runs `cmd` through this module: it asks
 the kernel for SIGKILL when its parent dies (Linux `PR_SET_PDEATHSIG`, which survives the

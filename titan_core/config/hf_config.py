@@ -3,15 +3,44 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 from titan_core.config.loader import ConfigError
+
+MAX_DEPTH = 64
+"""Deepest nesting of objects and arrays read: real configs nest a few levels (rope
+parameters, a quantization or sub-model config); the json module recurses per level, so a
+deeper document would end in a RecursionError instead of a message."""
+
+# a JSON string (escapes included) or one bracket: strings are skipped whole, so a bracket
+# inside one is not counted
+_TOKEN = re.compile(r'"(?:[^"\\]|\\.)*"|[\[\]{}]')
+
+
+def json_depth(text: str, limit: int = MAX_DEPTH) -> int:
+    """The nesting depth of the JSON `text`, without recursion; scanning stops once it
+    passes `limit` (then limit + 1 is returned). Malformed text gets a count too: the
+    parser reports what is wrong with it."""
+    depth = deepest = 0
+    for m in _TOKEN.finditer(text):
+        ch = m.group()
+        if ch == "[" or ch == "{":
+            depth += 1
+            if depth > deepest:
+                deepest = depth
+                if deepest > limit:
+                    return deepest
+        elif ch == "]" or ch == "}":
+            depth -= 1
+    return deepest
 
 
 def read_hf_config_text(path: str | Path, *, require_model_type: bool = False) -> tuple[dict, str]:
     """(config dict, exact file text) from a config.json, or from a folder holding one.
 
-    ConfigError for a missing file, malformed JSON or a value that is not a JSON object;
+    ConfigError for a missing file, malformed JSON, nesting deeper than MAX_DEPTH or a
+    value that is not a JSON object;
     with `require_model_type`, also when it names no architecture in `model_type`.
     """
     path = Path(path)
@@ -20,6 +49,11 @@ def read_hf_config_text(path: str | Path, *, require_model_type: bool = False) -
     if not path.is_file():
         raise ConfigError(f"HF config not found: {path}")
     text = path.read_text(encoding="utf-8", errors="replace")
+    if json_depth(text) > MAX_DEPTH:
+        raise ConfigError(
+            f"{path}: nesting depth > {MAX_DEPTH}: an HF config.json nests objects and arrays a few levels deep; "
+            f"at most {MAX_DEPTH} are read"
+        )
     try:
         cfg = json.loads(text)
     except json.JSONDecodeError as e:

@@ -11,7 +11,9 @@ from torch import nn
 
 from titan_core.config.loader import ConfigError, did_you_mean
 from titan_core.models.common.args import TransformerArgs
+from titan_core.models.common.errors import ArchitectureError
 from titan_core.models.common.hf_adapter import HFAdapter
+from titan_core.models.common.validate import validate_args
 
 FAMILY_NAMES = ("llama3", "qwen3", "qwen3_moe", "glimmer")
 
@@ -48,9 +50,14 @@ def resolve_args(family: str, flavor: str, overrides: dict | None = None) -> Tra
 
 def apply_model_overrides(args: TransformerArgs, overrides: dict | None) -> TransformerArgs:
     """`args` with the `model.overrides` fields replaced (an `extra` table merges into
-    args.extra, key by key); ConfigError naming an unknown field."""
-    if not overrides:
-        return args
+    args.extra, key by key), checked against the structural rules (models/common/validate.py).
+
+    ConfigError naming an unknown field, or an override that breaks a rule; an
+    ArchitectureError (an AdapterError) when args that came in already break one (an
+    adapter that skipped the checks). Every recipe's args pass here, so a hand edit of the
+    recipe is refused before a model is built.
+    """
+    overrides = overrides or {}
     valid = set(TransformerArgs.__dataclass_fields__)
     for key in overrides:
         if key not in valid:
@@ -59,7 +66,15 @@ def apply_model_overrides(args: TransformerArgs, overrides: dict | None) -> Tran
         if not isinstance(overrides["extra"], dict):
             raise ConfigError(f"model override 'extra' must be a table of port fields, got {overrides['extra']!r}")
         overrides = {**overrides, "extra": {**args.extra, **overrides["extra"]}}
-    return replace(args, **overrides)
+    if overrides:
+        args = replace(args, **overrides)
+    try:
+        validate_args(args, names={k: f"model.overrides.{k}" for k in overrides})
+    except ArchitectureError as e:
+        if set(e.fields) & set(overrides):
+            raise ConfigError(str(e)) from None
+        raise
+    return args
 
 
 def build_meta(family: str, args: TransformerArgs) -> nn.Module:

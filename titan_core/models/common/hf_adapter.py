@@ -15,6 +15,8 @@ from typing import Any
 import torch
 
 from titan_core.models.common.args import TransformerArgs
+from titan_core.models.common.errors import AdapterError
+from titan_core.models.common.validate import check_args
 
 # native suffix -> HF suffix, per decoder layer
 LAYER_KEYS: dict[str, str] = {
@@ -39,6 +41,13 @@ TOP_KEYS: dict[str, str] = {
     "norm.weight": "model.norm.weight",
     "output.weight": "lm_head.weight",
 }
+# native field -> the HF config key it is read from, for the messages of the structural rules
+HF_NAMES: dict[str, str] = {
+    "dim": "hidden_size", "n_layers": "num_hidden_layers", "n_heads": "num_attention_heads",
+    "n_kv_heads": "num_key_value_heads", "head_dim": "head_dim", "vocab_size": "vocab_size",
+    "ffn_hidden_dim": "intermediate_size", "norm_eps": "rms_norm_eps", "max_seq_len": "max_position_embeddings",
+    "rope_theta": "rope_theta", "tie_embeddings": "tie_word_embeddings",
+}  # fmt: skip
 # HF config keys that carry no architecture (or that we derive another way).
 NEUTRAL_KEYS = frozenset(
     {
@@ -49,10 +58,6 @@ NEUTRAL_KEYS = frozenset(
         "tokenizer_class", "chunk_size_feed_forward", "problem_type", "is_encoder_decoder",
     }
 )  # fmt: skip
-
-
-class AdapterError(ValueError):
-    """A config or checkpoint the adapter cannot map."""
 
 
 class HFAdapter:
@@ -176,11 +181,6 @@ class HFAdapter:
                 return node[name]
             return default
 
-        act = take("hidden_act", "silu")
-        if act != "silu":
-            raise AdapterError(f"hidden_act '{act}' is not supported (the families use SwiGLU with silu)")
-        if take("mlp_bias", False):
-            raise AdapterError("mlp_bias = true is not supported by this family")
         kw: dict[str, Any] = dict(
             dim=take("hidden_size"),
             n_layers=take("num_hidden_layers"),
@@ -196,9 +196,19 @@ class HFAdapter:
         missing = [k for k in ("dim", "n_layers", "n_heads", "vocab_size") if kw[k] is None]
         if missing:
             raise AdapterError(f"config lacks required fields for {missing}")
+        # The sizes first: the family's extras read them (range(num_hidden_layers)), and a
+        # zero or a fraction must be named as such, not surface as a TypeError there.
+        names, width_free = self.hf_names(cfg), self.width_free(cfg)
+        check_args(kw, names=names, width_free=width_free)
+        act = take("hidden_act", "silu")
+        if act != "silu":
+            raise AdapterError(f"hidden_act '{act}' is not supported (the families use SwiGLU with silu)")
+        if take("mlp_bias", False):
+            raise AdapterError("mlp_bias = true is not supported by this family")
         kw.update(self._rope_from_hf(cfg, take))
         kw.update(self.extra_args_from_hf(cfg, take))
         kw = {k: v for k, v in kw.items() if v is not None}
+        check_args(kw, names=names, width_free=width_free)
         try:
             return TransformerArgs(**kw), used
         except (TypeError, ValueError) as e:
@@ -230,6 +240,16 @@ class HFAdapter:
         elif rope_type != "default":
             raise AdapterError(f"rope_type '{rope_type}' is not supported (default and llama3 are)")
         return {"rope_theta": float(theta), "rope_scaling": scaling}
+
+    def hf_names(self, cfg: dict[str, Any]) -> dict[str, str]:
+        """{native field: HF key} of the fields read from `cfg`, so a structural error names
+        the key the user wrote; families extend it with the keys their extras read."""
+        return dict(HF_NAMES)
+
+    def width_free(self, cfg: dict[str, Any]) -> bool:
+        """Whether an explicit head_dim lets hidden_size differ from heads * head_dim, as the
+        upstream class of `cfg` accepts it (Qwen3 does; LlamaConfig refuses it regardless)."""
+        return True
 
     def extra_args_from_hf(self, cfg, take) -> dict[str, Any]:
         """Family-specific TransformerArgs fields (a port's own values go in `extra`); the

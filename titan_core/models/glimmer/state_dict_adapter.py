@@ -15,6 +15,10 @@ class GlimmerAdapter(HFAdapter):
     hf_model_types = ("glimmer",)
     hf_architecture = "GlimmerForCausalLM"
 
+    def hf_names(self, cfg):
+        names = {"sliding_window": "sliding_window", "rope_skip_every": "no_rope_layer_interval"}
+        return {**super().hf_names(cfg), **names}
+
     def extra_args_from_hf(self, cfg, take):
         n_layers = cfg["num_hidden_layers"]
         window = take("sliding_window")

@@ -6,6 +6,14 @@ from titan_core.models.common.hf_adapter import AdapterError, HFAdapter
 class Llama3Adapter(HFAdapter):
     hf_model_types = ("llama", "mistral")
 
+    def hf_names(self, cfg):
+        return {**super().hf_names(cfg), "sliding_window": "sliding_window"}
+
+    def width_free(self, cfg):
+        # LlamaConfig refuses hidden_size % num_attention_heads != 0 even with a head_dim;
+        # Mistral (and a port's own class) reads head_dim as given
+        return cfg.get("model_type") != "llama"
+
     def extra_args_from_hf(self, cfg, take):
         kw = super().extra_args_from_hf(cfg, take)
         # Mistral windows every layer; a Mistral config with layer_types is not consumed here,

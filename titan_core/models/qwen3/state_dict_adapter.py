@@ -45,6 +45,9 @@ class Qwen3Adapter(HFAdapter):
     hf_model_types = ("qwen3", "qwen2")
     hf_architecture = "Qwen3ForCausalLM"
 
+    def hf_names(self, cfg):
+        return {**super().hf_names(cfg), "sliding_window": "sliding_window"}
+
     def extra_args_from_hf(self, cfg, take):
         sliding_window, global_every = window_pattern(qwen_windows(take, cfg["num_hidden_layers"]))
         kw: dict[str, Any] = {"sliding_window": sliding_window, "global_every": global_every}

@@ -98,6 +98,17 @@ class Qwen3MoeAdapter(HFAdapter):
         }
 
     # ---- configs --------------------------------------------------------------------
+    def hf_names(self, cfg):
+        return {
+            **super().hf_names(cfg),
+            "n_experts": "num_experts" if cfg.get("num_experts") is not None else "num_local_experts",
+            "top_k": "num_experts_per_tok",
+            "moe_hidden_dim": "moe_intermediate_size",
+            "moe_every": "decoder_sparse_step",
+            "dense_layers": "mlp_only_layers",
+            "sliding_window": "sliding_window",
+        }
+
     def extra_args_from_hf(self, cfg, take):
         # transformers 5 writes num_local_experts; published config.json files say num_experts
         n_experts = take("num_experts")
