@@ -31,6 +31,11 @@ FLAVORS: dict[str, TransformerArgs] = {
         dim=8192, n_layers=80, n_heads=64, n_kv_heads=8, vocab_size=128256, ffn_hidden_dim=28672,
         rope_theta=500000.0, rope_scaling=LLAMA3_ROPE_SCALING, max_seq_len=131072,
     ),
+    # Llama 3.1 405B: 405,853,388,800 parameters (what LlamaForCausalLM builds from its config)
+    "405B": TransformerArgs(
+        dim=16384, n_layers=126, n_heads=128, n_kv_heads=8, vocab_size=128256, ffn_hidden_dim=53248,
+        rope_theta=500000.0, rope_scaling=LLAMA3_ROPE_SCALING, max_seq_len=131072,
+    ),
     "mistral-7B": TransformerArgs(
         dim=4096, n_layers=32, n_heads=32, n_kv_heads=8, vocab_size=32000, ffn_hidden_dim=14336,
         rope_theta=10000.0, sliding_window=4096, max_seq_len=32768,

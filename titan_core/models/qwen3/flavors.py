@@ -24,6 +24,10 @@ FLAVORS: dict[str, TransformerArgs] = {
         dim=4096, n_layers=36, n_heads=32, n_kv_heads=8, head_dim=128, vocab_size=151936, ffn_hidden_dim=12288,
         norm_eps=1e-6, rope_theta=1000000.0, qk_norm=True, max_seq_len=40960,
     ),
+    "32B": TransformerArgs(
+        dim=5120, n_layers=64, n_heads=64, n_kv_heads=8, head_dim=128, vocab_size=151936, ffn_hidden_dim=25600,
+        norm_eps=1e-6, rope_theta=1000000.0, qk_norm=True, max_seq_len=40960,
+    ),
     "qwen2.5-7B": TransformerArgs(
         dim=3584, n_layers=28, n_heads=28, n_kv_heads=4, vocab_size=152064, ffn_hidden_dim=18944,
         norm_eps=1e-6, rope_theta=1000000.0, qkv_bias=True, max_seq_len=32768,

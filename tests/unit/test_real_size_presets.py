@@ -1,0 +1,187 @@
+"""Real-size presets: each published model's flavor, built on meta through the recipe path,
+has exactly the parameters transformers' own class builds on meta from the published
+config.json, the same state-dict names and shapes through the family adapter, and the
+config.json reads back as that very flavor.
+
+The configs below are the published config.json files' architecture fields (written out
+from the released models; the token ids and other non-architecture keys are kept where
+they appear, so `unconsumed_keys` sees what a user's file holds). Llama 8B/70B are the 3.1
+releases (the 3.0 ones differ only in RoPE scaling and context length, not in parameters).
+Nothing is allocated: both sides are built under the meta device, full size (the 94-layer
+235B MoE builds in about two seconds on each side).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers", reason="needs the [hf] extra")
+
+from titan_core.config.sections import Model as ModelConfig  # noqa: E402
+from titan_core.model_builder import build_model_from_config, model_adapter, resolve_model_args  # noqa: E402
+from titan_core.models.common.param_counts import count_params  # noqa: E402
+from titan_core.models.registry import get_family  # noqa: E402
+
+pytestmark = pytest.mark.hf
+
+LLAMA31_ROPE = {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 8192, "rope_type": "llama3"}  # fmt: skip
+LLAMA_COMMON = {
+    "architectures": ["LlamaForCausalLM"], "model_type": "llama", "attention_bias": False, "attention_dropout": 0.0,
+    "bos_token_id": 128000, "eos_token_id": 128001, "hidden_act": "silu", "initializer_range": 0.02,
+    "max_position_embeddings": 131072, "mlp_bias": False, "pretraining_tp": 1, "rms_norm_eps": 1e-05,
+    "rope_scaling": LLAMA31_ROPE, "rope_theta": 500000.0, "tie_word_embeddings": False, "torch_dtype": "bfloat16",
+    "use_cache": True, "vocab_size": 128256,
+}  # fmt: skip
+QWEN3_COMMON = {
+    "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "attention_bias": False, "attention_dropout": 0.0,
+    "bos_token_id": 151643, "eos_token_id": 151645, "head_dim": 128, "hidden_act": "silu", "initializer_range": 0.02,
+    "max_position_embeddings": 40960, "rms_norm_eps": 1e-06, "rope_scaling": None, "rope_theta": 1000000.0,
+    "sliding_window": None, "tie_word_embeddings": False, "torch_dtype": "bfloat16", "use_cache": True,
+    "use_sliding_window": False, "vocab_size": 151936,
+}  # fmt: skip
+QWEN3_MOE_COMMON = {
+    **QWEN3_COMMON, "architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe", "decoder_sparse_step": 1,
+    "mlp_only_layers": [], "norm_topk_prob": True, "num_experts": 128, "num_experts_per_tok": 8,
+    "output_router_logits": False, "router_aux_loss_coef": 0.001,
+}  # fmt: skip
+
+# name: (family, flavor, published config.json)
+PUBLISHED = {
+    "Llama-3.2-1B": ("llama3", "1B", {
+        **LLAMA_COMMON, "hidden_size": 2048, "intermediate_size": 8192, "num_attention_heads": 32,
+        "num_hidden_layers": 16, "num_key_value_heads": 8, "head_dim": 64, "tie_word_embeddings": True,
+        "rope_scaling": {**LLAMA31_ROPE, "factor": 32.0},
+    }),
+    "Llama-3.1-8B": ("llama3", "8B", {
+        **LLAMA_COMMON, "hidden_size": 4096, "intermediate_size": 14336, "num_attention_heads": 32,
+        "num_hidden_layers": 32, "num_key_value_heads": 8,
+    }),
+    "Llama-3.1-70B": ("llama3", "70B", {
+        **LLAMA_COMMON, "hidden_size": 8192, "intermediate_size": 28672, "num_attention_heads": 64,
+        "num_hidden_layers": 80, "num_key_value_heads": 8,
+    }),
+    "Llama-3.1-405B": ("llama3", "405B", {
+        **LLAMA_COMMON, "hidden_size": 16384, "intermediate_size": 53248, "num_attention_heads": 128,
+        "num_hidden_layers": 126, "num_key_value_heads": 8,
+    }),
+    "Mistral-7B-v0.1": ("llama3", "mistral-7B", {
+        "architectures": ["MistralForCausalLM"], "model_type": "mistral", "bos_token_id": 1, "eos_token_id": 2,
+        "hidden_act": "silu", "hidden_size": 4096, "initializer_range": 0.02, "intermediate_size": 14336,
+        "max_position_embeddings": 32768, "num_attention_heads": 32, "num_hidden_layers": 32,
+        "num_key_value_heads": 8, "rms_norm_eps": 1e-05, "rope_theta": 10000.0, "sliding_window": 4096,
+        "tie_word_embeddings": False, "torch_dtype": "bfloat16", "use_cache": True, "vocab_size": 32000,
+    }),
+    "Qwen3-0.6B": ("qwen3", "0.6B", {
+        **QWEN3_COMMON, "hidden_size": 1024, "intermediate_size": 3072, "num_attention_heads": 16,
+        "num_hidden_layers": 28, "num_key_value_heads": 8, "max_window_layers": 28, "tie_word_embeddings": True,
+    }),
+    "Qwen3-8B": ("qwen3", "8B", {
+        **QWEN3_COMMON, "hidden_size": 4096, "intermediate_size": 12288, "num_attention_heads": 32,
+        "num_hidden_layers": 36, "num_key_value_heads": 8, "max_window_layers": 36,
+    }),
+    "Qwen3-32B": ("qwen3", "32B", {
+        **QWEN3_COMMON, "hidden_size": 5120, "intermediate_size": 25600, "num_attention_heads": 64,
+        "num_hidden_layers": 64, "num_key_value_heads": 8, "max_window_layers": 64,
+    }),
+    "Qwen2.5-7B": ("qwen3", "qwen2.5-7B", {
+        "architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "attention_dropout": 0.0,
+        "bos_token_id": 151643, "eos_token_id": 151643, "hidden_act": "silu", "hidden_size": 3584,
+        "initializer_range": 0.02, "intermediate_size": 18944, "max_position_embeddings": 32768,
+        "max_window_layers": 28, "num_attention_heads": 28, "num_hidden_layers": 28, "num_key_value_heads": 4,
+        "rms_norm_eps": 1e-06, "rope_theta": 1000000.0, "sliding_window": 131072, "tie_word_embeddings": False,
+        "torch_dtype": "bfloat16", "use_cache": True, "use_sliding_window": False, "vocab_size": 152064,
+    }),
+    "Qwen3-30B-A3B": ("qwen3_moe", "30B-A3B", {
+        **QWEN3_MOE_COMMON, "hidden_size": 2048, "intermediate_size": 6144, "moe_intermediate_size": 768,
+        "num_attention_heads": 32, "num_hidden_layers": 48, "num_key_value_heads": 4, "max_window_layers": 48,
+    }),
+    "Qwen3-235B-A22B": ("qwen3_moe", "235B-A22B", {
+        **QWEN3_MOE_COMMON, "hidden_size": 4096, "intermediate_size": 12288, "moe_intermediate_size": 1536,
+        "num_attention_heads": 64, "num_hidden_layers": 94, "num_key_value_heads": 4, "max_window_layers": 94,
+    }),
+}  # fmt: skip
+
+
+def write_config(tmp_path, cfg: dict):
+    folder = tmp_path / "hf"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(cfg))
+    return folder
+
+
+def upstream_on_meta(folder):
+    """transformers' own class for the config.json, built on meta (local file, no remote code)."""
+    config = transformers.AutoConfig.from_pretrained(str(folder), local_files_only=True, trust_remote_code=False)
+    with torch.device("meta"):
+        return transformers.AutoModelForCausalLM.from_config(config, trust_remote_code=False)
+
+
+def upstream_active(model, cfg: dict) -> int:
+    """Active parameters of the upstream model, counted on its own module names: of each
+    layer's routed experts (`mlp.experts.*`), num_experts_per_tok of num_experts are used."""
+    total = sum(p.numel() for p in model.parameters())
+    n, k = cfg.get("num_experts", 0), cfg.get("num_experts_per_tok", 0)
+    experts = sum(p.numel() for name, p in model.named_parameters() if ".mlp.experts." in name)
+    assert experts % max(n, 1) == 0
+    return total - (experts // n * (n - k) if n else 0)
+
+
+def shapes(sd: dict) -> dict[str, tuple[int, ...]]:
+    return {k: tuple(v.shape) for k, v in sd.items()}
+
+
+@pytest.mark.parametrize("name", list(PUBLISHED))
+def test_preset_matches_transformers_on_meta(name, tmp_path):
+    family, flavor, cfg = PUBLISHED[name]
+    _, _, native = build_model_from_config(ModelConfig(family=family, flavor=flavor))  # `--preset family/flavor`
+    assert next(native.parameters()).device.type == "meta"
+    upstream = upstream_on_meta(write_config(tmp_path, cfg))
+
+    counts = count_params(native)
+    assert counts.total == sum(p.numel() for p in upstream.parameters()), name
+    assert counts.active == upstream_active(upstream, cfg), name
+    assert counts == count_params(get_family(family).flavors[flavor])  # the args-only path agrees
+    # every tensor under its HF name with its HF shape (a tied head is emitted as the embedding, as HF holds it)
+    assert shapes(get_family(family).adapter.to_hf(native.state_dict())) == shapes(upstream.state_dict()), name
+
+
+@pytest.mark.parametrize("name", list(PUBLISHED))
+def test_published_config_reads_as_the_preset(name, tmp_path):
+    """The recipe path for `--hf-config`: config.json through the family adapter gives the
+    flavor's args field for field, with no key of the file left unread."""
+    family, flavor, cfg = PUBLISHED[name]
+    model_cfg = ModelConfig(family=family, hf_config=str(write_config(tmp_path, cfg) / "config.json"))
+    assert resolve_model_args(model_cfg) == get_family(family).flavors[flavor]
+    assert model_adapter(model_cfg).unconsumed_keys(cfg) == []
+
+
+def test_published_sizes():
+    """The counts against the model cards (total / active, in billions), and the 235B active
+    count by hand from its config: the names on the cards are what users will compare."""
+    cards = {"8B": 8.03, "70B": 70.55, "405B": 405.85}
+    for flavor, billions in cards.items():
+        assert round(count_params(get_family("llama3").flavors[flavor]).total / 1e9, 2) == billions
+    assert round(count_params(get_family("qwen3").flavors["32B"]).total / 1e9, 1) == 32.8
+    total, active = count_params(get_family("qwen3_moe").flavors["235B-A22B"])
+    d, hd, v, layers = 4096, 128, 151936, 94
+    attn = d * 64 * hd + 2 * d * 4 * hd + 64 * hd * d + 2 * hd  # q, k, v, o, q_norm, k_norm
+    moe_active = d * 128 + 8 * 3 * d * 1536  # router + 8 of 128 SwiGLU experts
+    assert active == 2 * v * d + layers * (attn + moe_active + 2 * d) + d
+    assert total == active + layers * 120 * 3 * d * 1536  # plus the 120 unchosen experts per layer
+    assert (round(total / 1e9), round(active / 1e9)) == (235, 22)
+
+
+def test_count_params_on_a_shared_expert_moe():
+    """A shared expert and the router count in full; only routed experts are shared out."""
+    args = replace(get_family("qwen3_moe").flavors["debugmodel"], shared_expert_hidden_dim=64, dense_layers=[0])
+    total, active = count_params(args)
+    d, e, k, h = args.dim, args.n_experts, args.top_k, args.moe_hidden_dim
+    moe_layers = args.n_layers - 1
+    assert total - active == moe_layers * (e - k) * 3 * d * h
+    with pytest.raises(TypeError):
+        count_params({"dim": 4})
