@@ -6,22 +6,16 @@ import torch
 
 from titan_core.models.common.args import TransformerArgs
 from titan_core.models.common.decoder import Transformer
-
-
-def _meta_model(args: TransformerArgs):
-    with torch.device("meta"):
-        return Transformer(args)
+from titan_core.models.common.param_counts import count_params
 
 
 def param_counts(args: TransformerArgs) -> dict[str, int]:
-    """{total, active, embedding}: active counts only top_k of each layer's routed experts."""
-    model = _meta_model(args)
-    total = sum(p.numel() for p in model.parameters())
-    inactive = 0
-    for name, p in model.named_parameters():
-        if ".experts." in name:
-            inactive += p.numel() * (args.n_experts - args.top_k) // args.n_experts
-    return {"total": total, "active": total - inactive, "embedding": model.tok_embeddings.weight.numel()}
+    """{total, active, embedding}: active counts only top_k of each layer's routed experts
+    (`param_counts.count_params`, on the shared decoder built on meta)."""
+    with torch.device("meta"):
+        model = Transformer(args)
+    total, active = count_params(model)
+    return {"total": total, "active": active, "embedding": model.tok_embeddings.weight.numel()}
 
 
 def flops_per_token(args: TransformerArgs, seq_len: int) -> float:
