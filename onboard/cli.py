@@ -291,18 +291,19 @@ def list_cmd(dir: Path = DIR_OPTION, json_out: bool = JSON_OPTION):
 
 @app.command("report")
 def report_cmd(name: str = typer.Argument(...), dir: Path = DIR_OPTION, json_out: bool = JSON_OPTION):
-    """Write REPORT.md into the workspace: the evidence of every rung, waivers first."""
+    """Write REPORT.md, report.html and the PNG pictures into the workspace: the summary, the
+    waterfall, the evidence of every rung."""
 
     def body(out: Out) -> int:
-        from onboard.report import write_report
+        from onboard.report import WATERFALL, write_report_files
         from onboard.workspace import Workspace
 
         ws = Workspace.load(_check_dir(dir), name)
-        path = write_report(ws)
+        files = write_report_files(ws)
         if out.json:
-            out.emit({"workspace": name, "report": str(path), "waivers": list(ws.ledger.waivers().values())})
+            out.emit({"workspace": name, **files.to_json(), "waivers": list(ws.ledger.waivers().values())})
         else:
-            out.print(f"wrote {path}")
+            out.print(f"wrote {files.markdown}\nreport.html: {files.html}\nwaterfall: {files.where(WATERFALL)}")
         return 0
 
     _run(json_out, body)

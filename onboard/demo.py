@@ -6,7 +6,7 @@ import time
 from pathlib import Path
 
 from onboard.ladder import RUNGS, default_specs, ladder_states, next_step
-from onboard.report import write_report
+from onboard.report import WATERFALL, write_report_files
 from onboard.scaffold import plan_workspace, write_workspace
 from onboard.views import ladder_table, show_outcome, status_dict
 from onboard.workspace import Workspace
@@ -38,17 +38,24 @@ def run_demo(base: Path, *, device: str, out) -> dict:
             show_outcome(out.print, outcome)
         if outcome.status == "complete" or outcome.exit_code != 0:
             break
-    report = write_report(ws, specs)
+    report = write_report_files(ws, specs)
+    files = report.to_json()
     states = ladder_states(ws, specs)
     out.print(ladder_table(states, title=f"demo ladder: {NAME} ({PRESET})"))
     last = steps[-1]
     wall = time.perf_counter() - t0
-    out.print(f"{last.message}\nreport: {report}\ndemo wall time: {wall:.1f} s")
+    out.print(
+        f"{last.message}\nreport: {report.markdown}\nreport.html: {report.html}\n"
+        f"waterfall: {report.where(WATERFALL)}\ndemo wall time: {wall:.1f} s"
+    )
     return {
         "workspace": str(root),
         "steps": [s.to_json() for s in steps],
         "status": status_dict(ws, states),
-        "report": str(report),
+        "report": files["report"],
+        "html": files["html"],
+        "waterfall": files["waterfall"],
+        "pictures": files["pictures"],
         "wall_s": round(wall, 1),
         "exit_code": 0 if last.status == "complete" else last.exit_code,
     }

@@ -81,7 +81,12 @@ def remove_stale_temps(path: Path, *, now: float | None = None) -> list[Path]:
 
 
 def atomic_write_text(path: Path, text: str) -> None:
-    """Write `text` to `path` so that a reader (or a crash) sees the old file or the new one, never half.
+    """`atomic_write_bytes` of `text` in UTF-8."""
+    atomic_write_bytes(path, text.encode("utf-8"))
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    """Write `data` to `path` so that a reader (or a crash) sees the old file or the new one, never half.
 
     The temp file lives in the same directory so `os.replace` is a same-filesystem rename;
     its name carries this process's pid, so the next writer can tell a killed writer's
@@ -92,8 +97,8 @@ def atomic_write_text(path: Path, text: str) -> None:
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.{os.getpid()}-", suffix=".tmp", dir=path.parent)
     try:
         os.chmod(tmp, path.stat().st_mode & 0o777 if path.exists() else default_mode())
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)

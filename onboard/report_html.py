@@ -1,0 +1,42 @@
+"""report.html: REPORT.md rendered to one self-contained page, its pictures embedded.
+
+The page is REPORT.md itself (tables, the `<details>` blocks of each rung's evidence),
+rendered with markdown-it (CommonMark + tables, the parser rich already brings), with every
+picture REPORT.md names replaced by a `data:image/png;base64` URI: the file can be mailed
+or opened anywhere, nothing is fetched.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+from pathlib import Path
+
+STYLE = """
+body { font-family: system-ui, sans-serif; max-width: 1200px; margin: 2em auto; padding: 0 1em; color: #222; }
+table { border-collapse: collapse; margin: 0.6em 0; font-size: 0.9em; }
+th, td { border: 1px solid #ccc; padding: 0.25em 0.5em; text-align: left; vertical-align: top; }
+th { background: #f3f3f3; }
+img { max-width: 100%; border: 1px solid #ddd; margin: 0.5em 0; }
+code { background: #f5f5f5; padding: 0 0.2em; }
+pre { background: #f5f5f5; padding: 0.6em; overflow-x: auto; font-size: 0.85em; }
+h2 { border-bottom: 1px solid #ddd; padding-bottom: 0.2em; margin-top: 1.6em; }
+"""
+
+
+def data_uri(png: bytes) -> str:
+    return "data:image/png;base64," + base64.b64encode(png).decode("ascii")
+
+
+def render(markdown: str, pictures: dict[str, Path], *, title: str) -> str:
+    """The page for `markdown`; `pictures`: file name as REPORT.md links it -> the PNG to embed."""
+    from markdown_it import MarkdownIt
+
+    # html on: REPORT.md folds each rung's details in <details> blocks
+    body = MarkdownIt("commonmark", {"html": True}).enable("table").render(markdown)
+    for name, path in pictures.items():
+        body = body.replace(f'src="{html.escape(name)}"', f'src="{data_uri(path.read_bytes())}"')
+    return (
+        "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n"
+        f"<title>{html.escape(title)}</title>\n<style>{STYLE}</style>\n</head>\n<body>\n{body}</body>\n</html>\n"
+    )
