@@ -123,6 +123,9 @@ def new_model(
             name, dir, hf_config=hf_config, preset=preset, weights=weights, path=path, device=device, force=force
         )
         root = write_workspace(plan, force=force)
+        from onboard.fit import fit_warning
+
+        warning = fit_warning(plan.hf_config, plan.family, recipe_text=plan.files["recipe.toml"])
         files = sorted(plan.files) + ["ladder.json"]
         result = {
             "workspace": str(root),
@@ -135,6 +138,7 @@ def new_model(
             "todos": plan.todos,
             "architecture_differences": plan.arch_differences,
             "architecture_note": plan.arch_note,
+            "warnings": [warning] if warning else [],
             "next": f"onboard next-step {name}" + ("" if Path(dir) == Path(".") else f" --dir {dir}"),
         }
         if out.json:
@@ -144,6 +148,8 @@ def new_model(
             f"[bold green]created[/] {root}  ({plan.path_kind} path, family {plan.family}, model_type {plan.model_type})"
         )
         out.print("files: " + ", ".join(files))
+        if warning:
+            out.print(f"[bold yellow]warning:[/] {warning}", soft_wrap=True)
         if plan.unconsumed:
             out.print(
                 f"[bold yellow]config keys the {plan.family} family does not consume[/] (handle each or confirm it is irrelevant):"

@@ -19,7 +19,6 @@ Exit code: 0, the failing rank's code (128 + signal when killed), 124 on timeout
 from __future__ import annotations
 
 import collections
-import json
 import os
 import signal
 import socket
@@ -31,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from titan_core.argv import parse_argv
-from titan_core.config.loader import ConfigError, load_config, to_toml
+from titan_core.config.loader import ConfigError, check_ranges, load_config, to_toml
 from titan_core.die_with_parent import with_parent_death_signal
 
 TAIL_LINES = 30
@@ -309,19 +308,21 @@ def run_world(cfg, nproc: int, *, timeout_s: float | None = None) -> WorldRun:
     """
     from titan_core.parallel import check_parallelism  # import-time cost: torch loads only when a run starts
 
+    check_ranges(cfg)  # a config built in code: refused before its folder is made
     check_nproc(nproc, cfg.device.type)
     check_parallelism(cfg, nproc)
     out = Path(cfg.metrics.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     recipe = out / "world_recipe.toml"
     recipe.write_text(to_toml(cfg))
+    from titan_core.metrics import file_stamp, read_metrics  # import-time cost: rich loads only for a run
+
     metrics_path = out / "metrics.jsonl"
-    start = metrics_path.stat().st_size if metrics_path.exists() else 0  # the logger appends
+    before = file_stamp(metrics_path)
     cmd = [sys.executable, "-m", "titan_core.train", "--config", str(recipe)]
     result = launch_command(cmd, nproc, log_dir=out / "logs", timeout_s=timeout_s)
-    rows: list[dict] = []
-    if metrics_path.exists():
-        with metrics_path.open() as f:
-            f.seek(start)
-            rows = [json.loads(line) for line in f if line.strip()]
+    # rank 0 starts by rewriting the file to the rows its run does not supersede (a fresh run: none),
+    # so its current rows are this run's (after its checkpoint's, if it resumed); a file with the
+    # stamp it had before is an earlier run's, left as it was by a run that never started
+    rows = read_metrics(metrics_path) if file_stamp(metrics_path) not in (None, before) else []
     return WorldRun(rows, result)

@@ -2,8 +2,10 @@
 
 torchrun-ready: rank, world size and local rank come from RANK / WORLD_SIZE / LOCAL_RANK.
 `--nproc N` starts N local processes through titan_core.launcher instead.
-Bad input (unknown key, wrong type, missing file, unknown family, unavailable device)
-prints one line and exits 2, without a traceback.
+Bad input (unknown key, wrong type, a value outside its field's range, missing file, unknown
+family, unavailable device) prints one line and exits 2, without a traceback, before anything
+is written. A run stopped by a non-finite loss prints one line naming the step, the loss and
+the last finite grad norm, and exits 1.
 """
 
 from __future__ import annotations
@@ -12,16 +14,17 @@ import os
 import sys
 
 from titan_core.argv import parse_argv, pop_option
-from titan_core.config.loader import ConfigError, load_config, to_toml
+from titan_core.config.loader import ConfigError, check_ranges, load_config, to_toml
 from titan_core.config.sections import JobConfig
 from titan_core.launcher import launch
 
 
 def run(cfg: JobConfig, *, quiet: bool = False):
-    """Train as configured and return the TrainResult (metrics per step and model facts)."""
+    """Train as configured and return the TrainResult (metrics per step and model facts; `stopped`
+    says why a run ended early). A config made or edited in code is range-checked here too."""
     from titan_core.trainer import Trainer  # import-time cost: models and torch load only when a run starts
 
-    trainer = Trainer(cfg, quiet=quiet)
+    trainer = Trainer(check_ranges(cfg), quiet=quiet)
     return trainer.train()
 
 
@@ -59,17 +62,18 @@ def main(argv: list[str] | None = None) -> int:
         from rich.console import Console  # import-time cost: rich loads only to print a summary
 
         Console(stderr=True).print(result.summary)
-    return 0 if result.metrics and all(_finite(m["loss"]) for m in result.metrics) else 1
+    if result.stopped:
+        print(f"error: {result.stopped}", file=sys.stderr)
+        return 1
+    if not result.metrics:  # resumed from a checkpoint at (or past) the last step
+        print(f"nothing to train: resumed at step {result.resumed_from} of {cfg.training.steps}", file=sys.stderr)
+    return 0
 
 
 def _is_dist_error(e: BaseException) -> bool:
     """A torch.distributed error (NCCL and the c10d layer raise these; gloo raises RuntimeError)."""
     dist = sys.modules.get("torch.distributed")  # not imported: nothing distributed ran
     return dist is not None and isinstance(e, getattr(dist, "DistError", ()))
-
-
-def _finite(x: float) -> bool:
-    return x == x and abs(x) != float("inf")
 
 
 if __name__ == "__main__":

@@ -26,6 +26,7 @@ from titan_core.config.sections import JobConfig
 from titan_core.config.swaps import apply_swaps
 from titan_core.data import build_data_loader
 from titan_core.kernels import swaps_for
+from titan_core.memory_check import check_memory
 from titan_core.metrics import MetricsLogger
 from titan_core.model_builder import build_model_from_config
 from titan_core.models.common.stats import flops_per_token
@@ -55,6 +56,9 @@ class TrainResult:
     """Processes that trained together."""
     data_parallel: str = "none"
     """parallelism.data_parallel of the run."""
+    stopped: str | None = None
+    """Why the run stopped before `training.steps`: a non-finite loss, named with its step, the
+    loss and the last finite grad norm (`diverged_message`). None: it ran every step."""
 
     @property
     def stats(self) -> RunStats:
@@ -100,6 +104,8 @@ class Trainer:
         self.family, self.args, model = build_model_from_config(cfg.model)
         built_params = sum(p.numel() for p in model.parameters())  # the recipe's model (a port's own layers too)
         self.swaps = apply_swaps(model, swaps_for(cfg.kernels))
+        # refuse a run that cannot fit while the model still costs nothing (MemoryBudgetError: exit 2)
+        self.memory_estimate = check_memory(cfg, model, self.args, self.device, self.degrees)
         model.to_empty(device=self.device)
         model.init_weights(seed=cfg.training.seed)
         model = model.to(DTYPES[cfg.training.dtype])
@@ -202,15 +208,23 @@ class Trainer:
     def train(self) -> TrainResult:
         devices.reset_peak_memory(self.device)
         completed = False
+        stopped = None
+        last_norm: tuple[int, float] | None = None  # (step, grad norm) of the latest finite grad norm
         try:
+            self.logger.start(after_step=self.step)  # a resumed run supersedes the rows after its checkpoint
             while self.step < self.cfg.training.steps:
                 self.step += 1
                 self.profiler.before_step(self.step)
                 row = self.train_step()
                 self.profiler.after_step(self.step)
                 self.logger.log(row)
-                if not (math.isfinite(row["loss"])):
-                    break  # nothing useful follows a non-finite loss; the caller reports it
+                if math.isfinite(row["grad_norm"]):
+                    last_norm = (self.step, row["grad_norm"])
+                if not math.isfinite(row["loss"]):
+                    # nothing useful follows a non-finite loss; every rank holds the same all-reduced
+                    # loss, so every rank stops at this step
+                    stopped = diverged_message(self.step, row["loss"], last_norm)
+                    break
                 self.checkpointer.maybe_save(
                     self.step,
                     model=self.model,
@@ -219,7 +233,7 @@ class Trainer:
                     data_loader=self.data,
                     last=self.step == self.cfg.training.steps,
                 )
-            if self.cfg.checkpoint.export_hf:  # every rank: gathering sharded weights is collective
+            if self.cfg.checkpoint.export_hf and stopped is None:  # every rank: gathering is collective
                 out = self._under_output(self.cfg.checkpoint.export_hf)
                 export_hf(self.model, self.family, self.args, out, model_cfg=self.cfg.model)
             completed = True
@@ -238,4 +252,17 @@ class Trainer:
             summary=self.logger.summary_table() if self.logger.enabled else None,
             world_size=self.world_size,
             data_parallel=self.cfg.parallelism.data_parallel,
+            stopped=stopped,
         )
+
+
+def diverged_message(step: int, loss: float, last_norm: tuple[int, float] | None) -> str:
+    """One line for a run stopped by a non-finite loss: the step, the loss, the last finite grad norm."""
+    if last_norm is None:
+        norm = "no step had a finite grad norm"
+    else:
+        norm = f"the last finite grad norm was {last_norm[1]:.6g} (step {last_norm[0]})"
+    return (
+        f"training diverged: the loss at step {step} is {loss!r}, so the run stopped there; {norm}; "
+        "the usual cause is a learning rate too high for the model (optimizer.lr)"
+    )

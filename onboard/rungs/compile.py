@@ -106,6 +106,7 @@ def run(ctx: RungContext) -> RungResult:
         command=harness.next_step_command(ctx),
         details={
             "device": result.device,
+            "gate_overrides": harness.gate_overrides(ctx, cfg),
             "per_module": per_module,
             "loss_curve": [r["loss"] for r in rows],
             "swaps": dict(result.swaps),

@@ -48,8 +48,9 @@ def run(ctx: RungContext) -> RungResult:
     cfg = harness.job_config(ctx)
     vocab_size = harness.model_args(cfg).vocab_size
     t = cfg.training
+    overrides = harness.announce(ctx, cfg, "eager")
     ctx.log(
-        f"eager: {t.steps} steps, batch {t.batch_size} x {t.seq_len} tokens, repeated, "
+        f"eager: batch {t.batch_size} x {t.seq_len} tokens, repeated, "
         f"{t.dtype}, device {cfg.device.type}; metrics -> {ctx.attempt_dir / 'metrics.jsonl'}"
     )
     result = train_run(cfg)
@@ -61,6 +62,8 @@ def run(ctx: RungContext) -> RungResult:
         f"eager: loss {rows[0]['loss']:.4f} -> {rows[-1]['loss']:.4f} over {len(rows)} steps, "
         f"{measurements['tokens_per_s']:,.0f} tokens/s"
     )
+    if result.stopped:  # the gate judges the short, non-finite curve; the line says where it broke
+        ctx.log(f"eager: {result.stopped}")
     return RungResult(
         measurements=measurements,
         files_read=harness.files_read(ctx, cfg),
@@ -75,6 +78,8 @@ def run(ctx: RungContext) -> RungResult:
             "flops_per_token": result.flops_per_token,
             "swaps": dict(result.swaps),
             "metrics_file": ctx.workspace.key_for(ctx.attempt_dir / "metrics.jsonl"),
+            "gate_overrides": overrides,
+            "stopped": result.stopped,
             "reproduce": harness.train_command(ctx, ["--data.repeat_batch=true", f"--training.steps={t.steps}"]),
         },
     )

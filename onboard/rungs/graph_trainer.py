@@ -188,6 +188,7 @@ def run(ctx: RungContext) -> RungResult:
     )
     details.update(
         device=t_res.device,
+        gate_overrides=harness.gate_overrides(ctx, t_cfg),
         loss_curve=[r["loss"] for r in rows],
         exact_loss_curve=exact_curve,
         eager_loss_curve=eager_curve,

@@ -60,7 +60,8 @@ def job_config(ctx: RungContext):
     """The workspace recipe, adjusted for the gate: eager execution (a rung that runs another mode
     switches it on itself), the eager gate's steps on its repeated batch (warm-up capped so the
     peak lr is reached), output in the attempt folder, nothing saved or profiled (the gate
-    measures training, not checkpointing). Works from any folder."""
+    measures training, not checkpointing). Works from any folder. A run of it names the GATE_KEYS
+    values that differ from the recipe's (`announce`)."""
     steps = param("eager", "steps")
     cfg = recipe(ctx)
     cfg.compile.enable = False
@@ -75,6 +76,43 @@ def job_config(ctx: RungContext):
     cfg.metrics.log_freq = 5
     cfg.metrics.rich = False
     return cfg
+
+
+GATE_KEYS = ("training.steps", "lr_scheduler.warmup_steps", "data.repeat_batch")
+"""The recipe keys a gate sets to its own values for the run it judges (`job_config`, a rung's
+steps); a run whose value differs from the recipe's says so (`gate_overrides`). The execution
+mode is not among them: each rung runs the mode it verifies and names it in its log."""
+
+
+def gate_overrides(ctx: RungContext, cfg) -> list[str]:
+    """One line per GATE_KEYS value of `cfg` (a run of the gate) that differs from the recipe's,
+    e.g. "the gate runs 20 steps (recipe says 7)"."""
+    written = recipe(ctx)
+    out = []
+    for dotted in GATE_KEYS:
+        section, key = dotted.split(".")
+        gate, mine = getattr(getattr(cfg, section), key), getattr(getattr(written, section), key)
+        if gate == mine:
+            continue
+        if dotted == "training.steps":
+            out.append(f"the gate runs {gate} steps (recipe says {mine})")
+        else:
+            out.append(f"the gate runs {dotted} = {_toml(gate)} (recipe says {_toml(mine)})")
+    return out
+
+
+def _toml(value) -> str:
+    return str(value).lower() if isinstance(value, bool) else repr(value)
+
+
+def announce(ctx: RungContext, cfg, label: str) -> list[str]:
+    """Log what one run of the gate trains, and each value it overrides; returns those overrides
+    (a rung records them in its details as "gate_overrides")."""
+    ctx.log(f"{label}: {cfg.training.steps} steps -> {cfg.metrics.output_dir}")
+    notes = gate_overrides(ctx, cfg)
+    for note in notes:
+        ctx.log(f"{label}: {note}")
+    return notes
 
 
 def files_read(ctx: RungContext, cfg) -> list[Path]:
@@ -205,21 +243,26 @@ def quiet_mesh_pickling():
 
 
 def build_trainer(cfg):
-    """A titan_core Trainer of `cfg`, quiet (the rung prints its own progress)."""
+    """A titan_core Trainer of `cfg`, quiet (the rung prints its own progress), its values range-checked
+    as a loaded recipe's are (a ConfigError: bad input)."""
+    from titan_core.config.loader import check_ranges
     from titan_core.trainer import Trainer
 
-    return Trainer(cfg, quiet=True)
+    return Trainer(check_ranges(cfg), quiet=True)
 
 
 def train(ctx: RungContext, cfg, label: str):
-    """(trainer, result) of one in-process run of `cfg`; the rows land in cfg.metrics.output_dir."""
-    ctx.log(f"{label}: {cfg.training.steps} steps -> {cfg.metrics.output_dir}")
+    """(trainer, result) of one in-process run of `cfg` (announced, overrides included); a run that a
+    non-finite loss stopped says so in the log and in `result.stopped`."""
+    announce(ctx, cfg, label)
     with process_threads():
         trainer = build_trainer(cfg)
         with quiet_mesh_pickling():
             result = trainer.train()
     if not result.metrics:
         raise RuntimeError(f"{label}: training ran no step")
+    if result.stopped:
+        ctx.log(f"{label}: {result.stopped}")
     return trainer, result
 
 

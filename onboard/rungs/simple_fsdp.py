@@ -186,6 +186,9 @@ def run(ctx: RungContext) -> RungResult:
         f"simple_fsdp: world size {world}, {b // world} of {b} rows x {t.seq_len} tokens per rank, "
         f"{steps} steps on a repeated batch, device {resolved_device_type(base.device.type)}"
     )
+    overrides = harness.gate_overrides(ctx, base)
+    for note in overrides:
+        ctx.log(f"simple_fsdp: {note}")
     out = ctx.attempt_dir
 
     def sharded(name: str, mode: str, param_dtype: str, label: str, required: bool = True):
@@ -217,6 +220,7 @@ def run(ctx: RungContext) -> RungResult:
     details = {
         "device": resolved_device_type(base.device.type),
         "world_size": world,
+        "gate_overrides": overrides,
         "loss_curve": [r["loss"] for r in fp32],
         "grad_norm_curve": [r["grad_norm"] for r in fp32],
         "bf16_loss_curve": [r["loss"] for r in bf16],

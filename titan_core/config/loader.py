@@ -1,4 +1,4 @@
-"""TOML recipe -> JobConfig, then `--section.key=value` overrides, then back to TOML."""
+"""TOML recipe -> JobConfig, then `--section.key=value` overrides, then the fields' range checks; and back to TOML."""
 
 from __future__ import annotations
 
@@ -164,7 +164,20 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
             default = getattr(getattr(JobConfig(), section), key)
             if value and value != default and not Path(value).is_absolute():
                 setattr(getattr(cfg, section), key, str(base / value))
-    return apply_overrides(cfg, overrides or [])
+    return check_ranges(apply_overrides(cfg, overrides or []))
+
+
+def check_ranges(cfg: JobConfig) -> JobConfig:
+    """Reject a value outside its field's declared range (sections.py, `checked`): the whole
+    config is checked once it is resolved, so an override may correct a recipe's value."""
+    for sec in dataclasses.fields(cfg):
+        section = getattr(cfg, sec.name)
+        for f in dataclasses.fields(section):
+            accepted = f.metadata.get("range")
+            value = getattr(section, f.name)
+            if accepted is not None and not accepted.accepts(value):
+                raise ConfigError(f"{sec.name}.{f.name} = {value!r} is out of range: it must be {accepted}")
+    return cfg
 
 
 def to_dict(cfg: JobConfig) -> dict:

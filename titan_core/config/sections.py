@@ -2,12 +2,64 @@
 
 Each field carries an attribute docstring (the string literal under it); `describe()`
 in `loader.py` reads them back for `--help`-style listings, so keep them one sentence.
+
+A numeric field with a range is declared with `checked(default, RANGE)`: the range sits in
+the field's metadata, the loader rejects a value outside it (one line naming `section.key`,
+the value and the range; exit 2 from the entry points), and the field's docstring states the
+same range in the same words (`str(RANGE)`, e.g. ">= 1"). NaN is outside every range.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
+
+
+@dataclass(frozen=True)
+class Range:
+    """The values a numeric field accepts: above `lo` (or equal, unless `lo_open`), below
+    `hi` when given (or equal, unless `hi_open`), or exactly one of `also` (`also_why` says what
+    such a value means). The text and the test come from the same numbers, so they agree."""
+
+    lo: float
+    hi: float | None = None
+    lo_open: bool = False
+    hi_open: bool = False
+    also: tuple = ()
+    also_why: str = ""
+
+    def accepts(self, value: Any) -> bool:
+        if value in self.also:
+            return True
+        try:
+            ok = value > self.lo if self.lo_open else value >= self.lo
+            if self.hi is not None:
+                ok = ok and (value < self.hi if self.hi_open else value <= self.hi)
+        except TypeError:  # None or a string set in code: no number at all
+            return False
+        return bool(ok)
+
+    def __str__(self) -> str:
+        if self.hi is None:
+            text = f"{'>' if self.lo_open else '>='} {self.lo:g}"
+        else:
+            text = f"in {'(' if self.lo_open else '['}{self.lo:g}, {self.hi:g}{')' if self.hi_open else ']'}"
+        if self.also:
+            text += " or " + " or ".join(map(str, self.also)) + (f" ({self.also_why})" if self.also_why else "")
+        return text
+
+
+AT_LEAST_1 = Range(1)
+NON_NEGATIVE = Range(0)
+POSITIVE = Range(0, lo_open=True)
+FRACTION = Range(0, 1)
+DECAY_RATE = Range(0, 1, hi_open=True)
+DEGREE = Range(1, also=(-1,), also_why="fill from the world size")
+
+
+def checked(default: Any, accepted: Range) -> Any:
+    """A field whose values must lie in `accepted` (see the module docstring)."""
+    return field(default=default, metadata={"range": accepted})
 
 
 @dataclass(kw_only=True)
@@ -28,16 +80,16 @@ class Model:
 
 @dataclass(kw_only=True)
 class Training:
-    steps: int = 30
-    """Number of optimizer steps to run."""
-    batch_size: int = 8
-    """Sequences per micro-batch on each data-parallel rank."""
-    seq_len: int = 256
-    """Tokens per sequence."""
-    grad_accum: int = 1
-    """Micro-batches accumulated before each optimizer step."""
-    max_norm: float = 1.0
-    """Gradient clipping threshold on the global L2 norm (0 disables clipping)."""
+    steps: int = checked(30, AT_LEAST_1)
+    """Number of optimizer steps to run (>= 1)."""
+    batch_size: int = checked(8, AT_LEAST_1)
+    """Sequences per micro-batch on each data-parallel rank (>= 1)."""
+    seq_len: int = checked(256, AT_LEAST_1)
+    """Tokens per sequence (>= 1)."""
+    grad_accum: int = checked(1, AT_LEAST_1)
+    """Micro-batches accumulated before each optimizer step (>= 1)."""
+    max_norm: float = checked(1.0, NON_NEGATIVE)
+    """Gradient clipping threshold on the global L2 norm (>= 0; 0 disables clipping)."""
     seed: int = 0
     """Seed for parameter init and synthetic data."""
     deterministic: bool = False
@@ -72,42 +124,42 @@ class Data:
 class Optimizer:
     name: Literal["adamw"] = "adamw"
     """Optimizer; AdamW is the only one."""
-    lr: float = 8e-4
-    """Peak learning rate."""
-    beta1: float = 0.9
-    """AdamW first-moment decay."""
-    beta2: float = 0.95
-    """AdamW second-moment decay."""
-    eps: float = 1e-8
-    """AdamW epsilon."""
-    weight_decay: float = 0.1
-    """Decoupled weight decay; biases, norms and embeddings are exempt."""
+    lr: float = checked(8e-4, NON_NEGATIVE)
+    """Peak learning rate (>= 0)."""
+    beta1: float = checked(0.9, DECAY_RATE)
+    """AdamW first-moment decay (in [0, 1))."""
+    beta2: float = checked(0.95, DECAY_RATE)
+    """AdamW second-moment decay (in [0, 1))."""
+    eps: float = checked(1e-8, NON_NEGATIVE)
+    """AdamW epsilon (>= 0)."""
+    weight_decay: float = checked(0.1, NON_NEGATIVE)
+    """Decoupled weight decay (>= 0); biases, norms and embeddings are exempt."""
 
 
 @dataclass(kw_only=True)
 class LRScheduler:
-    warmup_steps: int = 5
-    """Linear warmup steps from near zero to the peak lr."""
+    warmup_steps: int = checked(5, NON_NEGATIVE)
+    """Linear warmup steps from near zero to the peak lr (>= 0)."""
     decay: Literal["cosine", "linear", "none"] = "cosine"
     """Shape of the decay after warmup."""
-    min_lr_ratio: float = 0.1
-    """Final lr as a fraction of the peak."""
+    min_lr_ratio: float = checked(0.1, FRACTION)
+    """Final lr as a fraction of the peak (in [0, 1])."""
 
 
 @dataclass(kw_only=True)
 class Parallelism:
     data_parallel: Literal["simple_fsdp", "fsdp2", "none"] = "simple_fsdp"
     """simple_fsdp: sharded DTensor params gathered by a parametrization (also at world size 1); fsdp2: fully_shard; none: plain eager, one process."""
-    dp_replicate: int = 1
-    """Replicate degree (HSDP outer dimension: dp_replicate > 1 with dp_shard > 1 is HSDP, with dp_shard = 1 pure replication)."""
-    dp_shard: int = -1
-    """Shard degree; -1 fills what is left of the world size."""
-    tp: int = 1
-    """Tensor-parallel degree (composed with simple_fsdp only; the family needs a TP plan)."""
+    dp_replicate: int = checked(1, DEGREE)
+    """Replicate degree, >= 1 or -1 (fill from the world size): the HSDP outer dimension (dp_replicate > 1 with dp_shard > 1 is HSDP, with dp_shard = 1 pure replication)."""
+    dp_shard: int = checked(-1, DEGREE)
+    """Shard degree, >= 1 or -1 (fill from the world size); at most one degree fills."""
+    tp: int = checked(1, DEGREE)
+    """Tensor-parallel degree, >= 1 or -1 (fill from the world size); composed with simple_fsdp only, and the family needs a TP plan."""
     sequence_parallel: bool = False
     """With tp > 1, also split norms and the residual stream over the sequence across TP ranks."""
-    timeout_s: float = 300.0
-    """Seconds a collective may wait for the other ranks before it fails the run (a hung or dead rank)."""
+    timeout_s: float = checked(300.0, POSITIVE)
+    """Seconds (> 0) a collective may wait for the other ranks before it fails the run (a hung or dead rank)."""
 
 
 @dataclass(kw_only=True)
@@ -144,10 +196,10 @@ class GraphTrainer:
 class Kernels:
     loss: Literal["plain", "fused_ce"] = "plain"
     """Cross-entropy: plain materialises [tokens, vocab] logits; fused_ce computes loss and grads in token chunks."""
-    ce_chunk: int = 1024
-    """Tokens per fused_ce chunk; each chunk holds one [ce_chunk, vocab] fp32 buffer."""
-    z_loss: float = 0.0
-    """Weight of the z-loss (mean squared logsumexp of the logits) added to the cross-entropy; 0 disables it."""
+    ce_chunk: int = checked(1024, AT_LEAST_1)
+    """Tokens per fused_ce chunk (>= 1); each chunk holds one [ce_chunk, vocab] fp32 buffer."""
+    z_loss: float = checked(0.0, NON_NEGATIVE)
+    """Weight of the z-loss (mean squared logsumexp of the logits) added to the cross-entropy (>= 0; 0 disables it)."""
     attention: Literal["sdpa", "naive", "tokamax", "splash", "flex"] = "sdpa"
     """Attention: naive is the reference; tokamax needs the [jax] extra; splash needs a TPU; flex cannot train on CPU."""
     moe: Literal["loop", "dense", "grouped_mm", "tokamax"] = "loop"
@@ -163,8 +215,8 @@ class Checkpoint:
     """Save checkpoints during training."""
     folder: str = "checkpoints"
     """Folder (under metrics.output_dir when relative) holding step-N checkpoints."""
-    interval: int = 10
-    """Save every N steps (and at the last step)."""
+    interval: int = checked(10, NON_NEGATIVE)
+    """Save every N steps and at the last step (>= 0; 0: only at the last step)."""
     resume: bool = True
     """Resume from the latest checkpoint in `folder` if one exists."""
     export_hf: str = ""
@@ -175,8 +227,8 @@ class Checkpoint:
 class Metrics:
     output_dir: str = "runs/default"
     """Folder for metrics.jsonl, checkpoints and traces."""
-    log_freq: int = 1
-    """Print a metrics row every N steps."""
+    log_freq: int = checked(1, AT_LEAST_1)
+    """Print a metrics row every N steps (>= 1; metrics.jsonl gets every step)."""
     rich: bool = True
     """Print metrics as a rich table (off: plain lines)."""
 
@@ -185,10 +237,10 @@ class Metrics:
 class Profiler:
     enable: bool = False
     """Record a torch.profiler trace."""
-    start_step: int = 3
-    """First profiled step."""
-    num_steps: int = 2
-    """Number of profiled steps."""
+    start_step: int = checked(3, AT_LEAST_1)
+    """First profiled step (>= 1)."""
+    num_steps: int = checked(2, AT_LEAST_1)
+    """Number of profiled steps (>= 1)."""
     folder: str = "traces"
     """Trace folder (under metrics.output_dir when relative)."""
 
@@ -197,8 +249,10 @@ class Profiler:
 class Device:
     type: Literal["auto", "cpu", "cuda", "tpu"] = "auto"
     """Target device; auto picks cuda when available, else cpu (never tpu)."""
-    threads: int = 0
-    """CPU intra-op threads (0 leaves torch's default)."""
+    threads: int = checked(0, NON_NEGATIVE)
+    """CPU intra-op threads (>= 0; 0 leaves torch's default)."""
+    memory_budget_gib: float = checked(0.0, NON_NEGATIVE)
+    """GiB one process may use (>= 0; 0 reads it from the device); a run whose memory estimate exceeds it is refused before it allocates."""
 
 
 @dataclass(kw_only=True)
