@@ -88,13 +88,38 @@ def init_distributed(device: torch.device, timeout_s: float) -> DistState:
 def teardown(state: DistState | None, *, together: bool = False) -> None:
     """Destroy the group if this process created it (idempotent).
 
-    `together`: the run ended normally on every rank, so wait for all of them first. A rank
-    that destroys its gloo group while a peer still talks to it can take the peer down
-    with `terminate called without an active exception` (seen once here: rank 1 aborted
-    after all 20 steps). After a failure there is no barrier: the peers may be gone.
+    `together`: the run ended normally on every rank, so they leave in order (`_leave_in_order`).
+    After a failure there is no ordering: the peers may be gone.
     """
     if state is not None and state.owned and dist.is_initialized():
         if together and state.world_size > 1:
-            dist.barrier()
-        dist.destroy_process_group()
+            _leave_in_order(state)
+        else:
+            dist.destroy_process_group()
         state.owned = False
+
+
+LEAVE_WAIT_S = 30.0
+
+
+def _leave_in_order(state: DistState) -> None:
+    """Every rank but 0 destroys its group first and says so in the store; rank 0, whose
+    process serves the store, destroys its own only once they all have (or LEAVE_WAIT_S passed).
+
+    A rank that is still shutting down its gloo group when the store's server process goes
+    away can abort with `terminate called without an active exception`: seen on 2-rank runs
+    here, always rank 1 (a client of rank 0's store) after all its steps, also with a barrier
+    before the destroy; rank 0 leaves a barrier and may exit while rank 1 still tears down.
+    """
+    store = dist.distributed_c10d._get_default_store()
+    dist.barrier()
+    key = "titan_core/left/{}".format
+    if state.rank != 0:
+        dist.destroy_process_group()
+        store.set(key(state.rank), "1")
+        return
+    try:
+        store.wait([key(r) for r in range(1, state.world_size)], timedelta(seconds=LEAVE_WAIT_S))
+    except (RuntimeError, dist.DistError):  # a peer that never said so: leave anyway
+        pass
+    dist.destroy_process_group()
