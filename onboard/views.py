@@ -48,6 +48,12 @@ KEY_METRICS = {
         ("worst_logits_rel_err", "worst logits", "{:.1e}"),
         ("worst_grad_rel_err", "worst grads", "{:.1e}"),
     ),
+    "tuning": (
+        ("changes_kept", "kept", "{:d}"),
+        ("batch_size", "batch", "{:d}"),
+        ("tokens_per_s_vs_eager", "tok/s vs eager", "{:.2f}x"),
+        ("profile_biggest", "biggest", None),
+    ),
 }
 
 

@@ -44,9 +44,23 @@ MODE_KEYS = frozenset({"compile.enable", "graph_trainer.enable"})
 itself (eager, or its own), so an edit of these keys leaves their evidence standing."""
 
 
+TUNING_KEYS = frozenset({"kernels.ce_chunk", "training.batch_size", "training.grad_accum", "device.threads",
+                         "graph_trainer.compile", "tpu.libtpu_init_flags"})  # fmt: skip
+"""The recipe keys the tuning rung may edit. Its gate proves its own edits: the final recipe against
+the untuned one the earlier rungs verified, on the same rows, and the final recipe run whole; so
+tuning's edit of these keys leaves the earlier rungs' evidence standing (a hand edit of them, like
+any hand edit, still re-verifies every rung that reads them)."""
+
+
 def reads_all_but_mode(key: str) -> bool:
-    """`reads_recipe_key` of a rung that runs its own execution mode: every key but MODE_KEYS."""
-    return key not in MODE_KEYS
+    """`reads_recipe_key` of a rung that runs its own execution mode: every key but MODE_KEYS
+    (and TUNING_KEYS, which the tuning rung proves)."""
+    return key not in MODE_KEYS and key not in TUNING_KEYS
+
+
+def reads_all_but_tuning(key: str) -> bool:
+    """`reads_recipe_key` of a rung that runs the recipe's own mode: every key but TUNING_KEYS."""
+    return key not in TUNING_KEYS
 
 
 def recipe(ctx: RungContext):

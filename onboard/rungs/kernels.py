@@ -31,6 +31,7 @@ from onboard.rungs import harness
 from onboard.rungs.base import RecipeEdit, RungContext, RungResult
 
 RUNG = "kernels"
+reads_recipe_key = harness.reads_all_but_tuning
 CAPTURE_UNSAFE = {"moe": "loop"}
 """Plain paths a captured step (torch.compile, Graph Trainer) cannot run: the expert loop reads the
 routing on the host. Under capture the keep rule never falls back to them; the recipe keeps its value."""

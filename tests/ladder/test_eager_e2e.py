@@ -100,5 +100,5 @@ def test_eager_ladder_end_to_end(tmp_path):
     assert "| **eager** | **step1_loss_near_ln_vocab** | demo of a waiver |" in report
     assert re.search(r"\| loss_falls \| [\d.]+ \| < [\d.]+ \(measurements.step1_loss\) \| ✅ ok \|", report)
     assert "🔴 **WAIVED**: demo of a waiver" in report
-    assert "Loss by step: " in report and "## parity: pending" in report and "## tuning: not built yet" in report
+    assert "Loss by step: " in report and "## parity: pending" in report and "## tuning: pending" in report
     assert "Earlier attempts:" in report and "| 1 | failed |" in report

@@ -9,21 +9,15 @@ passed and `onboard train` with the final recipe gives the step-1 loss the gates
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
-import tomllib
-from pathlib import Path
 
 import pytest
+from test_demo import assert_train_reproduces_the_verified_step
 from test_workspace_model import qwen2_moe_port
 
-from onboard.gates import load_checklist
 from onboard.ladder import default_specs, ladder_states, next_step
 from onboard.workspace import Workspace
-from titan_core.numerics import rel
 
 pytestmark = [pytest.mark.slow, pytest.mark.hf]
-ONBOARD = Path(sys.executable).parent / "onboard"
 
 
 def test_a_port_climbs_the_ladder_and_its_recipe_reproduces_the_gates(tmp_path):
@@ -42,16 +36,4 @@ def test_a_port_climbs_the_ladder_and_its_recipe_reproduces_the_gates(tmp_path):
     states = {s.rung: s for s in ladder_states(Workspace.load(tmp_path, root.name), specs)}
     assert {r: states[r].status for r in built} == {r: "passed" for r in built}
 
-    recipe = tomllib.loads((root / "recipe.toml").read_text())
-    latest = {r: states[r].latest["measurements"] for r in built}
-    if recipe.get("compile", {}).get("enable"):
-        reference = float(latest["compile"]["step1_loss_repr"])
-        tolerance = load_checklist("compile").criterion("step1_loss").threshold
-    else:
-        reference, tolerance = float(latest["eager"]["step1_loss_repr"]), 0.0
-    train = tmp_path / "train"
-    argv = [ONBOARD, "train", "--config", root / "recipe.toml", "--training.steps=2", f"--metrics.output_dir={train}"]
-    result = subprocess.run(argv, capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, result.stdout + result.stderr
-    first = json.loads((train / "metrics.jsonl").read_text().splitlines()[0])
-    assert rel(first["loss"], reference) <= tolerance, (first["loss"], reference, recipe)
+    assert_train_reproduces_the_verified_step(root, json.loads((root / "ladder.json").read_text()), tmp_path / "train")

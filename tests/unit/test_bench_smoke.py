@@ -60,3 +60,32 @@ def test_trainer_vs_hf_tiny():
     report = _run("trainer_vs_hf.py", "--batch", "2", "--seq", "32")
     c = _check(report, "titan_core", "HF")
     assert report["titan_step_s_median"] == c["candidate_median_s"]
+
+
+@pytest.mark.hf
+def test_ladder_speedup_tiny(tmp_path):
+    """The three sides on a narrowed workspace whose ledger says the tuning rung raised the batch 2 -> 4:
+    the baseline gets the batch back, eager, while the final recipe keeps what the ladder wrote."""
+    pytest.importorskip("transformers", reason="the HF side needs the [hf] extra (transformers)")
+    from onboard.scaffold import plan_workspace, write_workspace
+
+    plan = plan_workspace("tiny", tmp_path, preset="llama3/debugmodel", device="cpu", threads=(1, "tests"))
+    root = write_workspace(plan)
+    config = json.loads((root / "config.json").read_text())
+    config.update(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                  intermediate_size=128, vocab_size=256)  # fmt: skip
+    (root / "config.json").write_text(json.dumps(config))
+    recipe = root / "recipe.toml"
+    recipe.write_text(recipe.read_text().replace("seq_len = 128", "seq_len = 32"))
+    edit = {"key": "training.batch_size", "value": 4, "why": "tuning rung (batch): ..."}
+    ledger = {"attempts": [{"rung": "tuning", "measurements": {"untuned_values": {"training.batch_size": 2}},
+                            "details": {}, "recipe_edit": {"edits": [edit]}}]}  # fmt: skip
+    (root / "ladder.json").write_text(json.dumps(ledger))
+    report = _run("ladder_speedup.py", str(root))
+    for candidate, baseline in (("baseline", "hf"), ("final", "baseline"), ("final", "hf")):
+        c = _check(report, candidate, baseline)
+        assert report["ratios"][f"{candidate}_vs_{baseline}"]["throughput"] == c["speedup"]
+    assert report["baseline"] == {"restored": {"training.batch_size": 2}, "assumed_default": {}, "tokens_per_step": 64}
+    assert report["final"]["tokens_per_step"] == 128 and report["hf"]["tokens_per_step"] == 64
+    assert set(report["tokens_per_s"]) == {"hf", "baseline", "final"}
+    assert all(v > 0 for v in report["tokens_per_s"].values())

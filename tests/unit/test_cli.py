@@ -179,7 +179,7 @@ def test_waive_validates_rung_and_criterion_and_is_shown(tmp_path):
     ledger = tmp_path / "onboarding/m/ladder.json"
     before = ledger.read_bytes()
     assert_bad_input(onboard("waive", "m", "warp", "x", "--why", "w", "--dir", tmp_path), "unknown rung 'warp'")
-    assert_bad_input(onboard("waive", "m", "tuning", "x", "--why", "w", "--dir", tmp_path), "not built yet")
+    assert_bad_input(onboard("waive", "m", "tuning", "x", "--why", "w", "--dir", tmp_path), "no criterion 'x'")
     assert_bad_input(
         onboard("waive", "m", "eager", "nope", "--why", "w", "--dir", tmp_path), "no criterion 'nope'", "loss_falls"
     )
