@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed
 export TORCH_DEVICE_BACKEND_AUTOLOAD := 0
 export HF_HUB_OFFLINE := 1
 
-.PHONY: demo test install clean
+.PHONY: demo test install clean compat
 
 $(STAMP): pyproject.toml constraints.txt
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -23,6 +23,12 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest -q -x --durations=15
+
+# docs/COMPATIBILITY.md: the compat table (kept out of `make test`; ~40 s per architecture on 2 CPU cores).
+# COMPAT_TYPES= (empty) probes every causal LM transformers ships: hours on a CPU.
+COMPAT_TYPES ?= llama qwen3 qwen3_moe olmo2 gemma2 granite mistral qwen2 phi3 mixtral gpt2 gemma3_text
+compat: $(STAMP)
+	$(VENV)/bin/onboard compat $(COMPAT_TYPES) --markdown docs/COMPATIBILITY.md
 
 clean:
 	rm -rf $(VENV) demo-run .pytest_cache

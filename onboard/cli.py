@@ -106,26 +106,39 @@ def new_model(
     path: Optional[str] = typer.Option(
         None,
         "--path",
-        help="native (a titan_core family runs it; the default) | port (model.py from the closest family).",
+        help="native (a titan_core family runs it; the default) | port (model.py from the closest family) | "
+        "transformers (transformers' own class, run by titan_core).",
     ),
     dir: Path = DIR_OPTION,
     device: str = typer.Option("auto", "--device", help="auto | cpu | cuda | tpu."),
     force: bool = typer.Option(False, "--force", help="Replace an existing workspace of that name."),
+    twin: Optional[bool] = typer.Option(
+        None, "--twin/--no-twin", help="Gates on a smaller twin of the model (default: when the full one does not fit)."
+    ),
+    twin_layers: Optional[int] = typer.Option(
+        None, "--twin-layers", help="Layers of the twin (at least one full period of the layer pattern)."
+    ),
+    twin_width: Optional[int] = typer.Option(None, "--twin-width", help="hidden_size of the twin."),
     json_out: bool = JSON_OPTION,
 ):
     """Scaffold onboarding/NAME/ from an HF config or a titan_core preset."""
 
     def body(out: Out) -> int:
         from onboard.scaffold import plan_workspace, write_workspace
+        from onboard.twin_setup import apply_twin
 
         _check_dir(dir)
         plan = plan_workspace(
             name, dir, hf_config=hf_config, preset=preset, weights=weights, path=path, device=device, force=force
         )
+        mode = "auto" if twin is None else "on" if twin else "off"
+        choice = apply_twin(plan, mode=mode, layers=twin_layers, width=twin_width)
         root = write_workspace(plan, force=force)
         from onboard.fit import fit_warning
 
-        warning = fit_warning(plan.hf_config, plan.family, recipe_text=plan.files["recipe.toml"])
+        warning = None
+        if choice.twin is None and (choice.full_fit is None or not choice.full_fit.fits):
+            warning = fit_warning(plan.hf_config, plan.family, recipe_text=plan.files["recipe.toml"])
         files = sorted(plan.files) + ["ladder.json"]
         result = {
             "workspace": str(root),
@@ -139,6 +152,9 @@ def new_model(
             "architecture_differences": plan.arch_differences,
             "architecture_note": plan.arch_note,
             "warnings": [warning] if warning else [],
+            "twin": ({"file": "twin.json", **{k: plan.twin[k] for k in ("summary", "reason", "rows")}}
+                     if plan.twin else None),
+            "twin_decision": choice.reason,
             "next": f"onboard next-step {name}" + ("" if Path(dir) == Path(".") else f" --dir {dir}"),
         }
         if out.json:
@@ -150,6 +166,11 @@ def new_model(
         out.print("files: " + ", ".join(files))
         if warning:
             out.print(f"[bold yellow]warning:[/] {warning}", soft_wrap=True)
+        if choice.twin is not None:
+            from onboard.twin_setup import twin_table
+
+            out.print(f"[bold]the gates run on a twin[/] (twin.json), because {choice.reason}", soft_wrap=True)
+            out.print(twin_table(choice.twin))
         if plan.unconsumed:
             out.print(
                 f"[bold yellow]config keys the {plan.family} family does not consume[/] (handle each or confirm it is irrelevant):"
@@ -315,6 +336,57 @@ def report_cmd(name: str = typer.Argument(...), dir: Path = DIR_OPTION, json_out
     _run(json_out, body)
 
 
+@app.command("recipe")
+def recipe_cmd(name: str = typer.Argument(...), dir: Path = DIR_OPTION, json_out: bool = JSON_OPTION):
+    """Print the workspace's recipe, what each rung earned in it, and the commands that run it
+    on one process, on this host and on many hosts (torchrun)."""
+
+    def body(out: Out) -> int:
+        from onboard.recipe_view import recipe_lines, recipe_view
+        from onboard.workspace import Workspace
+
+        view = recipe_view(Workspace.load(_check_dir(dir), name))
+        if out.json:
+            out.emit(view)
+            return 0
+        out.print(f"# {view['recipe']}", markup=False)
+        out.print(view["text"].rstrip("\n"), markup=False, highlight=False)
+        for line in recipe_lines(view):
+            out.print(line, markup=False, soft_wrap=True)
+        return 0
+
+    _run(json_out, body)
+
+
+# ---- plan ------------------------------------------------------------------------------------
+@app.command("plan")
+def plan_cmd(
+    name: str = typer.Argument(...),
+    target: str = typer.Option(..., "--target", help="KIND[:COUNT]: v5e v5p v6e v7x h100 h200 b200 mi300x cpu."),
+    seq: int = typer.Option(4096, "--seq", help="Tokens per sequence on the target."),
+    efficiency: Optional[float] = typer.Option(None, "--efficiency", help="Fraction of peak the FLOPs reach (0.5)."),
+    dir: Path = DIR_OPTION,
+    json_out: bool = JSON_OPTION,
+):
+    """Plan the full model on a target: memory per device, mesh, batch, memory policy, a predicted
+    step time; writes recipe.<kind>-<count>.toml and prints the torchrun line. Exit 1 when nothing fits."""
+
+    def body(out: Out) -> int:
+        from onboard.plan import plan_lines, plan_result
+        from onboard.workspace import Workspace
+
+        ws = Workspace.load(_check_dir(dir), name)
+        result = plan_result(ws, target, seq=seq, efficiency=efficiency)
+        if out.json:
+            out.emit(result)
+        else:
+            for line in plan_lines(result):
+                out.print(line, markup=False, soft_wrap=True)
+        return 0 if result["recipe"] else EXIT_FAILED
+
+    _run(json_out, body)
+
+
 # ---- waive -----------------------------------------------------------------------------------
 @app.command("waive")
 def waive_cmd(
@@ -424,7 +496,7 @@ def demo_cmd(
     device: str = typer.Option("auto", "--device", help="auto | cpu | cuda | tpu."),
     json_out: bool = JSON_OPTION,
 ):
-    """new-model for the llama3 debugmodel, next-step up to the last rung that exists, status, report."""
+    """new-model for the llama3 debugmodel, next-step up the whole ladder, status, report."""
 
     def body(out: Out) -> int:
         from onboard.demo import run_demo
@@ -433,6 +505,37 @@ def demo_cmd(
         if out.json:
             out.emit(result)
         return result["exit_code"]
+
+    _run(json_out, body)
+
+
+@app.command("compat")
+def compat_cmd(
+    model_types: Optional[list[str]] = typer.Argument(None, help="model_types to probe (default: every causal LM transformers ships)."),
+    markdown: Optional[Path] = typer.Option(None, "--markdown", help="Also write the table as Markdown to this file."),
+    timeout: float = typer.Option(300.0, "--timeout", help="Seconds one architecture's probe may take."),
+    json_out: bool = JSON_OPTION,
+):
+    """Probe transformers architectures on the transformers path: eager, parity, compile,
+    Graph Trainer capture and the fused loss, each from a tiny config; a table of what passes."""
+
+    def body(out: Out) -> int:
+        from onboard.compat import check_types, render_markdown, render_text, sweep
+        from onboard.fsutil import atomic_write_text
+
+        if timeout <= 0:
+            raise BadInput(f"--timeout {timeout}: must be > 0 seconds")
+        types = check_types(model_types) if model_types else None
+        # progress on stderr even under --json: a full sweep runs for hours
+        result = sweep(types, timeout=timeout, log=lambda line: print(line, file=sys.stderr, flush=True))
+        if markdown is not None:
+            cmd = "onboard compat " + " ".join(types or [])
+            atomic_write_text(markdown, render_markdown(result, header=f"# Compatibility\n\nGenerated by `{cmd.strip()}`."))
+        if out.json:
+            out.emit(result)
+        else:
+            sys.stdout.write(render_text(result))
+        return 0
 
     _run(json_out, body)
 

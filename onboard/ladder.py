@@ -334,6 +334,7 @@ def _run_attempt(ws, ledger, specs, spec, current, states, log, base_command) ->
         "command": base_command,
         "attempt_dir": ws.key_for(attempt_dir),
         "environment": environment(ws.device),
+        "model": ws.model_label(),  # the twin or the full model: every rung says which it ran
         "rerun_reason": current.reason if current.status in ("stale", INVALID) else None,
         "files_read": {},
         "measurements": {},

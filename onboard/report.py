@@ -107,6 +107,7 @@ def _evidence(ws: Workspace, entry: dict, status: str) -> list[str]:
         ["ended", entry.get("ended") or "never (the process was killed)"],
         ["duration", f"{entry.get('duration_s', '?')} s"],
         ["device", env.get("device")],
+        ["model", entry.get("model") or "not recorded (an entry older than the twin)"],
         [
             "versions",
             ", ".join(f"{k} {env[k]}" for k in ("python", "torch", "transformers", "titan-onboard") if k in env),
@@ -247,6 +248,8 @@ def _summary(ws: Workspace, recs: list[Record], states, bars: list[Bar]) -> tupl
     waivers = list(ws.ledger.waivers().values())
     facts = {"model_type": meta.get("model_type"), "device": device, "num_params": params,
              "rungs_accepted": accepted, "rungs_built": built, "waivers": len(waivers)}  # fmt: skip
+    lines += _twin_lines(ws, eager)
+    facts["model"] = ws.model_label()
     speed = speedup(bars)
     if speed is None:
         lines += ["Step time: no passed eager run yet, so no baseline to compare with.", ""]
@@ -259,6 +262,20 @@ def _summary(ws: Workspace, recs: list[Record], states, bars: list[Bar]) -> tupl
     else:
         lines += ["Waivers: none.", ""]
     return lines, facts
+
+
+def _twin_lines(ws: Workspace, eager: Record | None) -> list[str]:
+    """The summary's word on which model the rungs ran: the twin, and what eager checked of the full one."""
+    if ws.twin_path is None:
+        return []
+    m = eager.m if eager else {}
+    full = (f" The full model was checked on the meta device by eager: {m['full_model_params_total']:,} parameters "
+            f"({m['full_model_params_active']:,} active per token), {m.get('full_model_key_mismatches')} name/shape "
+            f"mismatches against {m.get('full_model_keys_reference')}; checkpoint: {m.get('full_model_checkpoint')}."
+            if "full_model_params_total" in m else " The full model has not been checked yet (eager has not passed).")
+    return [f"**Every rung ran on a twin** of the model ({ws.model_label()}), because the full model does not fit "
+            f"the gates here (README.md: what shrank and why).{full} `onboard plan {ws.name} --target KIND:COUNT` "
+            "sizes the full model for its target.", ""]  # fmt: skip
 
 
 def _parity_results(ws: Workspace, rec: Record) -> tuple[dict | None, str]:

@@ -27,10 +27,12 @@ from onboard.fsutil import default_mode, fsync_dir
 from onboard.ledger import Ledger, now_iso
 from onboard.lock import WorkspaceLock
 from onboard.resources import data_dir
-from onboard.workspace import HF_CONFIG, LEDGER, name_lock, recover_locked, temp_prefix, validate_name, workspaces_dir
+from onboard.workspace import (
+    HF_CONFIG, LEDGER, TWIN, name_lock, recover_locked, temp_prefix, validate_name, workspaces_dir,
+)  # fmt: skip
 
 DEVICES = ("auto", "cpu", "cuda", "tpu")
-PATHS = ("native", "port")
+PATHS = ("native", "port", "transformers")
 # Where a config key usually lands in a port; matched by substring, first match wins.
 KEY_HINTS = (
     (
@@ -82,7 +84,12 @@ class Plan:
     """Why the structure was not compared, when it was not."""
     closest_reason: str = ""
     args_summary: str = ""
+    attention: str = ""
+    """transformers path: the kernels.attention the recipe starts with, when not the default ("" keeps it)."""
+    attention_why: str = ""
     threads: tuple[int, str] | None = None
+    twin: dict | None = None
+    """The twin the gates run on (onboard/twin_setup.py): {config, rows, summary, reason}; None: the full model."""
     files: dict[str, str] = field(default_factory=dict)
 
     def meta(self) -> dict:
@@ -97,6 +104,7 @@ class Plan:
             "hf_config": HF_CONFIG,
             "weights": str(self.weights) if self.weights else None,
             "device": self.device,
+            "twin": {k: self.twin[k] for k in ("summary", "reason", "rows")} | {"file": TWIN} if self.twin else None,
             "created": now_iso(),
             "unconsumed_keys": self.unconsumed,
             "todos": self.todos,
@@ -232,14 +240,22 @@ def plan_workspace(
         family = fam.name if fam else None
         source = f"--hf-config {Path(hf_config).resolve()}"
     model_type = cfg["model_type"]
-    # An unknown model_type is an error unless the port is asked for: silently starting a
+    # An unknown model_type is an error unless a path is asked for: silently starting a
     # port would turn a typo in model_type into an hour of porting.
     path_kind = path or "native"
     if family is None and path_kind == "native":
         raise BadInput(
             f"unknown model_type '{model_type}': no titan_core family runs it (families: {families_line()}); "
-            f"use --path port to start a port from the closest family"
+            "two paths can: --path transformers runs transformers' own class through titan_core, "
+            "--path port starts a native port from the closest family"
         )
+    if path_kind == "transformers":
+        plan = _plan_transformers(
+            name, root, cfg, text, model_type=model_type, source=source, device=device, weights=weights_dir,
+            threads=threads, where=Path(hf_config).resolve() if hf_config is not None else f"--preset {preset}",
+        )  # fmt: skip
+        plan.files = render(plan)
+        return plan
     todos, adapter_todos, closest_reason = [], [], ""
     if family is None:
         family, closest_reason = closest_family(cfg)
@@ -264,7 +280,7 @@ def plan_workspace(
         if path_kind == "native":
             raise BadInput(
                 f"config.json of model_type '{model_type}' does not fit the {family} family ({e}); "
-                "use --path port to port it"
+                "use --path port to port it, or --path transformers to run transformers' own class"
             ) from None
         unconsumed = sorted(k for k in cfg if k not in NEUTRAL_KEYS and k not in _canonical_keys(family))
         adapter_todos.append(f"the {family} adapter cannot read config.json: {e}; override args_from_hf below")
@@ -286,6 +302,37 @@ def plan_workspace(
     )  # fmt: skip
     plan.files = render(plan)
     return plan
+
+
+def _plan_transformers(name, root, cfg, text, *, model_type, source, device, weights, threads, where) -> Plan:
+    """The transformers path: transformers' class for the config, run by titan_core's
+    `transformers` family; BadInput when transformers is absent or cannot build a causal LM from it."""
+    from titan_core.config import ConfigError
+    from titan_core.models.common.errors import AdapterError
+    from titan_core.models.transformers.adapter import TransformersAdapter
+    from titan_core.models.transformers.hf_classes import config_object
+
+    try:
+        args, _ = TransformersAdapter().args_from_hf(cfg)
+        text_cfg = config_object(cfg).get_text_config()
+    except ConfigError as e:
+        raise BadInput(f"--path transformers: {e}") from None
+    except AdapterError as e:
+        raise BadInput(f"{where}: --path transformers cannot run it: {e}") from None
+    summary = (
+        f"dim {args.dim}, {args.n_layers} layers, {args.n_heads} heads ({args.n_kv_heads} kv), vocab {args.vocab_size}"
+        + (f", {args.n_experts} experts top-{args.top_k}" if args.n_experts else "")
+    )
+    cap = getattr(text_cfg, "attn_logit_softcapping", None)
+    attention, why = "", ""
+    if cap:
+        attention = "naive"
+        why = f"{model_type} soft-caps attention scores at {cap}; sdpa cannot, the naive reference does"
+    return Plan(
+        name=name, root=root, family="transformers", flavor=None, path_kind="transformers", model_type=model_type,
+        source=source, device=device, hf_config=cfg, hf_config_text=text, weights=weights, unconsumed=[],
+        args_summary=summary, attention=attention, attention_why=why, threads=threads,
+    )  # fmt: skip
 
 
 # ---- rendering and writing ---------------------------------------------------------------
@@ -326,6 +373,9 @@ def render(plan: Plan) -> dict[str, str]:
         hf_architecture=(plan.hf_config.get("architectures") or [""])[0], hf_config_file=HF_CONFIG,
         created=now_iso()[:19].replace("T", " "), has_test_parity=has_test_parity,
         threads=plan.threads[0] if plan.threads else 0, threads_why=plan.threads[1] if plan.threads else "",
+        attention=plan.attention, attention_why=plan.attention_why,
+        twin=plan.twin is not None, twin_file=TWIN, twin_rows=(plan.twin or {}).get("rows", []),
+        twin_summary=(plan.twin or {}).get("summary", ""), twin_reason=(plan.twin or {}).get("reason", ""),
     )  # fmt: skip
     names = ["recipe.toml", "adapter.py", "README.md"]
     if has_test_parity:
@@ -336,6 +386,8 @@ def render(plan: Plan) -> dict[str, str]:
     # optional template sections leave runs of blank lines; PEP 8 allows two at most
     files = {n: re.sub(r"\n{4,}", "\n\n\n", t) if n.endswith(".py") else t for n, t in files.items()}
     files[HF_CONFIG] = plan.hf_config_text
+    if plan.twin is not None:
+        files[TWIN] = json.dumps(plan.twin["config"], indent=2) + "\n"
     files[".gitignore"] = "runs/\n.onboard.lock\n"
     return files
 

@@ -20,6 +20,8 @@ from onboard.lock import WorkspaceLock
 WORKSPACES = "onboarding"
 RECIPE = "recipe.toml"
 HF_CONFIG = "config.json"
+TWIN = "twin.json"
+"""The twin the gates run on when the full model does not fit here (titan_core/models/twin.py)."""
 LEDGER = "ladder.json"
 REPORT = "REPORT.md"
 
@@ -87,6 +89,21 @@ class Workspace:
     def hf_config_path(self) -> Path | None:
         p = self.root / HF_CONFIG
         return p if p.is_file() else None
+
+    @property
+    def twin_path(self) -> Path | None:
+        """twin.json when the recipe's [model] hf_config names it: the gates then run on the twin."""
+        named = self._recipe_or_meta().get("model", {}).get("hf_config")
+        p = self.root / TWIN
+        return p if named and (self.root / str(named)).resolve() == p.resolve() and p.is_file() else None
+
+    def model_label(self) -> str:
+        """Which model the rungs run, for every ledger entry and the report: the twin (with its
+        shape beside the full model's, read from the two files) or the full model."""
+        twin = self.twin_path
+        if twin is None:
+            return "the full model"
+        return f"twin of the full model: {TWIN} ({_shape(twin)}) for {HF_CONFIG} ({_shape(self.root / HF_CONFIG)})"
 
     @property
     def model_file(self) -> Path | None:
@@ -198,6 +215,22 @@ class Workspace:
             if before and after:
                 chains.setdefault(edit.get("file", RECIPE), {}).setdefault(before, set()).add(after)
         return chains
+
+
+SHAPE_KEYS = ("num_hidden_layers", "hidden_size", "num_attention_heads", "num_key_value_heads", "vocab_size",
+              "num_experts")  # fmt: skip
+
+
+def _shape(path: Path) -> str:
+    """The size keys of an HF config file, e.g. "num_hidden_layers 2, hidden_size 256, ..."."""
+    from titan_core.config import ConfigError
+    from titan_core.config.hf_config import read_hf_config
+
+    try:
+        cfg = read_hf_config(path)
+    except ConfigError as e:
+        return f"unreadable: {e}"
+    return ", ".join(f"{k} {cfg[k]}" for k in SHAPE_KEYS if k in cfg)
 
 
 SAFETENSORS_HEADER_CAP = 100 * 2**20  # safetensors' own limit on a header's size

@@ -24,6 +24,15 @@ GIB = 2**30
 # HBM per chip, from Google Cloud's TPU system-architecture pages (v4, v5e, v5p, v6e) and the
 # Ironwood announcement (v7x).
 TPU_HBM_GIB: dict[str, int] = {"v4": 32, "v5e": 16, "v5p": 95, "v6e": 32, "v7x": 192}
+# Memory per GPU for plans (a GPU at hand reports its own free memory instead), from the vendors'
+# datasheets; their "GB" figures are what the runtime reports as GiB, within a few percent.
+GPU_HBM_GIB: dict[str, int] = {
+    "a100": 80,  # NVIDIA A100 80GB datasheet
+    "h100": 80,  # NVIDIA H100 SXM datasheet: 80GB HBM3
+    "h200": 141,  # NVIDIA H200 datasheet: 141GB HBM3e
+    "b200": 180,  # NVIDIA HGX B200 datasheet: 1,440GB over 8 GPUs
+    "mi300x": 192,  # AMD Instinct MI300X datasheet: 192GB HBM3
+}
 # Names the chip goes by in accelerator types and device strings: v5litepod-8 is a v5e, tpu7x a v7x.
 _TPU_ALIASES = (("v5litepod", "v5e"), ("v5lite", "v5e"), ("tpu7x", "v7x"), ("7x", "v7x"), ("ironwood", "v7x"),
                 ("trillium", "v6e"), ("v6e", "v6e"), ("v5e", "v5e"), ("v5p", "v5p"), ("v4", "v4"))  # fmt: skip

@@ -26,6 +26,7 @@ PEAK_BF16_FLOPS: dict[str, float] = {
     "h100": 989e12,  # NVIDIA H100 SXM datasheet: 1,979 TFLOP/s with sparsity -> 989 dense
     "h200": 989e12,  # NVIDIA H200 datasheet: same tensor cores as H100 SXM, 989 dense
     "b200": 2250e12,  # NVIDIA HGX B200 datasheet: 36 PFLOP/s sparse per 8 GPUs -> 2.25 PF dense each
+    "mi300x": 1307.4e12,  # AMD Instinct MI300X datasheet: 1,307.4 TFLOP/s BF16 dense
 }
 
 

@@ -17,7 +17,10 @@ from titan_core.config.loader import ConfigError
 from titan_core.device_budget import Budget, device_budget
 from titan_core.memory_estimate import MemoryEstimate, ModelShape, TrainSetup, estimate_memory, format_bytes
 
-TWIN = "a smaller twin of the model for runs on this {device} (not built yet: issue 'real-size models')"
+TWIN = (
+    "a smaller twin of the model for runs on this {device} (`onboard new-model` derives one, twin.json, when the "
+    "full model does not fit; `onboard plan` sizes the full model for its target)"
+)
 MAX_DEVICES = 1 << 16
 
 

@@ -28,13 +28,15 @@ The process's own allocations besides tensors are a measured constant per device
 (JAX buffers behind the bridge), and what an allocator keeps back: glibc leaves freed blocks
 under its sliding mmap threshold (at most 32 MiB each) resident, so small models on a CPU
 show a larger resident set than they need (tests/unit/test_memory_estimate.py); CUDA's
-caching allocator fragments. Tensor parallelism shards parameters, gradients and optimizer
-state here, not activations.
+caching allocator fragments. Tensor parallelism (TrainSetup.tp) splits the decoder blocks'
+parameters and their gathered copies over the TP ranks, and the activations of the split
+widths (heads, MLP hidden units); the embeddings, output head and the residual stream stay
+whole on every TP rank (sequence parallel's split of the residual stream is not counted).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from torch import nn
 
@@ -73,6 +75,9 @@ class ModelShape:
     shared_expert_hidden_dim: int = 0
     qk_norm: bool = False
     final_softcap: bool = False
+    outside_blocks: int = 0
+    """Parameters outside the decoder blocks (embeddings, output head, final norm): a TP plan
+    leaves them whole on every TP rank."""
 
     def __post_init__(self) -> None:
         if not self.layer_mix:
@@ -88,13 +93,15 @@ class ModelShape:
         params = list(model.parameters())  # distinct: a tied weight appears once
         layers = getattr(model, "layers", None)
         blocks = list(layers.values() if isinstance(layers, nn.ModuleDict) else layers or [])
-        largest_block = max((sum(p.numel() for p in b.parameters()) for b in blocks), default=0)
+        per_block = [sum(p.numel() for p in b.parameters()) for b in blocks]
+        largest_block = max(per_block, default=0)
         kinds = [(args.layer_is_moe(i), args.layer_uses_rope(i)) for i in range(args.n_layers)]
         mix = tuple((moe, rope, kinds.count((moe, rope))) for moe, rope in sorted(set(kinds)))
         return cls(
             params=sum(p.numel() for p in params),
             largest_param=max((p.numel() for p in params), default=0),
             largest_block_params=largest_block,
+            outside_blocks=sum(p.numel() for p in params) - sum(per_block),
             dim=args.dim,
             n_layers=args.n_layers,
             n_heads=args.n_heads,
@@ -127,6 +134,8 @@ class TrainSetup:
     optimizer: str = "adamw"
     shard_degree: int = 1
     """How many ways parameters, gradients and optimizer state are split (dp_shard x tp)."""
+    tp: int = 1
+    """Tensor-parallel degree, a factor of shard_degree (see the module docstring)."""
     data_parallel: str = "none"
     """none | simple_fsdp | fsdp2: decides whether gathered parameter copies exist and how many."""
     memory_policy: str = "none"
@@ -159,6 +168,7 @@ class TrainSetup:
             param_dtype=t.dtype,
             compute_dtype=t.mixed_precision_param if dp != "none" else t.dtype,
             shard_degree=shard,
+            tp=1 if degrees is None or dp == "none" else max(1, degrees.tp),
             data_parallel=dp,
             memory_policy=gt.memory_policy if gt.enable else "none",
             loss=cfg.kernels.loss,
@@ -262,17 +272,20 @@ def estimate_memory(m: ModelShape, s: TrainSetup) -> MemoryEstimate:
     if s.optimizer != "adamw":
         raise ValueError(f"unknown optimizer '{s.optimizer}' (adamw)")
     pb, cb = DTYPE_BYTES[s.param_dtype], DTYPE_BYTES[s.compute_dtype]
-    shard = max(1, s.shard_degree)
-    params = _ceil_div(m.params, shard) * pb
+    shard, tp = max(1, s.shard_degree), max(1, s.tp)
+    whole = m.outside_blocks if tp > 1 else 0  # replicated over TP: sharded over the dp ranks only
+    stored = _ceil_div(m.params - whole, shard) + _ceil_div(whole, max(1, shard // tp))
+    params = stored * pb
     grads = params  # gradients of the stored (sharded) parameters, in their dtype
     state = 2 * params  # AdamW's exp_avg and exp_avg_sq, shaped like the parameters
     gathered = 0
     if s.data_parallel == "simple_fsdp" and (shard > 1 or cb != pb):
-        # the gather (or cast) makes a new tensor per use, and the matmul keeps it for the backward
-        gathered = m.params * cb
+        # the gather (or cast) makes a new tensor per use, and the matmul keeps it for the backward;
+        # under TP each rank gathers its slice of the blocks over the dp ranks
+        gathered = (_ceil_div(m.params - m.outside_blocks, tp) + m.outside_blocks) * cb
     elif s.data_parallel == "fsdp2" and shard > 1:
         gathered = 2 * m.largest_block_params * cb  # the current block and the prefetched next one
-    act, host, transient = activation_bytes(m, s)
+    act, host, transient = activation_bytes(tp_local(m, tp), s)
     if s.memory_policy != "none":
         # the functional update's new params and states; the clipped gradients stay alive beside
         # them (one foreach output: the list lives until its last element's use)
@@ -280,7 +293,7 @@ def estimate_memory(m: ModelShape, s: TrainSetup) -> MemoryEstimate:
     else:  # torch's foreach AdamW: sqrt(exp_avg_sq) as one state-sized buffer; the fp64 norm of clipping
         opt_work = max(params, _ceil_div(m.largest_param, shard) * 8)
     # fp32 weights (to_empty builds in the default dtype), plus one parameter's cast or shard copy
-    built = _ceil_div(m.params, shard) if s.materialise_sharded else m.params
+    built = stored if s.materialise_sharded else m.params
     return MemoryEstimate(
         params=params, grads=grads, optimizer_state=state, gathered_params=gathered, activations=act,
         backward_workspace=transient, optimizer_workspace=opt_work, overhead=s.runtime_bytes,
@@ -290,6 +303,15 @@ def estimate_memory(m: ModelShape, s: TrainSetup) -> MemoryEstimate:
         materialise=(built + m.largest_param) * 4 + s.runtime_bytes,
         activations_host=host, setup=s,
     )  # fmt: skip
+
+
+def tp_local(m: ModelShape, tp: int) -> ModelShape:
+    """The widths one TP rank computes with: 1/tp of the query and key/value heads and of the
+    MLP hidden units (the dense decoder's TP plan, parallel/plans.py); the rest stays whole."""
+    if tp <= 1:
+        return m
+    return replace(m, n_heads=max(1, m.n_heads // tp), n_kv_heads=max(1, m.n_kv_heads // tp),
+                   ffn_hidden_dim=max(1, m.ffn_hidden_dim // tp))  # fmt: skip
 
 
 def _ceil_div(a: int, b: int) -> int:

@@ -26,6 +26,7 @@ from onboard.parity.native import (
 )  # fmt: skip
 from onboard.parity.results import results_path, write_results
 from onboard.parity.upstream import UpstreamError, build_upstream
+from onboard.workspace import TWIN
 
 LIST_CAP = 40  # keep results readable when everything is missing
 
@@ -82,6 +83,14 @@ def _run(root, res, m, weights_dir, batch, seq_len, seed, attn_implementation) -
     ws = read_workspace(root)
     cfg = native_hf_config(ws)
     res.update(model_type=cfg["model_type"], family=ws.family, path_kind=ws.path_kind)
+    if ws.hf_config_path is not None and ws.hf_config_path.name == TWIN:
+        res["model"] = f"twin ({TWIN})"
+        if weights_dir is not None:  # the full model's tensors have the full model's shapes
+            res["weights_note"] = (
+                f"the weights in {weights_dir} are the full model's: the twin is compared on seeded weights, "
+                "and the eager rung checked every checkpoint tensor's name, shape and dtype against the full model"
+            )
+            weights_dir = None
     upstream = build_upstream(cfg, weights_dir=weights_dir, seed=seed, attn_implementation=attn_implementation)
     hf = upstream.model
     res.update(upstream_class=type(hf).__name__, weights=upstream.source, weights_check=upstream.loading)

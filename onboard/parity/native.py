@@ -54,6 +54,8 @@ class WorkspaceModel:
 
     @property
     def path_kind(self) -> str:
+        if self.family == "transformers":
+            return "transformers"
         return "port" if self.module_file else "native"
 
 

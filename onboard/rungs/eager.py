@@ -5,13 +5,19 @@ batch, through titan_core's public `train.run`, and measures what the checklist 
 (finite losses and grad norms, the loss falling, step-1 loss near ln(vocab)) plus the
 baseline every later rung compares with: step-1 loss and grad norm as exact repr floats,
 and the steady-state step times, tokens/s, MFU and peak memory.
+
+When the gates run on a twin, the full model of config.json is checked here too, on the
+meta device (onboard/rungs/full_model.py): it builds, its parameter counts and FLOPs, its
+state-dict names and shapes against the upstream class, and with --weights every
+checkpoint tensor from the safetensors headers. The probe runs for every workspace (without
+a twin the full model is the one trained), so the ledger always holds the full model's size.
 """
 
 from __future__ import annotations
 
 import math
 
-from onboard.rungs import harness
+from onboard.rungs import full_model, harness
 from onboard.rungs.base import RungContext, RungResult
 
 RUNG = "eager"
@@ -64,6 +70,8 @@ def run(ctx: RungContext) -> RungResult:
     )
     if result.stopped:  # the gate judges the short, non-finite curve; the line says where it broke
         ctx.log(f"eager: {result.stopped}")
+    full, full_details = full_model.probe(ctx, cfg)  # the full-size model, on meta (a twin trained above)
+    measurements.update(full)
     return RungResult(
         measurements=measurements,
         files_read=harness.files_read(ctx, cfg),
@@ -81,5 +89,7 @@ def run(ctx: RungContext) -> RungResult:
             "gate_overrides": overrides,
             "stopped": result.stopped,
             "reproduce": harness.train_command(ctx, ["--data.repeat_batch=true", f"--training.steps={t.steps}"]),
+            "model": ctx.workspace.model_label(),
+            **full_details,
         },
     )

@@ -180,12 +180,18 @@ def _mb(n: int | None) -> str:
 def _one_kernel(ctx, flag, *, build, timing_kw, criteria, mode_kw) -> dict:
     """Compare one applicable kernel with its plain path, check it in the recipe's execution mode,
     then time it; a kernel that raises is a failed row."""
-    from titan_core.kernels import compare_kernel, measure_kernel
+    from titan_core.config.swaps import SwapNotApplicable
+    from titan_core.kernels import KernelRefusesModel, compare_kernel, measure_kernel
     from titan_core.kernels.modes import mode_check
 
     row: dict[str, Any] = {"status": "compared"}
     try:
         cmp = compare_kernel(flag=flag, **build)
+    except (KernelRefusesModel, SwapNotApplicable) as e:
+        # the kernel cannot compute this model (gemma2's soft-capped scores under sdpa): it does not
+        # apply, with the reason, as applicable_kernels would have said had it known beforehand
+        ctx.log(f"kernels: {flag} not applicable: {e}")
+        return {"status": "not_applicable", "reason": " ".join(str(e).split())}
     except Exception as e:  # noqa: BLE001 -- recorded as this kernel's failure, which fails the gate
         ctx.log(f"kernels: {flag} raised {type(e).__name__}: {e}")
         return {"status": "raised", "error": f"{type(e).__name__}: {e}", "kept": False}

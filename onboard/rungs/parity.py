@@ -44,7 +44,7 @@ def pytest_command(test_file: Path) -> list[str]:
 
 def _files_read(ws) -> list[Path]:
     files = [ws.recipe_path, ws.adapter_path, ws.root / TEST_FILE]
-    files += [p for p in (ws.hf_config_path, ws.model_file) if p is not None] + ws.weight_files()
+    files += [p for p in (ws.hf_config_path, ws.twin_path, ws.model_file) if p is not None] + ws.weight_files()
     return [p for p in files if p.is_file()]
 
 
@@ -93,7 +93,7 @@ def run(ctx: RungContext) -> RungResult:
     if summary and returncode != 0:
         ctx.log(summary)
     keep = ("state_dict", "grads", "error", "weights", "upstream_class", "model_type", "versions", "unconsumed_hf_keys",
-            "features", "weights_check", "passes")  # fmt: skip
+            "features", "weights_check", "passes", "model", "weights_note")  # fmt: skip
     details = {k: results.get(k) for k in keep}
     # the per-module table can run to thousands of rows: it stays in results.json
     details["localisation"] = {k: v for k, v in (results.get("localisation") or {}).items() if k != "table"}

@@ -109,8 +109,11 @@ def replaceable_classes(swap: Swap) -> tuple[type, ...] | None:
     return tuple(out)
 
 
-def _matches(paths: list[str], swap: Swap) -> list[str]:
-    return [p for p in paths if fnmatch.fnmatchcase(p, swap.pattern)]
+def _matches(paths: list[str], swap: Swap, model: nn.Module) -> list[str]:
+    # a model whose tree is not the native decoder's (the transformers path) says where the
+    # native paths are in it: `swap_paths` {native pattern: its own pattern}
+    pattern = getattr(model, "swap_paths", {}).get(swap.pattern, swap.pattern)
+    return [p for p in paths if fnmatch.fnmatchcase(p, pattern)]
 
 
 def _refusal(model: nn.Module, swap: Swap, hits: list[str]) -> str | None:
@@ -147,7 +150,7 @@ def swap_applicability(model: nn.Module, names: list[str]) -> dict[str, str | No
     out: dict[str, str | None] = {}
     for name in names:
         swap = get_swap(name)
-        hits = _matches(paths, swap)
+        hits = _matches(paths, swap, model)
         out[name] = _refusal(model, swap, hits) if hits else f"no module matches '{swap.pattern}'"
     return out
 
@@ -165,7 +168,7 @@ def apply_swaps(model: nn.Module, names: list[str]) -> dict[str, str]:
     plan: list[tuple[str, Swap]] = []
     paths = [p for p, _ in model.named_modules() if p]
     for swap in swaps:
-        hits = _matches(paths, swap)
+        hits = _matches(paths, swap, model)
         if not hits:
             warnings.warn(f"swap '{swap.name}' matched no module (pattern '{swap.pattern}')", stacklevel=2)
             log.warning("swap %s matched no module (pattern %s)", swap.name, swap.pattern)

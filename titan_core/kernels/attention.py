@@ -18,6 +18,12 @@ class KernelUnavailable(RuntimeError):
     """A kernel asked for where it cannot run, with the reason and what to use instead."""
 
 
+class KernelRefusesModel(KernelUnavailable):
+    """The kernel runs here but cannot compute what this model asks of it (an attention-score
+    soft-cap, dropout, sinks, a non-causal module): it does not apply to the model, with the
+    reason. Distinct from its parent, which also means a missing extra or device (a fault to fix)."""
+
+
 def import_jax_kernels(module: str, flag: str):
     """Import a JAX-backed kernel module, or say which extra is missing."""
     try:

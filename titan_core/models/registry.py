@@ -16,6 +16,9 @@ from titan_core.models.common.hf_adapter import HFAdapter
 from titan_core.models.common.validate import validate_args
 
 FAMILY_NAMES = ("llama3", "qwen3", "qwen3_moe", "glimmer")
+"""The native families: each claims the HF model_types its adapter reads."""
+TRANSFORMERS_FAMILY = "transformers"
+"""The transformers path (models/transformers): HF's own class for any model_type; chosen by name, claims none."""
 
 
 @dataclass(frozen=True)
@@ -27,8 +30,9 @@ class ModelFamily:
 
 
 def get_family(name: str) -> ModelFamily:
-    if name not in FAMILY_NAMES:
-        raise ConfigError(f"unknown model family '{name}'{did_you_mean(name, list(FAMILY_NAMES))}")
+    known = [*FAMILY_NAMES, TRANSFORMERS_FAMILY]
+    if name not in known:
+        raise ConfigError(f"unknown model family '{name}'{did_you_mean(name, known)}")
     module = importlib.import_module(f"titan_core.models.{name}")
     return module.FAMILY
 

@@ -50,10 +50,13 @@ class Experts(nn.Module):
 
     def forward(self, x: torch.Tensor, weights: torch.Tensor, experts: torch.Tensor) -> torch.Tensor:
         """x: [tokens, dim]; weights, experts: [tokens, top_k]."""
-        # Read each weight once: under SimpleFSDP every attribute read is an all-gather.
-        w1, w2, w3 = self.w1, self.w2, self.w3
+        # Read each weight once: under SimpleFSDP every attribute read is an all-gather. Split
+        # with unbind, not w[e]: each select's backward is a zero-filled gradient of the whole
+        # [experts, ...] tensor, so 128 experts cost 128 full-size buffers (seconds per step on
+        # a CPU); unbind's backward stacks the slices once, with the same values.
+        w1, w2, w3 = (w.unbind(0) for w in (self.w1, self.w2, self.w3))
         out = torch.zeros_like(x)
-        for e in range(w1.shape[0]):
+        for e in range(len(w1)):
             token, slot = torch.where(experts == e)
             h = x[token]
             h = (F.silu(h @ w1[e]) * (h @ w3[e])) @ w2[e]

@@ -32,8 +32,9 @@ class DenseExperts(Experts):
         h = F.silu(torch.matmul(x, self.w1)) * torch.matmul(x, self.w3)  # [experts, tokens, hidden]
         y = torch.matmul(h, self.w2)  # [experts, tokens, dim]
         out = torch.zeros_like(x)
-        for e in range(self.w1.shape[0]):
-            out = out + y[e] * combine[:, e, None]
+        # unbind, not y[e]: each select's backward would zero-fill all of y (see moe.Experts)
+        for e, y_e in enumerate(y.unbind(0)):
+            out = out + y_e * combine[:, e, None]
         return out
 
 

@@ -1,0 +1,140 @@
+"""titan_core's attention kernels as transformers attention implementations (`AttentionInterface`).
+
+A transformers attention module computes q, k, v, applies RoPE, then calls
+`ALL_ATTENTION_FUNCTIONS[config._attn_implementation](module, q, k, v, mask, scaling=,
+dropout=, sliding_window=, softcap=, **kwargs)` and expects `(out [b, s, heads, d], weights)`.
+`register_hf_attention()` registers, under names transformers accepts as `attn_implementation`:
+
+    titan          the kernel the attention module holds as `module.core` (the transformers path
+                   of titan_core puts a swappable core there, so `kernels.attention` selects it)
+    titan_<name>   one fixed kernel: sdpa, naive, flex, tokamax, splash (for plain transformers use)
+
+Each call is translated to the core contract (titan_core/models/common/attention.py):
+`scaling` -> scale, `sliding_window` -> window (both keep keys with q - k < window),
+`segment_ids` (a keyword the caller passes down the model's forward) -> packed documents.
+What a kernel cannot honour is refused with the reason (KernelRefusesModel), never dropped:
+an attention-score soft-cap (only the naive reference applies one, explicitly), dropout while training, a
+non-causal module, attention sinks. The padding mask transformers builds is not read: the
+kernels mask causally (and by window and document) themselves, and titan_core's data marks
+untrained tokens in the labels, not with padding masks. No mask is built for these names
+either (they are not in transformers' mask interface, so it skips mask creation).
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+from torch import nn
+
+from titan_core.kernels.attention import (
+    FlexAttention, KernelRefusesModel, KernelUnavailable, SplashAttention, TokamaxAttention,
+)  # fmt: skip
+from titan_core.models.common.attention import NaiveAttention, SDPAttention
+from titan_core.models.common.attention import attention_mask as allowed_mask
+
+#: kernels.attention name -> the core class; the registered names are `titan_<name>`
+KERNELS: dict[str, type[nn.Module]] = {
+    "sdpa": SDPAttention,
+    "naive": NaiveAttention,
+    "flex": FlexAttention,
+    "tokamax": TokamaxAttention,
+    "splash": SplashAttention,
+}
+MODULE_CORE = "titan"
+"""The implementation that calls the attention module's own `core` (the transformers path)."""
+# keywords transformers passes that change what attention computes and no core implements
+_REFUSED_KWARGS = {"s_aux": "attention sinks (s_aux)", "sinks": "attention sinks"}
+
+
+def kernel_name(core: nn.Module) -> str:
+    """kernels.attention name of a core (its class name for a foreign one)."""
+    return next((n for n, cls in KERNELS.items() if type(core) is cls), type(core).__name__)
+
+
+def softcapped_attention(q, k, v, *, scale: float, cap: float, window: int | None, segment_ids) -> torch.Tensor:
+    """The naive reference with the scores soft-capped: softmax(cap * tanh(q k^T * scale / cap) + mask) v.
+
+    Same shapes and GQA layout as the core contract; softmax in fp32, output in q's dtype. The
+    scores are scaled, divided and capped in that order, as transformers' eager attention does,
+    so large scores round the same way.
+    """
+    rep = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
+    scores = torch.tanh((q @ k.transpose(-2, -1)) * scale / cap) * cap
+    mask = allowed_mask(q.shape[2], window=window, segment_ids=segment_ids, device=q.device)
+    scores = scores.masked_fill(~mask, float("-inf"))
+    return torch.softmax(scores.float(), dim=-1).to(q.dtype) @ v
+
+
+def call_core(core: nn.Module, module: nn.Module, query, key, value, *, scaling=None, dropout=0.0,
+              sliding_window=None, softcap=None, **kwargs) -> torch.Tensor:  # fmt: skip
+    """Run `core` for a transformers attention module's call; returns [b, s, heads, d]."""
+    name = kernel_name(core)
+    where = type(module).__name__
+    if not getattr(module, "is_causal", True):
+        raise KernelRefusesModel(f"kernels.attention={name}: {where} is not causal; titan_core's kernels are")
+    if dropout and module.training:
+        raise KernelRefusesModel(
+            f"kernels.attention={name}: {where} asks for attention dropout {dropout}; no titan_core kernel "
+            "applies dropout (set attention_dropout = 0 in config.json)"
+        )
+    for key_name, what in _REFUSED_KWARGS.items():
+        if kwargs.get(key_name) is not None:
+            raise KernelRefusesModel(
+                f"kernels.attention={name}: {where} uses {what}, which no titan_core kernel computes"
+            )
+    scale = float(scaling) if scaling is not None else query.shape[-1] ** -0.5
+    window = int(sliding_window) if sliding_window else None
+    segment_ids = kwargs.get("segment_ids")
+    if softcap:
+        if type(core) is not NaiveAttention:
+            raise KernelRefusesModel(
+                f"kernels.attention={name} cannot soft-cap attention scores, and {where} caps them at {softcap} "
+                "(attn_logit_softcapping); choose kernels.attention=naive, which applies the cap"
+            )
+        out = softcapped_attention(query, key, value, scale=scale, cap=float(softcap), window=window,
+                                   segment_ids=segment_ids)  # fmt: skip
+    else:
+        out = core(query, key, value, scale=scale, window=window, segment_ids=segment_ids)
+    return out.transpose(1, 2).contiguous()
+
+
+def module_core_attention(module, query, key, value, attention_mask, **kwargs):
+    """`titan`: the attention module's own core (SDPAttention when it holds none)."""
+    core = getattr(module, "core", None)
+    if core is None:
+        raise KernelUnavailable(
+            f"attn_implementation='{MODULE_CORE}' runs the core a titan_core model puts on each attention "
+            f"module; {type(module).__name__} holds none (use titan_sdpa, titan_naive, ... with a plain model)"
+        )
+    return call_core(core, module, query, key, value, **kwargs), None
+
+
+def _fixed(cls: type[nn.Module]) -> Callable:
+    core = cls()
+
+    def attention(module, query, key, value, attention_mask, **kwargs):
+        return call_core(core, module, query, key, value, **kwargs), None
+
+    attention.__name__ = f"titan_{kernel_name(core)}_attention"
+    return attention
+
+
+_REGISTERED = False
+
+
+def register_hf_attention() -> None:
+    """Register `titan` and `titan_<kernel>` with transformers' AttentionInterface (idempotent).
+
+    Needs transformers (the [hf] extra); the caller says what to install when it is missing.
+    """
+    global _REGISTERED
+    if _REGISTERED:
+        return
+    from transformers import AttentionInterface
+
+    AttentionInterface.register(MODULE_CORE, module_core_attention)
+    for name, cls in KERNELS.items():
+        AttentionInterface.register(f"titan_{name}", _fixed(cls))
+    _REGISTERED = True

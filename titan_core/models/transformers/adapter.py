@@ -1,0 +1,153 @@
+"""The transformers path's adapter: weights keep their HF names, args are read for titan_core.
+
+The model is transformers' own class, so the state-dict mapping is the identity in both
+directions and a round trip is exact by construction. The config is read through
+transformers' config class (its defaults and derived values, e.g. head_dim), into the
+TransformerArgs titan_core needs around the model: vocabulary, depth and widths for FLOPs,
+memory estimates and the data loader. The config itself travels in `args.extra["hf_config"]`,
+so the model is built from args alone like every family's; a recipe override of an args
+field is written back into that config under its HF name (`hf_config_for`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import fields
+from typing import Any
+
+import torch
+
+from titan_core.models.common.args import TransformerArgs
+from titan_core.models.common.errors import AdapterError
+from titan_core.models.common.hf_adapter import window_pattern
+from titan_core.models.transformers.hf_classes import config_object
+
+HF_CONFIG_KEY = "hf_config"
+"""args.extra key holding the HF config dict the model is built from."""
+# TransformerArgs field -> the HF config key an override of it is written to
+WRITE_BACK = {
+    "dim": "hidden_size", "n_layers": "num_hidden_layers", "n_heads": "num_attention_heads",
+    "n_kv_heads": "num_key_value_heads", "head_dim": "head_dim", "vocab_size": "vocab_size",
+    "ffn_hidden_dim": "intermediate_size", "max_seq_len": "max_position_embeddings",
+    "tie_embeddings": "tie_word_embeddings", "norm_eps": "rms_norm_eps", "init_std": "initializer_range",
+    "n_experts": "num_experts", "top_k": "num_experts_per_tok", "moe_hidden_dim": "moe_intermediate_size",
+}  # fmt: skip
+
+
+def _first(c, *names, default=None):
+    for n in names:
+        v = getattr(c, n, None)
+        if v is not None:
+            return v
+    return default
+
+
+def _windows(c) -> tuple[int | None, int]:
+    """(sliding_window, global_every) from layer_types, for the estimates; a pattern the args
+    cannot express counts every layer as global (the model itself runs transformers' pattern)."""
+    types = getattr(c, "layer_types", None)
+    window = getattr(c, "sliding_window", None)
+    if not types or not window:
+        return None, 0
+    try:
+        return window_pattern([window if t == "sliding_attention" else None for t in types])
+    except AdapterError:
+        return None, 0
+
+
+def args_from_config(c, hf_cfg: dict[str, Any]) -> TransformerArgs:
+    """TransformerArgs from a transformers config object (its text config for the sizes)."""
+    t = c.get_text_config()
+    dim, heads = t.hidden_size, t.num_attention_heads
+    window, global_every = _windows(t)
+    n_experts = _first(t, "num_experts", "num_local_experts", "n_routed_experts", default=0) or 0
+    sparse_step = _first(t, "decoder_sparse_step", default=1) or 1
+    kw: dict[str, Any] = dict(
+        dim=dim,
+        n_layers=t.num_hidden_layers,
+        n_heads=heads,
+        n_kv_heads=_first(t, "num_key_value_heads", default=heads),
+        head_dim=_first(t, "head_dim", default=dim // heads),
+        vocab_size=t.vocab_size,
+        ffn_hidden_dim=_first(t, "intermediate_size", default=4 * dim),
+        norm_eps=float(_first(t, "rms_norm_eps", "layer_norm_eps", "norm_eps", default=1e-6)),
+        rope_theta=float((getattr(t, "rope_parameters", None) or {}).get("rope_theta", 10000.0)),
+        max_seq_len=_first(t, "max_position_embeddings", default=2048),
+        tie_embeddings=bool(getattr(c, "tie_word_embeddings", False)),
+        sliding_window=window,
+        global_every=global_every,
+        final_softcap=_first(t, "final_logit_softcapping"),
+        init_std=float(_first(t, "initializer_range", default=0.02)),
+        extra={HF_CONFIG_KEY: dict(hf_cfg)},
+    )
+    if n_experts:
+        kw.update(
+            n_experts=n_experts,
+            top_k=_first(t, "num_experts_per_tok", "top_k", default=2),
+            moe_hidden_dim=_first(t, "moe_intermediate_size", "intermediate_size"),
+            norm_topk_prob=bool(getattr(t, "norm_topk_prob", True)),
+            shared_expert_hidden_dim=_first(t, "shared_expert_intermediate_size", default=0) or 0,
+            moe_every=sparse_step,
+            dense_layers=list(getattr(t, "mlp_only_layers", None) or []),
+        )
+    try:
+        return TransformerArgs(**kw)
+    except (TypeError, ValueError) as e:
+        raise AdapterError(f"config does not describe valid args: {e}") from None
+
+
+def hf_config_for(args: TransformerArgs) -> dict[str, Any]:
+    """The HF config dict of `args`: the one it was read from, with every args field that
+    differs from what that config reads as (a recipe override) written back under its HF name.
+
+    AdapterError for a changed field with no HF key here (set it in config.json instead).
+    `layer_types` follows a changed depth (the pattern repeats, as transformers builds it).
+    """
+    if HF_CONFIG_KEY not in args.extra:
+        raise AdapterError(f"args carry no extra['{HF_CONFIG_KEY}']: these args are not the transformers path's")
+    cfg = dict(args.extra[HF_CONFIG_KEY])
+    base = args_from_config(config_object(cfg), cfg)
+    changed = [
+        f.name for f in fields(TransformerArgs) if f.name != "extra" and getattr(base, f.name) != getattr(args, f.name)
+    ]
+    for name in changed:
+        key = WRITE_BACK.get(name)
+        if key is None:
+            raise AdapterError(
+                f"model.overrides.{name} has no HF config key on the transformers path; change config.json instead"
+            )
+        if name == "n_experts" and "num_local_experts" in cfg:
+            key = "num_local_experts"
+        cfg[key] = getattr(args, name)
+    types = cfg.get("layer_types")
+    if "n_layers" in changed and isinstance(types, list) and types:
+        cfg["layer_types"] = [types[i % len(types)] for i in range(args.n_layers)]
+    return cfg
+
+
+class TransformersAdapter:
+    """HF <-> titan_core for the transformers path: identity on weights, args via transformers' config."""
+
+    hf_model_types: tuple[str, ...] = ()  # claims no model_type: the path is chosen, never inferred
+
+    def args_from_hf(self, cfg: dict[str, Any]) -> tuple[TransformerArgs, set[str]]:
+        """(args, consumed keys): every key is consumed, since transformers' config class reads them all."""
+        return args_from_config(config_object(cfg), cfg), set(cfg)
+
+    def from_hf(self, sd: dict[str, torch.Tensor], **_: Any) -> dict[str, torch.Tensor]:
+        return dict(sd)
+
+    def to_hf(self, sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """The same dict; a tied head (deduplicated away, as `named_parameters` does) is emitted
+        as the embedding tensor itself, which is what transformers' own `state_dict()` holds."""
+        out = dict(sd)
+        if "lm_head.weight" not in out:
+            emb = next((k for k in out if k.endswith("embed_tokens.weight")), None)
+            if emb is not None:
+                out["lm_head.weight"] = out[emb]
+        return out
+
+    def hf_config(self, args: TransformerArgs) -> dict[str, Any]:
+        return hf_config_for(args)
+
+    def unconsumed_keys(self, cfg: dict[str, Any]) -> list[str]:
+        return []
