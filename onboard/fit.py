@@ -141,6 +141,7 @@ def choose_twin(
     the twin does not fit either, its experts are halved (staying above top-k). BadInput for a
     knob out of range, or a model whose twin does not fit either.
     """
+    from titan_core.models.common.hf_adapter import AdapterError
     from titan_core.models.twin import TwinError, derive_twin
 
     if mode not in ("auto", "on", "off"):
@@ -165,6 +166,8 @@ def choose_twin(
             fit = gate_fit(twin.config, adapter, recipe_text=recipe_text)
     except TwinError as e:
         raise BadInput(str(e)) from None
+    except (AdapterError, TypeError, ValueError) as e:  # a port's config its starting family cannot read
+        raise BadInput(f"no twin: the {type(adapter).__name__} cannot read this config ({e})") from None
     if fit is not None and not fit.fits:
         raise BadInput(f"even the twin does not fit the gates' runs here: {fit.describe()}")
     if mode == "on" or knobs:

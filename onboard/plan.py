@@ -188,7 +188,9 @@ def plan_result(ws: Workspace, target_spec: str, *, seq: int = DEFAULT_SEQ, effi
 
 
 def _gib(n: int | None) -> str:
-    return "-" if n is None else f"{n / 2**30:.1f} GiB"
+    from titan_core.memory_estimate import format_bytes
+
+    return "-" if n is None else format_bytes(n)
 
 
 def plan_lines(r: dict) -> list[str]:

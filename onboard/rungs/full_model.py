@@ -10,8 +10,9 @@ config.json all the same, on the meta device, so no byte of it is allocated:
 - its size: parameters in total and active per token (titan_core's count_params), and the
   training FLOPs per token at the recipe's sequence length;
 - its names: every state-dict tensor through the adapter's `to_hf`, name and shape, against
-  the upstream transformers class built on meta from the same config.json (where
-  transformers has no class for it, against the adapter's own round trip, and it says so);
+  the upstream transformers class built on meta from the same config.json when the rungs run
+  a twin; without a twin (parity then compares this very model with the upstream class) and
+  where transformers has no class for it, against the adapter's own round trip, saying so;
 - its checkpoint, with `--weights`: every tensor's name, shape and dtype from the
   safetensors headers alone (onboard/weights_headers.py), against the model on meta.
 
@@ -94,13 +95,17 @@ def probe(ctx: RungContext, cfg) -> tuple[dict[str, Any], dict[str, Any]]:
         full_model_flops_per_token=flops_per_token(args, cfg.training.seq_len),
         full_model_seq_len=cfg.training.seq_len,
     )
-    hf_cfg = _full_hf_config(ws, adapter, args)
-    theirs, reference = _upstream_shapes(hf_cfg)
+    if ws.twin_path is not None:
+        theirs, why = _upstream_shapes(_full_hf_config(ws, adapter, args))
+        why = why if theirs is not None else f"no upstream class: {why}"
+    else:  # no twin: parity compares this very model with the upstream class, tensor by tensor
+        theirs, why = None, "no twin: parity compares this model with the upstream class itself"
     if theirs is None:  # HF names -> native again: what loading a checkpoint of these names would give
         back = _shapes(adapter.from_hf({k: _meta(v) for k, v in ours.items()}))
         mismatches = _diff(_shapes(model.state_dict()), back, "the round trip")
-        reference = f"the adapter's round trip (no upstream class: {reference})"
+        reference = f"the adapter's round trip ({why})"
     else:
+        reference = why
         mismatches = _diff(ours, theirs, "upstream")
     m.update(full_model_key_mismatches=len(mismatches), full_model_keys_reference=reference,
              full_model_tensors=len(ours))  # fmt: skip

@@ -15,21 +15,21 @@ RUNGS = ["eager", "parity", "compile", "graph_trainer", "fused_loss"]
 
 def test_compat_table_on_a_handful_of_architectures(tmp_path):
     md = tmp_path / "COMPAT.md"
-    # qwen3_moe's cells are in docs/COMPATIBILITY.md; a third full probe would cost the suite ~40 s more
-    types = ["llama", "gemma2", "gpt2", "gemma3"]
+    # one full probe (llama), one that cannot build (gpt2), one not probed (gemma3): every kind of cell;
+    # the other architectures' cells are in docs/COMPATIBILITY.md (`make compat`), each probe ~30 s
+    types = ["llama", "gpt2", "gemma3"]
     proc = subprocess.run([sys.executable, "-m", "onboard", "compat", *types, "--json", "--markdown", str(md)],
                           capture_output=True, text=True, timeout=600)  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-2000:]
     r = json.loads(proc.stdout)
-    assert r["rungs"] == RUNGS and r["requested"] == 4 and r["probed"] == 3
-    assert set(r["rows"]) == {"llama", "gemma2", "gpt2"}
+    assert r["rungs"] == RUNGS and r["requested"] == 3 and r["probed"] == 2
+    assert set(r["rows"]) == {"llama", "gpt2"}
     assert "composite" in r["not_probed"]["gemma3"]  # multimodal config: said why, not probed
-    for mt in ("llama", "gemma2"):
-        assert {c: r["rows"][mt]["cells"][c]["status"] for c in RUNGS} == dict.fromkeys(RUNGS, "pass"), mt
+    assert {c: r["rows"]["llama"]["cells"][c]["status"] for c in RUNGS} == dict.fromkeys(RUNGS, "pass")
     gpt2 = r["rows"]["gpt2"]["cells"]["eager"]
     assert gpt2["status"] == "fail" and "no decoder layers" in gpt2["reason"] and "\n" not in gpt2["reason"]
-    assert r["passing"]["eager"] == 2 and r["passing"]["fused_loss"] == 2
-    assert "compat: [1/4] llama" in proc.stderr  # progress on stderr, stdout only the JSON
+    assert r["passing"]["eager"] == 1 and r["passing"]["fused_loss"] == 1
+    assert "compat: [1/3] llama" in proc.stderr  # progress on stderr, stdout only the JSON
     text = md.read_text()
     assert "| llama | pass | pass | pass | pass | pass |" in text and "## Not probed" in text
 

@@ -67,6 +67,9 @@ def test_rungs_that_run_their_own_mode_do_not_read_the_mode_keys():
 
     for rung in (eager, simple_fsdp, compile_rung, graph_trainer):
         assert not rung.reads_recipe_key("compile.enable") and not rung.reads_recipe_key("graph_trainer.enable")
-        assert rung.reads_recipe_key("kernels.loss") and rung.reads_recipe_key("training.batch_size")
+        assert rung.reads_recipe_key("kernels.loss") and rung.reads_recipe_key("training.seq_len")
+        # the tuning rung's own gate proves its edits of these (harness.TUNING_KEYS)
+        assert not rung.reads_recipe_key("training.batch_size") and not rung.reads_recipe_key("kernels.ce_chunk")
     assert parity.reads_recipe_key("model.hf_config") and not parity.reads_recipe_key("kernels.loss")
-    assert not hasattr(kernels, "reads_recipe_key")  # it judges kernels in the recipe's mode: it reads everything
+    # kernels judges kernels in the recipe's mode: it reads every key but the tuning rung's
+    assert kernels.reads_recipe_key("compile.enable") and not kernels.reads_recipe_key("training.batch_size")
