@@ -1,4 +1,5 @@
-"""The `onboard` command line: new-model, next-step, status, list, report, waive, train, demo, skill.
+"""The `onboard` command line: new-model, next-step, status, list, report, waive, train, demo, skill
+(recipe, plan and compat live in onboard/cli_handover.py, on the same app).
 
 Every command takes --json: then stdout carries one JSON document and nothing else
 (progress goes to stderr, and is silent). Exit codes (DESIGN section 4): 0 passed / done,
@@ -10,88 +11,16 @@ name, a read-only target), 1 where the machine failed mid-run (disk full); see
 
 from __future__ import annotations
 
-import errno
 import json
 import sys
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Optional
 
 import typer
-from rich.console import Console
 from rich.panel import Panel
 
-from onboard.errors import EXIT_BAD_INPUT, EXIT_FAILED, BadInput, EnvironmentFailed, describe_os_error
-
-app = typer.Typer(
-    add_completion=False,
-    no_args_is_help=True,
-    rich_markup_mode=None,
-    pretty_exceptions_enable=False,
-    help="Bring a model onto a sharded, compiled training setup one machine-checked rung at a time.",
-)
-skill_app = typer.Typer(no_args_is_help=True, help="The onboard-model agent skill.")
-app.add_typer(skill_app, name="skill")
-
-DIR_OPTION = typer.Option(Path("."), "--dir", help="Folder holding onboarding/ (default: the current folder).")
-JSON_OPTION = typer.Option(False, "--json", help="Print one JSON document on stdout and nothing else.")
-
-
-class Out:
-    """stdout for results (rich, or one JSON document), stderr for progress and errors."""
-
-    def __init__(self, json_mode: bool):
-        self.json = json_mode
-        self.console = Console(highlight=False, soft_wrap=False)
-        self.err = Console(stderr=True, highlight=False)
-
-    def log(self, line: str) -> None:
-        if not self.json:
-            self.err.print(line, markup=False, soft_wrap=True)
-
-    def print(self, *objects, **kw) -> None:
-        if not self.json:
-            self.console.print(*objects, **kw)
-
-    def emit(self, data: dict) -> None:
-        sys.stdout.write(json.dumps(data, indent=2, default=str) + "\n")
-        sys.stdout.flush()
-
-
-def _run(json_mode: bool, body: Callable[[Out], int]) -> None:
-    """Run a command body; bad input and OS errors become one line on stderr and exit 2 or 1."""
-    from titan_core.config.loader import ConfigError
-
-    out = Out(json_mode)
-    try:
-        code = body(out)
-    except (BadInput, ConfigError) as e:
-        _fail(out, " ".join(str(e).split()), EXIT_BAD_INPUT)
-    except EnvironmentFailed as e:
-        _fail(out, " ".join(str(e).split()), EXIT_FAILED)
-    except OSError as e:
-        code, message = describe_os_error(e)
-        _fail(out, message, code, errno=errno.errorcode.get(e.errno) if e.errno is not None else None)
-    raise typer.Exit(code or 0)
-
-
-def _fail(out: Out, message: str, code: int, **extra) -> None:
-    print(f"error: {message}", file=sys.stderr)
-    if out.json:
-        out.emit({"error": message, "exit_code": code, **extra})
-    raise typer.Exit(code) from None
-
-
-def _check_dir(dir: Path, *, workspaces: bool = True) -> Path:
-    """Refuse a --dir that is a file (or whose onboarding/ is), before anything is created
-    there; a folder that does not exist yet is fine (new-model makes it)."""
-    from onboard.workspace import workspaces_dir
-
-    for path, what in ((Path(dir), "--dir"), (workspaces_dir(dir), "onboarding/ under --dir")):
-        if path.exists() and not path.is_dir():
-            raise BadInput(f"{what} must be a folder, but {path} is not one")
-        if not workspaces:
-            break
-    return Path(dir)
+from onboard.cli_base import DIR_OPTION, JSON_OPTION, Out, _check_dir, _run, app, skill_app
+from onboard.errors import EXIT_BAD_INPUT, BadInput, describe_os_error
 
 
 # ---- new-model -----------------------------------------------------------------------------
@@ -336,57 +265,6 @@ def report_cmd(name: str = typer.Argument(...), dir: Path = DIR_OPTION, json_out
     _run(json_out, body)
 
 
-@app.command("recipe")
-def recipe_cmd(name: str = typer.Argument(...), dir: Path = DIR_OPTION, json_out: bool = JSON_OPTION):
-    """Print the workspace's recipe, what each rung earned in it, and the commands that run it
-    on one process, on this host and on many hosts (torchrun)."""
-
-    def body(out: Out) -> int:
-        from onboard.recipe_view import recipe_lines, recipe_view
-        from onboard.workspace import Workspace
-
-        view = recipe_view(Workspace.load(_check_dir(dir), name))
-        if out.json:
-            out.emit(view)
-            return 0
-        out.print(f"# {view['recipe']}", markup=False)
-        out.print(view["text"].rstrip("\n"), markup=False, highlight=False)
-        for line in recipe_lines(view):
-            out.print(line, markup=False, soft_wrap=True)
-        return 0
-
-    _run(json_out, body)
-
-
-# ---- plan ------------------------------------------------------------------------------------
-@app.command("plan")
-def plan_cmd(
-    name: str = typer.Argument(...),
-    target: str = typer.Option(..., "--target", help="KIND[:COUNT]: v5e v5p v6e v7x h100 h200 b200 mi300x cpu."),
-    seq: int = typer.Option(4096, "--seq", help="Tokens per sequence on the target."),
-    efficiency: Optional[float] = typer.Option(None, "--efficiency", help="Fraction of peak the FLOPs reach (0.5)."),
-    dir: Path = DIR_OPTION,
-    json_out: bool = JSON_OPTION,
-):
-    """Plan the full model on a target: memory per device, mesh, batch, memory policy, a predicted
-    step time; writes recipe.<kind>-<count>.toml and prints the torchrun line. Exit 1 when nothing fits."""
-
-    def body(out: Out) -> int:
-        from onboard.plan import plan_lines, plan_result
-        from onboard.workspace import Workspace
-
-        ws = Workspace.load(_check_dir(dir), name)
-        result = plan_result(ws, target, seq=seq, efficiency=efficiency)
-        if out.json:
-            out.emit(result)
-        else:
-            for line in plan_lines(result):
-                out.print(line, markup=False, soft_wrap=True)
-        return 0 if result["recipe"] else EXIT_FAILED
-
-    _run(json_out, body)
-
-
 # ---- waive -----------------------------------------------------------------------------------
 @app.command("waive")
 def waive_cmd(
@@ -509,37 +387,6 @@ def demo_cmd(
     _run(json_out, body)
 
 
-@app.command("compat")
-def compat_cmd(
-    model_types: Optional[list[str]] = typer.Argument(None, help="model_types to probe (default: every causal LM transformers ships)."),
-    markdown: Optional[Path] = typer.Option(None, "--markdown", help="Also write the table as Markdown to this file."),
-    timeout: float = typer.Option(300.0, "--timeout", help="Seconds one architecture's probe may take."),
-    json_out: bool = JSON_OPTION,
-):
-    """Probe transformers architectures on the transformers path: eager, parity, compile,
-    Graph Trainer capture and the fused loss, each from a tiny config; a table of what passes."""
-
-    def body(out: Out) -> int:
-        from onboard.compat import check_types, render_markdown, render_text, sweep
-        from onboard.fsutil import atomic_write_text
-
-        if timeout <= 0:
-            raise BadInput(f"--timeout {timeout}: must be > 0 seconds")
-        types = check_types(model_types) if model_types else None
-        # progress on stderr even under --json: a full sweep runs for hours
-        result = sweep(types, timeout=timeout, log=lambda line: print(line, file=sys.stderr, flush=True))
-        if markdown is not None:
-            cmd = "onboard compat " + " ".join(types or [])
-            atomic_write_text(markdown, render_markdown(result, header=f"# Compatibility\n\nGenerated by `{cmd.strip()}`."))
-        if out.json:
-            out.emit(result)
-        else:
-            sys.stdout.write(render_text(result))
-        return 0
-
-    _run(json_out, body)
-
-
 @skill_app.command("install")
 def skill_install_cmd(
     agent: str = typer.Option(..., "--agent", help="claude | codex | generic."),
@@ -560,6 +407,10 @@ def skill_install_cmd(
         return 0
 
     _run(json_out, body)
+
+
+# the commands around the ladder's result (recipe, plan, compat), on the same app
+from onboard import cli_handover  # noqa: E402,F401
 
 
 def main() -> None:
