@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
+from test_cli import LLAMA
 from typer.testing import CliRunner
 
 from onboard.cli import app
@@ -17,12 +18,6 @@ from titan_core.models.common.errors import AdapterError, ArchitectureError
 from titan_core.train import main as train_main
 
 runner = CliRunner()
-LLAMA = {
-    "model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_size": 64, "num_hidden_layers": 2,
-    "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 128, "vocab_size": 256,
-    "rms_norm_eps": 1e-5, "max_position_embeddings": 512, "hidden_act": "silu", "tie_word_embeddings": False,
-    "rope_parameters": {"rope_theta": 10000.0, "rope_type": "default"},
-}  # fmt: skip
 QWEN3 = {**LLAMA, "model_type": "qwen3", "architectures": ["Qwen3ForCausalLM"], "head_dim": 16}
 MOE = {**QWEN3, "model_type": "qwen3_moe", "architectures": ["Qwen3MoeForCausalLM"], "num_experts": 4,
        "num_experts_per_tok": 2, "moe_intermediate_size": 32}  # fmt: skip
