@@ -19,7 +19,7 @@ from typing import Optional
 import typer
 from rich.panel import Panel
 
-from onboard.cli_base import DIR_OPTION, JSON_OPTION, Out, _check_dir, _run, app, skill_app
+from onboard.cli_base import DIR_OPTION, JSON_OPTION, Out, check_dir, run_command, app, skill_app
 from onboard.errors import EXIT_BAD_INPUT, BadInput, describe_os_error
 
 
@@ -56,7 +56,7 @@ def new_model(
         from onboard.scaffold import plan_workspace, write_workspace
         from onboard.twin_setup import apply_twin
 
-        _check_dir(dir)
+        check_dir(dir)
         plan = plan_workspace(
             name, dir, hf_config=hf_config, preset=preset, weights=weights, path=path, device=device, force=force
         )
@@ -121,7 +121,7 @@ def new_model(
         out.print(f"next: [bold]{result['next']}[/]")
         return 0
 
-    _run(json_out, body)
+    run_command(json_out, body)
 
 
 # ---- next-step -----------------------------------------------------------------------------
@@ -134,7 +134,7 @@ def next_step_cmd(name: str = typer.Argument(...), dir: Path = DIR_OPTION, json_
         from onboard.views import show_outcome
         from onboard.workspace import Workspace
 
-        ws = Workspace.load(_check_dir(dir), name)
+        ws = Workspace.load(check_dir(dir), name)
         command = f"onboard next-step {name}" + ("" if Path(dir) == Path(".") else f" --dir {dir}")
         outcome = next_step(ws, log=out.log, base_command=command)
         if outcome.os_error:  # the machine failed, not the gate: one line, like any other OS error
@@ -145,7 +145,7 @@ def next_step_cmd(name: str = typer.Argument(...), dir: Path = DIR_OPTION, json_
             show_outcome(out.print, outcome)
         return outcome.exit_code
 
-    _run(json_out, body)
+    run_command(json_out, body)
 
 
 # ---- status / list / report ------------------------------------------------------------------
@@ -177,7 +177,7 @@ def status_cmd(name: str = typer.Argument(...), dir: Path = DIR_OPTION, json_out
         from onboard.views import status_dict
         from onboard.workspace import Workspace
 
-        ws = Workspace.load(_check_dir(dir), name)
+        ws = Workspace.load(check_dir(dir), name)
         states = ladder_states(ws, default_specs())
         if out.json:
             out.emit(status_dict(ws, states))
@@ -185,7 +185,7 @@ def status_cmd(name: str = typer.Argument(...), dir: Path = DIR_OPTION, json_out
             _print_status(out, ws, states)
         return 0
 
-    _run(json_out, body)
+    run_command(json_out, body)
 
 
 @app.command("list")
@@ -202,7 +202,7 @@ def list_cmd(dir: Path = DIR_OPTION, json_out: bool = JSON_OPTION):
 
         specs = default_specs()
         rows = []
-        for root in list_workspaces(_check_dir(dir)):
+        for root in list_workspaces(check_dir(dir)):
             try:
                 ws = Workspace.load(dir, root.name)
                 states = ladder_states(ws, specs)  # reads the files the rungs read: may meet an OS error too
@@ -242,7 +242,7 @@ def list_cmd(dir: Path = DIR_OPTION, json_out: bool = JSON_OPTION):
         out.print(table)
         return 0
 
-    _run(json_out, body)
+    run_command(json_out, body)
 
 
 @app.command("report")
@@ -254,7 +254,7 @@ def report_cmd(name: str = typer.Argument(...), dir: Path = DIR_OPTION, json_out
         from onboard.report import WATERFALL, write_report_files
         from onboard.workspace import Workspace
 
-        ws = Workspace.load(_check_dir(dir), name)
+        ws = Workspace.load(check_dir(dir), name)
         files = write_report_files(ws)
         if out.json:
             out.emit({"workspace": name, **files.to_json(), "waivers": list(ws.ledger.waivers().values())})
@@ -262,7 +262,7 @@ def report_cmd(name: str = typer.Argument(...), dir: Path = DIR_OPTION, json_out
             out.print(f"wrote {files.markdown}\nreport.html: {files.html}\nwaterfall: {files.where(WATERFALL)}")
         return 0
 
-    _run(json_out, body)
+    run_command(json_out, body)
 
 
 # ---- waive -----------------------------------------------------------------------------------
@@ -284,7 +284,7 @@ def waive_cmd(
         from onboard.lock import WorkspaceLock
         from onboard.workspace import Workspace
 
-        ws = Workspace.load(_check_dir(dir), name)
+        ws = Workspace.load(check_dir(dir), name)
         if rung not in RUNGS:
             raise BadInput(f"unknown rung '{rung}' (rungs: {', '.join(RUNGS)})")
         try:
@@ -307,7 +307,7 @@ def waive_cmd(
             out.print(f"recorded in {ws.ledger.path}; the next `onboard next-step {name}` counts it as ok-but-waived")
         return 0
 
-    _run(json_out, body)
+    run_command(json_out, body)
 
 
 # ---- train / demo / skill ------------------------------------------------------------------------
@@ -384,7 +384,7 @@ def demo_cmd(
             out.emit(result)
         return result["exit_code"]
 
-    _run(json_out, body)
+    run_command(json_out, body)
 
 
 @skill_app.command("install")
@@ -398,7 +398,7 @@ def skill_install_cmd(
     def body(out: Out) -> int:
         from onboard.skill_install import install
 
-        result = install(agent, _check_dir(dir, workspaces=False))
+        result = install(agent, check_dir(dir, workspaces=False))
         if out.json:
             out.emit(result)
         else:
@@ -406,7 +406,7 @@ def skill_install_cmd(
             out.print(f"installed the onboard-model skill for {agent}: {where}")
         return 0
 
-    _run(json_out, body)
+    run_command(json_out, body)
 
 
 # the commands around the ladder's result (recipe, plan, compat), on the same app

@@ -1,5 +1,5 @@
 """What every `onboard` command shares: the typer app, the --dir and --json options, the output
-object (results on stdout, progress and errors on stderr) and the one error boundary `_run`.
+object (results on stdout, progress and errors on stderr) and the one error boundary `run_command`.
 onboard/cli.py and onboard/cli_handover.py register their commands on this app."""
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ class Out:
         sys.stdout.flush()
 
 
-def _run(json_mode: bool, body: Callable[[Out], int]) -> None:
+def run_command(json_mode: bool, body: Callable[[Out], int]) -> None:
     """Run a command body; bad input and OS errors become one line on stderr and exit 2 or 1."""
     from titan_core.config.loader import ConfigError
 
@@ -74,7 +74,7 @@ def _fail(out: Out, message: str, code: int, **extra) -> None:
     raise typer.Exit(code) from None
 
 
-def _check_dir(dir: Path, *, workspaces: bool = True) -> Path:
+def check_dir(dir: Path, *, workspaces: bool = True) -> Path:
     """Refuse a --dir that is a file (or whose onboarding/ is), before anything is created
     there; a folder that does not exist yet is fine (new-model makes it)."""
     from onboard.workspace import workspaces_dir

@@ -10,7 +10,7 @@ from typing import Optional
 
 import typer
 
-from onboard.cli_base import DIR_OPTION, JSON_OPTION, Out, _check_dir, _run, app
+from onboard.cli_base import DIR_OPTION, JSON_OPTION, Out, check_dir, run_command, app
 from onboard.errors import EXIT_FAILED, BadInput
 
 
@@ -23,7 +23,7 @@ def recipe_cmd(name: str = typer.Argument(...), dir: Path = DIR_OPTION, json_out
         from onboard.recipe_view import recipe_lines, recipe_view
         from onboard.workspace import Workspace
 
-        view = recipe_view(Workspace.load(_check_dir(dir), name))
+        view = recipe_view(Workspace.load(check_dir(dir), name))
         if out.json:
             out.emit(view)
             return 0
@@ -33,7 +33,7 @@ def recipe_cmd(name: str = typer.Argument(...), dir: Path = DIR_OPTION, json_out
             out.print(line, markup=False, soft_wrap=True)
         return 0
 
-    _run(json_out, body)
+    run_command(json_out, body)
 
 
 # ---- plan ------------------------------------------------------------------------------------
@@ -53,7 +53,7 @@ def plan_cmd(
         from onboard.plan import plan_lines, plan_result
         from onboard.workspace import Workspace
 
-        ws = Workspace.load(_check_dir(dir), name)
+        ws = Workspace.load(check_dir(dir), name)
         result = plan_result(ws, target, seq=seq, efficiency=efficiency)
         if out.json:
             out.emit(result)
@@ -62,7 +62,7 @@ def plan_cmd(
                 out.print(line, markup=False, soft_wrap=True)
         return 0 if result["recipe"] else EXIT_FAILED
 
-    _run(json_out, body)
+    run_command(json_out, body)
 
 
 @app.command("compat")
@@ -93,4 +93,4 @@ def compat_cmd(
             sys.stdout.write(render_text(result))
         return 0
 
-    _run(json_out, body)
+    run_command(json_out, body)

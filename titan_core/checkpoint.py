@@ -239,7 +239,9 @@ def export_hf(model, family_name: str, args, out_dir: str | Path, *, model_cfg: 
     model: its adapter (`adapter_file`'s, else the family's) maps the weights, and config.json
     is the recipe's `hf_config` with every field kept (model_type, architectures, a port's
     own keys), [model.overrides] written into it, dtype that of the exported tensors; a recipe
-    without `hf_config` gets the adapter's `hf_config(args)`. Without `model_cfg`: the family's.
+    without `hf_config`, or whose adapter says `exports_whole_config` (the transformers path:
+    its `hf_config(args)` is that config.json with the overrides in, under any key), gets the
+    adapter's `hf_config(args)`. Without `model_cfg`: the family's.
     Gathers sharded parameters first; under a process group only rank 0 writes.
     """
     try:
@@ -288,6 +290,8 @@ def _export_config(adapter, model_cfg: ModelConfig | None, args) -> dict[str, An
         if not callable(getattr(adapter, "hf_config", None)):
             raise ConfigError("the adapter has no hf_config(args) and the recipe names no model.hf_config to export")
         return adapter.hf_config(args)
+    if getattr(adapter, "exports_whole_config", False):
+        return adapter.hf_config(args)  # the recipe's config.json itself, its overrides written in
     config = read_hf_config(model_cfg.hf_config)
     if not model_cfg.overrides:
         return config  # the trained args are this config's, by construction

@@ -132,7 +132,7 @@ def register_hf_attention() -> None:
     global _REGISTERED
     if _REGISTERED:
         return
-    from transformers import AttentionInterface
+    from transformers import AttentionInterface  # the [hf] extra: titan_core imports without it
 
     AttentionInterface.register(MODULE_CORE, module_core_attention)
     for name, cls in KERNELS.items():

@@ -22,12 +22,15 @@ plus gaps are from the step time measured outside the profiler.
 
 from __future__ import annotations
 
+import statistics
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
 import torch
+
+from titan_core import devices
 
 STEP_MARK = "titan_core.tuning.step"
 CATEGORIES = ("matmul", "attention", "norms_elementwise", "communication", "optimizer", "host_gaps")
@@ -134,7 +137,6 @@ def _walk(events) -> tuple[dict[str, float], dict[str, list], list[float]]:
 
 def breakdown_of(events, wall_times: list[float], *, top: int = 10, trace_path: str | None = None) -> Breakdown:
     """The Breakdown of profiler `events` holding len(wall_times) STEP_MARK ranges."""
-    import statistics
 
     seconds, ops, marks = _walk(events)
     n = max(1, len(marks))
@@ -164,8 +166,6 @@ def profile_steps(step: Callable[[], Any], *, steps: int, device: torch.device |
                   trace_path: Path | None = None, top: int = 10) -> Breakdown:  # fmt: skip
     """Run `step()` `steps` times under torch.profiler (the caller warms it up first) and break the
     time down; the Chrome trace goes to `trace_path` when given."""
-    from titan_core import devices
-
     device = torch.device(device)
     activities = [torch.profiler.ProfilerActivity.CPU]
     if device.type == "cuda":

@@ -21,6 +21,7 @@ from titan_core.compile.graph_trainer.capture import CapturedStep, capture_train
 from titan_core.compile.graph_trainer.params import local_tensor
 from titan_core.compile.graph_trainer.passes import PassRecord, build_pipeline, run_passes
 from titan_core.compile.graph_trainer.registry import PassSettings
+from titan_core.compile.graph_trainer.scan import check_scannable
 from titan_core.compile.graph_trainer.split import SplitProgram, split_forward_backward
 from titan_core.config.sections import GraphTrainer
 from titan_core.token_mean import global_valid_tokens
@@ -89,6 +90,8 @@ class GraphTrainStep:
         self.stats = GraphStats()
         # the pipeline is validated now so a bad pass name fails before any work
         self.pipeline = build_pipeline(disable=config.disable_passes, numerics_changing=config.numerics_changing)
+        if config.scan_layers:  # refused here, before a run writes anything, not at the first step
+            check_scannable(model)
 
     # ---- state ---------------------------------------------------------------------
     def _state(self):

@@ -19,7 +19,7 @@ import torch
 from titan_core.models.common.args import TransformerArgs
 from titan_core.models.common.errors import AdapterError
 from titan_core.models.common.hf_adapter import window_pattern
-from titan_core.models.transformers.hf_classes import config_object
+from titan_core.models.transformers.hf_classes import causal_lm_class, config_object
 
 HF_CONFIG_KEY = "hf_config"
 """args.extra key holding the HF config dict the model is built from."""
@@ -128,6 +128,8 @@ class TransformersAdapter:
     """HF <-> titan_core for the transformers path: identity on weights, args via transformers' config."""
 
     hf_model_types: tuple[str, ...] = ()  # claims no model_type: the path is chosen, never inferred
+    exports_whole_config = True
+    """`hf_config(args)` is the whole config.json (overrides written in): an export writes it as is."""
 
     def args_from_hf(self, cfg: dict[str, Any]) -> tuple[TransformerArgs, set[str]]:
         """(args, consumed keys): every key is consumed, since transformers' config class reads them all."""
@@ -147,7 +149,12 @@ class TransformersAdapter:
         return out
 
     def hf_config(self, args: TransformerArgs) -> dict[str, Any]:
-        return hf_config_for(args)
+        """`hf_config_for(args)`, naming the causal-LM class in `architectures` when the config
+        does not (what save_pretrained writes, so pipelines and the Hub know the head)."""
+        cfg = hf_config_for(args)
+        if not cfg.get("architectures"):
+            cfg["architectures"] = [causal_lm_class(config_object(cfg)).__name__]
+        return cfg
 
     def unconsumed_keys(self, cfg: dict[str, Any]) -> list[str]:
         return []
