@@ -61,3 +61,9 @@ def test_a_port_climbs_the_ladder_and_its_recipe_reproduces_the_gates(tmp_path):
         assert shown in status.stdout, status.stdout
 
     assert_train_reproduces_the_verified_step(root, ledger, tmp_path / "train")
+
+    # the adapter defines the model every rung ran: an edit to it makes the whole ladder stale
+    (root / "adapter.py").write_text((root / "adapter.py").read_text() + "\n# an agent's edit\n")
+    states = {s.rung: s for s in ladder_states(Workspace.load(tmp_path, root.name), specs)}
+    assert {r: states[r].status for r in built} == {r: "stale" for r in built}
+    assert all("adapter.py" in states[r].reason for r in built), {r: states[r].reason for r in built}
