@@ -1,8 +1,9 @@
 """Attention cores beyond the model's built-in sdpa/naive: tokamax, splash, flex.
 
 Each is a drop-in for `layers.*.attention.core`: called as core(q, k, v, scale=, window=,
-segment_ids=) with q [B, N, S, D], k/v [B, K, S, D], returning [B, N, S, D]. None owns
-parameters, so swapping one in leaves the state dict untouched.
+segment_ids=[, softcap=]) with q [B, N, S, D], k/v [B, K, S, D], returning [B, N, S, D] (the
+contract in titan_core/models/common/attention.py). None owns parameters, so swapping one in
+leaves the state dict untouched. flex honours a score soft-cap; tokamax and splash refuse one.
 """
 
 from __future__ import annotations
@@ -13,15 +14,10 @@ import torch
 from torch import nn
 from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
+from titan_core.models.common.attention import refuse_softcap
+from titan_core.models.common.errors import KernelRefusesModel, KernelUnavailable
 
-class KernelUnavailable(RuntimeError):
-    """A kernel asked for where it cannot run, with the reason and what to use instead."""
-
-
-class KernelRefusesModel(KernelUnavailable):
-    """The kernel runs here but cannot compute what this model asks of it (an attention-score
-    soft-cap, dropout, sinks, a non-causal module): it does not apply to the model, with the
-    reason. Distinct from its parent, which also means a missing extra or device (a fault to fix)."""
+__all__ = ["KernelRefusesModel", "KernelUnavailable", "FlexAttention", "SplashAttention", "TokamaxAttention"]
 
 
 def import_jax_kernels(module: str, flag: str):
@@ -56,7 +52,8 @@ class TokamaxAttention(nn.Module):
         self.implementation = implementation
         self._ops = jax_kernels_or_reason("tokamax_ops", "kernels.attention=tokamax")
 
-    def forward(self, q, k, v, *, scale: float, window: int | None, segment_ids):
+    def forward(self, q, k, v, *, scale: float, window: int | None, segment_ids, softcap: float | None = None):
+        refuse_softcap("tokamax", softcap)
         if isinstance(self._ops, KernelUnavailable):
             raise self._ops
         tokamax_attention = self._ops.tokamax_attention
@@ -87,7 +84,8 @@ class SplashAttention(nn.Module):
         super().__init__()
         self.interpret = interpret
 
-    def forward(self, q, k, v, *, scale: float, window: int | None, segment_ids):
+    def forward(self, q, k, v, *, scale: float, window: int | None, segment_ids, softcap: float | None = None):
+        refuse_softcap("splash", softcap)
         if q.device.type != "tpu" and not self.interpret:
             raise KernelUnavailable(
                 f"kernels.attention=splash is the TPU Pallas splash kernel and needs device.type = tpu "
@@ -127,7 +125,7 @@ class FlexAttention(nn.Module):
         super().__init__()
         self.compile = compile
 
-    def forward(self, q, k, v, *, scale: float, window: int | None, segment_ids):
+    def forward(self, q, k, v, *, scale: float, window: int | None, segment_ids, softcap: float | None = None):
         if q.device.type == "cpu" and torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
             raise KernelUnavailable(
                 "kernels.attention=flex: FlexAttention has no backward on CPU in torch 2.13, so it cannot "
@@ -150,7 +148,15 @@ class FlexAttention(nn.Module):
         use_compile = self.compile if self.compile is not None else q.device.type != "cpu"
         if use_compile:
             fn = _compiled_flex()
-        return fn(q, k, v, block_mask=block_mask, scale=scale, enable_gqa=q.shape[1] != k.shape[1])
+        score_mod = None
+        if softcap:  # flex applies `scale` first, so this caps q @ k^T * scale like the reference
+            cap = float(softcap)
+
+            def score_mod(score, b, h, q_idx, kv_idx):
+                return torch.tanh(score / cap) * cap
+
+        return fn(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=scale,
+                  enable_gqa=q.shape[1] != k.shape[1])  # fmt: skip
 
     def extra_repr(self) -> str:
         return f"compile={self.compile}"

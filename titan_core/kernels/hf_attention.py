@@ -11,10 +11,11 @@ dropout=, sliding_window=, softcap=, **kwargs)` and expects `(out [b, s, heads, 
 
 Each call is translated to the core contract (titan_core/models/common/attention.py):
 `scaling` -> scale, `sliding_window` -> window (both keep keys with q - k < window),
-`segment_ids` (a keyword the caller passes down the model's forward) -> packed documents.
+`segment_ids` (a keyword the caller passes down the model's forward) -> packed documents,
+`softcap` -> softcap (the naive reference and flex cap scores; sdpa, tokamax and splash refuse).
 What a kernel cannot honour is refused with the reason (KernelRefusesModel), never dropped:
-an attention-score soft-cap (only the naive reference applies one, explicitly), dropout while training, a
-non-causal module, attention sinks. The padding mask transformers builds is not read: the
+an attention-score soft-cap it cannot apply, dropout while training, a non-causal module,
+attention sinks. The padding mask transformers builds is not read: the
 kernels mask causally (and by window and document) themselves, and titan_core's data marks
 untrained tokens in the labels, not with padding masks. No mask is built for these names
 either (they are not in transformers' mask interface, so it skips mask creation).
@@ -31,7 +32,6 @@ from titan_core.kernels.attention import (
     FlexAttention, KernelRefusesModel, KernelUnavailable, SplashAttention, TokamaxAttention,
 )  # fmt: skip
 from titan_core.models.common.attention import NaiveAttention, SDPAttention
-from titan_core.models.common.attention import attention_mask as allowed_mask
 
 #: kernels.attention name -> the core class; the registered names are `titan_<name>`
 KERNELS: dict[str, type[nn.Module]] = {
@@ -50,21 +50,6 @@ _REFUSED_KWARGS = {"s_aux": "attention sinks (s_aux)", "sinks": "attention sinks
 def kernel_name(core: nn.Module) -> str:
     """kernels.attention name of a core (its class name for a foreign one)."""
     return next((n for n, cls in KERNELS.items() if type(core) is cls), type(core).__name__)
-
-
-def softcapped_attention(q, k, v, *, scale: float, cap: float, window: int | None, segment_ids) -> torch.Tensor:
-    """The naive reference with the scores soft-capped: softmax(cap * tanh(q k^T * scale / cap) + mask) v.
-
-    Same shapes and GQA layout as the core contract; softmax in fp32, output in q's dtype. The
-    scores are scaled, divided and capped in that order, as transformers' eager attention does,
-    so large scores round the same way.
-    """
-    rep = q.shape[1] // k.shape[1]
-    k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
-    scores = torch.tanh((q @ k.transpose(-2, -1)) * scale / cap) * cap
-    mask = allowed_mask(q.shape[2], window=window, segment_ids=segment_ids, device=q.device)
-    scores = scores.masked_fill(~mask, float("-inf"))
-    return torch.softmax(scores.float(), dim=-1).to(q.dtype) @ v
 
 
 def call_core(core: nn.Module, module: nn.Module, query, key, value, *, scaling=None, dropout=0.0,
@@ -87,16 +72,8 @@ def call_core(core: nn.Module, module: nn.Module, query, key, value, *, scaling=
     scale = float(scaling) if scaling is not None else query.shape[-1] ** -0.5
     window = int(sliding_window) if sliding_window else None
     segment_ids = kwargs.get("segment_ids")
-    if softcap:
-        if type(core) is not NaiveAttention:
-            raise KernelRefusesModel(
-                f"kernels.attention={name} cannot soft-cap attention scores, and {where} caps them at {softcap} "
-                "(attn_logit_softcapping); choose kernels.attention=naive, which applies the cap"
-            )
-        out = softcapped_attention(query, key, value, scale=scale, cap=float(softcap), window=window,
-                                   segment_ids=segment_ids)  # fmt: skip
-    else:
-        out = core(query, key, value, scale=scale, window=window, segment_ids=segment_ids)
+    capped = {"softcap": float(softcap)} if softcap else {}  # a core that cannot cap refuses it
+    out = core(query, key, value, scale=scale, window=window, segment_ids=segment_ids, **capped)
     return out.transpose(1, 2).contiguous()
 
 

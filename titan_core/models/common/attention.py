@@ -5,13 +5,17 @@ the swap registry (`layers.*.attention.core`) while projections and RoPE stay pu
 
 The core contract, which every attention kernel and a port's own core keep:
 
-    core(q, k, v, *, scale, window, segment_ids) -> out
+    core(q, k, v, *, scale, window, segment_ids[, softcap]) -> out
       q            [batch, n_heads, seq, head_dim]     after QK-norm and RoPE
       k, v         [batch, n_kv_heads, seq, head_dim]  not repeated for GQA: query head h reads
                    kv head h // (n_heads // n_kv_heads)
       scale        float multiplying q @ k^T (Attention.scale = head_dim ** -0.5)
       window       None, or keep keys with q_pos - k_pos < window (the query itself counts); causal always
       segment_ids  None, or [batch, seq] ids of packed documents: attend within the same id only
+      softcap      given only when the model caps its scores (Gemma-2's attn_logit_softcapping):
+                   scores become cap * tanh(q @ k^T * scale / cap) before the mask. A core that
+                   cannot cap raises KernelRefusesModel (the kernel does not apply to the model);
+                   a core written before this argument is never passed it by an uncapped model
       out          [batch, n_heads, seq, head_dim] in q's dtype
 """
 
@@ -24,7 +28,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from titan_core.models.common.layers import RMSNorm, apply_rope
+from titan_core.models.common.errors import KernelRefusesModel
+from titan_core.models.common.layers import RMSNorm, apply_rope, softcap as cap_scores
 
 
 def attention_mask(
@@ -51,15 +56,25 @@ def attention_mask(
     return allowed
 
 
+def refuse_softcap(kernel: str, cap: float | None) -> None:
+    """Raise KernelRefusesModel when a core that cannot cap scores is asked to."""
+    if cap:
+        raise KernelRefusesModel(
+            f"kernels.attention={kernel} cannot soft-cap attention scores and this model caps them at {cap} "
+            "(attn_logit_softcapping); kernels.attention=naive (and flex where it can train) apply the cap"
+        )
+
+
 class NaiveAttention(nn.Module):
     """Reference core: explicit softmax(q k^T * scale + mask) v, softmax in fp32, output in
-    the input dtype; the plain path every attention kernel is compared with."""
+    the input dtype; the plain path every attention kernel is compared with. Honours `softcap`
+    (scaled, divided and capped in that order, as transformers' eager attention rounds)."""
 
-    def forward(self, q, k, v, *, scale: float, window: int | None, segment_ids):
+    def forward(self, q, k, v, *, scale: float, window: int | None, segment_ids, softcap: float | None = None):
         rep = q.shape[1] // k.shape[1]
         k = k.repeat_interleave(rep, dim=1)
         v = v.repeat_interleave(rep, dim=1)
-        scores = (q @ k.transpose(-2, -1)) * scale
+        scores = cap_scores((q @ k.transpose(-2, -1)) * scale, softcap)
         mask = attention_mask(q.shape[2], window=window, segment_ids=segment_ids, device=q.device)
         scores = scores.masked_fill(~mask, float("-inf"))
         return torch.softmax(scores.float(), dim=-1).to(q.dtype) @ v
@@ -72,7 +87,8 @@ class SDPAttention(nn.Module):
     materialising repeated copies of them.
     """
 
-    def forward(self, q, k, v, *, scale: float, window: int | None, segment_ids):
+    def forward(self, q, k, v, *, scale: float, window: int | None, segment_ids, softcap: float | None = None):
+        refuse_softcap("sdpa", softcap)
         gqa = q.shape[1] != k.shape[1]
         with _cpu_bf16_math(q):
             if window is None and segment_ids is None:
@@ -121,6 +137,7 @@ class Attention(nn.Module):
         norm_eps: float = 1e-6,
         window: int | None = None,
         use_rope: bool = True,
+        softcap: float | None = None,
     ):
         super().__init__()
         if n_heads % n_kv_heads:
@@ -128,6 +145,7 @@ class Attention(nn.Module):
         self.n_heads, self.n_kv_heads, self.head_dim = n_heads, n_kv_heads, head_dim
         self.window = window
         self.use_rope = use_rope
+        self.softcap = softcap or None
         self.scale = head_dim**-0.5
         self.wq = nn.Linear(dim, n_heads * head_dim, bias=qkv_bias)
         self.wk = nn.Linear(dim, n_kv_heads * head_dim, bias=qkv_bias)
@@ -135,7 +153,8 @@ class Attention(nn.Module):
         self.wo = nn.Linear(n_heads * head_dim, dim, bias=out_bias)
         self.q_norm = RMSNorm(head_dim, norm_eps) if qk_norm else None
         self.k_norm = RMSNorm(head_dim, norm_eps) if qk_norm else None
-        self.core = SDPAttention()
+        # a capped model starts on the reference core, which caps; sdpa cannot
+        self.core = NaiveAttention() if self.softcap else SDPAttention()
 
     def forward(self, x, cos, sin, segment_ids=None):
         b, s, _ = x.shape
@@ -147,5 +166,6 @@ class Attention(nn.Module):
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
         if self.use_rope:
             q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        out = self.core(q, k, v, scale=self.scale, window=self.window, segment_ids=segment_ids)
+        capped = {"softcap": self.softcap} if self.softcap else {}  # a port's older core takes no softcap
+        out = self.core(q, k, v, scale=self.scale, window=self.window, segment_ids=segment_ids, **capped)
         return self.wo(out.transpose(1, 2).reshape(b, s, -1))

@@ -18,3 +18,14 @@ class ArchitectureError(AdapterError):
     def __init__(self, message: str, fields: tuple[str, ...] = ()):
         super().__init__(message)
         self.fields = tuple(fields)
+
+
+class KernelUnavailable(RuntimeError):
+    """A kernel asked for where it cannot run, with the reason and what to use instead."""
+
+
+class KernelRefusesModel(KernelUnavailable):
+    """The kernel runs here but cannot compute what this model asks of it (an attention-score
+    soft-cap, dropout, sinks, a non-causal module): it does not apply to the model, with the
+    reason. Distinct from its parent, which also means a missing extra or device (a fault to fix).
+    Here, beside the model errors, because the model's own cores raise it too."""
