@@ -410,3 +410,20 @@ def test_a_kernel_is_judged_in_the_recipes_execution_mode(tmp_path, monkeypatch)
     assert row["kept"] is False and "execution mode" in row["reason"] and "graph-breaks" in row["reason"]
     assert row["mode_check"]["graph_breaks"] >= 1 and "step_time_s" not in row  # never timed
     assert result.details["decisions"]["loss"]["value"] == "plain"
+
+
+@pytest.mark.slow
+def test_grouped_mm_in_fp32_is_rejected_under_compile_with_the_reason(tmp_path, monkeypatch):
+    """kernels.moe = grouped_mm equals the loop in fp32 eager, but torch.compile's grouped matmul
+    takes bf16 only: in an fp32 recipe that compiles it does not apply, with that reason, is never
+    timed, and the recipe does not get it."""
+    ws = narrowed_workspace(tmp_path, "qwen3_moe")
+    with open(ws.recipe_path, "a") as f:
+        f.write("\n[compile]\nenable = true\n")
+    scripted_measure(monkeypatch, {"kernels.moe=grouped_mm": (0.5, 1.0)})  # "faster": only the mode stops it
+    result = run_rung(ws, tmp_path)
+    row = result.details["kernels"]["kernels.moe=grouped_mm"]
+    assert result.measurements["execution_mode"] == "compile"
+    assert row["status"] == "not_applicable" and "bf16 only under torch.compile" in row["reason"], row
+    assert "step_time_s" not in row and not row.get("kept")
+    assert result.details["decisions"]["moe"]["value"] != "grouped_mm"
