@@ -218,7 +218,7 @@ def _speed_table(bars: list[Bar], facts: dict, cpu: bool) -> list[str]:
     mfu = [f"{x.mfu:.1%}" if x.mfu is not None else "not recorded" for x in (b, f)]
     rows = [
         ["step time", fmt_seconds(b.step_time_s), fmt_seconds(f.step_time_s),
-         f"**{facts['speedup']:.2f}x** speed-up" if "speedup" in facts else ""],
+         f"**{facts['speedup']:.2f}x** speed-up (two runs timed apart: no interval)" if "speedup" in facts else ""],
         ["tokens/s", _tokens(b.tokens_per_s), _tokens(f.tokens_per_s), _ratio(f.tokens_per_s, b.tokens_per_s)],
         ["MFU", *mfu, "on CPU against the matmul peak measured here: indicative" if cpu else ""],
         ["peak memory", fmt_bytes(b.peak_mem_bytes), fmt_bytes(f.peak_mem_bytes),
