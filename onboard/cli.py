@@ -321,7 +321,7 @@ def train_cmd(
     nproc: int = typer.Option(1, "--nproc", help="Local processes (ranks) to start; >1 goes through the launcher."),
 ):
     """Train with a recipe, like `python -m titan_core.train --config RECIPE [--a.b=c ...]`."""
-    argv = ["--config", str(config), *_anchored_paths(config), *ctx.args]
+    argv = ["--config", str(config), *ctx.args]  # the recipe's relative paths: titan_core's loader anchors them
     if nproc < 1:
         print(f"error: --nproc must be at least 1, got {nproc}", file=sys.stderr)
         raise typer.Exit(EXIT_BAD_INPUT)
@@ -340,32 +340,6 @@ def train_cmd(
         code, message = describe_os_error(e)
         print(f"error: {message}", file=sys.stderr)
     raise typer.Exit(code)
-
-
-# titan_core resolves a recipe's input files against the recipe's folder; its output
-# folder stays relative to the current directory there, but a workspace recipe means its
-# own runs/ folder, so `onboard train` anchors that one too.
-RECIPE_PATHS = ("metrics.output_dir",)
-
-
-def _anchored_paths(config: Path) -> list[str]:
-    """Overrides that make the recipe's relative paths relative to the recipe's folder, so
-    `onboard train --config onboarding/NAME/recipe.toml` works from any folder. They go
-    before the user's own overrides, which therefore still win. A recipe that does not
-    parse is left for titan_core to report."""
-    import tomllib
-
-    try:
-        recipe = tomllib.loads(Path(config).read_text())
-    except (OSError, tomllib.TOMLDecodeError):
-        return []
-    out = []
-    for dotted in RECIPE_PATHS:
-        section, key = dotted.split(".")
-        value = recipe.get(section, {}).get(key) if isinstance(recipe.get(section), dict) else None
-        if isinstance(value, str) and value and not Path(value).is_absolute():
-            out.append(f"--{dotted}={(Path(config).parent / value).resolve()}")
-    return out
 
 
 @app.command("demo")

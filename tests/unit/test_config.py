@@ -169,12 +169,16 @@ def test_every_recipe_path_is_anchored_by_the_loader(tmp_path, monkeypatch):
     recipe.write_text(
         '[model]\nhf_config = "config.json"\nmodule_file = "model.py"\n'
         '[data]\npath = "corpus"\ncache_dir = "cache"\n'
+        '[metrics]\noutput_dir = "runs/train"\n[checkpoint]\nexport_hf = "hf"\n'
     )
     monkeypatch.chdir(tmp_path)
     cfg = load_config(recipe)
     base = ws.resolve()
     assert (cfg.model.hf_config, cfg.model.module_file) == (str(base / "config.json"), str(base / "model.py"))
     assert (cfg.data.path, cfg.data.cache_dir) == (str(base / "corpus"), str(base / "cache"))
+    # outputs too: a workspace's recipe writes into its own runs/ from any current directory
+    assert (cfg.metrics.output_dir, cfg.checkpoint.export_hf) == (str(base / "runs/train"), str(base / "hf"))
+    assert load_config(recipe, ["--metrics.output_dir=out"]).metrics.output_dir == "out"  # an override: the cwd's
     # a field at its default stays as it is (the tokenizer cache under the cwd), so that
     # --print-config output loaded as a recipe prints the same again
     recipe.write_text("[training]\nsteps = 1\n")

@@ -144,13 +144,15 @@ def apply_overrides(cfg: JobConfig, overrides: list[str]) -> JobConfig:
     return cfg
 
 
-# Input files a recipe names, and the tokenizer cache. Relative values are relative to the
-# recipe's own folder, so a recipe works from any current directory; this is the only
-# place that anchors them. Command-line overrides stay relative to the current directory,
-# as a shell user expects, and so does a field left at its default (for data.cache_dir,
+# Paths a recipe names: its input files, the tokenizer cache and the output folders. Relative
+# values are relative to the recipe's own folder, so a recipe works from any current
+# directory (a workspace's recipe.toml writes into its own runs/); this is the only place
+# that anchors them. Command-line overrides stay relative to the current directory, as a
+# shell user expects, and so does a field left at its default (for data.cache_dir,
 # `.cache/titan_core`): `--print-config` output loaded as a recipe then prints the same.
 RECIPE_RELATIVE_PATHS = (
     ("model", "hf_config"), ("model", "module_file"), ("model", "adapter_file"), ("data", "path"), ("data", "cache_dir"),
+    ("metrics", "output_dir"), ("checkpoint", "export_hf"),
 )  # fmt: skip
 
 

@@ -220,13 +220,13 @@ class Checkpoint:
     resume: bool = True
     """Resume from the latest checkpoint in `folder` if one exists."""
     export_hf: str = ""
-    """When set, write the final weights as HF safetensors into this folder."""
+    """When set, write the final weights as HF safetensors into this folder (relative: to the recipe's folder)."""
 
 
 @dataclass(kw_only=True)
 class Metrics:
     output_dir: str = "runs/default"
-    """Folder for metrics.jsonl, checkpoints and traces."""
+    """Folder for metrics.jsonl, checkpoints and traces (relative: to the recipe's folder; the default, and an override, to the current directory)."""
     log_freq: int = checked(1, AT_LEAST_1)
     """Print a metrics row every N steps (>= 1; metrics.jsonl gets every step)."""
     rich: bool = True
