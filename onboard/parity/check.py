@@ -25,7 +25,8 @@ from onboard.parity.native import (
     read_workspace,
 )  # fmt: skip
 from onboard.parity.results import results_path, write_results
-from onboard.parity.upstream import UpstreamError, build_upstream
+from onboard.parity.upstream import build_upstream
+from titan_core.config import ConfigError
 from onboard.workspace import TWIN
 
 LIST_CAP = 40  # keep results readable when everything is missing
@@ -66,10 +67,10 @@ def check_workspace(
     res: dict[str, Any] = {"workspace": str(root), "measurements": m, "error": None, "versions": _versions()}
     try:
         _run(root, res, m, weights_dir, batch, seq_len, seed, attn_implementation)
-    except (UpstreamError, WorkspaceError) as e:
-        res["error"] = {"kind": "bad_input", "message": str(e)}
     except PortError as e:
         res["error"] = {"kind": "port", "message": str(e)}
+    except (ConfigError, WorkspaceError) as e:  # UpstreamError and the config reader's errors among them
+        res["error"] = {"kind": "bad_input", "message": str(e)}
     except Exception as e:  # a bug here or upstream: recorded with what was measured, then raised
         res["error"] = {"kind": "internal", "message": f"{type(e).__name__}: {e}"}
         raise

@@ -118,11 +118,11 @@ def load_adapter(root: Path) -> Any:
 def native_hf_config(ws: WorkspaceModel) -> dict[str, Any]:
     """The HF config parity compares against: the workspace's config.json, or, for a preset
     workspace, the family's own export of its flavor."""
-    from onboard.parity.upstream import read_hf_config
+    from titan_core.config.hf_config import read_hf_config
     from titan_core.models import get_family, resolve_args
 
     if ws.hf_config_path is not None:
-        return read_hf_config(ws.hf_config_path)
+        return read_hf_config(ws.hf_config_path, require_model_type=True)
     args = resolve_args(ws.family, ws.flavor, ws.overrides)
     return get_family(ws.family).adapter.hf_config(args)
 

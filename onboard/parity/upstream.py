@@ -19,9 +19,12 @@ from typing import Any
 import torch
 from torch import nn
 
+from titan_core.config import ConfigError
 
-class UpstreamError(ValueError):
-    """The upstream model cannot be built from this input (bad input, exit 2)."""
+
+class UpstreamError(ConfigError):
+    """The upstream model cannot be built from this input (bad input, exit 2): a ConfigError, the
+    one error type of bad model input, so the config reader's own errors need no translation."""
 
 
 @dataclass
@@ -43,17 +46,6 @@ class Upstream:
             "weights_unexpected_keys": len(self.loading.get("unexpected", [])),
             "weights_mismatched_keys": len(self.loading.get("mismatched", [])),
         }
-
-
-def read_hf_config(path: Path) -> dict[str, Any]:
-    """titan_core's config.json reader (a model_type required), its ConfigError as UpstreamError."""
-    from titan_core.config import ConfigError
-    from titan_core.config.hf_config import read_hf_config as read
-
-    try:
-        return read(path, require_model_type=True)
-    except ConfigError as e:
-        raise UpstreamError(str(e)) from None
 
 
 def _require_transformers() -> None:

@@ -10,7 +10,9 @@ import torch
 
 from onboard.parity.check import check_workspace
 from onboard.parity.native import PortError, WorkspaceError, load_adapter, native_args, read_workspace
-from onboard.parity.upstream import UpstreamError, build_upstream, hf_config_object, read_hf_config
+from onboard.parity.upstream import UpstreamError, build_upstream, hf_config_object
+from titan_core.config import ConfigError
+from titan_core.config.hf_config import read_hf_config
 
 pytestmark = pytest.mark.hf
 
@@ -21,14 +23,20 @@ TINY = {
 
 
 def test_hf_config_errors_are_bad_input(tmp_path):
-    with pytest.raises(UpstreamError, match="not found"):
-        read_hf_config(tmp_path / "config.json")
+    """One reader, one error type: parity reads config.json with titan_core's reader, and the
+    upstream side's own refusals are ConfigErrors too (exit 2 at the CLI)."""
+    def read():
+        return read_hf_config(tmp_path / "config.json", require_model_type=True)
+
+    with pytest.raises(ConfigError, match="not found"):
+        read()
     (tmp_path / "config.json").write_text("{oops")
-    with pytest.raises(UpstreamError, match="malformed JSON"):
-        read_hf_config(tmp_path / "config.json")
+    with pytest.raises(ConfigError, match="malformed JSON"):
+        read()
     (tmp_path / "config.json").write_text("[1, 2]")
-    with pytest.raises(UpstreamError, match="model_type"):
-        read_hf_config(tmp_path / "config.json")
+    with pytest.raises(ConfigError, match="model_type"):
+        read()
+    assert issubclass(UpstreamError, ConfigError)
     with pytest.raises(UpstreamError, match="transformers has no model_type 'nonesuch'"):
         hf_config_object({**TINY, "model_type": "nonesuch"})
 
