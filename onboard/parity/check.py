@@ -14,6 +14,7 @@ from typing import Any, Callable
 import torch
 import torch.nn.functional as F
 
+from titan_core.config import ConfigError
 from titan_core.numerics import max_abs, rel_l2
 
 from onboard.parity import criteria
@@ -26,7 +27,6 @@ from onboard.parity.native import (
 )  # fmt: skip
 from onboard.parity.results import results_path, write_results
 from onboard.parity.upstream import build_upstream
-from titan_core.config import ConfigError
 from onboard.workspace import TWIN
 
 LIST_CAP = 40  # keep results readable when everything is missing
