@@ -18,7 +18,7 @@ from titan_core.models.common.errors import AdapterError
 def require_transformers():
     """The transformers module, or a ConfigError saying how to install it."""
     try:
-        import transformers
+        import transformers  # the [hf] extra, imported on first use (see the module docstring)
     except ImportError:
         raise ConfigError(
             'model.family = "transformers" runs a model from HF transformers, which is not installed: '
@@ -33,7 +33,7 @@ def config_object(cfg: dict[str, Any]):
     AdapterError (a config the path cannot run): no model_type, one transformers does not
     know, one without a causal-LM class, or values the config class refuses.
     """
-    require_transformers()
+    require_transformers()  # then its registries, lazily: the [hf] extra
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
@@ -52,6 +52,6 @@ def config_object(cfg: dict[str, Any]):
 
 def causal_lm_class(config) -> type:
     """The causal-LM class transformers maps `config`'s type to (e.g. LlamaForCausalLM)."""
-    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING  # the [hf] extra
 
     return MODEL_FOR_CAUSAL_LM_MAPPING[type(config)]
