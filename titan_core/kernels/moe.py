@@ -2,7 +2,8 @@
 
 The reference (`Experts` in models/common/moe.py) loops over experts. These replace its
 forward and keep its parameters (w1/w3 [E, dim, hidden], w2 [E, hidden, dim], the same
-Parameter objects), so state dicts and initialisation are unchanged:
+Parameter objects; none when the replaced module holds none and is handed its weights), so
+state dicts and initialisation are unchanged:
 
 - `GroupedMMExperts`: `torch._grouped_mm` over the sorted rows (CPU and CUDA);
 - `TokamaxExperts`: tokamax `ragged_dot` through the JAX bridge.
@@ -41,12 +42,15 @@ class _SortedExperts(Experts):
     def _matmul(self, rows: torch.Tensor, weight: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
 
-    def forward(self, x: torch.Tensor, weights: torch.Tensor, experts: torch.Tensor) -> torch.Tensor:
-        """x: [tokens, dim]; weights, experts: [tokens, top_k]."""
-        order, token, counts = sort_by_expert(experts, self.w1.shape[0])
+    def forward(
+        self, x: torch.Tensor, weights: torch.Tensor, experts: torch.Tensor, expert_weights=None
+    ) -> torch.Tensor:
+        """x: [tokens, dim]; weights, experts: [tokens, top_k]; expert_weights as in `Experts.forward`."""
+        w1, w3, w2 = self.expert_weights(expert_weights)
+        order, token, counts = sort_by_expert(experts, w1.shape[0])
         rows = x[token]
-        h = F.silu(self._matmul(rows, self.w1, counts)) * self._matmul(rows, self.w3, counts)
-        out = self._matmul(h, self.w2, counts) * weights.reshape(-1)[order, None]
+        h = F.silu(self._matmul(rows, w1, counts)) * self._matmul(rows, w3, counts)
+        out = self._matmul(h, w2, counts) * weights.reshape(-1)[order, None]
         return torch.zeros_like(x).index_add(0, token, out)
 
 
@@ -87,11 +91,12 @@ class GroupedMMExperts(_SortedExperts):
     def _matmul(self, rows, weight, counts):
         return torch._grouped_mm(rows, weight, offs=torch.cumsum(counts, 0).to(torch.int32))
 
-    def forward(self, x, weights, experts):
-        reason = grouped_mm_unsupported(x.device, x.dtype, self.w1.shape[1], self.w1.shape[2], captured=_captured(x))
+    def forward(self, x, weights, experts, expert_weights=None):
+        w1 = self.expert_weights(expert_weights)[0]
+        reason = grouped_mm_unsupported(x.device, x.dtype, w1.shape[1], w1.shape[2], captured=_captured(x))
         if reason:
             raise KernelUnavailable(f"kernels.moe=grouped_mm: {reason}")
-        return super().forward(x, weights, experts)
+        return super().forward(x, weights, experts, expert_weights)
 
 
 class TokamaxExperts(_SortedExperts):

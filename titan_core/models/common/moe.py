@@ -39,7 +39,8 @@ class Experts(nn.Module):
     """SwiGLU experts; w1/w3: [experts, dim, hidden], w2: [experts, hidden, dim].
 
     Weights are applied as `x @ w` (the transpose of nn.Linear's [out, in]). Every experts
-    kernel (swap path `layers.*.moe.experts`) keeps this forward contract and these weights.
+    kernel (swap path `layers.*.moe.experts`) keeps this forward contract and these weights,
+    or holds none and is handed them (`without_weights`, `expert_weights=`).
     """
 
     def __init__(self, n_experts: int, dim: int, hidden_dim: int):
@@ -48,13 +49,32 @@ class Experts(nn.Module):
         self.w3 = nn.Parameter(torch.empty(n_experts, dim, hidden_dim))
         self.w2 = nn.Parameter(torch.empty(n_experts, hidden_dim, dim))
 
-    def forward(self, x: torch.Tensor, weights: torch.Tensor, experts: torch.Tensor) -> torch.Tensor:
-        """x: [tokens, dim]; weights, experts: [tokens, top_k]."""
+    @classmethod
+    def without_weights(cls) -> "Experts":
+        """This kernel holding no weights (w1 = w3 = w2 = None): every call passes them as `expert_weights`.
+
+        For a module that keeps its experts' weights itself, in another layout and under its own
+        names (transformers' `gate_up_proj` / `down_proj`), and computes through this kernel.
+        """
+        self = cls.__new__(cls)
+        nn.Module.__init__(self)
+        self.w1 = self.w3 = self.w2 = None
+        return self
+
+    def expert_weights(self, given: tuple | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(w1, w3, w2): `given` when the caller passes them, else this module's own."""
+        return given if given is not None else (self.w1, self.w3, self.w2)
+
+    def forward(
+        self, x: torch.Tensor, weights: torch.Tensor, experts: torch.Tensor, expert_weights=None
+    ) -> torch.Tensor:
+        """x: [tokens, dim]; weights, experts: [tokens, top_k]; expert_weights: (w1, w3, w2) in this
+        layout to compute with instead of the module's own (None: its own)."""
         # Read each weight once: under SimpleFSDP every attribute read is an all-gather. Split
         # with unbind, not w[e]: each select's backward is a zero-filled gradient of the whole
         # [experts, ...] tensor, so 128 experts cost 128 full-size buffers (seconds per step on
         # a CPU); unbind's backward stacks the slices once, with the same values.
-        w1, w2, w3 = (w.unbind(0) for w in (self.w1, self.w2, self.w3))
+        w1, w3, w2 = (w.unbind(0) for w in self.expert_weights(expert_weights))
         out = torch.zeros_like(x)
         for e in range(len(w1)):
             token, slot = torch.where(experts == e)

@@ -25,12 +25,15 @@ from titan_core.models.common.moe import Experts
 class DenseExperts(Experts):
     """Same weights and interface as `Experts`; static shapes, no data-dependent indexing."""
 
-    def forward(self, x: torch.Tensor, weights: torch.Tensor, experts: torch.Tensor) -> torch.Tensor:
-        """x: [tokens, dim]; weights, experts: [tokens, top_k]."""
-        combine = torch.zeros(x.shape[0], self.w1.shape[0], dtype=weights.dtype, device=x.device)
+    def forward(
+        self, x: torch.Tensor, weights: torch.Tensor, experts: torch.Tensor, expert_weights=None
+    ) -> torch.Tensor:
+        """x: [tokens, dim]; weights, experts: [tokens, top_k]; expert_weights as in `Experts.forward`."""
+        w1, w3, w2 = self.expert_weights(expert_weights)
+        combine = torch.zeros(x.shape[0], w1.shape[0], dtype=weights.dtype, device=x.device)
         combine = combine.scatter(1, experts, weights)  # top-k indices are distinct per token
-        h = F.silu(torch.matmul(x, self.w1)) * torch.matmul(x, self.w3)  # [experts, tokens, hidden]
-        y = torch.matmul(h, self.w2)  # [experts, tokens, dim]
+        h = F.silu(torch.matmul(x, w1)) * torch.matmul(x, w3)  # [experts, tokens, hidden]
+        y = torch.matmul(h, w2)  # [experts, tokens, dim]
         out = torch.zeros_like(x)
         # unbind, not y[e]: each select's backward would zero-fill all of y (see moe.Experts)
         for e, y_e in enumerate(y.unbind(0)):
@@ -39,6 +42,8 @@ class DenseExperts(Experts):
 
 
 def _dense_from(old: Experts, path: str) -> DenseExperts:
+    if old.w1 is None:  # a kernel handed its weights by the module above it stays weightless
+        return DenseExperts.without_weights()
     n_experts, dim, hidden = old.w1.shape
     with torch.device(old.w1.device):
         return DenseExperts(n_experts, dim, hidden)

@@ -21,7 +21,11 @@ expects of a model (titan_core/models/common/decoder.py):
   every attention module holds a `core` (SDPAttention; the naive reference when the model
   soft-caps its scores) and runs it, so `kernels.attention` swaps it by module path
   (`swap_paths` maps the native `layers.*.attention.core` onto this tree). `positions` become
-  `position_ids` and `segment_ids` reach the core as a keyword, as in the native decoder.
+  `position_ids` and `segment_ids` reach the core as a keyword, as in the native decoder;
+- MoE experts through titan_core's experts kernels (titan_core/models/transformers/experts.py):
+  transformers' experts modules of the usual structure keep their weights and compute through
+  a kernel child that `kernels.moe` swaps (`swap_paths` maps `layers.*.moe.experts` onto it);
+  others stay transformers' own, and a `kernels.moe` swap on them is refused.
 
 Not carried over: the MoE load-balancing loss (a config with `output_router_logits` is
 refused rather than trained without it), generation and the KV cache (`use_cache=False`).
@@ -40,10 +44,13 @@ from titan_core.models.common.args import TransformerArgs
 from titan_core.models.common.attention import NaiveAttention, SDPAttention
 from titan_core.models.common.layers import CrossEntropyHead, softcap
 from titan_core.models.transformers.adapter import hf_config_for
+from titan_core.models.transformers.experts import install_experts
 from titan_core.models.transformers.hf_classes import causal_lm_class, config_object, require_transformers
 
 ATTENTION_PATTERN = "layers.*.attention.core"
 """The native module path of an attention core, which `swap_paths` maps onto this tree."""
+EXPERTS_PATTERN = "layers.*.moe.experts"
+"""The native module path of the MoE experts, which `swap_paths` maps onto this tree."""
 
 
 def _attention_modules(blocks: nn.ModuleList) -> dict[str, nn.Module]:
@@ -98,6 +105,10 @@ class TransformersCausalLM(nn.Module):
             ATTENTION_PATTERN: f"{self.base_prefix}.*.{p}.core" for p in self.attention_paths[:1]
         }
         """Native swap patterns -> this tree's module paths (titan_core/config/swaps.py reads it)."""
+        self.experts_install = install_experts(blocks, self.base_prefix)
+        """Which experts modules compute through titan_core's kernels, or why none do (`ExpertsInstall`)."""
+        if self.experts_install.swap_pattern:
+            self.swap_paths[EXPERTS_PATTERN] = self.experts_install.swap_pattern
         self.logits_divisor = float(getattr(text, "logits_scaling", None) or 1.0)
         self.logits_multiplier = float(getattr(hf, "logit_scale", None) or 1.0)
         self.final_softcap = getattr(text, "final_logit_softcapping", None)
