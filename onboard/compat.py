@@ -95,8 +95,12 @@ def tiny_config(model_type: str) -> dict[str, Any]:
     kw = {k: v for k, v in SIZES.items() if getattr(default, k, None) is not None}
     if getattr(default, "sliding_window", None):
         kw["sliding_window"] = SLIDING_WINDOW
-    # special tokens of the full vocabulary would index past the tiny one
+    # special tokens of the full vocabulary would index past the tiny one; dropout off (GPT-2's
+    # attn_pdrop / resid_pdrop / embd_pdrop default to 0.1): pretraining's usual setting, and
+    # the probe asks whether the path runs the architecture, not whether kernels do dropout
     for k, v in default.to_dict().items():
+        if ("dropout" in k or k.endswith("pdrop")) and isinstance(v, float) and v > 0:
+            kw[k] = 0.0
         if k.endswith("_token_id") and isinstance(v, int) and v >= SIZES["vocab_size"]:
             kw[k] = SIZES["vocab_size"] - 1
         elif k.endswith("_token_id") and isinstance(v, list):

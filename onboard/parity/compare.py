@@ -67,11 +67,13 @@ def compare_grads(
     A parameter without a gradient counts as a zero gradient on that side: an expert that
     received no token has none in either model, which is agreement, not an error.
     """
+    # every name of a tied tensor (lm_head.weight and the embedding) on both sides, so a tie is
+    # compared under each name whatever the adapter does with a deduplicated dict
     native_grads = {
-        n: (p.grad if p.grad is not None else torch.zeros_like(p)).detach() for n, p in native.named_parameters()
+        n: (p.grad if p.grad is not None else torch.zeros_like(p)).detach()
+        for n, p in native.named_parameters(remove_duplicate=False)
     }
     mapped = to_hf(native_grads)
-    # every name of a tied tensor (lm_head.weight and the embedding), as the adapter's to_hf emits both
     hf_grads = {
         n: (p.grad if p.grad is not None else torch.zeros_like(p))
         for n, p in upstream.named_parameters(remove_duplicate=False)

@@ -30,6 +30,10 @@ CONFIGS = {
     "gemma2": lambda: transformers.Gemma2Config(**BASE, head_dim=16, sliding_window=8, final_logit_softcapping=3.0),
     # logits divided by logits_scaling
     "granite": lambda: transformers.GraniteConfig(**BASE, logits_scaling=0.25, embedding_multiplier=4.0),
+    # decoder layers in `transformer.h`, learned positions, a tied head named `wte`; dropout off
+    "gpt2": lambda: transformers.GPT2Config(n_embd=64, n_layer=2, n_head=4, vocab_size=256, n_positions=256,
+                                            attn_pdrop=0.0, resid_pdrop=0.0, embd_pdrop=0.0,
+                                            bos_token_id=0, eos_token_id=0),  # fmt: skip
 }
 
 
@@ -113,6 +117,23 @@ def test_loss_equals_transformers_own_loss_on_the_same_weights(model_type):
     with torch.no_grad():
         got, ref = model(full), hf(input_ids=full).logits
     assert float((got - ref).norm() / ref.norm()) < 1e-6
+
+
+def test_layers_found_where_the_class_keeps_them_and_a_tied_head_compared_under_both_names():
+    from onboard.parity.compare import compare_grads
+    from titan_core.models.transformers import ADAPTER
+
+    model = wrapped("gpt2")
+    assert model.base_prefix == "transformer.h" and len(model.layers) == 2
+    assert model.output_weight is model.transformer.wte.weight
+    hf = plain("gpt2")
+    hf.load_state_dict(model.state_dict())
+    full = torch.randint(0, 256, (2, 17), generator=torch.Generator().manual_seed(1))
+    model.loss(full[:, :-1], full[:, 1:])[1].backward()
+    hf(input_ids=full, labels=full).loss.backward()
+    report = compare_grads(hf, model, ADAPTER.to_hf)
+    assert not report.missing and not report.extra and "lm_head.weight" in report.per_param
+    assert report.max_rel_l2 < 1e-5, report.worst_param
 
 
 def test_fused_ce_never_materialises_the_logits():

@@ -62,7 +62,7 @@ def call_core(core: nn.Module, module: nn.Module, query, key, value, *, scaling=
     if dropout and module.training:
         raise KernelRefusesModel(
             f"kernels.attention={name}: {where} asks for attention dropout {dropout}; no titan_core kernel "
-            "applies dropout (set attention_dropout = 0 in config.json)"
+            "applies dropout (set the attention dropout to 0 in config.json: attention_dropout, attn_pdrop, ...)"
         )
     for key_name, what in _REFUSED_KWARGS.items():
         if kwargs.get(key_name) is not None:

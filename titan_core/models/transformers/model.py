@@ -63,6 +63,18 @@ def _attention_modules(blocks: nn.ModuleList) -> dict[str, nn.Module]:
     return found
 
 
+def _decoder_blocks(base: nn.Module, text) -> tuple[str, nn.ModuleList | None]:
+    """(name, list) of the base model's decoder layers: its `layers` (most models) or the one
+    ModuleList child as long as the config's depth (GPT-2's `h`)."""
+    depth = getattr(text, "num_hidden_layers", None)
+    named = [(n, m) for n, m in base.named_children() if isinstance(m, nn.ModuleList) and len(m)]
+    for name, mod in named:
+        if name == "layers":
+            return name, mod
+    deep = [(n, m) for n, m in named if len(m) == depth]
+    return deep[0] if len(deep) == 1 else ("", None)
+
+
 class TransformersCausalLM(nn.Module):
     def __init__(self, args: TransformerArgs):
         super().__init__()
@@ -86,11 +98,14 @@ class TransformersCausalLM(nn.Module):
         object.__setattr__(self, "hf", hf)  # not registered: its children are this module's
         base = getattr(hf, hf.base_model_prefix)
         object.__setattr__(self, "_base", base)
-        blocks = getattr(base, "layers", None)
-        if not isinstance(blocks, nn.ModuleList) or not len(blocks):
-            raise ConfigError(f"{cls.__name__} keeps no decoder layers in `{hf.base_model_prefix}.layers`")
+        blocks_name, blocks = _decoder_blocks(base, text)
+        if blocks is None:
+            raise ConfigError(
+                f"{cls.__name__} keeps no list of {text.num_hidden_layers} decoder layers under "
+                f"`{hf.base_model_prefix}` (looked for a ModuleList of that length), so they cannot be wrapped"
+            )
         object.__setattr__(self, "_layers", nn.ModuleDict({str(i): b for i, b in enumerate(blocks)}))
-        self.base_prefix = f"{hf.base_model_prefix}.layers"
+        self.base_prefix = f"{hf.base_model_prefix}.{blocks_name}"
         softcapped = bool(getattr(text, "attn_logit_softcapping", None))
         self.attention_paths = list(_attention_modules(blocks))
         if not self.attention_paths:
@@ -117,7 +132,7 @@ class TransformersCausalLM(nn.Module):
     # ---- structure -------------------------------------------------------------------
     @property
     def layers(self) -> nn.ModuleDict:
-        """The decoder blocks, {"0": block, ...}: a view over `<base>.layers` (see the module docstring)."""
+        """The decoder blocks, {"0": block, ...}: a view over `<base>.layers` (GPT-2: `<base>.h`; see the module docstring)."""
         return self._layers
 
     @property
