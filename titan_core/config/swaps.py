@@ -134,9 +134,11 @@ def _refusal(model: nn.Module, swap: Swap, hits: list[str]) -> str | None:
         found.append(f"{at} is {cls.__qualname__}")
     names = ", ".join(sorted(c.__name__ for c in allowed))
     own = " / ".join(c.__qualname__ for c in foreign)
+    # a model that knows why its module is its own says so (`swap_refusals`: {native pattern: why})
+    why = getattr(model, "swap_refusals", {}).get(swap.pattern)
     return (
         f"{'; '.join(found)}, not one of the classes swap '{swap.name}' replaces ({names}); "
-        f"replacing it would drop what {own} does"
+        f"replacing it would drop what {own} does" + (f" ({why})" if why else "")
     )
 
 

@@ -124,6 +124,8 @@ class TransformersCausalLM(nn.Module):
         """Which experts modules compute through titan_core's kernels, or why none do (`ExpertsInstall`)."""
         if self.experts_install.swap_pattern:
             self.swap_paths[EXPERTS_PATTERN] = self.experts_install.swap_pattern
+        self.swap_refusals = {EXPERTS_PATTERN: self.experts_install.refusal} if self.experts_install.refusal else {}
+        """{native pattern: why a swap there is refused} (titan_core/config/swaps.py adds it to the refusal)."""
         self.logits_divisor = float(getattr(text, "logits_scaling", None) or 1.0)
         self.logits_multiplier = float(getattr(hf, "logit_scale", None) or 1.0)
         self.final_softcap = getattr(text, "final_logit_softcapping", None)
