@@ -7,7 +7,8 @@ this process and warmed by one step (compile, capture); then each mode's steps a
 interleaved against eager's (`titan_core.timing.compare`, the checklist's `params.timing`).
 A mode is chosen only when it is `faster` than eager; when both are, the Graph Trainer must
 also be `faster` than per-block compile head to head. Otherwise the simpler mode stays
-(eager < compile < graph_trainer). The choice comes back as recipe edits, which the engine
+(eager < compile < graph_trainer). On a re-run the recipe's mode (an earlier attempt's proven
+choice) stands unless this attempt finds the new choice faster than it (`_current_stands`). The choice comes back as recipe edits, which the engine
 writes only when the gate passed.
 """
 
@@ -35,6 +36,20 @@ def _trainer(base, out, mode: str, moe: str | None):
     trainer = harness.build_trainer(cfg)
     trainer.train_step()  # compile / capture outside the timed rounds
     return trainer
+
+
+def _current_stands(current: str, choice: str, modes: list[str], vs_eager: dict, head_to_head, faster: list[str]) -> bool:
+    """Whether the recipe's `current` mode (an earlier attempt's proven choice, on a re-run) is
+    kept over this attempt's `choice`: it is, unless the protocol found `choice` faster than
+    it, so re-verification never flips the mode on noise (the rule of `harness.settle`)."""
+    if current == choice or current not in modes or current == "eager":
+        return False  # from eager, `choice` was found faster than it
+    if choice == "eager":
+        return vs_eager[current].outcome != "slower"  # eager wins back only from a slower mode
+    if head_to_head is not None:  # both beat eager; was the choice faster than the current head to head?
+        a, b = faster[1], faster[0]
+        return not (head_to_head.outcome == ("faster" if choice == a else "slower"))
+    return vs_eager[current].outcome == "faster"  # both beat eager but untimed head to head: keep it
 
 
 def choose(ctx: RungContext, base, *, rung: str, moe: str | None, modes: list[str]) -> tuple[list[RecipeEdit], dict]:
@@ -67,6 +82,9 @@ def choose(ctx: RungContext, base, *, rung: str, moe: str | None, modes: list[st
            else "no execution mode was faster than eager by the timing protocol: eager, the simplest")  # fmt: skip
     if head_to_head is not None:
         why += f"; head to head {head_to_head.describe(faster[1], faster[0])}"
+    if _current_stands(current, choice, modes, vs_eager, head_to_head, faster):
+        why = f"{rung} rung: {current}, the recipe's mode, stands: not beaten by the timing protocol ({why})"
+        choice = current
     wanted = {"compile.enable": choice == "compile", "graph_trainer.enable": choice == "graph_trainer"}
     recipe = harness.recipe(ctx)
     have = {"compile.enable": recipe.compile.enable, "graph_trainer.enable": recipe.graph_trainer.enable}

@@ -63,6 +63,19 @@ def reads_all_but_tuning(key: str) -> bool:
     return key not in TUNING_KEYS
 
 
+def settle(outcome: str, *, current: Any, candidate: Any, plain: Any) -> Any:
+    """The value a keep/choose decision writes, from the timing protocol's `outcome` of
+    `candidate` against `plain`: the candidate when `faster`, the plain value when `slower`,
+    and the recipe's `current` value when `indistinguishable` (the default on a fresh recipe,
+    an earlier attempt's proven choice on a re-run), so re-verification never flips a choice
+    on noise and two rungs cannot send the ladder round and round."""
+    if outcome == "faster":
+        return candidate
+    if outcome == "slower":
+        return plain
+    return current if current in (candidate, plain) else plain
+
+
 def recipe(ctx: RungContext):
     """The workspace recipe exactly as written (paths anchored by titan_core's loader)."""
     from titan_core.config import load_config

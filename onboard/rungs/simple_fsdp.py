@@ -276,9 +276,11 @@ def time_precisions(ctx: RungContext, base) -> "Comparison":
 def recipe_choices(ctx: RungContext, base, m: dict, timing=None) -> tuple[list, dict]:
     """(recipe edits, measurements) for the two levers this rung measured.
 
-    Mixed precision: bf16 parameters are kept only when they are `faster` than fp32 by the
-    timing protocol (`time_precisions`, or `timing` given) and the bf16 loss curve passed the
-    checklist's bound; otherwise fp32, the simpler choice (on a CPU bf16 usually loses). Data
+    Mixed precision: bf16 parameters are chosen only when they are `faster` than fp32 by the
+    timing protocol (`time_precisions`, or `timing` given; the checklist asks a clear margin,
+    as bf16 changes the numerics) and the bf16 loss curve passed the checklist's bound; fp32
+    when slower; when indistinguishable the recipe's value stands (`harness.settle`): fp32 on a
+    fresh recipe (on a CPU bf16 usually loses), an earlier attempt's proven bf16 on a re-run. Data
     parallel: SimpleFSDP stays, whatever FSDP2 measured: it is the path the compile and
     graph_trainer rungs verify (the Graph Trainer captures SimpleFSDP's parametrization), so a
     recipe with FSDP2 would hold a combination no later gate ran.
@@ -286,15 +288,18 @@ def recipe_choices(ctx: RungContext, base, m: dict, timing=None) -> tuple[list, 
     from onboard.rungs.base import RecipeEdit
 
     recipe = harness.recipe(ctx)
+    current = recipe.training.mixed_precision_param
     bound = next(c.threshold for c in harness.checklist(RUNG).criteria if c.metric == "bf16_loss_curve_max_rel")
     curve_ok = m["bf16_loss_curve_max_rel"] <= bound
     if not curve_ok:
-        keep_bf16, why = False, f"simple_fsdp rung: bf16's loss curve left fp32's by more than {bound:g}; fp32"
+        want, why = FP32, f"simple_fsdp rung: bf16's loss curve left fp32's by more than {bound:g}; fp32"
     else:
         cmp = timing if timing is not None else time_precisions(ctx, base)
         ctx.log(f"simple_fsdp: {cmp.describe('bf16 params', 'fp32')}")
-        keep_bf16, why = cmp.outcome == "faster", f"simple_fsdp rung: {cmp.describe('bf16 params', 'fp32')}"
-    want = "bfloat16" if keep_bf16 else FP32
+        want = harness.settle(cmp.outcome, current=current, candidate="bfloat16", plain=FP32)
+        why = f"simple_fsdp rung: {cmp.describe('bf16 params', 'fp32')}"
+        if cmp.outcome == "indistinguishable" and want != FP32:
+            why += f"; the recipe's {want} stands (an earlier attempt found it faster)"
     edits = []
     if recipe.training.mixed_precision_param != want:
         edits.append(RecipeEdit("training.mixed_precision_param", want, why))

@@ -73,3 +73,38 @@ def test_rungs_that_run_their_own_mode_do_not_read_the_mode_keys():
     assert parity.reads_recipe_key("model.hf_config") and not parity.reads_recipe_key("kernels.loss")
     # kernels judges kernels in the recipe's mode: it reads every key but the tuning rung's
     assert kernels.reads_recipe_key("compile.enable") and not kernels.reads_recipe_key("training.batch_size")
+
+
+def _recipe_says(debug_ws, line: str) -> None:
+    with open(debug_ws.recipe_path, "a") as f:
+        f.write(f"\n{line}\n")
+
+
+@pytest.mark.parametrize("times, kept", [
+    ({"eager": 0.2, "compile": 0.2, "graph_trainer": 0.2}, "compile"),      # a tie: the recipe's proven mode stands
+    ({"eager": 0.2, "compile": 0.1, "graph_trainer": 0.1}, "compile"),      # graph_trainer only ties it head to head
+    ({"eager": 0.2, "compile": 0.1, "graph_trainer": 0.05}, "graph_trainer"),  # beaten head to head: it goes
+    ({"eager": 0.2, "compile": 0.4, "graph_trainer": 0.4}, "eager"),        # slower than eager now: it goes
+])  # fmt: skip
+def test_a_re_run_keeps_the_recipes_mode_unless_beaten(debug_ws, tmp_path, monkeypatch, times, kept):
+    """Re-verification must not flip a choice on noise (the ladder would go round and round):
+    the recipe's mode stands unless this attempt found another one faster than it."""
+    _recipe_says(debug_ws, "[compile]\nenable = true")
+    edits, record = choose(debug_ws, tmp_path, monkeypatch, times)
+    assert record["execution_mode_was"] == "compile" and record["execution_mode"] == kept
+    if kept == "compile":
+        assert edits == {}
+    else:
+        assert edits == {"compile.enable": False, **({"graph_trainer.enable": True} if kept == "graph_trainer" else {})}
+    if times["compile"] == times["eager"]:  # the protocol chose eager; the recipe's compile was kept over it
+        assert "compile, the recipe's mode, stands" in record["execution_mode_why"]
+
+
+@pytest.mark.parametrize("outcome, current, written", [
+    ("faster", "float32", "bfloat16"), ("slower", "bfloat16", "float32"),
+    ("indistinguishable", "float32", "float32"), ("indistinguishable", "bfloat16", "bfloat16"),
+])  # fmt: skip
+def test_settle_keeps_the_recipes_value_when_the_protocol_cannot_tell(outcome, current, written):
+    assert harness.settle(outcome, current=current, candidate="bfloat16", plain="float32") == written
+    # a value that is neither side (a hand edit of something else): the plain one
+    assert harness.settle("indistinguishable", current="float16", candidate="bfloat16", plain="float32") == "float32"
