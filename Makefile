@@ -26,7 +26,7 @@ test: $(STAMP)
 
 # docs/COMPATIBILITY.md: the compat table (kept out of `make test`; ~40 s per architecture on 2 CPU cores).
 # COMPAT_TYPES= (empty) probes every causal LM transformers ships: hours on a CPU.
-COMPAT_TYPES ?= llama qwen3 qwen3_moe olmo2 gemma2 granite mistral qwen2 phi3 mixtral gpt2 gemma3_text
+COMPAT_TYPES ?= llama qwen3 qwen3_moe olmo2 gemma2 granite mistral qwen2 phi3 mixtral gpt2 gemma3_text qwen2_moe olmoe jamba
 compat: $(STAMP)
 	$(VENV)/bin/onboard compat $(COMPAT_TYPES) --markdown docs/COMPATIBILITY.md
 

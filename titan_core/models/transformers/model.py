@@ -55,12 +55,25 @@ EXPERTS_PATTERN = "layers.*.moe.experts"
 
 def _attention_modules(blocks: nn.ModuleList) -> dict[str, nn.Module]:
     """{path inside a block: module} of the modules that call the attention interface:
-    transformers names them `<Model>Attention` and gives each a `scaling`."""
-    found = {}
-    for name, mod in blocks[0].named_modules():
-        if name and type(mod).__name__.endswith("Attention") and hasattr(mod, "scaling"):
-            found[name] = mod
-    return found
+    transformers names them `<Model>Attention` and gives each a `scaling`. Every block must
+    hold them at the same paths (ConfigError naming the first that does not: a hybrid stack,
+    e.g. Mamba layers between attention layers, is not run on this path)."""
+
+    def found(block: nn.Module) -> dict[str, nn.Module]:
+        return {n: m for n, m in block.named_modules()
+                if n and type(m).__name__.endswith("Attention") and hasattr(m, "scaling")}  # fmt: skip
+
+    first = found(blocks[0])
+    for i, block in enumerate(blocks):
+        paths = list(found(block)) if i else list(first)
+        if not paths or paths != list(first):
+            what = "no attention module" if not paths else f"attention at {paths}, layer 0 at {list(first)}"
+            raise ConfigError(
+                f"decoder layer {i} ({type(block).__name__}) has {what} (a `*Attention` with `scaling`): "
+                "titan_core's attention kernels go under the same attention module in every layer, so a "
+                "hybrid or mixed stack is not run on this path"
+            )
+    return first
 
 
 def _decoder_blocks(base: nn.Module, text) -> tuple[str, nn.ModuleList | None]:
@@ -108,11 +121,6 @@ class TransformersCausalLM(nn.Module):
         self.base_prefix = f"{hf.base_model_prefix}.{blocks_name}"
         softcapped = bool(getattr(text, "attn_logit_softcapping", None))
         self.attention_paths = list(_attention_modules(blocks))
-        if not self.attention_paths:
-            raise ConfigError(
-                f"{cls.__name__}: no attention module (a `*Attention` with `scaling`) in its decoder layers, so "
-                "titan_core's attention kernels cannot be put under it"
-            )
         for block in blocks:
             for path in self.attention_paths:
                 block.get_submodule(path).core = NaiveAttention() if softcapped else SDPAttention()
