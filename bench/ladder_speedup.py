@@ -88,12 +88,13 @@ def baseline_config(final, ledger: dict) -> tuple[object, dict, dict]:
 
 
 def build_hf(ws_root: Path, recipe):
-    """transformers' model for the workspace's config.json (the parity rung's reader), fp32, sdpa."""
+    """transformers' model for the workspace's config.json (the one config reader, as parity reads it), fp32, sdpa."""
     from transformers import AutoModelForCausalLM
 
-    from onboard.parity.upstream import hf_config_object, read_hf_config
+    from onboard.parity.upstream import hf_config_object
+    from titan_core.config.hf_config import read_hf_config
 
-    config = hf_config_object(read_hf_config(Path(recipe.model.hf_config or ws_root / "config.json")))
+    config = hf_config_object(read_hf_config(Path(recipe.model.hf_config or ws_root / "config.json"), require_model_type=True))
     torch.manual_seed(recipe.training.seed)
     return AutoModelForCausalLM.from_config(config, attn_implementation="sdpa", dtype=torch.float32)
 
