@@ -57,6 +57,13 @@ def _windows(c) -> tuple[int | None, int]:
 def args_from_config(c, hf_cfg: dict[str, Any]) -> TransformerArgs:
     """TransformerArgs from a transformers config object (its text config for the sizes)."""
     t = c.get_text_config()
+    needed = ("hidden_size", "num_attention_heads", "num_hidden_layers", "vocab_size")
+    missing = [k for k in needed if getattr(t, k, None) is None]
+    if missing:  # a byte-level, recurrent or otherwise non-transformer config: said, not an AttributeError
+        raise AdapterError(
+            f"{type(t).__name__} has no {', '.join(missing)}: the transformers path runs decoder "
+            "stacks of attention layers, which these sizes describe"
+        )
     dim, heads = t.hidden_size, t.num_attention_heads
     window, global_every = _windows(t)
     n_experts = _first(t, "num_experts", "num_local_experts", "n_routed_experts", default=0) or 0

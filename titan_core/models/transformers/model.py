@@ -134,6 +134,12 @@ class TransformersCausalLM(nn.Module):
             self.swap_paths[EXPERTS_PATTERN] = self.experts_install.swap_pattern
         self.swap_refusals = {EXPERTS_PATTERN: self.experts_install.refusal} if self.experts_install.refusal else {}
         """{native pattern: why a swap there is refused} (titan_core/config/swaps.py adds it to the refusal)."""
+        head = hf.get_output_embeddings()
+        if getattr(head, "bias", None) is not None:
+            raise ConfigError(
+                f"{cls.__name__}'s output head has a bias: titan_core's loss head (and fused_ce) take the "
+                "final hidden states and the head weight only, so the path would train another model"
+            )
         self.logits_divisor = float(getattr(text, "logits_scaling", None) or 1.0)
         self.logits_multiplier = float(getattr(hf, "logit_scale", None) or 1.0)
         self.final_softcap = getattr(text, "final_logit_softcapping", None)
