@@ -40,6 +40,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from titan_core.config.loader import ConfigError
+from titan_core.kernels.hf_attention import MODULE_CORE, register_hf_attention
 from titan_core.models.common.args import TransformerArgs
 from titan_core.models.common.attention import NaiveAttention, SDPAttention
 from titan_core.models.common.layers import CrossEntropyHead, softcap
@@ -92,7 +93,6 @@ class TransformersCausalLM(nn.Module):
     def __init__(self, args: TransformerArgs):
         super().__init__()
         require_transformers()
-        from titan_core.kernels.hf_attention import MODULE_CORE, register_hf_attention
 
         self.args = args
         config = config_object(hf_config_for(args))
