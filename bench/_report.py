@@ -1,6 +1,6 @@
 """What every bench shares: the timing protocol's flags, one comparison's JSON entry, and the report.
 
-Speed goes through titan_core.timing (`compare`: interleaved, with an interval); the report
+Speed goes through titan_core.measure.timing (`compare`: interleaved, with an interval); the report
 records the protocol's settings and the machine's 1-minute load at start and end, and
 lists every comparison as `Comparison.to_dict()` plus its `describe()` line. Progress goes
 to stderr, so stdout is the one JSON document.
@@ -15,7 +15,7 @@ import sys
 from dataclasses import asdict
 from pathlib import Path
 
-from titan_core.timing import Comparison, TimingProtocol
+from titan_core.measure.timing import Comparison, TimingProtocol
 
 
 def load() -> float | None:
@@ -29,7 +29,7 @@ def load() -> float | None:
 def add_protocol_args(ap: argparse.ArgumentParser) -> None:
     """--warmup-rounds / --min-rounds / --max-rounds / --max-seconds, defaulting to TimingProtocol's."""
     d = TimingProtocol()
-    g = ap.add_argument_group("timing protocol (titan_core.timing.TimingProtocol; shorten for smoke runs)")
+    g = ap.add_argument_group("timing protocol (titan_core.measure.timing.TimingProtocol; shorten for smoke runs)")
     g.add_argument("--warmup-rounds", type=int, default=d.warmup, help=f"rounds discarded first (default {d.warmup})")
     g.add_argument("--min-rounds", type=int, default=None, help=f"default {d.min_rounds}, at most --max-rounds")
     g.add_argument("--max-rounds", type=int, default=d.max_rounds, help=f"default {d.max_rounds}")

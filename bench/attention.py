@@ -3,7 +3,7 @@
 Backends: naive (reference), sdpa, tokamax (JAX bridge; xla on CPU), flex (forward only
 on CPU: no backward there), splash (TPU only; on CPU reported as unavailable with the
 reason). Masks: plain causal, and sliding window + packed documents. Speed is reported
-through titan_core.timing: each backend is `compare`d against naive, interleaved in one
+through titan_core.measure.timing: each backend is `compare`d against naive, interleaved in one
 process (each sample one call, doing what the backend's call does: forward + backward, or
 forward only for flex on CPU), giving the time ratio with its interval. Each case also
 checks the backend against naive (rel. L2 of the output), so a fast wrong answer shows.
@@ -25,7 +25,7 @@ import torch  # noqa: E402
 import _report  # noqa: E402
 from titan_core.kernels.attention import FlexAttention, KernelUnavailable, SplashAttention, TokamaxAttention  # noqa: E402
 from titan_core.models.common.attention import NaiveAttention, SDPAttention  # noqa: E402
-from titan_core.timing import compare, timed  # noqa: E402
+from titan_core.measure.timing import compare, timed  # noqa: E402
 
 # (batch, heads, kv_heads, seq, head_dim); tiny: a smoke test
 SHAPES = {"tiny": (1, 4, 2, 64, 32), "small": (1, 8, 2, 256, 64), "medium": (1, 16, 4, 1024, 64),

@@ -2,14 +2,14 @@
 
 Same global batch in every mode: `none` runs it in one process (all cores), the sharded
 modes split it over --nproc processes (cores / nproc threads each). Each run is a real
-`titan_core` Trainer started through titan_core.launcher; step 2 is wrapped in a
+`titan_core` Trainer started through titan_core.runtime.launcher; step 2 is wrapped in a
 CommCounter (titan_core/parallel/comm.py) for collective counts and payload bytes. Speed
-is reported through titan_core.timing: both sharded Trainers live in the same ranks and
+is reported through titan_core.measure.timing: both sharded Trainers live in the same ranks and
 `compare(fsdp2_step, simple_fsdp_step)` steps them interleaved (each sample one
 `train_step()`, its time the slowest rank's, so every rank takes the same decisions).
 The one-process run is a separate launch: beside it each sharded mode gets
 `compare_samples` (unpaired, wider). Step time, tokens/s and MFU of each run are its
-steady window (titan_core.run_stats). Prints JSON, with the protocol's settings and the load.
+steady window (titan_core.measure.run_stats). Prints JSON, with the protocol's settings and the load.
 
     python bench/data_parallel.py [--nproc 2] [--steps 8] [--shapes debugmodel,wide] [--none-threads 1]
                                   [--min-rounds N --max-rounds N]
@@ -53,7 +53,7 @@ def _toml_table(d: dict) -> str:
 
 def _trainer(opts, mode: str, steps: int):
     from titan_core.config import load_config
-    from titan_core.trainer import Trainer
+    from titan_core.training.trainer import Trainer
 
     shape = SHAPES[opts.shape]
     dp = int(os.environ.get("WORLD_SIZE", "1")) if mode != "none" else 1
@@ -73,8 +73,8 @@ def worker(opts) -> None:
     import torch.distributed as dist
 
     from titan_core.parallel.comm import CommCounter
-    from titan_core.run_stats import RunStats
-    from titan_core.timing import TimingProtocol, compare
+    from titan_core.measure.run_stats import RunStats
+    from titan_core.measure.timing import TimingProtocol, compare
 
     protocol = TimingProtocol.from_dict(json.loads(opts.protocol))
     modes = opts.mode.split(",")
@@ -151,8 +151,8 @@ def main() -> None:
 
     import torch
 
-    from titan_core.launcher import cpu_count, launch_command
-    from titan_core.timing import compare_samples
+    from titan_core.runtime.launcher import cpu_count, launch_command
+    from titan_core.measure.timing import compare_samples
 
     protocol = _report.protocol_from(opts)
     modes = [m for m in opts.modes.split(",") if m]

@@ -1,6 +1,6 @@
 """Execution modes side by side: eager, per-block compile, Graph Trainer (none / inductor).
 
-Speed is reported through titan_core.timing. Per shape (tiny: a smoke test; the llama3
+Speed is reported through titan_core.measure.timing. Per shape (tiny: a smoke test; the llama3
 debugmodel; a wider CPU shape: dim 512, 8 layers, sequence 512), one process builds a
 Trainer per mode, runs each one's first step (capture / compile), then `compare`s every
 mode against eager, interleaved (A B B A ...; each sample one `train_step()`), for
@@ -8,7 +8,7 @@ step-time ratios with their interval that hold on a machine whose load drifts.
 Besides, each mode trains a few steps in a fresh subprocess for what only a run of its
 own shows: compile time (first step minus the steady median; for the Graph Trainer also
 its trace / pass / backend-compile split), step time, tokens/s and MFU over the steady
-window (titan_core.run_stats), peak memory (on CPU the process's peak RSS, compiler
+window (titan_core.measure.run_stats), peak memory (on CPU the process's peak RSS, compiler
 included). Then the make_fx trace time of the whole step for 2, 8 and 32 layers, with and
 without scan over layers. Each subprocess gets an empty inductor cache, so compile times
 are cold. Prints JSON with the protocol's settings and the machine's load.
@@ -70,8 +70,8 @@ def _cfg(shape: str, mode: str, steps: int, device: str, dtype: str):
 
 
 def _train_one(shape: str, mode: str, steps: int, device: str, dtype: str) -> dict:
-    from titan_core.run_stats import RunStats
-    from titan_core.trainer import Trainer
+    from titan_core.measure.run_stats import RunStats
+    from titan_core.training.trainer import Trainer
 
     s = SHAPES[shape]
     t = Trainer(_cfg(shape, mode, steps, device, dtype), quiet=True)
@@ -100,8 +100,8 @@ def _train_one(shape: str, mode: str, steps: int, device: str, dtype: str) -> di
 def _interleaved(shape: str, modes: list[str], device: str, dtype: str, protocol: dict) -> dict:
     """Every mode against eager in one process: `compare(mode_step, eager_step)`, one
     `train_step()` per sample, after each Trainer's first step (capture / compile)."""
-    from titan_core.timing import TimingProtocol, compare
-    from titan_core.trainer import Trainer
+    from titan_core.measure.timing import TimingProtocol, compare
+    from titan_core.training.trainer import Trainer
 
     p = TimingProtocol.from_dict(protocol)
     modes = ["eager"] + [m for m in modes if m != "eager"]
@@ -134,7 +134,7 @@ def _trace_one(layers: int, scan: bool) -> dict:
     from titan_core.config.sections import GraphTrainer, Optimizer
     from titan_core.data.loader import Batch
     from titan_core.models import build_meta, resolve_args
-    from titan_core.optim import build_optimizer
+    from titan_core.training.optim import build_optimizer
 
     args = resolve_args("llama3", "debugmodel", {"n_layers": layers})
     model = build_meta("llama3", args)

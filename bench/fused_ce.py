@@ -7,7 +7,7 @@ states, weight, and at the end of the step their gradients): the process's peak 
 set during one forward + backward, minus its resident set just before (gradients set to
 None), minus the bytes of the two gradients the step creates. Linux VmHWM is reset through
 /proc/self/clear_refs so each step is measured on its own. Time is reported through
-titan_core.timing: one more process holds both variants and `compare(fused, naive)` steps
+titan_core.measure.timing: one more process holds both variants and `compare(fused, naive)` steps
 them interleaved until the ratio's interval is narrow enough. Prints JSON with the memory
 ratio, the comparison (interval, describe() line), the protocol's settings and the load.
 
@@ -91,7 +91,7 @@ def run_memory(opts) -> dict:
 
 
 def run_timing(opts) -> dict:
-    from titan_core.timing import TimingProtocol, compare, timed
+    from titan_core.measure.timing import TimingProtocol, compare, timed
 
     _, _, _, steps = _setup(opts)
     cmp = compare(timed(steps["fused"]), timed(steps["naive"]), TimingProtocol.from_dict(json.loads(opts.protocol)))

@@ -6,7 +6,7 @@ torch tensors (DLPack in, the same jit, block_until_ready, DLPack out); the back
 (a second custom op running jax.vjp) against the same vjp jitted natively. Large sizes
 show whether the bridge copies: zero-copy overhead stays flat as the tensor grows. A full
 autograd round trip, bridged against plain torch, is given for context (the autograd
-engine's own cost is not the bridge's). Speed is reported through titan_core.timing: each
+engine's own cost is not the bridge's). Speed is reported through titan_core.measure.timing: each
 pair is `compare`d interleaved in one process, one sample being a batch of `--calls` calls;
 per-call figures are the comparison's medians over the batch. Prints JSON with the
 protocol's settings and the machine's load.
@@ -27,7 +27,7 @@ import torch  # noqa: E402
 
 import _report  # noqa: E402
 from titan_core.kernels.jax_bridge import jax_op  # noqa: E402
-from titan_core.timing import compare, timed  # noqa: E402
+from titan_core.measure.timing import compare, timed  # noqa: E402
 
 
 def _scale_shift(x, y):

@@ -12,7 +12,7 @@ training step (forward, cross-entropy, backward, AdamW):
 
 Batches may differ (the tuning rung may have raised it), so every sample is seconds per token and
 every ratio is of throughput. The pairs are timed interleaved by the one timing protocol
-(titan_core.timing.compare). Prints JSON: tokens/s of each, the ratios with their intervals, what
+(titan_core.measure.timing.compare). Prints JSON: tokens/s of each, the ratios with their intervals, what
 the baseline restored (and any key it could only assume), the protocol and the machine's load.
 
     python bench/ladder_speedup.py DEMO_DIR/onboarding/llama3_debug [--min-rounds N --max-rounds N --max-seconds S]
@@ -33,7 +33,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import torch  # noqa: E402
 
 import _report  # noqa: E402
-from titan_core.timing import compare, timed  # noqa: E402
+from titan_core.measure.timing import compare, timed  # noqa: E402
 
 MODE_KEYS = ("compile.enable", "graph_trainer.enable")
 SCHEDULED_STEPS = 10_000  # the timed rounds never run past the lr schedule
@@ -100,7 +100,7 @@ def build_hf(ws_root: Path, recipe):
 
 
 def trainer_of(cfg, out: Path):
-    from titan_core.trainer import Trainer
+    from titan_core.training.trainer import Trainer
 
     cfg = copy.deepcopy(cfg)
     cfg.training.steps = SCHEDULED_STEPS
@@ -126,7 +126,7 @@ def main() -> None:
     import tempfile
 
     from onboard.rungs.harness import process_threads
-    from titan_core import distributed
+    from titan_core.runtime import distributed
     from titan_core.config import load_config
 
     root = opts.workspace.resolve()

@@ -3,7 +3,7 @@
 Backends: loop (reference, one matmul chain per expert), grouped_mm (torch._grouped_mm
 over expert-sorted tokens), tokamax (ragged_dot through the JAX bridge; xla on CPU). Routing
 is random top-k with one expert left empty (the dropless path must cope). Speed is reported
-through titan_core.timing: each backend is `compare`d against the loop, interleaved in one
+through titan_core.measure.timing: each backend is `compare`d against the loop, interleaved in one
 process (each sample one forward + backward), giving the time ratio with its interval.
 Each backend is checked against the loop (rel. L2 of the output) so a fast wrong answer
 shows. Prints JSON with the protocol's settings and the machine's load.
@@ -25,7 +25,7 @@ import _report  # noqa: E402
 from titan_core.kernels.attention import KernelUnavailable  # noqa: E402
 from titan_core.kernels.moe import GroupedMMExperts, TokamaxExperts  # noqa: E402
 from titan_core.models.common.moe import Experts  # noqa: E402
-from titan_core.timing import compare, timed  # noqa: E402
+from titan_core.measure.timing import compare, timed  # noqa: E402
 
 # (tokens, dim, hidden, experts, top_k); tiny: a smoke test
 SHAPES = {"tiny": (128, 32, 32, 4, 2), "small": (1024, 256, 256, 8, 2), "medium": (4096, 512, 512, 8, 2),

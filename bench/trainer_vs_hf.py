@@ -1,6 +1,6 @@
 """titan_core llama3 debugmodel vs HF LlamaForCausalLM of the same shape: eager fp32 train steps.
 
-Speed is reported through titan_core.timing: both models live in one process and
+Speed is reported through titan_core.measure.timing: both models live in one process and
 `compare(titan_step, hf_step)` steps them interleaved (A B B A ..., so machine noise hits
 both alike) until the time ratio's interval is narrow enough; each sample is one step,
 forward + cross-entropy + backward + AdamW. Prints JSON: the comparison (ratio = titan
@@ -22,7 +22,7 @@ import torch  # noqa: E402
 
 import _report  # noqa: E402
 from titan_core.models import build_meta, get_family, resolve_args  # noqa: E402
-from titan_core.timing import compare, timed  # noqa: E402
+from titan_core.measure.timing import compare, timed  # noqa: E402
 
 
 def build_titan(args):

@@ -1,5 +1,5 @@
 """`python -m onboard ...` is the `onboard` command."""
 
-from onboard.cli import main
+from onboard.cli.app import main
 
 main()

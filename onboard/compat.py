@@ -5,10 +5,10 @@ Per `model_type` a short probe: a tiny config built with transformers' own confi
 workspace scaffolded by `new-model --path transformers` in a temporary folder, then the
 product's own rungs on it, judged by their own checklists:
 
-    eager          onboard/rungs/eager.py      (titan_core's trainer)
-    parity         onboard/rungs/parity.py     (the workspace's test_parity.py: wrapped vs plain class, fp32)
-    compile        onboard/rungs/compile.py    (per-block compile, zero graph breaks, titan_core.compile explain)
-    graph_trainer  onboard/rungs/graph_trainer.py (whole-step capture, bit-identical to eager)
+    eager          onboard/rungs/eager_rung.py      (titan_core's trainer)
+    parity         onboard/rungs/parity_rung.py     (the workspace's test_parity.py: wrapped vs plain class, fp32)
+    compile        onboard/rungs/compile_rung.py    (per-block compile, zero graph breaks, titan_core.compile explain)
+    graph_trainer  onboard/rungs/graph_trainer_rung.py (whole-step capture, bit-identical to eager)
     fused_loss     titan_core.kernels.compare_kernel for kernels.loss = fused_ce, the kernels
                    checklist's tolerances (the kernels rung's own comparison, without its timing)
 
@@ -137,15 +137,15 @@ def _run_rung(ws, rung: str, evidence: dict, log) -> dict:
     """One of the product's rungs on `ws`, judged by its checklist as the engine judges it."""
     import importlib
 
-    from onboard.gates import evaluate, gate_passed
-    from onboard.rungs.base import RungContext
+    from onboard.engine.gates import evaluate, gate_passed
+    from onboard.rungs.contract import RungContext
     from onboard.rungs.harness import checklist
 
     attempt = ws.runs_dir / rung / "attempt-1"
     attempt.mkdir(parents=True, exist_ok=True)
     ctx = RungContext(workspace=ws, attempt_dir=attempt, evidence=dict(evidence), log=log)
     try:
-        result = importlib.import_module(f"onboard.rungs.{rung}").run(ctx)
+        result = importlib.import_module(f"onboard.rungs.{rung}_rung").run(ctx)
     except Exception as e:  # noqa: BLE001 -- the architecture's crash is this cell's reason
         return {"status": "fail", "reason": one_line(f"{type(e).__name__}: {e}")}
     if result.not_applicable:
@@ -162,10 +162,10 @@ def _run_rung(ws, rung: str, evidence: dict, log) -> dict:
 def _fused_loss(ws) -> dict:
     """kernels.loss = fused_ce against the plain loss, the kernels rung's comparison and tolerances."""
     from titan_core.config import load_config
-    from titan_core.kernels import compare_kernel
+    from onboard.rungs.kernel_compare import compare_kernel
 
     from onboard.rungs import harness
-    from onboard.rungs.kernels import compare_shape, tolerances, within_tolerance
+    from onboard.rungs.kernels_rung import compare_shape, tolerances, within_tolerance
 
     cfg = load_config(ws.recipe_path)
     batch, seq, _ = compare_shape(cfg.training.batch_size, cfg.training.seq_len)
@@ -187,8 +187,8 @@ def probe(model_type: str, work: Path, log: Callable[[str], None] = lambda s: No
     """{"cells": {rung: {"status", "reason"}}} or {"not_probed": why}, run in this process under `work`;
     `save(row)` after every cell, so a crash later keeps the cells already measured."""
     from onboard.errors import BadInput
-    from onboard.scaffold import plan_workspace, write_workspace
-    from onboard.workspace import Workspace
+    from onboard.workspace.scaffold import plan_workspace, write_workspace
+    from onboard.workspace.layout import Workspace
 
     try:
         cfg = tiny_config(model_type)
@@ -241,7 +241,7 @@ def _param_count(plan) -> int | str:
 
 def run_isolated(model_type: str, *, timeout: float = TIMEOUT_S) -> dict:
     """`probe` in a child process with a time limit; a crash or timeout fails every cell not yet written."""
-    from titan_core.die_with_parent import with_parent_death_signal
+    from titan_core.runtime.die_with_parent import with_parent_death_signal
 
     with tempfile.TemporaryDirectory(prefix="onboard-compat-") as tmp:
         out = Path(tmp) / "probe.json"

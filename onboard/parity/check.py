@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from titan_core.config import ConfigError
-from titan_core.numerics import max_abs, rel_l2
+from titan_core.measure.numerics import max_abs, rel_l2
 
 from onboard.parity import criteria
 from onboard.parity.compare import compare_grads, round_trip
@@ -27,7 +27,7 @@ from onboard.parity.native import (
 )  # fmt: skip
 from onboard.parity.results import results_path, write_results
 from onboard.parity.upstream import build_upstream
-from onboard.workspace import TWIN
+from onboard.workspace.layout import TWIN
 
 LIST_CAP = 40  # keep results readable when everything is missing
 

@@ -1,6 +1,6 @@
 """The comparisons of the parity rung: state-dict round trip, logits, loss, gradients.
 
-Relative errors are titan_core.numerics' (one zero-reference rule for parity, kernels and tests).
+Relative errors are titan_core.measure.numerics' (one zero-reference rule for parity, kernels and tests).
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from typing import Any, Callable
 
 import torch
 
-from titan_core.numerics import rel_l2
+from titan_core.measure.numerics import rel_l2
 
 
 @dataclass

@@ -1,6 +1,6 @@
 """The parity thresholds, read from checklists/parity.yaml, and their evaluation in the test.
 
-The rung's gate (onboard/gates.py) and the workspace's test_parity.py must fail on exactly
+The rung's gate (onboard/engine/gates.py) and the workspace's test_parity.py must fail on exactly
 the same numbers, so both read the one checklist file; no threshold is written in code.
 """
 
@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from onboard import gates
+from onboard.engine import gates
 
 # Measured by the rung around the pytest run, so the test cannot assert it about itself.
 RUNG_ONLY_METRICS = frozenset({"pytest_passed"})
@@ -18,7 +18,7 @@ RUNG_ONLY_METRICS = frozenset({"pytest_passed"})
 
 def checklist_path() -> Path:
     """checklists/parity.yaml wherever this installation keeps its data."""
-    from onboard.resources import data_file
+    from onboard.workspace.resources import data_file
 
     return data_file("checklists", "parity.yaml")
 

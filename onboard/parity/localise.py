@@ -20,7 +20,7 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
-from titan_core.numerics import max_abs, rel_l2
+from titan_core.measure.numerics import max_abs, rel_l2
 
 
 def _owner(key: str) -> str:

@@ -4,11 +4,11 @@ A workspace defines its native model with three files: recipe.toml ([model] fami
 hf_config, overrides, module_file, adapter_file), adapter.py (HF <-> native) and, on the
 port path, model.py. This module reads exactly those, so a person running test_parity.py
 by hand and the rung see the same model, and it builds that model through titan_core's
-own `resolve_model_args` / `build_meta_model` pieces (titan_core.model_builder), so the
+own `resolve_model_args` / `build_meta_model` pieces (titan_core.training.model_builder), so the
 training rungs, `onboard train` and export build the model parity verified. Only the
 errors are classified here: a recipe's mistake is bad input, the workspace code's is the port's.
 
-adapter.py contract (titan_core.model_builder.load_adapter_file): either a module-level
+adapter.py contract (titan_core.training.model_builder.load_adapter_file): either a module-level
 `ADAPTER` object, or module-level functions, providing `from_hf(sd) -> sd`,
 `to_hf(sd) -> sd` and `args_from_hf(cfg) -> (TransformerArgs, used_keys)`
 (`unconsumed_keys(cfg)` optional); port-specific config values travel in `args.extra`.
@@ -105,7 +105,7 @@ def _workspace_code(what: str):
 def load_adapter(root: Path) -> Any:
     """The workspace adapter (the recipe's adapter_file, else adapter.py): `ADAPTER` if it
     defines one, else the module's functions; loaded by titan_core as training loads it."""
-    from titan_core.model_builder import load_adapter_file
+    from titan_core.training.model_builder import load_adapter_file
 
     ws = read_workspace(root) if (root / "recipe.toml").is_file() else None
     path = ws.adapter_file if ws is not None else root / "adapter.py"
@@ -131,7 +131,7 @@ def native_args(ws: WorkspaceModel, adapter: Any, cfg: dict[str, Any]):
     """TransformerArgs from the config through the workspace adapter, then the recipe overrides
     (titan_core's `args_from_hf_config`, which training's `resolve_model_args` calls too)."""
     from titan_core.config import ConfigError
-    from titan_core.model_builder import args_from_hf_config
+    from titan_core.training.model_builder import args_from_hf_config
 
     # a preset's overrides already shaped the exported config
     overrides = ws.overrides if ws.hf_config_path is not None else None
@@ -146,7 +146,7 @@ def native_args(ws: WorkspaceModel, adapter: Any, cfg: dict[str, Any]):
 def build_native(ws: WorkspaceModel, args, *, seed: int) -> nn.Module:
     """The native model on CPU in fp32, initialised from `seed` before any weights load:
     titan_core's `build_meta_model` of the recipe's [model] section, as training builds it."""
-    from titan_core.model_builder import build_meta_model
+    from titan_core.training.model_builder import build_meta_model
 
     with _workspace_code("building the native model"):
         model = build_meta_model(ws.model_config, args)

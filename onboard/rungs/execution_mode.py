@@ -4,7 +4,7 @@ Called by the graph_trainer rung, the last execution-mode rung, once its own che
 The candidates are eager, per-block compile (when the compile rung passed) and the Graph
 Trainer with the recipe's `[graph_trainer]` settings. Each is built as its own Trainer in
 this process and warmed by one step (compile, capture); then each mode's steps are timed
-interleaved against eager's (`titan_core.timing.compare`, the checklist's `params.timing`).
+interleaved against eager's (`titan_core.measure.timing.compare`, the checklist's `params.timing`).
 A mode is chosen only when it is `faster` than eager; when both are, the Graph Trainer must
 also be `faster` than per-block compile head to head. Otherwise the simpler mode stays
 (eager < compile < graph_trainer). On a re-run the recipe's mode (an earlier attempt's proven
@@ -15,7 +15,7 @@ writes only when the gate passed.
 from __future__ import annotations
 
 from onboard.rungs import harness
-from onboard.rungs.base import RecipeEdit, RungContext
+from onboard.rungs.contract import RecipeEdit, RungContext
 
 MODES = ("eager", "compile", "graph_trainer")
 """Simplest first: a tie keeps the earlier one."""
@@ -54,7 +54,7 @@ def _current_stands(current: str, choice: str, modes: list[str], vs_eager: dict,
 
 def choose(ctx: RungContext, base, *, rung: str, moe: str | None, modes: list[str]) -> tuple[list[RecipeEdit], dict]:
     """(recipe edits, record) for the fastest of `modes` (eager always among them) by the protocol."""
-    from titan_core.timing import TimingProtocol, compare
+    from titan_core.measure.timing import TimingProtocol, compare
 
     proto = TimingProtocol.from_dict(harness.param(rung, "timing"))
     current = recipe_mode(harness.recipe(ctx))

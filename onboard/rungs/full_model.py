@@ -1,7 +1,7 @@
 """The full-size model, checked without materialising it: a part of the eager rung.
 
 Not a rung (no RUNG). The eager rung trains the workspace's model, which is a twin when the
-full model does not fit here (onboard/twin_setup.py); this probe checks the full model of
+full model does not fit here (onboard/sizing/twin_setup.py); this probe checks the full model of
 config.json all the same, on the meta device, so no byte of it is allocated:
 
 - it builds: the recipe's [model] section with config.json as its architecture, through the
@@ -14,7 +14,7 @@ config.json all the same, on the meta device, so no byte of it is allocated:
   a twin; without a twin (parity then compares this very model with the upstream class) and
   where transformers has no class for it, against the adapter's own round trip, saying so;
 - its checkpoint, with `--weights`: every tensor's name, shape and dtype from the
-  safetensors headers alone (onboard/weights_headers.py), against the model on meta.
+  safetensors headers alone (onboard/sizing/weights_headers.py), against the model on meta.
 
 Counts of problems are what the checklist judges (0 each); a checkpoint not given has none
 to find, and the measurements say it was not given.
@@ -25,7 +25,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from onboard.rungs.base import RungContext
+from onboard.rungs.contract import RungContext
 
 LIST_CAP = 20
 
@@ -62,7 +62,7 @@ def _upstream_shapes(hf_cfg: dict) -> tuple[dict[str, tuple] | None, str]:
 
 def probe(ctx: RungContext, cfg) -> tuple[dict[str, Any], dict[str, Any]]:
     """(measurements, details) of the full model of the workspace's config.json (module docstring)."""
-    from titan_core.model_builder import build_meta_model, model_adapter, resolve_model_args
+    from titan_core.training.model_builder import build_meta_model, model_adapter, resolve_model_args
     from titan_core.models.common.param_counts import count_params
     from titan_core.models.common.stats import flops_per_token
 
@@ -139,7 +139,7 @@ def _checkpoint(ws, model, adapter, details: dict) -> dict[str, Any]:
     if ws.weights_dir is None:
         return {"full_model_checkpoint": "no --weights given", "full_model_checkpoint_problems": 0}
     from onboard.parity.upstream import UpstreamError
-    from onboard.weights_headers import check_checkpoint_headers
+    from onboard.sizing.weights_headers import check_checkpoint_headers
 
     try:
         report = check_checkpoint_headers(ws.weights_dir, model, adapter)

@@ -16,8 +16,8 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from onboard.gates import load_checklist
-from onboard.rungs.base import RungContext
+from onboard.engine.gates import load_checklist
+from onboard.rungs.contract import RungContext
 
 DENSE_WHY = (
     "the recipe's MoE experts are the reference loop (kernels.moe = \"loop\"), which gathers each expert's tokens "
@@ -180,7 +180,7 @@ def resolved_device_type(device_type: str) -> str:
 
 def model_args(cfg):
     """The recipe's resolved architecture (a recipe that does not resolve raises ConfigError)."""
-    from titan_core.model_builder import resolve_model_args
+    from titan_core.training.model_builder import resolve_model_args
 
     return resolve_model_args(cfg.model)
 
@@ -201,7 +201,7 @@ def capture_moe(cfg, args) -> tuple[str | None, str]:
     traced here (torch._grouped_mm's meta function takes bf16 only); a capture problem
     with a kernel that claims it can is the finding the gate should report.
     """
-    from titan_core.kernels import applicable_kernels
+    from onboard.rungs.kernel_compare import applicable_kernels
 
     if not args.n_experts:
         return None, "dense model: no MoE experts"
@@ -273,7 +273,7 @@ def build_trainer(cfg):
     """A titan_core Trainer of `cfg`, quiet (the rung prints its own progress), its values range-checked
     as a loaded recipe's are (a ConfigError: bad input)."""
     from titan_core.config.loader import check_ranges
-    from titan_core.trainer import Trainer
+    from titan_core.training.trainer import Trainer
 
     return Trainer(check_ranges(cfg), quiet=True)
 
@@ -295,8 +295,8 @@ def train(ctx: RungContext, cfg, label: str):
 
 # ---- measurements ----------------------------------------------------------------------------
 def run_stats(rows: list[dict]) -> dict[str, Any]:
-    """The steady-state speed and memory measurements of one run's rows (titan_core.run_stats)."""
-    from titan_core.run_stats import RunStats
+    """The steady-state speed and memory measurements of one run's rows (titan_core.measure.run_stats)."""
+    from titan_core.measure.run_stats import RunStats
 
     return RunStats.from_rows(rows).measurements()
 
@@ -304,7 +304,7 @@ def run_stats(rows: list[dict]) -> dict[str, Any]:
 def beside_eager(m: dict, evidence: dict) -> None:
     """Put this run's step times and peak memory beside the eager rung's: ratios, and the
     timing protocol's interval on the step-time ratio (two runs timed apart: unpaired)."""
-    from titan_core.timing import compare_samples
+    from titan_core.measure.timing import compare_samples
 
     ev = evidence.get("eager") or {}
     m["eager_step_time_median_s"] = ev.get("step_time_median_s")

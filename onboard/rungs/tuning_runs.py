@@ -2,7 +2,7 @@
 
 Not a rung (no RUNG). `Runs` keeps one Trainer per candidate recipe (a label), records its
 step 1 (the numerics a change is classified on) and the peak memory of its step 2 (step 1 pays
-for compile or capture), and hands out per-token timing samples for `titan_core.timing.compare`.
+for compile or capture), and hands out per-token timing samples for `titan_core.measure.timing.compare`.
 Only the recipes still in play stay alive (`keep_only`), so a peak measured is theirs and not
 every earlier try's. Each sample runs with its recipe's own thread count: torch's is process-wide
 and a Trainer sets it once, when it is built.
@@ -18,7 +18,7 @@ import gc
 from typing import Any, Callable
 
 from onboard.rungs import harness
-from onboard.rungs.base import RungContext
+from onboard.rungs.contract import RungContext
 
 SCHEDULED_STEPS = 10_000
 """Steps a candidate's schedule is built for: the timed rounds never run past its lr schedule."""
@@ -31,7 +31,7 @@ def tokens_per_step(cfg) -> int:
 
 class Runs:
     def __init__(self, ctx: RungContext, base):
-        from titan_core import devices, distributed
+        from titan_core.runtime import devices, distributed
 
         self.ctx = ctx
         self.device = devices.resolve_device(base.device.type, libtpu_init_flags=base.tpu.libtpu_init_flags)
@@ -51,8 +51,8 @@ class Runs:
 
         Once per label: a label probed before answers from what it measured then (its Trainer may
         have been dropped since; only the labels still in play can be timed)."""
-        from titan_core import devices
-        from titan_core.tuning.classify import Step1
+        from titan_core.runtime import devices
+        from onboard.rungs.tuning_classify import Step1
 
         if label not in self.step1:
             cfg = copy.deepcopy(cfg)
@@ -89,7 +89,7 @@ class Runs:
 
     def compare(self, candidate: str, holder: str, protocol):
         """The timing protocol's answer for `candidate` against `holder`, per token."""
-        from titan_core.timing import compare
+        from titan_core.measure.timing import compare
 
         return compare(self.sampler(candidate), self.sampler(holder), protocol)
 
@@ -118,13 +118,13 @@ class Runs:
 
     def current_memory(self) -> int:
         """What this process holds now (the peak counter restarted at the present use)."""
-        from titan_core import devices
+        from titan_core.runtime import devices
 
         devices.reset_peak_memory(self.device)
         return devices.peak_memory_bytes(self.device)
 
     def close(self) -> None:
-        from titan_core import distributed
+        from titan_core.runtime import distributed
 
         self.keep_only()
         distributed.teardown(self.dist)

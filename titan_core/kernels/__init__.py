@@ -13,16 +13,11 @@ splash modules import it when they first run.
 from __future__ import annotations
 
 from titan_core.kernels.attention import KernelRefusesModel, KernelUnavailable
-from titan_core.kernels.compare import KernelComparison, applicable_kernels, compare_kernel, measure_kernel
 from titan_core.kernels.swaps import DEFAULTS, swaps_for
 
 __all__ = [
     "DEFAULTS",
-    "KernelComparison",
     "KernelRefusesModel",
     "KernelUnavailable",
-    "applicable_kernels",
-    "compare_kernel",
-    "measure_kernel",
     "swaps_for",
 ]

@@ -15,7 +15,7 @@ from torch import nn
 from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
 from titan_core.models.common.attention import refuse_softcap
-from titan_core.models.common.errors import KernelRefusesModel, KernelUnavailable
+from titan_core.models.common.mapping_errors import KernelRefusesModel, KernelUnavailable
 
 __all__ = ["KernelRefusesModel", "KernelUnavailable", "FlexAttention", "SplashAttention", "TokamaxAttention"]
 

@@ -11,7 +11,7 @@ from torch import nn
 
 from titan_core.config.loader import ConfigError, did_you_mean
 from titan_core.models.common.args import TransformerArgs
-from titan_core.models.common.errors import ArchitectureError
+from titan_core.models.common.mapping_errors import ArchitectureError
 from titan_core.models.common.hf_adapter import HFAdapter
 from titan_core.models.common.validate import validate_args
 

@@ -1,7 +1,7 @@
 """Parallelism applied from outside the model: mesh, tensor parallel, SimpleFSDP, FSDP2.
 
 degrees = check_parallelism(cfg, world_size)   # ConfigError (exit 2) on bad degrees
-mesh = build_mesh(degrees, device.type)          # needs the process group (titan_core.distributed)
+mesh = build_mesh(degrees, device.type)          # needs the process group (titan_core.runtime.distributed)
 parallelize(model, cfg, mesh)                    # after init_weights, before the optimizer
 """
 

@@ -5,7 +5,7 @@ mode that lets DTensor lower to collectives first, then records functional and c
 collectives) but without CommDebugMode's per-module tracker: on torch 2.13 that tracker
 corrupts its own state from the second use on when a model is entered through a method
 other than `forward` (the trainer calls `model.loss`), and the counts are all we need.
-tests/dist checks on one step that both agree where CommDebugMode works.
+tests/core/dist checks on one step that both agree where CommDebugMode works.
 
 Bytes are the logical payload of each collective: the full tensor an all-gather
 assembles, the full tensor a reduce-scatter reduces, the tensor an all-reduce reduces.

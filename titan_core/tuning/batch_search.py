@@ -145,7 +145,7 @@ def search(
 ) -> SearchResult:
     """Run the search (module docstring). `measure(shape)` runs one step of that shape (its
     `step_time_s` is the step's seconds); `compare(candidate, holder)` times them with samples of
-    seconds per token and returns a titan_core.timing Comparison;
+    seconds per token and returns a titan_core.measure.timing Comparison;
     `reject(shape, probe)` gives a reason to refuse a shape before it is timed (its numerics), else None;
     `grid_end` says what bounds `max_doublings`, for the message when the search reaches it."""
     if not 0 < fraction <= 1 or budget_bytes <= 0:

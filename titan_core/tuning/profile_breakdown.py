@@ -30,7 +30,7 @@ from typing import Any, Callable
 
 import torch
 
-from titan_core import devices
+from titan_core.runtime import devices
 
 STEP_MARK = "titan_core.tuning.step"
 CATEGORIES = ("matmul", "attention", "norms_elementwise", "communication", "optimizer", "host_gaps")

@@ -28,7 +28,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from titan_core.models.common.errors import KernelRefusesModel
+from titan_core.models.common.mapping_errors import KernelRefusesModel
 from titan_core.models.common.layers import RMSNorm, apply_rope, softcap as cap_scores
 
 

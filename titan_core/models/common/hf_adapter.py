@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from titan_core.models.common.args import TransformerArgs
-from titan_core.models.common.errors import AdapterError
+from titan_core.models.common.mapping_errors import AdapterError
 from titan_core.models.common.validate import check_args
 
 # native suffix -> HF suffix, per decoder layer

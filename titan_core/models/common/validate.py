@@ -28,7 +28,7 @@ from dataclasses import MISSING, fields
 from typing import Any, Mapping
 
 from titan_core.models.common.args import TransformerArgs
-from titan_core.models.common.errors import AdapterError, ArchitectureError
+from titan_core.models.common.mapping_errors import AdapterError, ArchitectureError
 
 POSITIVE = ("dim", "n_layers", "n_heads", "n_kv_heads", "head_dim", "vocab_size", "ffn_hidden_dim", "max_seq_len",
             "moe_every")  # fmt: skip

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from titan_core.models.common.args import TransformerArgs
-from titan_core.models.common.errors import AdapterError
+from titan_core.models.common.mapping_errors import AdapterError
 from titan_core.models.common.hf_adapter import window_pattern
 from titan_core.models.transformers.hf_classes import causal_lm_class, config_object
 

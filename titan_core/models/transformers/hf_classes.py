@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from titan_core.config.loader import ConfigError
-from titan_core.models.common.errors import AdapterError
+from titan_core.models.common.mapping_errors import AdapterError
 
 
 def require_transformers():

@@ -1,0 +1,396 @@
+"""The `onboard` command line: new-model, next-step, status, list, report, waive, train, demo, skill
+(recipe, plan and compat live in onboard/cli/handover.py, on the same app).
+
+Every command takes --json: then stdout carries one JSON document and nothing else
+(progress goes to stderr, and is silent). Exit codes (DESIGN section 4): 0 passed / done,
+1 gate failed, 2 bad input (one line on stderr, nothing written), 130 interrupted. An OS
+error is one line too, never a traceback: exit 2 where the input is at fault (a path, a
+name, a read-only target), 1 where the machine failed mid-run (disk full); see
+`onboard.errors.describe_os_error`. Under --json the same line is {"error", "exit_code"}.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.panel import Panel
+
+from onboard.cli.common import DIR_OPTION, JSON_OPTION, Out, check_dir, run_command, app, skill_app
+from onboard.errors import EXIT_BAD_INPUT, BadInput, describe_os_error
+
+
+# ---- new-model -----------------------------------------------------------------------------
+@app.command("new-model")
+def new_model(
+    name: str = typer.Argument(..., help="Workspace name: letters, digits and '_' (an identifier)."),
+    hf_config: Optional[Path] = typer.Option(None, "--hf-config", help="HF config.json (or its folder)."),
+    preset: Optional[str] = typer.Option(
+        None, "--preset", help="FAMILY[/FLAVOR] of titan_core, e.g. llama3/debugmodel."
+    ),
+    weights: Optional[Path] = typer.Option(None, "--weights", help="Folder of HF safetensors for parity."),
+    path: Optional[str] = typer.Option(
+        None,
+        "--path",
+        help="native (a titan_core family runs it; the default) | port (model.py from the closest family) | "
+        "transformers (transformers' own class, run by titan_core).",
+    ),
+    dir: Path = DIR_OPTION,
+    device: str = typer.Option("auto", "--device", help="auto | cpu | cuda | tpu."),
+    force: bool = typer.Option(False, "--force", help="Replace an existing workspace of that name."),
+    twin: Optional[bool] = typer.Option(
+        None, "--twin/--no-twin", help="Gates on a smaller twin of the model (default: when the full one does not fit)."
+    ),
+    twin_layers: Optional[int] = typer.Option(
+        None, "--twin-layers", help="Layers of the twin (at least one full period of the layer pattern)."
+    ),
+    twin_width: Optional[int] = typer.Option(None, "--twin-width", help="hidden_size of the twin."),
+    json_out: bool = JSON_OPTION,
+):
+    """Scaffold onboarding/NAME/ from an HF config or a titan_core preset."""
+
+    def body(out: Out) -> int:
+        from onboard.workspace.scaffold import plan_workspace, write_workspace
+        from onboard.sizing.twin_setup import apply_twin
+
+        check_dir(dir)
+        plan = plan_workspace(
+            name, dir, hf_config=hf_config, preset=preset, weights=weights, path=path, device=device, force=force
+        )
+        mode = "auto" if twin is None else "on" if twin else "off"
+        choice = apply_twin(plan, mode=mode, layers=twin_layers, width=twin_width)
+        root = write_workspace(plan, force=force)
+        from onboard.sizing.fit import fit_warning
+
+        warning = None
+        if choice.twin is None and (choice.full_fit is None or not choice.full_fit.fits):
+            warning = fit_warning(plan.hf_config, plan.family, recipe_text=plan.files["recipe.toml"])
+        files = sorted(plan.files) + ["ladder.json"]
+        result = {
+            "workspace": str(root),
+            "name": name,
+            "family": plan.family,
+            "path": plan.path_kind,
+            "model_type": plan.model_type,
+            "files": files,
+            "unconsumed_keys": plan.unconsumed,
+            "todos": plan.todos,
+            "architecture_differences": plan.arch_differences,
+            "architecture_note": plan.arch_note,
+            "warnings": [warning] if warning else [],
+            "twin": ({"file": "twin.json", **{k: plan.twin[k] for k in ("summary", "reason", "rows")}}
+                     if plan.twin else None),
+            "twin_decision": choice.reason,
+            "next": f"onboard next-step {name}" + ("" if Path(dir) == Path(".") else f" --dir {dir}"),
+        }
+        if out.json:
+            out.emit(result)
+            return 0
+        out.print(
+            f"[bold green]created[/] {root}  ({plan.path_kind} path, family {plan.family}, model_type {plan.model_type})"
+        )
+        out.print("files: " + ", ".join(files))
+        if warning:
+            out.print(f"[bold yellow]warning:[/] {warning}", soft_wrap=True)
+        if choice.twin is not None:
+            from onboard.sizing.twin_setup import twin_table
+
+            out.print(f"[bold]the gates run on a twin[/] (twin.json), because {choice.reason}", soft_wrap=True)
+            out.print(twin_table(choice.twin))
+        if plan.unconsumed:
+            out.print(
+                f"[bold yellow]config keys the {plan.family} family does not consume[/] (handle each or confirm it is irrelevant):"
+            )
+            for key in plan.unconsumed:
+                out.print(f"  {key} = {json.dumps(plan.hf_config[key])}", markup=False)
+        else:
+            out.print(f"every architecture key of config.json is consumed by the {plan.family} family")
+        if plan.arch_differences:
+            out.print(f"[bold yellow]architecture differences from the {plan.family} family the keys cannot show:[/]")
+            for diff in plan.arch_differences:
+                out.print(f"  {diff}", markup=False)
+        elif plan.arch_note:
+            out.print(plan.arch_note, markup=False)
+        elif plan.path_kind == "port":
+            out.print(f"no architecture differences from the {plan.family} family in the upstream modules")
+        if plan.path_kind == "port":
+            out.print(f"{len(plan.todos)} TODO(port) items in model.py")
+        out.print(f"next: [bold]{result['next']}[/]")
+        return 0
+
+    run_command(json_out, body)
+
+
+# ---- next-step -----------------------------------------------------------------------------
+@app.command("next-step")
+def next_step_cmd(name: str = typer.Argument(...), dir: Path = DIR_OPTION, json_out: bool = JSON_OPTION):
+    """Run the current rung's gate; record the evidence; exit 0 passed, 1 failed, 2 bad input."""
+
+    def body(out: Out) -> int:
+        from onboard.engine.ladder import next_step
+        from onboard.cli.views import show_outcome
+        from onboard.workspace.layout import Workspace
+
+        ws = Workspace.load(check_dir(dir), name)
+        command = f"onboard next-step {name}" + ("" if Path(dir) == Path(".") else f" --dir {dir}")
+        outcome = next_step(ws, log=out.log, base_command=command)
+        if outcome.os_error:  # the machine failed, not the gate: one line, like any other OS error
+            print(f"error: {outcome.message}", file=sys.stderr)
+        if out.json:
+            out.emit(outcome.to_json())
+        elif not outcome.os_error:
+            show_outcome(out.print, outcome)
+        return outcome.exit_code
+
+    run_command(json_out, body)
+
+
+# ---- status / list / report ------------------------------------------------------------------
+def _print_status(out: Out, ws, states) -> None:
+    from onboard.cli.views import ladder_message, ladder_table
+
+    meta = ws.ledger.meta
+    out.print(
+        ladder_table(
+            states,
+            title=f"{ws.name}: {meta.get('model_type')} ({meta.get('path')} path, family {meta.get('family')}, device {ws.device})",
+        )
+    )
+    waivers = list(ws.ledger.waivers().values())
+    if waivers:
+        lines = "\n".join(
+            f"{w['rung']}/{w['criterion']}: {w['why']}  ({w.get('by')}, {w['time'][:19]})" for w in waivers
+        )
+        out.print(Panel(lines, title="WAIVED CRITERIA", border_style="bold red", style="red"))
+    out.print(ladder_message(states))
+
+
+@app.command("status")
+def status_cmd(name: str = typer.Argument(...), dir: Path = DIR_OPTION, json_out: bool = JSON_OPTION):
+    """The ladder table of one workspace: each rung's status, stale rungs and waivers."""
+
+    def body(out: Out) -> int:
+        from onboard.engine.ladder import default_specs, ladder_states
+        from onboard.cli.views import status_dict
+        from onboard.workspace.layout import Workspace
+
+        ws = Workspace.load(check_dir(dir), name)
+        states = ladder_states(ws, default_specs())
+        if out.json:
+            out.emit(status_dict(ws, states))
+        else:
+            _print_status(out, ws, states)
+        return 0
+
+    run_command(json_out, body)
+
+
+@app.command("list")
+def list_cmd(dir: Path = DIR_OPTION, json_out: bool = JSON_OPTION):
+    """Every workspace under onboarding/ with its current rung."""
+
+    def body(out: Out) -> int:
+        from rich.table import Table
+        from rich.text import Text
+
+        from onboard.engine.ladder import default_specs, ladder_states
+        from onboard.cli.views import ladder_message
+        from onboard.workspace.layout import LEDGER, Workspace, list_workspaces
+
+        specs = default_specs()
+        rows = []
+        for root in list_workspaces(check_dir(dir)):
+            try:
+                ws = Workspace.load(dir, root.name)
+                states = ladder_states(ws, specs)  # reads the files the rungs read: may meet an OS error too
+            except (BadInput, OSError) as e:  # one unreadable ledger must not hide the other workspaces
+                why = describe_os_error(e)[1] if isinstance(e, OSError) else " ".join(str(e).split())
+                rows.append(
+                    {"workspace": root.name, "status": "unreadable", "ledger": str(root / LEDGER), "error": why}
+                )
+                continue
+            rows.append(
+                {
+                    "workspace": ws.name,
+                    "model_type": ws.ledger.meta.get("model_type"),
+                    "family": ws.ledger.meta.get("family"),
+                    "path": ws.ledger.meta.get("path"),
+                    "rungs": {s.rung: s.status for s in states},
+                    "message": ladder_message(states),
+                }
+            )
+        if out.json:
+            out.emit({"dir": str(Path(dir).resolve()), "workspaces": rows})
+            return 0
+        if not rows:
+            out.print(f"no workspaces under {Path(dir) / 'onboarding'}; create one with `onboard new-model`")
+            return 0
+        table = Table(title=f"workspaces in {Path(dir).resolve() / 'onboarding'}")
+        for col in ("workspace", "model_type", "path", "passed", "status"):
+            table.add_column(col)
+        for r in rows:
+            if "error" in r:  # Text, not markup: the message holds brackets (attempts[2])
+                table.add_row(r["workspace"], "", "", "", Text(f"unreadable ledger: {r['error']}", style="red"))
+                continue
+            passed = [k for k, v in r["rungs"].items() if v in ("passed", "not_applicable")]
+            table.add_row(
+                r["workspace"], r["model_type"] or "", r["path"] or "", ", ".join(passed) or "-", r["message"]
+            )
+        out.print(table)
+        return 0
+
+    run_command(json_out, body)
+
+
+@app.command("report")
+def report_cmd(name: str = typer.Argument(...), dir: Path = DIR_OPTION, json_out: bool = JSON_OPTION):
+    """Write REPORT.md, report.html and the PNG pictures into the workspace: the summary, the
+    waterfall, the evidence of every rung."""
+
+    def body(out: Out) -> int:
+        from onboard.report.write import WATERFALL, write_report_files
+        from onboard.workspace.layout import Workspace
+
+        ws = Workspace.load(check_dir(dir), name)
+        files = write_report_files(ws)
+        if out.json:
+            out.emit({"workspace": name, **files.to_json(), "waivers": list(ws.ledger.waivers().values())})
+        else:
+            out.print(f"wrote {files.markdown}\nreport.html: {files.html}\nwaterfall: {files.where(WATERFALL)}")
+        return 0
+
+    run_command(json_out, body)
+
+
+# ---- waive -----------------------------------------------------------------------------------
+@app.command("waive")
+def waive_cmd(
+    name: str = typer.Argument(...),
+    rung: str = typer.Argument(..., help="The rung whose criterion is waived."),
+    criterion: str = typer.Argument(..., help="The criterion name from checklists/<rung>.yaml."),
+    why: str = typer.Option(..., "--why", help="The reason, on the record (a person's decision)."),
+    dir: Path = DIR_OPTION,
+    json_out: bool = JSON_OPTION,
+):
+    """Waive one criterion of a rung, with a reason; shown in red in status and the report."""
+
+    def body(out: Out) -> int:
+        from onboard.engine.gates import ChecklistError, load_checklist
+        from onboard.engine.ladder import RUNGS
+        from onboard.engine.ledger import Ledger
+        from onboard.workspace.lock import WorkspaceLock
+        from onboard.workspace.layout import Workspace
+
+        ws = Workspace.load(check_dir(dir), name)
+        if rung not in RUNGS:
+            raise BadInput(f"unknown rung '{rung}' (rungs: {', '.join(RUNGS)})")
+        try:
+            checklist = load_checklist(rung)
+        except ChecklistError:
+            raise BadInput(f"rung '{rung}' is not built yet: it has no checklist to waive from") from None
+        if checklist.criterion(criterion) is None:
+            names = ", ".join(c.name for c in checklist.criteria)
+            raise BadInput(f"rung '{rung}' has no criterion '{criterion}' (criteria: {names})")
+        if not why.strip():
+            raise BadInput("--why must say why the criterion is waived")
+        with WorkspaceLock(ws.root):
+            ledger = Ledger.load(ws.ledger.path)
+            waiver = ledger.add_waiver(rung, criterion, why.strip())
+            ledger.save()
+        if out.json:
+            out.emit({"workspace": name, "waiver": waiver})
+        else:
+            out.print(f"[bold white on red]WAIVED[/] {rung}/{criterion}: {waiver['why']}")
+            out.print(f"recorded in {ws.ledger.path}; the next `onboard next-step {name}` counts it as ok-but-waived")
+        return 0
+
+    run_command(json_out, body)
+
+
+# ---- train / demo / skill ------------------------------------------------------------------------
+@app.command(
+    "train",
+    context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
+)
+def train_cmd(
+    ctx: typer.Context,
+    config: Path = typer.Option(..., "--config", help="Recipe TOML."),
+    nproc: int = typer.Option(1, "--nproc", help="Local processes (ranks) to start; >1 goes through the launcher."),
+):
+    """Train with a recipe, like `python -m titan_core.train --config RECIPE [--a.b=c ...]`."""
+    argv = ["--config", str(config), *ctx.args]  # the recipe's relative paths: titan_core's loader anchors them
+    if nproc < 1:
+        print(f"error: --nproc must be at least 1, got {nproc}", file=sys.stderr)
+        raise typer.Exit(EXIT_BAD_INPUT)
+    # titan_core reports its own config errors; an OS error (an output folder that cannot
+    # be written, a full disk) is one line here, as in every other command
+    try:
+        if nproc > 1:
+            from titan_core.runtime.launcher import launch
+
+            code = launch(argv, nproc)
+        else:
+            from titan_core.train import main as train_main
+
+            code = train_main(argv)
+    except OSError as e:
+        code, message = describe_os_error(e)
+        print(f"error: {message}", file=sys.stderr)
+    raise typer.Exit(code)
+
+
+@app.command("demo")
+def demo_cmd(
+    dir: Path = typer.Option(Path("demo-run"), "--dir", help="Folder for the demo workspace."),
+    device: str = typer.Option("auto", "--device", help="auto | cpu | cuda | tpu."),
+    json_out: bool = JSON_OPTION,
+):
+    """new-model for the llama3 debugmodel, next-step up the whole ladder, status, report."""
+
+    def body(out: Out) -> int:
+        from onboard.cli.demo import run_demo
+
+        result = run_demo(dir, device=device, out=out)
+        if out.json:
+            out.emit(result)
+        return result["exit_code"]
+
+    run_command(json_out, body)
+
+
+@skill_app.command("install")
+def skill_install_cmd(
+    agent: str = typer.Option(..., "--agent", help="claude | codex | generic."),
+    dir: Path = DIR_OPTION,
+    json_out: bool = JSON_OPTION,
+):
+    """Install the onboard-model skill where that agent loads skills."""
+
+    def body(out: Out) -> int:
+        from onboard.cli.skill_install import install
+
+        result = install(agent, check_dir(dir, workspaces=False))
+        if out.json:
+            out.emit(result)
+        else:
+            where = result["skill_dir"] + (f" (+ section in {result['agents_md']})" if result["agents_md"] else "")
+            out.print(f"installed the onboard-model skill for {agent}: {where}")
+        return 0
+
+    run_command(json_out, body)
+
+
+# the commands around the ladder's result (recipe, plan, compat), on the same app
+from onboard.cli import handover as cli_handover  # noqa: E402,F401
+
+
+def main() -> None:
+    """Console-script entry point."""
+    app()
+
+
+if __name__ == "__main__":
+    main()

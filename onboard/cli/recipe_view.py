@@ -1,0 +1,128 @@
+"""`onboard recipe NAME`: the recipe a workspace hands over, what the ladder earned in it, and
+the exact commands that run it on one process, on this host, and on many hosts.
+
+Earned settings come from the ledger, not from the file's comments: each recipe edit a passed
+rung made (`recipe_edit` of its entry), shown when the recipe still holds that value; one a
+person has since changed by hand is listed as overridden, since no gate proved the new value
+until the ladder re-verifies it (`status` then shows the stale rungs).
+"""
+
+from __future__ import annotations
+
+import shlex
+import tomllib
+
+from onboard.errors import BadInput
+from onboard.workspace.layout import Workspace
+
+RDZV_PORT = 29500
+
+
+def _get(recipe: dict, dotted: str):
+    section, key = dotted.split(".", 1)
+    value = recipe.get(section)
+    return value.get(key) if isinstance(value, dict) else None
+
+
+def earned_settings(ws: Workspace, recipe: dict) -> list[dict]:
+    """The latest edit of each key made by a rung, with whether the recipe still holds it."""
+    latest: dict[str, dict] = {}
+    for entry in ws.ledger.attempts:
+        for edit in ((entry.get("recipe_edit") or {}).get("edits")) or []:
+            latest[edit["key"]] = {"key": edit["key"], "value": edit["value"], "why": edit.get("why", ""),
+                                   "rung": entry["rung"], "attempt": entry["attempt"]}  # fmt: skip
+    out = []
+    for key, edit in latest.items():
+        now = _get(recipe, key)
+        out.append({**edit, "in_recipe": now == edit["value"], "recipe_value": now})
+    return out
+
+
+def _host_processes(ws: Workspace, recipe: dict) -> tuple[int, str]:
+    """(processes for `--nproc` on this host, why that many)."""
+    passed = [e for e in ws.ledger.entries("simple_fsdp") if e.get("status") == "passed"]
+    sharded = (passed[-1].get("measurements") or {}) if passed else {}
+    device = _get(recipe, "device.type") or "auto"
+    if device in ("cuda", "auto"):
+        import torch  # import-time cost: only when the recipe may use GPUs
+
+        if torch.cuda.is_available():
+            return torch.cuda.device_count(), f"the {torch.cuda.device_count()} CUDA device(s) of this host"
+    if sharded.get("world_size"):
+        return int(sharded["world_size"]), "the world size the simple_fsdp rung verified"
+    return 2, "two processes (no sharded run on record)"
+
+
+def _torchrun(ws: Workspace, recipe: dict, per_node: int) -> tuple[str, str]:
+    """The multi-host line and how its node count was filled in."""
+    par = recipe.get("parallelism") if isinstance(recipe.get("parallelism"), dict) else {}
+    degrees = [par.get(k, d) for k, d in (("dp_replicate", 1), ("dp_shard", -1), ("tp", 1))]
+    if all(isinstance(d, int) and d > 0 for d in degrees):
+        world = degrees[0] * degrees[1] * degrees[2]
+        if world % per_node:
+            raise BadInput(
+                f"{ws.recipe_path}: parallelism degrees multiply to {world} processes, which do not split into "
+                f"hosts of {per_node}; set the degrees to a multiple of {per_node}"
+            )
+        nnodes, how = str(world // per_node), f"dp_replicate x dp_shard x tp = {world} processes, {per_node} per host"
+    else:
+        nnodes, how = "$NNODES", "a degree fills from the world size (-1): set NNODES to the number of hosts"
+    line = shlex.join([
+        "torchrun", f"--nnodes={nnodes}", f"--nproc-per-node={per_node}", "--rdzv-backend=c10d",
+        f"--rdzv-endpoint=$HEAD_NODE:{RDZV_PORT}", f"--rdzv-id={ws.name}", "-m", "titan_core.train",
+        "--config", "recipe.toml",
+    ])  # fmt: skip
+    # shlex quotes the $ placeholders; they are meant for the user's shell
+    line = line.replace("'--nnodes=$NNODES'", "--nnodes=$NNODES").replace(
+        f"'--rdzv-endpoint=$HEAD_NODE:{RDZV_PORT}'", f"--rdzv-endpoint=$HEAD_NODE:{RDZV_PORT}"
+    )
+    return f"cd {shlex.quote(str(ws.root))} && {line}", how
+
+
+def recipe_view(ws: Workspace) -> dict:
+    """Everything `onboard recipe` prints, as one JSON-ready dict."""
+    text = ws.recipe_path.read_text(encoding="utf-8")
+    try:
+        recipe = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        raise BadInput(f"{ws.recipe_path}: not valid TOML ({e})") from None
+    config = shlex.quote(str(ws.recipe_path))
+    per_node, why = _host_processes(ws, recipe)
+    many, how = _torchrun(ws, recipe, per_node)
+    return {
+        "workspace": ws.name,
+        "recipe": str(ws.recipe_path),
+        "text": text,
+        "earned": earned_settings(ws, recipe),
+        "commands": {
+            "one_process": f"onboard train --config {config}",
+            "this_host": f"onboard train --config {config} --nproc {per_node}",
+            "many_hosts": many,
+        },
+        "this_host_why": why,
+        "many_hosts_how": how,
+        "many_hosts_note": (
+            "run the same line on every host; HEAD_NODE is the address of the host that serves the "
+            "rendezvous. Relative paths in the recipe resolve against its folder"
+        ),
+    }
+
+
+def recipe_lines(view: dict) -> list[str]:
+    """The text form: the earned settings, then the commands (the recipe itself is printed first)."""
+    lines = ["", "earned by the ladder:"]
+    if not view["earned"]:
+        lines.append("  nothing yet: every value is new-model's default")
+    for e in view["earned"]:
+        state = "" if e["in_recipe"] else f"  [overridden by hand: the recipe now says {e['recipe_value']!r}]"
+        lines.append(f"  {e['key']} = {e['value']!r}  ({e['rung']} attempt {e['attempt']}: {e['why']}){state}")
+    c = view["commands"]
+    lines += [
+        "",
+        "run it:",
+        f"  one process:  {c['one_process']}",
+        f"  this host:    {c['this_host']}   # {view['this_host_why']}",
+        f"  many hosts:   {c['many_hosts']}",
+        f"                # {view['many_hosts_how']}; {view['many_hosts_note']}",
+    ]
+    return lines

@@ -1,0 +1,227 @@
+"""What status / next-step / list show: rich tables for people, plain dicts for --json."""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+from rich.table import Table
+from rich.text import Text
+
+from onboard.engine.evidence import INVALID
+from onboard.engine.ladder import NOT_BUILT, RungState, current_state, entry_error, last_built
+
+STATUS_STYLE = {
+    "passed": "bold green",
+    "not_applicable": "cyan",
+    "failed": "bold red",
+    "stale": "bold yellow",
+    INVALID: "bold white on red",
+    "interrupted": "magenta",
+    "running": "blue",
+    "pending": "dim",
+    NOT_BUILT: "dim italic",
+}
+# The numbers worth a glance per rung in the ladder table: (metric, label, format).
+# Rungs not listed show their first criteria's metrics.
+KEY_METRICS = {
+    "eager": (("step1_loss", "step-1 loss", "{:.4f}"), ("tokens_per_s", "tok/s", "{:,.0f}"), ("mfu", "MFU", "{:.1%}")),
+    "parity": (
+        ("logits_rel_l2", "logits", "{:.1e}"),
+        ("loss_abs_diff", "loss", "{:.1e}"),
+        ("grad_max_rel_l2", "grads", "{:.1e}"),
+    ),
+    "compile": (
+        ("graph_breaks", "breaks", "{:d}"),
+        ("step1_loss_rel_err", "step-1 loss", "{:.1e}"),
+        ("speedup_vs_eager_ci", "vs eager", None),
+    ),
+    "graph_trainer": (
+        ("graphs_per_step", "graphs/step", "{:d}"),
+        ("host_syncs", "syncs", "{:d}"),
+        ("bit_identical", "bit-identical", None),
+        ("speedup_vs_eager_ci", "vs eager", None),
+    ),
+    "kernels": (
+        ("kernels_compared", "compared", "{:d}"),
+        ("worst_logits_rel_err", "worst logits", "{:.1e}"),
+        ("worst_grad_rel_err", "worst grads", "{:.1e}"),
+    ),
+    "tuning": (
+        ("changes_kept", "kept", "{:d}"),
+        ("batch_size", "batch", "{:d}"),
+        ("tokens_per_s_vs_eager", "tok/s vs eager", "{:.2f}x"),
+        ("profile_biggest", "biggest", None),
+    ),
+}
+
+
+def fmt(value: Any) -> str:
+    """Short human form of a measurement: 6 significant digits, ints with separators."""
+    if value is None:
+        return "not measured"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return f"{value:,}"
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            return repr(value)
+        if value != 0 and (abs(value) < 1e-3 or abs(value) >= 1e6):
+            return f"{value:.3e}"
+        return f"{value:.6g}"
+    if isinstance(value, (list, dict)):
+        text = str(value)
+        return text if len(text) <= 60 else text[:57] + "..."
+    return str(value)
+
+
+# A recorded criterion is sure to have a name and ok (ledger.shape_problem); the rest of
+# what evaluate() writes may be missing from a hand-edited entry, so it is read with get.
+def fmt_threshold(c: dict) -> str:
+    if c.get("comparator") == "is_true":
+        return "is true"
+    ref = f" ({c['threshold_ref']})" if c.get("threshold_ref") else ""
+    return f"{c.get('comparator', '?')} {fmt(c.get('threshold'))}{ref}"
+
+
+def key_numbers(rung: str, entry: dict | None) -> dict[str, Any]:
+    if not entry:
+        return {}
+    m = entry.get("measurements") or {}
+    names = [k for k, _, _ in KEY_METRICS.get(rung, ())] or [c.get("metric") for c in entry.get("criteria", [])[:3]]
+    return {n: m[n] for n in names if n in m}
+
+
+def key_numbers_text(rung: str, entry: dict | None) -> str:
+    formats = {k: (label, f) for k, label, f in KEY_METRICS.get(rung, ())}
+    parts = []
+    for name, value in key_numbers(rung, entry).items():
+        label, f = formats.get(name, (name, None))
+        try:
+            parts.append(f"{label} {f.format(value) if f else fmt(value)}")
+        except (TypeError, ValueError):  # a non-numeric value ("nan" stored as text): show it as is
+            parts.append(f"{label} {fmt(value)}")
+    return ", ".join(parts)
+
+
+def criteria_table(criteria: list[dict], title: str | None = None) -> Table:
+    table = Table(title=title, show_lines=False)
+    for col, justify in (("criterion", "left"), ("value", "right"), ("threshold", "left"), ("ok", "center")):
+        table.add_column(col, justify=justify)
+    for c in criteria:
+        if c.get("waived"):
+            ok = Text("WAIVED" + ("" if c.get("raw_ok") else " (failed)"), style="bold white on red")
+        else:
+            ok = Text("ok", style="bold green") if c["ok"] else Text("FAIL", style="bold red")
+        table.add_row(c["name"], fmt(c.get("value")), fmt_threshold(c), ok)
+    return table
+
+
+def ladder_table(states: list[RungState], title: str | None = None) -> Table:
+    table = Table(title=title)
+    for col in ("#", "rung", "status", "attempts", "key numbers", "note"):
+        table.add_column(col, overflow="fold")
+    current = current_state(states)
+    for i, s in enumerate(states, 1):
+        style = STATUS_STYLE.get(s.status, "")
+        marker = "  <- next" if current is not None and s.rung == current.rung else ""
+        nums = key_numbers_text(s.rung, s.latest)
+        waived = [c["name"] for c in shown_criteria(s) if c.get("waived")]
+        note = s.reason or ""
+        if waived:
+            note = (note + "; " if note else "") + f"WAIVED: {', '.join(waived)}"
+        table.add_row(str(i), s.rung, Text(s.status + marker, style=style), str(s.attempts or ""), nums, note)
+    return table
+
+
+def shown_criteria(s: RungState) -> list[dict]:
+    """The criteria a rung's state rests on: re-evaluated from the measurements for an
+    accepted entry (so an edited ledger cannot show ok), as recorded otherwise."""
+    return s.checked if s.checked is not None else (s.latest or {}).get("criteria", [])
+
+
+def state_dict(s: RungState) -> dict:
+    last = s.latest or {}
+    criteria = shown_criteria(s)
+    return {
+        "rung": s.rung,
+        "status": s.status,
+        "attempts": s.attempts,
+        "reason": s.reason,
+        "last_attempt": last.get("attempt"),
+        "last_started": last.get("started"),
+        "last_ended": last.get("ended"),
+        "key_measurements": key_numbers(s.rung, s.latest),
+        "failed_criteria": [c["name"] for c in criteria if not c.get("ok")],
+        "waived_criteria": [c["name"] for c in criteria if c.get("waived")],
+        "recorded_status": last.get("status"),
+        "invalid_criteria": [
+            {k: c.get(k) for k in ("name", "metric", "value", "comparator", "threshold", "threshold_ref", "hint")}
+            for c in criteria
+            if s.status == INVALID and not c.get("ok")
+        ],
+    }
+
+
+def ladder_message(states: list[RungState]) -> str:
+    """One line: what next-step would do now."""
+    current = current_state(states)
+    if current is not None:
+        verb = {
+            "stale": "re-verify",
+            INVALID: "re-run",
+            "failed": "retry",
+            "interrupted": "retry",
+            "running": "wait for",
+        }.get(current.status, "run")
+        return f"next: {verb} {current.rung}"
+    if any(s.status == NOT_BUILT for s in states):
+        return f"ladder complete up to the last rung that exists: {last_built(states)}"
+    return "ladder complete: every rung passed or does not apply"
+
+
+def status_dict(ws, states: list[RungState]) -> dict:
+    meta = ws.ledger.meta
+    current = current_state(states)
+    return {
+        "workspace": ws.name,
+        "root": str(ws.root),
+        "model_type": meta.get("model_type"),
+        "family": meta.get("family"),
+        "path": meta.get("path"),
+        "source": meta.get("source"),
+        "device": ws.device,
+        "current_rung": current.rung if current else None,
+        "message": ladder_message(states),
+        "rungs": [state_dict(s) for s in states],
+        "waivers": list(ws.ledger.waivers().values()),
+        "unconsumed_keys": meta.get("unconsumed_keys", []),
+    }
+
+
+def show_outcome(print_, outcome) -> None:
+    """What a person sees after next-step: the criteria table, the error, the hints of
+    failed criteria, the waivers, and one summary line. `print_` is a rich print."""
+    if outcome.status == "complete":
+        print_(f"[bold green]{outcome.message}[/]")
+        return
+    if outcome.criteria:
+        print_(criteria_table(outcome.criteria, title=f"{outcome.rung} gate, attempt {outcome.attempt}"))
+    error = entry_error(outcome.entry)
+    if error:
+        print_(Text.assemble(("error: ", "bold red"), error))
+    for c in outcome.criteria:
+        if not c["ok"]:
+            print_(Text.assemble((c["name"], "bold red"), ": ", c["hint"]))
+        elif c.get("waived"):
+            print_(Text.assemble(("WAIVED", "bold white on red"), f" {c['name']}: {c['why']}"))
+    recipe_edit = (outcome.entry or {}).get("recipe_edit")
+    for edit in (recipe_edit or {}).get("edits", []):  # what the passed gate wrote into the recipe
+        value = json.dumps(edit["value"])  # the value as TOML shows it: strings quoted
+        print_(Text.assemble((f"{recipe_edit['file']}: ", "bold"), f"{edit['key']} = {value} ({edit['why']})"))
+    style = {"passed": "bold green", "not_applicable": "cyan", "failed": "bold red"}.get(outcome.status, "magenta")
+    accepted = outcome.status in ("passed", "not_applicable")
+    nxt = f"; next rung: {outcome.next_rung}" if accepted and outcome.next_rung else ""
+    print_(Text.assemble((outcome.message, style), nxt))

@@ -1,0 +1,218 @@
+"""Checklists (`checklists/<rung>.yaml`) and their evaluation against a rung's measurements.
+
+A checklist:
+
+    rung: eager
+    title: "..."
+    criteria:
+      - name: loss_falls            # unique in the rung; `onboard waive` names it
+        metric: last_loss           # key in the rung's measurements
+        comparator: "<"             # <=, <, >=, >, ==, is_true
+        threshold: measurements.step1_loss   # a number, or a reference (below)
+        hint: "symptom -> usual cause"
+    human:
+      - "A person checked ..."
+    params:                         # the other numbers the rung runs with to decide its gate:
+      steps: 20                     # step counts, keep rules, the timing protocol (`timing:`)
+
+A threshold reference is `measurements.<metric>` (this attempt), `evidence.<rung>.<metric>`
+(a passed earlier rung) or a bare metric name (this attempt). A criterion whose metric or
+threshold is missing fails: nothing passes by being unmeasured.
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from onboard.workspace.resources import data_file
+
+COMPARATORS = {
+    "<=": operator.le,
+    "<": operator.lt,
+    ">=": operator.ge,
+    ">": operator.gt,
+    "==": operator.eq,
+    "is_true": None,
+}
+
+
+class ChecklistError(ValueError):
+    """A malformed checklist file: a bug in the shipped data, never the user's input."""
+
+
+@dataclass(frozen=True)
+class Criterion:
+    name: str
+    metric: str
+    comparator: str
+    threshold: Any
+    hint: str
+
+
+@dataclass(frozen=True)
+class Checklist:
+    rung: str
+    title: str
+    criteria: tuple[Criterion, ...]
+    human: tuple[str, ...] = field(default_factory=tuple)
+    params: dict[str, Any] = field(default_factory=dict)
+    """`params:` of the file: the numbers the rung runs with (a checklist is the one place for them)."""
+
+    def param(self, name: str) -> Any:
+        """One of `params`; a missing one is a bug in the shipped checklist, named as such."""
+        if name not in self.params:
+            raise ChecklistError(f"checklists/{self.rung}.yaml: params has no '{name}' (has: {', '.join(self.params)})")
+        return self.params[name]
+
+    def criterion(self, name: str) -> Criterion | None:
+        return next((c for c in self.criteria if c.name == name), None)
+
+
+def parse_checklist(data: Any, source: str) -> Checklist:
+    """Validate a loaded YAML document; ChecklistError names the file and the problem."""
+    if not isinstance(data, dict):
+        raise ChecklistError(f"{source}: expected a mapping at the top level")
+    for key in ("rung", "criteria"):
+        if key not in data:
+            raise ChecklistError(f"{source}: missing '{key}'")
+    criteria, seen = [], set()
+    for i, item in enumerate(data["criteria"] or []):
+        where = f"{source}: criteria[{i}]"
+        if not isinstance(item, dict):
+            raise ChecklistError(f"{where}: expected a mapping")
+        missing = [k for k in ("name", "metric", "comparator", "hint") if not item.get(k)]
+        if missing:
+            raise ChecklistError(f"{where}: missing {', '.join(missing)}")
+        if item["comparator"] not in COMPARATORS:
+            raise ChecklistError(f"{where}: comparator '{item['comparator']}' not in {', '.join(COMPARATORS)}")
+        threshold = item.get("threshold")
+        if item["comparator"] != "is_true" and not isinstance(threshold, (int, float, str)):
+            raise ChecklistError(f"{where}: '{item['name']}' needs a threshold (number or reference)")
+        if item["name"] in seen:
+            raise ChecklistError(f"{where}: duplicate criterion name '{item['name']}'")
+        seen.add(item["name"])
+        criteria.append(Criterion(item["name"], item["metric"], item["comparator"], threshold, item["hint"].strip()))
+    if not criteria:
+        raise ChecklistError(f"{source}: no criteria (a gate with nothing to check would pass vacuously)")
+    human = tuple(str(h) for h in (data.get("human") or []))
+    params = data.get("params") or {}
+    if not isinstance(params, dict):
+        raise ChecklistError(f"{source}: params must be a mapping of name -> value")
+    return Checklist(str(data["rung"]), str(data.get("title", data["rung"])), tuple(criteria), human, dict(params))
+
+
+def load_checklist(rung: str, path: Path | None = None) -> Checklist:
+    """The shipped checklist of `rung` (or the file at `path`)."""
+    path = path or data_file("checklists", f"{rung}.yaml")
+    if not path.is_file():
+        raise ChecklistError(f"no checklist for rung '{rung}' at {path}")
+    checklist = parse_checklist(yaml.safe_load(path.read_text()), str(path))
+    if checklist.rung != rung:
+        raise ChecklistError(f"{path}: says rung '{checklist.rung}', expected '{rung}'")
+    return checklist
+
+
+def _number(value: Any) -> float | None:
+    """Numbers as floats; numeric strings (repr floats, "nan") parsed; anything else None."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, (int, float)):
+        return float(value)
+    if isinstance(value, str):
+        try:
+            return float(value)
+        except ValueError:
+            return None
+    return None
+
+
+def resolve_threshold(threshold: Any, measurements: dict, evidence: dict) -> tuple[Any, str | None]:
+    """(value, problem): the threshold's numeric value, or None and why it is unavailable."""
+    if not isinstance(threshold, str):
+        return threshold, None
+    if threshold.startswith("evidence."):
+        parts = threshold.split(".", 2)
+        if len(parts) != 3:
+            return None, f"threshold reference '{threshold}' is not evidence.<rung>.<metric>"
+        _, rung, metric = parts
+        if rung not in evidence:
+            return None, f"threshold needs {threshold}, but rung '{rung}' has no passed evidence"
+        if metric not in evidence[rung]:
+            return None, f"threshold needs {threshold}, but rung '{rung}' did not record '{metric}'"
+        return evidence[rung][metric], None
+    metric = threshold.removeprefix("measurements.")
+    if metric not in measurements:
+        return None, f"threshold needs '{metric}', which this attempt did not measure"
+    return measurements[metric], None
+
+
+def check_value(c: Criterion, value: Any, threshold: Any) -> tuple[bool, str | None]:
+    """(ok, problem) for one comparison; problem explains a failure that is not a plain miss."""
+    if c.comparator == "is_true":
+        if not isinstance(value, bool):
+            return False, f"expected true/false, got {value!r}"
+        return value, None
+    v, t = _number(value), _number(threshold)
+    if v is None:
+        return False, f"measured value {value!r} is not a number"
+    if t is None:
+        return False, f"threshold {threshold!r} is not a number"
+    if math.isnan(v) or math.isnan(t):
+        return False, "value or threshold is NaN"
+    return bool(COMPARATORS[c.comparator](v, t)), None
+
+
+def evaluate(
+    checklist: Checklist,
+    measurements: dict,
+    evidence: dict | None = None,
+    waivers: dict[str, dict] | None = None,
+) -> list[dict]:
+    """One result per criterion: {name, metric, comparator, value, threshold, threshold_ref, ok, raw_ok, hint, waived, why}.
+
+    `waivers` maps criterion name -> waiver record; a waived criterion is ok (raw_ok keeps
+    what the measurement alone said) and carries the waiver's reason.
+    """
+    evidence, waivers = evidence or {}, waivers or {}
+    results = []
+    for c in checklist.criteria:
+        hint = c.hint
+        threshold, problem = (
+            (None, None) if c.comparator == "is_true" else resolve_threshold(c.threshold, measurements, evidence)
+        )
+        if c.metric not in measurements or measurements[c.metric] is None:
+            value, raw_ok, hint = None, False, f"rung did not measure {c.metric}"
+        elif problem:
+            value, raw_ok, hint = measurements[c.metric], False, problem
+        else:
+            value = measurements[c.metric]
+            raw_ok, problem = check_value(c, value, threshold)
+            if problem:
+                hint = f"{problem}; {hint}"
+        waiver = waivers.get(c.name)
+        results.append(
+            {
+                "name": c.name,
+                "metric": c.metric,
+                "comparator": c.comparator,
+                "value": value,
+                "threshold": threshold,
+                "threshold_ref": c.threshold if isinstance(c.threshold, str) else None,
+                "ok": raw_ok or waiver is not None,
+                "raw_ok": raw_ok,
+                "hint": hint,
+                "waived": waiver is not None,
+                "why": waiver["why"] if waiver else None,
+            }
+        )
+    return results
+
+
+def gate_passed(results: list[dict]) -> bool:
+    return all(r["ok"] for r in results)

@@ -1,0 +1,420 @@
+"""`onboard report`: REPORT.md (a ten-second summary, the pictures, then the evidence of
+every rung as tables, waivers first), the PNG pictures beside it and report.html.
+
+What the summary and the pictures show is computed from the ledger by onboard.report.facts
+and drawn by onboard.report.pictures; report.html is REPORT.md with the pictures embedded
+(onboard.report.html). REPORT.md is written last, so it never names a picture that is not there.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from onboard.errors import BadInput
+from onboard.engine.evidence import INVALID
+from onboard.workspace.fsutil import atomic_write_text
+from onboard.engine.gates import ChecklistError
+from onboard.engine.ladder import NOT_BUILT, RungSpec, default_specs, ladder_states
+from onboard.engine.ledger import now_iso
+from onboard.parity.results import read_results
+from onboard.report.facts import (
+    Bar,
+    Record,
+    loss_series,
+    memory_bars,
+    parity_points,
+    policy_bars,
+    records,
+    speedup,
+    waterfall_bars,
+)
+from onboard.report.html import render
+from onboard.report.pictures import (
+    Picture,
+    bar_kind,
+    draw_loss,
+    draw_memory,
+    draw_parity,
+    draw_waterfall,
+    fmt_bytes,
+    fmt_seconds,
+    write_picture,
+)
+from onboard.cli.views import fmt, fmt_threshold, ladder_message, shown_criteria
+from onboard.workspace.layout import REPORT, Workspace
+
+HTML = "report.html"
+TIMED_APART = (
+    "Each bar of the waterfall is its rung's own run, timed minutes apart from the others: on a shared machine "
+    "load moves them as much as a change can. What the ladder kept was decided by interleaved timings (each "
+    "rung's evidence below), not by comparing these bars."
+)
+WATERFALL, LOSS, PARITY, MEMORY = "waterfall.png", "loss_curves.png", "parity.png", "memory.png"
+
+
+def _cell(value) -> str:
+    return str(value).replace("|", "\\|").replace("\n", " ")
+
+
+def _table(headers: list[str], rows: list[list]) -> list[str]:
+    out = ["| " + " | ".join(headers) + " |", "|" + "|".join("---" for _ in headers) + "|"]
+    out += ["| " + " | ".join(_cell(c) for c in row) + " |" for row in rows]
+    return out
+
+
+def _waivers(ws: Workspace) -> list[str]:
+    waivers = list(ws.ledger.waivers().values())
+    if not waivers:
+        return []
+    lines = [
+        "## 🔴 WAIVED CRITERIA",
+        "",
+        "**These gates pass only because a person waived a criterion. Each waiver is on the record below.**",
+        "",
+    ]
+    lines += _table(
+        ["rung", "criterion", "why", "by", "when"],
+        [[f"**{w['rung']}**", f"**{w['criterion']}**", w["why"], w.get("by", ""), w["time"][:19]] for w in waivers],
+    )
+    return lines + [""]
+
+
+def _criteria(criteria: list[dict]) -> list[str]:
+    rows = []
+    for c in criteria:
+        if c.get("waived"):
+            ok = "🔴 **WAIVED**" + ("" if c.get("raw_ok") else " (failed)") + f": {c.get('why')}"
+        else:
+            ok = "✅ ok" if c["ok"] else "❌ **FAIL**"
+        rows.append([c["name"], fmt(c.get("value")), fmt_threshold(c), ok])
+    lines = _table(["criterion", "value", "threshold", "ok"], rows) if rows else ["(no criteria evaluated)"]
+    failed = [c for c in criteria if not c["ok"]]
+    if failed:
+        lines += ["", "Hints for the failed criteria:", ""]
+        lines += [f"- **{c['name']}**: {c['hint']}" for c in failed]
+    return lines
+
+
+def _evidence(ws: Workspace, entry: dict, status: str) -> list[str]:
+    env = entry.get("environment", {})
+    recorded = "" if status == entry.get("status") else f"; ladder.json says {entry.get('status')}"
+    rows = [
+        ["status", f"**{status}** (attempt {entry.get('attempt')}{recorded})"],
+        ["command", f"`{entry.get('command', '')}`"],
+        ["started", entry.get("started")],
+        ["ended", entry.get("ended") or "never (the process was killed)"],
+        ["duration", f"{entry.get('duration_s', '?')} s"],
+        ["device", env.get("device")],
+        ["model", entry.get("model") or "not recorded (an entry older than the twin)"],
+        [
+            "versions",
+            ", ".join(f"{k} {env[k]}" for k in ("python", "torch", "transformers", "titan-onboard") if k in env),
+        ],
+        ["attempt folder", entry.get("attempt_dir")],
+    ]
+    if entry.get("rerun_reason"):
+        rows.append(["re-run because", entry["rerun_reason"]])
+    if entry.get("not_applicable_reason"):
+        rows.append(["not applicable", entry["not_applicable_reason"]])
+    if entry.get("error"):
+        rows.append(["error", entry["error"]])
+    lines = _table(["evidence", ""], rows)
+    files = entry.get("files_read") or {}
+    if files:
+        lines += ["", *_table(["file read", "sha256"], [[f"`{k}`", (v or "missing")[:16]] for k, v in files.items()])]
+    return lines
+
+
+CURVES = (("loss_curve", "Loss by step"), ("grad_norm_curve", "Grad norm by step"))
+
+
+def _details(entry: dict) -> list[str]:
+    details = dict(entry.get("details") or {})
+    lines = []
+    for key, label in CURVES:
+        curve = details.pop(key, None)
+        if curve:
+            lines += ["", f"{label}: " + ", ".join(f"{x:.4f}" if isinstance(x, float) else str(x) for x in curve)]
+    if details:
+        lines += ["", "<details><summary>details</summary>", "", "```json"]
+        lines += [json.dumps(details, indent=2, default=str), "```", "", "</details>"]
+    return lines
+
+
+def _rung_section(ws: Workspace, state, spec: RungSpec) -> list[str]:
+    lines = [f"## {state.rung}: {state.status}", ""]
+    if state.status == NOT_BUILT:
+        return lines + ["This rung is not built yet in this version of onboard.", ""]
+    try:
+        checklist = spec.load_checklist()
+        lines += [f"*{checklist.title}*", ""]
+    except ChecklistError:
+        checklist = None
+    entry = state.latest
+    if entry is None:
+        return lines + ["Not attempted yet.", ""]
+    if state.reason and state.status == "stale":
+        lines += [f"**Stale**: {state.reason}. `onboard next-step {ws.name}` re-verifies it.", ""]
+    if state.status == INVALID:
+        lines += [
+            f"**❌ Invalid**: the ledger entry is not evidence: {state.reason}. "
+            f"The criteria below are re-evaluated from its recorded measurements; "
+            f"`onboard next-step {ws.name}` re-runs the rung.",
+            "",
+        ]
+    lines += _evidence(ws, entry, state.status) + [""] + _criteria(shown_criteria(state))
+    edit = entry.get("recipe_edit")
+    if edit:  # the flags this passed gate wrote into the recipe, each with its reason
+        before, after = ((edit.get(k) or "missing")[:16] for k in ("sha256_before", "sha256_after"))
+        lines += ["", f"Recipe edits (`{edit['file']}`, sha256 {before} -> {after}):", ""]
+        rows = [[f"`{e['key']}`", f"`{json.dumps(e['value'])}`", e["why"]] for e in edit["edits"]]
+        lines += _table(["key", "value", "why"], rows)
+    measurements = entry.get("measurements") or {}
+    if measurements:
+        lines += ["", *_table(["measurement", "value"], [[k, fmt(v)] for k, v in measurements.items()])]
+    lines += _details(entry)
+    if checklist and checklist.human:
+        lines += ["", "Checks for a person:", ""] + [f"- [ ] {h}" for h in checklist.human]
+    earlier = ws.ledger.entries(state.rung)[:-1]
+    if earlier:
+        rows = [
+            [
+                e["attempt"],
+                e["status"],
+                (e.get("started") or "")[:19],
+                ", ".join(c["name"] for c in e.get("criteria", []) if not c["ok"]),
+            ]
+            for e in earlier
+        ]
+        lines += ["", "Earlier attempts:", "", *_table(["attempt", "status", "started", "failed criteria"], rows)]
+    return lines + [""]
+
+
+# ---- summary and pictures --------------------------------------------------------------------
+def _tokens(value: float | None) -> str:
+    return "not recorded" if value is None else f"{value:,.0f}"
+
+
+def _like(b: Bar) -> str:
+    if not b.measured:
+        return "carried"
+    return "yes" if b.comparable and b.same_batch else "**no**"
+
+
+def _ratio(a, b) -> str:
+    return f"{a / b:.2f}x" if a and b else ""
+
+
+def _eager_env(recs: list[Record]) -> dict:
+    eager = next((r for r in recs if r.rung == "eager"), None)
+    return (eager.entry.get("environment") or {}) if eager else {}
+
+
+def _speed_table(bars: list[Bar], facts: dict, cpu: bool) -> list[str]:
+    b, f = bars[0], bars[-1]
+    timed = f"{f.source} rung" + ("" if f.measured else ", carried: the final recipe was not timed as a whole")
+    mfu = [f"{x.mfu:.1%}" if x.mfu is not None else "not recorded" for x in (b, f)]
+    rows = [
+        ["step time", fmt_seconds(b.step_time_s), fmt_seconds(f.step_time_s),
+         f"**{facts['speedup']:.2f}x** speed-up (two runs timed apart: no interval)" if "speedup" in facts else ""],
+        ["tokens/s", _tokens(b.tokens_per_s), _tokens(f.tokens_per_s), _ratio(f.tokens_per_s, b.tokens_per_s)],
+        ["MFU", *mfu, "on CPU against the matmul peak measured here: indicative" if cpu else ""],
+        ["peak memory", fmt_bytes(b.peak_mem_bytes), fmt_bytes(f.peak_mem_bytes),
+         _ratio(f.peak_mem_bytes, b.peak_mem_bytes) + (" (the process's peak resident set)" if cpu else "")],
+    ]  # fmt: skip
+    lines = _table(["", "eager baseline", f"final recipe ({timed})", ""], rows) + ["", TIMED_APART, ""]
+    odd = facts["not_like_for_like"]
+    if odd:
+        listed = "; ".join(f"**{x['label']}** ({x['setting']})" for x in odd)
+        lines += [f"Not like-for-like with the baseline (hatched in the waterfall): {listed}.", ""]
+    return lines
+
+
+def _summary(ws: Workspace, recs: list[Record], states, bars: list[Bar]) -> tuple[list[str], dict]:
+    """The lines a person reads first, and the same facts for --json."""
+    meta, env = ws.ledger.meta, _eager_env(recs)
+    eager = next((r for r in recs if r.rung == "eager"), None)
+    params = eager.m.get("num_params") if eager else None
+    device = env.get("device") or ws.device
+    accepted = sum(s.status in ("passed", "not_applicable") for s in states)
+    built = sum(s.status != NOT_BUILT for s in states)
+    model = f"`{meta.get('model_type')}` (family `{meta.get('family')}`, {meta.get('path')} path"
+    model += f", {params:,} parameters)" if isinstance(params, int) else ")"
+    torch = f" (torch {env['torch']})" if env.get("torch") else ""
+    lines = ["## Summary", "", f"**{ws.name}**: {model} on **{device}**{torch}; {accepted} of {built} built rungs "
+             f"passed or do not apply; {ladder_message(states)}.", ""]  # fmt: skip
+    waivers = list(ws.ledger.waivers().values())
+    facts = {"model_type": meta.get("model_type"), "device": device, "num_params": params,
+             "rungs_accepted": accepted, "rungs_built": built, "waivers": len(waivers)}  # fmt: skip
+    lines += _twin_lines(ws, eager)
+    facts["model"] = ws.model_label()
+    speed = speedup(bars)
+    if speed is None:
+        lines += ["Step time: no passed eager run yet, so no baseline to compare with.", ""]
+    else:
+        lines += _speed_table(bars, speed, cpu=device == "cpu")
+        facts.update(speed)
+    if waivers:
+        named = ", ".join(f"{w['rung']} `{w['criterion']}`" for w in waivers)
+        lines += [f"**Waivers: {len(waivers)}**: {named} (below, in red).", ""]
+    else:
+        lines += ["Waivers: none.", ""]
+    return lines, facts
+
+
+def _twin_lines(ws: Workspace, eager: Record | None) -> list[str]:
+    """The summary's word on which model the rungs ran: the twin, and what eager checked of the full one."""
+    if ws.twin_path is None:
+        return []
+    m = eager.m if eager else {}
+    full = (f" The full model was checked on the meta device by eager: {m['full_model_params_total']:,} parameters "
+            f"({m['full_model_params_active']:,} active per token), {m.get('full_model_key_mismatches')} name/shape "
+            f"mismatches against {m.get('full_model_keys_reference')}; checkpoint: {m.get('full_model_checkpoint')}."
+            if "full_model_params_total" in m else " The full model has not been checked yet (eager has not passed).")
+    return [f"**Every rung ran on a twin** of the model ({ws.model_label()}), because the full model does not fit "
+            f"the gates here (README.md: what shrank and why).{full} `onboard plan {ws.name} --target KIND:COUNT` "
+            "sizes the full model for its target.", ""]  # fmt: skip
+
+
+def _parity_results(ws: Workspace, rec: Record) -> tuple[dict | None, str]:
+    """The parity attempt's results.json (where the per-module table lives), or why not."""
+    given = rec.details.get("results_file")
+    candidates = [Path(given)] if given else []
+    if rec.entry.get("attempt_dir"):
+        candidates.append(ws.root / rec.entry["attempt_dir"] / "results.json")
+    for path in candidates:
+        if path.is_file():
+            try:
+                return read_results(path), ""
+            except (OSError, ValueError) as e:
+                return None, f"{path} cannot be read: {e}"
+    return None, f"parity attempt {rec.entry.get('attempt')} left no results.json"
+
+
+def _draw_pictures(ws: Workspace, recs: list[Record], bars: list[Bar]) -> list[Picture]:
+    """Draw and write every picture there is data for; one with none is removed (it would show old data)."""
+    parity = next((r for r in recs if r.rung == "parity"), None)
+    points, parity_why = None, "the parity rung has not run"
+    if parity is not None:
+        results, parity_why = _parity_results(ws, parity)
+        points = parity_points(results, parity.status) if results else None
+        parity_why = parity_why or "its results.json has no per-module localisation table"
+    series, mem = loss_series(recs), memory_bars(recs)
+    policy_rung, policies = policy_bars(recs)
+    device = _eager_env(recs).get("device")
+    plan = [  # (file, title, how to draw it or None, why it is not drawn)
+        (WATERFALL, "Step time and tokens/s, baseline to final recipe",
+         (lambda: draw_waterfall(bars)) if bars else None, "no passed eager run to start from"),
+        (LOSS, "Loss curves over the eager baseline",
+         (lambda: draw_loss(series)) if series else None, "no rung recorded a loss curve"),
+        (PARITY, "Parity along the model", (lambda: draw_parity(points)) if points else None, parity_why),
+        (MEMORY, "Memory per rung",
+         (lambda: draw_memory(mem, policy_rung, policies, device=device)) if mem else None,
+         "no rung recorded peak memory"),
+    ]  # fmt: skip
+    pictures = []
+    for name, title, draw, why in plan:
+        path = ws.root / name
+        if draw is None:
+            path.unlink(missing_ok=True)
+            pictures.append(Picture(name, title, None, why))
+        else:
+            pictures.append(Picture(name, title, write_picture(draw(), path)))
+    return pictures
+
+
+def _pictures_section(pictures: list[Picture], bars: list[Bar]) -> list[str]:
+    lines = ["## Pictures", ""]
+    for pic in pictures:
+        lines += [f"![{pic.title}]({pic.name})" if pic.path else f"*{pic.title}: not drawn: {pic.why}.*", ""]
+        if pic.name == WATERFALL and bars:  # the numbers drawn, for a reader (or an agent) without the picture
+            headers = ["#", "bar", "change", "kept", "step time", "tokens/s", "timed as", "like-for-like", "from"]
+            rows = [[i, b.label, b.change, bar_kind(b), fmt_seconds(b.step_time_s), _tokens(b.tokens_per_s),
+                     b.setting, _like(b), b.source + ("" if b.measured else " (carried)")]
+                    for i, b in enumerate(bars)]  # fmt: skip
+            lines += _table(headers, rows) + [""]
+    return lines
+
+
+@dataclass
+class ReportFiles:
+    """What `onboard report` wrote: REPORT.md, report.html, the pictures, and the summary's facts."""
+
+    markdown: Path
+    html: Path
+    pictures: list[Picture] = field(default_factory=list)
+    summary: dict = field(default_factory=dict)
+
+    def picture(self, name: str) -> Path | None:
+        return next((p.path for p in self.pictures if p.name == name), None)
+
+    def where(self, name: str) -> str:
+        """The picture's path, or why it was not drawn (for a person)."""
+        pic = next(p for p in self.pictures if p.name == name)
+        return str(pic.path) if pic.path else f"not drawn: {pic.why}"
+
+    def to_json(self) -> dict:
+        waterfall = self.picture(WATERFALL)
+        return {
+            "report": str(self.markdown),
+            "html": str(self.html),
+            "waterfall": str(waterfall) if waterfall else None,
+            "pictures": {p.name: str(p.path) if p.path else None for p in self.pictures},
+            "pictures_not_drawn": {p.name: p.why for p in self.pictures if p.path is None},
+            "summary": self.summary,
+        }
+
+
+def write_report_files(ws: Workspace, specs: list[RungSpec] | None = None) -> ReportFiles:
+    """Write the pictures, report.html and REPORT.md into the workspace."""
+    specs = specs or default_specs()
+    states = ladder_states(ws, specs)
+    meta = ws.ledger.meta
+    recs = records(states)
+    try:
+        recipe = ws.recipe()
+    except BadInput:  # a person's edit broke recipe.toml: no bar can be the final recipe's
+        recipe = {}
+    bars = waterfall_bars(recs, ws.ledger.attempts, recipe)
+    summary, facts = _summary(ws, recs, states, bars)
+    pictures = _draw_pictures(ws, recs, bars)
+    lines = [
+        f"# Onboarding report: {ws.name}",
+        "",
+        f"`{meta.get('model_type')}` on the **{meta.get('path')}** path (family `{meta.get('family')}`), "
+        f"device `{ws.device}`; made with `{meta.get('source')}`. Generated {now_iso()[:19]}.",
+        "",
+        *summary,
+        *_waivers(ws),
+        *_pictures_section(pictures, bars),
+        "## Ladder",
+        "",
+        *_table(
+            ["#", "rung", "status", "attempts", "note"],
+            [[i, s.rung, f"**{s.status}**", s.attempts or "", s.reason or ""] for i, s in enumerate(states, 1)],
+        ),
+        "",
+        ladder_message(states),
+        "",
+    ]
+    unconsumed = meta.get("unconsumed_keys") or []
+    if unconsumed:
+        lines += ["Config keys the family does not consume (each must be handled or irrelevant): "
+                  + ", ".join(f"`{k}`" for k in unconsumed), ""]  # fmt: skip
+    by_name = {s.name: s for s in specs}
+    for state in states:
+        lines += _rung_section(ws, state, by_name[state.rung])
+    text = "\n".join(lines).rstrip() + "\n"
+    html_path = ws.root / HTML
+    shown = {p.name: p.path for p in pictures if p.path}
+    atomic_write_text(html_path, render(text, shown, title=f"Onboarding report: {ws.name}"))
+    path = ws.root / REPORT
+    atomic_write_text(path, text)
+    return ReportFiles(path, html_path, pictures, facts)
+
+
+def write_report(ws: Workspace, specs: list[RungSpec] | None = None) -> Path:
+    """Write REPORT.md (with its pictures and report.html) into the workspace and return its path."""
+    return write_report_files(ws, specs).markdown

@@ -1,0 +1,351 @@
+"""Kernel against plain path: which kernels apply to a model, whether one computes what the
+plain path computes, and which of the two steps faster.
+
+    applicable_kernels(args, device=, dtype=, model=) -> {"kernels.moe=grouped_mm": None | "why not", ...}
+    compare_kernel(family, args, "kernels.loss=fused_ce")  -> KernelComparison (loss, logits, grads)
+    measure_kernel(family, args, "kernels.loss=fused_ce")  -> the timing protocol's answer and peak memory
+
+Each flag is compared with the plain path of its field (REFERENCE): the model built twice
+from the same weights, once with the kernel's swap and once with the reference's. Errors
+are titan_core.measure.numerics' relative L2 (one zero-reference rule for every comparison);
+timings go through titan_core.measure.timing (interleaved, with an interval, may say
+"indistinguishable").
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+import typing
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+
+import torch
+from torch import nn
+
+from titan_core.runtime import devices
+from titan_core.config.loader import ConfigError
+from titan_core.config.sections import Kernels
+from titan_core.config.swaps import apply_swaps, registered_swaps, swap_applicability
+from titan_core.kernels.moe import grouped_mm_unsupported
+from titan_core.kernels.swaps import DEFAULTS, swaps_for
+from titan_core.models.common.args import TransformerArgs
+from titan_core.models.registry import build_meta
+from titan_core.measure.numerics import rel_l2
+from titan_core.memory.tensor_peak import TensorPeak
+from titan_core.measure.timing import Comparison, TimingProtocol, compare, timed
+
+#: The plain path each kernel is compared with.
+REFERENCE = {"loss": "plain", "attention": "naive", "moe": "loop"}
+#: Every kernel flag, in the order they are reported: within a field, simplest first.
+KERNEL_FLAGS = (
+    "kernels.loss=fused_ce",
+    "kernels.attention=sdpa",
+    "kernels.attention=tokamax",
+    "kernels.attention=flex",
+    "kernels.attention=splash",
+    "kernels.moe=dense",
+    "kernels.moe=grouped_mm",
+    "kernels.moe=tokamax",
+)
+
+
+def parse_flag(flag: str) -> tuple[str, str]:
+    """'kernels.moe=grouped_mm' -> ('moe', 'grouped_mm'), checked against the Kernels section."""
+    m = re.fullmatch(r"kernels\.(\w+)=(\w+)", flag)
+    if not m or m.group(1) not in REFERENCE:
+        raise ConfigError(f"not a kernel flag: '{flag}' (expected kernels.<loss|attention|moe>=<choice>)")
+    field_name, choice = m.groups()
+    allowed = typing.get_args(typing.get_type_hints(Kernels)[field_name])
+    if choice not in allowed:
+        raise ConfigError(f"'{choice}' is not a choice of kernels.{field_name} (one of {', '.join(allowed)})")
+    return field_name, choice
+
+
+def _jax_unavailable(device_type: str) -> str | None:
+    """Why JAX kernels cannot run on `device`, or None."""
+    if not all(importlib.util.find_spec(m) is not None for m in ("jax", "tokamax")):
+        return "needs jax and tokamax: pip install 'titan-onboard[jax]'"
+    if device_type == "cuda":
+        import jax  # optional extra [jax]: imported only to ask it for a CUDA backend
+
+        try:
+            jax.devices("cuda")
+        except RuntimeError:
+            return "jax has no CUDA backend here, so it cannot take CUDA tensors: pip install 'jax[cuda12]'"
+    return None
+
+
+def applicable_kernels(
+    args: TransformerArgs,
+    *,
+    device: torch.device | str = "cpu",
+    dtype: torch.dtype = torch.float32,
+    captured: bool = False,
+    model: nn.Module | None = None,
+) -> dict[str, str | None]:
+    """{kernel flag: None if it applies to this model on this device, else the reason it does not}.
+
+    `captured`: the recipe runs the step under torch.compile or the Graph Trainer.
+    `model`: the model as built (a meta-device model is enough; nothing is replaced) when
+    it is not the family's own class, e.g. one built from a ported model.py. A flag whose
+    swaps, on either side of its comparison, meet a module of a class they do not replace
+    (the model's own attention core, experts or loss head) does not apply, with the path
+    and class as the reason; so does one whose swaps match no module of the model.
+    """
+    # A string is read without torch.device(): "tpu" only parses once torch_tpu is loaded.
+    device_type = device.split(":")[0] if isinstance(device, str) else device.type
+    is_moe = args.n_experts > 0
+    no_jax = _jax_unavailable(device_type)
+    dense = "dense model: no MoE layers to run experts for"
+    out: dict[str, str | None] = {
+        "kernels.loss=fused_ce": None,
+        "kernels.attention=sdpa": None,
+        "kernels.attention=tokamax": no_jax,
+        "kernels.attention=flex": {
+            "cpu": "FlexAttention has no backward on CPU (torch 2.13), so it cannot train here",
+            "tpu": "FlexAttention is not verified on TorchTPU; attention=splash is the TPU kernel",
+        }.get(device_type),
+        "kernels.attention=splash": None
+        if device_type == "tpu"
+        else f"splash is a TPU kernel; device is {device_type}",
+        "kernels.moe=dense": dense if not is_moe else None,
+        "kernels.moe=grouped_mm": dense
+        if not is_moe
+        else grouped_mm_unsupported(device_type, dtype, args.dim, args.moe_hidden_dim, captured=captured),
+        "kernels.moe=tokamax": dense if not is_moe else no_jax,
+    }
+    if model is not None:
+        for flag in KERNEL_FLAGS:
+            why = _model_refuses(model, flag)
+            # the model's own module is the reason that holds on every device; a swap that
+            # matches nothing only fills in where nothing else was said (a dense model's MoE)
+            if why is not None and (out[flag] is None or not why.startswith("no module")):
+                out[flag] = why
+    return {flag: out[flag] for flag in KERNEL_FLAGS}
+
+
+def _model_refuses(model: nn.Module, flag: str) -> str | None:
+    """Why the swaps of `flag`'s comparison (kernel side, then plain side) cannot build from `model`."""
+    field_name, choice = parse_flag(flag)
+    names = _field_swaps(field_name, choice) + _field_swaps(field_name, REFERENCE[field_name])
+    for name, why in swap_applicability(model, list(dict.fromkeys(names))).items():
+        if why is not None:
+            return f"{why} (swap '{name}')" if why.startswith("no module") else why
+    return None
+
+
+def _field_swaps(field_name: str, choice: str) -> list[str]:
+    """The swaps `build_model_with` applies for `field_name` = `choice` on a section that is otherwise default."""
+    return _swap_names(kernels_for(field_name, choice, None), field_name)
+
+
+def _swap_names(kernels: Kernels, field_name: str | None = None) -> list[str]:
+    """`swaps_for(kernels)`, plus the swap of `field_name`'s built-in choice (attention.sdpa) when it
+    has one: a comparison then runs the module it names, not whatever the builder put there."""
+    names = swaps_for(kernels)
+    if field_name is not None and getattr(kernels, field_name) == DEFAULTS[field_name]:
+        explicit = f"{field_name}.{DEFAULTS[field_name]}"
+        if explicit in registered_swaps() and explicit not in names:
+            names.append(explicit)
+    return names
+
+
+def build_model_with(
+    family: str, args: TransformerArgs, kernels: Kernels, device, dtype, *, state=None, build_meta_model=None,
+    field_name: str | None = None,
+) -> nn.Module:  # fmt: skip
+    """The model with `kernels`' swaps, initialised (seed 0) on `device` in `dtype`, or loaded
+    from `state`. `build_meta_model`: a meta-device builder instead of the family's class (a
+    ported model.py); its own modules are refused (`SwapNotApplicable`), never replaced.
+    `field_name`: the field a comparison is about; its built-in choice (attention=sdpa) is then
+    swapped in explicitly, so that side runs the module it names."""
+    model = build_meta_model() if build_meta_model is not None else build_meta(family, args)
+    apply_swaps(model, _swap_names(kernels, field_name))
+    model.to_empty(device=device)
+    model.init_weights(seed=0)  # also fills the non-persistent buffers (RoPE frequencies)
+    if state is not None:
+        model.load_state_dict(state, strict=True)  # also proves the swap kept the state dict
+    return model.to(dtype)
+
+
+def kernels_for(field_name: str, choice: str, base: Kernels | None) -> Kernels:
+    """`base` (default: the default section) with `field_name` set to `choice`."""
+    kw = {} if base is None else asdict(base)
+    kw[field_name] = choice
+    return Kernels(**kw)
+
+
+def make_batch(args: TransformerArgs, *, batch: int, seq_len: int, seed: int, device, packed: bool = True):
+    """Random tokens, labels with a few ignored positions and, when packed, two documents per row."""
+    gen = torch.Generator().manual_seed(seed)
+    tokens = torch.randint(0, args.vocab_size, (batch, seq_len + 1), generator=gen)
+    inputs, labels = tokens[:, :-1].clone(), tokens[:, 1:].clone()
+    labels[:, :2] = -100
+    segment_ids = None
+    if packed:
+        cut = torch.randint(1, seq_len, (batch, 1), generator=gen)
+        segment_ids = (torch.arange(seq_len)[None, :] >= cut).long()
+    move = lambda t: None if t is None else t.to(device)  # noqa: E731
+    return move(inputs), move(labels), move(segment_ids)
+
+
+@dataclass
+class KernelComparison:
+    """The model with one kernel vs the model with the plain path, same weights and batch."""
+
+    flag: str
+    reference: str
+    loss: float
+    loss_reference: float
+    loss_rel_err: float
+    logits_rel_err: float
+    grad_rel_err: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def max_grad_rel_err(self) -> float:
+        return max(self.grad_rel_err.values(), default=0.0)
+
+    @property
+    def worst_param(self) -> str:
+        return max(self.grad_rel_err, key=self.grad_rel_err.get, default="")
+
+    def to_dict(self) -> dict:
+        return {**asdict(self), "max_grad_rel_err": self.max_grad_rel_err, "worst_param": self.worst_param}
+
+
+def compare_kernel(
+    family: str,
+    args: TransformerArgs,
+    flag: str,
+    *,
+    batch: int = 2,
+    seq_len: int = 64,
+    seed: int = 0,
+    device: torch.device | str = "cpu",
+    dtype: torch.dtype = torch.float32,
+    packed: bool = True,
+    base: Kernels | None = None,
+    build_meta_model: Callable[[], nn.Module] | None = None,
+) -> KernelComparison:
+    """Loss, logits and every parameter's gradient with `flag` vs with its plain path.
+
+    `base` carries the other kernel settings (ce_chunk, z_loss, the other fields) of the
+    recipe; only the flag's own field differs between the two models.
+    `build_meta_model`: builds the model on the meta device instead of the family's class
+    (a ported model.py); called once per model, so it must return a fresh module each time.
+    A module of the model's own class where a swap of the comparison goes (a custom
+    attention core, say) raises `SwapNotApplicable` instead of being replaced;
+    `applicable_kernels(..., model=)` says so beforehand.
+    """
+    field_name, choice = parse_flag(flag)
+    ref = build_model_with(
+        family, args, kernels_for(field_name, REFERENCE[field_name], base), device, dtype,
+        build_meta_model=build_meta_model, field_name=field_name,
+    )  # fmt: skip
+    ker = build_model_with(
+        family, args, kernels_for(field_name, choice, base), device, dtype, state=ref.state_dict(),
+        build_meta_model=build_meta_model, field_name=field_name,
+    )  # fmt: skip
+    inputs, labels, segment_ids = make_batch(
+        args, batch=batch, seq_len=seq_len, seed=seed, device=device, packed=packed
+    )
+
+    def run(model):
+        loss, _ = model.loss(inputs, labels, segment_ids=segment_ids)
+        grads = torch.autograd.grad(loss, [p for _, p in model.named_parameters()], allow_unused=True)
+        with torch.no_grad():
+            logits = model(inputs, segment_ids=segment_ids)
+        return loss.detach(), logits, dict(zip([n for n, _ in model.named_parameters()], grads))
+
+    loss_r, logits_r, grads_r = run(ref)
+    loss_k, logits_k, grads_k = run(ker)
+    return KernelComparison(
+        flag=flag,
+        reference=f"kernels.{field_name}={REFERENCE[field_name]}",
+        loss=loss_k.item(),
+        loss_reference=loss_r.item(),
+        loss_rel_err=rel_l2(loss_k, loss_r),
+        logits_rel_err=rel_l2(logits_k, logits_r),
+        grad_rel_err={n: rel_l2(grads_k[n], grads_r[n]) for n in grads_r},
+    )
+
+
+def _step_peak(model, inputs, labels, segment_ids, device: torch.device) -> int:
+    """Peak memory of one forward + backward: the allocator's on accelerators, counted tensors on CPU."""
+    if device.type == "cpu":
+        with TensorPeak() as peak:
+            loss, _ = model.loss(inputs, labels, segment_ids=segment_ids)
+            loss.backward()
+        return peak.peak_bytes
+    devices.reset_peak_memory(device)
+    loss, _ = model.loss(inputs, labels, segment_ids=segment_ids)
+    loss.backward()
+    devices.synchronize(device)
+    return devices.peak_memory_bytes(device)
+
+
+#: choices whose work runs in JAX: their buffers live in JAX's allocator, which torch cannot see
+JAX_BACKED = {"tokamax", "splash"}
+
+
+def measure_kernel(
+    family: str,
+    args: TransformerArgs,
+    flag: str,
+    *,
+    against: str | None = None,
+    batch: int = 2,
+    seq_len: int = 64,
+    device: torch.device | str = "cpu",
+    dtype: torch.dtype = torch.float32,
+    base: Kernels | None = None,
+    build_meta_model: Callable[[], nn.Module] | None = None,
+    protocol: TimingProtocol | None = None,
+) -> dict:
+    """One training step (forward + backward) with the kernel against `against` (default: the
+    field's plain path), timed by the protocol, and the peak memory of each.
+
+    Both models are built first; their steps then run interleaved (titan_core.measure.timing), so
+    the machine's load falls on both alike. `timing` is the protocol's `Comparison` (ratio
+    = kernel time / other time, its interval, `faster` / `slower` / `indistinguishable`).
+    Peak memory: the device allocator's peak on accelerators; on CPU the most tensor bytes
+    alive at once during one more, untimed step (`TensorPeak`: the resident set cannot see a
+    step's tensors once malloc reuses pages). None for a JAX-backed kernel (tokamax, splash):
+    JAX allocates outside torch, so its peak would look smaller than it is; `peak_memory_note` says so.
+    `build_meta_model`: as in `compare_kernel` (a ported model.py builds the model).
+    """
+    device = torch.device(device)
+    field_name, choice = parse_flag(flag)
+    other = against or REFERENCE[field_name]
+    parse_flag(f"kernels.{field_name}={other}")
+    inputs, labels, segment_ids = make_batch(args, batch=batch, seq_len=seq_len, seed=0, device=device)
+    models = {
+        pick: build_model_with(
+            family, args, kernels_for(field_name, pick, base), device, dtype,
+            build_meta_model=build_meta_model, field_name=field_name,
+        )  # fmt: skip
+        for pick in (choice, other)
+    }
+
+    def step(model):
+        def run():
+            model.zero_grad(set_to_none=True)
+            loss, _ = model.loss(inputs, labels, segment_ids=segment_ids)
+            loss.backward()
+
+        return timed(run, sync=lambda: devices.synchronize(device))
+
+    timing: Comparison = compare(step(models[choice]), step(models[other]), protocol)
+    out = {"flag": flag, "reference": f"kernels.{field_name}={other}", "timing": timing.to_dict()}
+    for name, pick, median in (("with_kernel", choice, timing.candidate_median_s),
+                               ("with_reference", other, timing.baseline_median_s)):  # fmt: skip
+        side = {"step_time_s": median, "peak_memory_bytes": None}
+        if pick in JAX_BACKED:
+            side["peak_memory_note"] = "JAX allocates this kernel's buffers outside torch: not measured"
+        else:
+            models[pick].zero_grad(set_to_none=True)
+            side["peak_memory_bytes"] = _step_peak(models[pick], inputs, labels, segment_ids, device)
+        out[name] = side
+    out["describe"] = timing.describe(flag, out["reference"])
+    return out

@@ -1,0 +1,314 @@
+"""Rung 3, `simple_fsdp`: sharding and mixed precision change nothing they should not.
+
+Through titan_core's launcher (`run_world`) the rung trains the workspace recipe on W
+local processes (2 on CPU with gloo, one per device on an accelerator), each rank given
+B/W rows of the eager rung's global batch B, and measures what checklists/simple_fsdp.yaml
+judges (DESIGN section 5):
+
+- fp32 SimpleFSDP: step-1 loss and grad norm against the unsharded baseline, relative error;
+- bf16 params / fp32 reduce: the 20-step loss curve against the fp32 curve, worst step;
+- beside them, the step time of SimpleFSDP and of FSDP2 on the same steps, and peak memory.
+
+The baseline is the eager rung's evidence whenever one sharded step is the same arithmetic
+as eager's one big batch. The cross-entropy is: titan_core normalises it by the global
+count of valid tokens over every rank and micro-batch (titan_core/training/token_mean.py), so rows
+with ignored labels (text data) spread unevenly over the ranks change nothing. A term
+computed per forward pass over a rank's rows is not: a MoE load-balancing loss
+(aux_loss_coef != 0). A W-rank step then equals a one-process step with grad_accum = W
+over the same rows, so the rung runs that step and compares with it, and says so in
+`baseline_why`; the distance to the eager evidence is still recorded. So does a recipe
+that is not fp32 (its eager evidence is then no fp32 number).
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from pathlib import Path
+
+from titan_core.measure.numerics import curve_max_rel, rel
+
+from onboard.errors import BadInput
+from onboard.rungs import harness
+from onboard.rungs.contract import RungContext, RungResult
+from onboard.rungs.harness import resolved_device_type
+
+RUNG = "simple_fsdp"
+reads_recipe_key = harness.reads_all_but_mode
+FP32 = "float32"
+
+
+def world_size(device_type: str) -> int:
+    """W: 2 processes on CPU; every local device on an accelerator."""
+    import torch
+
+    device_type = resolved_device_type(device_type)
+    if device_type == "cpu":
+        return harness.param(RUNG, "cpu_world")
+    backend = getattr(torch, device_type, None)
+    count = backend.device_count() if backend is not None and hasattr(backend, "device_count") else 1
+    return max(1, int(count))
+
+
+def baseline_reason(cfg, evidence: dict) -> str | None:
+    """Why the eager evidence is not the baseline of the sharded step-1 numbers (None: it is)."""
+    from titan_core.training.model_builder import resolve_model_args
+
+    t = cfg.training
+    if "eager" not in evidence:
+        return "no passed eager evidence to compare with"
+    not_fp32 = [k for k in ("dtype", "mixed_precision_param", "mixed_precision_reduce") if getattr(t, k) != FP32]
+    if not_fp32:
+        return f"the recipe's eager evidence is not fp32 ({', '.join(f'training.{k}' for k in not_fp32)})"
+    coef = resolve_model_args(cfg.model).aux_loss_coef
+    if coef:
+        return (
+            f"aux_loss_coef = {coef:g}: the load-balancing loss is computed per forward pass over a rank's rows, "
+            "so W ranks equal one process with grad_accum = W, not eager's one big batch"
+        )
+    # ignored labels (text data) need no reason: the CE is the mean over the global batch's valid tokens
+    return None
+
+
+def sharded_config(base, out_dir: Path, *, world: int, mode: str, param_dtype: str):
+    """The eager gate's recipe as one W-rank run: B/W rows per rank, fp32 master weights."""
+    from titan_core.runtime.launcher import cpu_count
+
+    cfg = copy.deepcopy(base)
+    cfg.training.batch_size = base.training.batch_size // world
+    cfg.training.dtype = FP32
+    cfg.training.mixed_precision_param = param_dtype
+    cfg.training.mixed_precision_reduce = FP32
+    p = cfg.parallelism
+    p.data_parallel, p.dp_replicate, p.dp_shard, p.tp, p.sequence_parallel = mode, 1, -1, 1, False
+    if resolved_device_type(cfg.device.type) == "cpu":
+        # W processes with torch's default threads each would fight over the cores (4x slower here)
+        fair = max(1, cpu_count() // world)
+        if not cfg.device.threads or cfg.device.threads > fair:
+            cfg.device.threads = fair
+    cfg.metrics.output_dir = str(out_dir)
+    return cfg
+
+
+def baseline_config(base, out_dir: Path, *, world: int):
+    """One process, one fp32 step over the global batch's rows, as grad_accum = W micro-batches of B/W."""
+    cfg = copy.deepcopy(base)
+    t = cfg.training
+    t.steps, t.batch_size, t.grad_accum = 1, t.batch_size // world, world
+    t.dtype = t.mixed_precision_param = t.mixed_precision_reduce = FP32
+    # not repeated: micro-batch k holds rows k*B/W..., exactly rank k's rows in the sharded run
+    cfg.data.repeat_batch = False
+    cfg.metrics.output_dir = str(out_dir)
+    return cfg
+
+
+def _world(ctx: RungContext, cfg, world: int, label: str, *, required: bool) -> tuple[list[dict], str | None]:
+    """(rank 0's metric rows, failure or None) of one W-rank run; a required run that fails raises."""
+    from titan_core.runtime.launcher import run_world
+
+    ctx.log(f"simple_fsdp: {label} on {world} processes -> {cfg.metrics.output_dir}")
+    run = run_world(cfg, world, timeout_s=float(harness.param(RUNG, "timeout_s")))
+    if run.ok:
+        return run.metrics, None
+    stopped_on_nan = run.metrics and not math.isfinite(run.metrics[-1]["loss"])
+    if stopped_on_nan or not required:  # a measurement the gate judges (or one it does not need)
+        return run.metrics, run.launch.failure or f"exit code {run.launch.exit_code}"
+    raise RuntimeError(f"the {label} run failed: {run.launch.failure}")
+
+
+def _baseline(ctx: RungContext, base, world: int, why: str | None) -> tuple[float, float]:
+    """(step-1 loss, grad norm) the sharded fp32 step must reproduce."""
+    if why is None:
+        ev = ctx.evidence["eager"]
+        return float(ev["step1_loss_repr"]), float(ev["step1_grad_norm_repr"])
+    from titan_core.train import run as train_run
+
+    cfg = baseline_config(base, ctx.attempt_dir / "baseline", world=world)
+    ctx.log(f"simple_fsdp: baseline = 1 process, grad_accum {world}, fp32, 1 step ({why})")
+    row = train_run(cfg).metrics[0]
+    return row["loss"], row["grad_norm"]
+
+
+def measure(fp32: list[dict], bf16: list[dict], fsdp2: list[dict], *, baseline: tuple[float, float],
+            eager_evidence: dict | None, steps: int) -> dict:  # fmt: skip
+    """Gate measurements from rank 0's rows of the three sharded runs (`steps` planned) and the baseline step."""
+    from titan_core.measure.timing import compare_samples
+
+    first = fp32[0]
+    worst, worst_step = math.inf, None  # a curve that stopped short (a non-finite loss) is the worst
+    if len(bf16) == len(fp32) == steps:
+        worst, worst_step = curve_max_rel([r["loss"] for r in bf16], [r["loss"] for r in fp32])
+    stats = harness.run_stats(fp32)
+    m = {
+        "steps_run": len(fp32),
+        "bf16_steps_run": len(bf16),
+        "step1_loss_repr": repr(first["loss"]),
+        "step1_grad_norm_repr": repr(first["grad_norm"]),
+        "baseline_step1_loss_repr": repr(baseline[0]),
+        "baseline_step1_grad_norm_repr": repr(baseline[1]),
+        "step1_loss_rel_err": rel(first["loss"], baseline[0]),
+        "step1_grad_norm_rel_err": rel(first["grad_norm"], baseline[1]),
+        "bf16_loss_curve_max_rel": worst,
+        "bf16_loss_curve_worst_step": worst_step,
+        **stats,
+        "bf16_step_time_median_s": harness.run_stats(bf16)["step_time_median_s"] if bf16 else None,
+        "fsdp2_step_time_median_s": harness.run_stats(fsdp2)["step_time_median_s"] if fsdp2 else None,
+        "bf16_peak_mem_bytes": max((r["peak_mem_bytes"] for r in bf16), default=None),
+        "fsdp2_peak_mem_bytes": max((r["peak_mem_bytes"] for r in fsdp2), default=None),
+        # FSDP2 shards the same way: a different step-1 loss there points at the model, not SimpleFSDP
+        "fsdp2_step1_loss_rel_err": rel(fsdp2[0]["loss"], first["loss"]) if fsdp2 else None,
+    }
+    if fsdp2:
+        m["fsdp2_over_simple_fsdp_step_time"] = m["fsdp2_step_time_median_s"] / m["step_time_median_s"]
+        cmp = compare_samples(harness.run_stats(fsdp2)["step_times_s"], stats["step_times_s"])
+        m["fsdp2_vs_simple_fsdp"] = cmp.describe("FSDP2", "SimpleFSDP") if cmp else None
+    if eager_evidence:
+        m["eager_step1_loss_rel_err"] = rel(first["loss"], float(eager_evidence["step1_loss_repr"]))
+        m["eager_step1_grad_norm_rel_err"] = rel(first["grad_norm"], float(eager_evidence["step1_grad_norm_repr"]))
+    return m
+
+
+def run(ctx: RungContext) -> RungResult:
+    base = harness.job_config(ctx)
+    steps = harness.param(RUNG, "steps")
+    base.training.steps = steps
+    b = base.training.batch_size
+    world = world_size(base.device.type)
+    if b % world:
+        raise BadInput(
+            f"{ctx.workspace.recipe_path}: training.batch_size = {b} does not split over {world} ranks; the sharded "
+            f"run gives each rank batch_size / {world} rows so that together they see the eager rung's global "
+            f"batch: use a batch size divisible by {world}"
+        )
+    why = baseline_reason(base, ctx.evidence)
+    t = base.training
+    ctx.log(
+        f"simple_fsdp: world size {world}, {b // world} of {b} rows x {t.seq_len} tokens per rank, "
+        f"{steps} steps on a repeated batch, device {resolved_device_type(base.device.type)}"
+    )
+    overrides = harness.gate_overrides(ctx, base)
+    for note in overrides:
+        ctx.log(f"simple_fsdp: {note}")
+    out = ctx.attempt_dir
+
+    def sharded(name: str, mode: str, param_dtype: str, label: str, required: bool = True):
+        cfg = sharded_config(base, out / name, world=world, mode=mode, param_dtype=param_dtype)
+        return _world(ctx, cfg, world, label, required=required)
+
+    fp32, fp32_failure = sharded("fp32", "simple_fsdp", FP32, "SimpleFSDP fp32")
+    bf16, bf16_failure = sharded("bf16", "simple_fsdp", "bfloat16", "SimpleFSDP bf16 params / fp32 reduce")
+    # FSDP2 is measured for its step time beside SimpleFSDP's; the gate does not judge it
+    fsdp2, fsdp2_failure = sharded("fsdp2", "fsdp2", FP32, "FSDP2 fp32", required=False)
+    if not fp32:
+        raise RuntimeError(f"the SimpleFSDP fp32 run logged no step (metrics: {out / 'fp32'})")
+    baseline = _baseline(ctx, base, world, why)
+    m = measure(fp32, bf16, fsdp2, baseline=baseline, eager_evidence=ctx.evidence.get("eager"), steps=steps)
+    m.update(
+        world_size=world,
+        global_batch_size=b,
+        batch_size_per_rank=b // world,
+        baseline="eager evidence" if why is None else f"1 process, grad_accum = {world}, same rows",
+        baseline_why=why or "one sharded step is the same arithmetic as eager's step on the whole batch",
+    )
+    ctx.log(
+        f"simple_fsdp: step-1 loss rel {m['step1_loss_rel_err']:.2e}, grad norm rel "
+        f"{m['step1_grad_norm_rel_err']:.2e} (vs {m['baseline']}); bf16 curve max rel "
+        f"{m['bf16_loss_curve_max_rel']:.2e}; step time {m['step_time_median_s'] * 1e3:.0f} ms SimpleFSDP"
+        + (f", {m['fsdp2_step_time_median_s'] * 1e3:.0f} ms FSDP2 ({m['fsdp2_vs_simple_fsdp']})" if fsdp2 else ", FSDP2 failed")
+    )
+    key = ctx.workspace.key_for
+    details = {
+        "device": resolved_device_type(base.device.type),
+        "world_size": world,
+        "gate_overrides": overrides,
+        "loss_curve": [r["loss"] for r in fp32],
+        "grad_norm_curve": [r["grad_norm"] for r in fp32],
+        "bf16_loss_curve": [r["loss"] for r in bf16],
+        "fsdp2_loss_curve": [r["loss"] for r in fsdp2],
+        "runs": {
+            name: {
+                "metrics_file": key(out / name / "metrics.jsonl"),
+                "rank_logs": key(out / name / "logs"),
+                # run_world wrote the resolved recipe there: one run by hand, exactly
+                "command": f"python -m titan_core.train --config {out / name / 'world_recipe.toml'} --nproc {world}",
+            }
+            for name in ("fp32", "bf16", "fsdp2")
+        },
+    }
+    for name, failure in (("fp32", fp32_failure), ("bf16", bf16_failure), ("fsdp2", fsdp2_failure)):
+        if failure:  # the run stopped (a non-finite loss, or FSDP2 failing): its rank report
+            details[f"{name}_failure"] = failure
+    edits, choices = recipe_choices(ctx, base, m)
+    m.update(choices)
+    return RungResult(
+        measurements=m,
+        files_read=harness.files_read(ctx, base),
+        command=harness.next_step_command(ctx),
+        details=details,
+        recipe_edits=edits,
+    )
+
+
+def time_precisions(ctx: RungContext, base) -> "Comparison":
+    """bf16 parameters against fp32, one process, the two Trainers' steps interleaved (the timing
+    protocol, `params.timing`): the speed the recipe's own run would see, paired so that the
+    machine's drift between two separate runs cannot decide it."""
+    from titan_core.measure.timing import TimingProtocol, compare
+
+    trainers = {}
+    try:
+        with harness.process_threads():
+            for dtype in (FP32, "bfloat16"):
+                cfg = copy.deepcopy(base)
+                cfg.training.steps, cfg.training.mixed_precision_param = 10_000, dtype
+                cfg.training.dtype = cfg.training.mixed_precision_reduce = FP32
+                cfg.metrics.output_dir = str(ctx.attempt_dir / f"precision-{dtype}")
+                trainers[dtype] = harness.build_trainer(cfg)
+                trainers[dtype].train_step()  # warm-up outside the timed rounds
+            proto = TimingProtocol.from_dict(harness.param(RUNG, "timing"))
+            step = {k: (lambda t=t: t.train_step()["step_time_s"]) for k, t in trainers.items()}
+            return compare(step["bfloat16"], step[FP32], proto)
+    finally:
+        for t in trainers.values():
+            t.close()
+
+
+def recipe_choices(ctx: RungContext, base, m: dict, timing=None) -> tuple[list, dict]:
+    """(recipe edits, measurements) for the two levers this rung measured.
+
+    Mixed precision: bf16 parameters are chosen only when they are `faster` than fp32 by the
+    timing protocol (`time_precisions`, or `timing` given; the checklist asks a clear margin,
+    as bf16 changes the numerics) and the bf16 loss curve passed the checklist's bound; fp32
+    when slower; when indistinguishable the recipe's value stands (`harness.settle`): fp32 on a
+    fresh recipe (on a CPU bf16 usually loses), an earlier attempt's proven bf16 on a re-run. Data
+    parallel: SimpleFSDP stays, whatever FSDP2 measured: it is the path the compile and
+    graph_trainer rungs verify (the Graph Trainer captures SimpleFSDP's parametrization), so a
+    recipe with FSDP2 would hold a combination no later gate ran.
+    """
+    from onboard.rungs.contract import RecipeEdit
+
+    recipe = harness.recipe(ctx)
+    current = recipe.training.mixed_precision_param
+    bound = next(c.threshold for c in harness.checklist(RUNG).criteria if c.metric == "bf16_loss_curve_max_rel")
+    curve_ok = m["bf16_loss_curve_max_rel"] <= bound
+    if not curve_ok:
+        want, why = FP32, f"simple_fsdp rung: bf16's loss curve left fp32's by more than {bound:g}; fp32"
+    else:
+        cmp = timing if timing is not None else time_precisions(ctx, base)
+        ctx.log(f"simple_fsdp: {cmp.describe('bf16 params', 'fp32')}")
+        want = harness.settle(cmp.outcome, current=current, candidate="bfloat16", plain=FP32)
+        why = f"simple_fsdp rung: {cmp.describe('bf16 params', 'fp32')}"
+        if cmp.outcome == "indistinguishable" and want != FP32:
+            why += f"; the recipe's {want} stands (an earlier attempt found it faster)"
+    edits = []
+    if recipe.training.mixed_precision_param != want:
+        edits.append(RecipeEdit("training.mixed_precision_param", want, why))
+    return edits, {
+        "mixed_precision_choice": want,
+        "mixed_precision_why": why,
+        "data_parallel_choice": recipe.parallelism.data_parallel,
+        "data_parallel_why": (
+            "SimpleFSDP stays: the compile and graph_trainer rungs verify it (FSDP2 measured beside it: "
+            f"{m.get('fsdp2_vs_simple_fsdp') or 'failed'})"
+        ),
+    }

@@ -1,0 +1,473 @@
+"""Rung 7, `tuning`: block sizes, the batch and compiler/runtime flags tuned on the device at hand,
+each change classified, then a profile of the result (DESIGN sections 1 and 5).
+
+The rung tunes the recipe as it trains (its execution mode and kernels), on the recipe's data in
+order (never the eager gate's repeated batch, so two ways of splitting the same rows into
+micro-batches see the same tokens). In the optimisation handbook's order:
+
+1. **Block sizes** of the kernels the recipe kept: `ce_chunk` of fused_ce over the checklist's grid
+   for this device kind. Attention and MoE kernels expose no block setting in titan_core: recorded
+   as not applicable, with the reason.
+2. **Batch**: the per-device batch doubled until the measured peak memory passes
+   `params.budget_fraction` of the budget (`titan_core.memory.budget`, plus what this process
+   already holds) or a larger batch is not faster per token (`titan_core.tuning.batch_search`). A
+   recipe that sets `training.grad_accum` has fixed its global batch: accumulation then halves as
+   the batch doubles. Otherwise the rows per optimizer step grow with the batch, and the change is
+   classified against the smaller batch accumulated to the same rows.
+3. **Flags**: the declared table of this device kind (`titan_core.tuning.flags`); those that can
+   act in this process are tried, the others are recorded with why not and how to set them (TPU
+   flags are rendered into LIBTPU_INIT_ARGS and, with no TPU here, never claimed as measured).
+
+Every change is first classified on step 1 against the recipe it would change (`classify`:
+bit_identical, rounding, diverged; diverged is rejected untimed), then timed against it per token
+by the one timing protocol (`params.timing`); it is kept only when `faster`, and a rounding change
+only with a loss curve over `params.curve_steps` within `params.curve_rel` of the recipe's.
+`indistinguishable` keeps the recipe as it is. Then the final recipe (every kept change together)
+is classified against the untuned recipe on the same rows, run once as a whole through
+`Trainer.train`, and profiled for a few steps (`profile_breakdown`: time per category, top ops,
+trace). The kept values come back as recipe edits, written by the engine only when the gate passed.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from typing import Any
+
+from onboard.rungs import harness
+from onboard.rungs.contract import RecipeEdit, RungContext, RungResult
+from onboard.rungs.execution_mode import recipe_mode
+from onboard.rungs.tuning_runs import Runs
+
+RUNG = "tuning"
+TUNED_KEYS = tuple(sorted(harness.TUNING_KEYS))
+"""The recipe keys this rung may edit (each kept change sets some of them)."""
+UNTUNED = "untuned"
+
+
+def param(name: str) -> Any:
+    return harness.param(RUNG, name)
+
+
+def protocol():
+    from titan_core.measure.timing import TimingProtocol
+
+    return TimingProtocol.from_dict(param("timing"))
+
+
+def tuning_config(ctx: RungContext):
+    """The recipe as it trains, for the gate: its own execution mode, its data in order, output here."""
+    cfg = harness.job_config(ctx)
+    mode = recipe_mode(harness.recipe(ctx))
+    cfg.compile.enable, cfg.graph_trainer.enable = mode == "compile", mode == "graph_trainer"
+    cfg.data.repeat_batch = False
+    return cfg
+
+
+def global_batch_fixed(ctx: RungContext) -> bool:
+    """Whether the recipe fixes its global batch: it sets training.grad_accum itself (any value)."""
+    from titan_core.config.loader import load_toml
+
+    return "grad_accum" in (load_toml(ctx.workspace.recipe_path).get("training") or {})
+
+
+def memory_budget(device) -> tuple[int | None, str]:
+    """(bytes one process may use on `device`, where that comes from); tests replace this to make it bind."""
+    from titan_core.memory.budget import device_budget
+
+    budget = device_budget(device)
+    return (budget.bytes, budget.source) if budget else (None, f"no memory budget is known for {device.type}")
+
+
+def with_values(cfg, values: dict[str, Any]):
+    out = copy.deepcopy(cfg)
+    for key, value in values.items():
+        section, name = key.split(".")
+        setattr(getattr(out, section), name, value)
+    return out
+
+
+def keep_rule(cls, cmp, curve) -> tuple[bool, str]:
+    """(kept, why) of one change from its class, its timing (None: not timed) and its curve check."""
+    if cls.rejected:
+        return False, f"rejected: {cls.why}"
+    if cmp is None or cmp.outcome != "faster":
+        return False, f"not faster, the recipe stays ({cmp.outcome if cmp else 'not timed'})"
+    if cls.cls == "rounding" and (curve is None or not curve.ok):
+        return False, f"faster but a rounding change, and its {curve.describe() if curve else 'curve was not run'}"
+    return True, f"faster, {cls.cls.replace('_', '-')}" + (f"; {curve.describe()}" if curve else "")
+
+
+class Tuner:
+    """The recipe holding each field as the steps go (`holder`), and every change tried (`changes`)."""
+
+    def __init__(self, ctx: RungContext, base, runs: Runs, device_kind: str):
+        self.ctx, self.runs, self.kind = ctx, runs, device_kind
+        self.proto = protocol()
+        self.base = base
+        self.holder, self.cfg = UNTUNED, base
+        self.changes: list[dict] = []
+        self.notes: list[dict] = []
+        """What was not tried, and why (not applicable here, needs a fresh process, ...)."""
+        runs.probe(UNTUNED, base)
+
+    def matched(self, label: str, cfg, rows: int) -> str:
+        """The label of `cfg` accumulated to `rows` rows per step (same per-device batch), probed."""
+        t = cfg.training
+        if t.batch_size * t.grad_accum == rows:
+            return label
+        if rows % t.batch_size:
+            raise ValueError(f"{rows} rows per step is not a multiple of {label}'s batch {t.batch_size}")
+        same = f"{label}@{rows}rows"
+        self.runs.probe(same, with_values(cfg, {"training.grad_accum": rows // t.batch_size}))
+        return same
+
+    def classify(self, label: str, cfg, against: str, against_cfg):
+        from onboard.rungs.tuning_classify import classify
+
+        ref = self.matched(against, against_cfg, cfg.training.batch_size * cfg.training.grad_accum)
+        return classify(self.runs.step1[label], self.runs.step1[ref], rounding_rel=param("rounding_rel")), ref
+
+    def curve_check(self, label: str, cfg, ref: str, ref_cfg):
+        from onboard.rungs.tuning_classify import curve_check
+
+        steps = param("curve_steps")
+        return curve_check(self.runs.curve(label, cfg, steps), self.runs.curve(ref, ref_cfg, steps),
+                           tolerance=param("curve_rel"))  # fmt: skip
+
+    def record(self, step: str, label: str, values: dict, cls, ref: str, cmp, curve, kept: bool, why: str,
+               timed_against: str | None = None) -> dict:  # fmt: skip
+        against = timed_against or self.holder
+        row = {
+            "step": step, "change": label, "values": values, "against": against, "classified_against": ref,
+            "class": cls.cls, "classification": cls.to_dict(), "peak_mem_bytes": self.runs.peak.get(label),
+            "timing": cmp.to_dict() if cmp else None,
+            "describe": cmp.describe(label, against) + " (per token)" if cmp else "",
+            "tokens_per_s": 1 / cmp.candidate_median_s if cmp else None,
+            "curve": curve.to_dict() if curve else None, "kept": kept, "why": why,
+        }  # fmt: skip
+        self.changes.append(row)
+        self.ctx.log(f"tuning: {step}: {label}: {cls.cls}; {row['describe'] or 'not timed'}: "
+                     f"{'kept' if kept else 'not kept'} ({why})")  # fmt: skip
+        return row
+
+    def trial(self, step: str, label: str, values: dict) -> dict:
+        """One change of the holder: classify it, time it, check its curve if rounding; kept -> it holds."""
+        cfg = with_values(self.cfg, values)
+        self.runs.probe(label, cfg)
+        cls, ref = self.classify(label, cfg, self.holder, self.cfg)
+        cmp = None if cls.rejected else self.runs.compare(label, self.holder, self.proto)
+        curve = None
+        if cmp is not None and cmp.outcome == "faster" and cls.cls == "rounding":
+            curve = self.curve_check(label, cfg, ref, self.cfg)
+        kept, why = keep_rule(cls, cmp, curve)
+        row = self.record(step, label, values, cls, ref, cmp, curve, kept, why)
+        if kept:
+            self.holder, self.cfg = label, cfg
+        self.runs.keep_only(self.holder)
+        return row
+
+    def note(self, step: str, what: str, why: str, **extra) -> None:
+        self.notes.append({"step": step, "what": what, "why": why, **extra})
+        self.ctx.log(f"tuning: {step}: {what}: not tried: {why}")
+
+    # ---- 1. block sizes ---------------------------------------------------------------------
+    def block_sizes(self, args) -> None:
+        k, t = self.cfg.kernels, self.cfg.training
+        if k.loss == "fused_ce":
+            tokens = t.batch_size * t.seq_len
+            for chunk in param("block_sizes")["ce_chunk"][self.kind]:
+                now = self.cfg.kernels.ce_chunk
+                if min(chunk, tokens) == min(now, tokens):  # the same chunks of the same tokens
+                    same = "the recipe's value" if chunk == now else f"the same single chunk as the recipe's {now}"
+                    self.note("block_sizes", f"ce_chunk={chunk}", f"with {tokens} tokens per micro-batch it is {same}")
+                    continue
+                self.trial("block_sizes", f"ce_chunk={chunk}", {"kernels.ce_chunk": chunk})
+        else:
+            self.note("block_sizes", "ce_chunk", f"the recipe's loss is kernels.loss = \"{k.loss}\": no fused_ce chunk")
+        self.note("block_sizes", f"attention ({k.attention})", "titan_core exposes no block-size setting for it "
+                  "(sdpa and tokamax choose their own; splash derives blocks from the sequence length)")  # fmt: skip
+        moe = f"kernels.moe = \"{k.moe}\" exposes no grouping setting" if args.n_experts else "dense model: no MoE"
+        self.note("block_sizes", "moe grouping", moe)
+
+    # ---- 2. batch -----------------------------------------------------------------------------
+    def batch(self, *, fixed_global: bool, budget: int | None, budget_source: str) -> dict:
+        """The batch search from the holder's batch; the chosen batch, if larger and kept, holds."""
+        import torch
+
+        from titan_core.tuning.batch_search import BatchShape, Probe, search
+
+        start_label, start_cfg = self.holder, self.cfg
+        start = BatchShape(start_cfg.training.batch_size, start_cfg.training.grad_accum)
+        labels = {start: start_label}
+        classes: dict = {}  # shape -> (Classification, the label it was judged against)
+        holding = [start]  # the search's holder, for what stays alive
+        timings: dict = {}  # shape -> its Comparison against the batch it challenged
+        against: dict = {}  # shape -> the label of that batch
+
+        def cfg_of(shape):
+            values = {"training.batch_size": shape.batch_size, "training.grad_accum": shape.grad_accum}
+            return with_values(start_cfg, values)
+
+        def measure(shape):
+            label = labels.setdefault(shape, f"batch={shape.label()}")
+            try:
+                probe = self.runs.probe(label, cfg_of(shape))
+            except torch.OutOfMemoryError as e:  # the device refused it: memory binds (batch_search)
+                raise MemoryError(str(e).splitlines()[0]) from None
+            if shape != start:  # on the same rows as the starting batch, accumulated
+                classes[shape] = self.classify(label, cfg_of(shape), start_label, start_cfg)
+                self.runs.keep_only(start_label, labels[holding[-1]], label)
+            return Probe(probe["peak_bytes"], probe["step_time_s"],
+                         {"class": classes[shape][0].cls} if shape in classes else {})  # fmt: skip
+
+        def reject(shape, probe):
+            return classes[shape][0].why if classes[shape][0].rejected else None
+
+        def compare(candidate, holder):
+            cmp = timings[candidate] = self.runs.compare(labels[candidate], labels[holder], self.proto)
+            against[candidate] = labels[holder]
+            self.ctx.log(f"tuning: batch: {cmp.describe(labels[candidate], labels[holder])} (per token); peak "
+                         f"{self.runs.peak[labels[candidate]] / 2**20:,.0f} MiB")  # fmt: skip
+            if cmp.outcome == "faster":
+                holding.append(candidate)
+            # the start stays too: it holds the field again if the chosen batch's curve check fails
+            self.runs.keep_only(start_label, labels[holding[-1]])
+            return cmp
+
+        held = self.runs.current_memory()
+        total = budget + held if budget is not None else 2**62  # no budget known: memory never binds
+        cap, seq = param("batch_max_tokens")[self.kind], start_cfg.training.seq_len
+        doublings = 0  # an absolute end, so a second visit from a raised batch cannot go on for ever
+        while start.batch_size * 2 ** (doublings + 1) * seq <= cap:
+            doublings += 1
+        result = search(start, measure=measure, compare=compare, budget_bytes=total, fraction=param("budget_fraction"),
+                        max_doublings=doublings, fixed_global=fixed_global, tokens_per_row=seq, reject=reject,
+                        grid_end=f"{cap} tokens per micro-batch, params.batch_max_tokens")  # fmt: skip
+        self.ctx.log(f"tuning: batch: {result.why}")
+        chosen = result.chosen
+        if chosen != start:
+            label, cfg = labels[chosen], cfg_of(chosen)
+            cls, ref = classes[chosen]
+            rows = chosen.rows
+            ref_cfg = with_values(start_cfg, {"training.grad_accum": rows // start.batch_size})
+            curve = self.curve_check(label, cfg, ref, ref_cfg) if cls.cls == "rounding" else None
+            cmp = timings[chosen]
+            kept, why = keep_rule(cls, cmp, curve)
+            why += (f"; peak {self.runs.peak[label] / 2**20:,.0f} MiB, limit {result.limit_bytes / 2**20:,.0f} MiB "
+                    f"({result.fraction:.0%} of the budget)")  # fmt: skip
+            if not fixed_global and chosen.rows != start.rows:
+                why += (f"; rows per optimizer step {start.rows} -> {chosen.rows} (the recipe fixes no global "
+                        "batch: set training.grad_accum to fix one)")  # fmt: skip
+            values = {"training.batch_size": chosen.batch_size, "training.grad_accum": chosen.grad_accum}
+            self.record("batch", label, values, cls, ref, cmp, curve, kept, why, timed_against=against[chosen])
+            if kept:
+                self.holder, self.cfg = label, cfg
+        self.runs.keep_only(self.holder)
+        return {**result.to_dict(), "budget_source": budget_source, "process_held_bytes": held,
+                "fixed_global_batch": fixed_global}  # fmt: skip
+
+    # ---- 3. flags -----------------------------------------------------------------------------
+    def flags(self, cores: int) -> list[dict]:
+        from titan_core.tuning.flags import flags_for, recipe_values, why_not
+
+        rows = []
+        for flag in flags_for(self.kind, cores=cores):
+            reason = why_not(flag, self.cfg, device=self.kind)
+            row = {"flag": flag.name, "comment": flag.comment, "scope": flag.scope, "set_by": flag.render()}
+            if reason is None:
+                values = recipe_values(flag, self.cfg)
+                change = self.trial("flags", flag.name, values)
+                row.update(tried=True, kept=change["kept"], why=change["why"], **{"class": change["class"]})
+            else:
+                row.update(tried=False, kept=False, why=reason)
+                self.notes.append({"step": "flags", "what": flag.name, "why": reason})
+            rows.append(row)
+        tried = [r["flag"] for r in rows if r["tried"]]
+        self.ctx.log(f"tuning: flags: {len(rows)} declared for {self.kind}, tried here: {', '.join(tried) or 'none'} "
+                     "(details.flags says why each other one was not)")  # fmt: skip
+        return rows
+
+
+def tpu_flags_rendered(base) -> dict:
+    """The TPU table as it would reach libtpu: never measured on a host without a TPU."""
+    from titan_core.tuning.flags import TPU_FLAGS, libtpu_init_args
+
+    return {
+        "libtpu_init_args": libtpu_init_args(TPU_FLAGS, base.tpu.libtpu_init_flags),
+        "passed_through": "tpu.libtpu_init_flags -> LIBTPU_INIT_ARGS (titan_core.runtime.devices.resolve_device, "
+                          "before torch_tpu loads)",
+        "flags": [{"flag": f.name, "libtpu": list(f.libtpu), "comment": f.comment} for f in TPU_FLAGS],
+    }  # fmt: skip
+
+
+# ---- the final recipe ---------------------------------------------------------------------------
+def final_check(tuner: Tuner) -> dict:
+    """The final recipe against the untuned one on the same rows (step 1), then run once as a whole."""
+    from onboard.rungs.tuning_classify import classify
+
+    runs, final, cfg = tuner.runs, tuner.holder, tuner.cfg
+    rows = cfg.training.batch_size * cfg.training.grad_accum
+    ref = tuner.matched(UNTUNED, tuner.base, rows)
+    cls = classify(runs.step1[final], runs.step1[ref], rounding_rel=param("rounding_rel"))
+    b = tuner.base.training
+    why = "the untuned recipe itself"
+    if ref != UNTUNED:
+        why = f"the untuned recipe's batch {b.batch_size} accumulated to the final recipe's {rows} rows per step"
+    whole = copy.deepcopy(cfg)
+    whole.training.steps = param("final_steps")
+    whole.metrics.output_dir = str(tuner.ctx.attempt_dir / "final")
+    with harness.process_threads(whole.device.threads):
+        _, result = harness.train(tuner.ctx, whole, "tuning: the final recipe, run whole")
+    rows_run = result.metrics
+    curve = [r["loss"] for r in rows_run]
+    finite = all(math.isfinite(r["loss"]) and math.isfinite(r["grad_norm"]) for r in rows_run)
+    return {
+        "label": final, "baseline": ref, "baseline_why": why, "classification": cls.to_dict(),
+        "step1": runs.step1[final].to_dict(), "baseline_step1": runs.step1[ref].to_dict(),
+        "steps_planned": whole.training.steps, "steps_run": len(rows_run),
+        "whole": finite and len(rows_run) == whole.training.steps and result.stopped is None,
+        "stopped": result.stopped, "loss_curve": curve, "rows": rows_run,
+        "metrics_file": tuner.ctx.workspace.key_for(tuner.ctx.attempt_dir / "final" / "metrics.jsonl"),
+    }  # fmt: skip
+
+
+def profile(tuner: Tuner) -> dict:
+    """A few steady steps of the final recipe (its Trainer is warm from the timed rounds) under torch.profiler."""
+    from titan_core.tuning.profile_breakdown import profile_steps
+
+    runs, label = tuner.runs, tuner.holder
+    trainer, cfg = runs.trainers[label], runs.cfgs[label]
+    path = tuner.ctx.attempt_dir / "profile" / "trace.json"
+    try:
+        with harness.process_threads(cfg.device.threads), harness.quiet_mesh_pickling():
+            b = profile_steps(trainer.train_step, steps=param("profile_steps"), device=runs.device, trace_path=path)
+    except (RuntimeError, OSError) as e:  # the profiler itself failed here: the gate's `profiled` says so
+        return {"error": f"{type(e).__name__}: {e}"}
+    tuner.ctx.log(f"tuning: profile of the final recipe: {b.describe()}")
+    return {**b.to_dict(), "trace": tuner.ctx.workspace.key_for(path), "describe": b.describe()}
+
+
+def recipe_edits(tuner: Tuner, recipe) -> list[RecipeEdit]:
+    """One edit per tuned key whose final value differs from the recipe's, with the change that set it."""
+    edits = []
+    for key in TUNED_KEYS:
+        now, final = _value(recipe, key), _value(tuner.cfg, key)
+        if now == final:
+            continue
+        change = next(c for c in reversed(tuner.changes) if c["kept"] and key in c["values"])
+        speed = change["describe"] or change["why"]
+        edits.append(RecipeEdit(key, final, f"tuning rung ({change['step']}): {speed}; {change['class']}"))
+    return edits
+
+
+def _value(cfg, key: str):
+    section, name = key.split(".")
+    return getattr(getattr(cfg, section), name)
+
+
+def summarise(tuner: Tuner, final: dict, batch: dict, prof: dict) -> dict[str, Any]:
+    kept = [c for c in tuner.changes if c["kept"]]
+    cls = final["classification"]
+    m: dict[str, Any] = {
+        "changes_tried": len(tuner.changes),
+        "changes_kept": len(kept),
+        "kept_changes": [f"{c['change']} ({c['class']})" for c in kept],
+        "kept_unmeasured": sum(c["timing"] is None or c["class"] not in ("bit_identical", "rounding") for c in kept),
+        "kept_diverged": sum(c["class"] == "diverged" for c in kept),
+        "kept_rounding_without_curve": sum(c["class"] == "rounding" and not (c["curve"] or {}).get("ok") for c in kept),
+        "untuned_values": {k: _value(tuner.base, k) for k in TUNED_KEYS},
+        "final_values": {k: _value(tuner.cfg, k) for k in TUNED_KEYS},
+        "final_recipe": tuner.holder,
+        "final_class": cls["cls"],
+        "final_baseline": final["baseline"],
+        "final_baseline_why": final["baseline_why"],
+        "final_step1_loss_rel_err": cls["loss_rel"],
+        "final_step1_grad_norm_rel_err": cls["grad_norm_rel"],
+        "final_step1_loss_repr": final["step1"]["loss_repr"],
+        "final_step1_grad_norm_repr": final["step1"]["grad_norm_repr"],
+        "untuned_step1_loss_repr": final["baseline_step1"]["loss_repr"],
+        "untuned_step1_grad_norm_repr": final["baseline_step1"]["grad_norm_repr"],
+        "step1_loss_repr": repr(final["rows"][0]["loss"]) if final["rows"] else None,
+        "final_run_whole": final["whole"],
+        "final_steps_run": final["steps_run"],
+        "batch_size": tuner.cfg.training.batch_size,
+        "grad_accum": tuner.cfg.training.grad_accum,
+        "global_batch_size": tuner.cfg.training.batch_size * tuner.cfg.training.grad_accum,
+        "seq_len": tuner.cfg.training.seq_len,
+        "batch_stopped": batch["stopped"],
+        "batch_why": batch["why"],
+        "fixed_global_batch": batch["fixed_global_batch"],
+        "memory_budget_bytes": batch["budget_bytes"],
+        "memory_budget_source": batch["budget_source"],
+        "profiled": "error" not in prof,
+        "profile_biggest": prof.get("biggest"),
+        "profile_lever": prof.get("lever"),
+        "profile_sum_rel_err": prof.get("sum_rel_err"),
+        "profile_within_tolerance": prof.get("sum_rel_err", math.inf) <= param("profile_sum_tolerance"),
+        "profile_trace": prof.get("trace"),
+        "timing_protocol": vars(tuner.proto),
+        "device_kind": tuner.kind,
+    }
+    if final["rows"]:
+        m.update(harness.run_stats(final["rows"]))
+    return m
+
+
+def beside_eager_tokens(m: dict, evidence: dict) -> None:
+    """Tokens/s against the eager rung's: the fair ratio once the batch (tokens per step) changed."""
+    eager_tps = (evidence.get("eager") or {}).get("tokens_per_s")
+    m["eager_tokens_per_s"] = eager_tps
+    m["tokens_per_s_vs_eager"] = m["tokens_per_s"] / eager_tps if eager_tps and m.get("tokens_per_s") else None
+
+
+def run(ctx: RungContext) -> RungResult:
+    """Tune the recipe in the handbook's order, check the result whole, profile it; kept values are edits."""
+    import torch
+
+    from titan_core.runtime.launcher import cpu_count
+
+    base = tuning_config(ctx)
+    recipe = harness.recipe(ctx)
+    args = harness.model_args(base)
+    kind = harness.resolved_device_type(base.device.type)
+    proto = protocol()
+    ctx.log(f"tuning: the recipe in its own mode on {kind}, batch {base.training.batch_size} x {base.training.seq_len}"
+            f"{' x ' + str(base.training.grad_accum) if base.training.grad_accum > 1 else ''}; every change timed per "
+            f"token against the recipe it would change ({proto.min_rounds}-{proto.max_rounds} interleaved rounds, "
+            f"{proto.max_seconds:g} s cap, {proto.confidence:.0%} interval)")  # fmt: skip
+    tpu = tpu_flags_rendered(base)
+    if kind != "tpu":
+        ctx.log(f"tuning: TPU flags rendered, not run (no TPU here): LIBTPU_INIT_ARGS='{tpu['libtpu_init_args']}'")
+    runs = Runs(ctx, base)
+    # a fresh process compiles each batch shape statically: so does this one (no dynamic-shape recompile)
+    with harness.process_threads(), torch._dynamo.config.patch(automatic_dynamic_shapes=False):
+        try:
+            tuner = Tuner(ctx, base, runs, kind)
+            tuner.block_sizes(args)
+            budget, source = memory_budget(runs.device)
+            batch = tuner.batch(fixed_global=global_batch_fixed(ctx), budget=budget, budget_source=source)
+            flag_rows = tuner.flags(cpu_count())
+            final = final_check(tuner)
+            prof = profile(tuner)
+        finally:
+            runs.close()
+    m = summarise(tuner, final, batch, prof)
+    harness.beside_eager(m, ctx.evidence)
+    beside_eager_tokens(m, ctx.evidence)
+    edits = recipe_edits(tuner, recipe)
+    m["proposed_recipe_edits"] = [f"{e.key}={e.value}" for e in edits]
+    # what the final run had on top of the recipe as it was: the recipe as the engine leaves it on a pass
+    m["flags"] = [f"--{e.key}={str(e.value).lower() if isinstance(e.value, bool) else e.value}" for e in edits]
+    m["execution_mode"] = recipe_mode(base)
+    for e in edits:
+        ctx.log(f"tuning: recipe keeps {e.key} = {e.value!r} ({e.why}) if the gate passes")
+    final.pop("rows")
+    return RungResult(
+        measurements=m,
+        files_read=harness.files_read(ctx, base),
+        command=harness.next_step_command(ctx),
+        details={"device": str(runs.device), "changes": tuner.changes, "not_tried": tuner.notes, "batch": batch,
+                 "flags": flag_rows, "tpu_flags": tpu, "final": final, "profile": prof},  # fmt: skip
+        recipe_edits=edits,
+    )

@@ -1,0 +1,240 @@
+"""`onboard plan NAME --target KIND[:COUNT] [--seq N]`: the full model of a workspace, planned for
+the machine it will train on, and the recipe to run it there.
+
+The arithmetic is onboard/sizing/plan.py (the memory model that refuses oversized runs, with each
+rank materialising only its shard, and a roofline step time). This module reads the
+workspace: the full model of config.json (not the twin the gates ran) built on meta through
+the recipe's [model] section, the kernels the ladder earned in recipe.toml, and writes
+`recipe.<kind>-<count>.toml`: recipe.toml with every flag the ladder earned, plus the
+planned model file, mesh, batch, sequence, precision and memory policy, each line with its
+reason, and the `torchrun` line that runs it. Nothing is allocated.
+"""
+
+from __future__ import annotations
+
+import copy
+import shlex
+from pathlib import Path
+from typing import Any
+
+from onboard.errors import BadInput
+from onboard.rungs.contract import RecipeEdit
+from onboard.workspace.layout import HF_CONFIG, Workspace
+
+DEFAULT_SEQ = 4096
+RDZV_PORT = 29500
+
+
+def _full_model(ws: Workspace, cfg):
+    """(args, meta model) of the full model: the recipe's [model] with config.json as its architecture."""
+    from titan_core.training.model_builder import build_meta_model, resolve_model_args
+
+    full = copy.deepcopy(cfg.model)
+    if ws.hf_config_path is not None:
+        full.hf_config = str(ws.hf_config_path)
+    args = resolve_model_args(full)
+    return full, args, build_meta_model(full, args)
+
+
+def _target(spec: str):
+    from titan_core.config import ConfigError
+    from onboard.sizing.plan import parse_target
+
+    kind = str(spec).partition(":")[0].strip().lower()
+    cpu_memory = cpu_peak = None
+    if kind == "cpu":
+        import torch
+
+        from titan_core.runtime.cpu_peak import measured_cpu_peak
+        from titan_core.memory.budget import cpu_budget
+
+        budget = cpu_budget()
+        cpu_memory = budget.bytes if budget else None
+        cpu_peak = measured_cpu_peak(torch.float32)
+    try:
+        return parse_target(spec, cpu_memory=cpu_memory, cpu_peak=cpu_peak)
+    except ConfigError as e:
+        raise BadInput(str(e)) from None
+
+
+def plan_workspace_target(ws: Workspace, target_spec: str, *, seq: int = DEFAULT_SEQ, efficiency: float | None = None):
+    """(titan_core Plan, facts about the model) for the workspace on `target_spec`; BadInput for bad input."""
+    from titan_core.config import load_config
+    from titan_core.memory.estimate import ModelShape, TrainSetup
+    from titan_core.models.common.param_counts import count_params
+    from titan_core.models.common.stats import flops_per_token
+    from titan_core.parallel.plans import TP_PLANS
+    from onboard.sizing.plan import EFFICIENCY, plan_training
+
+    if seq < 1:
+        raise BadInput(f"--seq {seq}: must be a positive number of tokens")
+    if efficiency is not None and not 0 < efficiency <= 1:
+        raise BadInput(f"--efficiency {efficiency}: must be in (0, 1], the fraction of peak the FLOPs reach")
+    target = _target(target_spec)
+    cfg = load_config(ws.recipe_path)
+    full, args, model = _full_model(ws, cfg)
+    shape = ModelShape.from_model(model, args)
+    counts = count_params(model)
+    tp_plan = full.family in TP_PLANS and not full.module_file
+    plan = plan_training(
+        shape, counts, lambda s: flops_per_token(args, s), target, seq_len=seq,
+        kernels=TrainSetup.from_config(cfg), tp_plan=tp_plan, efficiency=efficiency or EFFICIENCY,
+    )  # fmt: skip
+    facts = {"family": full.family, "tp_plan": tp_plan, "layers": args.n_layers, "model": _model_file(ws)}
+    return plan, facts
+
+
+def _model_file(ws: Workspace) -> str:
+    return HF_CONFIG if ws.hf_config_path is not None else "the recipe's flavor"
+
+
+def recipe_edits(ws: Workspace, plan) -> list[RecipeEdit]:
+    """The planned settings as recipe edits, each with its reason."""
+    o, t = plan.chosen, plan.target
+    where = f"plan for {t.kind}:{t.count}"
+    s = o.sharding
+    e: list[RecipeEdit] = []
+    if ws.twin_path is not None:
+        full = f"{where}: the full model (the gates ran its twin, twin.json)"
+        e.append(RecipeEdit("model.hf_config", HF_CONFIG, full))
+    batch_why = f"{where}: the largest per-device batch that fits {t.budget / 2**30:.0f} GiB"
+    if s.tp > 1:
+        batch_why += f" (per TP group of {s.tp})"
+    e += [
+        RecipeEdit("training.batch_size", o.batch, batch_why),
+        RecipeEdit("training.seq_len", plan.seq_len, f"{where}" + (
+            f": seq {plan.seq_len_asked} does not fit (see onboard plan)" if plan.seq_len != plan.seq_len_asked
+            else ": --seq")),  # fmt: skip
+        RecipeEdit("training.dtype", "float32", f"{where}: fp32 master weights and AdamW state"),
+        RecipeEdit("training.mixed_precision_param", "float32" if t.device_type == "cpu" else "bfloat16",
+                   f"{where}: the compute dtype the memory model assumes"),
+        RecipeEdit("training.mixed_precision_reduce", "float32", f"{where}: gradients reduced in fp32"),
+        RecipeEdit("parallelism.data_parallel", o.data_parallel, f"{where}: " + (
+            "FSDP2 gathers one block at a time" if o.data_parallel == "fsdp2"
+            else "SimpleFSDP (the captured step and TP compose with it)")),  # fmt: skip
+        RecipeEdit("parallelism.dp_shard", s.dp_shard, f"{where}: {s.name}"),
+        RecipeEdit("parallelism.dp_replicate", s.dp_replicate, f"{where}: {s.name}"),
+        RecipeEdit("parallelism.tp", s.tp, f"{where}: {s.name}"),
+        RecipeEdit("parallelism.sequence_parallel", False, f"{where}: the memory model does not count it"),
+    ]
+    captured = o.policy != "none"
+    e.append(RecipeEdit("graph_trainer.enable", captured, f"{where}: memory policy {o.policy}" + (
+        "" if captured else " (the eager step fits)")))  # fmt: skip
+    if captured:
+        e.append(RecipeEdit("graph_trainer.memory_policy", o.policy, f"{where}: the mildest policy that fits"))
+        e.append(RecipeEdit("graph_trainer.split", plan.offload[0], f"{where}: {plan.offload[1]}"))
+        e.append(RecipeEdit("graph_trainer.scan_layers", plan.scan[0], f"{where}: {plan.scan[1]}"))
+    from onboard.sizing.plan import moe_kernel
+
+    moe = moe_kernel(_kernels(ws), t, o.policy)
+    if moe != _kernels(ws).moe:
+        e.append(RecipeEdit("kernels.moe", moe, f"{where}: a captured step needs static-shape experts"))
+    e.append(RecipeEdit("device.type", t.device_type, where))
+    e.append(RecipeEdit("metrics.output_dir", f"runs/{t.name}", where))
+    return e
+
+
+def _kernels(ws: Workspace):
+    from titan_core.config import load_config
+    from titan_core.memory.estimate import TrainSetup
+
+    return TrainSetup.from_config(load_config(ws.recipe_path))
+
+
+def torchrun_line(ws: Workspace, plan, recipe: Path) -> str:
+    t = plan.target
+    nnodes = max(1, t.count // t.per_host)
+    line = shlex.join([
+        "torchrun", f"--nnodes={nnodes}", f"--nproc-per-node={min(t.per_host, t.count)}", "--rdzv-backend=c10d",
+        f"--rdzv-endpoint=HEAD_NODE:{RDZV_PORT}", f"--rdzv-id={ws.name}-{t.name}", "-m", "titan_core.train",
+        "--config", recipe.name,
+    ])  # fmt: skip
+    return f"cd {shlex.quote(str(ws.root))} && " + line.replace("HEAD_NODE:", "$HEAD_NODE:")
+
+
+def write_plan_recipe(ws: Workspace, plan) -> tuple[Path, str]:
+    """Write recipe.<kind>-<count>.toml (recipe.toml plus the planned edits); (path, torchrun line)."""
+    from onboard.workspace.fsutil import atomic_write_text
+    from onboard.engine.recipe_edit import RecipeEditError, edit_text
+
+    path = ws.root / f"recipe.{plan.target.name}.toml"
+    text = ws.recipe_path.read_text()
+    head = (
+        f"# Planned by `onboard plan {ws.name} --target {plan.target.kind}:{plan.target.count} --seq "
+        f"{plan.seq_len_asked}`: recipe.toml (every flag\n"
+        "# the ladder earned) with the planned model, mesh, batch and memory policy. A prediction: no gate ran it.\n"
+        "# The plan assumes each rank materialises only its shard; titan_core's trainer today builds the whole fp32\n"
+        "# model on every rank first, and its memory check refuses a model too large for that.\n"
+    )
+    try:
+        text = edit_text(text, recipe_edits(ws, plan))
+    except RecipeEditError as e:
+        raise BadInput(f"{ws.recipe_path}: the plan's settings cannot be written into it: {e}") from None
+    atomic_write_text(path, head + text)
+    return path, torchrun_line(ws, plan, path)
+
+
+def plan_result(ws: Workspace, target_spec: str, *, seq: int = DEFAULT_SEQ, efficiency: float | None = None) -> dict:
+    """Plan, write the recipe when something fits, and return what the command prints (JSON-ready)."""
+    plan, facts = plan_workspace_target(ws, target_spec, seq=seq, efficiency=efficiency)
+    result: dict[str, Any] = {"workspace": ws.name, "model": facts["model"], "runs_on_twin": ws.twin_path is not None,
+                              "tp_plan": facts["tp_plan"], **plan.to_dict()}  # fmt: skip
+    if plan.chosen is not None:
+        path, line = write_plan_recipe(ws, plan)
+        result.update(recipe=str(path), torchrun=line)
+    else:
+        result.update(recipe=None, torchrun=None)
+    return result
+
+
+def _gib(n: int | None) -> str:
+    from titan_core.memory.estimate import format_bytes
+
+    return "-" if n is None else format_bytes(n)
+
+
+def plan_lines(r: dict) -> list[str]:
+    """The plan as text: per-device bytes of every option, activations per policy, the decisions,
+    the prediction, the recipe and the torchrun line."""
+    t = r["target"]
+    lines = [
+        f"plan for {r['workspace']} ({r['model']}: {r['params_total']:,} parameters, {r['params_active']:,} active "
+        f"per token) on {t['count']} x {t['kind']} ({_gib(t['memory_bytes'])} each: {t['memory_source']}; the plan "
+        f"fills {t['headroom']:.0%}: {_gib(t['budget_bytes'])}), seq {r['seq_len']}"
+        + (f" (asked {r['seq_len_asked']})" if r["seq_len"] != r["seq_len_asked"] else ""),
+        "",
+        "per device (PREDICTIONS from titan_core's memory model; batch = sequences per device, per TP group under TP):",
+    ]
+    head = ("sharding", "policy", "params", "grads", "optimizer", "gathered", "activations", "host", "peak", "batch")
+    rows = [head] + [
+        (o["sharding"], o["policy"], _gib(o["params_bytes"]), _gib(o["grads_bytes"]), _gib(o["optimizer_bytes"]),
+         _gib(o["gathered_params_bytes"]), _gib(o["activations_bytes"]), _gib(o["activations_host_bytes"]),
+         _gib(o["peak_bytes"]), str(o["largest_batch"]) if o["largest_batch"] else "does not fit")
+        for o in r["options"]
+    ]  # fmt: skip
+    widths = [max(len(row[i]) for row in rows) for i in range(len(head))]
+    lines += ["  " + "  ".join(c.ljust(w) for c, w in zip(row, widths)) for row in rows]
+    if r["options_at_seq_asked"]:
+        worst = min(r["options_at_seq_asked"], key=lambda o: o["peak_bytes"])
+        lines.append(f"  at seq {r['seq_len_asked']} the smallest peak is {_gib(worst['peak_bytes'])} "
+                     f"({worst['sharding']}, policy {worst['policy']}, batch 1): nothing fits")  # fmt: skip
+    acts = ", ".join(f"{k} {v / 1024:.1f} KiB" for k, v in r["activations_per_token_per_layer"].items())
+    lines += ["", f"activations per token per layer (saved for the backward; offload: on the host): {acts}"]
+    c = r["chosen"]
+    if c is None:
+        lines += ["", "no option fits: no recipe written"]
+    else:
+        p = r["prediction"]
+        lines += [
+            "",
+            f"chosen: {c['sharding']}, memory policy {c['policy']}, {c['data_parallel']}, batch {c['largest_batch']}",
+            f"host offload with the graph splitter: {'needed' if r['offload_needed'] else 'not needed'} "
+            f"({r['offload_why']})",
+            f"scan over layers: {'recommended' if r['scan_needed'] else 'not needed'} ({r['scan_why']})",
+            f"PREDICTED step time {p['step_time_s']:.3f} s, MFU {p['mfu']:.0%}, {p['tokens_per_s']:,.0f} tokens/s over "
+            f"{t['count']} devices (roofline: {p['how']})",
+            f"recipe: {r['recipe']}",
+            f"run it: {r['torchrun']}",
+        ]  # fmt: skip
+    lines += ["", *[f"note: {n}" for n in r["notes"]]]
+    return lines

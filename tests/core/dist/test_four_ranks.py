@@ -1,0 +1,68 @@
+"""Four gloo ranks (one launcher run): HSDP on a 2 x 2 mesh, and SimpleFSDP 2 x TP 2."""
+
+from __future__ import annotations
+
+import pytest
+from _cases import DENSE, FAMILIES, max_rel, param_reads_per_forward, run_worker
+
+from onboard.engine.gates import load_checklist
+
+TOL = load_checklist("simple_fsdp").criterion("step1_loss").threshold
+
+
+@pytest.fixture(scope="module")
+def w4(tmp_path_factory):
+    return run_worker("w4", 4, tmp_path_factory.mktemp("w4"))
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_hsdp_2x2_matches_one_process(w4, reference, family):
+    got, want = w4[0]["hsdp"][family], reference(family, dp=4)
+    assert got["mode"] == "hybrid_shard" and got["mesh"] == ["dp_replicate", "dp_shard"]
+    assert all(rank["hsdp"][family]["loss"] == got["loss"] for rank in w4)
+    assert max_rel(got["loss"], want["loss"]) <= TOL
+    assert max_rel(got["grad_norm"], want["grad_norm"]) <= TOL
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_hsdp_shards_within_and_replicates_across(w4, family):
+    got = w4[0]["hsdp"][family]
+    for name, g in got["grads"].items():
+        assert g["param"] == ["R", "S(0)"] and g["grad"] == ["R", "S(0)"] and g["local_shapes_match"], name
+    # as fully_shard within a group (the valid-token count over all 4 data-parallel ranks is one
+    # all-reduce), plus one all-reduce per gradient across the two groups
+    reads = param_reads_per_forward(family)
+    assert got["comm"] == {
+        "all_gather_into_tensor": reads,
+        "reduce_scatter_tensor": reads,
+        "all_reduce": reads + 3,
+    }
+
+
+@pytest.mark.parametrize("family", DENSE)
+def test_simple_fsdp_2_x_tp_2_matches_one_process(w4, reference, family):
+    got, want = w4[0]["dp_tp"][family], reference(family, dp=2)
+    assert all(rank["dp_tp"][family]["loss"] == got["loss"] for rank in w4)
+    assert max_rel(got["loss"], want["loss"]) <= TOL
+    assert max_rel(got["grad_norm"], want["grad_norm"]) <= TOL
+    grads = got["grads"]
+    # column-parallel weights: TP splits rows (dim 0), so SimpleFSDP shards columns (dim 1); row-parallel: the reverse
+    assert grads["layers.0.attention.wq.weight"]["param"] == ["S(1)", "S(0)"]
+    assert grads["layers.0.attention.wo.weight"]["param"] == ["S(0)", "S(1)"]
+    assert grads["layers.0.feed_forward.w2.weight"]["param"] == ["S(0)", "S(1)"]
+    assert grads["layers.0.ffn_norm.weight"]["param"] == ["S(0)", "R"]
+    assert all(g["grad"] == g["param"] and g["local_shapes_match"] for g in grads.values())
+
+
+def test_fsdp2_hsdp_matches_one_process(w4, reference):
+    got = w4[0]["fsdp2_hsdp"]
+    assert max_rel(got["loss"], reference("llama3", dp=4)["loss"]) <= TOL
+    assert max_rel(got["grad_norm"], reference("llama3", dp=4)["grad_norm"]) <= TOL
+    assert all(g["param"] == ["R", "S(0)"] and g["grad"] == ["R", "S(0)"] for g in got["grads"].values())
+
+
+def test_simple_fsdp_2_x_tp_2_with_sequence_parallel_matches(w4, reference):
+    got, want = w4[0]["dp_tp_sp"], reference("qwen3", dp=2)
+    assert max_rel(got["loss"], want["loss"]) <= TOL
+    assert max_rel(got["grad_norm"], want["grad_norm"]) <= TOL
+    assert all(g["grad"] == g["param"] and g["local_shapes_match"] for g in got["grads"].values())

@@ -1,0 +1,151 @@
+"""The launcher: `run_world` (a rung's entry) on a clean run; `python -m titan_core.train --nproc N`
+(what `onboard train --nproc N` calls) with a rank that raises and a rank that hangs, in bounded time."""
+
+from __future__ import annotations
+
+import sys
+import time
+
+import pytest
+from _cases import max_rel, overrides
+
+from titan_core.config import load_config
+from titan_core.runtime.launcher import EXIT_TIMEOUT, launch_command, run_world
+from titan_core.train import main
+
+TINY = [
+    overrides("llama3"),
+    "--training.batch_size=2",
+    "--training.seq_len=32",
+    "--training.deterministic",
+    "--device.type=cpu",
+    "--device.threads=1",
+    "--optimizer.lr=3e-3",
+    "--lr_scheduler.warmup_steps=1",
+    "--metrics.rich=false",
+]
+
+FAULTY = '''
+import os, time
+from titan_core.models.llama3.model import Llama3
+
+
+class Faulty(Llama3):
+    """Rank 1 misbehaves in its second loss call (step 2)."""
+
+    calls = 0
+
+    def loss(self, tokens, labels, **kw):
+        Faulty.calls += 1
+        if os.environ["RANK"] == "1" and Faulty.calls == 2:
+            if {mode!r} == "raise":
+                raise RuntimeError("injected failure on rank 1")
+            time.sleep(300)  # a stuck rank: the others wait in their next collective
+        return super().loss(tokens, labels, **kw)
+
+
+def build_model(args):
+    return Faulty(args)
+'''
+
+
+def _faulty(tmp_path, mode):
+    path = tmp_path / f"faulty_{mode}.py"
+    path.write_text(FAULTY.format(mode=mode))
+    return path
+
+
+def test_run_world_trains_on_two_processes(tmp_path, reference):
+    """The entry a ladder rung uses: N processes, rank 0's metrics back."""
+    cfg = load_config(None, [*TINY, "--training.steps=5", f"--metrics.output_dir={tmp_path}"])
+    world = run_world(cfg, 2, timeout_s=240)
+    assert world.ok, world.launch.failure
+    assert [r["step"] for r in world.metrics] == [1, 2, 3, 4, 5]
+    want = reference("llama3", dp=2)  # batch 2 per rank = the reference's 4 rows
+    assert max_rel([r["loss"] for r in world.metrics], want["loss"]) <= 1e-6
+    assert max_rel([r["grad_norm"] for r in world.metrics], want["grad_norm"]) <= 1e-6
+    assert (tmp_path / "logs" / "rank_0.log").is_file() and (tmp_path / "logs" / "rank_1.log").is_file()
+
+
+def test_a_rank_that_raises_is_named_with_its_output(tmp_path, capfd):
+    t0 = time.monotonic()
+    code = main(["--nproc", "2", *TINY, "--training.steps=4", f"--model.module_file={_faulty(tmp_path, 'raise')}",
+                 f"--metrics.output_dir={tmp_path}"])  # fmt: skip
+    elapsed = time.monotonic() - t0
+    err = capfd.readouterr().err
+    assert code == 1
+    report = err[err.index("error: rank") :]
+    assert report.startswith("error: rank 1 of 2 failed first (exit code 1")
+    assert "RuntimeError: injected failure on rank 1" in report  # the tail of rank 1's own output
+    assert "step=1" in err[: err.index("error: rank")]  # rank 0's own output was echoed as it ran
+    assert (tmp_path / "logs" / "rank_1.log").read_text().count("injected failure") >= 1
+    assert elapsed < 90
+
+
+def test_a_hung_rank_ends_in_a_collective_timeout(tmp_path, capfd):
+    t0 = time.monotonic()
+    code = main(["--nproc", "2", *TINY, "--training.steps=4", f"--model.module_file={_faulty(tmp_path, 'hang')}",
+                 "--parallelism.timeout_s=4", f"--metrics.output_dir={tmp_path}"])  # fmt: skip
+    elapsed = time.monotonic() - t0
+    err = capfd.readouterr().err
+    assert code == 1
+    report = err[err.index("error: rank") :]
+    # rank 0 waited in a collective for rank 1, timed out after 4 s, and rank 1 (asleep) was stopped
+    assert report.startswith("error: rank 0 of 2 failed first")
+    assert "Timed out" in report
+    assert "so stopped: rank(s) 1" in report
+    assert elapsed < 90
+
+
+def test_launch_command_names_the_failing_rank_and_its_exit_code(tmp_path):
+    script = "import os, sys, time; r = os.environ['RANK']; print('hello from', r); time.sleep(0.5 * int(r == '0')); sys.exit(3 if r == '1' else 0)"
+    result = launch_command([sys.executable, "-c", script], 2, log_dir=tmp_path)
+    assert result.exit_code == 3 and result.failed_rank == 1
+    assert result.failure.startswith("error: rank 1 of 2 failed first (exit code 3")
+    assert "  | hello from 1" in result.failure and "hello from 0" not in result.failure
+    assert (tmp_path / "rank_0.log").read_text() == "hello from 0\n"
+
+
+def test_launch_command_timeout_stops_every_rank(tmp_path):
+    t0 = time.monotonic()
+    result = launch_command([sys.executable, "-c", "import time; print('started', flush=True); time.sleep(120)"], 2,
+                            timeout_s=2)  # fmt: skip
+    assert result.exit_code == EXIT_TIMEOUT
+    assert "did not finish within 2 s" in result.failure and "ranks still running: 0, 1" in result.failure
+    assert "  | started" in result.failure
+    assert time.monotonic() - t0 < 15
+
+
+PORT_TAKEN_ONCE = """
+import os, pathlib, sys
+tries = pathlib.Path(os.environ['TRIES'], os.environ['RANK'])
+n = int(tries.read_text()) + 1 if tries.exists() else 1
+tries.write_text(str(n))
+print('port', os.environ['MASTER_PORT'], 'try', n, flush=True)
+if n <= int(os.environ['FAIL_TRIES']) and os.environ['RANK'] == '0':
+    print('RuntimeError: The server socket has failed to listen on any local network address. '
+          'port: 0, useIpv6: 0, code: -98, name: EADDRINUSE, message: address already in use', flush=True)
+    sys.exit(1)
+"""
+
+
+@pytest.mark.parametrize("fail_tries, ok", [(1, True), (3, False)])
+def test_a_world_that_lost_its_port_starts_again_on_a_fresh_one(tmp_path, capsys, fail_tries, ok):
+    from titan_core.runtime.launcher import PORT_RETRIES
+
+    env = {"TRIES": str(tmp_path), "FAIL_TRIES": str(fail_tries)}
+    result = launch_command([sys.executable, "-c", PORT_TAKEN_ONCE], 2, log_dir=tmp_path / "logs", env=env)
+    tries = int((tmp_path / "0").read_text())
+    if ok:
+        assert result.exit_code == 0 and tries == 2
+        assert "starting the world again on a fresh port (1 of 2)" in capsys.readouterr().err
+    else:  # every try lost the race: the failure is reported, with how often it was tried
+        assert result.exit_code == 1 and tries == PORT_RETRIES + 1
+        assert "EADDRINUSE" in result.failure and f"started {PORT_RETRIES + 1} times" in result.failure
+
+
+def test_a_rank_failing_for_another_reason_is_not_restarted(tmp_path):
+    env = {"TRIES": str(tmp_path), "FAIL_TRIES": "0"}
+    script = PORT_TAKEN_ONCE + "\nsys.exit(5 if os.environ['RANK'] == '1' else 0)"
+    result = launch_command([sys.executable, "-c", script], 2, env=env)
+    assert result.exit_code == 5 and int((tmp_path / "1").read_text()) == 1

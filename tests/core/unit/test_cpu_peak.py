@@ -1,0 +1,46 @@
+"""The CPU peak behind CPU MFU: best probe kept per machine, never lowered by a loaded probe."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from titan_core.runtime import cpu_peak
+
+
+@pytest.fixture
+def fresh(tmp_path, monkeypatch):
+    monkeypatch.setenv("TITAN_CORE_CACHE_DIR", str(tmp_path))
+    cpu_peak.measured_cpu_peak.cache_clear()
+    yield tmp_path
+    cpu_peak.measured_cpu_peak.cache_clear()
+
+
+def _probing(monkeypatch, rate):
+    monkeypatch.setattr(cpu_peak, "probe", lambda dtype: rate)
+    cpu_peak.measured_cpu_peak.cache_clear()  # a new process
+    return cpu_peak.measured_cpu_peak(torch.float32)
+
+
+def test_a_loaded_probe_never_lowers_the_kept_peak(fresh, monkeypatch):
+    assert _probing(monkeypatch, 100e9) == 100e9
+    assert _probing(monkeypatch, 40e9) == 100e9  # another job had the cores: MFU still divides by 100
+    assert _probing(monkeypatch, 120e9) == 120e9  # a quieter moment raises it
+    data = json.loads((fresh / "cpu_peak.json").read_text())
+    (entry,) = data.values()
+    assert entry["flops"] == 120e9 and entry["measured"] and "load_1min" in entry
+    assert "threads=" in next(iter(data)) and "torch" in next(iter(data))
+
+
+def test_a_corrupt_or_unwritable_cache_falls_back_to_the_probe(fresh, monkeypatch):
+    (fresh / "cpu_peak.json").write_text("{not json")
+    assert _probing(monkeypatch, 7e9) == 7e9
+    monkeypatch.setenv("TITAN_CORE_CACHE_DIR", str(fresh / "cpu_peak.json" / "below-a-file"))
+    assert _probing(monkeypatch, 5e9) == 5e9
+
+
+def test_the_real_probe_measures_a_plausible_rate():
+    rate = cpu_peak.probe(torch.float32, rounds=2, trials=2)
+    assert 1e8 < rate < 1e14

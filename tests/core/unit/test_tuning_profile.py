@@ -1,0 +1,65 @@
+"""The profile breakdown of a training step (titan_core.tuning.profile_breakdown): on a narrow llama3
+Trainer the categories plus the host gaps add up to the step time measured outside the profiler
+within the checklist's stated tolerance, each category holds the ops it names, the trace file is
+written, and the biggest category comes with its lever."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from onboard.engine.gates import load_checklist
+from titan_core.training.trainer import Trainer
+from titan_core.tuning.profile_breakdown import CATEGORIES, LEVERS, category_of, profile_steps
+
+from test_tuning_classify import narrow_config
+
+TOLERANCE = load_checklist("tuning").param("profile_sum_tolerance")
+
+
+@pytest.fixture(scope="module")
+def breakdown(tmp_path_factory):
+    out = tmp_path_factory.mktemp("profile")
+    trainer = Trainer(narrow_config(out), quiet=True)
+    try:
+        for _ in range(2):  # warm: the breakdown is of steady steps
+            trainer.train_step()
+        return profile_steps(trainer.train_step, steps=3, trace_path=out / "trace.json"), out
+    finally:
+        trainer.close()
+
+
+def test_categories_sum_to_the_step_time(breakdown):
+    b, _ = breakdown
+    assert b.steps == 3 and set(b.seconds) == set(CATEGORIES) and b.timeline == "host"
+    assert abs(sum(b.seconds.values()) - b.step_time_s) <= TOLERANCE * b.step_time_s, (b.seconds, b.step_time_s)
+    assert b.sum_rel_err <= TOLERANCE
+    assert sum(b.fractions.values()) == pytest.approx(1.0)
+    # a train step of a transformer with AdamW: matmuls, attention, elementwise work and the optimizer all show
+    assert all(b.seconds[c] > 0 for c in ("matmul", "attention", "norms_elementwise", "optimizer", "host_gaps"))
+    assert b.seconds["communication"] >= 0
+
+
+def test_top_ops_trace_and_lever(breakdown):
+    b, out = breakdown
+    assert b.biggest in CATEGORIES and b.lever == LEVERS[b.biggest]
+    assert b.biggest == max(b.seconds, key=b.seconds.get)
+    ops = {o["op"]: o for o in b.top_ops}
+    assert len(b.top_ops) == 10 and "aten::mm" in ops and ops["aten::mm"]["category"] == "matmul"
+    assert all(o["self_s_per_step"] > 0 for o in b.top_ops)
+    trace = json.loads((out / "trace.json").read_text())
+    assert b.trace_path == str(out / "trace.json") and trace["traceEvents"]
+    assert b.describe().startswith(f"{b.step_time_s * 1e3:.0f} ms/step") and b.biggest in b.describe()
+
+
+@pytest.mark.parametrize("name, category", [
+    ("aten::mm", "matmul"), ("aten::addmm", "matmul"), ("autograd::engine::evaluate_function: MmBackward0", "matmul"),
+    ("aten::_scaled_dot_product_flash_attention_for_cpu", "attention"),
+    ("ScaledDotProductFlashAttentionForCpuBackward0", "attention"),
+    ("Optimizer.step#AdamW.step", "optimizer"), ("aten::_foreach_mul_", "optimizer"),
+    ("c10d::allreduce_", "communication"), ("_c10d_functional::wait_tensor", "communication"),
+    ("aten::mul", None), ("aten::mmul_made_up", None), ("aten::rms_norm", None),
+])  # fmt: skip
+def test_category_of_op_names(name, category):
+    assert category_of(name) == category

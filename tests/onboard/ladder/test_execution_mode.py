@@ -1,0 +1,110 @@
+"""The execution-mode choice of the graph_trainer rung: the timing protocol decides, a tie keeps
+the simpler mode, and the choice comes back as recipe edits of exactly the keys that change."""
+
+from __future__ import annotations
+
+import pytest
+
+from onboard.rungs import execution_mode, harness
+from onboard.rungs.contract import RungContext
+
+
+class Scripted:
+    """A trainer whose steps take a scripted, noiseless time."""
+
+    def __init__(self, seconds: float):
+        self.seconds, self.closed = seconds, False
+
+    def train_step(self):
+        return {"step_time_s": self.seconds}
+
+    def close(self):
+        self.closed = True
+
+
+def choose(debug_ws, tmp_path, monkeypatch, times: dict[str, float], moe=None):
+    made = {}
+
+    def trainer(base, out, mode, moe_):
+        made[mode] = Scripted(times[mode])
+        return made[mode]
+
+    monkeypatch.setattr(execution_mode, "_trainer", trainer)
+    ctx = RungContext(workspace=debug_ws, attempt_dir=tmp_path, evidence={}, log=lambda line: None)
+    edits, record = execution_mode.choose(ctx, harness.job_config(ctx), rung="graph_trainer", moe=moe,
+                                          modes=list(times))  # fmt: skip
+    assert all(t.closed for t in made.values())
+    return {e.key: e.value for e in edits}, record
+
+
+def test_a_faster_mode_is_chosen_and_written(debug_ws, tmp_path, monkeypatch):
+    edits, record = choose(debug_ws, tmp_path, monkeypatch, {"eager": 0.2, "compile": 0.1, "graph_trainer": 0.3})
+    assert record["execution_mode"] == "compile" and edits == {"compile.enable": True}
+    assert "faster than eager" in record["execution_mode_why"] and "CI" in record["execution_mode_why"]
+
+
+def test_a_tie_keeps_eager_and_edits_nothing(debug_ws, tmp_path, monkeypatch):
+    edits, record = choose(debug_ws, tmp_path, monkeypatch, {"eager": 0.2, "compile": 0.2, "graph_trainer": 0.201})
+    assert record["execution_mode"] == "eager" and edits == {}
+    assert {c["outcome"] for c in record["execution_mode_vs_eager"].values()} == {"indistinguishable"}
+
+
+@pytest.mark.parametrize("graph, chosen", [(0.05, "graph_trainer"), (0.1, "compile")])
+def test_two_faster_modes_meet_head_to_head(debug_ws, tmp_path, monkeypatch, graph, chosen):
+    edits, record = choose(debug_ws, tmp_path, monkeypatch, {"eager": 0.2, "compile": 0.1, "graph_trainer": graph})
+    assert record["execution_mode"] == chosen and record["execution_mode_head_to_head"] is not None
+    assert edits == ({"graph_trainer.enable": True} if chosen == "graph_trainer" else {"compile.enable": True})
+
+
+def test_a_captured_mode_brings_the_experts_it_ran(debug_ws, tmp_path, monkeypatch):
+    edits, _ = choose(debug_ws, tmp_path, monkeypatch, {"eager": 0.2, "graph_trainer": 0.1}, moe="dense")
+    assert edits == {"graph_trainer.enable": True, "kernels.moe": "dense"}
+
+
+def test_rungs_that_run_their_own_mode_do_not_read_the_mode_keys():
+    from onboard.rungs import compile_rung
+    from onboard.rungs import eager_rung as eager, graph_trainer_rung as graph_trainer, kernels_rung as kernels, parity_rung as parity, simple_fsdp_rung as simple_fsdp
+
+    for rung in (eager, simple_fsdp, compile_rung, graph_trainer):
+        assert not rung.reads_recipe_key("compile.enable") and not rung.reads_recipe_key("graph_trainer.enable")
+        assert rung.reads_recipe_key("kernels.loss") and rung.reads_recipe_key("training.seq_len")
+        # the tuning rung's own gate proves its edits of these (harness.TUNING_KEYS)
+        assert not rung.reads_recipe_key("training.batch_size") and not rung.reads_recipe_key("kernels.ce_chunk")
+    assert parity.reads_recipe_key("model.hf_config") and not parity.reads_recipe_key("kernels.loss")
+    # kernels judges kernels in the recipe's mode: it reads every key but the tuning rung's
+    assert kernels.reads_recipe_key("compile.enable") and not kernels.reads_recipe_key("training.batch_size")
+
+
+def _recipe_says(debug_ws, line: str) -> None:
+    with open(debug_ws.recipe_path, "a") as f:
+        f.write(f"\n{line}\n")
+
+
+@pytest.mark.parametrize("times, kept", [
+    ({"eager": 0.2, "compile": 0.2, "graph_trainer": 0.2}, "compile"),      # a tie: the recipe's proven mode stands
+    ({"eager": 0.2, "compile": 0.1, "graph_trainer": 0.1}, "compile"),      # graph_trainer only ties it head to head
+    ({"eager": 0.2, "compile": 0.1, "graph_trainer": 0.05}, "graph_trainer"),  # beaten head to head: it goes
+    ({"eager": 0.2, "compile": 0.4, "graph_trainer": 0.4}, "eager"),        # slower than eager now: it goes
+])  # fmt: skip
+def test_a_re_run_keeps_the_recipes_mode_unless_beaten(debug_ws, tmp_path, monkeypatch, times, kept):
+    """Re-verification must not flip a choice on noise (the ladder would go round and round):
+    the recipe's mode stands unless this attempt found another one faster than it."""
+    _recipe_says(debug_ws, "[compile]\nenable = true")
+    edits, record = choose(debug_ws, tmp_path, monkeypatch, times)
+    assert record["execution_mode_was"] == "compile" and record["execution_mode"] == kept
+    if kept == "compile":
+        assert edits == {}
+    else:
+        assert edits == {"compile.enable": False, **({"graph_trainer.enable": True} if kept == "graph_trainer" else {})}
+    if times["compile"] == times["eager"]:  # the protocol chose eager; the recipe's compile was kept over it
+        assert "compile, the recipe's mode, stands" in record["execution_mode_why"]
+
+
+@pytest.mark.parametrize("outcome, current, written", [
+    ("faster", "float32", "bfloat16"), ("slower", "bfloat16", "float32"),
+    ("indistinguishable", "float32", "float32"), ("indistinguishable", "bfloat16", "bfloat16"),
+])  # fmt: skip
+def test_settle_keeps_the_recipes_value_when_the_protocol_cannot_tell(outcome, current, written):
+    assert harness.settle(outcome, current=current, candidate="bfloat16", plain="float32") == written
+    # a value that is neither side (a hand edit of something else): the plain one
+    assert harness.settle("indistinguishable", current="float16", candidate="bfloat16", plain="float32") == "float32"

@@ -1,0 +1,99 @@
+"""kill -9 of the process that started them ends rank processes and the parity pytest child:
+nothing outlives a killed launcher or next-step, and nothing writes into a closed attempt."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from titan_core.runtime.die_with_parent import EXIT_PARENT_GONE, main as wrapper_main, supported
+
+pytestmark = pytest.mark.skipif(not supported(), reason="PR_SET_PDEATHSIG is Linux-only")
+ONBOARD = Path(sys.executable).parent / "onboard"
+
+
+def alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(") ")[-1].split()[0] != "Z"  # a zombie has exited
+    except FileNotFoundError:
+        return False
+
+
+def wait_for(pred, timeout: float, what: str):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if value := pred():
+            return value
+        time.sleep(0.05)
+    pytest.fail(f"timed out waiting for {what}")
+
+
+def pids_running(needle: str) -> list[int]:
+    """Processes (not this one) whose command line contains `needle`."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and int(entry.name) != os.getpid():
+            try:
+                cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            except OSError:
+                continue
+            if needle in cmdline and alive(int(entry.name)):
+                found.append(int(entry.name))
+    return found
+
+
+def test_ranks_die_within_seconds_of_a_killed_launcher(tmp_path):
+    rank = "import os, time, pathlib; pathlib.Path(os.environ['PIDS'], os.environ['RANK']).write_text(str(os.getpid())); time.sleep(120)"
+    driver = textwrap.dedent(f"""
+        import sys
+        from titan_core.runtime.launcher import launch_command
+        launch_command([sys.executable, "-c", {rank!r}], 2, timeout_s=300)
+    """)
+    pids = tmp_path / "pids"
+    pids.mkdir()
+    proc = subprocess.Popen([sys.executable, "-c", driver], env={**os.environ, "PIDS": str(pids)})
+    ranks = wait_for(lambda: len(list(pids.iterdir())) == 2 and [int(p.read_text()) for p in pids.iterdir()], 60,
+                     "both ranks to start")  # fmt: skip
+    assert all(alive(p) for p in ranks)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=10)
+    t0 = time.monotonic()
+    wait_for(lambda: not any(alive(p) for p in ranks), 5, f"ranks {ranks} to die after the launcher was killed")
+    assert time.monotonic() - t0 < 5
+
+
+def test_a_child_whose_parent_is_already_gone_does_not_start(tmp_path):
+    # the wrapper is told a parent that is not its parent: it must not run the command
+    marker = tmp_path / "ran"
+    code = wrapper_main(["1", "--", sys.executable, "-c", f"open({str(marker)!r}, 'w')"])
+    assert code == EXIT_PARENT_GONE and not marker.exists()
+
+
+def test_wrapper_refuses_a_malformed_command_line(capsys):
+    assert wrapper_main(["notapid", "--", "true"]) == 2
+    assert "usage" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+@pytest.mark.hf
+def test_kill_9_of_next_step_ends_the_parity_pytest_child(narrow_ws, tmp_path):
+    ws = narrow_ws("llama3")
+    base = [str(ONBOARD), "next-step", ws.name, "--dir", str(tmp_path), "--json"]
+    eager = subprocess.run(base, capture_output=True, text=True, timeout=300)
+    assert eager.returncode == 0, eager.stderr
+    proc = subprocess.Popen(base, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    test_file = str(ws.root / "test_parity.py")
+    children = wait_for(lambda: pids_running(test_file), 120, "the parity pytest child to start")
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=10)
+    wait_for(lambda: not any(alive(p) for p in children), 5, f"pytest child {children} to die with next-step")
+    attempt = ws.root / "runs" / "parity" / "attempt-1"
+    assert not (attempt / "results.json").exists()

@@ -1,0 +1,91 @@
+"""The cheapest benches, run as a user runs them with their tiniest settings: each prints one JSON
+report whose speed comes through titan_core.measure.timing (a comparison with its interval), with the
+machine's load and the protocol's settings."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[3]
+SHORT = ["--max-rounds", "3", "--min-rounds", "2"]
+
+pytestmark = pytest.mark.slow  # about 25 s together on 2 busy cores
+
+
+def _run(bench: str, *args: str) -> dict:
+    env = dict(os.environ, TORCH_DEVICE_BACKEND_AUTOLOAD="0", HF_HUB_OFFLINE="1")
+    proc = subprocess.run([sys.executable, str(ROOT / "bench" / bench), *args, *SHORT], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=300, check=False)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout)
+
+
+def _check(report: dict, candidate: str, baseline: str) -> dict:
+    assert report["timing_protocol"]["max_rounds"] == 3 and report["timing_protocol"]["min_rounds"] == 2
+    assert all(isinstance(report["load_avg_1m"][k], float) for k in ("start", "end"))
+    (c,) = [c for c in report["comparisons"] if (c["candidate"], c["baseline"]) == (candidate, baseline)]
+    assert c["outcome"] in ("faster", "slower", "indistinguishable")
+    assert c["ci_low"] <= c["ratio"] <= c["ci_high"]
+    assert 2 <= c["rounds"] <= 3 and c["paired"]
+    assert isinstance(c["load_before"], float) and isinstance(c["load_after"], float)
+    assert c["describe"].startswith(candidate) and "CI" in c["describe"]
+    return c
+
+
+def test_exec_modes_tiny():
+    report = _run("exec_modes.py", "--shapes", "tiny", "--modes", "eager,graph_none", "--steps", "3",
+                  "--trace-layers", "")  # fmt: skip
+    _check(report, "graph_none", "eager")
+    assert {r["mode"] for r in report["train"]} == {"eager", "graph_none"}
+    assert all("error" not in r and r["step_time_median_s"] > 0 for r in report["train"])
+
+
+def test_fused_ce_tiny():
+    report = _run("fused_ce.py", "--tokens", "256", "--hidden", "64", "--vocab", "2048", "--chunk", "128",
+                  "--iters", "1")  # fmt: skip
+    c = _check(report, "fused_ce", "naive")
+    assert report["fused"]["time_s"] == c["candidate_median_s"]
+    assert report["naive"]["peak_loss_memory_bytes"] > 0 and report["loss_abs_diff"] < 1e-4
+
+
+@pytest.mark.hf
+def test_trainer_vs_hf_tiny():
+    pytest.importorskip("transformers", reason="the HF side needs the [hf] extra (transformers)")
+    report = _run("trainer_vs_hf.py", "--batch", "2", "--seq", "32")
+    c = _check(report, "titan_core", "HF")
+    assert report["titan_step_s_median"] == c["candidate_median_s"]
+
+
+@pytest.mark.hf
+def test_ladder_speedup_tiny(tmp_path):
+    """The three sides on a narrowed workspace whose ledger says the tuning rung raised the batch 2 -> 4:
+    the baseline gets the batch back, eager, while the final recipe keeps what the ladder wrote."""
+    pytest.importorskip("transformers", reason="the HF side needs the [hf] extra (transformers)")
+    from onboard.workspace.scaffold import plan_workspace, write_workspace
+
+    plan = plan_workspace("tiny", tmp_path, preset="llama3/debugmodel", device="cpu", threads=(1, "tests"))
+    root = write_workspace(plan)
+    config = json.loads((root / "config.json").read_text())
+    config.update(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                  intermediate_size=128, vocab_size=256)  # fmt: skip
+    (root / "config.json").write_text(json.dumps(config))
+    recipe = root / "recipe.toml"
+    recipe.write_text(recipe.read_text().replace("seq_len = 128", "seq_len = 32"))
+    edit = {"key": "training.batch_size", "value": 4, "why": "tuning rung (batch): ..."}
+    ledger = {"attempts": [{"rung": "tuning", "measurements": {"untuned_values": {"training.batch_size": 2}},
+                            "details": {}, "recipe_edit": {"edits": [edit]}}]}  # fmt: skip
+    (root / "ladder.json").write_text(json.dumps(ledger))
+    report = _run("ladder_speedup.py", str(root))
+    for candidate, baseline in (("baseline", "hf"), ("final", "baseline"), ("final", "hf")):
+        c = _check(report, candidate, baseline)
+        assert report["ratios"][f"{candidate}_vs_{baseline}"]["throughput"] == c["speedup"]
+    assert report["baseline"] == {"restored": {"training.batch_size": 2}, "assumed_default": {}, "tokens_per_step": 64}
+    assert report["final"]["tokens_per_step"] == 128 and report["hf"]["tokens_per_step"] == 64
+    assert set(report["tokens_per_s"]) == {"hf", "baseline", "final"}
+    assert all(v > 0 for v in report["tokens_per_s"].values())

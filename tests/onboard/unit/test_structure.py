@@ -1,0 +1,150 @@
+"""Package structure, checked statically: no import cycles, titan_core never imports onboard,
+and titan_core's text speaks of what its code does for any caller, not of the onboarding ladder."""
+
+from __future__ import annotations
+
+import ast
+import io
+import re
+import tokenize
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[3]
+PACKAGES = ("titan_core", "onboard")
+LADDER_WORDS = re.compile(r"(?<![\w.])(rungs?|ladders?|gates?)(?![\w.])", re.IGNORECASE)
+# from Python 3.12 an f-string is tokenized in pieces: its literal text is FSTRING_MIDDLE
+TEXT_TOKENS = {tokenize.COMMENT, tokenize.STRING} | {getattr(tokenize, "FSTRING_MIDDLE", tokenize.STRING)}
+
+
+def _modules(packages=PACKAGES) -> dict[str, Path]:
+    """Dotted module name -> file, for every module of `packages` (a package is its __init__)."""
+    out = {}
+    for pkg in packages:
+        for path in sorted((ROOT / pkg).rglob("*.py")):
+            parts = list(path.relative_to(ROOT).with_suffix("").parts)
+            if parts[-1] == "__init__":
+                parts.pop()
+            out[".".join(parts)] = path
+    return out
+
+
+def _imports(name: str, path: Path, known: set[str]) -> set[str]:
+    """The known modules `name` imports anywhere in its file (function-level imports included).
+
+    `from pkg import x` imports `pkg.x` when that is a module, else `pkg`."""
+    base_parts = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found |= {a.name for a in node.names if a.name in known}
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                parts = base_parts[: len(base_parts) - (node.level - 1)]
+                base = ".".join(parts + ([node.module] if node.module else []))
+            else:
+                base = node.module or ""
+            for alias in node.names:
+                full = f"{base}.{alias.name}"
+                if full in known:
+                    found.add(full)
+                elif base in known:
+                    found.add(base)
+    found.discard(name)
+    return found
+
+
+def import_graph() -> dict[str, set[str]]:
+    mods = _modules()
+    known = set(mods)
+    return {name: _imports(name, path, known) for name, path in mods.items()}
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components with more than one module (Tarjan, iterative)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    out: list[list[str]] = []
+    counter = 0
+    for root in sorted(graph):
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = counter
+        counter += 1
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            v, it = work[-1]
+            w = next(it, None)
+            if w is not None:
+                if w not in index:
+                    index[w] = low[w] = counter
+                    counter += 1
+                    stack.append(w)
+                    on_stack.add(w)
+                    work.append((w, iter(sorted(graph[w]))))
+                elif w in on_stack:
+                    low[v] = min(low[v], index[w])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[v])
+            if low[v] == index[v]:
+                comp = []
+                while True:
+                    w = stack.pop()
+                    on_stack.discard(w)
+                    comp.append(w)
+                    if w == v:
+                        break
+                if len(comp) > 1:
+                    out.append(sorted(comp))
+    return sorted(out)
+
+
+def test_the_checker_finds_a_cycle():
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_no_import_cycles():
+    graph = import_graph()
+    found = cycles(graph)
+
+    def edges(comp):
+        return "; ".join(f"{m} -> {', '.join(sorted(graph[m] & set(comp)))}" for m in comp)
+
+    assert not found, "import cycles (function-level imports counted):\n" + "\n".join(
+        f"  {' <-> '.join(c)}  ({edges(c)})" for c in found
+    )
+
+
+def test_titan_core_never_imports_onboard():
+    mods = _modules()
+    known = set(mods)
+    bad = {
+        name: sorted(m for m in _imports(name, path, known) if m.split(".")[0] == "onboard")
+        for name, path in mods.items()
+        if name.split(".")[0] == "titan_core"
+    }
+    bad = {k: v for k, v in bad.items() if v}
+    assert not bad, f"titan_core modules importing onboard: {bad}"
+    for name, path in mods.items():  # also a plain `import onboard...` of an unlisted module
+        if name.startswith("titan_core"):
+            assert not re.search(r"^\s*(from|import)\s+onboard\b", path.read_text(), re.MULTILINE), name
+
+
+def test_titan_core_text_does_not_speak_of_the_ladder():
+    """Comments, docstrings and strings under titan_core/ say what the code does for any caller."""
+    hits = []
+    for name, path in _modules(("titan_core",)).items():
+        tokens = tokenize.generate_tokens(io.StringIO(path.read_text()).readline)
+        for tok in tokens:
+            if tok.type not in TEXT_TOKENS:
+                continue
+            for m in LADDER_WORDS.finditer(tok.string):
+                line = tok.start[0] + tok.string.count("\n", 0, m.start())
+                hits.append(f"{path.relative_to(ROOT)}:{line}: {m.group(0)!r}")
+    assert not hits, "titan_core text naming rungs / ladders / gates:\n" + "\n".join(hits)

@@ -1,0 +1,242 @@
+"""Long names are refused before anything is made; `new-model --force` keeps the workspace
+findable at every instant: a crash between any two steps of the swap is recovered by the
+next command, with one line saying what it did, and temp folders are never listed."""
+
+import os
+import pickle
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from onboard.workspace import scaffold
+from onboard.cli.app import app
+from onboard.errors import BadInput
+from onboard.engine.ledger import Ledger
+from onboard.workspace.lock import WorkspaceLock, holder
+from onboard.workspace.scaffold import plan_workspace, write_workspace
+from onboard.workspace.layout import LEDGER, MAX_NAME, Workspace, list_workspaces, name_lock, validate_name
+
+runner = CliRunner()
+OLD_MARK = "# the porter's work\n"
+
+# A child that replaces workspace m with the pickled plan and dies (os._exit: no cleanup
+# runs, as in a kill) at one instant of the swap, chosen by patching the step after it.
+CHILD = r"""
+import os, pickle, shutil, sys, time
+from pathlib import Path
+from onboard.workspace import scaffold
+
+plan_file, instant, force = sys.argv[1], sys.argv[2], sys.argv[3] == "force"
+plan = pickle.loads(Path(plan_file).read_bytes())
+real_rename, real_rmtree, renames = os.rename, shutil.rmtree, []
+
+def die():
+    os._exit(9)
+
+def rename(src, dst):
+    if instant == "built" or (instant == "aside" and renames):
+        die()
+    real_rename(src, dst)
+    renames.append(dst)
+    if instant == "held_aside":  # stay between the two renames until killed or told to go on
+        Path(plan_file + ".ready").write_text("")
+        while not Path(plan_file + ".go").exists():
+            time.sleep(0.01)
+
+def rmtree(path, *a, **kw):
+    if instant == "swapped" and ".old-" in str(path):
+        die()
+    real_rmtree(path, *a, **kw)
+
+def save(self):
+    die()
+
+os.rename, shutil.rmtree = rename, rmtree
+if instant == "building":
+    scaffold.Ledger.save = save
+scaffold.write_workspace(plan, force=force)
+"""
+
+
+def make(tmp_path, preset="llama3", force=False, name="m"):
+    plan = plan_workspace(name, tmp_path, preset=preset, force=force)
+    return write_workspace(plan, force=force)
+
+
+def entries(tmp_path) -> list[str]:
+    return sorted(p.name for p in (tmp_path / "onboarding").iterdir())
+
+
+def family_of(root: Path) -> str:
+    return Ledger.load(root / LEDGER).meta["family"]
+
+
+def crash(tmp_path, instant, *, force=True, wait=True):
+    """Run the child for `instant`; returns the Popen (already finished when `wait`)."""
+    plan_file = tmp_path / "plan.pkl"
+    plan_file.write_bytes(pickle.dumps(plan_workspace("m", tmp_path, preset="qwen3", force=force)))
+    args = [sys.executable, "-c", CHILD, str(plan_file), instant, "force" if force else "create"]
+    child = subprocess.Popen(args, cwd=Path(__file__).parents[3])
+    if wait:
+        assert child.wait(timeout=60) == 9
+    return child
+
+
+@pytest.fixture
+def old_ws(tmp_path):
+    root = make(tmp_path)
+    (root / "adapter.py").write_text(OLD_MARK)
+    return root
+
+
+# ---- names ---------------------------------------------------------------------------------
+@pytest.mark.parametrize("length", [250, 300])
+def test_long_names_are_refused_before_anything_is_made(tmp_path, length):
+    result = runner.invoke(app, ["new-model", "m" * length, "--preset", "llama3", "--dir", str(tmp_path), "--json"])
+    assert result.exit_code == 2, result.stdout
+    assert f"NAME is {length} characters long; at most {MAX_NAME}" in result.stderr
+    assert list(tmp_path.iterdir()) == []  # not even onboarding/
+
+
+def test_the_longest_name_allowed_fits_every_path_of_a_forced_replace(tmp_path):
+    name = "n" * MAX_NAME
+    validate_name(name)
+    with pytest.raises(BadInput, match="at most"):
+        validate_name(name + "n")
+    make(tmp_path, name=name)
+    make(tmp_path, preset="qwen3", force=True, name=name)
+    assert entries(tmp_path) == [name] and family_of(tmp_path / "onboarding" / name) == "qwen3"
+
+
+# ---- listing -------------------------------------------------------------------------------
+def test_temp_folders_are_never_listed(tmp_path, old_ws):
+    # a live new-model (its per-name lock held) is building m's replacement: not listed, not touched
+    tmp = tmp_path / "onboarding" / ".m.new-abc123"
+    tmp.mkdir()
+    (tmp / LEDGER).write_text((old_ws / LEDGER).read_text())
+    with name_lock(tmp_path / "onboarding", "m"):
+        assert [p.name for p in list_workspaces(tmp_path)] == ["m"]
+        assert tmp.is_dir()
+    result = runner.invoke(app, ["list", "--dir", str(tmp_path), "--json"])
+    assert result.exit_code == 0 and '".m.new-' not in result.stdout
+    assert entries(tmp_path) == ["m"]  # its builder gone, the next command removed it
+
+
+# ---- a crash at each instant of the swap -----------------------------------------------------
+@pytest.mark.parametrize(
+    "instant, survivor, said",
+    [
+        ("building", "llama3", "removed .m.new-"),  # new one half written
+        ("built", "llama3", "removed .m.new-"),  # new one complete, old one untouched
+        ("aside", "llama3", "restored the workspace"),  # old one moved aside, new one not in yet
+        ("swapped", "qwen3", "removed .m.old-"),  # new one in place, old one not removed yet
+    ],
+)
+def test_a_crash_at_each_instant_is_recovered_by_the_next_status(tmp_path, old_ws, capsys, instant, survivor, said):
+    crash(tmp_path, instant)
+    leftovers = [n for n in entries(tmp_path) if n.startswith(".m.")]
+    assert leftovers, entries(tmp_path)  # the crash did leave something to recover
+    capsys.readouterr()
+    ws = Workspace.load(tmp_path, "m")
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("onboard: workspace m: ") and said in err[0], err
+    assert family_of(ws.root) == survivor and entries(tmp_path) == ["m"]
+    assert ((ws.root / "adapter.py").read_text() == OLD_MARK) == (survivor == "llama3")
+    assert holder(ws.root) is None  # a lock file the dead swapper left names no live run
+
+
+@pytest.mark.parametrize("command", ["list", "new-model", "status"])
+def test_between_the_renames_every_command_finds_the_old_workspace(tmp_path, old_ws, command):
+    crash(tmp_path, "aside")
+    assert "m" not in entries(tmp_path)  # the instant the issue describes
+    argv = {
+        "list": ["list"],
+        "new-model": ["new-model", "m", "--preset", "qwen3"],  # no --force: the restored one is in the way
+        "status": ["status", "m"],
+    }[command]
+    result = runner.invoke(app, [*argv, "--dir", str(tmp_path), "--json"])
+    assert "restored the workspace" in result.stderr
+    assert result.exit_code == (2 if command == "new-model" else 0), result.stderr
+    assert ".m." not in result.stdout and entries(tmp_path) == ["m"]
+    assert (tmp_path / "onboarding" / "m" / "adapter.py").read_text() == OLD_MARK
+
+
+def test_a_first_new_model_that_finished_building_is_moved_in(tmp_path, capsys):
+    crash(tmp_path, "built", force=False)
+    assert [n for n in entries(tmp_path) if not n.endswith(".lock")][0].startswith(".m.new-")
+    assert [p.name for p in list_workspaces(tmp_path)] == ["m"]
+    assert "moved in the workspace" in capsys.readouterr().err
+    assert family_of(tmp_path / "onboarding" / "m") == "qwen3"
+
+
+def test_a_workspace_an_earlier_onboard_moved_aside_is_restored(tmp_path, old_ws):
+    # the layout of the earlier swap: the old workspace one level down in .m.old-X/m
+    aside = tmp_path / "onboarding" / ".m.old-x1"
+    aside.mkdir()
+    old_ws.rename(aside / "m")
+    ws = Workspace.load(tmp_path, "m")
+    assert (ws.root / "adapter.py").read_text() == OLD_MARK and entries(tmp_path) == ["m"]
+
+
+# ---- a real SIGKILL, and a live swap waited out ----------------------------------------------
+def _held_aside(tmp_path):
+    child = crash(tmp_path, "held_aside", wait=False)
+    ready = tmp_path / "plan.pkl.ready"
+    deadline = time.monotonic() + 60
+    while not ready.exists():
+        assert child.poll() is None and time.monotonic() < deadline
+        time.sleep(0.01)
+    assert "m" not in entries(tmp_path)
+    return child
+
+
+def test_sigkill_between_the_renames_is_recovered(tmp_path, old_ws, capsys):
+    child = _held_aside(tmp_path)
+    os.kill(child.pid, signal.SIGKILL)
+    assert child.wait(timeout=30) == -signal.SIGKILL
+    ws = Workspace.load(tmp_path, "m")
+    assert (ws.root / "adapter.py").read_text() == OLD_MARK and entries(tmp_path) == ["m"]
+    assert "restored the workspace" in capsys.readouterr().err
+
+
+def test_a_status_during_a_live_swap_waits_for_it_and_finds_the_new_one(tmp_path, old_ws):
+    child = _held_aside(tmp_path)
+    go = threading.Timer(0.3, (tmp_path / "plan.pkl.go").write_text, args=("",))
+    go.start()
+    start = time.monotonic()
+    ws = Workspace.load(tmp_path, "m")  # NAME is missing right now: it waits for the swap's lock
+    assert time.monotonic() - start >= 0.25
+    assert child.wait(timeout=30) == 0
+    assert family_of(ws.root) == "qwen3" and entries(tmp_path) == ["m"]
+
+
+# ---- an error (not a crash) between the renames ----------------------------------------------
+def test_a_failing_second_rename_puts_the_old_workspace_back(tmp_path, old_ws, monkeypatch):
+    plan = plan_workspace("m", tmp_path, preset="qwen3", force=True)
+    real, calls = os.rename, []
+
+    def rename(src, dst):
+        calls.append(dst)
+        if len(calls) == 2:  # new -> m
+            raise OSError(28, "No space left on device")
+        real(src, dst)
+
+    monkeypatch.setattr(scaffold.os, "rename", rename)
+    with pytest.raises(OSError, match="No space"):
+        write_workspace(plan, force=True)
+    assert entries(tmp_path) == ["m"] and (old_ws / "adapter.py").read_text() == OLD_MARK
+    assert not (old_ws / ".onboard.lock").exists()
+
+
+def test_force_is_refused_while_a_run_holds_the_old_workspace(tmp_path, old_ws):
+    plan = plan_workspace("m", tmp_path, preset="qwen3", force=True)
+    with WorkspaceLock(old_ws):
+        with pytest.raises(BadInput, match="another onboard run"):
+            write_workspace(plan, force=True)
+    assert entries(tmp_path) == ["m"] and family_of(old_ws) == "llama3"

@@ -1,0 +1,308 @@
+"""Checkpoints in torch.distributed.checkpoint (DCP) format, and HF safetensors export.
+
+One code path for every world size: model and optimizer state go through
+`get_/set_model_state_dict` and `get_/set_optimizer_state_dict`, so DTensor-sharded
+parameters (SimpleFSDP, FSDP2) are saved as shards and plain tensors as themselves.
+Without a process group DCP runs in single-process mode; it would warn on every call
+that it assumes so, which is exactly our intent, so that one warning is silenced.
+
+A checkpoint is `folder/step-N`, written to `folder/.step-N.partial` and renamed only
+after DCP has written its `.metadata` (which it writes last): an interrupted save leaves
+a dot-folder that `load_latest` never considers.
+
+Per-rank state (data loader position, RNG states) is stored under `ranks.rank_<r>`, one
+opaque entry per rank, because each rank's value differs and DCP would otherwise keep
+only one rank's copy of a non-tensor value.
+
+Resuming on another world size works: DCP reshards model and optimizer DTensors to the new
+mesh, a rank without a saved entry of its own takes rank 0's, and the data position
+carries over when the global batch (batch_size x data-parallel ranks) is unchanged,
+because loaders address rows by global batch index (see titan_core/data/loader.py).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import random
+import re
+import shutil
+import warnings
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_optimizer_state_dict,
+    set_model_state_dict,
+    set_optimizer_state_dict,
+)
+
+from titan_core.config.hf_config import read_hf_config
+from titan_core.config.loader import ConfigError
+from titan_core.config.sections import JobConfig
+from titan_core.config.sections import Model as ModelConfig
+from titan_core.training.model_builder import args_from_hf_config, model_adapter
+from titan_core.models.common.hf_adapter import AdapterError
+from titan_core.models.registry import get_family
+
+_STEP_DIR = re.compile(r"step-(\d+)")
+
+
+def _dist_on() -> bool:
+    return dist.is_available() and dist.is_initialized()
+
+
+def _rank() -> int:
+    return dist.get_rank() if _dist_on() else 0
+
+
+def _barrier() -> None:
+    if _dist_on():
+        dist.barrier()
+
+
+@contextlib.contextmanager
+def _single_process_ok():
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable or uninitialized")
+        yield
+
+
+def rng_state() -> dict[str, Any]:
+    """Every RNG a training step may draw from on this rank."""
+    state: dict[str, Any] = {"cpu": torch.get_rng_state(), "python": random.getstate()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    torch.set_rng_state(state["cpu"])
+    random.setstate(state["python"])
+    # A resume on other hardware cannot be bit-exact anyway; restore what exists on both sides.
+    if "cuda" in state and torch.cuda.is_available() and len(state["cuda"]) == torch.cuda.device_count():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def _publish(tmp: Path, final: Path) -> None:
+    """Make a fully written checkpoint visible under its final name."""
+    old = final.with_name(f".{final.name}.old")
+    if final.exists():  # re-saving a step: keep the old one until the new one is in place
+        shutil.rmtree(old, ignore_errors=True)
+        os.replace(final, old)
+    os.replace(tmp, final)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+class Checkpointer:
+    """Saves `folder/step-N` every `interval` steps (and at the last one) and resumes from the newest.
+
+    `enable = False` turns both saving and resuming off, so a run with checkpoints off
+    never picks up a stale folder. `interval <= 0` saves only at the last step.
+    """
+
+    def __init__(self, folder: Path, interval: int, enable: bool):
+        self.folder = Path(folder)
+        self.interval = interval
+        self.enable = enable
+
+    @classmethod
+    def from_config(cls, cfg: JobConfig) -> Checkpointer:
+        """A relative `checkpoint.folder` lives under `metrics.output_dir`."""
+        folder = Path(cfg.checkpoint.folder)
+        if not folder.is_absolute():
+            folder = Path(cfg.metrics.output_dir) / folder
+        return cls(folder, cfg.checkpoint.interval, cfg.checkpoint.enable)
+
+    # ---- saving --------------------------------------------------------------------
+    def should_save(self, step: int, last: bool = False) -> bool:
+        return self.enable and (last or (self.interval > 0 and step % self.interval == 0))
+
+    def maybe_save(self, step: int, *, model, optimizer, lr_scheduler, data_loader, last: bool = False) -> Path | None:
+        """Save after optimizer step `step` when due; returns the checkpoint folder or None."""
+        if not self.should_save(step, last):
+            return None
+        return self.save(step, model=model, optimizer=optimizer, lr_scheduler=lr_scheduler, data_loader=data_loader)
+
+    def save(self, step: int, *, model, optimizer, lr_scheduler, data_loader) -> Path:
+        """Write `folder/step-N` atomically (see the module docstring). Collective under a process group."""
+        final = self.folder / f"step-{step}"
+        tmp = self.folder / f".step-{step}.partial"
+        if _rank() == 0:
+            shutil.rmtree(tmp, ignore_errors=True)  # debris of an earlier interrupted save
+            self.folder.mkdir(parents=True, exist_ok=True)
+        _barrier()
+        per_rank = {"step": step, "rng": rng_state()}
+        if data_loader is not None:
+            per_rank["data_loader"] = data_loader.state_dict()
+        buf = io.BytesIO()
+        torch.save(per_rank, buf)
+        state = {
+            "model": get_model_state_dict(model),
+            "optimizer": get_optimizer_state_dict(model, optimizer),
+            "ranks": {f"rank_{_rank()}": buf.getvalue()},
+        }
+        if lr_scheduler is not None:
+            state["lr_scheduler"] = lr_scheduler.state_dict()
+        with _single_process_ok():
+            dcp.save(state, checkpoint_id=tmp)
+        _barrier()
+        if _rank() == 0:
+            _publish(tmp, final)
+        _barrier()
+        return final
+
+    # ---- loading -------------------------------------------------------------------
+    def latest_step(self) -> int | None:
+        """The newest complete checkpoint's step (one with DCP's `.metadata`), or None."""
+        if not self.folder.is_dir():
+            return None
+        steps = [
+            int(m.group(1))
+            for p in self.folder.iterdir()
+            if (m := _STEP_DIR.fullmatch(p.name)) and (p / ".metadata").is_file()
+        ]
+        return max(steps, default=None)
+
+    def load_latest(self, *, model, optimizer, lr_scheduler, data_loader) -> int | None:
+        """Restore everything from the newest checkpoint; returns its step, or None when there is none."""
+        if not self.enable:
+            return None
+        step = self.latest_step()
+        if _dist_on():  # every rank must open the same folder even if the listing races a save
+            box = [step]
+            dist.broadcast_object_list(box, src=0)
+            step = box[0]
+        if step is None:
+            return None
+        self.load(step, model=model, optimizer=optimizer, lr_scheduler=lr_scheduler, data_loader=data_loader)
+        return step
+
+    def load(self, step: int, *, model, optimizer, lr_scheduler, data_loader) -> None:
+        path = self.folder / f"step-{step}"
+        key = f"rank_{_rank()}"
+        saved = dcp.FileSystemReader(path).read_metadata().state_dict_metadata
+        if f"ranks.{key}" not in saved:
+            key = "rank_0"  # saved by fewer ranks: every rank's position is rank 0's (see module docstring)
+        if f"ranks.{key}" not in saved:
+            raise ConfigError(f"checkpoint {path} has no per-rank state (no ranks.rank_0): it was not written by titan_core")
+        state: dict[str, Any] = {
+            "model": get_model_state_dict(model),
+            "optimizer": get_optimizer_state_dict(model, optimizer),
+            "ranks": {key: b""},
+        }
+        if lr_scheduler is not None:
+            state["lr_scheduler"] = lr_scheduler.state_dict()
+        with _single_process_ok():
+            dcp.load(state, checkpoint_id=path)
+        set_model_state_dict(model, state["model"])
+        set_optimizer_state_dict(model, optimizer, state["optimizer"])
+        if lr_scheduler is not None:
+            lr_scheduler.load_state_dict(state["lr_scheduler"])
+        per_rank = torch.load(io.BytesIO(state["ranks"][key]), weights_only=True)
+        if per_rank["step"] != step:
+            raise ConfigError(f"checkpoint {path} holds step {per_rank['step']}, not {step}: the folder was renamed")
+        if data_loader is not None:
+            _restore_loader(data_loader, per_rank["data_loader"], path)
+        set_rng_state(per_rank["rng"])
+
+
+def _restore_loader(loader, state: dict[str, Any], path: Path) -> None:
+    """Load a loader position saved on this rank, or on another data-parallel layout."""
+    mine = loader.state_dict()
+    layout = ("dp_rank", "dp_world", "batch_size")
+    if all(state.get(k) == mine.get(k) for k in layout) or not all(k in state for k in layout):
+        loader.load_state_dict(state)  # same layout (or a loader without one): its own checks apply
+        return
+    before, now = state["batch_size"] * state["dp_world"], mine["batch_size"] * mine["dp_world"]
+    if before != now:
+        raise ConfigError(
+            f"cannot resume {path} here: its global batch is batch_size {state['batch_size']} x "
+            f"{state['dp_world']} data-parallel rank(s) = {before} rows, this run's is {mine['batch_size']} x "
+            f"{mine['dp_world']} = {now}; keep their product equal when changing the world size"
+        )
+    loader.load_state_dict({**state, **{k: mine[k] for k in layout}})
+
+
+def export_hf(model, family_name: str, args, out_dir: str | Path, *, model_cfg: ModelConfig | None = None) -> Path:
+    """Write `model.safetensors` + `config.json` in the HF layout; returns `out_dir`.
+
+    With `model_cfg` (the recipe's [model] section) the export goes through the recipe's
+    model: its adapter (`adapter_file`'s, else the family's) maps the weights, and config.json
+    is the recipe's `hf_config` with every field kept (model_type, architectures, a port's
+    own keys), [model.overrides] written into it, dtype that of the exported tensors; a recipe
+    without `hf_config`, or whose adapter says `exports_whole_config` (the transformers path:
+    its `hf_config(args)` is that config.json with the overrides in, under any key), gets the
+    adapter's `hf_config(args)`. Without `model_cfg`: the family's.
+    Gathers sharded parameters first; under a process group only rank 0 writes.
+    """
+    try:
+        from safetensors.torch import save_file  # optional extra [hf]
+    except ImportError:
+        raise ConfigError("exporting HF weights needs safetensors: pip install titan-onboard[hf]") from None
+    adapter = model_adapter(model_cfg) if model_cfg is not None else get_family(family_name).adapter
+    out = Path(out_dir)
+    with _single_process_ok():
+        sd = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    if _rank() == 0:
+        tensors: dict[str, torch.Tensor] = {}
+        storages: set[int] = set()
+        try:
+            hf_sd = adapter.to_hf(sd)
+            config = _export_config(adapter, model_cfg, args)
+        except AdapterError as e:
+            raise ConfigError(f"cannot export HF weights: {e}") from None
+        if args.tie_embeddings:
+            # The adapter hands a tied head back as the embedding itself (as an HF model's
+            # state_dict does); like save_pretrained, store it once: the config re-ties it.
+            hf_sd.pop("lm_head.weight", None)
+        for name, value in hf_sd.items():
+            t = value.detach().to("cpu").contiguous()
+            # safetensors refuses tensors sharing storage (e.g. views an adapter split off one tensor).
+            if t.untyped_storage().data_ptr() in storages:
+                t = t.clone()
+            storages.add(t.untyped_storage().data_ptr())
+            tensors[name] = t
+        dtypes = {t.dtype for t in tensors.values()}
+        config.pop("torch_dtype", None)  # transformers 4's name for dtype; the export says its own
+        if len(dtypes) == 1:
+            config["dtype"] = str(dtypes.pop()).removeprefix("torch.")
+        out.mkdir(parents=True, exist_ok=True)
+        save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
+        (out / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    _barrier()
+    return out
+
+
+def _export_config(adapter, model_cfg: ModelConfig | None, args) -> dict[str, Any]:
+    """The HF config of an export (see `export_hf`). A recipe's [model.overrides] are written
+    through the adapter's `hf_config(args)` into the keys config.json already has; the result
+    must read back as the trained args, else the export would describe another model."""
+    if model_cfg is None or not model_cfg.hf_config:
+        if not callable(getattr(adapter, "hf_config", None)):
+            raise ConfigError("the adapter has no hf_config(args) and the recipe names no model.hf_config to export")
+        return adapter.hf_config(args)
+    if getattr(adapter, "exports_whole_config", False):
+        return adapter.hf_config(args)  # the recipe's config.json itself, its overrides written in
+    config = read_hf_config(model_cfg.hf_config)
+    if not model_cfg.overrides:
+        return config  # the trained args are this config's, by construction
+    try:
+        mapped = adapter.hf_config(args) if callable(getattr(adapter, "hf_config", None)) else {}
+    except AdapterError:
+        mapped = {}  # a port's family may not export its shape; the read-back check below decides
+    config.update({k: v for k, v in mapped.items() if k in config and k not in ("model_type", "architectures")})
+    if replace(args_from_hf_config(adapter, config), init_std=args.init_std) != args:  # init is no architecture
+        raise ConfigError(
+            f"cannot export HF weights: the recipe's [model.overrides] {sorted(model_cfg.overrides)} change the "
+            f"architecture in a way {model_cfg.hf_config} cannot be rewritten to say; export without them"
+        )
+    return config

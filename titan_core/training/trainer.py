@@ -1,0 +1,268 @@
+"""The training loop: build everything from a JobConfig, then step.
+
+Build order matters: the model is created on the meta device, swaps replace modules
+while they cost nothing, then weights are materialised on the target and initialised,
+then parallelised (each rank keeps its slice of the identically initialised full
+tensors, so any world size starts from the single-process weights); the optimizer is
+created last, over the parameters that will actually train (sharded DTensors under
+SimpleFSDP / FSDP2).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from titan_core.runtime import devices, distributed
+from titan_core.training.checkpoint import Checkpointer, export_hf
+from titan_core.compile import execution
+from titan_core.config.sections import JobConfig
+from titan_core.config.swaps import apply_swaps
+from titan_core.data import build_data_loader
+from titan_core.kernels import swaps_for
+from titan_core.memory.preflight import check_memory
+from titan_core.measure.metrics import MetricsLogger
+from titan_core.training.model_builder import build_model_from_config
+from titan_core.models.common.stats import flops_per_token
+from titan_core.training.optim import build_lr_scheduler, build_optimizer
+from titan_core.parallel import build_mesh, check_parallelism, clip_grad_norm_, dp_coordinates, parallelize
+from titan_core.parallel.mesh import dp_group
+from titan_core.measure.profiler import StepProfiler
+from titan_core.measure.run_stats import RunStats
+from titan_core.training.token_mean import global_valid_tokens, micro_batch_term
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+@dataclass
+class TrainResult:
+    metrics: list[dict]
+    """One dict per optimizer step (see MetricsLogger)."""
+    num_params: int
+    flops_per_token: float
+    device: str
+    swaps: dict[str, str] = field(default_factory=dict)
+    resumed_from: int | None = None
+    output_dir: str = ""
+    summary: object = None
+    """A rich Table of every step (None when logging was off)."""
+    world_size: int = 1
+    """Processes that trained together."""
+    data_parallel: str = "none"
+    """parallelism.data_parallel of the run."""
+    stopped: str | None = None
+    """Why the run stopped before `training.steps`: a non-finite loss, named with its step, the
+    loss and the last finite grad norm (`diverged_message`). None: it ran every step."""
+
+    @property
+    def stats(self) -> RunStats:
+        """Steady-window speed and memory of the run (raises on a run that logged no step)."""
+        return RunStats.from_rows(self.metrics)
+
+    @property
+    def step_time_median_s(self) -> float:
+        return self.stats.step_time_median_s
+
+
+def set_determinism(seed: int, deterministic: bool) -> None:
+    torch.manual_seed(seed)
+    if deterministic:
+        torch.use_deterministic_algorithms(True)
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+
+
+class Trainer:
+    def __init__(self, cfg: JobConfig, *, quiet: bool = False):
+        self.cfg = cfg
+        self.rank, self.world_size, local_rank = distributed.current_ranks()
+        self.degrees = check_parallelism(cfg, self.world_size)
+        if cfg.device.threads:
+            torch.set_num_threads(cfg.device.threads)
+        self.device = devices.resolve_device(
+            cfg.device.type, local_rank=local_rank, libtpu_init_flags=cfg.tpu.libtpu_init_flags
+        )
+        self.dist: distributed.DistState | None = None
+        self.mesh = None
+        if cfg.parallelism.data_parallel != "none":
+            self.dist = distributed.init_distributed(self.device, cfg.parallelism.timeout_s)
+        try:
+            self._build(cfg, quiet=quiet)
+        except BaseException:
+            self.close()
+            raise
+
+    def _build(self, cfg: JobConfig, *, quiet: bool) -> None:
+        set_determinism(cfg.training.seed, cfg.training.deterministic)
+        self.out_dir = Path(cfg.metrics.output_dir)
+
+        self.family, self.args, model = build_model_from_config(cfg.model)
+        built_params = sum(p.numel() for p in model.parameters())  # the recipe's model (a port's own layers too)
+        self.swaps = apply_swaps(model, swaps_for(cfg.kernels))
+        # refuse a run that cannot fit while the model still costs nothing (MemoryBudgetError: exit 2)
+        self.memory_estimate = check_memory(cfg, model, self.args, self.device, self.degrees)
+        model.to_empty(device=self.device)
+        model.init_weights(seed=cfg.training.seed)
+        model = model.to(DTYPES[cfg.training.dtype])
+        dp_rank, self.dp_world = 0, 1
+        self.dp_group = None
+        """The data-parallel peers the step's valid-token count is summed over (None: this rank alone)."""
+        if self.dist is not None:
+            self.mesh = build_mesh(self.degrees, self.device.type)
+            parallelize(model, cfg, self.mesh)
+            dp_rank, self.dp_world = dp_coordinates(self.mesh)
+            self.dp_group = dp_group(self.mesh)
+        self.model = model
+        # execution modes (titan_core/compile): per-block compile now, the Graph Trainer over the optimizer
+        self.compiled_modules = execution.apply_per_block_compile(model, cfg) if cfg.compile.enable else []
+
+        self.optimizer = build_optimizer(self.model, cfg.optimizer)
+        self.lr_scheduler = build_lr_scheduler(self.optimizer, cfg.lr_scheduler, cfg.training.steps)
+        self.graph_step = (
+            execution.graph_train_step(self.model, self.optimizer, cfg, dp_world=self.dp_world)
+            if cfg.graph_trainer.enable
+            else None
+        )
+        self.data = build_data_loader(cfg, vocab_size=self.args.vocab_size, dp_rank=dp_rank, dp_world=self.dp_world)
+        self.checkpointer = Checkpointer.from_config(cfg)
+        self.profiler = StepProfiler(cfg.profiler, self._under_output(cfg.profiler.folder), self.rank)
+        self.logger = MetricsLogger(
+            self.out_dir, log_freq=cfg.metrics.log_freq, use_rich=cfg.metrics.rich, enabled=self.rank == 0 and not quiet
+        )
+        self.num_params = built_params
+        self.flops_per_token = flops_per_token(self.args, cfg.training.seq_len)
+        self.peak_flops = devices.peak_flops(self.device, DTYPES[cfg.training.mixed_precision_param])
+        self.step = 0
+        self.resumed_from: int | None = None
+        if cfg.checkpoint.enable and cfg.checkpoint.resume:
+            self.resumed_from = self.checkpointer.load_latest(
+                model=self.model, optimizer=self.optimizer, lr_scheduler=self.lr_scheduler, data_loader=self.data
+            )
+            self.step = self.resumed_from or 0
+
+    def close(self, *, together: bool = False) -> None:
+        """Release the process group if this trainer created it (idempotent); `together`: every
+        rank finished normally, so they leave the group at the same time."""
+        distributed.teardown(self.dist, together=together)
+
+    def _under_output(self, folder: str) -> Path:
+        p = Path(folder)
+        return p if p.is_absolute() else self.out_dir / p
+
+    def _eager_update(self, cfg, batches, n_tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Forward, backward, clip and optimizer step over the step's micro-batches (on the device);
+        returns (this rank's share of the global token-mean loss, grad norm) on the device."""
+        self.optimizer.zero_grad(set_to_none=True)
+        total = torch.zeros((), device=self.device)
+        for b in batches:
+            loss, ce = self.model.loss(b.tokens, b.labels, positions=b.positions, segment_ids=b.segment_ids)
+            term = micro_batch_term(loss, ce, b.labels, n_tokens, dp_world=self.dp_world, grad_accum=cfg.grad_accum)
+            term.backward()
+            total += term.detach().float()
+        params = [p for p in self.model.parameters() if p.grad is not None]
+        grad_norm = clip_grad_norm_(params, cfg.max_norm, foreach=True)
+        self.optimizer.step()
+        return total, grad_norm
+
+    def train_step(self) -> dict:
+        """One optimizer step over `grad_accum` micro-batches; returns its metrics."""
+        cfg = self.cfg.training
+        devices.synchronize(self.device)
+        t0 = time.perf_counter()
+        lr = self.optimizer.param_groups[0]["lr"]
+        batches = [next(self.data).to(self.device, non_blocking=True) for _ in range(cfg.grad_accum)]
+        # the loss is the mean over the valid tokens of the whole global batch (titan_core/training/token_mean.py)
+        n_tokens = global_valid_tokens([b.labels for b in batches], self.dp_group)
+        if self.graph_step is not None:  # Graph Trainer: _eager_update's work as one captured program
+            total, grad_norm = self.graph_step.run(batches, n_tokens)
+        else:
+            total, grad_norm = self._eager_update(cfg, batches, n_tokens)
+        self.lr_scheduler.step()
+        if self.world_size > 1:
+            # each rank's total is dp_world times its share of the global token mean (plus the
+            # aux term); TP ranks of one dp rank hold the same value, so the mean over the
+            # world is the global token mean
+            dist.all_reduce(total)
+            total /= self.world_size
+        loss_value, norm_value = total.item(), grad_norm.item()  # the one host sync per step
+        devices.synchronize(self.device)
+        dt = time.perf_counter() - t0
+        tokens = cfg.batch_size * cfg.seq_len * cfg.grad_accum * self.dp_world
+        tps = tokens / dt
+        return {
+            "step": self.step,
+            "loss": loss_value,
+            "grad_norm": norm_value,
+            "lr": lr,
+            "tokens_per_s": tps,
+            "mfu": self.flops_per_token * tps / (self.peak_flops * self.world_size),
+            "peak_mem_bytes": devices.peak_memory_bytes(self.device),
+            "step_time_s": dt,
+        }
+
+    def train(self) -> TrainResult:
+        devices.reset_peak_memory(self.device)
+        completed = False
+        stopped = None
+        last_norm: tuple[int, float] | None = None  # (step, grad norm) of the latest finite grad norm
+        try:
+            self.logger.start(after_step=self.step)  # a resumed run supersedes the rows after its checkpoint
+            while self.step < self.cfg.training.steps:
+                self.step += 1
+                self.profiler.before_step(self.step)
+                row = self.train_step()
+                self.profiler.after_step(self.step)
+                self.logger.log(row)
+                if math.isfinite(row["grad_norm"]):
+                    last_norm = (self.step, row["grad_norm"])
+                if not math.isfinite(row["loss"]):
+                    # nothing useful follows a non-finite loss; every rank holds the same all-reduced
+                    # loss, so every rank stops at this step
+                    stopped = diverged_message(self.step, row["loss"], last_norm)
+                    break
+                self.checkpointer.maybe_save(
+                    self.step,
+                    model=self.model,
+                    optimizer=self.optimizer,
+                    lr_scheduler=self.lr_scheduler,
+                    data_loader=self.data,
+                    last=self.step == self.cfg.training.steps,
+                )
+            if self.cfg.checkpoint.export_hf and stopped is None:  # every rank: gathering is collective
+                out = self._under_output(self.cfg.checkpoint.export_hf)
+                export_hf(self.model, self.family, self.args, out, model_cfg=self.cfg.model)
+            completed = True
+        finally:
+            self.profiler.close()
+            self.logger.close()
+            self.close(together=completed)
+        return TrainResult(
+            metrics=self.logger.rows,
+            num_params=self.num_params,
+            flops_per_token=self.flops_per_token,
+            device=str(self.device),
+            swaps=self.swaps,
+            resumed_from=self.resumed_from,
+            output_dir=str(self.out_dir),
+            summary=self.logger.summary_table() if self.logger.enabled else None,
+            world_size=self.world_size,
+            data_parallel=self.cfg.parallelism.data_parallel,
+            stopped=stopped,
+        )
+
+
+def diverged_message(step: int, loss: float, last_norm: tuple[int, float] | None) -> str:
+    """One line for a run stopped by a non-finite loss: the step, the loss, the last finite grad norm."""
+    if last_norm is None:
+        norm = "no step had a finite grad norm"
+    else:
+        norm = f"the last finite grad norm was {last_norm[1]:.6g} (step {last_norm[0]})"
+    return (
+        f"training diverged: the loss at step {step} is {loss!r}, so the run stopped there; {norm}; "
+        "the usual cause is a learning rate too high for the model (optimizer.lr)"
+    )
