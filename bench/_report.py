@@ -26,21 +26,33 @@ def load() -> float | None:
         return None
 
 
+PROTOCOL_FLAGS = {
+    "warmup": "--warmup-rounds",
+    "min_rounds": "--min-rounds",
+    "max_rounds": "--max-rounds",
+    "max_seconds": "--max-seconds",
+}
+"""The TimingProtocol fields a bench's command line sets, and their flags."""
+
+
 def add_protocol_args(ap: argparse.ArgumentParser) -> None:
-    """--warmup-rounds / --min-rounds / --max-rounds / --max-seconds, defaulting to TimingProtocol's."""
+    """--warmup-rounds / --min-rounds / --max-rounds / --max-seconds; unset, TimingProtocol's defaults."""
     d = TimingProtocol()
     g = ap.add_argument_group("timing protocol (titan_core.measure.timing.TimingProtocol; shorten for smoke runs)")
-    g.add_argument("--warmup-rounds", type=int, default=d.warmup, help=f"rounds discarded first (default {d.warmup})")
-    g.add_argument("--min-rounds", type=int, default=None, help=f"default {d.min_rounds}, at most --max-rounds")
-    g.add_argument("--max-rounds", type=int, default=d.max_rounds, help=f"default {d.max_rounds}")
-    g.add_argument("--max-seconds", type=float, default=d.max_seconds, help=f"per comparison ({d.max_seconds:g})")
+    g.add_argument("--warmup-rounds", type=int, dest="warmup", help=f"rounds discarded first (default {d.warmup})")
+    g.add_argument("--min-rounds", type=int, dest="min_rounds", help=f"default {d.min_rounds}, at most --max-rounds")
+    g.add_argument("--max-rounds", type=int, dest="max_rounds", help=f"default {d.max_rounds}")
+    g.add_argument("--max-seconds", type=float, dest="max_seconds", help=f"per comparison ({d.max_seconds:g})")
 
 
 def protocol_from(a: argparse.Namespace) -> TimingProtocol:
-    d = TimingProtocol()
-    min_rounds = a.min_rounds if a.min_rounds is not None else min(d.min_rounds, a.max_rounds)
-    return TimingProtocol(warmup=a.warmup_rounds, min_rounds=min_rounds, max_rounds=a.max_rounds,
-                          max_seconds=a.max_seconds)  # fmt: skip
+    """The protocol the command line asked for (TimingProtocol.from_dict: unset flags keep the defaults)."""
+    return TimingProtocol.from_dict({field: getattr(a, field) for field in PROTOCOL_FLAGS})
+
+
+def protocol_args(p: TimingProtocol) -> list[str]:
+    """The flags that hand `p` to a bench's own subprocess (read back there by `protocol_from`)."""
+    return [f"{flag}={getattr(p, field)!r}" for field, flag in PROTOCOL_FLAGS.items()]
 
 
 def entry(cmp: Comparison, candidate: str, baseline: str, **context) -> dict:

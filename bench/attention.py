@@ -23,13 +23,18 @@ os.environ.setdefault("TORCH_DEVICE_BACKEND_AUTOLOAD", "0")
 import torch  # noqa: E402
 
 import _report  # noqa: E402
+from titan_core.config.dtypes import DTYPES  # noqa: E402
 from titan_core.kernels.attention import FlexAttention, KernelUnavailable, SplashAttention, TokamaxAttention  # noqa: E402
 from titan_core.models.common.attention import NaiveAttention, SDPAttention  # noqa: E402
 from titan_core.measure.timing import compare, timed  # noqa: E402
 
 # (batch, heads, kv_heads, seq, head_dim); tiny: a smoke test
-SHAPES = {"tiny": (1, 4, 2, 64, 32), "small": (1, 8, 2, 256, 64), "medium": (1, 16, 4, 1024, 64),
-          "large": (2, 8, 8, 2048, 64)}  # fmt: skip
+SHAPES = {
+    "tiny": (1, 4, 2, 64, 32),
+    "small": (1, 8, 2, 256, 64),
+    "medium": (1, 16, 4, 1024, 64),
+    "large": (2, 8, 8, 2048, 64),
+}
 MASKS = {"causal": (None, False), "window512_packed": (512, True)}
 BACKENDS = {"sdpa": SDPAttention, "tokamax": TokamaxAttention, "flex": FlexAttention, "splash": SplashAttention}
 
@@ -50,14 +55,14 @@ def _inputs(shape, dtype, packed):
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    ap.add_argument("--dtype", default="float32", choices=list(DTYPES))
     ap.add_argument("--shapes", default="small,medium,large", help=f"of {', '.join(SHAPES)} (tiny: a smoke test)")
     ap.add_argument("--backends", default=",".join(BACKENDS), help="compared against naive")
     ap.add_argument("--masks", default=",".join(MASKS))
     _report.add_protocol_args(ap)
     opts = ap.parse_args()
     protocol = _report.protocol_from(opts)
-    dtype = getattr(torch, opts.dtype)
+    dtype = DTYPES[opts.dtype]
     naive = NaiveAttention()
     backends = {name: BACKENDS[name]() for name in opts.backends.split(",") if name}
     report = _report.start("attention", protocol, dtype=opts.dtype, threads=torch.get_num_threads(), results=[])

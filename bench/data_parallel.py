@@ -23,18 +23,21 @@ import json
 import os
 import sys
 import tempfile
-from dataclasses import asdict
 from pathlib import Path
 
 os.environ.setdefault("TORCH_DEVICE_BACKEND_AUTOLOAD", "0")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import _report  # noqa: E402
+from titan_core.memory.estimate import format_bytes  # noqa: E402
 
 SHAPES = {
     # a smoke test
-    "tiny": {"overrides": {"dim": 64, "n_layers": 2, "n_heads": 4, "n_kv_heads": 2, "vocab_size": 256},
-             "batch": 4, "seq": 64},  # fmt: skip
+    "tiny": {
+        "overrides": {"dim": 64, "n_layers": 2, "n_heads": 4, "n_kv_heads": 2, "vocab_size": 256},
+        "batch": 4,
+        "seq": 64,
+    },
     # the llama3 debugmodel as its flavor defines it; global batch 8 x 256 tokens
     "debugmodel": {"overrides": {}, "batch": 8, "seq": 256},
     # few wide layers: 26M parameters, so communication is large next to compute
@@ -74,9 +77,9 @@ def worker(opts) -> None:
 
     from titan_core.parallel.comm import CommCounter
     from titan_core.measure.run_stats import RunStats
-    from titan_core.measure.timing import TimingProtocol, compare
+    from titan_core.measure.timing import compare
 
-    protocol = TimingProtocol.from_dict(json.loads(opts.protocol))
+    protocol = _report.protocol_from(opts)
     modes = opts.mode.split(",")
     steps = max(opts.steps, 2 + protocol.warmup + protocol.max_rounds) if len(modes) == 2 else opts.steps
     trainers = {m: _trainer(opts, m, steps) for m in modes}  # the first one made the process group: close it last
@@ -114,14 +117,22 @@ def worker(opts) -> None:
         runs = []
         for m in modes:
             counts, nbytes = comm[m]
-            runs.append({
-                "shape": opts.shape, "mode": m, "world_size": int(os.environ.get("WORLD_SIZE", "1")),
-                "threads_per_process": torch.get_num_threads(), "params": trainers[m].num_params,
-                "tokens_per_step": shape["batch"] * shape["seq"], **RunStats.from_rows(rows[m]).measurements(),
-                "collectives_per_step": counts, "collective_bytes_per_step": nbytes,
-                "collective_mib_per_step": round(sum(nbytes.values()) / 2**20, 2),
-                "loss_first": rows[m][0]["loss"], "loss_last": rows[m][-1]["loss"],
-            })  # fmt: skip
+            runs.append(
+                {
+                    "shape": opts.shape,
+                    "mode": m,
+                    "world_size": int(os.environ.get("WORLD_SIZE", "1")),
+                    "threads_per_process": torch.get_num_threads(),
+                    "params": trainers[m].num_params,
+                    "tokens_per_step": shape["batch"] * shape["seq"],
+                    **RunStats.from_rows(rows[m]).measurements(),
+                    "collectives_per_step": counts,
+                    "collective_bytes_per_step": nbytes,
+                    "collective_size_per_step": format_bytes(sum(nbytes.values())),
+                    "loss_first": rows[m][0]["loss"],
+                    "loss_last": rows[m][-1]["loss"],
+                }
+            )
         comparisons = [_report.entry(cmp, modes[1], modes[0], shape=opts.shape)] if cmp else []
         Path(opts.result).write_text(json.dumps({"runs": runs, "comparisons": comparisons}))
     for t in reversed(trainers.values()):
@@ -140,7 +151,7 @@ def main() -> None:
     ap.add_argument("--none-threads", type=int, default=0, help="threads of the one-process run (0: all cores)")
     _report.add_protocol_args(ap)
     # worker-side arguments (set by the parent)
-    for hidden in ("--shape", "--mode", "--out", "--result", "--protocol"):
+    for hidden in ("--shape", "--mode", "--out", "--result"):
         ap.add_argument(hidden, help=argparse.SUPPRESS)
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--threads", type=int, default=0, help=argparse.SUPPRESS)
@@ -168,10 +179,20 @@ def main() -> None:
                 if group == ["none"] and opts.none_threads:
                     threads = opts.none_threads
                 result = Path(tmp) / f"{shape}_{group[0]}.json"
-                cmd = [sys.executable, __file__, "--worker", f"--shape={shape}", f"--mode={','.join(group)}",
-                       f"--steps={opts.steps}", f"--device={opts.device}", f"--param-dtype={opts.param_dtype}",
-                       f"--threads={threads}", f"--out={tmp}", f"--result={result}",
-                       f"--protocol={json.dumps(asdict(protocol))}"]  # fmt: skip
+                cmd = [
+                    sys.executable,
+                    __file__,
+                    "--worker",
+                    f"--shape={shape}",
+                    f"--mode={','.join(group)}",
+                    f"--steps={opts.steps}",
+                    f"--device={opts.device}",
+                    f"--param-dtype={opts.param_dtype}",
+                    f"--threads={threads}",
+                    f"--out={tmp}",
+                    f"--result={result}",
+                    *_report.protocol_args(protocol),
+                ]
                 launched = launch_command(cmd, nproc, timeout_s=opts.timeout)
                 if launched.exit_code != 0:
                     report["runs"] += [{"shape": shape, "mode": m, "error": launched.failure} for m in group]

@@ -23,11 +23,11 @@ import os
 import re
 import subprocess
 import sys
-from dataclasses import asdict
 
 os.environ.setdefault("TORCH_DEVICE_BACKEND_AUTOLOAD", "0")
 
 import _report  # noqa: E402
+from titan_core.memory.estimate import format_bytes  # noqa: E402
 
 MEMORY_TARGET = 0.15  # fused peak at most 15% of naive's
 TIME_TARGET = 1.3  # fused time at most 1.3x naive's (the whole interval: ci_high)
@@ -48,9 +48,10 @@ def _setup(opts):
     """(h, w, grad bytes, {variant: one forward + backward returning the loss})."""
     import torch
 
+    from titan_core.config.dtypes import DTYPES
     from titan_core.kernels.fused_ce import fused_linear_cross_entropy, reference_cross_entropy
 
-    dtype = getattr(torch, opts.dtype)
+    dtype = DTYPES[opts.dtype]
     gen = torch.Generator().manual_seed(0)
     h = torch.randn(opts.tokens, opts.hidden, generator=gen, dtype=dtype).requires_grad_()
     w = (torch.randn(opts.vocab, opts.hidden, generator=gen) * opts.hidden**-0.5).to(dtype).requires_grad_()
@@ -86,15 +87,19 @@ def run_memory(opts) -> dict:
         _reset_peak()
         losses.append(steps[opts.variant]())
         peaks.append((_status_kib("VmHWM") - before) * 1024 - grad_bytes)
-    return {"variant": opts.variant, "loss": losses[-1], "peak_loss_memory_bytes": max(peaks),
-            "threads": torch.get_num_threads()}  # fmt: skip
+    return {
+        "variant": opts.variant,
+        "loss": losses[-1],
+        "peak_loss_memory_bytes": max(peaks),
+        "threads": torch.get_num_threads(),
+    }
 
 
 def run_timing(opts) -> dict:
-    from titan_core.measure.timing import TimingProtocol, compare, timed
+    from titan_core.measure.timing import compare, timed
 
     _, _, _, steps = _setup(opts)
-    cmp = compare(timed(steps["fused"]), timed(steps["naive"]), TimingProtocol.from_dict(json.loads(opts.protocol)))
+    cmp = compare(timed(steps["fused"]), timed(steps["naive"]), _report.protocol_from(opts))
     return _report.entry(cmp, "fused_ce", "naive")
 
 
@@ -107,7 +112,6 @@ def main() -> None:
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     ap.add_argument("--iters", type=int, default=2, help="memory-measured steps after the first")
     ap.add_argument("--variant", choices=["naive", "fused", "timing"], help="internal: one job in this process")
-    ap.add_argument("--protocol", default="{}", help=argparse.SUPPRESS)
     _report.add_protocol_args(ap)
     opts = ap.parse_args()
     if opts.variant:
@@ -118,14 +122,14 @@ def main() -> None:
     report = _report.start("fused_ce", protocol, shape={k: getattr(opts, k) for k in SHAPE_KEYS})
 
     def job(variant: str) -> dict:
-        cmd = [sys.executable, __file__, f"--variant={variant}", f"--protocol={json.dumps(asdict(protocol))}"]
+        cmd = [sys.executable, __file__, f"--variant={variant}", *_report.protocol_args(protocol)]
         cmd += [f"--{k}={getattr(opts, k)}" for k in (*SHAPE_KEYS, "iters")]
         out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
         return json.loads(out.strip().splitlines()[-1])
 
     for variant in ("naive", "fused"):
         r = job(variant)
-        report[variant] = {**r, "peak_loss_memory_gib": round(r["peak_loss_memory_bytes"] / 2**30, 3)}
+        report[variant] = {**r, "peak_loss_memory": format_bytes(r["peak_loss_memory_bytes"])}
         _report.progress(report[variant])
     cmp = job("timing")
     report["comparisons"].append(cmp)

@@ -39,16 +39,6 @@ MODE_KEYS = ("compile.enable", "graph_trainer.enable")
 SCHEDULED_STEPS = 10_000  # the timed rounds never run past the lr schedule
 
 
-def _get(cfg, key: str):
-    section, name = key.split(".")
-    return getattr(getattr(cfg, section), name)
-
-
-def _set(cfg, key: str, value) -> None:
-    section, name = key.split(".")
-    setattr(getattr(cfg, section), name, value)
-
-
 def value_before(entry: dict, key: str, edit: dict):
     """(value before this recipe edit, known) from what the editing rung recorded."""
     if "before" in edit:
@@ -67,9 +57,9 @@ def value_before(entry: dict, key: str, edit: dict):
 
 def baseline_config(final, ledger: dict) -> tuple[object, dict, dict]:
     """(the eager baseline's config, {key: restored value}, {key: assumed default}) from the ledger's edits."""
+    from titan_core.config.loader import get_key, with_keys
     from titan_core.config.sections import JobConfig
 
-    cfg = copy.deepcopy(final)
     restored, assumed = {}, {}
     for entry in ledger.get("attempts", []):  # oldest first: the first edit of a key saw its original value
         for edit in (entry.get("recipe_edit") or {}).get("edits", []):
@@ -80,9 +70,8 @@ def baseline_config(final, ledger: dict) -> tuple[object, dict, dict]:
             if known:
                 restored[key] = value
             else:
-                assumed[key] = _get(JobConfig(), key)
-    for key, value in {**restored, **assumed}.items():
-        _set(cfg, key, value)
+                assumed[key] = get_key(JobConfig(), key)
+    cfg = with_keys(final, {**restored, **assumed})
     cfg.compile.enable = cfg.graph_trainer.enable = False
     return cfg, restored, assumed
 
@@ -94,7 +83,9 @@ def build_hf(ws_root: Path, recipe):
     from onboard.parity.upstream import hf_config_object
     from titan_core.config.hf_config import read_hf_config
 
-    config = hf_config_object(read_hf_config(Path(recipe.model.hf_config or ws_root / "config.json"), require_model_type=True))
+    config = hf_config_object(
+        read_hf_config(Path(recipe.model.hf_config or ws_root / "config.json"), require_model_type=True)
+    )
     torch.manual_seed(recipe.training.seed)
     return AutoModelForCausalLM.from_config(config, attn_implementation="sdpa", dtype=torch.float32)
 

@@ -22,14 +22,19 @@ os.environ.setdefault("TORCH_DEVICE_BACKEND_AUTOLOAD", "0")
 import torch  # noqa: E402
 
 import _report  # noqa: E402
+from titan_core.config.dtypes import DTYPES  # noqa: E402
 from titan_core.kernels.attention import KernelUnavailable  # noqa: E402
 from titan_core.kernels.moe import GroupedMMExperts, TokamaxExperts  # noqa: E402
 from titan_core.models.common.moe import Experts  # noqa: E402
 from titan_core.measure.timing import compare, timed  # noqa: E402
 
 # (tokens, dim, hidden, experts, top_k); tiny: a smoke test
-SHAPES = {"tiny": (128, 32, 32, 4, 2), "small": (1024, 256, 256, 8, 2), "medium": (4096, 512, 512, 8, 2),
-          "many_experts": (4096, 512, 256, 32, 4)}  # fmt: skip
+SHAPES = {
+    "tiny": (128, 32, 32, 4, 2),
+    "small": (1024, 256, 256, 8, 2),
+    "medium": (4096, 512, 512, 8, 2),
+    "many_experts": (4096, 512, 256, 32, 4),
+}
 BACKENDS = {"grouped_mm": GroupedMMExperts, "tokamax": TokamaxExperts}
 
 
@@ -50,15 +55,16 @@ def _setup(shape, dtype):
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    ap.add_argument("--dtype", default="float32", choices=list(DTYPES))
     ap.add_argument("--shapes", default="small,medium,many_experts", help=f"of {', '.join(SHAPES)} (tiny: smoke)")
     ap.add_argument("--backends", default=",".join(BACKENDS), help="compared against loop")
     _report.add_protocol_args(ap)
     opts = ap.parse_args()
     protocol = _report.protocol_from(opts)
-    dtype = getattr(torch, opts.dtype)
-    report = _report.start("moe", protocol, dtype=opts.dtype, threads=torch.get_num_threads(),
-                           measures="forward+backward", results=[])  # fmt: skip
+    dtype = DTYPES[opts.dtype]
+    report = _report.start(
+        "moe", protocol, dtype=opts.dtype, threads=torch.get_num_threads(), measures="forward+backward", results=[]
+    )
     for shape_name in opts.shapes.split(","):
         shape = SHAPES[shape_name]
         ref, x, weights, experts = _setup(shape, dtype)

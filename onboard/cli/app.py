@@ -19,7 +19,7 @@ from typing import Optional
 import typer
 from rich.panel import Panel
 
-from onboard.cli.common import DIR_OPTION, JSON_OPTION, Out, check_dir, run_command, app, skill_app
+from onboard.cli.shared import DIR_OPTION, JSON_OPTION, Out, check_dir, run_command, app, skill_app
 from onboard.errors import EXIT_BAD_INPUT, BadInput, describe_os_error
 
 
@@ -81,8 +81,9 @@ def new_model(
             "architecture_differences": plan.arch_differences,
             "architecture_note": plan.arch_note,
             "warnings": [warning] if warning else [],
-            "twin": ({"file": "twin.json", **{k: plan.twin[k] for k in ("summary", "reason", "rows")}}
-                     if plan.twin else None),
+            "twin": (
+                {"file": "twin.json", **{k: plan.twin[k] for k in ("summary", "reason", "rows")}} if plan.twin else None
+            ),
             "twin_decision": choice.reason,
             "next": f"onboard next-step {name}" + ("" if Path(dir) == Path(".") else f" --dir {dir}"),
         }
@@ -197,6 +198,7 @@ def list_cmd(dir: Path = DIR_OPTION, json_out: bool = JSON_OPTION):
         from rich.text import Text
 
         from onboard.engine.ladder import default_specs, ladder_states
+        from onboard.engine.ledger import ACCEPTED
         from onboard.cli.views import ladder_message
         from onboard.workspace.layout import LEDGER, Workspace, list_workspaces
 
@@ -235,7 +237,7 @@ def list_cmd(dir: Path = DIR_OPTION, json_out: bool = JSON_OPTION):
             if "error" in r:  # Text, not markup: the message holds brackets (attempts[2])
                 table.add_row(r["workspace"], "", "", "", Text(f"unreadable ledger: {r['error']}", style="red"))
                 continue
-            passed = [k for k, v in r["rungs"].items() if v in ("passed", "not_applicable")]
+            passed = [k for k, v in r["rungs"].items() if v in ACCEPTED]
             table.add_row(
                 r["workspace"], r["model_type"] or "", r["path"] or "", ", ".join(passed) or "-", r["message"]
             )

@@ -10,6 +10,7 @@ from onboard.report.write import WATERFALL, write_report_files
 from onboard.workspace.scaffold import plan_workspace, write_workspace
 from onboard.cli.views import ladder_table, show_outcome, status_dict
 from onboard.workspace.layout import Workspace
+from onboard.engine.ledger import Status
 
 NAME = "llama3_debug"
 PRESET = "llama3/debugmodel"
@@ -34,9 +35,9 @@ def run_demo(base: Path, *, device: str, out) -> dict:
     for _ in range(3 * len(RUNGS)):
         outcome = next_step(ws, specs=specs, log=out.log, base_command=f"onboard next-step {NAME} --dir {base}")
         steps.append(outcome)
-        if outcome.status != "complete":
+        if outcome.status != Status.COMPLETE:
             show_outcome(out.print, outcome)
-        if outcome.status == "complete" or outcome.exit_code != 0:
+        if outcome.status == Status.COMPLETE or outcome.exit_code != 0:
             break
     report = write_report_files(ws, specs)
     files = report.to_json()
@@ -57,5 +58,5 @@ def run_demo(base: Path, *, device: str, out) -> dict:
         "waterfall": files["waterfall"],
         "pictures": files["pictures"],
         "wall_s": round(wall, 1),
-        "exit_code": 0 if last.status == "complete" else last.exit_code,
+        "exit_code": 0 if last.status == Status.COMPLETE else last.exit_code,
     }

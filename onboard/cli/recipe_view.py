@@ -14,14 +14,10 @@ import tomllib
 
 from onboard.errors import BadInput
 from onboard.workspace.layout import Workspace
+from titan_core.config.loader import get_key
+from onboard.engine.ledger import Status
 
 RDZV_PORT = 29500
-
-
-def _get(recipe: dict, dotted: str):
-    section, key = dotted.split(".", 1)
-    value = recipe.get(section)
-    return value.get(key) if isinstance(value, dict) else None
 
 
 def earned_settings(ws: Workspace, recipe: dict) -> list[dict]:
@@ -33,18 +29,18 @@ def earned_settings(ws: Workspace, recipe: dict) -> list[dict]:
                                    "rung": entry["rung"], "attempt": entry["attempt"]}  # fmt: skip
     out = []
     for key, edit in latest.items():
-        now = _get(recipe, key)
+        now = get_key(recipe, key, None)
         out.append({**edit, "in_recipe": now == edit["value"], "recipe_value": now})
     return out
 
 
 def _host_processes(ws: Workspace, recipe: dict) -> tuple[int, str]:
     """(processes for `--nproc` on this host, why that many)."""
-    passed = [e for e in ws.ledger.entries("simple_fsdp") if e.get("status") == "passed"]
+    passed = [e for e in ws.ledger.entries("simple_fsdp") if e.get("status") == Status.PASSED]
     sharded = (passed[-1].get("measurements") or {}) if passed else {}
-    device = _get(recipe, "device.type") or "auto"
+    device = get_key(recipe, "device.type", None) or "auto"
     if device in ("cuda", "auto"):
-        import torch  # import-time cost: only when the recipe may use GPUs
+        import torch  # lazy: torch (onboard recipe must start without torch; only a cuda/auto recipe counts GPUs)
 
         if torch.cuda.is_available():
             return torch.cuda.device_count(), f"the {torch.cuda.device_count()} CUDA device(s) of this host"

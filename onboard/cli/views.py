@@ -9,19 +9,19 @@ from typing import Any
 from rich.table import Table
 from rich.text import Text
 
-from onboard.engine.evidence import INVALID
-from onboard.engine.ladder import NOT_BUILT, RungState, current_state, entry_error, last_built
+from onboard.engine.ladder import RungState, current_state, entry_error, last_built
+from onboard.engine.ledger import ACCEPTED, Entry, Status
 
 STATUS_STYLE = {
-    "passed": "bold green",
-    "not_applicable": "cyan",
-    "failed": "bold red",
-    "stale": "bold yellow",
-    INVALID: "bold white on red",
-    "interrupted": "magenta",
-    "running": "blue",
-    "pending": "dim",
-    NOT_BUILT: "dim italic",
+    Status.PASSED: "bold green",
+    Status.NOT_APPLICABLE: "cyan",
+    Status.FAILED: "bold red",
+    Status.STALE: "bold yellow",
+    Status.INVALID: "bold white on red",
+    Status.INTERRUPTED: "magenta",
+    Status.RUNNING: "blue",
+    Status.PENDING: "dim",
+    Status.NOT_BUILT: "dim italic",
 }
 # The numbers worth a glance per rung in the ladder table: (metric, label, format).
 # Rungs not listed show their first criteria's metrics.
@@ -86,15 +86,15 @@ def fmt_threshold(c: dict) -> str:
     return f"{c.get('comparator', '?')} {fmt(c.get('threshold'))}{ref}"
 
 
-def key_numbers(rung: str, entry: dict | None) -> dict[str, Any]:
-    if not entry:
+def key_numbers(rung: str, entry: Entry | None) -> dict[str, Any]:
+    if entry is None:
         return {}
-    m = entry.get("measurements") or {}
-    names = [k for k, _, _ in KEY_METRICS.get(rung, ())] or [c.get("metric") for c in entry.get("criteria", [])[:3]]
+    m = entry.measurements
+    names = [k for k, _, _ in KEY_METRICS.get(rung, ())] or [c.get("metric") for c in entry.criteria[:3]]
     return {n: m[n] for n in names if n in m}
 
 
-def key_numbers_text(rung: str, entry: dict | None) -> str:
+def key_numbers_text(rung: str, entry: Entry | None) -> str:
     formats = {k: (label, f) for k, label, f in KEY_METRICS.get(rung, ())}
     parts = []
     for name, value in key_numbers(rung, entry).items():
@@ -139,28 +139,30 @@ def ladder_table(states: list[RungState], title: str | None = None) -> Table:
 def shown_criteria(s: RungState) -> list[dict]:
     """The criteria a rung's state rests on: re-evaluated from the measurements for an
     accepted entry (so an edited ledger cannot show ok), as recorded otherwise."""
-    return s.checked if s.checked is not None else (s.latest or {}).get("criteria", [])
+    if s.checked is not None:
+        return s.checked
+    return s.latest.criteria if s.latest else []
 
 
 def state_dict(s: RungState) -> dict:
-    last = s.latest or {}
+    last = s.latest
     criteria = shown_criteria(s)
     return {
         "rung": s.rung,
         "status": s.status,
         "attempts": s.attempts,
         "reason": s.reason,
-        "last_attempt": last.get("attempt"),
-        "last_started": last.get("started"),
-        "last_ended": last.get("ended"),
+        "last_attempt": last.attempt if last else None,
+        "last_started": last.started if last else None,
+        "last_ended": last.ended if last else None,
         "key_measurements": key_numbers(s.rung, s.latest),
         "failed_criteria": [c["name"] for c in criteria if not c.get("ok")],
         "waived_criteria": [c["name"] for c in criteria if c.get("waived")],
-        "recorded_status": last.get("status"),
+        "recorded_status": last.status if last else None,
         "invalid_criteria": [
             {k: c.get(k) for k in ("name", "metric", "value", "comparator", "threshold", "threshold_ref", "hint")}
             for c in criteria
-            if s.status == INVALID and not c.get("ok")
+            if s.status == Status.INVALID and not c.get("ok")
         ],
     }
 
@@ -170,14 +172,14 @@ def ladder_message(states: list[RungState]) -> str:
     current = current_state(states)
     if current is not None:
         verb = {
-            "stale": "re-verify",
-            INVALID: "re-run",
-            "failed": "retry",
-            "interrupted": "retry",
-            "running": "wait for",
+            Status.STALE: "re-verify",
+            Status.INVALID: "re-run",
+            Status.FAILED: "retry",
+            Status.INTERRUPTED: "retry",
+            Status.RUNNING: "wait for",
         }.get(current.status, "run")
         return f"next: {verb} {current.rung}"
-    if any(s.status == NOT_BUILT for s in states):
+    if any(s.status == Status.NOT_BUILT for s in states):
         return f"ladder complete up to the last rung that exists: {last_built(states)}"
     return "ladder complete: every rung passed or does not apply"
 
@@ -204,7 +206,7 @@ def status_dict(ws, states: list[RungState]) -> dict:
 def show_outcome(print_, outcome) -> None:
     """What a person sees after next-step: the criteria table, the error, the hints of
     failed criteria, the waivers, and one summary line. `print_` is a rich print."""
-    if outcome.status == "complete":
+    if outcome.status == Status.COMPLETE:
         print_(f"[bold green]{outcome.message}[/]")
         return
     if outcome.criteria:
@@ -217,11 +219,10 @@ def show_outcome(print_, outcome) -> None:
             print_(Text.assemble((c["name"], "bold red"), ": ", c["hint"]))
         elif c.get("waived"):
             print_(Text.assemble(("WAIVED", "bold white on red"), f" {c['name']}: {c['why']}"))
-    recipe_edit = (outcome.entry or {}).get("recipe_edit")
+    recipe_edit = outcome.entry.recipe_edit if outcome.entry else None
     for edit in (recipe_edit or {}).get("edits", []):  # what the passed gate wrote into the recipe
         value = json.dumps(edit["value"])  # the value as TOML shows it: strings quoted
         print_(Text.assemble((f"{recipe_edit['file']}: ", "bold"), f"{edit['key']} = {value} ({edit['why']})"))
-    style = {"passed": "bold green", "not_applicable": "cyan", "failed": "bold red"}.get(outcome.status, "magenta")
-    accepted = outcome.status in ("passed", "not_applicable")
-    nxt = f"; next rung: {outcome.next_rung}" if accepted and outcome.next_rung else ""
+    style = STATUS_STYLE.get(outcome.status, "magenta")
+    nxt = f"; next rung: {outcome.next_rung}" if outcome.status in ACCEPTED and outcome.next_rung else ""
     print_(Text.assemble((outcome.message, style), nxt))

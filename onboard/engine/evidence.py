@@ -21,9 +21,9 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from onboard.engine.gates import Checklist, ChecklistError, evaluate
-from onboard.engine.ledger import Ledger, parse_iso
+from onboard.engine.ledger import Entry, Ledger, Status, parse_iso
 
-INVALID = "invalid"
+INVALID = Status.INVALID
 
 
 @dataclass
@@ -39,10 +39,10 @@ class Verdict:
         return [c for c in self.criteria if not c["ok"]]
 
 
-def _time(entry: dict, key: str):
+def _time(value: str | None):
     try:
-        return parse_iso(entry[key])
-    except (KeyError, TypeError, ValueError):
+        return parse_iso(value)
+    except (TypeError, ValueError):
         return None
 
 
@@ -50,7 +50,7 @@ def waivers_at(ledger: Ledger, rung: str, when) -> dict[str, dict]:
     """{criterion: waiver} of `rung` that were recorded by `when` (the latest per criterion)."""
     out: dict[str, dict] = {}
     for w in ledger.data.get("waivers", []):
-        t = _time(w, "time")
+        t = _time(w.get("time"))
         if w.get("rung") == rung and t is not None and t <= when:
             out[w["criterion"]] = w
     return out
@@ -59,12 +59,12 @@ def waivers_at(ledger: Ledger, rung: str, when) -> dict[str, dict]:
 def evidence_at(ledger: Ledger, rung: str, when) -> dict[str, dict]:
     """{other rung: measurements} of the latest entry of each other rung that had ended by
     `when`, where that entry passed: what the engine handed the rung as `ctx.evidence`."""
-    latest: dict[str, dict] = {}
+    latest: dict[str, Entry] = {}
     for e in ledger.attempts:
-        ended = _time(e, "ended")
-        if e.get("rung") != rung and ended is not None and ended <= when:
-            latest[e["rung"]] = e
-    return {r: e.get("measurements") or {} for r, e in latest.items() if e.get("status") == "passed"}
+        ended = _time(e.ended)
+        if e.rung != rung and ended is not None and ended <= when:
+            latest[e.rung] = e
+    return {r: e.measurements for r, e in latest.items() if e.status == Status.PASSED}
 
 
 def describe(c: dict) -> str:
@@ -79,31 +79,29 @@ def describe(c: dict) -> str:
     return f"{c['name']}: {c['metric']} = {value}, needs {bound}"
 
 
-def check_entry(entry: dict, load_checklist: Callable[[], Checklist], ledger: Ledger) -> Verdict:
+def check_entry(entry: Entry, load_checklist: Callable[[], Checklist], ledger: Ledger) -> Verdict:
     """Re-check one `passed` / `not_applicable` entry; Verdict.problem says why it is invalid."""
-    status = entry.get("status")
-    if status == "not_applicable":
-        if not str(entry.get("not_applicable_reason") or "").strip():
+    status = entry.status
+    if status == Status.NOT_APPLICABLE:
+        if not str(entry.not_applicable_reason or "").strip():
             return Verdict("not_applicable with no reason recorded")
-        if entry.get("criteria"):
+        if entry.criteria:
             return Verdict("not_applicable, yet it records criteria (a rung that does not apply evaluates none)")
         return Verdict(None)
-    started, ended = _time(entry, "started"), _time(entry, "ended")
+    started, ended = _time(entry.started), _time(entry.ended)
     if started is None or ended is None:
         return Verdict(f"ladder.json says {status}, but it records no valid start and end time")
-    if entry.get("error"):
-        return Verdict(f"ladder.json says {status}, but it records an error: {entry['error']}")
+    if entry.error:
+        return Verdict(f"ladder.json says {status}, but it records an error: {entry.error}")
     try:
         checklist = load_checklist()
     except ChecklistError as e:
         return Verdict(f"its checklist cannot be read: {e}")
-    measurements = entry.get("measurements")
-    if not isinstance(measurements, dict) or not measurements:
-        criteria = evaluate(checklist, {}, {}, waivers_at(ledger, entry["rung"], ended))
+    waivers = waivers_at(ledger, entry.rung, ended)
+    if not entry.measurements:
+        criteria = evaluate(checklist, {}, {}, waivers)
         return Verdict(f"ladder.json says {status}, but it records no measurements", criteria)
-    criteria = evaluate(
-        checklist, measurements, evidence_at(ledger, entry["rung"], started), waivers_at(ledger, entry["rung"], ended)
-    )
+    criteria = evaluate(checklist, entry.measurements, evidence_at(ledger, entry.rung, started), waivers)
     failed = [c for c in criteria if not c["ok"]]
     if failed:
         fails = "; ".join(describe(c) for c in failed)

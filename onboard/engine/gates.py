@@ -6,7 +6,7 @@ A checklist:
     title: "..."
     criteria:
       - name: loss_falls            # unique in the rung; `onboard waive` names it
-        metric: last_loss           # key in the rung's measurements
+        metric: last_loss           # a declared field of the rung's Measurements
         comparator: "<"             # <=, <, >=, >, ==, is_true
         threshold: measurements.step1_loss   # a number, or a reference (below)
         hint: "symptom -> usual cause"
@@ -26,10 +26,12 @@ import math
 import operator
 from dataclasses import dataclass, field
 from pathlib import Path
+from collections.abc import Mapping
 from typing import Any
 
 import yaml
 
+from onboard.rungs.contract import Measurements
 from onboard.workspace.resources import data_file
 
 COMPARATORS = {
@@ -170,15 +172,18 @@ def check_value(c: Criterion, value: Any, threshold: Any) -> tuple[bool, str | N
 
 def evaluate(
     checklist: Checklist,
-    measurements: dict,
+    measurements: Measurements | Mapping[str, Any],
     evidence: dict | None = None,
     waivers: dict[str, dict] | None = None,
 ) -> list[dict]:
     """One result per criterion: {name, metric, comparator, value, threshold, threshold_ref, ok, raw_ok, hint, waived, why}.
 
-    `waivers` maps criterion name -> waiver record; a waived criterion is ok (raw_ok keeps
-    what the measurement alone said) and carries the waiver's reason.
+    `measurements`: a rung's declared Measurements, or the flat dict a ledger entry recorded
+    (its `as_metrics()`). `waivers` maps criterion name -> waiver record; a waived criterion is
+    ok (raw_ok keeps what the measurement alone said) and carries the waiver's reason.
     """
+    if isinstance(measurements, Measurements):
+        measurements = measurements.as_metrics()
     evidence, waivers = evidence or {}, waivers or {}
     results = []
     for c in checklist.criteria:

@@ -14,6 +14,10 @@ when it is read (`shape_problem`): an entry whose shape the readers cannot trust
 a timestamp that does not parse, not an object) makes the whole ledger bad input, naming the
 entry and the field, so no reader ever guesses around it and no gate counts it as evidence.
 Whether a well-formed entry's measurements hold up is evidence.py's question, not this one.
+
+In memory each attempt is an `Entry` (typed fields, its `Status`); on disk it is the JSON
+object above, written by `Entry.to_dict` and read back by `Entry.from_dict`, so a ledger written
+before the dataclass existed loads unchanged, and keys this version does not know survive a save.
 """
 
 from __future__ import annotations
@@ -22,6 +26,9 @@ import datetime as _dt
 import getpass
 import json
 import math
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field, fields
+from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +36,31 @@ from onboard.errors import BadInput
 from onboard.workspace.fsutil import atomic_write_text
 
 FORMAT = 1
-STATUSES = ("passed", "failed", "not_applicable", "interrupted")
+
+
+class Status(StrEnum):
+    """A rung's status. An attempt records one of the first four (RECORDED); `ladder_states`
+    derives the others from the ledger and the files; COMPLETE is next-step's answer when no
+    rung is left. A StrEnum: it is its string in JSON and compares equal to it."""
+
+    PASSED = "passed"
+    FAILED = "failed"
+    NOT_APPLICABLE = "not_applicable"
+    INTERRUPTED = "interrupted"
+    """Stopped before it finished (Ctrl-C, SIGTERM, a kill): also the placeholder while it runs."""
+    PENDING = "pending"
+    STALE = "stale"
+    INVALID = "invalid"
+    RUNNING = "running"
+    NOT_BUILT = "not built yet"
+    COMPLETE = "complete"
+
+
+RECORDED = (Status.PASSED, Status.FAILED, Status.NOT_APPLICABLE, Status.INTERRUPTED)
+"""The statuses an attempt in ladder.json may hold."""
+ACCEPTED = (Status.PASSED, Status.NOT_APPLICABLE)
+"""An attempt that lets the ladder go on (once its evidence re-checks)."""
+STATUSES = tuple(str(s) for s in RECORDED)
 
 
 def now_iso() -> str:
@@ -52,6 +83,85 @@ def json_safe(value: Any) -> Any:
     if isinstance(value, Path):
         return str(value)
     return value
+
+
+# ---- one attempt -------------------------------------------------------------------------
+_OPTIONAL = ("duration_s", "not_applicable_reason", "error", "recipe_edit")
+"""Keys written only when set: an entry without them reads as it always has."""
+
+
+@dataclass
+class Entry(Mapping[str, Any]):
+    """One attempt of one rung, as ladder.json records it.
+
+    It also reads like the JSON object it is stored as (`entry["measurements"]`,
+    `entry.get("error")`), for the readers written against ladder.json's dicts.
+    """
+
+    rung: str
+    attempt: int
+    """1, 2, ... per rung."""
+    status: Status
+    started: str | None = None
+    """ISO 8601 with UTC offset (`now_iso`)."""
+    ended: str | None = None
+    """ISO 8601; None while the rung runs, and for good after a hard kill (the placeholder)."""
+    pid: int | None = None
+    """The process that ran it (a live pid with no `ended`: running)."""
+    command: str = ""
+    """The command that reproduces the attempt."""
+    attempt_dir: str | None = None
+    """Workspace key of runs/<rung>/attempt-<N>/."""
+    environment: dict[str, Any] = field(default_factory=dict)
+    """Device and library versions (`ladder.environment`)."""
+    model: str | None = None
+    """Which model it ran: the twin or the full model (`Workspace.model_label`)."""
+    rerun_reason: str | None = None
+    """Why it ran again (the rung was stale or invalid); None for a first or retried attempt."""
+    files_read: dict[str, str | None] = field(default_factory=dict)
+    """{workspace key: sha256} of the files whose change makes it stale."""
+    measurements: dict[str, Any] = field(default_factory=dict)
+    """The rung's `Measurements.as_metrics()`: the flat {metric: value} the checklist judged."""
+    criteria: list[dict] = field(default_factory=list)
+    """`gates.evaluate`'s result per criterion, as judged when the attempt ended."""
+    details: dict[str, Any] = field(default_factory=dict)
+    """The rung's extra facts for the report."""
+    duration_s: float | None = None
+    not_applicable_reason: str | None = None
+    error: str | None = None
+    """The error that ended the attempt (with where its traceback is), one line."""
+    recipe_edit: dict | None = None
+    """The recipe edits a passed gate wrote: {file, sha256_before, sha256_after, edits}."""
+    extra: dict[str, Any] = field(default_factory=dict)
+    """Keys this version does not know (a newer onboard's, a hand edit's): kept, and saved back."""
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "Entry":
+        """An entry from its JSON object (`shape_problem` vouches for the shape of a loaded one)."""
+        known = {f.name for f in fields(cls)} - {"extra"}
+        values = {k: v for k, v in data.items() if k in known}
+        values["status"] = Status(values["status"])
+        for key in ("environment", "files_read", "measurements", "criteria", "details"):
+            if values.get(key) is None:  # a hand-written null reads as empty
+                values.pop(key, None)
+        return cls(**values, extra={k: v for k, v in data.items() if k not in known})
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON object ladder.json holds (the optional keys only where set)."""
+        out = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "extra"}
+        for key in _OPTIONAL:
+            if out[key] is None:
+                del out[key]
+        return {**out, **self.extra}
+
+    def __getitem__(self, key: str) -> Any:
+        return self.to_dict()[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.to_dict())
+
+    def __len__(self) -> int:
+        return len(self.to_dict())
 
 
 # ---- the shape a reader may rely on ----------------------------------------------------------
@@ -144,11 +254,12 @@ def shape_problem(data: dict) -> str | None:
 
 
 class Ledger:
-    """In-memory view of one ladder.json; `save()` writes it back atomically."""
+    """In-memory view of one ladder.json (its attempts as `Entry`s); `save()` writes it back atomically."""
 
     def __init__(self, path: Path, data: dict):
         self.path = Path(path)
         self.data = data
+        data["attempts"] = [_entry(e) for e in data.get("attempts", [])]
 
     # ---- loading and saving ----------------------------------------------------------
     @classmethod
@@ -177,7 +288,8 @@ class Ledger:
         return cls(path, data)
 
     def save(self) -> None:
-        text = json.dumps(json_safe(self.data), indent=2, allow_nan=False) + "\n"
+        data = {**self.data, "attempts": [_entry(e).to_dict() for e in self.attempts]}
+        text = json.dumps(json_safe(data), indent=2, allow_nan=False) + "\n"
         atomic_write_text(self.path, text)
 
     # ---- attempts ----------------------------------------------------------------------
@@ -186,26 +298,27 @@ class Ledger:
         return self.data["workspace"]
 
     @property
-    def attempts(self) -> list[dict]:
+    def attempts(self) -> list[Entry]:
         return self.data["attempts"]
 
-    def entries(self, rung: str) -> list[dict]:
-        return [e for e in self.attempts if e.get("rung") == rung]
+    def entries(self, rung: str) -> list[Entry]:
+        return [e for e in self.attempts if e.rung == rung]
 
     def next_attempt(self, rung: str) -> int:
-        return 1 + max((int(e.get("attempt", 0)) for e in self.entries(rung)), default=0)
+        return 1 + max((e.attempt for e in self.entries(rung)), default=0)
 
-    def append(self, entry: dict) -> None:
-        self.attempts.append(entry)
+    def append(self, entry: Entry | Mapping[str, Any]) -> None:
+        """Add an attempt (an Entry, or its JSON object)."""
+        self.attempts.append(_entry(entry))
 
     def _index(self, rung: str, attempt: int) -> int:
         for i, e in enumerate(self.attempts):
-            if e.get("rung") == rung and e.get("attempt") == attempt:
+            if e.rung == rung and e.attempt == attempt:
                 return i
         raise KeyError(f"no attempt {attempt} of {rung} in {self.path}")
 
-    def replace(self, entry: dict) -> None:
-        self.attempts[self._index(entry["rung"], entry["attempt"])] = entry
+    def replace(self, entry: Entry) -> None:
+        self.attempts[self._index(entry.rung, entry.attempt)] = entry
 
     def remove(self, rung: str, attempt: int) -> None:
         del self.attempts[self._index(rung, attempt)]
@@ -228,3 +341,7 @@ class Ledger:
             if rung is None or w.get("rung") == rung:
                 out[(w["rung"], w["criterion"])] = w
         return out
+
+
+def _entry(e: Entry | Mapping[str, Any]) -> Entry:
+    return e if isinstance(e, Entry) else Entry.from_dict(e)

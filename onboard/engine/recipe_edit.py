@@ -24,6 +24,7 @@ from typing import Any
 
 from onboard.workspace.fsutil import atomic_write_text, sha256_file
 from onboard.rungs.contract import RecipeEdit
+from titan_core.config.loader import MISSING, get_key, set_key
 
 # A table header line: `[a.b]` (an array of tables `[[a]]` also ends the previous section).
 _HEADER = re.compile(r"^\s*(\[\[?)\s*([^\[\]#]+?)\s*\]\]?\s*(#.*)?$")
@@ -102,23 +103,6 @@ def _edit_lines(lines: list[str], edit: RecipeEdit) -> list[str]:
     return lines[: last + 1] + [new_line] + lines[last + 1 :]
 
 
-def _lookup(data: dict, key: str) -> tuple[bool, Any]:
-    node: Any = data
-    for part in key.split("."):
-        if not isinstance(node, dict) or part not in node:
-            return False, None
-        node = node[part]
-    return True, node
-
-
-def _assign(data: dict, key: str, value: Any) -> None:
-    *sections, name = key.split(".")
-    node = data
-    for part in sections:
-        node = node.setdefault(part, {})
-    node[name] = _plain(value)
-
-
 def _plain(value: Any) -> Any:
     """Tuples as lists, as TOML reads arrays back."""
     return [_plain(v) for v in value] if isinstance(value, (list, tuple)) else value
@@ -150,11 +134,11 @@ def edit_text(text: str, edits: Iterable[RecipeEdit]) -> str:
         raise RecipeEditError(f"editing {keys} would leave the recipe invalid TOML: {e}") from None
     expected = copy.deepcopy(before)
     for edit in edits:
-        found, value = _lookup(after, edit.key)
-        if not found or not _same(value, edit.value):
-            got = repr(value) if found else "nothing"
+        value = get_key(after, edit.key, MISSING)
+        if value is MISSING or not _same(value, edit.value):
+            got = "nothing" if value is MISSING else repr(value)
             raise RecipeEditError(f"recipe edit {edit.key} = {edit.value!r} would read back as {got}")
-        _assign(expected, edit.key, edit.value)  # the sections exist: the edit read back from them
+        set_key(expected, edit.key, _plain(edit.value))  # the sections exist: the edit read back from them
     if after != expected:
         # the line edit touched something else (e.g. a multi-line value that continued below it)
         raise RecipeEditError(f"recipe edits {keys} would change other values too")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import time
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any, Callable
 
@@ -109,10 +110,13 @@ def _run(root, res, m, weights_dir, batch, seq_len, seed, attn_implementation) -
     rt = round_trip(upstream.checkpoint, back)
     m.update(state_dict_same_keys=rt.same_keys, state_dict_max_abs_diff=rt.max_abs_diff)
     res["state_dict"] = {
-        "missing_after_round_trip": _cap(rt.missing), "extra_after_round_trip": _cap(rt.extra),
-        "worst_key": rt.worst_key, "native_not_loaded": _cap(load.missing),
-        "converted_not_in_native": _cap(load.unexpected), "shape_mismatch": _cap(load.shape_mismatch),
-    }  # fmt: skip
+        "missing_after_round_trip": _cap(rt.missing),
+        "extra_after_round_trip": _cap(rt.extra),
+        "worst_key": rt.worst_key,
+        "native_not_loaded": _cap(load.missing),
+        "converted_not_in_native": _cap(load.unexpected),
+        "shape_mismatch": _cap(load.shape_mismatch),
+    }
 
     # 2. the inputs: long enough for every window, with pad ids when the config has one
     params = criteria.params()
@@ -258,8 +262,6 @@ def _localise(pm, rows: list[Row], pairs: dict[str, str], native, nrec, urec) ->
 
 
 def _versions() -> dict[str, str]:
-    from importlib.metadata import PackageNotFoundError, version
-
     try:  # read from metadata: importing transformers costs seconds a bad-input run need not pay
         hf = version("transformers")
     except PackageNotFoundError:

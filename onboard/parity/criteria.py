@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from onboard.engine import gates
+from onboard.workspace.resources import data_file
 
 # Measured by the rung around the pytest run, so the test cannot assert it about itself.
 RUNG_ONLY_METRICS = frozenset({"pytest_passed"})
@@ -18,8 +19,6 @@ RUNG_ONLY_METRICS = frozenset({"pytest_passed"})
 
 def checklist_path() -> Path:
     """checklists/parity.yaml wherever this installation keeps its data."""
-    from onboard.workspace.resources import data_file
-
     return data_file("checklists", "parity.yaml")
 
 

@@ -112,9 +112,11 @@ def declare(config) -> dict[str, Feature]:
             "sliding_window", "sliding window", bool(windows), config={"window": max(windows)} if windows else {}
         ),
         "experts": Feature(
-            "experts", "experts", experts > 0,
+            "experts",
+            "experts",
+            experts > 0,
             config={"n_experts": experts, "top_k": getattr(c, "num_experts_per_tok", None)} if experts else {},
-        ),  # fmt: skip
+        ),
         "padding": Feature("padding", "padding", pad_ok, config={"pad_token_id": pad} if pad_ok else {}),
     }
 
@@ -205,8 +207,9 @@ class Probe:
             for name, mod in self.model.named_modules()
             if name.rpartition(".")[2] in ("gate", "router")
             and isinstance(getattr(mod, "weight", None), torch.Tensor)
-            and mod.weight.dim() == 2 and mod.weight.shape[0] == e
-        }  # fmt: skip
+            and mod.weight.dim() == 2
+            and mod.weight.shape[0] == e
+        }
 
     def __enter__(self):
         if self.features["attention_softcap"].declared:
@@ -371,9 +374,10 @@ def prepare_feature_pass(model: nn.Module, features: dict[str, Feature], tokens,
     """
     # a cap whose values could not be read (no eager attention upstream) cannot be searched for
     todo = [
-        n for n in ("attention_softcap", "final_softcap")
+        n
+        for n in ("attention_softcap", "final_softcap")
         if features[n].declared and not features[n].exercised and features[n].value is not None
-    ]  # fmt: skip
+    ]
     sd = model.state_dict()
     keys = {"attention_softcap": _attention_keys(sd), "final_softcap": (_final_keys(model, sd), 1)}
     for n in todo:

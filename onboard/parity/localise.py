@@ -37,9 +37,7 @@ def _common_prefix(paths: set[str]) -> str:
     return ".".join(out)
 
 
-def parameter_sources(
-    checkpoint: dict[str, torch.Tensor], from_hf: Callable[[dict], dict]
-) -> dict[str, set[str]]:
+def parameter_sources(checkpoint: dict[str, torch.Tensor], from_hf: Callable[[dict], dict]) -> dict[str, set[str]]:
     """Native key -> the upstream checkpoint keys its values come from, through `from_hf`."""
     # tensors HF ties (lm_head and the embedding) stay one object, so the adapter sees the tie
     ids: dict[str, int] = {}
@@ -157,9 +155,7 @@ class Row:
         return dataclasses.asdict(self)
 
 
-def compare_outputs(
-    native_rec: OutputRecorder, upstream_rec: OutputRecorder, pairs: dict[str, str]
-) -> list[Row]:
+def compare_outputs(native_rec: OutputRecorder, upstream_rec: OutputRecorder, pairs: dict[str, str]) -> list[Row]:
     """One row per paired module that ran, in native execution order."""
     rows = []
     for name in native_rec.order:
@@ -240,8 +236,9 @@ def attribute(
     # walk out through the diverged ancestors whose input differs too: the error is inside the
     # first one whose input agrees, or, if none does, before the outermost one
     outer = first
-    for parent in sorted((r for r in rows if first.native.startswith(r.native + ".") and r.diverged(tol)),
-                         key=lambda r: -len(r.native)):  # fmt: skip
+    for parent in sorted(
+        (r for r in rows if first.native.startswith(r.native + ".") and r.diverged(tol)), key=lambda r: -len(r.native)
+    ):
         if _same_input(parent.native, native_rec, upstream_rec, pairs, tol) is not False:
             return parent, (
                 f"the input of {first.native} already differs: the error is inside {parent.native}, "

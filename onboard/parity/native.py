@@ -27,6 +27,12 @@ from typing import Any
 import torch
 from torch import nn
 
+from titan_core.config import ConfigError, load_config
+from titan_core.config.hf_config import read_hf_config
+from titan_core.models import get_family, resolve_args
+from titan_core.training.model_builder import args_from_hf_config, build_meta_model, load_adapter_file
+
+
 class WorkspaceError(ValueError):
     """The workspace is missing a file or has a malformed one (bad input, exit 2)."""
 
@@ -61,8 +67,6 @@ class WorkspaceModel:
 
 def read_workspace(root: Path) -> WorkspaceModel:
     """What recipe.toml says the native model is; recipe paths are relative to the workspace."""
-    from titan_core.config import ConfigError, load_config
-
     recipe_path = root / "recipe.toml"
     if not recipe_path.is_file():
         raise WorkspaceError(f"no recipe.toml in workspace {root}")
@@ -92,8 +96,6 @@ def read_workspace(root: Path) -> WorkspaceModel:
 def _workspace_code(what: str):
     """Run workspace code: titan_core's ConfigError (a file missing, a function lacking) is
     bad input; anything else the code raises is the port's failure, reported with its type."""
-    from titan_core.config import ConfigError
-
     try:
         yield
     except ConfigError as e:
@@ -105,8 +107,6 @@ def _workspace_code(what: str):
 def load_adapter(root: Path) -> Any:
     """The workspace adapter (the recipe's adapter_file, else adapter.py): `ADAPTER` if it
     defines one, else the module's functions; loaded by titan_core as training loads it."""
-    from titan_core.training.model_builder import load_adapter_file
-
     ws = read_workspace(root) if (root / "recipe.toml").is_file() else None
     path = ws.adapter_file if ws is not None else root / "adapter.py"
     if not path.is_file():
@@ -118,9 +118,6 @@ def load_adapter(root: Path) -> Any:
 def native_hf_config(ws: WorkspaceModel) -> dict[str, Any]:
     """The HF config parity compares against: the workspace's config.json, or, for a preset
     workspace, the family's own export of its flavor."""
-    from titan_core.config.hf_config import read_hf_config
-    from titan_core.models import get_family, resolve_args
-
     if ws.hf_config_path is not None:
         return read_hf_config(ws.hf_config_path, require_model_type=True)
     args = resolve_args(ws.family, ws.flavor, ws.overrides)
@@ -130,9 +127,6 @@ def native_hf_config(ws: WorkspaceModel) -> dict[str, Any]:
 def native_args(ws: WorkspaceModel, adapter: Any, cfg: dict[str, Any]):
     """TransformerArgs from the config through the workspace adapter, then the recipe overrides
     (titan_core's `args_from_hf_config`, which training's `resolve_model_args` calls too)."""
-    from titan_core.config import ConfigError
-    from titan_core.training.model_builder import args_from_hf_config
-
     # a preset's overrides already shaped the exported config
     overrides = ws.overrides if ws.hf_config_path is not None else None
     try:
@@ -146,8 +140,6 @@ def native_args(ws: WorkspaceModel, adapter: Any, cfg: dict[str, Any]):
 def build_native(ws: WorkspaceModel, args, *, seed: int) -> nn.Module:
     """The native model on CPU in fp32, initialised from `seed` before any weights load:
     titan_core's `build_meta_model` of the recipe's [model] section, as training builds it."""
-    from titan_core.training.model_builder import build_meta_model
-
     with _workspace_code("building the native model"):
         model = build_meta_model(ws.model_config, args)
         model = model.to_empty(device="cpu").float()

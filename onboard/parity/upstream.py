@@ -12,6 +12,7 @@ no config.json or generation_config.json is read from it.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -50,7 +51,7 @@ class Upstream:
 
 def _require_transformers() -> None:
     try:
-        import transformers  # noqa: F401
+        import transformers  # noqa: F401  # lazy: the [hf] extra; this probe turns its absence into UpstreamError
     except ImportError:
         raise UpstreamError("parity needs HF transformers: pip install 'titan-onboard[hf]'") from None
 
@@ -58,7 +59,7 @@ def _require_transformers() -> None:
 def hf_config_object(cfg: dict[str, Any]):
     """transformers' own config class for cfg['model_type'], filled from the dict."""
     _require_transformers()
-    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING  # lazy: the [hf] extra, checked above
 
     model_type = cfg["model_type"]
     if model_type not in CONFIG_MAPPING:
@@ -84,7 +85,7 @@ def build_upstream(
 ) -> Upstream:
     """The HF causal-LM for `cfg`, fp32 on CPU, in eval mode, seeded or from `weights_dir`."""
     config = hf_config_object(cfg)
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM  # lazy: the [hf] extra, checked by hf_config_object
 
     try:
         loading: dict[str, Any] = {}
@@ -113,8 +114,6 @@ def weight_files(weights_dir: Path) -> list[Path]:
 
     UpstreamError (bad input) for a folder that is neither, or whose index names absent shards.
     """
-    import json
-
     if not weights_dir.is_dir():
         raise UpstreamError(f"weights folder {weights_dir} does not exist")
     index = weights_dir / "model.safetensors.index.json"
@@ -140,8 +139,8 @@ def weight_files(weights_dir: Path) -> list[Path]:
 
 def _load_weights(weights_dir: Path, config, attn_implementation: str):
     """from_pretrained on the folder, with the loading report kept (nothing silently filled in)."""
-    from safetensors import SafetensorError
-    from transformers import AutoModelForCausalLM, GenerationConfig
+    from safetensors import SafetensorError  # lazy: the [hf] extra, needed only to load a weights folder
+    from transformers import AutoModelForCausalLM, GenerationConfig  # lazy: the [hf] extra, checked by the caller
 
     files = weight_files(weights_dir)
     try:
@@ -155,10 +154,11 @@ def _load_weights(weights_dir: Path, config, attn_implementation: str):
     except (OSError, RuntimeError, TypeError, KeyError, SafetensorError) as e:  # an unreadable or foreign checkpoint
         raise UpstreamError(f"loading the weights in {weights_dir} failed: {type(e).__name__}: {e}") from None
     mismatched = [
-        f"{m[0]}: checkpoint {tuple(m[1])} vs model {tuple(m[2])}" if isinstance(m, (tuple, list)) and len(m) == 3
+        f"{m[0]}: checkpoint {tuple(m[1])} vs model {tuple(m[2])}"
+        if isinstance(m, (tuple, list)) and len(m) == 3
         else str(m)
         for m in info.get("mismatched_keys") or []
-    ]  # fmt: skip
+    ]
     loading = {
         "files": [p.name for p in files],
         "expected": len(set(model.state_dict()) - set(getattr(model, "all_tied_weights_keys", None) or {})),

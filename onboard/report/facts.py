@@ -4,15 +4,17 @@ Pure functions of the rungs' latest entries (and the final recipe): the drawing
 (onboard/report/pictures.py) only draws what these return, so a test checks the numbers
 against the ledger and the drawn artists against these.
 
-The waterfall. One bar per rung, in ladder order (onboard.engine.ladder.RUNGS), for each rung
-whose latest entry is passed or stale (a failed or invalid attempt kept nothing):
+The timed runs (`waterfall_bars`: the summary's step times and the table of each rung's own run
+beside the waterfall; the waterfall itself draws onboard.report.steps, the interleaved timings).
+One bar per rung, in ladder order (onboard.engine.ladder.RUNGS), for each rung whose latest entry
+is passed or stale (a failed or invalid attempt kept nothing):
 
 - a rung that timed a train step (`measurements.step_time_median_s`) gets a bar of exactly
   that step time and its `tokens_per_s`, whatever it kept: the label says what it ran,
   whether the ladder kept it, and how it was timed (processes, batch);
 - a rung that changes the recipe without timing a train step (kernels: each kernel is
   timed as the model's forward + backward against the path it replaces) gets a *carried*
-  bar: the height of the bar that stands for the recipe so far, drawn hollow, named as carried;
+  bar: the numbers of the bar that stands for the recipe so far, named as carried;
 - a rung with neither (parity: correctness only) gets no bar;
 - the last bar, `final recipe`, repeats the numbers of the latest one-process bar whose run
   was the final recipe (its `measurements.flags`, `--key=value` strings, hold in the recipe,
@@ -22,8 +24,8 @@ whose latest entry is passed or stale (a failed or invalid attempt kept nothing)
 
 A bar is like-for-like with the baseline when it timed a whole train step in one process on
 the baseline's batch (`comparable` and `same_batch`); others (simple_fsdp on 2 processes
-sharing the machine's cores; a larger batch, whose tokens/s still compare) are drawn
-hatched and listed in the summary. No number is derived: every height is one recorded
+sharing the machine's cores; a larger batch, whose tokens/s still compare) are marked
+in the table and listed in the summary. No number is derived: every number is one recorded
 measurement, and `source` names the rung it was recorded by.
 
 A later rung (tuning) needs nothing here: its entry's `step_time_median_s`, `tokens_per_s`,
@@ -39,14 +41,13 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from titan_core.config.loader import ConfigError, apply_overrides, from_dict, to_dict
+from titan_core.config.loader import MISSING, ConfigError, apply_overrides, from_dict, get_key, to_dict
 
-from onboard.engine.ledger import parse_iso
+from onboard.engine.ledger import Status, parse_iso
 
-_MISSING = object()
 OTHER_RUNS = ("eager_", "baseline_")
 """Measurement prefixes that repeat another run's number beside a rung's own."""
-TIMED = ("passed", "stale")
+TIMED = (Status.PASSED, Status.STALE)
 """States whose entries stand for what the ladder holds; stale ones are marked on their bar."""
 BASELINE = "eager"
 TRAIN_STEP = "train step"
@@ -144,8 +145,11 @@ def _kernels_change(rec: Record) -> tuple[str, bool]:
     kept = [f"kernels.{f}={d['value']}" for f, d in decisions.items() if d.get("edit")]
     if kept:
         return "kept " + ", ".join(kept), True
-    tried = [k.removesuffix("_timing").replace("_", "=", 1) + f" {v}" for k, v in rec.m.items()
-             if k.endswith("_timing") and not rec.m.get(k.removesuffix("_timing") + "_kept")]  # fmt: skip
+    tried = [
+        k.removesuffix("_timing").replace("_", "=", 1) + f" {v}"
+        for k, v in rec.m.items()
+        if k.endswith("_timing") and not rec.m.get(k.removesuffix("_timing") + "_kept")
+    ]
     held = [f"{f}={d['value']}" for f, d in decisions.items() if "contests" in d]
     text = "no new kernel kept" + (f" (recipe holds {', '.join(held)})" if held else "")
     return text + (f"; not kept: {', '.join(tried)}" if tried else ""), False
@@ -157,11 +161,16 @@ def _change(rec: Record, mode: str | None) -> tuple[str, bool | None]:
     if rec.rung == BASELINE:
         return f"baseline: eager, {rec.details.get('dtype', 'the recipe dtype')}", None
     if rec.rung == "simple_fsdp":
-        return (f"SimpleFSDP fp32 on {m.get('world_size')} processes; kept {m.get('data_parallel_choice')}, "
-                f"params {m.get('mixed_precision_choice')}"), True  # fmt: skip
+        return (
+            f"SimpleFSDP fp32 on {m.get('world_size')} processes; kept {m.get('data_parallel_choice')}, "
+            f"params {m.get('mixed_precision_choice')}"
+        ), True
     if rec.rung in ("compile", "graph_trainer"):
-        what = ("per-block torch.compile" if rec.rung == "compile" else
-                f"whole step as one graph (compile {m.get('graph_compile')}, memory policy {m.get('memory_policy')})")
+        what = (
+            "per-block torch.compile"
+            if rec.rung == "compile"
+            else f"whole step as one graph (compile {m.get('graph_compile')}, memory policy {m.get('memory_policy')})"
+        )
         if mode is None:
             return f"{what}; execution mode not chosen yet", None
         return f"{what}; interleaved timing chose {mode} for the recipe", mode == rec.rung
@@ -179,11 +188,6 @@ def _resolved(recipe: dict):
         return from_dict(recipe)
     except (ConfigError, TypeError, ValueError):
         return None
-
-
-def _value(cfg_dict: dict, key: str):
-    section, _, name = key.partition(".")
-    return (cfg_dict.get(section) or {}).get(name, _MISSING)
 
 
 def _is_final(rec: Record, attempts: list[dict], final) -> bool:
@@ -204,7 +208,7 @@ def _is_final(rec: Record, attempts: list[dict], final) -> bool:
         if not e.get("ended") or parse_iso(e["ended"]) < started:
             continue  # an edit made before this run: the run had it
         for edit in (e.get("recipe_edit") or {}).get("edits") or []:
-            if edit["key"] not in flagged or _value(with_flags, edit["key"]) != edit["value"]:
+            if edit["key"] not in flagged or get_key(with_flags, edit["key"], MISSING) != edit["value"]:
                 return False
     return True
 
@@ -235,7 +239,7 @@ def waterfall_bars(recs: list[Record], attempts: list[dict], recipe: dict) -> li
     current = final_bar = None  # like-for-like bars: the recipe so far; the final recipe's run
     for rec in timed:
         change, kept = _change(rec, mode)
-        label = rec.rung + (" (stale)" if rec.status == "stale" else "")
+        label = rec.rung + (" (stale)" if rec.status == Status.STALE else "")
         step = _num(rec.m.get("step_time_median_s"))
         if step is not None:
             setting, comparable, same_batch = _setting(rec, baseline)
@@ -295,7 +299,7 @@ def loss_series(recs: list[Record]) -> list[Series]:
             if not key.endswith("loss_curve") or not isinstance(values, list) or not values:
                 continue
             variant = key.removesuffix("loss_curve").rstrip("_").replace("_", " ")
-            status = "" if rec.status == "passed" else f", {rec.status}"
+            status = "" if rec.status == Status.PASSED else f", {rec.status}"
             label = f"{rec.rung}{' ' + variant if variant else ''} ({len(values)} steps{status})"
             base = rec.rung == BASELINE and key == "loss_curve"
             out.append(Series(rec.rung, key, label, [_float(v) for v in values], base))
@@ -362,10 +366,15 @@ def policy_bars(recs: list[Record]) -> tuple[str | None, list[PolicyBar]]:
     """(rung, saved activation bytes per memory policy) from the last rung that measured them."""
     for rec in reversed(recs):
         m = rec.m
-        saved = {k.removeprefix("saved_activation_bytes_"): v for k, v in m.items()
-                 if k.startswith("saved_activation_bytes_") and isinstance(v, int)}  # fmt: skip
+        saved = {
+            k.removeprefix("saved_activation_bytes_"): v
+            for k, v in m.items()
+            if k.startswith("saved_activation_bytes_") and isinstance(v, int)
+        }
         if saved:
             chosen = m.get("memory_policy_choice", m.get("memory_policy"))
-            return rec.rung, [PolicyBar(p, b, int(m.get(f"saved_activation_host_bytes_{p}") or 0), p == chosen)
-                              for p, b in saved.items()]  # fmt: skip
+            return rec.rung, [
+                PolicyBar(p, b, int(m.get(f"saved_activation_host_bytes_{p}") or 0), p == chosen)
+                for p, b in saved.items()
+            ]
     return None, []

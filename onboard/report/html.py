@@ -12,6 +12,8 @@ import base64
 import html
 from pathlib import Path
 
+from markdown_it import MarkdownIt
+
 STYLE = """
 body { font-family: system-ui, sans-serif; max-width: 1200px; margin: 2em auto; padding: 0 1em; color: #222; }
 table { border-collapse: collapse; margin: 0.6em 0; font-size: 0.9em; }
@@ -30,13 +32,11 @@ def data_uri(png: bytes) -> str:
 
 def render(markdown: str, pictures: dict[str, Path], *, title: str) -> str:
     """The page for `markdown`; `pictures`: file name as REPORT.md links it -> the PNG to embed."""
-    from markdown_it import MarkdownIt
-
     # html on: REPORT.md folds each rung's details in <details> blocks
     body = MarkdownIt("commonmark", {"html": True}).enable("table").render(markdown)
     for name, path in pictures.items():
         body = body.replace(f'src="{html.escape(name)}"', f'src="{data_uri(path.read_bytes())}"')
     return (
-        "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n"
+        '<!DOCTYPE html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n'
         f"<title>{html.escape(title)}</title>\n<style>{STYLE}</style>\n</head>\n<body>\n{body}</body>\n</html>\n"
     )

@@ -1,6 +1,7 @@
-"""The report's pictures: PNGs drawn with matplotlib's Agg canvas, from onboard.report.facts.
+"""The report's pictures: PNGs drawn with matplotlib's Agg canvas, from onboard.report.facts
+(the waterfall: from onboard.report.steps, each rung's interleaved timing and their product).
 
-Each `draw_*` takes the data report_data computed from the ledger and returns a Figure
+Each `draw_*` takes the data those modules computed from the ledger and returns a Figure
 that draws exactly that data (a test reads the bar heights and line points back from its
 Axes, found by gid). The object API is used (Figure + FigureCanvasAgg), never pyplot: no
 global state, no display, and `matplotlib` is imported only when a picture is drawn, so
@@ -15,8 +16,10 @@ import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 
-from onboard.workspace.fsutil import atomic_write_bytes
 from onboard.report.facts import BASELINE, Bar, MemoryBar, ParityPoints, PolicyBar, Series
+from onboard.report.steps import TIMED_APART, Factor, Step
+from onboard.workspace.fsutil import atomic_write_bytes
+from titan_core.memory.estimate import format_bytes
 
 DPI = 110
 MIB = 2**20
@@ -24,15 +27,15 @@ COLORS = {
     "baseline": "#7f7f7f",
     "kept": "#2ca02c",
     "not kept": "#e377c2",
-    "not decided": "#9ecae1",
+    "not decided": "#fdae6b",
     "final recipe": "#1f4e79",
 }
 HATCH = "//"
 
 
 def _figure(width: float, height: float):
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
+    from matplotlib.backends.backend_agg import FigureCanvasAgg  # lazy: matplotlib, only once a picture is drawn
+    from matplotlib.figure import Figure  # lazy: matplotlib, only once a picture is drawn
 
     fig = Figure(figsize=(width, height), dpi=DPI, layout="constrained")
     FigureCanvasAgg(fig)
@@ -52,14 +55,9 @@ def fmt_seconds(s: float | None) -> str:
     return f"{s * 1e3:.0f} ms" if s < 1 else f"{s:.2f} s"
 
 
-def fmt_bytes(n: float | None) -> str:
-    if n is None:
-        return "not recorded"
-    return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / MIB:.0f} MiB"
-
-
 # ---- waterfall -------------------------------------------------------------------------------
 def bar_kind(bar: Bar) -> str:
+    """The kind of a timed run (the report's table of timed runs)."""
     if bar.rung == "final":
         return "final recipe"
     if bar.kept is None:
@@ -67,63 +65,157 @@ def bar_kind(bar: Bar) -> str:
     return "kept" if bar.kept else "not kept"
 
 
-def _tick(bar: Bar) -> str:
-    lines = textwrap.wrap(bar.change, 22)
-    lines = lines[:5] + (["..."] if len(lines) > 5 else [])
-    return "\n".join([bar.label, *lines, f"[{bar_kind(bar)}]"])
+CUMULATIVE = "#a6bddb"
+Y_TICKS = (0.1, 0.2, 0.25, 0.33, 0.5, 0.67, 0.8, 0.9, 1, 1.1, 1.25, 1.5, 2, 3, 4, 5, 10, 20)
 
 
-def _bars(ax, bars: list[Bar], key: str, *, like_for_like) -> None:
-    heights = [getattr(b, key) or 0.0 for b in bars]
-    container = ax.bar(range(len(bars)), heights, width=0.7, gid=key)
-    for rect, b in zip(container.patches, bars):
-        color = COLORS[bar_kind(b)]
-        if b.measured:
-            rect.set_facecolor(color)
-        else:  # carried: the recipe so far, not re-timed
-            rect.set_facecolor("white")
-            rect.set_linestyle("--")
-        rect.set_edgecolor(color if not b.measured else "black")
-        rect.set_linewidth(1.2)
-        if b.measured and not like_for_like(b):
-            rect.set_hatch(HATCH)
-    ax.set_ylim(0, max(heights) * 1.32 if max(heights) > 0 else 1)
+def _step_tick(s: Step) -> str:
+    lines = textwrap.wrap(s.what, 24)
+    lines = lines[:4] + (["..."] if len(lines) > 4 else [])
+    return "\n".join([s.label, *lines, f"[{s.kind}]"])
 
 
-def draw_waterfall(bars: list[Bar]):
-    """Step time (top) and tokens/s (bottom) per bar, baseline first, final recipe last."""
-    from matplotlib.patches import Patch
+def _bar_label(f: Factor, *, cumulative: bool) -> str:
+    """Speed-up, interval, outcome; a product of intervals says its confidence (the union bound's)."""
+    if not f.protocol:
+        return f"{f.speedup:.2f}x\ntimed apart:\nno interval"
+    if f.low is None:
+        return f"{f.speedup:.2f}x\nno interval"
+    lines = [f"{f.speedup:.2f}x", f"({f.low:.2f}-{f.high:.2f})", f.outcome or ""]
+    if cumulative or f.links > 1:
+        lines[-1] += f"{', ' if f.outcome else ''}>= {f.confidence:.0%}"
+    return "\n".join(lines)
 
-    fig = _figure(max(7.5, 1.75 * len(bars) + 1.5), 8.2)
-    ax_t, ax_k = fig.subplots(2, 1, sharex=True)
-    base = bars[0]
-    _bars(ax_t, bars, "step_time_s", like_for_like=lambda b: b.comparable and b.same_batch)
-    _bars(ax_k, bars, "tokens_per_s", like_for_like=lambda b: b.comparable)
-    for i, b in enumerate(bars):
-        if b.step_time_s:
-            ratio = f"\n{base.step_time_s / b.step_time_s:.2f}x" if base.step_time_s else ""
-            ax_t.annotate(fmt_seconds(b.step_time_s) + ratio, (i, b.step_time_s), ha="center", va="bottom",
-                          fontsize=8, xytext=(0, 2), textcoords="offset points")  # fmt: skip
-        if b.tokens_per_s:
-            ratio = f"\n{b.tokens_per_s / base.tokens_per_s:.2f}x" if base.tokens_per_s else ""
-            ax_k.annotate(f"{b.tokens_per_s:,.0f}{ratio}", (i, b.tokens_per_s), ha="center", va="bottom",
-                          fontsize=8, xytext=(0, 2), textcoords="offset points")  # fmt: skip
-    ax_t.set_gid("waterfall-step-time")
-    ax_k.set_gid("waterfall-tokens-per-s")
-    ax_t.set_ylabel("step time (s), lower is better")
-    ax_k.set_ylabel("tokens/s, higher is better")
-    ax_t.set_title("From the eager baseline through each rung to the final recipe (Nx: speed-up over the baseline)",
-                   fontsize=11)  # fmt: skip
-    ax_k.set_xticks(range(len(bars)), [_tick(b) for b in bars], fontsize=7.5)
-    kinds = [k for k in COLORS if any(bar_kind(b) == k for b in bars)]
+
+def _floating(ax, x: int, f: Factor, color: str, gid: str) -> None:
+    """A bar from 1 to the speed-up (down when slower), its interval as a whisker, its label at the end."""
+    (rect,) = ax.bar([x], [f.speedup - 1], bottom=1, width=0.62, gid=gid).patches
+    rect.set_facecolor(color if f.protocol else "white")
+    rect.set_edgecolor("black" if f.protocol else color)
+    rect.set_linewidth(1.2 if f.protocol else 1.8)
+    if not f.protocol:
+        rect.set_hatch(HATCH)
+    if f.low is not None:
+        ax.errorbar([x], [f.speedup], yerr=[[f.speedup - f.low], [f.high - f.speedup]], fmt="none", ecolor="black",
+                    elinewidth=1.1, capsize=5, gid=f"{gid}-ci")  # fmt: skip
+    up = f.speedup >= 1
+    end = (f.high if up else f.low) if f.low is not None else f.speedup
+    label = _bar_label(f, cumulative=gid.startswith("cumulative"))
+    ax.annotate(label, (x, end), ha="center", va="bottom" if up else "top", fontsize=7.5, xytext=(0, 3 if up else -3),
+                textcoords="offset points")  # fmt: skip
+
+
+def _note(ax, x: int, text: str) -> None:
+    ax.annotate(text, (x, 1), ha="center", va="bottom", fontsize=7.5, color="#555555", style="italic",
+                xytext=(0, 4), textcoords="offset points")  # fmt: skip
+
+
+def _ticks(bottom: float, top: float) -> list[float]:
+    """Y_TICKS within the axis, 1 always, no two closer than a ninth of the axis (log scale)."""
+    gap = math.log(top / bottom) / 9
+    kept = [1.0]
+    above, below = [t for t in Y_TICKS if 1 < t <= top], [t for t in Y_TICKS if bottom <= t < 1]
+    for side in (above, below[::-1]):
+        last = 1.0
+        for t in side:
+            if abs(math.log(t / last)) >= gap:
+                kept.append(t)
+                last = t
+    return sorted(kept)
+
+
+def _log_axis(ax, values: list[float], n: int) -> None:
+    """A log axis around 1 with room for the labels above (and, when a bar goes down, below) the bars."""
+    # lazy: matplotlib, only once a picture is drawn
+    from matplotlib.ticker import FixedLocator, FuncFormatter, NullLocator
+
+    lo, hi = math.log(min(values + [1.0])), math.log(max(values + [1.0]))
+    span = max(hi - lo, math.log(1.3))
+    bottom = math.exp(lo - (0.5 if lo < 0 else 0.1) * span)
+    top = math.exp(hi + 0.6 * span)
+    ax.set_yscale("log")
+    ax.set_ylim(bottom, top)
+    ax.set_xlim(-0.6, n - 0.4)
+    ax.yaxis.set_major_locator(FixedLocator(_ticks(bottom, top)))
+    ax.yaxis.set_minor_locator(NullLocator())
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}x"))
+    ax.axhline(1, color="black", linewidth=0.8, zorder=0)
+    ax.grid(axis="y", alpha=0.3)
+
+
+def _ends(f: Factor | None) -> list[float]:
+    if f is None:
+        return []
+    return [f.speedup] + ([f.low, f.high] if f.low is not None else [])
+
+
+def _draw_steps(ax, steps: list[Step]) -> None:
+    for i, s in enumerate(steps):
+        if s.kind == "final recipe":
+            continue
+        if s.kind == "baseline":
+            _note(ax, i, "baseline\n1.00x")
+        elif s.factor is None:
+            _note(ax, i, s.text)
+        else:
+            _floating(ax, i, s.factor, COLORS[s.kind], f"step:{s.rung}")
+
+
+def _draw_cumulative(ax, steps: list[Step]) -> None:
+    previous = None
+    for i, s in enumerate(steps):
+        final = s.kind == "final recipe"
+        if s.kind == "baseline":
+            _note(ax, i, "eager = 1x")
+        elif s.cumulative is None:
+            _note(ax, i, "no product:\na kept change\nhas no timing")
+        elif final or s.cumulative != previous:  # labelled where the recipe's speed changed, and at the end
+            color = COLORS["final recipe"] if final else CUMULATIVE
+            _floating(ax, i, s.cumulative, color, f"cumulative:{s.rung}")
+        else:  # the recipe as it was: the level carries on, unlabelled
+            protocol = s.cumulative.protocol
+            ax.bar([i], [s.cumulative.speedup - 1], bottom=1, width=0.62, color=CUMULATIVE if protocol else "white",
+                   alpha=0.45, edgecolor=CUMULATIVE, linewidth=0, hatch=None if protocol else HATCH,
+                   gid=f"cumulative:{s.rung}")  # fmt: skip
+        previous = s.cumulative
+
+
+def _legend(fig, steps: list[Step], conf: float | None, apart: bool) -> None:
+    from matplotlib.lines import Line2D  # lazy: matplotlib, only once a picture is drawn
+    from matplotlib.patches import Patch  # lazy: matplotlib, only once a picture is drawn
+
+    kinds = [k for k in ("kept", "not kept", "not decided") if any(s.kind == k for s in steps)]
     handles = [Patch(facecolor=COLORS[k], edgecolor="black", label=k) for k in kinds]
-    if any(not b.measured for b in bars):
-        handles.append(Patch(facecolor="white", edgecolor="grey", linestyle="--", label="carried, not re-timed"))
-    if any(b.measured and not (b.comparable and b.same_batch) for b in bars):
-        handles.append(Patch(facecolor="white", edgecolor="black", hatch=HATCH, label="not like-for-like"))
-    ax_t.legend(handles=handles, fontsize=7.5, loc="upper right", ncols=2)
-    for ax in (ax_t, ax_k):
-        ax.grid(axis="y", alpha=0.3)
+    handles.append(Patch(facecolor=COLORS["final recipe"], edgecolor="black", label="final recipe"))
+    if apart:
+        handles.append(Patch(facecolor="white", edgecolor="black", hatch=HATCH, label=TIMED_APART))
+    if conf:
+        handles.append(Line2D([], [], color="black", marker="_", markersize=10, label=f"{conf:.0%} interval"))
+    fig.legend(handles=handles, loc="outside upper center", ncols=len(handles), fontsize=8, frameon=False)
+
+
+def draw_waterfall(steps: list[Step]):
+    """Each rung's speed-up over the recipe before it (top) and the product of the kept ones (bottom)."""
+    fig = _figure(max(8.0, 1.6 * len(steps) + 1.5), 8.6)
+    ax_s, ax_c = fig.subplots(2, 1, sharex=True, height_ratios=(3, 2))
+    timed = [s.factor for s in steps if s.kind not in ("baseline", "final recipe") and s.factor is not None]
+    conf = next((f.confidence for f in timed if f.protocol and f.low is not None), None)
+    apart = any(f is not None and not f.protocol for s in steps for f in (s.factor, s.cumulative))
+    _draw_steps(ax_s, steps)
+    _draw_cumulative(ax_c, steps)
+    _log_axis(ax_s, [v for s in steps if s.kind != "final recipe" for v in _ends(s.factor)], len(steps))
+    _log_axis(ax_c, [v for s in steps for v in _ends(s.cumulative)], len(steps))
+    ax_s.set_gid("waterfall-steps")
+    ax_c.set_gid("waterfall-cumulative")
+    how = "its own interleaved timing" + (f", {conf:.0%} interval" if conf else "")
+    how += "; hatched: timed apart, no interval" if apart else ""
+    ax_s.set_title(f"Each rung: speed-up over the recipe before it ({how})", fontsize=10.5)
+    ax_c.set_title("The recipe so far: the kept steps multiplied (interval: the product of theirs; its confidence "
+                   "by the union bound)", fontsize=10.5)  # fmt: skip
+    ax_s.set_ylabel("speed-up vs the recipe before")
+    ax_c.set_ylabel("speed-up vs eager")
+    ax_c.set_xticks(range(len(steps)), [_step_tick(s) for s in steps], fontsize=7.5)
+    _legend(fig, steps, conf, apart)
     return fig
 
 
@@ -131,7 +223,7 @@ def draw_waterfall(bars: list[Bar]):
 def draw_loss(series: list[Series]):
     """Every rung's loss curve over the eager baseline (top), and each one's relative
     difference from it per step (bottom, symlog: exact equality draws at 0)."""
-    from matplotlib.ticker import MaxNLocator
+    from matplotlib.ticker import MaxNLocator  # lazy: matplotlib, only once a picture is drawn
 
     fig = _figure(9, 7.5)
     ax, ax_d = fig.subplots(2, 1, sharex=True, height_ratios=(3, 2))
@@ -218,7 +310,7 @@ def draw_memory(mem: list[MemoryBar], policy_rung: str | None, policies: list[Po
     peaks = [b.peak_mem_bytes / MIB for b in mem]
     ax.bar(range(len(mem)), peaks, color="#1f77b4", gid="peak_mem_bytes")
     for i, b in enumerate(mem):
-        ax.annotate(fmt_bytes(b.peak_mem_bytes), (i, peaks[i]), ha="center", va="bottom", fontsize=7.5)
+        ax.annotate(format_bytes(b.peak_mem_bytes), (i, peaks[i]), ha="center", va="bottom", fontsize=7.5)
     ax.set_xticks(range(len(mem)), [b.label for b in mem], rotation=30, ha="right", fontsize=8)
     ax.set_ylim(0, max(peaks) * 1.15)
     what = "the process's peak resident set" if device == "cpu" else "the allocator's peak"
@@ -234,7 +326,7 @@ def draw_memory(mem: list[MemoryBar], policy_rung: str | None, policies: list[Po
                  label="offloaded to host", gid="saved_host_bytes")  # fmt: skip
         total = [p.device_bytes + p.host_bytes for p in policies]
         for i, p in enumerate(policies):
-            text = fmt_bytes(p.device_bytes) + (f"\n+ {fmt_bytes(p.host_bytes)} host" if p.host_bytes else "")
+            text = format_bytes(p.device_bytes) + (f"\n+ {format_bytes(p.host_bytes)} host" if p.host_bytes else "")
             ax_p.annotate(text, (i, total[i] / MIB), ha="center", va="bottom", fontsize=7.5)
         ax_p.set_ylim(0, max(total) / MIB * 1.25)
         ax_p.set_xticks(list(x), [p.policy + (" (recipe)" if p.chosen else "") for p in policies], fontsize=8)

@@ -8,6 +8,7 @@ and drawn by onboard.report.pictures; report.html is REPORT.md with the pictures
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,7 +18,7 @@ from onboard.engine.evidence import INVALID
 from onboard.workspace.fsutil import atomic_write_text
 from onboard.engine.gates import ChecklistError
 from onboard.engine.ladder import NOT_BUILT, RungSpec, default_specs, ladder_states
-from onboard.engine.ledger import now_iso
+from onboard.engine.ledger import ACCEPTED, Status, now_iso
 from onboard.parity.results import read_results
 from onboard.report.facts import (
     Bar,
@@ -31,37 +32,22 @@ from onboard.report.facts import (
     waterfall_bars,
 )
 from onboard.report.html import render
+from onboard.report.tables import table
+from onboard.report.speed_section import speed_table, waterfall_lines
+from onboard.report.steps import Step, waterfall_steps
 from onboard.report.pictures import (
     Picture,
-    bar_kind,
     draw_loss,
     draw_memory,
     draw_parity,
     draw_waterfall,
-    fmt_bytes,
-    fmt_seconds,
     write_picture,
 )
 from onboard.cli.views import fmt, fmt_threshold, ladder_message, shown_criteria
 from onboard.workspace.layout import REPORT, Workspace
 
 HTML = "report.html"
-TIMED_APART = (
-    "Each bar of the waterfall is its rung's own run, timed minutes apart from the others: on a shared machine "
-    "load moves them as much as a change can. What the ladder kept was decided by interleaved timings (each "
-    "rung's evidence below), not by comparing these bars."
-)
 WATERFALL, LOSS, PARITY, MEMORY = "waterfall.png", "loss_curves.png", "parity.png", "memory.png"
-
-
-def _cell(value) -> str:
-    return str(value).replace("|", "\\|").replace("\n", " ")
-
-
-def _table(headers: list[str], rows: list[list]) -> list[str]:
-    out = ["| " + " | ".join(headers) + " |", "|" + "|".join("---" for _ in headers) + "|"]
-    out += ["| " + " | ".join(_cell(c) for c in row) + " |" for row in rows]
-    return out
 
 
 def _waivers(ws: Workspace) -> list[str]:
@@ -74,7 +60,7 @@ def _waivers(ws: Workspace) -> list[str]:
         "**These gates pass only because a person waived a criterion. Each waiver is on the record below.**",
         "",
     ]
-    lines += _table(
+    lines += table(
         ["rung", "criterion", "why", "by", "when"],
         [[f"**{w['rung']}**", f"**{w['criterion']}**", w["why"], w.get("by", ""), w["time"][:19]] for w in waivers],
     )
@@ -89,7 +75,7 @@ def _criteria(criteria: list[dict]) -> list[str]:
         else:
             ok = "✅ ok" if c["ok"] else "❌ **FAIL**"
         rows.append([c["name"], fmt(c.get("value")), fmt_threshold(c), ok])
-    lines = _table(["criterion", "value", "threshold", "ok"], rows) if rows else ["(no criteria evaluated)"]
+    lines = table(["criterion", "value", "threshold", "ok"], rows) if rows else ["(no criteria evaluated)"]
     failed = [c for c in criteria if not c["ok"]]
     if failed:
         lines += ["", "Hints for the failed criteria:", ""]
@@ -120,10 +106,10 @@ def _evidence(ws: Workspace, entry: dict, status: str) -> list[str]:
         rows.append(["not applicable", entry["not_applicable_reason"]])
     if entry.get("error"):
         rows.append(["error", entry["error"]])
-    lines = _table(["evidence", ""], rows)
+    lines = table(["evidence", ""], rows)
     files = entry.get("files_read") or {}
     if files:
-        lines += ["", *_table(["file read", "sha256"], [[f"`{k}`", (v or "missing")[:16]] for k, v in files.items()])]
+        lines += ["", *table(["file read", "sha256"], [[f"`{k}`", (v or "missing")[:16]] for k, v in files.items()])]
     return lines
 
 
@@ -155,7 +141,7 @@ def _rung_section(ws: Workspace, state, spec: RungSpec) -> list[str]:
     entry = state.latest
     if entry is None:
         return lines + ["Not attempted yet.", ""]
-    if state.reason and state.status == "stale":
+    if state.reason and state.status == Status.STALE:
         lines += [f"**Stale**: {state.reason}. `onboard next-step {ws.name}` re-verifies it.", ""]
     if state.status == INVALID:
         lines += [
@@ -170,10 +156,10 @@ def _rung_section(ws: Workspace, state, spec: RungSpec) -> list[str]:
         before, after = ((edit.get(k) or "missing")[:16] for k in ("sha256_before", "sha256_after"))
         lines += ["", f"Recipe edits (`{edit['file']}`, sha256 {before} -> {after}):", ""]
         rows = [[f"`{e['key']}`", f"`{json.dumps(e['value'])}`", e["why"]] for e in edit["edits"]]
-        lines += _table(["key", "value", "why"], rows)
+        lines += table(["key", "value", "why"], rows)
     measurements = entry.get("measurements") or {}
     if measurements:
-        lines += ["", *_table(["measurement", "value"], [[k, fmt(v)] for k, v in measurements.items()])]
+        lines += ["", *table(["measurement", "value"], [[k, fmt(v)] for k, v in measurements.items()])]
     lines += _details(entry)
     if checklist and checklist.human:
         lines += ["", "Checks for a person:", ""] + [f"- [ ] {h}" for h in checklist.human]
@@ -188,23 +174,11 @@ def _rung_section(ws: Workspace, state, spec: RungSpec) -> list[str]:
             ]
             for e in earlier
         ]
-        lines += ["", "Earlier attempts:", "", *_table(["attempt", "status", "started", "failed criteria"], rows)]
+        lines += ["", "Earlier attempts:", "", *table(["attempt", "status", "started", "failed criteria"], rows)]
     return lines + [""]
 
 
 # ---- summary and pictures --------------------------------------------------------------------
-def _tokens(value: float | None) -> str:
-    return "not recorded" if value is None else f"{value:,.0f}"
-
-
-def _like(b: Bar) -> str:
-    if not b.measured:
-        return "carried"
-    return "yes" if b.comparable and b.same_batch else "**no**"
-
-
-def _ratio(a, b) -> str:
-    return f"{a / b:.2f}x" if a and b else ""
 
 
 def _eager_env(recs: list[Record]) -> dict:
@@ -212,33 +186,13 @@ def _eager_env(recs: list[Record]) -> dict:
     return (eager.entry.get("environment") or {}) if eager else {}
 
 
-def _speed_table(bars: list[Bar], facts: dict, cpu: bool) -> list[str]:
-    b, f = bars[0], bars[-1]
-    timed = f"{f.source} rung" + ("" if f.measured else ", carried: the final recipe was not timed as a whole")
-    mfu = [f"{x.mfu:.1%}" if x.mfu is not None else "not recorded" for x in (b, f)]
-    rows = [
-        ["step time", fmt_seconds(b.step_time_s), fmt_seconds(f.step_time_s),
-         f"**{facts['speedup']:.2f}x** speed-up (two runs timed apart: no interval)" if "speedup" in facts else ""],
-        ["tokens/s", _tokens(b.tokens_per_s), _tokens(f.tokens_per_s), _ratio(f.tokens_per_s, b.tokens_per_s)],
-        ["MFU", *mfu, "on CPU against the matmul peak measured here: indicative" if cpu else ""],
-        ["peak memory", fmt_bytes(b.peak_mem_bytes), fmt_bytes(f.peak_mem_bytes),
-         _ratio(f.peak_mem_bytes, b.peak_mem_bytes) + (" (the process's peak resident set)" if cpu else "")],
-    ]  # fmt: skip
-    lines = _table(["", "eager baseline", f"final recipe ({timed})", ""], rows) + ["", TIMED_APART, ""]
-    odd = facts["not_like_for_like"]
-    if odd:
-        listed = "; ".join(f"**{x['label']}** ({x['setting']})" for x in odd)
-        lines += [f"Not like-for-like with the baseline (hatched in the waterfall): {listed}.", ""]
-    return lines
-
-
-def _summary(ws: Workspace, recs: list[Record], states, bars: list[Bar]) -> tuple[list[str], dict]:
+def _summary(ws: Workspace, recs: list[Record], states, bars: list[Bar], steps: list[Step]) -> tuple[list[str], dict]:
     """The lines a person reads first, and the same facts for --json."""
     meta, env = ws.ledger.meta, _eager_env(recs)
     eager = next((r for r in recs if r.rung == "eager"), None)
     params = eager.m.get("num_params") if eager else None
     device = env.get("device") or ws.device
-    accepted = sum(s.status in ("passed", "not_applicable") for s in states)
+    accepted = sum(s.status in ACCEPTED for s in states)
     built = sum(s.status != NOT_BUILT for s in states)
     model = f"`{meta.get('model_type')}` (family `{meta.get('family')}`, {meta.get('path')} path"
     model += f", {params:,} parameters)" if isinstance(params, int) else ")"
@@ -254,8 +208,10 @@ def _summary(ws: Workspace, recs: list[Record], states, bars: list[Bar]) -> tupl
     if speed is None:
         lines += ["Step time: no passed eager run yet, so no baseline to compare with.", ""]
     else:
-        lines += _speed_table(bars, speed, cpu=device == "cpu")
+        lines += speed_table(bars, speed, cpu=device == "cpu", steps=steps)
         facts.update(speed)
+        facts["protocol_speedup"] = dataclasses.asdict(steps[-1].cumulative) if steps[-1].cumulative else None
+        facts["waterfall"] = [s.as_dict() for s in steps]
     if waivers:
         named = ", ".join(f"{w['rung']} `{w['criterion']}`" for w in waivers)
         lines += [f"**Waivers: {len(waivers)}**: {named} (below, in red).", ""]
@@ -269,13 +225,19 @@ def _twin_lines(ws: Workspace, eager: Record | None) -> list[str]:
     if ws.twin_path is None:
         return []
     m = eager.m if eager else {}
-    full = (f" The full model was checked on the meta device by eager: {m['full_model_params_total']:,} parameters "
-            f"({m['full_model_params_active']:,} active per token), {m.get('full_model_key_mismatches')} name/shape "
-            f"mismatches against {m.get('full_model_keys_reference')}; checkpoint: {m.get('full_model_checkpoint')}."
-            if "full_model_params_total" in m else " The full model has not been checked yet (eager has not passed).")
-    return [f"**Every rung ran on a twin** of the model ({ws.model_label()}), because the full model does not fit "
-            f"the gates here (README.md: what shrank and why).{full} `onboard plan {ws.name} --target KIND:COUNT` "
-            "sizes the full model for its target.", ""]  # fmt: skip
+    full = (
+        f" The full model was checked on the meta device by eager: {m['full_model_params_total']:,} parameters "
+        f"({m['full_model_params_active']:,} active per token), {m.get('full_model_key_mismatches')} name/shape "
+        f"mismatches against {m.get('full_model_keys_reference')}; checkpoint: {m.get('full_model_checkpoint')}."
+        if "full_model_params_total" in m
+        else " The full model has not been checked yet (eager has not passed)."
+    )
+    return [
+        f"**Every rung ran on a twin** of the model ({ws.model_label()}), because the full model does not fit "
+        f"the gates here (README.md: what shrank and why).{full} `onboard plan {ws.name} --target KIND:COUNT` "
+        "sizes the full model for its target.",
+        "",
+    ]
 
 
 def _parity_results(ws: Workspace, rec: Record) -> tuple[dict | None, str]:
@@ -293,7 +255,7 @@ def _parity_results(ws: Workspace, rec: Record) -> tuple[dict | None, str]:
     return None, f"parity attempt {rec.entry.get('attempt')} left no results.json"
 
 
-def _draw_pictures(ws: Workspace, recs: list[Record], bars: list[Bar]) -> list[Picture]:
+def _draw_pictures(ws: Workspace, recs: list[Record], steps: list[Step]) -> list[Picture]:
     """Draw and write every picture there is data for; one with none is removed (it would show old data)."""
     parity = next((r for r in recs if r.rung == "parity"), None)
     points, parity_why = None, "the parity rung has not run"
@@ -305,15 +267,26 @@ def _draw_pictures(ws: Workspace, recs: list[Record], bars: list[Bar]) -> list[P
     policy_rung, policies = policy_bars(recs)
     device = _eager_env(recs).get("device")
     plan = [  # (file, title, how to draw it or None, why it is not drawn)
-        (WATERFALL, "Step time and tokens/s, baseline to final recipe",
-         (lambda: draw_waterfall(bars)) if bars else None, "no passed eager run to start from"),
-        (LOSS, "Loss curves over the eager baseline",
-         (lambda: draw_loss(series)) if series else None, "no rung recorded a loss curve"),
+        (
+            WATERFALL,
+            "Speed-up per rung by its own interleaved timing, and the product of the kept ones",
+            (lambda: draw_waterfall(steps)) if steps else None,
+            "no passed eager run to start from",
+        ),
+        (
+            LOSS,
+            "Loss curves over the eager baseline",
+            (lambda: draw_loss(series)) if series else None,
+            "no rung recorded a loss curve",
+        ),
         (PARITY, "Parity along the model", (lambda: draw_parity(points)) if points else None, parity_why),
-        (MEMORY, "Memory per rung",
-         (lambda: draw_memory(mem, policy_rung, policies, device=device)) if mem else None,
-         "no rung recorded peak memory"),
-    ]  # fmt: skip
+        (
+            MEMORY,
+            "Memory per rung",
+            (lambda: draw_memory(mem, policy_rung, policies, device=device)) if mem else None,
+            "no rung recorded peak memory",
+        ),
+    ]
     pictures = []
     for name, title, draw, why in plan:
         path = ws.root / name
@@ -325,16 +298,12 @@ def _draw_pictures(ws: Workspace, recs: list[Record], bars: list[Bar]) -> list[P
     return pictures
 
 
-def _pictures_section(pictures: list[Picture], bars: list[Bar]) -> list[str]:
+def _pictures_section(pictures: list[Picture], bars: list[Bar], steps: list[Step]) -> list[str]:
     lines = ["## Pictures", ""]
     for pic in pictures:
         lines += [f"![{pic.title}]({pic.name})" if pic.path else f"*{pic.title}: not drawn: {pic.why}.*", ""]
-        if pic.name == WATERFALL and bars:  # the numbers drawn, for a reader (or an agent) without the picture
-            headers = ["#", "bar", "change", "kept", "step time", "tokens/s", "timed as", "like-for-like", "from"]
-            rows = [[i, b.label, b.change, bar_kind(b), fmt_seconds(b.step_time_s), _tokens(b.tokens_per_s),
-                     b.setting, _like(b), b.source + ("" if b.measured else " (carried)")]
-                    for i, b in enumerate(bars)]  # fmt: skip
-            lines += _table(headers, rows) + [""]
+        if pic.name == WATERFALL and steps:
+            lines += waterfall_lines(bars, steps)
     return lines
 
 
@@ -378,8 +347,9 @@ def write_report_files(ws: Workspace, specs: list[RungSpec] | None = None) -> Re
     except BadInput:  # a person's edit broke recipe.toml: no bar can be the final recipe's
         recipe = {}
     bars = waterfall_bars(recs, ws.ledger.attempts, recipe)
-    summary, facts = _summary(ws, recs, states, bars)
-    pictures = _draw_pictures(ws, recs, bars)
+    steps = waterfall_steps(recs) if bars else []
+    summary, facts = _summary(ws, recs, states, bars, steps)
+    pictures = _draw_pictures(ws, recs, steps)
     lines = [
         f"# Onboarding report: {ws.name}",
         "",
@@ -388,10 +358,10 @@ def write_report_files(ws: Workspace, specs: list[RungSpec] | None = None) -> Re
         "",
         *summary,
         *_waivers(ws),
-        *_pictures_section(pictures, bars),
+        *_pictures_section(pictures, bars, steps),
         "## Ladder",
         "",
-        *_table(
+        *table(
             ["#", "rung", "status", "attempts", "note"],
             [[i, s.rung, f"**{s.status}**", s.attempts or "", s.reason or ""] for i, s in enumerate(states, 1)],
         ),
@@ -401,8 +371,11 @@ def write_report_files(ws: Workspace, specs: list[RungSpec] | None = None) -> Re
     ]
     unconsumed = meta.get("unconsumed_keys") or []
     if unconsumed:
-        lines += ["Config keys the family does not consume (each must be handled or irrelevant): "
-                  + ", ".join(f"`{k}`" for k in unconsumed), ""]  # fmt: skip
+        lines += [
+            "Config keys the family does not consume (each must be handled or irrelevant): "
+            + ", ".join(f"`{k}`" for k in unconsumed),
+            "",
+        ]
     by_name = {s.name: s for s in specs}
     for state in states:
         lines += _rung_section(ws, state, by_name[state.rung])

@@ -16,14 +16,51 @@ A MoE recipe with the reference loop experts runs with `kernels.moe = "dense"` (
 harness.DENSE_WHY); `flags` in the measurements lists exactly what was verified.
 """
 
-
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from onboard.rungs import harness
-from onboard.rungs.contract import RungContext, RungResult
+from onboard.rungs.contract import ABSENT, RungContext, RungResult
 
 RUNG = "compile"
 reads_recipe_key = harness.reads_all_but_mode
+
+
+@dataclass(kw_only=True)
+class CompileMeasurements(harness.ModeRun):
+    """The compile rung's measurements: graph breaks per compiled module, and the compiled run's numbers."""
+
+    graph_breaks: int = ABSENT
+    """Graph breaks dynamo reports over every compiled module, blocks and loss head (count)."""
+    graph_breaks_in_blocks: int = ABSENT
+    """Those in the decoder blocks (count)."""
+    graph_breaks_in_loss_head: int = ABSENT
+    """Those in the loss head (count)."""
+    modules_compiled: int = ABSENT
+    """Modules compiled as one graph each: every block and the loss head (count)."""
+    modules_with_breaks: list[str] = ABSENT
+    """The module paths that broke (e.g. ["layers.0", "layers.1"])."""
+    first_break: str | None = ABSENT
+    """The first module that broke and dynamo's first reason ("<module>: <reason>"); None: none did."""
+    steps_run: int = ABSENT
+    """Optimizer steps the compiled run logged."""
+    step1_loss_repr: str = ABSENT
+    """The compiled step-1 loss, as its repr (nats per token)."""
+    baseline_step1_loss_repr: str = ABSENT
+    """The eager rung's step-1 loss it is compared with, as its repr."""
+    step1_loss_rel_err: float = ABSENT
+    """|compiled - eager| / |eager| step-1 loss (fraction): rounding only, or a compile that changes the model."""
+    last_loss_rel_vs_eager: float | None = ABSENT
+    """The same at the last step (rounding compounds over the steps: shown, not judged); None when
+    eager ran another number of steps."""
+    backend: str = ABSENT
+    """The recipe's compile.backend (inductor, aot_eager, ...)."""
+    fullgraph: bool = ABSENT
+    """The recipe's compile.fullgraph."""
+
+
+MEASUREMENTS = CompileMeasurements
 
 
 def break_report(report: dict) -> tuple[dict, dict]:
@@ -44,7 +81,7 @@ def break_report(report: dict) -> tuple[dict, dict]:
 
 def last_loss_rel(rows: list[dict], eager_evidence: dict) -> float | None:
     """Last-step loss against the eager rung's last loss after as many steps (None: not comparable)."""
-    from titan_core.measure.numerics import rel
+    from titan_core.measure.numerics import rel  # lazy: loads torch; onboard status imports the rungs
 
     if "last_loss_repr" not in eager_evidence or eager_evidence.get("steps_run") != len(rows):
         return None
@@ -52,11 +89,6 @@ def last_loss_rel(rows: list[dict], eager_evidence: dict) -> float | None:
 
 
 def run(ctx: RungContext) -> RungResult:
-    import torch
-
-    from titan_core.compile import dynamo_compile_seconds, explain_blocks
-    from titan_core.measure.numerics import rel
-
     base = harness.job_config(ctx)
     args = harness.model_args(base)
     moe, moe_why = harness.capture_moe(base, args)
@@ -68,38 +100,19 @@ def run(ctx: RungContext) -> RungResult:
         f"{args.n_layers} blocks + loss head"
         + ("; MoE experts: kernels.moe = dense (the recipe's loop syncs the host; measurements.moe_why)" if moe else "")
     )
-    torch._dynamo.reset()  # a fresh cache: compile time and graph counts are this run's own
-    before = dynamo_compile_seconds()
-    trainer, result = harness.train(ctx, cfg, "compile")
-    compile_s = dynamo_compile_seconds() - before
-    rows = result.metrics
+    trainer, result, compile_s = train_compiled(ctx, cfg)
     ctx.log(f"compile: trained, {compile_s:.1f} s compiling; counting graph breaks per block (torch._dynamo.explain)")
-    with harness.quiet_mesh_pickling():
-        report = explain_blocks(trainer.model, next(trainer.data))
-    m, per_module = break_report(report)
-    loss1 = rows[0]["loss"]
-    eager_loss1 = harness.eager_step1_loss(ctx)
-    m.update(
-        steps_run=len(rows),
-        step1_loss_repr=repr(loss1),
-        baseline_step1_loss_repr=repr(eager_loss1),
-        step1_loss_rel_err=rel(loss1, eager_loss1),
-        # rounding differences compound over the steps: shown, not judged
-        last_loss_rel_vs_eager=last_loss_rel(rows, ctx.evidence.get("eager") or {}),
-        backend=cfg.compile.backend,
-        fullgraph=cfg.compile.fullgraph,
-        moe_experts=moe or (cfg.kernels.moe if args.n_experts else None),
-        moe_why=moe_why,
-        flags=" ".join(flags),
-        compile_time_s=compile_s,
-        first_step_time_s=rows[0]["step_time_s"],
-        **harness.run_stats(rows),
-    )
-    harness.beside_eager(m, ctx.evidence)
+    breaks, per_module = break_report(explain(trainer))
+    m = CompileMeasurements(
+        **breaks, backend=cfg.compile.backend, fullgraph=cfg.compile.fullgraph, compile_time_s=compile_s,
+        moe_experts=moe or (cfg.kernels.moe if args.n_experts else None), moe_why=moe_why, flags=" ".join(flags),
+    )  # fmt: skip
+    measure_run(m, ctx, result.metrics)
     ctx.log(
-        f"compile: {m['graph_breaks']} graph breaks in {m['modules_compiled']} compiled modules; step-1 loss rel "
-        f"{m['step1_loss_rel_err']:.2e} vs eager; {m['step_time_median_s'] * 1e3:.0f} ms/step; {m['vs_eager_text']}"
+        f"compile: {m.graph_breaks} graph breaks in {m.modules_compiled} compiled modules; step-1 loss rel "
+        f"{m.step1_loss_rel_err:.2e} vs eager; {m.step_time_median_s * 1e3:.0f} ms/step; {m.vs_eager_text}"
     )
+    rows = result.metrics
     return RungResult(
         measurements=m,
         files_read=harness.files_read(ctx, base),
@@ -114,3 +127,41 @@ def run(ctx: RungContext) -> RungResult:
             "reproduce": harness.train_command(ctx, flags),
         },
     )
+
+
+def train_compiled(ctx: RungContext, cfg):
+    """(trainer, result, seconds compiling) of the recipe under per-block torch.compile, from a fresh cache."""
+    import torch  # lazy: torch; onboard status imports the rungs
+
+    from titan_core.compile import dynamo_compile_seconds  # lazy: loads torch; onboard status imports the rungs
+
+    torch._dynamo.reset()  # a fresh cache: compile time and graph counts are this run's own
+    before = dynamo_compile_seconds()
+    trainer, result = harness.train(ctx, cfg, "compile")
+    return trainer, result, dynamo_compile_seconds() - before
+
+
+def explain(trainer) -> dict:
+    """explain_blocks' per-module report, on the inputs each block really receives."""
+    from titan_core.compile import explain_blocks  # lazy: loads torch; onboard status imports the rungs
+
+    with harness.quiet_mesh_pickling():
+        return explain_blocks(trainer.model, next(trainer.data))
+
+
+def measure_run(m: CompileMeasurements, ctx: RungContext, rows: list[dict]) -> None:
+    """The compiled run's losses against the eager evidence, and its speed beside eager's."""
+    from titan_core.measure.numerics import rel  # lazy: loads torch; onboard status imports the rungs
+
+    loss1, eager_loss1 = rows[0]["loss"], harness.eager_step1_loss(ctx)
+    m.update(
+        steps_run=len(rows),
+        step1_loss_repr=repr(loss1),
+        baseline_step1_loss_repr=repr(eager_loss1),
+        step1_loss_rel_err=rel(loss1, eager_loss1),
+        # rounding differences compound over the steps: shown, not judged
+        last_loss_rel_vs_eager=last_loss_rel(rows, ctx.evidence.get("eager") or {}),
+        first_step_time_s=rows[0]["step_time_s"],
+        **harness.run_stats(rows),
+    )
+    harness.beside_eager(m, ctx.evidence)

@@ -1,6 +1,6 @@
 """The contract between the ladder engine and every rung.
 
-A rung module `onboard/rungs/<rung>.py` exposes `RUNG = "<rung>"` and
+A rung module `onboard/rungs/<rung>_rung.py` exposes `RUNG = "<rung>"` and
 `run(ctx: RungContext) -> RungResult`. It does the work and measures; it never decides
 pass or fail (the engine evaluates `checklists/<rung>.yaml` against the measurements) and
 never writes ladder.json. Bad user input raises `onboard.errors.BadInput` (exit 2).
@@ -13,11 +13,19 @@ A rung module may define `reads_recipe_key(key: str) -> bool` ("section.field"):
 run depends on that recipe key. A recipe edit recorded by a later passed rung leaves this
 rung's evidence standing only if it touched no key this rung reads; without the function a
 rung reads every key (any edit makes it re-verify).
+
+Each rung declares what it measures as a `Measurements` dataclass (one field per metric, its
+meaning and unit in the field's docstring) and returns one in `RungResult.measurements`. The
+checklists may judge only declared fields (tests/onboard/unit/test_measurement_declarations.py),
+and a rung that sets an undeclared name fails where it sets it, so a renamed metric is found by
+the fast tests, not when its rung first runs. The ledger stores `as_metrics()`: the flat
+{metric: value} object ladder.json has always held.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -52,10 +60,73 @@ class RecipeEdit:
         return {"key": self.key, "value": self.value, "why": self.why}
 
 
+class _Absent:
+    def __repr__(self) -> str:
+        return "ABSENT"
+
+
+ABSENT: Any = _Absent()
+"""The default of every measurement: not taken this attempt, so `as_metrics` leaves it out (as the
+ledger always has). None is a value: a measured "none" (no host sync found, no eager interval)."""
+
+
+def flattened() -> Any:
+    """A dict field whose items are measurements under names made at run time (one per kernel
+    flag, per memory policy, per declared parity feature): `as_metrics` puts them beside the
+    declared ones. A checklist never judges them: only a declared field has a name to rename."""
+    return field(default_factory=dict, metadata={"flattened": True})
+
+
+@dataclass(kw_only=True)
+class Measurements(Mapping[str, Any]):
+    """Base of each rung's declared measurements; subclasses add one field per metric, default ABSENT.
+
+    Setting an undeclared name raises (on construction, `update` or attribute assignment), so a
+    misspelt metric fails in the rung that writes it. Reads go like the flat dict the ledger
+    stores (`m["graph_breaks"]`, `m.get(...)`), for code and tests written against that dict.
+    """
+
+    @classmethod
+    def declared(cls) -> frozenset[str]:
+        """The metric names a checklist may judge: every field but the flattened ones."""
+        return frozenset(f.name for f in fields(cls) if not f.metadata.get("flattened"))
+
+    def as_metrics(self) -> dict[str, Any]:
+        """{metric: value} as the ledger stores it: the fields measured, then the flattened ones' items."""
+        out: dict[str, Any] = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.metadata.get("flattened"):
+                out.update(value)
+            elif value is not ABSENT:
+                out[f.name] = value
+        return out
+
+    def update(self, values: Mapping[str, Any] | None = None, /, **more: Any) -> None:
+        """Set measurements by name (a helper's dict of them, or keywords); an undeclared name raises."""
+        for name, value in {**(values or {}), **more}.items():
+            setattr(self, name, value)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name not in self.__dataclass_fields__:
+            raise TypeError(f"{type(self).__name__} declares no measurement {name!r}")
+        object.__setattr__(self, name, value)
+
+    def __getitem__(self, name: str) -> Any:
+        return self.as_metrics()[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.as_metrics())
+
+    def __len__(self) -> int:
+        return len(self.as_metrics())
+
+
 @dataclass
 class RungResult:
-    measurements: dict[str, Any]
-    """Flat metric name -> JSON-serialisable value; exact floats also as repr strings (e.g. step1_loss_repr)."""
+    measurements: Measurements
+    """The rung's declared measurements (its Measurements subclass); exact floats also as repr strings
+    (e.g. step1_loss_repr). The engine evaluates the checklist on, and records, `as_metrics()`."""
     files_read: list[Path]
     """Files whose hashes make this rung stale when they change (workspace-relative or absolute)."""
     command: str

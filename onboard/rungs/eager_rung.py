@@ -16,12 +16,86 @@ a twin the full model is the one trained), so the ledger always holds the full m
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
-from onboard.rungs import full_model, harness
-from onboard.rungs.contract import RungContext, RungResult
+import titan_core.train
+from onboard.rungs import harness
+from onboard.rungs.contract import ABSENT, RungContext, RungResult
 
 RUNG = "eager"
 reads_recipe_key = harness.reads_all_but_mode
+
+
+@dataclass(kw_only=True)
+class EagerMeasurements(harness.SteadyRun):
+    """The eager rung's measurements: the run on the repeated batch, then the full model on meta."""
+
+    steps_run: int = ABSENT
+    """Optimizer steps the run logged (fewer than planned: a non-finite loss stopped it)."""
+    steps_planned: int = ABSENT
+    """Optimizer steps the gate asked for (checklist `params.steps`)."""
+    all_finite: bool = ABSENT
+    """Every planned step ran and every loss and grad norm is finite."""
+    step1_loss: float = ABSENT
+    """Cross-entropy of step 1 (nats per token): the baseline every later rung compares with."""
+    step1_loss_repr: str = ABSENT
+    """step1_loss as its repr: the exact float, for comparisons bit for bit."""
+    step1_grad_norm: float = ABSENT
+    """Total gradient L2 norm of step 1, as clipping measured it."""
+    step1_grad_norm_repr: str = ABSENT
+    """step1_grad_norm as its repr (exact)."""
+    last_loss: float = ABSENT
+    """Cross-entropy of the last step (nats per token): below step1_loss when the batch is learnt."""
+    last_loss_repr: str = ABSENT
+    """last_loss as its repr (exact)."""
+    vocab_size: int = ABSENT
+    """Vocabulary size of the model trained (tokens)."""
+    ln_vocab: float = ABSENT
+    """ln(vocab_size): the loss of a uniform prediction (nats)."""
+    step1_loss_rel_to_ln_vocab: float = ABSENT
+    """|step1_loss - ln_vocab| / ln_vocab (fraction): how far a fresh model starts from uniform."""
+    num_params: int = ABSENT
+    """Parameters of the model trained (the twin's when the gates run on a twin)."""
+    # the full model of config.json on the meta device (onboard/rungs/full_model.py)
+    full_model_built_on_meta: bool = ABSENT
+    """The full-size model builds on meta through the recipe's [model] section and the adapter."""
+    full_model_runs_as: str = ABSENT
+    """Which model the gates train: the twin (with both shapes) or the full model."""
+    full_model_params_total: int = ABSENT
+    """Parameters of the full model (count)."""
+    full_model_params_active: int = ABSENT
+    """Parameters one token uses (count; fewer than the total for a MoE model)."""
+    full_model_flops_per_token: float = ABSENT
+    """Forward + backward FLOPs per token of the full model at the recipe's seq_len."""
+    full_model_seq_len: int = ABSENT
+    """The sequence length those FLOPs are counted at (tokens)."""
+    full_model_key_mismatches: int = ABSENT
+    """State-dict names or shapes that differ from the reference (full_model_keys_reference) (count)."""
+    full_model_keys_reference: str = ABSENT
+    """What the state dict was compared with: the upstream class on meta, or the adapter's round trip."""
+    full_model_tensors: int = ABSENT
+    """Tensors of the full model's state dict under HF names (count)."""
+    full_model_checkpoint: str = ABSENT
+    """The --weights header check in one line ("no --weights given" without one)."""
+    full_model_checkpoint_problems: int = ABSENT
+    """Checkpoint tensors missing, extra, of the wrong shape or dtype, plus file/index problems (count)."""
+    full_model_checkpoint_missing: int = ABSENT
+    """Full-model tensors the checkpoint lacks (count)."""
+    full_model_checkpoint_extra: int = ABSENT
+    """Checkpoint tensors the full model has no place for (count)."""
+    full_model_checkpoint_wrong_shape: int = ABSENT
+    """Checkpoint tensors of another shape than the full model's (count)."""
+    full_model_checkpoint_wrong_dtype: int = ABSENT
+    """Checkpoint tensors of another dtype than the declared one (config.json's dtype, else the model's) (count)."""
+    full_model_checkpoint_file_problems: int = ABSENT
+    """Problems of the files and the index themselves (a shard the index does not list, ...) (count)."""
+    full_model_checkpoint_bytes_read: int = ABSENT
+    """Bytes of safetensors headers read for the check (bytes)."""
+    full_model_checkpoint_bytes_declared: int = ABSENT
+    """Tensor data the headers declare (bytes)."""
+
+
+MEASUREMENTS = EagerMeasurements
 
 
 def measure(rows: list[dict], vocab_size: int, num_params: int, *, steps: int) -> dict:
@@ -49,7 +123,7 @@ def measure(rows: list[dict], vocab_size: int, num_params: int, *, steps: int) -
 
 
 def run(ctx: RungContext) -> RungResult:
-    from titan_core.train import run as train_run
+    from onboard.rungs import full_model  # lazy: loads torch; onboard status imports the rungs
 
     cfg = harness.job_config(ctx)
     vocab_size = harness.model_args(cfg).vocab_size
@@ -59,14 +133,14 @@ def run(ctx: RungContext) -> RungResult:
         f"eager: batch {t.batch_size} x {t.seq_len} tokens, repeated, "
         f"{t.dtype}, device {cfg.device.type}; metrics -> {ctx.attempt_dir / 'metrics.jsonl'}"
     )
-    result = train_run(cfg)
+    result = titan_core.train.run(cfg)  # looked up per call: a test replaces it
     rows = result.metrics
     if not rows:
         raise RuntimeError("training ran no step")
-    measurements = measure(rows, vocab_size, result.num_params, steps=t.steps)
+    measurements = EagerMeasurements(**measure(rows, vocab_size, result.num_params, steps=t.steps))
     ctx.log(
         f"eager: loss {rows[0]['loss']:.4f} -> {rows[-1]['loss']:.4f} over {len(rows)} steps, "
-        f"{measurements['tokens_per_s']:,.0f} tokens/s"
+        f"{measurements.tokens_per_s:,.0f} tokens/s"
     )
     if result.stopped:  # the gate judges the short, non-finite curve; the line says where it broke
         ctx.log(f"eager: {result.stopped}")

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from onboard.rungs import harness
 from onboard.rungs.contract import RecipeEdit, RungContext
+from titan_core.measure.timing import TimingProtocol, compare
 
 MODES = ("eager", "compile", "graph_trainer")
 """Simplest first: a tie keeps the earlier one."""
@@ -29,7 +30,11 @@ def recipe_mode(cfg) -> str:
 
 
 def _trainer(base, out, mode: str, moe: str | None):
-    sections = {"eager": {}, "compile": {"compile": {"enable": True}}, "graph_trainer": {"graph_trainer": {"enable": True}}}
+    sections = {
+        "eager": {},
+        "compile": {"compile": {"enable": True}},
+        "graph_trainer": {"graph_trainer": {"enable": True}},
+    }
     # enough scheduled steps that the protocol's rounds never run past the lr schedule
     cfg = harness.mode_config(base, out / f"mode-{mode}", steps=10_000, moe=None if mode == "eager" else moe,
                               **sections[mode])  # fmt: skip
@@ -38,7 +43,9 @@ def _trainer(base, out, mode: str, moe: str | None):
     return trainer
 
 
-def _current_stands(current: str, choice: str, modes: list[str], vs_eager: dict, head_to_head, faster: list[str]) -> bool:
+def _current_stands(
+    current: str, choice: str, modes: list[str], vs_eager: dict, head_to_head, faster: list[str]
+) -> bool:
     """Whether the recipe's `current` mode (an earlier attempt's proven choice, on a re-run) is
     kept over this attempt's `choice`: it is, unless the protocol found `choice` faster than
     it, so re-verification never flips the mode on noise (the rule of `harness.settle`)."""
@@ -47,18 +54,18 @@ def _current_stands(current: str, choice: str, modes: list[str], vs_eager: dict,
     if choice == "eager":
         return vs_eager[current].outcome != "slower"  # eager wins back only from a slower mode
     if head_to_head is not None:  # both beat eager; was the choice faster than the current head to head?
-        a, b = faster[1], faster[0]
+        a = faster[1]
         return not (head_to_head.outcome == ("faster" if choice == a else "slower"))
     return vs_eager[current].outcome == "faster"  # both beat eager but untimed head to head: keep it
 
 
 def choose(ctx: RungContext, base, *, rung: str, moe: str | None, modes: list[str]) -> tuple[list[RecipeEdit], dict]:
     """(recipe edits, record) for the fastest of `modes` (eager always among them) by the protocol."""
-    from titan_core.measure.timing import TimingProtocol, compare
-
     proto = TimingProtocol.from_dict(harness.param(rung, "timing"))
     current = recipe_mode(harness.recipe(ctx))
-    ctx.log(f"{rung}: choosing the execution mode among {', '.join(modes)} (interleaved steps, {proto.confidence:.0%} interval)")
+    ctx.log(
+        f"{rung}: choosing the execution mode among {', '.join(modes)} (interleaved steps, {proto.confidence:.0%} interval)"
+    )
     trainers = {}
     try:
         with harness.process_threads(), harness.quiet_mesh_pickling():
@@ -90,7 +97,9 @@ def choose(ctx: RungContext, base, *, rung: str, moe: str | None, modes: list[st
     have = {"compile.enable": recipe.compile.enable, "graph_trainer.enable": recipe.graph_trainer.enable}
     edits = [RecipeEdit(k, v, why) for k, v in wanted.items() if have[k] != v]
     if choice != "eager" and moe and recipe.kernels.moe != moe:
-        edits.append(RecipeEdit("kernels.moe", moe, f"{rung} rung: the {choice} mode runs these experts ({harness.DENSE_WHY})"))
+        edits.append(
+            RecipeEdit("kernels.moe", moe, f"{rung} rung: the {choice} mode runs these experts ({harness.DENSE_WHY})")
+        )
     record = {
         "execution_mode": choice,
         "execution_mode_was": current,

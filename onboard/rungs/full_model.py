@@ -12,7 +12,11 @@ config.json all the same, on the meta device, so no byte of it is allocated:
 - its names: every state-dict tensor through the adapter's `to_hf`, name and shape, against
   the upstream transformers class built on meta from the same config.json when the rungs run
   a twin; without a twin (parity then compares this very model with the upstream class) and
-  where transformers has no class for it, against the adapter's own round trip, saying so;
+  where transformers has no class for it, against the adapter's own round trip, saying so:
+  `from_hf` of the HF names as a checkpoint stores them (a tied head once) and, for a tied
+  model, as HF holds them in memory (the head the embedding tensor itself). A tied head is
+  one tensor under two names (titan_core/models/common/tied.py): its alias is compared as
+  tied on both sides, or, absent from one side, not at all;
 - its checkpoint, with `--weights`: every tensor's name, shape and dtype from the
   safetensors headers alone (onboard/sizing/weights_headers.py), against the model on meta.
 
@@ -23,49 +27,82 @@ to find, and the measurements say it was not given.
 from __future__ import annotations
 
 import copy
+from dataclasses import dataclass
 from typing import Any
 
+import torch
+
+from onboard.parity.upstream import UpstreamError, hf_config_object
 from onboard.rungs.contract import RungContext
+from onboard.sizing.weights_headers import check_checkpoint_headers
+from titan_core.config.hf_config import read_hf_config
+from titan_core.models.common.param_counts import count_params
+from titan_core.models.common.stats import flops_per_token
+from titan_core.models.common.tied import aliases, stored_once
+from titan_core.training.model_builder import build_meta_model, model_adapter, resolve_model_args
 
 LIST_CAP = 20
+NATIVE = "the native model (through the adapter)"
 
 
-def _shapes(sd: dict) -> dict[str, tuple[int, ...]]:
-    return {k: tuple(v.shape) for k, v in sd.items()}
+@dataclass
+class Layout:
+    """The names of a state dict, a tied tensor's names told apart."""
+
+    shapes: dict[str, tuple[int, ...]]
+    """name -> shape of each tensor, under its first name only."""
+    ties: dict[str, str]
+    """alias -> the first name of the tensor it shares (a tied head -> the embedding)."""
 
 
-def _diff(ours: dict[str, tuple], theirs: dict[str, tuple], what: str) -> list[str]:
-    """Names missing on either side, and shapes that differ, as one line each."""
-    out = [f"{k}: only in {what}" for k in sorted(set(theirs) - set(ours))]
-    out += [f"{k}: only in the native model (through the adapter)" for k in sorted(set(ours) - set(theirs))]
-    out += [f"{k}: native {list(ours[k])} vs {what} {list(theirs[k])}" for k in sorted(set(ours) & set(theirs))
-            if ours[k] != theirs[k]]  # fmt: skip
+def _layout(sd: dict) -> Layout:
+    ties = aliases(sd)
+    return Layout({k: tuple(v.shape) for k, v in sd.items() if k not in ties}, ties)
+
+
+def _diff(ours: Layout, theirs: Layout, what: str) -> list[str]:
+    """Names missing on either side, ties that differ and shapes that differ, one line each.
+    A native alias absent from `theirs` is no difference (a checkpoint may store a tied head
+    once: the tie fills it); a name `theirs` adds is one, alias or not (loading finds no place)."""
+    out = _tie_diff(ours, theirs, what)
+    told = {line.partition(":")[0] for line in out}
+    mine, other = {*ours.shapes, *ours.ties}, {*theirs.shapes, *theirs.ties}
+    out += [f"{k}: only in {what}" for k in sorted(other - mine - told)]
+    out += [f"{k}: only in {NATIVE}" for k in sorted(set(ours.shapes) - other - told)]
+    out += [f"{k}: native {list(ours.shapes[k])} vs {what} {list(theirs.shapes[k])}"
+            for k in sorted(set(ours.shapes) & set(theirs.shapes)) if ours.shapes[k] != theirs.shapes[k]]  # fmt: skip
     return out
 
 
-def _upstream_shapes(hf_cfg: dict) -> tuple[dict[str, tuple] | None, str]:
-    """(name -> shape of the upstream class built on meta, what it is), or (None, why not)."""
-    import torch
+def _tie_diff(ours: Layout, theirs: Layout, what: str) -> list[str]:
+    """A name that is an alias on one side and its own tensor (or another's alias) on the other."""
+    out = []
+    for k in sorted(set(ours.ties) | set(theirs.ties)):
+        mine, other = ours.ties.get(k), theirs.ties.get(k)
+        if mine is not None and other is not None and mine != other:
+            out.append(f"{k}: tied to {mine} in {NATIVE}, to {other} in {what}")
+        elif mine is not None and k in theirs.shapes:
+            out.append(f"{k}: tied to {mine} in {NATIVE}, a tensor of its own in {what}")
+        elif other is not None and k in ours.shapes:
+            out.append(f"{k}: a tensor of its own in {NATIVE}, tied to {other} in {what}")
+    return out
 
-    from onboard.parity.upstream import UpstreamError, hf_config_object
 
+def _upstream_layout(hf_cfg: dict) -> tuple[Layout | None, str]:
+    """(the layout of the upstream class built on meta, what it is), or (None, why not)."""
     try:
         config = hf_config_object(hf_cfg)
-        from transformers import AutoModelForCausalLM
+        from transformers import AutoModelForCausalLM  # lazy: the [hf] extra, only for an upstream config
 
         with torch.device("meta"):
             model = AutoModelForCausalLM.from_config(config)
     except (UpstreamError, ValueError) as e:  # no transformers, or no class for this model_type
         return None, str(e)
-    return _shapes(model.state_dict()), f"the upstream {type(model).__name__} built on meta"
+    return _layout(model.state_dict(keep_vars=True)), f"the upstream {type(model).__name__} built on meta"
 
 
 def probe(ctx: RungContext, cfg) -> tuple[dict[str, Any], dict[str, Any]]:
     """(measurements, details) of the full model of the workspace's config.json (module docstring)."""
-    from titan_core.training.model_builder import build_meta_model, model_adapter, resolve_model_args
-    from titan_core.models.common.param_counts import count_params
-    from titan_core.models.common.stats import flops_per_token
-
     ws = ctx.workspace
     full_cfg = copy.deepcopy(cfg.model)
     if ws.hf_config_path is not None:
@@ -82,7 +119,8 @@ def probe(ctx: RungContext, cfg) -> tuple[dict[str, Any], dict[str, Any]]:
         args = resolve_model_args(full_cfg)
         model = build_meta_model(full_cfg, args)
         adapter = model_adapter(full_cfg)
-        ours = _shapes(adapter.to_hf(model.state_dict()))
+        native = model.state_dict(keep_vars=True)  # Parameters: a tied one is one object on meta too
+        hf = adapter.to_hf(native)
     except Exception as e:  # the workspace's adapter or model.py raised: the gate fails and names it
         details["error"] = f"{type(e).__name__}: {e}"
         ctx.log(f"eager: the full model does not build on meta: {details['error']}")
@@ -96,39 +134,55 @@ def probe(ctx: RungContext, cfg) -> tuple[dict[str, Any], dict[str, Any]]:
         full_model_seq_len=cfg.training.seq_len,
     )
     if ws.twin_path is not None:
-        theirs, why = _upstream_shapes(_full_hf_config(ws, adapter, args))
+        theirs, why = _upstream_layout(_full_hf_config(ws, adapter, args))
         why = why if theirs is not None else f"no upstream class: {why}"
     else:  # no twin: parity compares this very model with the upstream class, tensor by tensor
         theirs, why = None, "no twin: parity compares this model with the upstream class itself"
-    if theirs is None:  # HF names -> native again: what loading a checkpoint of these names would give
-        back = _shapes(adapter.from_hf({k: _meta(v) for k, v in ours.items()}))
-        mismatches = _diff(_shapes(model.state_dict()), back, "the round trip")
+    if theirs is None:
+        try:
+            mismatches = _round_trip(adapter, native, hf)
+        except Exception as e:  # the workspace adapter's from_hf raised: named, the gate fails
+            mismatches = [f"adapter.from_hf raised {type(e).__name__}: {e}"]
         reference = f"the adapter's round trip ({why})"
     else:
         reference = why
-        mismatches = _diff(ours, theirs, "upstream")
+        mismatches = _diff(_layout(hf), theirs, "upstream")
     m.update(full_model_key_mismatches=len(mismatches), full_model_keys_reference=reference,
-             full_model_tensors=len(ours))  # fmt: skip
+             full_model_tensors=len(hf))  # fmt: skip
     details["key_mismatches"] = mismatches[:LIST_CAP]
     m.update(_checkpoint(ws, model, adapter, details))
     ctx.log(
         f"eager: full model on meta: {counts.total:,} parameters ({counts.active:,} active per token), "
-        f"{len(ours)} tensors, {len(mismatches)} name/shape mismatches against {reference}; "
+        f"{len(hf)} tensors, {len(mismatches)} name/shape mismatches against {reference}; "
         f"checkpoint: {m['full_model_checkpoint']}"
     )
     return m, {"full_model": details}
 
 
-def _meta(shape: tuple[int, ...]):
-    import torch
+def _round_trip(adapter, native: dict, hf: dict) -> list[str]:
+    """HF names -> native again, against the model's own state dict: what loading a checkpoint
+    of these names gives (each tensor stored once) and, for a tied model, HF's in-memory dict."""
+    forms = {"the round trip": _fresh_meta(stored_once(hf))}
+    if aliases(hf):
+        forms["the round trip of HF's in-memory dict"] = _fresh_meta(hf)
+    ours = _layout(native)
+    out: list[str] = []
+    for what, checkpoint in forms.items():
+        told = {line.partition(":")[0] for line in out}  # a name wrong in both forms is one mismatch
+        out += [line for line in _diff(ours, _layout(adapter.from_hf(checkpoint)), what)
+                if line.partition(":")[0] not in told]  # fmt: skip
+    return out
 
-    return torch.empty(shape, device="meta")
+
+def _fresh_meta(sd: dict) -> dict:
+    """New meta tensors of the same shapes, one per tensor: a shared one stays shared, as HF holds it."""
+    ties = aliases(sd)
+    out = {k: torch.empty(tuple(v.shape), device="meta") for k, v in sd.items() if k not in ties}
+    return {k: out[ties[k]] if k in ties else out[k] for k in sd}
 
 
 def _full_hf_config(ws, adapter, args) -> dict:
     """The full model's HF config: config.json, or a preset workspace's family export."""
-    from titan_core.config.hf_config import read_hf_config
-
     if ws.hf_config_path is not None:
         return read_hf_config(ws.hf_config_path)
     return adapter.hf_config(args)
@@ -138,8 +192,6 @@ def _checkpoint(ws, model, adapter, details: dict) -> dict[str, Any]:
     """The header check of the --weights checkpoint against the full model; 0 problems without one."""
     if ws.weights_dir is None:
         return {"full_model_checkpoint": "no --weights given", "full_model_checkpoint_problems": 0}
-    from onboard.parity.upstream import UpstreamError
-    from onboard.sizing.weights_headers import check_checkpoint_headers
 
     try:
         report = check_checkpoint_headers(ws.weights_dir, model, adapter)
@@ -155,8 +207,9 @@ def _checkpoint(ws, model, adapter, details: dict) -> dict[str, Any]:
         "full_model_checkpoint": report.summary(),
         "full_model_checkpoint_problems": sum(len(getattr(report, k)) for k in kinds),
         # one count per kind; "problems" (file and index integrity) as file_problems, not to shadow the total
-        **{f"full_model_checkpoint_{'file_problems' if k == 'problems' else k}": len(getattr(report, k))
-           for k in kinds},
+        **{
+            f"full_model_checkpoint_{'file_problems' if k == 'problems' else k}": len(getattr(report, k)) for k in kinds
+        },
         "full_model_checkpoint_bytes_read": report.bytes_read,
         "full_model_checkpoint_bytes_declared": report.data_bytes,
     }

@@ -14,6 +14,9 @@ Three parts, all in this process:
    split) for `timed_steps` steps: trace, pass and backend compile time, step time and
    peak memory, beside the eager and compile rungs'.
 
+4. choice: when the checks of part 2 hold, the recipe's execution mode among the modes that
+   passed (`execution_mode.choose`, the timing protocol).
+
 A MoE recipe with the reference loop experts runs with `kernels.moe = "dense"` (see
 harness.DENSE_WHY), in the eager and the captured run alike.
 """
@@ -21,19 +24,225 @@ harness.DENSE_WHY), in the eager and the captured run alike.
 from __future__ import annotations
 
 import gc
+from dataclasses import dataclass
+from typing import Any
 
 from onboard.rungs import execution_mode, harness
-from onboard.rungs.contract import RungContext, RungResult
+from onboard.rungs.contract import ABSENT, RecipeEdit, RungContext, RungResult, flattened
 
 RUNG = "graph_trainer"
 reads_recipe_key = harness.reads_all_but_mode
+EXACT = {"enable": True, "compile": "none", "numerics_changing": False, "split": False}
+"""The [graph_trainer] of the exactness run: captured, uncompiled, unsplit, numerics-preserving passes only."""
+
+
+@dataclass(kw_only=True)
+class GraphTrainerMeasurements(harness.ModeRun):
+    """The graph_trainer rung's measurements, part by part (module docstring); the ModeRun fields
+    are the timed run's (part 3)."""
+
+    # 1. probe: tracing only
+    captured: bool = ABSENT
+    """make_fx traced the whole step (and, in part 2, the captured run ran)."""
+    capture_error: str = ABSENT
+    """Why it could not be traced or captured (only when captured is false)."""
+    host_syncs: int = ABSENT
+    """Places where the traced step makes the host wait for the device (count)."""
+    first_host_sync: str | None = ABSENT
+    """The first of them: "<op>: <why> at <file:line>"; None: none."""
+    saved_activations: dict[str, int] = flattened()
+    """saved_activation_bytes_<policy> (and saved_activation_host_bytes_<policy> where a policy offloads):
+    the activations the captured step saves for backward under each memory policy (bytes)."""
+    # 2. exactness: eager and the captured step, uncompiled, deterministic
+    captures_per_run: int = ABSENT
+    """Times the step was traced in the exactness run (count; 1: traced once, then replayed)."""
+    graphs_per_step: int = ABSENT
+    """Most programs launched by one step of the exactness run (count; 1: the whole step is one graph)."""
+    exact_steps: int = ABSENT
+    """Steps of the exactness run (checklist `params.exact_steps`)."""
+    bit_identical: bool = ABSENT
+    """Losses, grad norms, parameters and AdamW state all torch.equal to eager's, over as many steps."""
+    losses_equal: bool = ABSENT
+    """Every step's loss equal to eager's (as floats)."""
+    grad_norms_equal: bool = ABSENT
+    """Every step's grad norm equal to eager's."""
+    params_equal: bool = ABSENT
+    """Every parameter torch.equal to eager's after the last step."""
+    optimizer_state_equal: bool = ABSENT
+    """Every exp_avg, exp_avg_sq and step torch.equal to eager's."""
+    loss_max_abs_diff: float = ABSENT
+    """Largest |captured - eager| loss over the steps (nats per token)."""
+    params_max_abs_diff: float = ABSENT
+    """Largest absolute difference of any parameter element after the last step."""
+    first_differing_param: str | None = ABSENT
+    """The parameter with that largest difference; None: all equal."""
+    eager_step1_loss_rel_err: float = ABSENT
+    """The captured step-1 loss against the eager rung's evidence (relative, fraction)."""
+    # 3. speed: the recipe's own [graph_trainer] settings
+    graph_compile: str = ABSENT
+    """The recipe's graph_trainer.compile (the backend of the timed run)."""
+    memory_policy: str = ABSENT
+    """The recipe's graph_trainer.memory_policy."""
+    scan_layers: bool = ABSENT
+    """The recipe's graph_trainer.scan_layers."""
+    split: bool = ABSENT
+    """The recipe's graph_trainer.split."""
+    timed_programs_per_step: int = ABSENT
+    """Most programs launched by one step of the timed run (count; > 1 with split)."""
+    trace_time_s: float = ABSENT
+    """Seconds make_fx spent tracing the step (timed run)."""
+    passes_time_s: float = ABSENT
+    """Seconds the graph passes took (timed run)."""
+    backend_compile_time_s: float = ABSENT
+    """Seconds the backend compiler took (timed run); compile_time_s is the three together."""
+    compile_rung_step_time_median_s: float = ABSENT
+    """The compile rung's median step time (seconds), where it passed."""
+    speedup_vs_compile_rung: float = ABSENT
+    """The compile rung's median step time over the timed run's (x; > 1: the Graph Trainer is faster)."""
+    # 4. the choice, once parts 1 and 2 hold
+    execution_mode: str = ABSENT
+    """The mode the recipe trains in from now on: eager, compile or graph_trainer."""
+    execution_mode_why: str = ABSENT
+    """Why: the timing protocol's verdicts (details.execution_mode has each comparison)."""
+    memory_policy_choice: str = ABSENT
+    """The memory policy the recipe keeps (its own: the gate's batch binds no memory budget)."""
+    memory_policy_why: str = ABSENT
+    """Why, with the saved activations per policy."""
+
+
+MEASUREMENTS = GraphTrainerMeasurements
+
+
+@dataclass
+class Plan:
+    """What every part of the rung runs from: the gate's recipe, the experts the captured runs use."""
+
+    ctx: RungContext
+    base: Any
+    """The gate's JobConfig (harness.job_config)."""
+    moe: str | None
+    """kernels.moe for the eager and captured runs alike (harness.capture_moe); None keeps the recipe's."""
+
+    @property
+    def flags(self) -> list[str]:
+        """The `onboard train` flags the rung verifies."""
+        return ["--graph_trainer.enable=true"] + ([f"--kernels.moe={self.moe}"] if self.moe else [])
+
+    def config(self, name: str, *, steps: int, deterministic: bool = False, **sections):
+        """The gate's recipe for one part's run, written under runs/.../<name>/."""
+        out = self.ctx.attempt_dir / name
+        return harness.mode_config(self.base, out, steps=steps, deterministic=deterministic, moe=self.moe, **sections)
+
+    def result(self, m: GraphTrainerMeasurements, details: dict, edits: list[RecipeEdit] | None = None) -> RungResult:
+        files, command = harness.files_read(self.ctx, self.base), harness.next_step_command(self.ctx)
+        return RungResult(measurements=m, files_read=files, command=command, details=details, recipe_edits=edits or [])
+
+
+def run(ctx: RungContext) -> RungResult:
+    base = harness.job_config(ctx)
+    args = harness.model_args(base)
+    moe, moe_why = harness.capture_moe(base, args)
+    plan = Plan(ctx, base, moe)
+    m = GraphTrainerMeasurements(moe_experts=moe or (base.kernels.moe if args.n_experts else None), moe_why=moe_why,
+                                 flags=" ".join(plan.flags))  # fmt: skip
+    ctx.log(
+        f"graph_trainer: capture the whole step of {args.n_layers} blocks"
+        + ("; MoE experts: kernels.moe = dense (the recipe's loop syncs the host; measurements.moe_why)" if moe else "")
+    )
+    details = probe(plan, m)
+    if m.captured is False or m.host_syncs:
+        ctx.log(f"graph_trainer: not run: {m.capture_error if m.captured is False else m.first_host_sync}")
+        return plan.result(m, details)
+    captured = exactness(plan, m, details)
+    gc.collect()  # the exactness runs' models and optimizer state would inflate the timed run's peak memory
+    if not captured:
+        return plan.result(m, details)
+    timed(plan, m, details)
+    gc.collect()
+    edits = []
+    if m.bit_identical and m.graphs_per_step == 1 and m.captures_per_run == 1:
+        edits = choose_mode(plan, m, details)
+    return plan.result(m, details, edits)
+
+
+# ---- 1. probe ---------------------------------------------------------------------------------
+def probe(plan: Plan, m: GraphTrainerMeasurements) -> dict:
+    """Host syncs and memory-policy bytes of the captured step, by tracing a fresh model; its details."""
+    # lazy: loads torch; onboard status imports the rungs
+    from titan_core.compile.graph_trainer import CaptureError, find_host_syncs, measure_memory_policies
+
+    cfg = plan.config("probe", steps=1)
+    trainer = harness.build_trainer(cfg)
+    try:
+        batches = [next(trainer.data) for _ in range(cfg.training.grad_accum)]
+        plan.ctx.log("graph_trainer: tracing the step to look for host syncs")
+        try:
+            syncs = find_host_syncs(trainer.model, trainer.optimizer, batches, max_norm=cfg.training.max_norm)
+        except CaptureError as e:
+            m.update(captured=False, capture_error=str(e))
+            return {}
+        first = f"{syncs[0].op}: {syncs[0].why} at {syncs[0].where or '?'}" if syncs else None
+        m.update(captured=True, host_syncs=len(syncs), first_host_sync=first)  # a found sync: it traced the rest
+        if not syncs:
+            plan.ctx.log("graph_trainer: saved activations under each memory policy (tracing only)")
+            policies = measure_memory_policies(
+                trainer.model, trainer.optimizer, batches, max_norm=cfg.training.max_norm,
+                scan_layers=cfg.graph_trainer.scan_layers,
+            )  # fmt: skip
+            for name, b in policies.items():
+                m.saved_activations[f"saved_activation_bytes_{name}"] = b.device
+                if b.host:
+                    m.saved_activations[f"saved_activation_host_bytes_{name}"] = b.host
+        return {"host_syncs": [{"op": s.op, "why": s.why, "where": s.where} for s in syncs]}
+    finally:
+        trainer.close()
+
+
+# ---- 2. exactness -----------------------------------------------------------------------------
+def exactness(plan: Plan, m: GraphTrainerMeasurements, details: dict) -> bool:
+    """Eager and the captured step (uncompiled) for `exact_steps`, both deterministic, compared bit
+    for bit; False when the captured run could not be captured (measured so)."""
+    # lazy: loads torch; onboard status imports the rungs
+    from titan_core.compile.graph_trainer import CaptureError, HostSyncError
+    from titan_core.measure.numerics import rel  # lazy: loads torch; onboard status imports the rungs
+
+    ctx, steps = plan.ctx, harness.param(RUNG, "exact_steps")
+    e_cfg = one_thread_on_cpu(plan.config("eager", steps=steps, deterministic=True))
+    g_cfg = one_thread_on_cpu(plan.config("exact", steps=steps, deterministic=True, graph_trainer=EXACT))
+    e_tr, e_res = harness.train(ctx, e_cfg, "graph_trainer: eager reference")
+    try:
+        g_tr, g_res = harness.train(ctx, g_cfg, "graph_trainer: captured step, uncompiled")
+    except (CaptureError, HostSyncError) as e:
+        m.update(captured=False, capture_error=str(e))
+        return False
+    stats = g_tr.graph_step.stats
+    m.update(captured=True, captures_per_run=stats.captures, graphs_per_step=max(stats.programs_per_step),
+             exact_steps=steps, **compare_runs(e_tr, e_res.metrics, g_tr, g_res.metrics))  # fmt: skip
+    m.eager_step1_loss_rel_err = rel(g_res.metrics[0]["loss"], harness.eager_step1_loss(ctx))
+    details.update(
+        exact_loss_curve=[r["loss"] for r in g_res.metrics],
+        eager_loss_curve=[r["loss"] for r in e_res.metrics],
+        passes=[{"name": p.name, "nodes_before": p.nodes_before, "nodes_after": p.nodes_after}
+                for p in stats.pass_records],
+    )  # fmt: skip
+    return True
+
+
+def one_thread_on_cpu(cfg):
+    if harness.resolved_device_type(cfg.device.type) == "cpu":
+        # once here, on a loaded machine, eager and the captured step (2 threads each) ended
+        # 3e-5 apart in layers.0.attention.wk after 3 steps, and never again when idle: a
+        # threaded kernel's summation order is not promised across runs; one thread fixes
+        # it, so equal means equal and a difference is the capture's
+        cfg.device.threads = 1
+    return cfg
 
 
 def compare_runs(eager_tr, eager_rows, graph_tr, graph_rows) -> dict:
     """Exactness of the captured run against the eager one: bit equality and, when it fails, where."""
-    import torch
+    import torch  # lazy: torch; onboard status imports the rungs
 
-    from titan_core.parallel import local_tensor as _local
+    from titan_core.parallel import local_tensor as _local  # lazy: loads torch; onboard status imports the rungs
 
     losses = [r["loss"] for r in graph_rows] == [r["loss"] for r in eager_rows]
     norms = [r["grad_norm"] for r in graph_rows] == [r["grad_norm"] for r in eager_rows]
@@ -63,155 +272,60 @@ def compare_runs(eager_tr, eager_rows, graph_tr, graph_rows) -> dict:
     }
 
 
-def probe(ctx: RungContext, cfg) -> tuple[dict, dict]:
-    """Host syncs and memory-policy bytes of the captured step, by tracing a fresh model."""
-    from titan_core.compile.graph_trainer import CaptureError, find_host_syncs, measure_memory_policies
-
-    trainer = harness.build_trainer(cfg)
-    try:
-        batches = [next(trainer.data) for _ in range(cfg.training.grad_accum)]
-        ctx.log("graph_trainer: tracing the step to look for host syncs")
-        try:
-            syncs = find_host_syncs(trainer.model, trainer.optimizer, batches, max_norm=cfg.training.max_norm)
-        except CaptureError as e:
-            return {"captured": False, "capture_error": str(e)}, {}
-        m = {
-            "host_syncs": len(syncs),
-            "first_host_sync": f"{syncs[0].op}: {syncs[0].why} at {syncs[0].where or '?'}" if syncs else None,
-        }
-        details = {"host_syncs": [{"op": s.op, "why": s.why, "where": s.where} for s in syncs]}
-        if syncs:
-            return m, details
-        ctx.log("graph_trainer: saved activations under each memory policy (tracing only)")
-        policies = measure_memory_policies(
-            trainer.model, trainer.optimizer, batches, max_norm=cfg.training.max_norm,
-            scan_layers=cfg.graph_trainer.scan_layers,
-        )  # fmt: skip
-        for name, b in policies.items():
-            m[f"saved_activation_bytes_{name}"] = b.device
-            if b.host:
-                m[f"saved_activation_host_bytes_{name}"] = b.host
-        return m, details
-    finally:
-        trainer.close()
-
-
-def run(ctx: RungContext) -> RungResult:
-    from titan_core.compile.graph_trainer import CaptureError, HostSyncError
-
-    from titan_core.measure.numerics import rel
-
-    base = harness.job_config(ctx)
-    args = harness.model_args(base)
-    moe, moe_why = harness.capture_moe(base, args)
-    exact_steps, timed_steps = harness.param(RUNG, "exact_steps"), harness.param(RUNG, "timed_steps")
-    out = ctx.attempt_dir
-    gt = base.graph_trainer
-    flags = ["--graph_trainer.enable=true"] + ([f"--kernels.moe={moe}"] if moe else [])
-    common = {"moe": moe}
-    ctx.log(
-        f"graph_trainer: capture the whole step of {args.n_layers} blocks"
-        + ("; MoE experts: kernels.moe = dense (the recipe's loop syncs the host; measurements.moe_why)" if moe else "")
-    )
-    m, details = probe(ctx, harness.mode_config(base, out / "probe", steps=1, **common))
-    m.update(moe_experts=moe or (base.kernels.moe if args.n_experts else None), moe_why=moe_why, flags=" ".join(flags))
-    files = harness.files_read(ctx, base)
-    command = harness.next_step_command(ctx)
-    if m.get("captured") is False or m.get("host_syncs"):
-        m.setdefault("captured", True)  # a sync was found while tracing, which did capture the rest
-        ctx.log(f"graph_trainer: not run: {m.get('capture_error') or m['first_host_sync']}")
-        return RungResult(measurements=m, files_read=files, command=command, details=details)
-
-    exact = {"enable": True, "compile": "none", "numerics_changing": False, "split": False}
-    e_cfg = harness.mode_config(base, out / "eager", steps=exact_steps, deterministic=True, **common)
-    g_cfg = harness.mode_config(
-        base, out / "exact", steps=exact_steps, deterministic=True, graph_trainer=exact, **common
-    )
-    for cfg in (e_cfg, g_cfg):
-        if harness.resolved_device_type(cfg.device.type) == "cpu":
-            # once here, on a loaded machine, eager and the captured step (2 threads each) ended
-            # 3e-5 apart in layers.0.attention.wk after 3 steps, and never again when idle: a
-            # threaded kernel's summation order is not promised across runs; one thread fixes
-            # it, so equal means equal and a difference is the capture's
-            cfg.device.threads = 1
-    e_tr, e_res = harness.train(ctx, e_cfg, "graph_trainer: eager reference")
-    try:
-        g_tr, g_res = harness.train(ctx, g_cfg, "graph_trainer: captured step, uncompiled")
-    except (CaptureError, HostSyncError) as e:
-        m.update(captured=False, capture_error=str(e))
-        return RungResult(measurements=m, files_read=files, command=command, details=details)
-    stats = g_tr.graph_step.stats
-    m.update(
-        captured=True,
-        captures_per_run=stats.captures,
-        graphs_per_step=max(stats.programs_per_step),
-        exact_steps=exact_steps,
-        **compare_runs(e_tr, e_res.metrics, g_tr, g_res.metrics),
-    )
-    m["eager_step1_loss_rel_err"] = rel(g_res.metrics[0]["loss"], harness.eager_step1_loss(ctx))
-    passes = [{"name": p.name, "nodes_before": p.nodes_before, "nodes_after": p.nodes_after} for p in stats.pass_records]
-    exact_curve, eager_curve = [r["loss"] for r in g_res.metrics], [r["loss"] for r in e_res.metrics]
-    del e_tr, g_tr  # their models and optimizer state would inflate the timed run's peak memory
-    gc.collect()
-
-    timed_sections = {"enable": True}
-    t_cfg = harness.mode_config(base, out / "timed", steps=timed_steps, graph_trainer=timed_sections, **common)
+# ---- 3. speed ---------------------------------------------------------------------------------
+def timed(plan: Plan, m: GraphTrainerMeasurements, details: dict) -> None:
+    """The recipe's own [graph_trainer] settings for `timed_steps`: capture and compile times, speed, memory."""
+    ctx, gt = plan.ctx, plan.base.graph_trainer
+    cfg = plan.config("timed", steps=harness.param(RUNG, "timed_steps"), graph_trainer={"enable": True})
     ctx.log(
         f"graph_trainer: timed run with the recipe's settings: compile {gt.compile}, memory policy "
         f"{gt.memory_policy}, scan_layers {gt.scan_layers}, split {gt.split}"
     )
-    t_tr, t_res = harness.train(ctx, t_cfg, "graph_trainer: timed")
-    rows, ts = t_res.metrics, t_tr.graph_step.stats
+    trainer, result = harness.train(ctx, cfg, "graph_trainer: timed")
+    rows, ts = result.metrics, trainer.graph_step.stats
     m.update(
-        graph_compile=gt.compile,
-        memory_policy=gt.memory_policy,
-        scan_layers=gt.scan_layers,
-        split=gt.split,
-        timed_programs_per_step=max(ts.programs_per_step),
-        trace_time_s=ts.trace_time_s,
-        passes_time_s=ts.passes_time_s,
-        backend_compile_time_s=ts.compile_time_s,
-        compile_time_s=ts.trace_time_s + ts.passes_time_s + ts.compile_time_s,
-        first_step_time_s=rows[0]["step_time_s"],
+        graph_compile=gt.compile, memory_policy=gt.memory_policy, scan_layers=gt.scan_layers, split=gt.split,
+        timed_programs_per_step=max(ts.programs_per_step), trace_time_s=ts.trace_time_s,
+        passes_time_s=ts.passes_time_s, backend_compile_time_s=ts.compile_time_s,
+        compile_time_s=ts.trace_time_s + ts.passes_time_s + ts.compile_time_s, first_step_time_s=rows[0]["step_time_s"],
         **harness.run_stats(rows),
-    )
+    )  # fmt: skip
     harness.beside_eager(m, ctx.evidence)
-    step_time = m["step_time_median_s"]
     compiled = ctx.evidence.get("compile") or {}
     if compiled.get("step_time_median_s"):
-        m["compile_rung_step_time_median_s"] = compiled["step_time_median_s"]
-        m["speedup_vs_compile_rung"] = compiled["step_time_median_s"] / step_time
+        m.compile_rung_step_time_median_s = compiled["step_time_median_s"]
+        m.speedup_vs_compile_rung = compiled["step_time_median_s"] / m.step_time_median_s
     ctx.log(
-        f"graph_trainer: {m['graphs_per_step']} program per step, {m['host_syncs']} host syncs, "
-        f"{'bit-identical' if m['bit_identical'] else 'NOT bit-identical'} to eager over {exact_steps} steps; "
-        f"{step_time * 1e3:.0f} ms/step with compile={gt.compile}; {m['vs_eager_text']}"
+        f"graph_trainer: {m.graphs_per_step} program per step, {m.host_syncs} host syncs, "
+        f"{'bit-identical' if m.bit_identical else 'NOT bit-identical'} to eager over {m.exact_steps} steps; "
+        f"{m.step_time_median_s * 1e3:.0f} ms/step with compile={gt.compile}; {m.vs_eager_text}"
     )
+    out = ctx.attempt_dir
     details.update(
-        device=t_res.device,
-        gate_overrides=harness.gate_overrides(ctx, t_cfg),
+        device=result.device,
+        gate_overrides=harness.gate_overrides(ctx, cfg),
         loss_curve=[r["loss"] for r in rows],
-        exact_loss_curve=exact_curve,
-        eager_loss_curve=eager_curve,
-        passes=passes,
         metrics_files={k: ctx.workspace.key_for(out / k / "metrics.jsonl") for k in ("eager", "exact", "timed")},
-        reproduce=harness.train_command(ctx, flags),
+        reproduce=harness.train_command(ctx, plan.flags),
     )
-    del t_tr
-    gc.collect()
-    edits = []
-    if m["bit_identical"] and m["graphs_per_step"] == 1 and m["captures_per_run"] == 1:
-        # part 4: the recipe's execution mode, among the modes whose checks held
-        modes = ["eager"] + (["compile"] if "compile" in ctx.evidence else []) + ["graph_trainer"]
-        edits, record = execution_mode.choose(ctx, base, rung=RUNG, moe=moe, modes=modes)
-        m.update(execution_mode=record["execution_mode"], execution_mode_why=record["execution_mode_why"])
-        # a memory policy trades compute for memory: it earns its place only when memory binds,
-        # which the gate's small batch never shows; the recipe's policy stays, said so
-        saved = {k.removeprefix("saved_activation_bytes_"): v for k, v in m.items() if k.startswith("saved_activation_bytes_")}
-        m["memory_policy_choice"] = gt.memory_policy
-        m["memory_policy_why"] = (
-            f"kept the recipe's {gt.memory_policy!r}: saved activations per policy {saved} bytes; at the gate's "
-            "batch no memory budget binds, so recomputing would only cost time"
-        )
-        details["execution_mode"] = record
-        ctx.log(f"graph_trainer: the recipe's execution mode: {record['execution_mode']} ({record['execution_mode_why']})")
-    return RungResult(measurements=m, files_read=files, command=command, details=details, recipe_edits=edits)
+
+
+# ---- 4. the recipe's execution mode -------------------------------------------------------------
+def choose_mode(plan: Plan, m: GraphTrainerMeasurements, details: dict) -> list[RecipeEdit]:
+    """The recipe's execution mode among the modes whose checks held (execution_mode.choose); its edits."""
+    ctx, gt = plan.ctx, plan.base.graph_trainer
+    modes = ["eager"] + (["compile"] if "compile" in ctx.evidence else []) + ["graph_trainer"]
+    edits, record = execution_mode.choose(ctx, plan.base, rung=RUNG, moe=plan.moe, modes=modes)
+    m.update(execution_mode=record["execution_mode"], execution_mode_why=record["execution_mode_why"])
+    # a memory policy trades compute for memory: it earns its place only when memory binds,
+    # which the gate's small batch never shows; the recipe's policy stays, said so
+    prefix = "saved_activation_bytes_"
+    saved = {k.removeprefix(prefix): v for k, v in m.saved_activations.items() if k.startswith(prefix)}
+    m.memory_policy_choice = gt.memory_policy
+    m.memory_policy_why = (
+        f"kept the recipe's {gt.memory_policy!r}: saved activations per policy {saved} bytes; at the gate's "
+        "batch no memory budget binds, so recomputing would only cost time"
+    )
+    details["execution_mode"] = record
+    ctx.log(f"graph_trainer: the recipe's execution mode: {record['execution_mode']} ({record['execution_mode_why']})")
+    return edits

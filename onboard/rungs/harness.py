@@ -5,6 +5,11 @@ speed is put beside.
 Not a rung (no RUNG): the engine only imports modules named after DESIGN section 1's rungs.
 A titan_core `ConfigError` raised here reaches the engine, which turns it into bad input
 (exit 2, nothing recorded) once for every rung.
+
+The rungs, and what they import at load (this module among them), load no torch:
+`onboard status` and `onboard list` import every rung with an accepted entry, to ask it
+`reads_recipe_key` (onboard/engine/ladder.py). So what loads torch is imported inside the
+function that uses it (`# lazy: ...; onboard status imports the rungs`).
 """
 
 from __future__ import annotations
@@ -12,17 +17,22 @@ from __future__ import annotations
 import contextlib
 import copy
 import logging
+from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
 from onboard.engine.gates import load_checklist
-from onboard.rungs.contract import RungContext
+from onboard.rungs.contract import ABSENT, Measurements, RungContext
+from titan_core.config import load_config
+from titan_core.config.loader import check_ranges, get_key, set_key
+from titan_core.measure.run_stats import RunStats
+from titan_core.measure.timing import compare_samples
 
 DENSE_WHY = (
     "the recipe's MoE experts are the reference loop (kernels.moe = \"loop\"), which gathers each expert's tokens "
     "with torch.where: a host sync, a graph break under torch.compile and a data-dependent shape in a captured "
-    "step; the capture-friendly experts (kernels.moe = \"dense\": dropless, static shapes, all experts on all "
+    'step; the capture-friendly experts (kernels.moe = "dense": dropless, static shapes, all experts on all '
     "tokens with a masked combine, n_experts / top_k x the expert FLOPs) compute the same sums"
 )
 
@@ -78,8 +88,6 @@ def settle(outcome: str, *, current: Any, candidate: Any, plain: Any) -> Any:
 
 def recipe(ctx: RungContext):
     """The workspace recipe exactly as written (paths anchored by titan_core's loader)."""
-    from titan_core.config import load_config
-
     return load_config(ctx.workspace.recipe_path)
 
 
@@ -117,8 +125,7 @@ def gate_overrides(ctx: RungContext, cfg) -> list[str]:
     written = recipe(ctx)
     out = []
     for dotted in GATE_KEYS:
-        section, key = dotted.split(".")
-        gate, mine = getattr(getattr(cfg, section), key), getattr(getattr(written, section), key)
+        gate, mine = get_key(cfg, dotted), get_key(written, dotted)
         if gate == mine:
             continue
         if dotted == "training.steps":
@@ -171,7 +178,7 @@ def train_command(ctx: RungContext, flags: list[str]) -> str:
 
 def resolved_device_type(device_type: str) -> str:
     """`[device] type` as titan_core resolves it (`auto`: cuda when available, else cpu)."""
-    import torch
+    import torch  # lazy: torch; onboard status imports the rungs
 
     if device_type == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
@@ -180,6 +187,7 @@ def resolved_device_type(device_type: str) -> str:
 
 def model_args(cfg):
     """The recipe's resolved architecture (a recipe that does not resolve raises ConfigError)."""
+    # lazy: loads torch; onboard status imports the rungs
     from titan_core.training.model_builder import resolve_model_args
 
     return resolve_model_args(cfg.model)
@@ -187,7 +195,7 @@ def model_args(cfg):
 
 def compute_dtype(training):
     """The dtype the recipe computes in: it decides which kernels can run (e.g. grouped_mm)."""
-    import torch
+    import torch  # lazy: torch; onboard status imports the rungs
 
     bf16 = "bfloat16" in (training.dtype, training.mixed_precision_param)
     return torch.bfloat16 if bf16 else torch.float32
@@ -201,7 +209,7 @@ def capture_moe(cfg, args) -> tuple[str | None, str]:
     traced here (torch._grouped_mm's meta function takes bf16 only); a capture problem
     with a kernel that claims it can is the finding the gate should report.
     """
-    from onboard.rungs.kernel_compare import applicable_kernels
+    from onboard.rungs.kernel_compare import applicable_kernels  # lazy: loads torch; onboard status imports the rungs
 
     if not args.n_experts:
         return None, "dense model: no MoE experts"
@@ -210,10 +218,12 @@ def capture_moe(cfg, args) -> tuple[str | None, str]:
         return "dense", DENSE_WHY
     if moe != "dense":
         device = resolved_device_type(cfg.device.type)
-        why = applicable_kernels(args, device=device, dtype=compute_dtype(cfg.training), captured=True).get(f"kernels.moe={moe}")
+        why = applicable_kernels(args, device=device, dtype=compute_dtype(cfg.training), captured=True).get(
+            f"kernels.moe={moe}"
+        )
         if why:
-            return "dense", f"the recipe's kernels.moe = \"{moe}\" cannot be captured here ({why}); dense instead"
-    return None, f"the recipe's kernels.moe = \"{moe}\" is kept"
+            return "dense", f'the recipe\'s kernels.moe = "{moe}" cannot be captured here ({why}); dense instead'
+    return None, f'the recipe\'s kernels.moe = "{moe}" is kept'
 
 
 def mode_config(base, out_dir: Path, *, steps: int, deterministic: bool = False, moe: str | None = None, **sections):
@@ -224,7 +234,7 @@ def mode_config(base, out_dir: Path, *, steps: int, deterministic: bool = False,
     cfg.graph_trainer.enable = False
     for section, fields in sections.items():
         for name, value in fields.items():
-            setattr(getattr(cfg, section), name, value)
+            set_key(cfg, f"{section}.{name}", value)
     if moe is not None:
         cfg.kernels.moe = moe
     cfg.training.steps = steps
@@ -240,7 +250,7 @@ def process_threads(n: int = 0):
     torch's thread count is process-wide and a Trainer sets it from [device] threads, so
     without this one in-process run would hand its count to the next.
     """
-    import torch
+    import torch  # lazy: torch; onboard status imports the rungs
 
     before = torch.get_num_threads()
     if n:
@@ -272,8 +282,7 @@ def quiet_mesh_pickling():
 def build_trainer(cfg):
     """A titan_core Trainer of `cfg`, quiet (the rung prints its own progress), its values range-checked
     as a loaded recipe's are (a ConfigError: bad input)."""
-    from titan_core.config.loader import check_ranges
-    from titan_core.training.trainer import Trainer
+    from titan_core.training.trainer import Trainer  # lazy: loads torch; onboard status imports the rungs
 
     return Trainer(check_ranges(cfg), quiet=True)
 
@@ -294,29 +303,83 @@ def train(ctx: RungContext, cfg, label: str):
 
 
 # ---- measurements ----------------------------------------------------------------------------
+@dataclass(kw_only=True)
+class SteadyRun(Measurements):
+    """The speed and memory of one run's steady window (`run_stats`: titan_core.measure.run_stats.RunStats)."""
+
+    steady_from: int = ABSENT
+    """1-based step where the steady window starts (1: the run was too short to leave any out)."""
+    step_time_median_s: float = ABSENT
+    """Median wall time of one optimizer step over the steady window (seconds)."""
+    step_time_spread: float = ABSENT
+    """Interquartile range of the steady step times over their median (fraction; 0 with one step)."""
+    tokens_per_s: float = ABSENT
+    """Median training throughput over the steady window (tokens per second, every data-parallel rank's)."""
+    mfu: float = ABSENT
+    """Median model FLOPs utilisation over the steady window (fraction of the device's peak; on CPU
+    against the best matmul rate seen on this machine: indicative)."""
+    peak_mem_bytes: int = ABSENT
+    """Most device memory any step reached (bytes)."""
+    step_times_s: list[float] = ABSENT
+    """The steady window's step times (seconds): what another run's times are compared with."""
+
+
+@dataclass(kw_only=True)
+class BesideEager(SteadyRun):
+    """A run's speed and memory beside the eager rung's evidence (`beside_eager`)."""
+
+    eager_step_time_median_s: float | None = ABSENT
+    """The eager rung's median step time (seconds); None without eager evidence."""
+    eager_peak_mem_bytes: int | None = ABSENT
+    """The eager rung's peak memory (bytes); None without eager evidence."""
+    speedup_vs_eager: float = ABSENT
+    """Eager's median step time over this run's (x; > 1: this run is faster)."""
+    vs_eager: dict | None = ABSENT
+    """The timing protocol's unpaired comparison of the two step-time samples (ratio, interval,
+    outcome: titan_core.measure.timing.Comparison.to_dict); None: eager recorded no step times."""
+    vs_eager_text: str = ABSENT
+    """`vs_eager` in one line, or why there is no interval."""
+    speedup_vs_eager_ci: str | None = ABSENT
+    """The speedup with its interval, short (e.g. "1.29x (1.21-1.38)", "~1 (0.93-1.08)")."""
+    peak_mem_vs_eager: float = ABSENT
+    """This run's peak memory over eager's (x; < 1: it uses less)."""
+
+
+@dataclass(kw_only=True)
+class ModeRun(BesideEager):
+    """A run of the recipe in another execution mode (compile, graph_trainer)."""
+
+    moe_experts: str | None = ABSENT
+    """The kernels.moe the run used (`capture_moe`); None for a dense model."""
+    moe_why: str = ABSENT
+    """Why those experts (the recipe's loop syncs the host; or the recipe's choice is kept)."""
+    flags: str = ABSENT
+    """The `onboard train` flags the run verified, space-separated (e.g. "--compile.enable=true")."""
+    compile_time_s: float = ABSENT
+    """Seconds spent compiling (and, for the Graph Trainer, tracing and passes), paid on the first step."""
+    first_step_time_s: float = ABSENT
+    """Wall time of step 1, compile included (seconds)."""
+
+
 def run_stats(rows: list[dict]) -> dict[str, Any]:
     """The steady-state speed and memory measurements of one run's rows (titan_core.measure.run_stats)."""
-    from titan_core.measure.run_stats import RunStats
-
     return RunStats.from_rows(rows).measurements()
 
 
-def beside_eager(m: dict, evidence: dict) -> None:
+def beside_eager(m: BesideEager, evidence: dict) -> None:
     """Put this run's step times and peak memory beside the eager rung's: ratios, and the
     timing protocol's interval on the step-time ratio (two runs timed apart: unpaired)."""
-    from titan_core.measure.timing import compare_samples
-
     ev = evidence.get("eager") or {}
-    m["eager_step_time_median_s"] = ev.get("step_time_median_s")
-    m["eager_peak_mem_bytes"] = ev.get("peak_mem_bytes")
+    m.eager_step_time_median_s = ev.get("step_time_median_s")
+    m.eager_peak_mem_bytes = ev.get("peak_mem_bytes")
     if ev.get("step_time_median_s"):
-        m["speedup_vs_eager"] = ev["step_time_median_s"] / m["step_time_median_s"]
+        m.speedup_vs_eager = ev["step_time_median_s"] / m.step_time_median_s
     cmp = compare_samples(m.get("step_times_s") or [], ev.get("step_times_s") or [])
-    m["vs_eager"] = cmp.to_dict() if cmp else None
-    m["vs_eager_text"] = cmp.describe("this run", "eager") if cmp else "no interval (eager evidence has no step times)"
-    m["speedup_vs_eager_ci"] = cmp.short() if cmp else None
+    m.vs_eager = cmp.to_dict() if cmp else None
+    m.vs_eager_text = cmp.describe("this run", "eager") if cmp else "no interval (eager evidence has no step times)"
+    m.speedup_vs_eager_ci = cmp.short() if cmp else None
     if ev.get("peak_mem_bytes"):
-        m["peak_mem_vs_eager"] = m["peak_mem_bytes"] / ev["peak_mem_bytes"]
+        m.peak_mem_vs_eager = m.peak_mem_bytes / ev["peak_mem_bytes"]
 
 
 def eager_step1_loss(ctx: RungContext) -> float:

@@ -23,17 +23,17 @@ from dataclasses import asdict, dataclass, field
 import torch
 from torch import nn
 
-from titan_core.runtime import devices
 from titan_core.config.loader import ConfigError
 from titan_core.config.sections import Kernels
 from titan_core.config.swaps import apply_swaps, registered_swaps, swap_applicability
 from titan_core.kernels.moe import grouped_mm_unsupported
 from titan_core.kernels.swaps import DEFAULTS, swaps_for
+from titan_core.measure.numerics import rel_l2
+from titan_core.measure.timing import Comparison, TimingProtocol, compare, timed
+from titan_core.memory.tensor_peak import TensorPeak
 from titan_core.models.common.args import TransformerArgs
 from titan_core.models.registry import build_meta
-from titan_core.measure.numerics import rel_l2
-from titan_core.memory.tensor_peak import TensorPeak
-from titan_core.measure.timing import Comparison, TimingProtocol, compare, timed
+from titan_core.runtime import devices
 
 #: The plain path each kernel is compared with.
 REFERENCE = {"loss": "plain", "attention": "naive", "moe": "loop"}
@@ -67,7 +67,7 @@ def _jax_unavailable(device_type: str) -> str | None:
     if not all(importlib.util.find_spec(m) is not None for m in ("jax", "tokamax")):
         return "needs jax and tokamax: pip install 'titan-onboard[jax]'"
     if device_type == "cuda":
-        import jax  # optional extra [jax]: imported only to ask it for a CUDA backend
+        import jax  # lazy: the [jax] extra, imported only to ask it for a CUDA backend
 
         try:
             jax.devices("cuda")
@@ -322,8 +322,13 @@ def measure_kernel(
     inputs, labels, segment_ids = make_batch(args, batch=batch, seq_len=seq_len, seed=0, device=device)
     models = {
         pick: build_model_with(
-            family, args, kernels_for(field_name, pick, base), device, dtype,
-            build_meta_model=build_meta_model, field_name=field_name,
+            family,
+            args,
+            kernels_for(field_name, pick, base),
+            device,
+            dtype,
+            build_meta_model=build_meta_model,
+            field_name=field_name,
         )  # fmt: skip
         for pick in (choice, other)
     }

@@ -80,5 +80,7 @@ def mode_check(
     out.update(host_syncs=len(syncs), ok=not syncs)
     if syncs:
         s = syncs[0]
-        out["reason"] = f"{flag} syncs the host {len(syncs)} time(s) in the captured step (first: {s.op}: {s.why} at {s.where or '?'})"
+        out["reason"] = (
+            f"{flag} syncs the host {len(syncs)} time(s) in the captured step (first: {s.op}: {s.why} at {s.where or '?'})"
+        )
     return out

@@ -24,11 +24,15 @@ becomes a `RecipeEdit`, which the engine writes only when the gate passed.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any, Callable
 
 from onboard.engine.gates import check_value
 from onboard.rungs import harness
-from onboard.rungs.contract import RecipeEdit, RungContext, RungResult
+from onboard.rungs.contract import ABSENT, Measurements, RecipeEdit, RungContext, RungResult, flattened
+from onboard.rungs.execution_mode import recipe_mode
+from titan_core.measure.timing import TimingProtocol
+from titan_core.memory.estimate import format_bytes
 
 RUNG = "kernels"
 reads_recipe_key = harness.reads_all_but_tuning
@@ -43,10 +47,68 @@ ERROR_METRICS = {
 """Per-kernel error -> the aggregate metric the checklist judges (its threshold is the per-kernel tolerance)."""
 
 
+@dataclass(kw_only=True)
+class KernelsMeasurements(Measurements):
+    """The kernels rung's measurements: counts and worst errors over every kernel that applies, one
+    group of numbers per kernel flag, and the setting they were measured in."""
+
+    kernels_considered: int = ABSENT
+    """Kernel flags titan_core knows (count)."""
+    kernels_applicable: int = ABSENT
+    """Those that apply to this model on this device (count)."""
+    kernels_compared: int = ABSENT
+    """Those compared with their plain path to the end (count)."""
+    kernels_raised: int = ABSENT
+    """Those that apply but raised in the comparison or the timed step (count)."""
+    kernels_not_applicable: int = ABSENT
+    """Those that do not apply, each with its reason (count)."""
+    worst_loss_rel_err: float | None = ABSENT
+    """Worst relative error of the loss with a kernel against the plain path (fraction; inf: it raised)."""
+    worst_loss_kernel: str | None = ABSENT
+    """The kernel flag with that worst loss error."""
+    worst_logits_rel_err: float | None = ABSENT
+    """Worst relative L2 error of the logits (fraction)."""
+    worst_logits_kernel: str | None = ABSENT
+    """The kernel flag with that worst logits error."""
+    worst_grad_rel_err: float | None = ABSENT
+    """Worst relative L2 error of any parameter's gradient (fraction)."""
+    worst_grad_kernel: str | None = ABSENT
+    """The kernel flag with that worst gradient error."""
+    worst_grad_param: str | None = ABSENT
+    """The parameter of that worst gradient."""
+    worst_kernel: str | None = ABSENT
+    """The kernel flag with the worst error of any kind."""
+    per_kernel: dict[str, Any] = flattened()
+    """Per kernel flag, under its short name (loss_fused_ce, attention_sdpa, ...): <short>_max_rel_err,
+    <short>_time_ratio (with / without, x), <short>_time_ratio_ci, <short>_timing (the protocol's
+    outcome), <short>_memory_saving (fraction of peak), <short>_kept; or <short>_not_applicable (why)."""
+    compare_dtype: str = ABSENT
+    """dtype of the comparison (float32)."""
+    compare_batch_size: int = ABSENT
+    compare_seq_len: int = ABSENT
+    """Rows and tokens per row of the fp32 comparison."""
+    compare_shape_why: str = ABSENT
+    """Why that shape (the recipe's, or capped at params.compare_max_tokens)."""
+    measure_batch_size: int = ABSENT
+    measure_seq_len: int = ABSENT
+    """Rows and tokens per row of the timed step (the recipe's)."""
+    timing_protocol: dict = ABSENT
+    """The timing protocol every keep decision used (checklist params.timing)."""
+    recipe_dtype: str = ABSENT
+    """The dtype the recipe computes in: it decides which kernels can run."""
+    captured: bool = ABSENT
+    """The recipe trains in a captured mode (compile or graph_trainer): each kernel is checked there too."""
+    execution_mode: str = ABSENT
+    """The recipe's execution mode: eager, compile or graph_trainer."""
+    proposed_recipe_edits: list[str] = ABSENT
+    """The recipe edits the keep rule picked, each as "key=value" (written only if the gate passes)."""
+
+
+MEASUREMENTS = KernelsMeasurements
+
+
 def protocol():
     """The timing protocol of the keep decisions, from the checklist's `params.timing`."""
-    from titan_core.measure.timing import TimingProtocol
-
     return TimingProtocol.from_dict(harness.param(RUNG, "timing"))
 
 
@@ -57,9 +119,13 @@ def compare_shape(batch_size: int, seq_len: int, max_tokens: int | None = None) 
         return batch_size, seq_len, "the recipe's batch_size x seq_len"
     batch = max(1, max_tokens // seq_len)
     seq = min(seq_len, max_tokens // batch)
-    return batch, seq, (
-        f"the recipe's {batch_size} x {seq_len} tokens capped at {max_tokens} (params.compare_max_tokens) to keep "
-        "the two fp32 models and their gradients small"
+    return (
+        batch,
+        seq,
+        (
+            f"the recipe's {batch_size} x {seq_len} tokens capped at {max_tokens} (params.compare_max_tokens) to keep "
+            "the two fp32 models and their gradients small"
+        ),
     )
 
 
@@ -89,7 +155,10 @@ def keep_decision(*, passed: bool, timing: dict, peak_with: int | None, peak_wit
     saving = 1 - peak_with / peak_without if known else None
     saves = known and 100 * (peak_without - peak_with) >= pct * peak_without
     kept = passed and (faster or saves)
-    speed = speed or f"{timing['outcome']} (time ratio {timing['ratio']:.2f}, CI {timing['ci_low']:.2f}-{timing['ci_high']:.2f})"
+    speed = (
+        speed
+        or f"{timing['outcome']} (time ratio {timing['ratio']:.2f}, CI {timing['ci_low']:.2f}-{timing['ci_high']:.2f})"
+    )
     if saving is not None:
         memory = f"{saving:.0%} less peak memory" if saving >= 0 else f"{-saving:.0%} more peak memory"
     else:
@@ -133,7 +202,7 @@ def choose(field_name: str, rows: dict[str, dict], current: str, *, reference: s
       path, except that under capture a plain path the step cannot run (CAPTURE_UNSAFE) is
       never chosen.
     """
-    from titan_core.kernels import DEFAULTS
+    from titan_core.kernels import DEFAULTS  # lazy: loads torch; onboard status imports the rungs
 
     kept = [choice for choice, r in rows.items() if r["kept"]]
     contests: list[dict] = []
@@ -173,17 +242,14 @@ def _finite(x: float) -> float:
     return math.inf if math.isnan(x) else x
 
 
-def _mb(n: int | None) -> str:
-    return "n/a" if n is None else f"{n / 2**20:.1f} MiB"
-
-
 def _one_kernel(ctx, flag, *, build, timing_kw, criteria, mode_kw) -> dict:
     """Compare one applicable kernel with its plain path, check it in the recipe's execution mode,
     then time it; a kernel that raises is a failed row."""
-    from titan_core.config.swaps import SwapNotApplicable
-    from titan_core.kernels import KernelRefusesModel
+    # lazy: loads torch; onboard status imports the rungs
     from onboard.rungs.kernel_compare import compare_kernel, measure_kernel
-    from onboard.rungs.kernel_modes import mode_check
+    from onboard.rungs.kernel_modes import mode_check  # lazy: loads torch; onboard status imports the rungs
+    from titan_core.config.swaps import SwapNotApplicable  # lazy: loads torch; onboard status imports the rungs
+    from titan_core.kernels import KernelRefusesModel  # lazy: loads torch; onboard status imports the rungs
 
     row: dict[str, Any] = {"status": "compared"}
     try:
@@ -212,7 +278,11 @@ def _one_kernel(ctx, flag, *, build, timing_kw, criteria, mode_kw) -> dict:
     try:
         check = mode_check(flag=flag, **mode_kw)
     except Exception as e:  # noqa: BLE001 -- it cannot even be traced in the recipe's mode: not kept, said why
-        check = {"mode": mode_kw["mode"], "ok": False, "reason": f"{flag} fails in {mode_kw['mode']}: {type(e).__name__}: {e}"}
+        check = {
+            "mode": mode_kw["mode"],
+            "ok": False,
+            "reason": f"{flag} fails in {mode_kw['mode']}: {type(e).__name__}: {e}",
+        }
     row["mode_check"] = check
     if not check["ok"]:
         ctx.log(f"kernels: {check['reason']}")
@@ -230,12 +300,18 @@ def _one_kernel(ctx, flag, *, build, timing_kw, criteria, mode_kw) -> dict:
     row.update(step_time_s=w["step_time_s"], reference_step_time_s=wo["step_time_s"], timing=timing["timing"],
                peak_memory_bytes=w["peak_memory_bytes"], reference_peak_memory_bytes=wo["peak_memory_bytes"],
                **decision)  # fmt: skip
-    ctx.log(f"kernels: {flag}: peak {_mb(w['peak_memory_bytes'])} vs {_mb(wo['peak_memory_bytes'])}: {decision['why']}")
+    peaks = f"{format_bytes(w['peak_memory_bytes'])} vs {format_bytes(wo['peak_memory_bytes'])}"
+    ctx.log(f"kernels: {flag}: peak {peaks}: {decision['why']}")
     return row
 
 
 def summarise(rows: dict[str, dict]) -> dict[str, Any]:
-    """Flat gate measurements from the per-flag rows: counts, the worst errors and which kernel/param."""
+    """Flat gate measurements from the per-flag rows: `totals`, then each flag's own (`per_flag`)."""
+    return {**totals(rows), **per_flag(rows)}
+
+
+def totals(rows: dict[str, dict]) -> dict[str, Any]:
+    """Counts, the worst errors and which kernel/param, over every kernel that applies."""
     compared = {f: r for f, r in rows.items() if r["status"] != "not_applicable"}
     m: dict[str, Any] = {
         "kernels_considered": len(rows),
@@ -255,7 +331,13 @@ def summarise(rows: dict[str, dict]) -> dict[str, Any]:
     m["worst_kernel"] = worst_flag
     grad_flag = m["worst_grad_kernel"]
     m["worst_grad_param"] = compared[grad_flag].get("worst_param") if grad_flag else None
-    for flag, r in rows.items():  # per flag, short names: loss_fused_ce_max_rel_err, attention_sdpa_kept, ...
+    return m
+
+
+def per_flag(rows: dict[str, dict]) -> dict[str, Any]:
+    """Each flag's numbers under its short name: loss_fused_ce_max_rel_err, attention_sdpa_kept, ..."""
+    m: dict[str, Any] = {}
+    for flag, r in rows.items():
         short = flag.removeprefix("kernels.").replace("=", "_")
         if r["status"] == "not_applicable":
             m[f"{short}_not_applicable"] = r["reason"]
@@ -276,6 +358,7 @@ def decide(rows: dict[str, dict], current, *, captured: bool,
     """(recipe edits, decision per field) from the per-flag rows; `current` is the recipe's Kernels section.
 
     `contest(field, challenger, holder)` times two kept kernels of one field head to head."""
+    # lazy: loads torch; onboard status imports the rungs
     from onboard.rungs.kernel_compare import REFERENCE, parse_flag
 
     by_field: dict[str, dict[str, dict]] = {}
@@ -301,69 +384,133 @@ def decide(rows: dict[str, dict], current, *, captured: bool,
     return edits, decisions
 
 
-def run(ctx: RungContext) -> RungResult:
-    """Compare and time every applicable kernel; the keep rule's picks come back as recipe edits."""
-    from titan_core.runtime import devices
-    from onboard.rungs.kernel_compare import applicable_kernels, measure_kernel
-    from titan_core.training.model_builder import build_model_from_config
+@dataclass
+class Bench:
+    """Where and how the rung compares and times each kernel: the gate's recipe on this device, in
+    the recipe's execution mode, fp32 comparison at `compare_shape`, timing at the recipe's batch."""
 
-    from onboard.rungs.execution_mode import recipe_mode
+    ctx: RungContext
+    cfg: Any
+    """The gate's JobConfig."""
+    mode: str
+    """The recipe's execution mode: eager, compile or graph_trainer."""
+    device: Any
+    """The torch device (titan_core.runtime.devices.resolve_device)."""
+    device_type: str
+    builder: Callable | None
+    """Builds a port's own model.py (the swaps then replace its modules); None: the family's class."""
+    compare: tuple[int, int, str]
+    """(batch, seq_len, why) of the fp32 comparison."""
+    proto: Any
+    """The timing protocol (params.timing)."""
 
-    cfg = harness.job_config(ctx)
-    mode = recipe_mode(harness.recipe(ctx))
-    args = harness.model_args(cfg)
-    device = devices.resolve_device(cfg.device.type, libtpu_init_flags=cfg.tpu.libtpu_init_flags)
-    device_type = harness.resolved_device_type(cfg.device.type)
-    t = cfg.training
-    captured = mode != "eager"
-    dtype = harness.compute_dtype(t)
-    # a port's own model.py builds the model (the swaps then replace its modules), else the family's class;
-    # a swap that would replace a port's own module (a custom attention core) does not apply
-    builder = (lambda: build_model_from_config(cfg.model)[2]) if cfg.model.module_file else None
-    applicable = applicable_kernels(args, device=device_type, dtype=dtype, captured=captured,
-                                    model=builder() if builder else None)  # fmt: skip
-    cb, cs, compare_why = compare_shape(t.batch_size, t.seq_len)
-    proto = protocol()
-    common = dict(family=cfg.model.family, args=args, device=device, base=cfg.kernels, build_meta_model=builder)
-    build = dict(common, batch=cb, seq_len=cs)
-    timing_kw = dict(common, batch=t.batch_size, seq_len=t.seq_len, protocol=proto)
-    mode_kw = dict(common, mode=mode, batch=cb, seq_len=cs, packed=cfg.data.source == "text", max_norm=t.max_norm)
-    n_apply = sum(reason is None for reason in applicable.values())
-    ctx.log(
-        f"kernels: {n_apply} of {len(applicable)} kernel flags apply on {device_type}, judged in the recipe's "
-        f"execution mode ({mode}); fp32 comparison at "
-        f"{cb} x {cs} tokens, timing at {t.batch_size} x {t.seq_len} (interleaved, {proto.min_rounds}-"
-        f"{proto.max_rounds} rounds, {proto.confidence:.0%} interval)"
-    )
+    @classmethod
+    def of(cls, ctx: RungContext) -> "Bench":
+        from titan_core.runtime import devices  # lazy: loads torch; onboard status imports the rungs
 
-    def contest(field_name: str, challenger: str, holder: str) -> dict:
-        out = measure_kernel(flag=f"kernels.{field_name}={challenger}", against=holder, **timing_kw)
-        ctx.log(f"kernels: head to head: {out['describe']}")
+        # lazy: loads torch; onboard status imports the rungs
+        from titan_core.training.model_builder import build_model_from_config
+
+        cfg = harness.job_config(ctx)
+        device = devices.resolve_device(cfg.device.type, libtpu_init_flags=cfg.tpu.libtpu_init_flags)
+        # a swap that would replace a port's own module (a custom attention core) does not apply
+        builder = (lambda: build_model_from_config(cfg.model)[2]) if cfg.model.module_file else None
+        return cls(ctx, cfg, recipe_mode(harness.recipe(ctx)), device, harness.resolved_device_type(cfg.device.type),
+                   builder, compare_shape(cfg.training.batch_size, cfg.training.seq_len), protocol())  # fmt: skip
+
+    @property
+    def captured(self) -> bool:
+        return self.mode != "eager"
+
+    @property
+    def dtype(self):
+        return harness.compute_dtype(self.cfg.training)
+
+    def applicable(self) -> dict[str, str | None]:
+        """{flag: None if it applies, else why not} (kernel_compare.applicable_kernels)."""
+        # lazy: loads torch; onboard status imports the rungs
+        from onboard.rungs.kernel_compare import applicable_kernels
+
+        return applicable_kernels(harness.model_args(self.cfg), device=self.device_type, dtype=self.dtype,
+                                  captured=self.captured, model=self.builder() if self.builder else None)  # fmt: skip
+
+    def kwargs(self) -> tuple[dict, dict, dict]:
+        """(build, timing, mode-check) keyword arguments of `_one_kernel`."""
+        cfg, t = self.cfg, self.cfg.training
+        cb, cs, _ = self.compare
+        common = dict(family=cfg.model.family, args=harness.model_args(cfg), device=self.device, base=cfg.kernels,
+                      build_meta_model=self.builder)  # fmt: skip
+        return (dict(common, batch=cb, seq_len=cs),
+                dict(common, batch=t.batch_size, seq_len=t.seq_len, protocol=self.proto),
+                dict(common, mode=self.mode, batch=cb, seq_len=cs, packed=cfg.data.source == "text",
+                     max_norm=t.max_norm))  # fmt: skip
+
+    def contest(self, field_name: str, challenger: str, holder: str) -> dict:
+        """`decide`'s head-to-head timing of two kept kernels of one field."""
+        from onboard.rungs.kernel_compare import measure_kernel  # lazy: loads torch; onboard status imports the rungs
+
+        out = measure_kernel(flag=f"kernels.{field_name}={challenger}", against=holder, **self.kwargs()[1])
+        self.ctx.log(f"kernels: head to head: {out['describe']}")
         return out
 
-    rows: dict[str, dict] = {}
-    with harness.process_threads(cfg.device.threads):
-        for flag, reason in applicable.items():
-            if reason is not None:
-                rows[flag] = {"status": "not_applicable", "reason": reason}
-                ctx.log(f"kernels: {flag} not applicable: {reason}")
-                continue
-            rows[flag] = _one_kernel(ctx, flag, build=build, timing_kw=timing_kw, criteria=tolerances(), mode_kw=mode_kw)
-        edits, decisions = decide(rows, cfg.kernels, captured=captured, contest=contest)
-    m = summarise(rows)
-    m.update(
-        compare_dtype="float32", compare_batch_size=cb, compare_seq_len=cs, compare_shape_why=compare_why,
-        measure_batch_size=t.batch_size, measure_seq_len=t.seq_len, timing_protocol=vars(proto),
-        recipe_dtype=str(dtype).removeprefix("torch."), captured=captured, execution_mode=mode,
-        proposed_recipe_edits=[f"{e.key}={e.value}" for e in edits],  # written only if the gate passes
-    )  # fmt: skip
+    def setting(self) -> dict[str, Any]:
+        """The measurements that say where the kernels were compared and timed."""
+        t, (cb, cs, why) = self.cfg.training, self.compare
+        return dict(compare_dtype="float32", compare_batch_size=cb, compare_seq_len=cs, compare_shape_why=why,
+                    measure_batch_size=t.batch_size, measure_seq_len=t.seq_len, timing_protocol=vars(self.proto),
+                    recipe_dtype=str(self.dtype).removeprefix("torch."), captured=self.captured,
+                    execution_mode=self.mode)  # fmt: skip
+
+
+def run(ctx: RungContext) -> RungResult:
+    """Compare and time every applicable kernel; the keep rule's picks come back as recipe edits."""
+    bench = Bench.of(ctx)
+    applicable = bench.applicable()
+    announce(bench, applicable)
+    with harness.process_threads(bench.cfg.device.threads):
+        rows = compare_all(bench, applicable)
+        edits, decisions = decide(rows, bench.cfg.kernels, captured=bench.captured, contest=bench.contest)
+    proposed = [f"{e.key}={e.value}" for e in edits]  # written only if the gate passes
+    m = KernelsMeasurements(
+        **totals(rows), per_kernel=per_flag(rows), **bench.setting(), proposed_recipe_edits=proposed
+    )
     for e in edits:
         ctx.log(f"kernels: recipe keeps {e.key} = {e.value!r} ({e.why}) if the gate passes")
     return RungResult(
         measurements=m,
-        files_read=harness.files_read(ctx, cfg),
+        files_read=harness.files_read(ctx, bench.cfg),
         command=harness.next_step_command(ctx),
-        details={"device": device_type, "kernels": rows, "decisions": decisions,
-                 "path": ctx.workspace.path_kind, "model_file": cfg.model.module_file or None},  # fmt: skip
+        details={
+            "device": bench.device_type,
+            "kernels": rows,
+            "decisions": decisions,
+            "path": ctx.workspace.path_kind,
+            "model_file": bench.cfg.model.module_file or None,
+        },  # fmt: skip
         recipe_edits=edits,
     )
+
+
+def announce(bench: Bench, applicable: dict[str, str | None]) -> None:
+    t, (cb, cs, _), proto = bench.cfg.training, bench.compare, bench.proto
+    n_apply = sum(reason is None for reason in applicable.values())
+    bench.ctx.log(
+        f"kernels: {n_apply} of {len(applicable)} kernel flags apply on {bench.device_type}, judged in the recipe's "
+        f"execution mode ({bench.mode}); fp32 comparison at "
+        f"{cb} x {cs} tokens, timing at {t.batch_size} x {t.seq_len} (interleaved, {proto.min_rounds}-"
+        f"{proto.max_rounds} rounds, {proto.confidence:.0%} interval)"
+    )
+
+
+def compare_all(bench: Bench, applicable: dict[str, str | None]) -> dict[str, dict]:
+    """{flag: row}: each kernel that applies compared, checked and timed (`_one_kernel`), the others with why not."""
+    build, timing_kw, mode_kw = bench.kwargs()
+    rows: dict[str, dict] = {}
+    for flag, reason in applicable.items():
+        if reason is not None:
+            rows[flag] = {"status": "not_applicable", "reason": reason}
+            bench.ctx.log(f"kernels: {flag} not applicable: {reason}")
+            continue
+        rows[flag] = _one_kernel(bench.ctx, flag, build=build, timing_kw=timing_kw, criteria=tolerances(),
+                                 mode_kw=mode_kw)  # fmt: skip
+    return rows

@@ -13,20 +13,86 @@ import os
 import shlex
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from onboard.errors import BadInput
 from onboard.parity.results import RESULTS_ENV, WEIGHTS_ENV, failure_summary, read_results
 from onboard.rungs import harness
-from onboard.rungs.contract import RungContext, RungResult
+from onboard.rungs.contract import ABSENT, Measurements, RungContext, RungResult, flattened
 from titan_core.runtime.die_with_parent import with_parent_death_signal
 
 RUNG = "parity"
 
 
+@dataclass(kw_only=True)
+class ParityMeasurements(Measurements):
+    """What test_parity.py measured (onboard/parity/check.py: native port vs upstream HF, CPU fp32,
+    same weights; each comparison the worst over its passes), and how pytest ended."""
+
+    batch: int = ABSENT
+    """Sequences in the comparison batch."""
+    seq_len: int = ABSENT
+    """Tokens per sequence (grown to cover every declared window)."""
+    weights_missing_keys: int = ABSENT
+    """Checkpoint tensors the upstream class expects but did not get (count; 0 for a seeded init)."""
+    weights_unexpected_keys: int = ABSENT
+    """Checkpoint tensors the upstream class got but does not use (count)."""
+    weights_mismatched_keys: int = ABSENT
+    """Checkpoint tensors of another shape than the upstream class's (count)."""
+    state_dict_same_keys: bool = ABSENT
+    """HF -> native -> HF gives back exactly the upstream state dict's keys."""
+    state_dict_max_abs_diff: float = ABSENT
+    """Largest absolute difference of any tensor after that round trip (0 means exact)."""
+    logits_rel_l2: float = ABSENT
+    """Relative L2 error of the native logits against upstream's (fraction)."""
+    logits_max_abs: float = ABSENT
+    """Largest absolute logit difference (logit units)."""
+    loss_abs_diff: float = ABSENT
+    """|native cross-entropy - upstream cross-entropy| (nats per token)."""
+    native_loss_repr: str = ABSENT
+    """The native cross-entropy of the first pass, as its repr."""
+    upstream_loss_repr: str = ABSENT
+    """Upstream's cross-entropy of the first pass, as its repr."""
+    grad_max_rel_l2: float = ABSENT
+    """Worst relative L2 error of any parameter's gradient, mapped to HF names (fraction)."""
+    grad_worst_param: str | None = ABSENT
+    """The HF parameter with that worst gradient error."""
+    modules_compared: int = ABSENT
+    """Native modules whose outputs were compared with an upstream module's (count)."""
+    first_divergence_module: str | None = ABSENT
+    """The first native module (in forward order) whose output differs beyond tolerance; None: none does."""
+    first_divergence_upstream: str | None = ABSENT
+    """The upstream module it was compared with."""
+    first_divergence_rel_l2: float | None = ABSENT
+    """Its output's relative L2 error (fraction)."""
+    first_divergence_pass: str | None = ABSENT
+    """The pass it diverged in ("seeded", "weights" or "features"); None: no divergence."""
+    features_exercised: bool = ABSENT
+    """Every feature the config declares (soft-cap, window, padding, MoE routing) was active in a pass."""
+    features: dict[str, Any] = flattened()
+    """feature_<name>: how much a declared feature was exercised (onboard/parity/features.py: the
+    soft-capped fraction, seq_len over the window, pad ids, the fewest tokens per expert)."""
+    pytest_passed: bool = ABSENT
+    """The workspace's test_parity.py exited 0."""
+    pytest_exit_code: int | None = ABSENT
+    """Its exit code; None when it ran past params.timeout_s."""
+
+    @classmethod
+    def of(cls, results: dict[str, Any], **pytest: Any) -> "ParityMeasurements":
+        """From results.json's measurements (its feature_<name> values among them) and pytest's end."""
+        features = {k: v for k, v in results.items() if k.startswith("feature_")}
+        return cls(**{k: v for k, v in results.items() if k not in features}, features=features, **pytest)
+
+
+MEASUREMENTS = ParityMeasurements
+
+
 def reads_recipe_key(key: str) -> bool:
     """Parity's native model comes from [model] alone (onboard.parity.native.read_workspace)."""
     return key.startswith("model.")
+
 
 TEST_FILE = "test_parity.py"
 
@@ -69,7 +135,12 @@ def run(ctx: RungContext) -> RungResult:
             timeout = harness.param(RUNG, "timeout_s")
             # killed with next-step: a kill -9 must not leave it writing into a closed attempt
             proc = subprocess.run(
-                with_parent_death_signal(cmd), cwd=ws.root, env=env, stdout=log, stderr=subprocess.STDOUT, timeout=timeout
+                with_parent_death_signal(cmd),
+                cwd=ws.root,
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                timeout=timeout,
             )
             returncode = proc.returncode
         except subprocess.TimeoutExpired:
@@ -80,7 +151,7 @@ def run(ctx: RungContext) -> RungResult:
         # criterion then fails as unmeasured; the log says why
         tail = log_path.read_text()[-2000:]
         return RungResult(
-            measurements={"pytest_passed": False, "pytest_exit_code": returncode},
+            measurements=ParityMeasurements(pytest_passed=False, pytest_exit_code=returncode),
             files_read=_files_read(ws),
             command=command,
             details={"error": "test_parity.py wrote no results", "pytest_log": str(log_path), "pytest_tail": tail},
@@ -88,7 +159,8 @@ def run(ctx: RungContext) -> RungResult:
     results = read_results(out)
     if (results.get("error") or {}).get("kind") == "bad_input":
         raise BadInput(f"parity: {results['error']['message']}")
-    measurements = {**results["measurements"], "pytest_passed": returncode == 0, "pytest_exit_code": returncode}
+    measurements = ParityMeasurements.of(results["measurements"], pytest_passed=returncode == 0,
+                                         pytest_exit_code=returncode)  # fmt: skip
     summary = failure_summary(results)
     if summary and returncode != 0:
         ctx.log(summary)

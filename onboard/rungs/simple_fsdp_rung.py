@@ -24,23 +24,95 @@ from __future__ import annotations
 
 import copy
 import math
+from dataclasses import dataclass
 from pathlib import Path
 
-from titan_core.measure.numerics import curve_max_rel, rel
-
+import titan_core.train
 from onboard.errors import BadInput
 from onboard.rungs import harness
-from onboard.rungs.contract import RungContext, RungResult
+from onboard.rungs.contract import ABSENT, RecipeEdit, RungContext, RungResult
 from onboard.rungs.harness import resolved_device_type
+from titan_core.measure.timing import Comparison, TimingProtocol, compare, compare_samples
+from titan_core.runtime import launcher
 
 RUNG = "simple_fsdp"
 reads_recipe_key = harness.reads_all_but_mode
 FP32 = "float32"
+RUNS = ("fp32", "bf16", "fsdp2")
+"""The three sharded runs, each in runs/.../<name>/."""
+
+
+@dataclass(kw_only=True)
+class SimpleFsdpMeasurements(harness.SteadyRun):
+    """The simple_fsdp rung's measurements (rank 0's rows); the SteadyRun fields are the fp32 SimpleFSDP run's."""
+
+    world_size: int = ABSENT
+    """W: processes of each sharded run."""
+    global_batch_size: int = ABSENT
+    """Rows of the eager rung's batch, split over the ranks (rows)."""
+    batch_size_per_rank: int = ABSENT
+    """global_batch_size / W (rows)."""
+    steps_run: int = ABSENT
+    """Steps the fp32 SimpleFSDP run logged."""
+    bf16_steps_run: int = ABSENT
+    """Steps the bf16-params run logged (fewer: a non-finite loss stopped it)."""
+    step1_loss_repr: str = ABSENT
+    """The sharded fp32 step-1 loss, as its repr (nats per token)."""
+    step1_grad_norm_repr: str = ABSENT
+    """The sharded fp32 step-1 grad norm, as its repr."""
+    baseline: str = ABSENT
+    """What the step-1 numbers are compared with: "eager evidence", or one process with grad_accum = W."""
+    baseline_why: str = ABSENT
+    """Why that baseline (module docstring)."""
+    baseline_step1_loss_repr: str = ABSENT
+    """The baseline's step-1 loss, as its repr."""
+    baseline_step1_grad_norm_repr: str = ABSENT
+    """The baseline's step-1 grad norm, as its repr."""
+    step1_loss_rel_err: float = ABSENT
+    """|sharded - baseline| / |baseline| step-1 loss (fraction)."""
+    step1_grad_norm_rel_err: float = ABSENT
+    """|sharded - baseline| / |baseline| step-1 grad norm (fraction)."""
+    bf16_loss_curve_max_rel: float = ABSENT
+    """Worst relative distance of the bf16-params loss curve from the fp32 one over the steps
+    (fraction; inf when the bf16 run stopped short)."""
+    bf16_loss_curve_worst_step: int | None = ABSENT
+    """The 1-based step of that worst distance; None when the curves do not line up."""
+    bf16_step_time_median_s: float | None = ABSENT
+    """Median step time of the bf16-params run (seconds)."""
+    bf16_peak_mem_bytes: int | None = ABSENT
+    """Peak memory of the bf16-params run (bytes)."""
+    fsdp2_step_time_median_s: float | None = ABSENT
+    """Median step time of the same steps under FSDP2 (seconds); None: FSDP2 failed (not judged)."""
+    fsdp2_peak_mem_bytes: int | None = ABSENT
+    """Peak memory of the FSDP2 run (bytes)."""
+    fsdp2_step1_loss_rel_err: float | None = ABSENT
+    """FSDP2's step-1 loss against SimpleFSDP's (fraction): a difference there points at the model."""
+    fsdp2_over_simple_fsdp_step_time: float = ABSENT
+    """FSDP2's median step time over SimpleFSDP's (x)."""
+    fsdp2_vs_simple_fsdp: str | None = ABSENT
+    """The timing protocol's unpaired comparison of the two, in one line."""
+    eager_step1_loss_rel_err: float = ABSENT
+    """The sharded step-1 loss against the eager evidence (fraction), whatever the baseline."""
+    eager_step1_grad_norm_rel_err: float = ABSENT
+    """The sharded step-1 grad norm against the eager evidence (fraction)."""
+    mixed_precision_choice: str = ABSENT
+    """training.mixed_precision_param the recipe keeps: float32 or bfloat16 (`recipe_choices`)."""
+    mixed_precision_why: str = ABSENT
+    """Why: the bf16 curve's bound, or the timing protocol's verdict."""
+    mixed_precision_timing: dict | None = ABSENT
+    """bf16 against fp32 params, one process, interleaved steps (Comparison.to_dict); None: not timed."""
+    data_parallel_choice: str = ABSENT
+    """parallelism.data_parallel the recipe keeps (SimpleFSDP: the path the later rungs verify)."""
+    data_parallel_why: str = ABSENT
+    """Why, with what FSDP2 measured beside it."""
+
+
+MEASUREMENTS = SimpleFsdpMeasurements
 
 
 def world_size(device_type: str) -> int:
     """W: 2 processes on CPU; every local device on an accelerator."""
-    import torch
+    import torch  # lazy: torch; onboard status imports the rungs
 
     device_type = resolved_device_type(device_type)
     if device_type == "cpu":
@@ -52,6 +124,7 @@ def world_size(device_type: str) -> int:
 
 def baseline_reason(cfg, evidence: dict) -> str | None:
     """Why the eager evidence is not the baseline of the sharded step-1 numbers (None: it is)."""
+    # lazy: loads torch; onboard status imports the rungs
     from titan_core.training.model_builder import resolve_model_args
 
     t = cfg.training
@@ -72,8 +145,6 @@ def baseline_reason(cfg, evidence: dict) -> str | None:
 
 def sharded_config(base, out_dir: Path, *, world: int, mode: str, param_dtype: str):
     """The eager gate's recipe as one W-rank run: B/W rows per rank, fp32 master weights."""
-    from titan_core.runtime.launcher import cpu_count
-
     cfg = copy.deepcopy(base)
     cfg.training.batch_size = base.training.batch_size // world
     cfg.training.dtype = FP32
@@ -83,7 +154,7 @@ def sharded_config(base, out_dir: Path, *, world: int, mode: str, param_dtype: s
     p.data_parallel, p.dp_replicate, p.dp_shard, p.tp, p.sequence_parallel = mode, 1, -1, 1, False
     if resolved_device_type(cfg.device.type) == "cpu":
         # W processes with torch's default threads each would fight over the cores (4x slower here)
-        fair = max(1, cpu_count() // world)
+        fair = max(1, launcher.cpu_count() // world)
         if not cfg.device.threads or cfg.device.threads > fair:
             cfg.device.threads = fair
     cfg.metrics.output_dir = str(out_dir)
@@ -104,10 +175,8 @@ def baseline_config(base, out_dir: Path, *, world: int):
 
 def _world(ctx: RungContext, cfg, world: int, label: str, *, required: bool) -> tuple[list[dict], str | None]:
     """(rank 0's metric rows, failure or None) of one W-rank run; a required run that fails raises."""
-    from titan_core.runtime.launcher import run_world
-
     ctx.log(f"simple_fsdp: {label} on {world} processes -> {cfg.metrics.output_dir}")
-    run = run_world(cfg, world, timeout_s=float(harness.param(RUNG, "timeout_s")))
+    run = launcher.run_world(cfg, world, timeout_s=float(harness.param(RUNG, "timeout_s")))
     if run.ok:
         return run.metrics, None
     stopped_on_nan = run.metrics and not math.isfinite(run.metrics[-1]["loss"])
@@ -121,18 +190,16 @@ def _baseline(ctx: RungContext, base, world: int, why: str | None) -> tuple[floa
     if why is None:
         ev = ctx.evidence["eager"]
         return float(ev["step1_loss_repr"]), float(ev["step1_grad_norm_repr"])
-    from titan_core.train import run as train_run
-
     cfg = baseline_config(base, ctx.attempt_dir / "baseline", world=world)
     ctx.log(f"simple_fsdp: baseline = 1 process, grad_accum {world}, fp32, 1 step ({why})")
-    row = train_run(cfg).metrics[0]
+    row = titan_core.train.run(cfg).metrics[0]
     return row["loss"], row["grad_norm"]
 
 
 def measure(fp32: list[dict], bf16: list[dict], fsdp2: list[dict], *, baseline: tuple[float, float],
             eager_evidence: dict | None, steps: int) -> dict:  # fmt: skip
     """Gate measurements from rank 0's rows of the three sharded runs (`steps` planned) and the baseline step."""
-    from titan_core.measure.timing import compare_samples
+    from titan_core.measure.numerics import curve_max_rel, rel  # lazy: loads torch; onboard status imports the rungs
 
     first = fp32[0]
     worst, worst_step = math.inf, None  # a curve that stopped short (a non-finite loss) is the worst
@@ -170,57 +237,86 @@ def measure(fp32: list[dict], bf16: list[dict], fsdp2: list[dict], *, baseline: 
 
 def run(ctx: RungContext) -> RungResult:
     base = harness.job_config(ctx)
-    steps = harness.param(RUNG, "steps")
-    base.training.steps = steps
-    b = base.training.batch_size
-    world = world_size(base.device.type)
+    base.training.steps = steps = harness.param(RUNG, "steps")
+    world = checked_world(ctx, base)
+    b, why = base.training.batch_size, baseline_reason(base, ctx.evidence)
+    ctx.log(
+        f"simple_fsdp: world size {world}, {b // world} of {b} rows x {base.training.seq_len} tokens per rank, "
+        f"{steps} steps on a repeated batch, device {resolved_device_type(base.device.type)}"
+    )
+    overrides = harness.gate_overrides(ctx, base)
+    for note in overrides:
+        ctx.log(f"simple_fsdp: {note}")
+    runs = sharded_runs(ctx, base, world)
+    (fp32, _), (bf16, _), (fsdp2, _) = (runs[name] for name in RUNS)
+    baseline = _baseline(ctx, base, world, why)
+    m = SimpleFsdpMeasurements(
+        **measure(fp32, bf16, fsdp2, baseline=baseline, eager_evidence=ctx.evidence.get("eager"), steps=steps),
+        world_size=world, global_batch_size=b, batch_size_per_rank=b // world,
+        baseline="eager evidence" if why is None else f"1 process, grad_accum = {world}, same rows",
+        baseline_why=why or "one sharded step is the same arithmetic as eager's step on the whole batch",
+    )  # fmt: skip
+    ctx.log(
+        f"simple_fsdp: step-1 loss rel {m.step1_loss_rel_err:.2e}, grad norm rel {m.step1_grad_norm_rel_err:.2e} "
+        f"(vs {m.baseline}); bf16 curve max rel {m.bf16_loss_curve_max_rel:.2e}; step time "
+        f"{m.step_time_median_s * 1e3:.0f} ms SimpleFSDP"
+        + (
+            f", {m.fsdp2_step_time_median_s * 1e3:.0f} ms FSDP2 ({m.fsdp2_vs_simple_fsdp})"
+            if fsdp2
+            else ", FSDP2 failed"
+        )
+    )
+    edits, choices = recipe_choices(ctx, base, m)
+    m.update(choices)
+    return RungResult(
+        measurements=m,
+        files_read=harness.files_read(ctx, base),
+        command=harness.next_step_command(ctx),
+        details={
+            "device": resolved_device_type(base.device.type),
+            "world_size": world,
+            "gate_overrides": overrides,
+            **run_details(ctx, runs, world),
+        },  # fmt: skip
+        recipe_edits=edits,
+    )
+
+
+def checked_world(ctx: RungContext, base) -> int:
+    """W, once the recipe's batch splits over it (bad input otherwise)."""
+    b, world = base.training.batch_size, world_size(base.device.type)
     if b % world:
         raise BadInput(
             f"{ctx.workspace.recipe_path}: training.batch_size = {b} does not split over {world} ranks; the sharded "
             f"run gives each rank batch_size / {world} rows so that together they see the eager rung's global "
             f"batch: use a batch size divisible by {world}"
         )
-    why = baseline_reason(base, ctx.evidence)
-    t = base.training
-    ctx.log(
-        f"simple_fsdp: world size {world}, {b // world} of {b} rows x {t.seq_len} tokens per rank, "
-        f"{steps} steps on a repeated batch, device {resolved_device_type(base.device.type)}"
-    )
-    overrides = harness.gate_overrides(ctx, base)
-    for note in overrides:
-        ctx.log(f"simple_fsdp: {note}")
-    out = ctx.attempt_dir
+    return world
+
+
+def sharded_runs(ctx: RungContext, base, world: int) -> dict[str, tuple[list[dict], str | None]]:
+    """{name: (rank 0's rows, failure or None)} of the three sharded runs (RUNS)."""
 
     def sharded(name: str, mode: str, param_dtype: str, label: str, required: bool = True):
-        cfg = sharded_config(base, out / name, world=world, mode=mode, param_dtype=param_dtype)
+        cfg = sharded_config(base, ctx.attempt_dir / name, world=world, mode=mode, param_dtype=param_dtype)
         return _world(ctx, cfg, world, label, required=required)
 
-    fp32, fp32_failure = sharded("fp32", "simple_fsdp", FP32, "SimpleFSDP fp32")
-    bf16, bf16_failure = sharded("bf16", "simple_fsdp", "bfloat16", "SimpleFSDP bf16 params / fp32 reduce")
-    # FSDP2 is measured for its step time beside SimpleFSDP's; the gate does not judge it
-    fsdp2, fsdp2_failure = sharded("fsdp2", "fsdp2", FP32, "FSDP2 fp32", required=False)
-    if not fp32:
-        raise RuntimeError(f"the SimpleFSDP fp32 run logged no step (metrics: {out / 'fp32'})")
-    baseline = _baseline(ctx, base, world, why)
-    m = measure(fp32, bf16, fsdp2, baseline=baseline, eager_evidence=ctx.evidence.get("eager"), steps=steps)
-    m.update(
-        world_size=world,
-        global_batch_size=b,
-        batch_size_per_rank=b // world,
-        baseline="eager evidence" if why is None else f"1 process, grad_accum = {world}, same rows",
-        baseline_why=why or "one sharded step is the same arithmetic as eager's step on the whole batch",
-    )
-    ctx.log(
-        f"simple_fsdp: step-1 loss rel {m['step1_loss_rel_err']:.2e}, grad norm rel "
-        f"{m['step1_grad_norm_rel_err']:.2e} (vs {m['baseline']}); bf16 curve max rel "
-        f"{m['bf16_loss_curve_max_rel']:.2e}; step time {m['step_time_median_s'] * 1e3:.0f} ms SimpleFSDP"
-        + (f", {m['fsdp2_step_time_median_s'] * 1e3:.0f} ms FSDP2 ({m['fsdp2_vs_simple_fsdp']})" if fsdp2 else ", FSDP2 failed")
-    )
-    key = ctx.workspace.key_for
+    runs = {
+        "fp32": sharded("fp32", "simple_fsdp", FP32, "SimpleFSDP fp32"),
+        "bf16": sharded("bf16", "simple_fsdp", "bfloat16", "SimpleFSDP bf16 params / fp32 reduce"),
+        # FSDP2 is measured for its step time beside SimpleFSDP's; the gate does not judge it
+        "fsdp2": sharded("fsdp2", "fsdp2", FP32, "FSDP2 fp32", required=False),
+    }
+    if not runs["fp32"][0]:
+        raise RuntimeError(f"the SimpleFSDP fp32 run logged no step (metrics: {ctx.attempt_dir / 'fp32'})")
+    return runs
+
+
+def run_details(ctx: RungContext, runs: dict[str, tuple[list[dict], str | None]], world: int) -> dict:
+    """The curves, files and reproducing commands of the sharded runs, and each one's failure."""
+    out, key = ctx.attempt_dir, ctx.workspace.key_for
+    (fp32, _), (bf16, _), (fsdp2, _) = (runs[name] for name in RUNS)
     details = {
-        "device": resolved_device_type(base.device.type),
-        "world_size": world,
-        "gate_overrides": overrides,
         "loss_curve": [r["loss"] for r in fp32],
         "grad_norm_curve": [r["grad_norm"] for r in fp32],
         "bf16_loss_curve": [r["loss"] for r in bf16],
@@ -232,29 +328,19 @@ def run(ctx: RungContext) -> RungResult:
                 # run_world wrote the resolved recipe there: one run by hand, exactly
                 "command": f"python -m titan_core.train --config {out / name / 'world_recipe.toml'} --nproc {world}",
             }
-            for name in ("fp32", "bf16", "fsdp2")
+            for name in RUNS
         },
     }
-    for name, failure in (("fp32", fp32_failure), ("bf16", bf16_failure), ("fsdp2", fsdp2_failure)):
+    for name, (_, failure) in runs.items():
         if failure:  # the run stopped (a non-finite loss, or FSDP2 failing): its rank report
             details[f"{name}_failure"] = failure
-    edits, choices = recipe_choices(ctx, base, m)
-    m.update(choices)
-    return RungResult(
-        measurements=m,
-        files_read=harness.files_read(ctx, base),
-        command=harness.next_step_command(ctx),
-        details=details,
-        recipe_edits=edits,
-    )
+    return details
 
 
-def time_precisions(ctx: RungContext, base) -> "Comparison":
+def time_precisions(ctx: RungContext, base) -> Comparison:
     """bf16 parameters against fp32, one process, the two Trainers' steps interleaved (the timing
     protocol, `params.timing`): the speed the recipe's own run would see, paired so that the
     machine's drift between two separate runs cannot decide it."""
-    from titan_core.measure.timing import TimingProtocol, compare
-
     trainers = {}
     try:
         with harness.process_threads():
@@ -285,12 +371,11 @@ def recipe_choices(ctx: RungContext, base, m: dict, timing=None) -> tuple[list, 
     graph_trainer rungs verify (the Graph Trainer captures SimpleFSDP's parametrization), so a
     recipe with FSDP2 would hold a combination no later gate ran.
     """
-    from onboard.rungs.contract import RecipeEdit
-
     recipe = harness.recipe(ctx)
     current = recipe.training.mixed_precision_param
     bound = next(c.threshold for c in harness.checklist(RUNG).criteria if c.metric == "bf16_loss_curve_max_rel")
     curve_ok = m["bf16_loss_curve_max_rel"] <= bound
+    cmp = None
     if not curve_ok:
         want, why = FP32, f"simple_fsdp rung: bf16's loss curve left fp32's by more than {bound:g}; fp32"
     else:
@@ -306,6 +391,7 @@ def recipe_choices(ctx: RungContext, base, m: dict, timing=None) -> tuple[list, 
     return edits, {
         "mixed_precision_choice": want,
         "mixed_precision_why": why,
+        "mixed_precision_timing": cmp.to_dict() if cmp is not None else None,  # the report's waterfall reads it
         "data_parallel_choice": recipe.parallelism.data_parallel,
         "data_parallel_why": (
             "SimpleFSDP stays: the compile and graph_trainer rungs verify it (FSDP2 measured beside it: "

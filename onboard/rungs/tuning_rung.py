@@ -37,12 +37,20 @@ from typing import Any
 from onboard.rungs import harness
 from onboard.rungs.contract import RecipeEdit, RungContext, RungResult
 from onboard.rungs.execution_mode import recipe_mode
+from onboard.rungs.tuning_measurements import TuningMeasurements
 from onboard.rungs.tuning_runs import Runs
+from titan_core.config.loader import get_key, load_toml, with_keys
+from titan_core.measure.timing import TimingProtocol
+from titan_core.memory.estimate import format_bytes
+from titan_core.runtime.launcher import cpu_count
+from titan_core.tuning import flags as flag_table
+from titan_core.tuning.batch_search import BatchShape, Probe, search
 
 RUNG = "tuning"
 TUNED_KEYS = tuple(sorted(harness.TUNING_KEYS))
 """The recipe keys this rung may edit (each kept change sets some of them)."""
 UNTUNED = "untuned"
+MEASUREMENTS = TuningMeasurements
 
 
 def param(name: str) -> Any:
@@ -50,8 +58,6 @@ def param(name: str) -> Any:
 
 
 def protocol():
-    from titan_core.measure.timing import TimingProtocol
-
     return TimingProtocol.from_dict(param("timing"))
 
 
@@ -66,25 +72,15 @@ def tuning_config(ctx: RungContext):
 
 def global_batch_fixed(ctx: RungContext) -> bool:
     """Whether the recipe fixes its global batch: it sets training.grad_accum itself (any value)."""
-    from titan_core.config.loader import load_toml
-
     return "grad_accum" in (load_toml(ctx.workspace.recipe_path).get("training") or {})
 
 
 def memory_budget(device) -> tuple[int | None, str]:
     """(bytes one process may use on `device`, where that comes from); tests replace this to make it bind."""
-    from titan_core.memory.budget import device_budget
+    from titan_core.memory.budget import device_budget  # lazy: loads torch; onboard status imports the rungs
 
     budget = device_budget(device)
     return (budget.bytes, budget.source) if budget else (None, f"no memory budget is known for {device.type}")
-
-
-def with_values(cfg, values: dict[str, Any]):
-    out = copy.deepcopy(cfg)
-    for key, value in values.items():
-        section, name = key.split(".")
-        setattr(getattr(out, section), name, value)
-    return out
 
 
 def keep_rule(cls, cmp, curve) -> tuple[bool, str]:
@@ -119,17 +115,17 @@ class Tuner:
         if rows % t.batch_size:
             raise ValueError(f"{rows} rows per step is not a multiple of {label}'s batch {t.batch_size}")
         same = f"{label}@{rows}rows"
-        self.runs.probe(same, with_values(cfg, {"training.grad_accum": rows // t.batch_size}))
+        self.runs.probe(same, with_keys(cfg, {"training.grad_accum": rows // t.batch_size}))
         return same
 
     def classify(self, label: str, cfg, against: str, against_cfg):
-        from onboard.rungs.tuning_classify import classify
+        from onboard.rungs.tuning_classify import classify  # lazy: loads torch; onboard status imports the rungs
 
         ref = self.matched(against, against_cfg, cfg.training.batch_size * cfg.training.grad_accum)
         return classify(self.runs.step1[label], self.runs.step1[ref], rounding_rel=param("rounding_rel")), ref
 
     def curve_check(self, label: str, cfg, ref: str, ref_cfg):
-        from onboard.rungs.tuning_classify import curve_check
+        from onboard.rungs.tuning_classify import curve_check  # lazy: loads torch; onboard status imports the rungs
 
         steps = param("curve_steps")
         return curve_check(self.runs.curve(label, cfg, steps), self.runs.curve(ref, ref_cfg, steps),
@@ -153,7 +149,7 @@ class Tuner:
 
     def trial(self, step: str, label: str, values: dict) -> dict:
         """One change of the holder: classify it, time it, check its curve if rounding; kept -> it holds."""
-        cfg = with_values(self.cfg, values)
+        cfg = with_keys(self.cfg, values)
         self.runs.probe(label, cfg)
         cls, ref = self.classify(label, cfg, self.holder, self.cfg)
         cmp = None if cls.rejected else self.runs.compare(label, self.holder, self.proto)
@@ -184,99 +180,58 @@ class Tuner:
                     continue
                 self.trial("block_sizes", f"ce_chunk={chunk}", {"kernels.ce_chunk": chunk})
         else:
-            self.note("block_sizes", "ce_chunk", f"the recipe's loss is kernels.loss = \"{k.loss}\": no fused_ce chunk")
+            self.note("block_sizes", "ce_chunk", f'the recipe\'s loss is kernels.loss = "{k.loss}": no fused_ce chunk')
         self.note("block_sizes", f"attention ({k.attention})", "titan_core exposes no block-size setting for it "
                   "(sdpa and tokamax choose their own; splash derives blocks from the sequence length)")  # fmt: skip
-        moe = f"kernels.moe = \"{k.moe}\" exposes no grouping setting" if args.n_experts else "dense model: no MoE"
+        moe = f'kernels.moe = "{k.moe}" exposes no grouping setting' if args.n_experts else "dense model: no MoE"
         self.note("block_sizes", "moe grouping", moe)
 
     # ---- 2. batch -----------------------------------------------------------------------------
     def batch(self, *, fixed_global: bool, budget: int | None, budget_source: str) -> dict:
         """The batch search from the holder's batch; the chosen batch, if larger and kept, holds."""
-        import torch
-
-        from titan_core.tuning.batch_search import BatchShape, Probe, search
-
-        start_label, start_cfg = self.holder, self.cfg
-        start = BatchShape(start_cfg.training.batch_size, start_cfg.training.grad_accum)
-        labels = {start: start_label}
-        classes: dict = {}  # shape -> (Classification, the label it was judged against)
-        holding = [start]  # the search's holder, for what stays alive
-        timings: dict = {}  # shape -> its Comparison against the batch it challenged
-        against: dict = {}  # shape -> the label of that batch
-
-        def cfg_of(shape):
-            values = {"training.batch_size": shape.batch_size, "training.grad_accum": shape.grad_accum}
-            return with_values(start_cfg, values)
-
-        def measure(shape):
-            label = labels.setdefault(shape, f"batch={shape.label()}")
-            try:
-                probe = self.runs.probe(label, cfg_of(shape))
-            except torch.OutOfMemoryError as e:  # the device refused it: memory binds (batch_search)
-                raise MemoryError(str(e).splitlines()[0]) from None
-            if shape != start:  # on the same rows as the starting batch, accumulated
-                classes[shape] = self.classify(label, cfg_of(shape), start_label, start_cfg)
-                self.runs.keep_only(start_label, labels[holding[-1]], label)
-            return Probe(probe["peak_bytes"], probe["step_time_s"],
-                         {"class": classes[shape][0].cls} if shape in classes else {})  # fmt: skip
-
-        def reject(shape, probe):
-            return classes[shape][0].why if classes[shape][0].rejected else None
-
-        def compare(candidate, holder):
-            cmp = timings[candidate] = self.runs.compare(labels[candidate], labels[holder], self.proto)
-            against[candidate] = labels[holder]
-            self.ctx.log(f"tuning: batch: {cmp.describe(labels[candidate], labels[holder])} (per token); peak "
-                         f"{self.runs.peak[labels[candidate]] / 2**20:,.0f} MiB")  # fmt: skip
-            if cmp.outcome == "faster":
-                holding.append(candidate)
-            # the start stays too: it holds the field again if the chosen batch's curve check fails
-            self.runs.keep_only(start_label, labels[holding[-1]])
-            return cmp
-
+        trials = BatchTrials(self)
         held = self.runs.current_memory()
         total = budget + held if budget is not None else 2**62  # no budget known: memory never binds
-        cap, seq = param("batch_max_tokens")[self.kind], start_cfg.training.seq_len
-        doublings = 0  # an absolute end, so a second visit from a raised batch cannot go on for ever
-        while start.batch_size * 2 ** (doublings + 1) * seq <= cap:
-            doublings += 1
-        result = search(start, measure=measure, compare=compare, budget_bytes=total, fraction=param("budget_fraction"),
-                        max_doublings=doublings, fixed_global=fixed_global, tokens_per_row=seq, reject=reject,
+        cap, seq = param("batch_max_tokens")[self.kind], self.cfg.training.seq_len
+        doublings = max_doublings(trials.start.batch_size, seq, cap)
+        result = search(trials.start, measure=trials.measure, compare=trials.compare, budget_bytes=total,
+                        fraction=param("budget_fraction"), max_doublings=doublings,
+                        fixed_global=fixed_global, tokens_per_row=seq, reject=trials.reject,
                         grid_end=f"{cap} tokens per micro-batch, params.batch_max_tokens")  # fmt: skip
         self.ctx.log(f"tuning: batch: {result.why}")
-        chosen = result.chosen
-        if chosen != start:
-            label, cfg = labels[chosen], cfg_of(chosen)
-            cls, ref = classes[chosen]
-            rows = chosen.rows
-            ref_cfg = with_values(start_cfg, {"training.grad_accum": rows // start.batch_size})
-            curve = self.curve_check(label, cfg, ref, ref_cfg) if cls.cls == "rounding" else None
-            cmp = timings[chosen]
-            kept, why = keep_rule(cls, cmp, curve)
-            why += (f"; peak {self.runs.peak[label] / 2**20:,.0f} MiB, limit {result.limit_bytes / 2**20:,.0f} MiB "
-                    f"({result.fraction:.0%} of the budget)")  # fmt: skip
-            if not fixed_global and chosen.rows != start.rows:
-                why += (f"; rows per optimizer step {start.rows} -> {chosen.rows} (the recipe fixes no global "
-                        "batch: set training.grad_accum to fix one)")  # fmt: skip
-            values = {"training.batch_size": chosen.batch_size, "training.grad_accum": chosen.grad_accum}
-            self.record("batch", label, values, cls, ref, cmp, curve, kept, why, timed_against=against[chosen])
-            if kept:
-                self.holder, self.cfg = label, cfg
+        if result.chosen != trials.start:
+            self.settle_batch(trials, result, fixed_global)
         self.runs.keep_only(self.holder)
         return {**result.to_dict(), "budget_source": budget_source, "process_held_bytes": held,
                 "fixed_global_batch": fixed_global}  # fmt: skip
 
+    def settle_batch(self, trials: BatchTrials, result, fixed_global: bool) -> None:
+        """Record the batch the search chose; it holds if the keep rule keeps it (its curve checked if rounding)."""
+        chosen, start = result.chosen, trials.start
+        label, cfg = trials.labels[chosen], trials.cfg_of(chosen)
+        cls, ref = trials.classes[chosen]
+        ref_cfg = with_keys(trials.start_cfg, {"training.grad_accum": chosen.rows // start.batch_size})
+        curve = self.curve_check(label, cfg, ref, ref_cfg) if cls.cls == "rounding" else None
+        cmp = trials.timings[chosen]
+        kept, why = keep_rule(cls, cmp, curve)
+        why += (f"; peak {format_bytes(self.runs.peak[label])}, limit {format_bytes(result.limit_bytes)} "
+                f"({result.fraction:.0%} of the budget)")  # fmt: skip
+        if not fixed_global and chosen.rows != start.rows:
+            why += (f"; rows per optimizer step {start.rows} -> {chosen.rows} (the recipe fixes no global "
+                    "batch: set training.grad_accum to fix one)")  # fmt: skip
+        values = {"training.batch_size": chosen.batch_size, "training.grad_accum": chosen.grad_accum}
+        self.record("batch", label, values, cls, ref, cmp, curve, kept, why, timed_against=trials.against[chosen])
+        if kept:
+            self.holder, self.cfg = label, cfg
+
     # ---- 3. flags -----------------------------------------------------------------------------
     def flags(self, cores: int) -> list[dict]:
-        from titan_core.tuning.flags import flags_for, recipe_values, why_not
-
         rows = []
-        for flag in flags_for(self.kind, cores=cores):
-            reason = why_not(flag, self.cfg, device=self.kind)
+        for flag in flag_table.flags_for(self.kind, cores=cores):  # looked up per call: tests replace it
+            reason = flag_table.why_not(flag, self.cfg, device=self.kind)
             row = {"flag": flag.name, "comment": flag.comment, "scope": flag.scope, "set_by": flag.render()}
             if reason is None:
-                values = recipe_values(flag, self.cfg)
+                values = flag_table.recipe_values(flag, self.cfg)
                 change = self.trial("flags", flag.name, values)
                 row.update(tried=True, kept=change["kept"], why=change["why"], **{"class": change["class"]})
             else:
@@ -289,22 +244,77 @@ class Tuner:
         return rows
 
 
+def max_doublings(batch_size: int, seq_len: int, cap_tokens: int) -> int:
+    """Doublings of the batch that keep a micro-batch within `cap_tokens`: an absolute end, so a
+    second visit from a raised batch cannot go on for ever."""
+    n = 0
+    while batch_size * 2 ** (n + 1) * seq_len <= cap_tokens:
+        n += 1
+    return n
+
+
+class BatchTrials:
+    """The batch search's callbacks (titan_core.tuning.batch_search.search) on the tuner's runs: each
+    shape probed, classified against the starting batch on the same rows, timed against the holder."""
+
+    def __init__(self, tuner: Tuner):
+        self.tuner = tuner
+        self.start_label, self.start_cfg = tuner.holder, tuner.cfg
+        self.start = BatchShape(tuner.cfg.training.batch_size, tuner.cfg.training.grad_accum)
+        self.labels = {self.start: self.start_label}
+        self.classes: dict = {}  # shape -> (Classification, the label it was judged against)
+        self.holding = [self.start]  # the search's holder, for what stays alive
+        self.timings: dict = {}  # shape -> its Comparison against the batch it challenged
+        self.against: dict = {}  # shape -> the label of that batch
+
+    def cfg_of(self, shape):
+        values = {"training.batch_size": shape.batch_size, "training.grad_accum": shape.grad_accum}
+        return with_keys(self.start_cfg, values)
+
+    def measure(self, shape):
+        import torch  # lazy: torch; onboard status imports the rungs
+
+        runs, label = self.tuner.runs, self.labels.setdefault(shape, f"batch={shape.label()}")
+        try:
+            probe = runs.probe(label, self.cfg_of(shape))
+        except torch.OutOfMemoryError as e:  # the device refused it: memory binds (batch_search)
+            raise MemoryError(str(e).splitlines()[0]) from None
+        if shape != self.start:  # on the same rows as the starting batch, accumulated
+            self.classes[shape] = self.tuner.classify(label, self.cfg_of(shape), self.start_label, self.start_cfg)
+            runs.keep_only(self.start_label, self.labels[self.holding[-1]], label)
+        return Probe(probe["peak_bytes"], probe["step_time_s"],
+                     {"class": self.classes[shape][0].cls} if shape in self.classes else {})  # fmt: skip
+
+    def reject(self, shape, probe):
+        return self.classes[shape][0].why if self.classes[shape][0].rejected else None
+
+    def compare(self, candidate, holder):
+        runs, name, against = self.tuner.runs, self.labels[candidate], self.labels[holder]
+        cmp = self.timings[candidate] = runs.compare(name, against, self.tuner.proto)
+        self.against[candidate] = against
+        self.tuner.ctx.log(f"tuning: batch: {cmp.describe(name, against)} (per token); peak "
+                           f"{format_bytes(runs.peak[name])}")  # fmt: skip
+        if cmp.outcome == "faster":
+            self.holding.append(candidate)
+        # the start stays too: it holds the field again if the chosen batch's curve check fails
+        runs.keep_only(self.start_label, self.labels[self.holding[-1]])
+        return cmp
+
+
 def tpu_flags_rendered(base) -> dict:
     """The TPU table as it would reach libtpu: never measured on a host without a TPU."""
-    from titan_core.tuning.flags import TPU_FLAGS, libtpu_init_args
-
     return {
-        "libtpu_init_args": libtpu_init_args(TPU_FLAGS, base.tpu.libtpu_init_flags),
+        "libtpu_init_args": flag_table.libtpu_init_args(flag_table.TPU_FLAGS, base.tpu.libtpu_init_flags),
         "passed_through": "tpu.libtpu_init_flags -> LIBTPU_INIT_ARGS (titan_core.runtime.devices.resolve_device, "
                           "before torch_tpu loads)",
-        "flags": [{"flag": f.name, "libtpu": list(f.libtpu), "comment": f.comment} for f in TPU_FLAGS],
+        "flags": [{"flag": f.name, "libtpu": list(f.libtpu), "comment": f.comment} for f in flag_table.TPU_FLAGS],
     }  # fmt: skip
 
 
 # ---- the final recipe ---------------------------------------------------------------------------
 def final_check(tuner: Tuner) -> dict:
     """The final recipe against the untuned one on the same rows (step 1), then run once as a whole."""
-    from onboard.rungs.tuning_classify import classify
+    from onboard.rungs.tuning_classify import classify  # lazy: loads torch; onboard status imports the rungs
 
     runs, final, cfg = tuner.runs, tuner.holder, tuner.cfg
     rows = cfg.training.batch_size * cfg.training.grad_accum
@@ -334,7 +344,7 @@ def final_check(tuner: Tuner) -> dict:
 
 def profile(tuner: Tuner) -> dict:
     """A few steady steps of the final recipe (its Trainer is warm from the timed rounds) under torch.profiler."""
-    from titan_core.tuning.profile_breakdown import profile_steps
+    from titan_core.tuning.profile_breakdown import profile_steps  # lazy: loads torch; onboard status imports the rungs
 
     runs, label = tuner.runs, tuner.holder
     trainer, cfg = runs.trainers[label], runs.cfgs[label]
@@ -352,7 +362,7 @@ def recipe_edits(tuner: Tuner, recipe) -> list[RecipeEdit]:
     """One edit per tuned key whose final value differs from the recipe's, with the change that set it."""
     edits = []
     for key in TUNED_KEYS:
-        now, final = _value(recipe, key), _value(tuner.cfg, key)
+        now, final = get_key(recipe, key), get_key(tuner.cfg, key)
         if now == final:
             continue
         change = next(c for c in reversed(tuner.changes) if c["kept"] and key in c["values"])
@@ -361,23 +371,18 @@ def recipe_edits(tuner: Tuner, recipe) -> list[RecipeEdit]:
     return edits
 
 
-def _value(cfg, key: str):
-    section, name = key.split(".")
-    return getattr(getattr(cfg, section), name)
-
-
-def summarise(tuner: Tuner, final: dict, batch: dict, prof: dict) -> dict[str, Any]:
+def summarise(tuner: Tuner, final: dict, batch: dict, prof: dict) -> TuningMeasurements:
     kept = [c for c in tuner.changes if c["kept"]]
     cls = final["classification"]
-    m: dict[str, Any] = {
+    m = TuningMeasurements(**{
         "changes_tried": len(tuner.changes),
         "changes_kept": len(kept),
         "kept_changes": [f"{c['change']} ({c['class']})" for c in kept],
         "kept_unmeasured": sum(c["timing"] is None or c["class"] not in ("bit_identical", "rounding") for c in kept),
         "kept_diverged": sum(c["class"] == "diverged" for c in kept),
         "kept_rounding_without_curve": sum(c["class"] == "rounding" and not (c["curve"] or {}).get("ok") for c in kept),
-        "untuned_values": {k: _value(tuner.base, k) for k in TUNED_KEYS},
-        "final_values": {k: _value(tuner.cfg, k) for k in TUNED_KEYS},
+        "untuned_values": {k: get_key(tuner.base, k) for k in TUNED_KEYS},
+        "final_values": {k: get_key(tuner.cfg, k) for k in TUNED_KEYS},
         "final_recipe": tuner.holder,
         "final_class": cls["cls"],
         "final_baseline": final["baseline"],
@@ -408,24 +413,22 @@ def summarise(tuner: Tuner, final: dict, batch: dict, prof: dict) -> dict[str, A
         "profile_trace": prof.get("trace"),
         "timing_protocol": vars(tuner.proto),
         "device_kind": tuner.kind,
-    }
+    })  # fmt: skip
     if final["rows"]:
         m.update(harness.run_stats(final["rows"]))
     return m
 
 
-def beside_eager_tokens(m: dict, evidence: dict) -> None:
+def beside_eager_tokens(m: TuningMeasurements, evidence: dict) -> None:
     """Tokens/s against the eager rung's: the fair ratio once the batch (tokens per step) changed."""
     eager_tps = (evidence.get("eager") or {}).get("tokens_per_s")
-    m["eager_tokens_per_s"] = eager_tps
-    m["tokens_per_s_vs_eager"] = m["tokens_per_s"] / eager_tps if eager_tps and m.get("tokens_per_s") else None
+    m.eager_tokens_per_s = eager_tps
+    m.tokens_per_s_vs_eager = m.tokens_per_s / eager_tps if eager_tps and m.get("tokens_per_s") else None
 
 
 def run(ctx: RungContext) -> RungResult:
     """Tune the recipe in the handbook's order, check the result whole, profile it; kept values are edits."""
-    import torch
-
-    from titan_core.runtime.launcher import cpu_count
+    import torch  # lazy: torch; onboard status imports the rungs
 
     base = tuning_config(ctx)
     recipe = harness.recipe(ctx)
@@ -456,10 +459,10 @@ def run(ctx: RungContext) -> RungResult:
     harness.beside_eager(m, ctx.evidence)
     beside_eager_tokens(m, ctx.evidence)
     edits = recipe_edits(tuner, recipe)
-    m["proposed_recipe_edits"] = [f"{e.key}={e.value}" for e in edits]
+    m.proposed_recipe_edits = [f"{e.key}={e.value}" for e in edits]
     # what the final run had on top of the recipe as it was: the recipe as the engine leaves it on a pass
-    m["flags"] = [f"--{e.key}={str(e.value).lower() if isinstance(e.value, bool) else e.value}" for e in edits]
-    m["execution_mode"] = recipe_mode(base)
+    m.flags = [f"--{e.key}={str(e.value).lower() if isinstance(e.value, bool) else e.value}" for e in edits]
+    m.execution_mode = recipe_mode(base)
     for e in edits:
         ctx.log(f"tuning: recipe keeps {e.key} = {e.value!r} ({e.why}) if the gate passes")
     final.pop("rows")
@@ -467,7 +470,15 @@ def run(ctx: RungContext) -> RungResult:
         measurements=m,
         files_read=harness.files_read(ctx, base),
         command=harness.next_step_command(ctx),
-        details={"device": str(runs.device), "changes": tuner.changes, "not_tried": tuner.notes, "batch": batch,
-                 "flags": flag_rows, "tpu_flags": tpu, "final": final, "profile": prof},  # fmt: skip
+        details={
+            "device": str(runs.device),
+            "changes": tuner.changes,
+            "not_tried": tuner.notes,
+            "batch": batch,
+            "flags": flag_rows,
+            "tpu_flags": tpu,
+            "final": final,
+            "profile": prof,
+        },  # fmt: skip
         recipe_edits=edits,
     )

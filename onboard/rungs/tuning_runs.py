@@ -19,6 +19,7 @@ from typing import Any, Callable
 
 from onboard.rungs import harness
 from onboard.rungs.contract import RungContext
+from titan_core.measure.timing import compare
 
 SCHEDULED_STEPS = 10_000
 """Steps a candidate's schedule is built for: the timed rounds never run past its lr schedule."""
@@ -31,7 +32,7 @@ def tokens_per_step(cfg) -> int:
 
 class Runs:
     def __init__(self, ctx: RungContext, base):
-        from titan_core.runtime import devices, distributed
+        from titan_core.runtime import devices, distributed  # lazy: loads torch; onboard status imports the rungs
 
         self.ctx = ctx
         self.device = devices.resolve_device(base.device.type, libtpu_init_flags=base.tpu.libtpu_init_flags)
@@ -51,8 +52,8 @@ class Runs:
 
         Once per label: a label probed before answers from what it measured then (its Trainer may
         have been dropped since; only the labels still in play can be timed)."""
-        from titan_core.runtime import devices
-        from onboard.rungs.tuning_classify import Step1
+        from onboard.rungs.tuning_classify import Step1  # lazy: loads torch; onboard status imports the rungs
+        from titan_core.runtime import devices  # lazy: loads torch; onboard status imports the rungs
 
         if label not in self.step1:
             cfg = copy.deepcopy(cfg)
@@ -89,8 +90,6 @@ class Runs:
 
     def compare(self, candidate: str, holder: str, protocol):
         """The timing protocol's answer for `candidate` against `holder`, per token."""
-        from titan_core.measure.timing import compare
-
         return compare(self.sampler(candidate), self.sampler(holder), protocol)
 
     def curve(self, label: str, cfg, steps: int) -> list[float]:
@@ -118,13 +117,13 @@ class Runs:
 
     def current_memory(self) -> int:
         """What this process holds now (the peak counter restarted at the present use)."""
-        from titan_core.runtime import devices
+        from titan_core.runtime import devices  # lazy: loads torch; onboard status imports the rungs
 
         devices.reset_peak_memory(self.device)
         return devices.peak_memory_bytes(self.device)
 
     def close(self) -> None:
-        from titan_core.runtime import distributed
+        from titan_core.runtime import distributed  # lazy: loads torch; onboard status imports the rungs
 
         self.keep_only()
         distributed.teardown(self.dist)

@@ -146,8 +146,10 @@ def read_header(path: str | Path) -> FileHeader:
         bits = DTYPES.get(t.dtype, (0, ""))[0]
         want = math.prod(t.shape) * bits
         if bits and want != 8 * t.nbytes:
-            problems.append(f"{path.name}: {name}: {t.dtype} {list(t.shape)} needs {want / 8:g} bytes, "
-                            f"its data_offsets span {t.nbytes}")  # fmt: skip
+            problems.append(
+                f"{path.name}: {name}: {t.dtype} {list(t.shape)} needs {want / 8:g} bytes, "
+                f"its data_offsets span {t.nbytes}"
+            )
         elif not bits:
             problems.append(f"{path.name}: {name}: unknown dtype {t.dtype!r}")
     problems += _span_problems(path, spans, size - 8 - n)
@@ -156,11 +158,15 @@ def read_header(path: str | Path) -> FileHeader:
 
 def _entry(path: Path, name: str, entry) -> TensorHeader:
     ok = (
-        isinstance(entry, dict) and isinstance(entry.get("dtype"), str)
-        and isinstance(entry.get("shape"), list) and all(_uint(d) for d in entry["shape"])
-        and isinstance(entry.get("data_offsets"), list) and len(entry["data_offsets"]) == 2
-        and all(_uint(o) for o in entry["data_offsets"]) and entry["data_offsets"][0] <= entry["data_offsets"][1]
-    )  # fmt: skip
+        isinstance(entry, dict)
+        and isinstance(entry.get("dtype"), str)
+        and isinstance(entry.get("shape"), list)
+        and all(_uint(d) for d in entry["shape"])
+        and isinstance(entry.get("data_offsets"), list)
+        and len(entry["data_offsets"]) == 2
+        and all(_uint(o) for o in entry["data_offsets"])
+        and entry["data_offsets"][0] <= entry["data_offsets"][1]
+    )
     if not ok:
         raise HeaderError(f"{path}: tensor {name!r}: not {{dtype, shape, data_offsets: [begin <= end]}}: {entry!r}")
     begin, end = entry["data_offsets"]

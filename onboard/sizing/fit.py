@@ -22,7 +22,19 @@ import tomllib
 from dataclasses import dataclass, field
 from typing import Any
 
+import torch
+
 from onboard.errors import BadInput
+from onboard.rungs.simple_fsdp_rung import world_size
+from onboard.sizing.twin import TwinError, derive_twin
+from titan_core.config import from_dict
+from titan_core.memory.budget import device_budget
+from titan_core.memory.estimate import format_bytes
+from titan_core.memory.preflight import estimate_for
+from titan_core.models import get_family
+from titan_core.models.common.hf_adapter import AdapterError
+from titan_core.models.registry import build_meta
+from titan_core.parallel import Degrees
 
 
 @dataclass
@@ -39,8 +51,6 @@ class GateFit:
     device: str
 
     def describe(self) -> str:
-        from titan_core.memory.estimate import format_bytes
-
         return (
             f"{self.run}: {self.estimate.describe()}; the budget is {format_bytes(self.budget.bytes)} "
             f"({self.budget.source})"
@@ -60,8 +70,6 @@ class TwinChoice:
 
 
 def _device(cfg) -> str:
-    import torch
-
     device = cfg.device.type
     if device == "auto":  # as titan_core.runtime.devices.resolve_device decides it, without starting a device
         device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -73,17 +81,6 @@ def gate_fit(hf_config: dict, adapter: Any, *, recipe_text: str) -> GateFit | No
     trained as `recipe_text` (the workspace's recipe.toml) sets it up; None when nothing can be
     said: the adapter cannot read the config (a port's TODO), or the device's memory is unknown
     here (a TPU whose kind nothing names, a GPU on a host without one)."""
-    import torch
-
-    from titan_core.config import from_dict
-    from titan_core.memory.budget import device_budget
-    from titan_core.memory.preflight import estimate_for
-    from titan_core.models.common.hf_adapter import AdapterError
-    from titan_core.models.registry import build_meta
-    from titan_core.parallel import Degrees
-
-    from onboard.rungs.simple_fsdp_rung import world_size
-
     cfg = from_dict(tomllib.loads(recipe_text))
     try:
         args, _ = adapter.args_from_hf(hf_config)
@@ -100,9 +97,13 @@ def gate_fit(hf_config: dict, adapter: Any, *, recipe_text: str) -> GateFit | No
     sharded.training.batch_size = max(1, cfg.training.batch_size // world)
     runs = [
         ("eager (one process)", cfg, None, 1),
-        (f"simple_fsdp ({world} processes" + (" on this host)" if device == "cpu" else ")"), sharded,
-         Degrees(dp_replicate=1, dp_shard=world, tp=1), world if device == "cpu" else 1),
-    ]  # fmt: skip
+        (
+            f"simple_fsdp ({world} processes" + (" on this host)" if device == "cpu" else ")"),
+            sharded,
+            Degrees(dp_replicate=1, dp_shard=world, tp=1),
+            world if device == "cpu" else 1,
+        ),
+    ]
     worst: GateFit | None = None
     for label, run_cfg, degrees, local in runs:
         budget = device_budget(device, override_gib=cfg.device.memory_budget_gib, local_processes=local)
@@ -118,8 +119,6 @@ def gate_fit(hf_config: dict, adapter: Any, *, recipe_text: str) -> GateFit | No
 def fit_warning(hf_config: dict, family: str, *, recipe_text: str) -> str | None:
     """One warning line when the full model of `hf_config` (read by `family`'s adapter) cannot
     train as `recipe_text` sets it up, on the device it names; else None (see `gate_fit`)."""
-    from titan_core.models import get_family
-
     fit = gate_fit(hf_config, get_family(family).adapter, recipe_text=recipe_text)
     return None if fit is None or fit.fits else full_model_warning(fit)
 
@@ -132,18 +131,20 @@ def full_model_warning(fit: GateFit) -> str:
 
 
 def choose_twin(
-    hf_config: dict, adapter: Any, *, recipe_text: str, mode: str = "auto", layers: int | None = None,
+    hf_config: dict,
+    adapter: Any,
+    *,
+    recipe_text: str,
+    mode: str = "auto",
+    layers: int | None = None,
     width: int | None = None,
-) -> TwinChoice:  # fmt: skip
+) -> TwinChoice:
     """Whether the gates run on a twin (`mode`: auto | on | off), and which one.
 
     auto: a twin when the full model does not fit (`gate_fit`); on: always; off: never. While
     the twin does not fit either, its experts are halved (staying above top-k). BadInput for a
     knob out of range, or a model whose twin does not fit either.
     """
-    from titan_core.models.common.hf_adapter import AdapterError
-    from onboard.sizing.twin import TwinError, derive_twin
-
     if mode not in ("auto", "on", "off"):
         raise BadInput(f"twin mode must be auto, on or off, got '{mode}'")
     knobs = layers is not None or width is not None

@@ -42,7 +42,7 @@ from titan_core.memory.activations import layer_bytes_per_token
 from titan_core.config.loader import ConfigError
 from titan_core.memory.budget import GIB, GPU_HBM_GIB, TPU_HBM_GIB
 from titan_core.runtime.devices import PEAK_BF16_FLOPS
-from titan_core.memory.estimate import MemoryEstimate, ModelShape, TrainSetup, estimate_memory, tp_local
+from titan_core.memory.estimate import MemoryEstimate, ModelShape, TrainSetup, estimate_memory, format_bytes, tp_local
 
 HEADROOM = 0.9
 """Fraction of a device's memory a plan fills: the rest is for what the estimate does not count
@@ -188,20 +188,33 @@ class Plan:
     def to_dict(self) -> dict[str, Any]:
         t = self.target
         return {
-            "target": {"kind": t.kind, "count": t.count, "device_type": t.device_type, "memory_bytes": t.memory_bytes,
-                       "memory_source": t.memory_source, "budget_bytes": t.budget, "headroom": HEADROOM,
-                       "peak_bf16_flops": t.peak_flops, "per_host": t.per_host},
-            "seq_len": self.seq_len, "seq_len_asked": self.seq_len_asked, "params_total": self.params_total,
+            "target": {
+                "kind": t.kind,
+                "count": t.count,
+                "device_type": t.device_type,
+                "memory_bytes": t.memory_bytes,
+                "memory_source": t.memory_source,
+                "budget_bytes": t.budget,
+                "headroom": HEADROOM,
+                "peak_bf16_flops": t.peak_flops,
+                "per_host": t.per_host,
+            },
+            "seq_len": self.seq_len,
+            "seq_len_asked": self.seq_len_asked,
+            "params_total": self.params_total,
             "params_active": self.params_active,
             "flops_per_token": self.flops_per_token,
             "activations_per_token_per_layer": self.activations_per_token_layer,
             "options": [o.to_dict() for o in self.options],
             "options_at_seq_asked": [o.to_dict() for o in self.asked_options],
             "chosen": self.chosen.to_dict() if self.chosen else None,
-            "offload_needed": self.offload[0], "offload_why": self.offload[1],
-            "scan_needed": self.scan[0], "scan_why": self.scan[1],
-            "prediction": vars(self.step) if self.step else None, "notes": self.notes,
-        }  # fmt: skip
+            "offload_needed": self.offload[0],
+            "offload_why": self.offload[1],
+            "scan_needed": self.scan[0],
+            "scan_why": self.scan[1],
+            "prediction": vars(self.step) if self.step else None,
+            "notes": self.notes,
+        }
 
 
 # ---- options ---------------------------------------------------------------------------------
@@ -247,6 +260,7 @@ def _setup(base: TrainSetup, target: Target, s: Sharding, policy: str, seq_len: 
 
 def _largest_batch(shape: ModelShape, setup: TrainSetup, budget: int) -> tuple[int, MemoryEstimate]:
     """The largest batch in [1, MAX_BATCH] that fits (the estimate grows with the batch), and its estimate."""
+
     def est(b: int) -> MemoryEstimate:
         return estimate_memory(shape, replace(setup, batch_size=b))
 
@@ -287,8 +301,16 @@ def options(shape: ModelShape, target: Target, base: TrainSetup, seq_len: int, *
 
 
 # ---- the step --------------------------------------------------------------------------------
-def predict_step(option: Option, target: Target, flops_per_token: float, seq_len: int, *,
-                 inactive_params: int, dense_moe: bool, efficiency: float = EFFICIENCY) -> StepPrediction:  # fmt: skip
+def predict_step(
+    option: Option,
+    target: Target,
+    flops_per_token: float,
+    seq_len: int,
+    *,
+    inactive_params: int,
+    dense_moe: bool,
+    efficiency: float = EFFICIENCY,
+) -> StepPrediction:
     """The roofline step time of `option` (module docstring): FLOPs per device over peak x efficiency."""
     tp = option.sharding.tp
     tokens = option.batch * seq_len
@@ -330,9 +352,17 @@ def activation_table(shape: ModelShape, base: TrainSetup, target: Target, seq_le
 
 
 def plan_training(
-    shape: ModelShape, counts, flops_per_token, target: Target, *, seq_len: int, kernels: TrainSetup,
-    tp_plan: bool, efficiency: float = EFFICIENCY, min_seq: int = 128,
-) -> Plan:  # fmt: skip
+    shape: ModelShape,
+    counts,
+    flops_per_token,
+    target: Target,
+    *,
+    seq_len: int,
+    kernels: TrainSetup,
+    tp_plan: bool,
+    efficiency: float = EFFICIENCY,
+    min_seq: int = 128,
+) -> Plan:
     """The plan (module docstring). `counts`: (total, active) parameters; `flops_per_token(seq)`:
     the model's training FLOPs per token at a sequence length; `kernels`: a TrainSetup whose loss /
     attention / moe / ce_chunk are the recipe's (the rest is planned here). When nothing fits at
@@ -364,42 +394,61 @@ def plan_training(
     if on_device:
         offload = (False, f"an on-device option fits ({chosen.sharding.name}, memory policy {chosen.policy})")
     elif offloaded:
-        offload = (True, "no on-device policy holds one sequence's activations; offload parks them in host memory "
-                         "between the forward and backward programs (graph_trainer.memory_policy = offload, "
-                         "graph_trainer.split = true)")  # fmt: skip
+        offload = (
+            True,
+            "no on-device policy holds one sequence's activations; offload parks them in host memory "
+            "between the forward and backward programs (graph_trainer.memory_policy = offload, "
+            "graph_trainer.split = true)",
+        )
     else:
         best = min((o for o in opts if o.policy == "offload"), key=lambda o: o.estimate.total, default=None)
-        offload = (False, "not sufficient: nothing fits" + (
-            f"; with activations offloaded a device still needs {_gib(best.estimate.total)} "
-            f"(gathered weights {_gib(best.estimate.gathered_params)})" if best else ""))  # fmt: skip
+        offload = (
+            False,
+            "not sufficient: nothing fits"
+            + (
+                f"; with activations offloaded a device still needs {format_bytes(best.estimate.total)} "
+                f"(gathered weights {format_bytes(best.estimate.gathered_params)})"
+                if best
+                else ""
+            ),
+        )
     if chosen is None or chosen.policy == "none":
         scan = (False, "the eager step fits: it is not captured" if chosen else "nothing fits")
     elif len(shape.layer_mix) == 1:
-        scan = (True, f"the captured step would trace {shape.n_layers} identical blocks; scan traces one "
-                      "(graph_trainer.scan_layers = true); the memory model counts no bytes for it")  # fmt: skip
+        scan = (
+            True,
+            f"the captured step would trace {shape.n_layers} identical blocks; scan traces one "
+            "(graph_trainer.scan_layers = true); the memory model counts no bytes for it",
+        )
     else:
         scan = (False, "the blocks are not identical (layer kinds differ): scan cannot stack them")
     step = None
     if chosen is not None:
-        step = predict_step(chosen, target, fpt, seq, inactive_params=total - active, dense_moe=dense(chosen),
-                            efficiency=efficiency)  # fmt: skip
+        step = predict_step(
+            chosen, target, fpt, seq, inactive_params=total - active, dense_moe=dense(chosen), efficiency=efficiency
+        )
     notes = [
         "materialise_sharded: each rank materialises only its shard (today's trainer builds the whole fp32 "
         "model on every rank first, which a model this size cannot survive)",
         "predictions: memory from titan_core.memory.estimate, step time a roofline bound; communication not modelled",
     ]
     if seq != seq_len:
-        notes.append(f"nothing fits at seq {seq_len} (options_at_seq_asked lists each option there); "
-                     f"planned at seq {seq}, the longest halving that fits")  # fmt: skip
-    if any(o.policy in GRAPH_POLICIES and not o.fits and o.estimate.gathered_params > target.budget // 2
-           for o in asked):  # fmt: skip
+        notes.append(
+            f"nothing fits at seq {seq_len} (options_at_seq_asked lists each option there); "
+            f"planned at seq {seq}, the longest halving that fits"
+        )
+    if any(
+        o.policy in GRAPH_POLICIES and not o.fits and o.estimate.gathered_params > target.budget // 2 for o in asked
+    ):
         notes.append(
             "captured steps run SimpleFSDP, whose gathered bf16 copies of every weight stay alive through the step "
             "(titan_core's memory policy never recomputes a collective); that term decides which captured options fit"
         )
     if chosen is not None and shape.moe_layers and moe_kernel(kernels, target, chosen.policy) != kernels.moe:
-        notes.append(f"kernels.moe = {moe_kernel(kernels, target, chosen.policy)}: a captured step needs static-shape "
-                     f"experts (the recipe's is {kernels.moe}); verify it on the target")  # fmt: skip
+        notes.append(
+            f"kernels.moe = {moe_kernel(kernels, target, chosen.policy)}: a captured step needs static-shape "
+            f"experts (the recipe's is {kernels.moe}); verify it on the target"
+        )
     tp = chosen.sharding.tp if chosen else 1
     return Plan(
         target=target, seq_len=seq, seq_len_asked=seq_len, params_total=total, params_active=active,
@@ -408,7 +457,3 @@ def plan_training(
         chosen=chosen, offload=offload, scan=scan, step=step, notes=notes,
         asked_options=asked if seq != seq_len else [],
     )  # fmt: skip
-
-
-def _gib(n: int) -> str:
-    return f"{n / GIB:.1f} GiB"

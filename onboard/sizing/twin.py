@@ -90,9 +90,7 @@ class Twin:
         """The rows as an aligned text table: field, full, twin, why."""
         cells = [("field", "full", "twin", "why")] + [(r.field, _show(r.full), _show(r.twin), r.why) for r in self.rows]
         widths = [max(len(c[i]) for c in cells) for i in range(3)]
-        return "\n".join(
-            "  ".join(c[i].ljust(widths[i]) for i in range(3)) + "  " + c[3] for c in cells
-        )
+        return "\n".join("  ".join(c[i].ljust(widths[i]) for i in range(3)) + "  " + c[3] for c in cells)
 
     def rows_json(self) -> list[dict[str, Any]]:
         return [{"field": r.field, "full": r.full, "twin": r.twin, "why": r.why} for r in self.rows]
@@ -150,9 +148,13 @@ def _round(x: float, multiple: int = MULTIPLE) -> int:
 
 
 def derive_twin(
-    cfg: dict[str, Any], adapter: Any, *, layers: int | None = None, width: int | None = None,
+    cfg: dict[str, Any],
+    adapter: Any,
+    *,
+    layers: int | None = None,
+    width: int | None = None,
     experts: int | None = None,
-) -> Twin:  # fmt: skip
+) -> Twin:
     """The twin of the HF config `cfg` as `adapter` (a family's HFAdapter or a workspace's)
     reads it; `layers`, `width` (hidden_size) and `experts` override the choices. TwinError
     for a knob out of range or a twin the adapter reads back unfaithfully."""
@@ -210,18 +212,22 @@ def derive_twin(
     put("n_kv_heads", kv, f"the fewest that keep the GQA ratio {ratio} at this width")
     put("dim", dim, why_dim)
     scale = dim / full.dim
-    put("ffn_hidden_dim", min(full.ffn_hidden_dim, _round(full.ffn_hidden_dim * scale)),
-        f"scaled with hidden_size ({full.dim} -> {dim})")  # fmt: skip
+    put(
+        "ffn_hidden_dim",
+        min(full.ffn_hidden_dim, _round(full.ffn_hidden_dim * scale)),
+        f"scaled with hidden_size ({full.dim} -> {dim})",
+    )
     if full.n_experts:
-        put("moe_hidden_dim", min(full.moe_hidden_dim, _round(full.moe_hidden_dim * scale)),
-            "scaled with hidden_size")  # fmt: skip
+        put("moe_hidden_dim", min(full.moe_hidden_dim, _round(full.moe_hidden_dim * scale)), "scaled with hidden_size")
         n_exp = min(full.n_experts, max(EXPERTS, 2 * full.top_k)) if experts is None else experts
         if not full.top_k < n_exp <= full.n_experts:
             raise TwinError(
                 f"twin experts {experts}: must be above top-k ({full.top_k}) and at most the model's {full.n_experts}"
             )
-        why = (f"at most max({EXPERTS}, 2 x top-k): one loop step per expert keeps short CPU runs fast; top-k "
-               f"{full.top_k} stays below it")  # fmt: skip
+        why = (
+            f"at most max({EXPERTS}, 2 x top-k): one loop step per expert keeps short CPU runs fast; top-k "
+            f"{full.top_k} stays below it"
+        )
         put("n_experts", n_exp, "fewer experts so the twin fits the budget" if experts is not None else why)
     if full.shared_expert_hidden_dim:
         put("shared_expert_hidden_dim", _round(full.shared_expert_hidden_dim * scale), "scaled with hidden_size")
@@ -312,7 +318,9 @@ def _kept_rows(full: TransformerArgs, ratio: int, twin_experts: int) -> list[Twi
     """The structural features the twin keeps, one row each (the full and twin values are equal)."""
     out = [
         TwinRow("head_dim", full.head_dim, full.head_dim, "kept"),
-        TwinRow("GQA ratio", f"{full.n_heads}:{full.n_kv_heads}", f"{ratio}:1", f"kept ({ratio} query heads a kv head)"),
+        TwinRow(
+            "GQA ratio", f"{full.n_heads}:{full.n_kv_heads}", f"{ratio}:1", f"kept ({ratio} query heads a kv head)"
+        ),
     ]
     rope = "llama3 scaling" if full.rope_scaling else "default"
     out.append(TwinRow("RoPE", f"theta {full.rope_theta:g}, {rope}", "same", "kept"))

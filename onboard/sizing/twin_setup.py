@@ -10,7 +10,11 @@ workspace record keeps the table and the reason.
 
 from __future__ import annotations
 
+from rich.table import Table
+
 from onboard.sizing.fit import TwinChoice, choose_twin
+from onboard.workspace.scaffold import render
+from titan_core.models import get_family
 
 MODES = ("auto", "on", "off")
 
@@ -18,10 +22,6 @@ MODES = ("auto", "on", "off")
 def apply_twin(plan, *, mode: str = "auto", layers: int | None = None, width: int | None = None) -> TwinChoice:
     """Decide the twin of `plan` (an onboard.workspace.scaffold.Plan), and when there is one, re-render
     the plan's files with it. BadInput (nothing written yet) for a knob out of range."""
-    from titan_core.models import get_family
-
-    from onboard.workspace.scaffold import render
-
     adapter = get_family(plan.family).adapter
     choice = choose_twin(
         plan.hf_config, adapter, recipe_text=plan.files["recipe.toml"], mode=mode, layers=layers, width=width
@@ -40,8 +40,6 @@ def apply_twin(plan, *, mode: str = "auto", layers: int | None = None, width: in
 
 def twin_table(twin):
     """The twin's table for the terminal: field, full, twin, why (rich)."""
-    from rich.table import Table
-
     table = Table(title=twin.summary())
     for col in ("field", "full", "twin", "why"):
         table.add_column(col)

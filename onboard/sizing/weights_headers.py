@@ -39,6 +39,7 @@ from torch import nn
 
 from onboard.sizing.checkpoint_headers import read_checkpoint_headers, read_index
 from titan_core.config.hf_config import read_hf_config
+from titan_core.memory.estimate import format_bytes
 from titan_core.models.common.hf_adapter import TOP_KEYS
 
 from onboard.parity.upstream import weight_files
@@ -75,7 +76,7 @@ class HeaderReport:
 
     def summary(self) -> str:
         """One line: the counts, and the first of each kind by name."""
-        head = f"{self.tensors} tensors in {len(self.files)} file(s), {self.data_bytes / 2**30:.2f} GiB declared"
+        head = f"{self.tensors} tensors in {len(self.files)} file(s), {format_bytes(self.data_bytes)} declared"
         if self.ok:
             return f"{head}: every tensor maps, shapes and dtypes agree"
         parts = []
@@ -124,8 +125,9 @@ def check_checkpoint_headers(
     for name in sorted(set(own) & set(mapping.native)):
         got, want = tuple(mapping.native[name].shape), tuple(own[name].shape)
         if got != want:
-            report.wrong_shape.append({"native": name, "hf": mapping.sources(name), "checkpoint": list(got),
-                                       "model": list(want)})  # fmt: skip
+            report.wrong_shape.append(
+                {"native": name, "hf": mapping.sources(name), "checkpoint": list(got), "model": list(want)}
+            )
     reported = {k for item in report.extra for k in item.get("hf") or []}
     for name, t in sorted(headers.tensors.items()):
         # a tensor the adapter drops (a derived buffer) has no dtype to keep; a stored tied head does
@@ -289,4 +291,3 @@ def _hf_names(adapter: Any, native: str, tensor: torch.Tensor) -> list[str]:
         return []
     # a lone embedding exports as tied (the head emitted too); only its own name is meant
     return [n for n in names if n != TOP_KEYS["output.weight"]] or names
-

@@ -17,9 +17,22 @@ import shlex
 from pathlib import Path
 from typing import Any
 
+import torch
+
+from onboard.engine.recipe_edit import RecipeEditError, edit_text
 from onboard.errors import BadInput
 from onboard.rungs.contract import RecipeEdit
+from onboard.sizing.plan import EFFICIENCY, moe_kernel, parse_target, plan_training
+from onboard.workspace.fsutil import atomic_write_text
 from onboard.workspace.layout import HF_CONFIG, Workspace
+from titan_core.config import ConfigError, load_config
+from titan_core.memory.budget import cpu_budget
+from titan_core.memory.estimate import ModelShape, TrainSetup, format_bytes
+from titan_core.models.common.param_counts import count_params
+from titan_core.models.common.stats import flops_per_token
+from titan_core.parallel.plans import TP_PLANS
+from titan_core.runtime.cpu_peak import measured_cpu_peak
+from titan_core.training.model_builder import build_meta_model, resolve_model_args
 
 DEFAULT_SEQ = 4096
 RDZV_PORT = 29500
@@ -27,8 +40,6 @@ RDZV_PORT = 29500
 
 def _full_model(ws: Workspace, cfg):
     """(args, meta model) of the full model: the recipe's [model] with config.json as its architecture."""
-    from titan_core.training.model_builder import build_meta_model, resolve_model_args
-
     full = copy.deepcopy(cfg.model)
     if ws.hf_config_path is not None:
         full.hf_config = str(ws.hf_config_path)
@@ -37,17 +48,9 @@ def _full_model(ws: Workspace, cfg):
 
 
 def _target(spec: str):
-    from titan_core.config import ConfigError
-    from onboard.sizing.plan import parse_target
-
     kind = str(spec).partition(":")[0].strip().lower()
     cpu_memory = cpu_peak = None
     if kind == "cpu":
-        import torch
-
-        from titan_core.runtime.cpu_peak import measured_cpu_peak
-        from titan_core.memory.budget import cpu_budget
-
         budget = cpu_budget()
         cpu_memory = budget.bytes if budget else None
         cpu_peak = measured_cpu_peak(torch.float32)
@@ -59,13 +62,6 @@ def _target(spec: str):
 
 def plan_workspace_target(ws: Workspace, target_spec: str, *, seq: int = DEFAULT_SEQ, efficiency: float | None = None):
     """(titan_core Plan, facts about the model) for the workspace on `target_spec`; BadInput for bad input."""
-    from titan_core.config import load_config
-    from titan_core.memory.estimate import ModelShape, TrainSetup
-    from titan_core.models.common.param_counts import count_params
-    from titan_core.models.common.stats import flops_per_token
-    from titan_core.parallel.plans import TP_PLANS
-    from onboard.sizing.plan import EFFICIENCY, plan_training
-
     if seq < 1:
         raise BadInput(f"--seq {seq}: must be a positive number of tokens")
     if efficiency is not None and not 0 < efficiency <= 1:
@@ -97,21 +93,38 @@ def recipe_edits(ws: Workspace, plan) -> list[RecipeEdit]:
     if ws.twin_path is not None:
         full = f"{where}: the full model (the gates ran its twin, twin.json)"
         e.append(RecipeEdit("model.hf_config", HF_CONFIG, full))
-    batch_why = f"{where}: the largest per-device batch that fits {t.budget / 2**30:.0f} GiB"
+    batch_why = f"{where}: the largest per-device batch that fits {format_bytes(t.budget)}"
     if s.tp > 1:
         batch_why += f" (per TP group of {s.tp})"
     e += [
         RecipeEdit("training.batch_size", o.batch, batch_why),
-        RecipeEdit("training.seq_len", plan.seq_len, f"{where}" + (
-            f": seq {plan.seq_len_asked} does not fit (see onboard plan)" if plan.seq_len != plan.seq_len_asked
-            else ": --seq")),  # fmt: skip
+        RecipeEdit(
+            "training.seq_len",
+            plan.seq_len,
+            f"{where}"
+            + (
+                f": seq {plan.seq_len_asked} does not fit (see onboard plan)"
+                if plan.seq_len != plan.seq_len_asked
+                else ": --seq"
+            ),
+        ),
         RecipeEdit("training.dtype", "float32", f"{where}: fp32 master weights and AdamW state"),
-        RecipeEdit("training.mixed_precision_param", "float32" if t.device_type == "cpu" else "bfloat16",
-                   f"{where}: the compute dtype the memory model assumes"),
+        RecipeEdit(
+            "training.mixed_precision_param",
+            "float32" if t.device_type == "cpu" else "bfloat16",
+            f"{where}: the compute dtype the memory model assumes",
+        ),
         RecipeEdit("training.mixed_precision_reduce", "float32", f"{where}: gradients reduced in fp32"),
-        RecipeEdit("parallelism.data_parallel", o.data_parallel, f"{where}: " + (
-            "FSDP2 gathers one block at a time" if o.data_parallel == "fsdp2"
-            else "SimpleFSDP (the captured step and TP compose with it)")),  # fmt: skip
+        RecipeEdit(
+            "parallelism.data_parallel",
+            o.data_parallel,
+            f"{where}: "
+            + (
+                "FSDP2 gathers one block at a time"
+                if o.data_parallel == "fsdp2"
+                else "SimpleFSDP (the captured step and TP compose with it)"
+            ),
+        ),
         RecipeEdit("parallelism.dp_shard", s.dp_shard, f"{where}: {s.name}"),
         RecipeEdit("parallelism.dp_replicate", s.dp_replicate, f"{where}: {s.name}"),
         RecipeEdit("parallelism.tp", s.tp, f"{where}: {s.name}"),
@@ -124,8 +137,6 @@ def recipe_edits(ws: Workspace, plan) -> list[RecipeEdit]:
         e.append(RecipeEdit("graph_trainer.memory_policy", o.policy, f"{where}: the mildest policy that fits"))
         e.append(RecipeEdit("graph_trainer.split", plan.offload[0], f"{where}: {plan.offload[1]}"))
         e.append(RecipeEdit("graph_trainer.scan_layers", plan.scan[0], f"{where}: {plan.scan[1]}"))
-    from onboard.sizing.plan import moe_kernel
-
     moe = moe_kernel(_kernels(ws), t, o.policy)
     if moe != _kernels(ws).moe:
         e.append(RecipeEdit("kernels.moe", moe, f"{where}: a captured step needs static-shape experts"))
@@ -135,9 +146,6 @@ def recipe_edits(ws: Workspace, plan) -> list[RecipeEdit]:
 
 
 def _kernels(ws: Workspace):
-    from titan_core.config import load_config
-    from titan_core.memory.estimate import TrainSetup
-
     return TrainSetup.from_config(load_config(ws.recipe_path))
 
 
@@ -154,9 +162,6 @@ def torchrun_line(ws: Workspace, plan, recipe: Path) -> str:
 
 def write_plan_recipe(ws: Workspace, plan) -> tuple[Path, str]:
     """Write recipe.<kind>-<count>.toml (recipe.toml plus the planned edits); (path, torchrun line)."""
-    from onboard.workspace.fsutil import atomic_write_text
-    from onboard.engine.recipe_edit import RecipeEditError, edit_text
-
     path = ws.root / f"recipe.{plan.target.name}.toml"
     text = ws.recipe_path.read_text()
     head = (
@@ -187,10 +192,8 @@ def plan_result(ws: Workspace, target_spec: str, *, seq: int = DEFAULT_SEQ, effi
     return result
 
 
-def _gib(n: int | None) -> str:
-    from titan_core.memory.estimate import format_bytes
-
-    return "-" if n is None else format_bytes(n)
+SIZES = ("params", "grads", "optimizer", "gathered_params", "activations", "activations_host", "peak")
+"""The per-device sizes of an option, in the plan table's column order (`<name>_bytes` of the option)."""
 
 
 def plan_lines(r: dict) -> list[str]:
@@ -199,26 +202,31 @@ def plan_lines(r: dict) -> list[str]:
     t = r["target"]
     lines = [
         f"plan for {r['workspace']} ({r['model']}: {r['params_total']:,} parameters, {r['params_active']:,} active "
-        f"per token) on {t['count']} x {t['kind']} ({_gib(t['memory_bytes'])} each: {t['memory_source']}; the plan "
-        f"fills {t['headroom']:.0%}: {_gib(t['budget_bytes'])}), seq {r['seq_len']}"
+        f"per token) on {t['count']} x {t['kind']} ({format_bytes(t['memory_bytes'])} each: {t['memory_source']}; "
+        f"the plan fills {t['headroom']:.0%}: {format_bytes(t['budget_bytes'])}), seq {r['seq_len']}"
         + (f" (asked {r['seq_len_asked']})" if r["seq_len"] != r["seq_len_asked"] else ""),
         "",
         "per device (PREDICTIONS from titan_core's memory model; batch = sequences per device, per TP group under TP):",
     ]
     head = ("sharding", "policy", "params", "grads", "optimizer", "gathered", "activations", "host", "peak", "batch")
     rows = [head] + [
-        (o["sharding"], o["policy"], _gib(o["params_bytes"]), _gib(o["grads_bytes"]), _gib(o["optimizer_bytes"]),
-         _gib(o["gathered_params_bytes"]), _gib(o["activations_bytes"]), _gib(o["activations_host_bytes"]),
-         _gib(o["peak_bytes"]), str(o["largest_batch"]) if o["largest_batch"] else "does not fit")
+        (
+            o["sharding"],
+            o["policy"],
+            *(format_bytes(o[f"{k}_bytes"]) for k in SIZES),
+            str(o["largest_batch"]) if o["largest_batch"] else "does not fit",
+        )
         for o in r["options"]
-    ]  # fmt: skip
+    ]
     widths = [max(len(row[i]) for row in rows) for i in range(len(head))]
     lines += ["  " + "  ".join(c.ljust(w) for c, w in zip(row, widths)) for row in rows]
     if r["options_at_seq_asked"]:
         worst = min(r["options_at_seq_asked"], key=lambda o: o["peak_bytes"])
-        lines.append(f"  at seq {r['seq_len_asked']} the smallest peak is {_gib(worst['peak_bytes'])} "
-                     f"({worst['sharding']}, policy {worst['policy']}, batch 1): nothing fits")  # fmt: skip
-    acts = ", ".join(f"{k} {v / 1024:.1f} KiB" for k, v in r["activations_per_token_per_layer"].items())
+        lines.append(
+            f"  at seq {r['seq_len_asked']} the smallest peak is {format_bytes(worst['peak_bytes'])} "
+            f"({worst['sharding']}, policy {worst['policy']}, batch 1): nothing fits"
+        )
+    acts = ", ".join(f"{k} {format_bytes(v)}" for k, v in r["activations_per_token_per_layer"].items())
     lines += ["", f"activations per token per layer (saved for the backward; offload: on the host): {acts}"]
     c = r["chosen"]
     if c is None:
@@ -235,6 +243,6 @@ def plan_lines(r: dict) -> list[str]:
             f"{t['count']} devices (roofline: {p['how']})",
             f"recipe: {r['recipe']}",
             f"run it: {r['torchrun']}",
-        ]  # fmt: skip
+        ]
     lines += ["", *[f"note: {n}" for n in r["notes"]]]
     return lines

@@ -130,12 +130,17 @@ def layer_features(layer: nn.Module, n_heads: int, head_dim: int) -> dict[str, A
     unknown = [
         f"{n} ({type(m).__name__})"
         for n, m in layer.named_modules()
-        if n and n not in children and not n.startswith(covered)
+        if n
+        and n not in children
+        and not n.startswith(covered)
         and any(True for _ in m.parameters(recurse=False))
         and not any(k in n.rsplit(".", 1)[-1].lower() for k in KNOWN)
-    ]  # fmt: skip
-    unknown += [f"{n} ({type(m).__name__})" for n, m in children.items() if n not in norms + [attn_name, mlp_name]
-                and any(True for _ in m.parameters())]  # fmt: skip
+    ]
+    unknown += [
+        f"{n} ({type(m).__name__})"
+        for n, m in children.items()
+        if n not in norms + [attn_name, mlp_name] and any(True for _ in m.parameters())
+    ]
     return {
         "norms": placed,
         "unplaced_norms": unplaced,
@@ -224,8 +229,9 @@ def compare(up: dict, nat: dict, *, cls: str, family: str) -> list[str]:
                 f"(`mlp.{up['shared_gate']}`); titan_core's MoE adds the shared expert ungated"
             )
     if up["unplaced_norms"]:
-        out.append(f"norms whose place the names do not say: {', '.join(up['unplaced_norms'])}: see where {cls} "
-                   "applies them")  # fmt: skip
+        out.append(
+            f"norms whose place the names do not say: {', '.join(up['unplaced_norms'])}: see where {cls} applies them"
+        )
     if up["unknown"]:
         out.append(f"modules with weights no check above covers: {', '.join(up['unknown'])}: see what they compute")
     return out
@@ -234,7 +240,7 @@ def compare(up: dict, nat: dict, *, cls: str, family: str) -> list[str]:
 def _upstream(cfg: dict) -> tuple[nn.Module, int, int]:
     """The HF causal LM on meta, with its attention heads and head width."""
     config = hf_config_object(cfg)  # UpstreamError when transformers is missing or lacks the model_type
-    from transformers import AutoModelForCausalLM  # the [hf] extra: imported only once hf_config_object found it
+    from transformers import AutoModelForCausalLM  # lazy: the [hf] extra, imported once hf_config_object found it
 
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config, trust_remote_code=False)

@@ -14,8 +14,10 @@ from typing import Callable
 
 from onboard.errors import BadInput
 from onboard.workspace.fsutil import fsync_dir, sha256_file
-from onboard.engine.ledger import Ledger
+from onboard.engine.ledger import Ledger, Status
 from onboard.workspace.lock import WorkspaceLock
+from titan_core.config import ConfigError
+from titan_core.config.hf_config import read_hf_config
 
 WORKSPACES = "onboarding"
 RECIPE = "recipe.toml"
@@ -206,7 +208,7 @@ class Workspace:
         chains: dict[str, dict[str, set[str]]] = {}
         for entry in self.ledger.attempts:
             edit = entry.get("recipe_edit")
-            if entry.get("status") != "passed" or not edit:
+            if entry.get("status") != Status.PASSED or not edit:
                 continue
             keys = [e.get("key", "") for e in edit.get("edits") or []]
             if reads is None or not keys or any(reads(k) for k in keys):
@@ -223,9 +225,6 @@ SHAPE_KEYS = ("num_hidden_layers", "hidden_size", "num_attention_heads", "num_ke
 
 def _shape(path: Path) -> str:
     """The size keys of an HF config file, e.g. "num_hidden_layers 2, hidden_size 256, ..."."""
-    from titan_core.config import ConfigError
-    from titan_core.config.hf_config import read_hf_config
-
     try:
         cfg = read_hf_config(path)
     except ConfigError as e:

@@ -30,6 +30,14 @@ from onboard.workspace.resources import data_dir
 from onboard.workspace.layout import (
     HF_CONFIG, LEDGER, TWIN, name_lock, recover_locked, temp_prefix, validate_name, workspaces_dir,
 )  # fmt: skip
+from onboard.workspace.arch_diff import architecture_differences
+from titan_core.config import ConfigError
+from titan_core.config.hf_config import read_hf_config_text
+from titan_core.models import FAMILY_NAMES, family_for_hf_model_type, get_family, resolve_args
+from titan_core.models.common.hf_adapter import NEUTRAL_KEYS, AdapterError
+from titan_core.models.common.mapping_errors import ArchitectureError
+from titan_core.models.transformers.adapter import TransformersAdapter
+from titan_core.models.transformers.hf_classes import config_object
 
 DEVICES = ("auto", "cpu", "cuda", "tpu")
 PATHS = ("native", "port", "transformers")
@@ -121,17 +129,12 @@ def _version() -> str:
 
 
 def families_line() -> str:
-    from titan_core.models import FAMILY_NAMES, get_family
-
     return ", ".join(f"{n} ({', '.join(get_family(n).adapter.hf_model_types)})" for n in FAMILY_NAMES)
 
 
 # ---- reading the inputs ------------------------------------------------------------------
 def preset_config(preset: str) -> tuple[str, str, dict]:
     """(family, flavor, HF config dict) for FAMILY[/FLAVOR]; the flavor defaults to debugmodel."""
-    from titan_core.config import ConfigError
-    from titan_core.models import FAMILY_NAMES, get_family, resolve_args
-
     family, _, flavor = preset.partition("/")
     flavor = flavor or "debugmodel"
     if family not in FAMILY_NAMES:
@@ -157,9 +160,6 @@ def read_weights(path: Path | None) -> Path | None:
 # ---- deciding ----------------------------------------------------------------------------
 def closest_family(cfg: dict) -> tuple[str, str]:
     """(family, why) for a config no family claims: the one whose adapter reads most of its keys."""
-    from titan_core.models import FAMILY_NAMES, get_family
-    from titan_core.models.common.hf_adapter import AdapterError
-
     scores = {}
     for name in FAMILY_NAMES:
         try:
@@ -176,8 +176,6 @@ def closest_family(cfg: dict) -> tuple[str, str]:
 def _canonical_keys(family: str) -> set[str]:
     """Keys the family reads from its own exported config: what it would consume of a
     config it cannot parse (used to list the rest when its adapter rejects a config)."""
-    from titan_core.models import get_family
-
     fam = get_family(family)
     args = fam.flavors.get("debugmodel") or next(iter(fam.flavors.values()))
     return fam.adapter.args_from_hf(fam.adapter.hf_config(args))[1]
@@ -211,10 +209,6 @@ def plan_workspace(
     `threads` = (count, why) pins the recipe's CPU intra-op threads, with the reason as
     the recipe comment (the demo uses it); None leaves torch's default.
     """
-    from titan_core.models import family_for_hf_model_type, get_family
-    from titan_core.models.common.mapping_errors import ArchitectureError
-    from titan_core.models.common.hf_adapter import NEUTRAL_KEYS, AdapterError
-
     validate_name(name)
     if (hf_config is None) == (preset is None):
         raise BadInput("give exactly one of --hf-config PATH or --preset FAMILY[/FLAVOR]")
@@ -233,8 +227,6 @@ def plan_workspace(
         text = json.dumps(cfg, indent=2) + "\n"
         source = f"--preset {family}/{flavor}"
     else:
-        from titan_core.config.hf_config import read_hf_config_text
-
         cfg, text = read_hf_config_text(hf_config, require_model_type=True)  # ConfigError: exit 2, as BadInput
         fam = family_for_hf_model_type(cfg["model_type"])
         family = fam.name if fam else None
@@ -287,8 +279,6 @@ def plan_workspace(
         todos.append(adapter_todos[-1])
     arch_differences, arch_note = [], None
     if path_kind == "port":
-        from onboard.workspace.arch_diff import architecture_differences
-
         diff = architecture_differences(cfg, family)
         arch_differences, arch_note = diff.differences, diff.note
         todos += [f"architecture: {d}" for d in arch_differences]
@@ -307,11 +297,6 @@ def plan_workspace(
 def _plan_transformers(name, root, cfg, text, *, model_type, source, device, weights, threads, where) -> Plan:
     """The transformers path: transformers' class for the config, run by titan_core's
     `transformers` family; BadInput when transformers is absent or cannot build a causal LM from it."""
-    from titan_core.config import ConfigError
-    from titan_core.models.common.mapping_errors import AdapterError
-    from titan_core.models.transformers.adapter import TransformersAdapter
-    from titan_core.models.transformers.hf_classes import config_object
-
     try:
         args, _ = TransformersAdapter().args_from_hf(cfg)
         text_cfg = config_object(cfg).get_text_config()
@@ -348,8 +333,6 @@ def _toml_value(value: Any) -> str:
 
 def render(plan: Plan) -> dict[str, str]:
     """{file name: text} of every file of the workspace except ladder.json."""
-    from titan_core.models import get_family
-
     templates = data_dir("templates")
     env = jinja2.Environment(
         loader=jinja2.FileSystemLoader(str(templates)),

@@ -1,6 +1,17 @@
-"""Config tree, TOML loading, overrides and the module-swap registry."""
+"""Config tree, TOML loading, overrides, dotted-key access and the module-swap registry."""
 
-from titan_core.config.loader import ConfigError, apply_overrides, describe, from_dict, load_config, to_dict, to_toml
+from titan_core.config.loader import (
+    ConfigError,
+    apply_overrides,
+    describe,
+    from_dict,
+    get_key,
+    load_config,
+    set_key,
+    to_dict,
+    to_toml,
+    with_keys,
+)
 from titan_core.config.sections import JobConfig
 
 __all__ = [
@@ -9,7 +20,10 @@ __all__ = [
     "apply_overrides",
     "describe",
     "from_dict",
+    "get_key",
     "load_config",
+    "set_key",
     "to_dict",
     "to_toml",
+    "with_keys",
 ]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import copy
 import dataclasses
 import difflib
 import inspect
@@ -105,6 +106,65 @@ def from_dict(data: dict) -> JobConfig:
     return cfg
 
 
+# ---- dotted keys: "section.name" in a config (attributes) or a recipe's tables (dict items) ----
+MISSING = object()
+"""The `default` of `get_key` that tells a missing key from one that holds None."""
+_REQUIRED = object()
+
+
+def _children(node: Any) -> dict | None:
+    """The named parts under `node`: a dict's items, a config dataclass's fields; None for a leaf."""
+    if isinstance(node, dict):
+        return node
+    if dataclasses.is_dataclass(node) and not isinstance(node, type):
+        return {f.name: getattr(node, f.name) for f in dataclasses.fields(node)}
+    return None
+
+
+def _unknown(key: str, part: str, node: Any) -> ConfigError:
+    children = _children(node)
+    return ConfigError(f"unknown key '{key}'" + (did_you_mean(part, list(children)) if children else ""))
+
+
+def get_key(tree: Any, key: str, default: Any = _REQUIRED) -> Any:
+    """The value at `key` ("training.steps"; any depth) of a JobConfig or a recipe dict. A missing
+    part gives `default`, or, with none given, a ConfigError naming the key."""
+    node = tree
+    for part in key.split("."):
+        children = _children(node)
+        if children is None or part not in children:
+            if default is _REQUIRED:
+                raise _unknown(key, part, node)
+            return default
+        node = children[part]
+    return node
+
+
+def set_key(tree: Any, key: str, value: Any) -> None:
+    """Set `key` in a JobConfig (the field must exist: ConfigError) or a recipe dict (tables made on the way)."""
+    *path, name = key.split(".")
+    node = tree
+    for part in path:
+        parent = node
+        node = node.setdefault(part, {}) if isinstance(node, dict) else get_key(node, part, MISSING)
+        if node is MISSING:
+            raise _unknown(key, part, parent)
+    if isinstance(node, dict):
+        node[name] = value
+    elif get_key(node, name, MISSING) is MISSING:  # a dataclass is never given a new attribute
+        raise _unknown(key, name, node)
+    else:
+        setattr(node, name, value)
+
+
+def with_keys(cfg: Any, values: dict[str, Any]) -> Any:
+    """A deep copy of `cfg` with each dotted key of `values` set (values as given, not coerced)."""
+    out = copy.deepcopy(cfg)
+    for key, value in values.items():
+        set_key(out, key, value)
+    return out
+
+
 def load_toml(path: str | Path) -> dict:
     path = Path(path)
     if not path.is_file():
@@ -151,9 +211,14 @@ def apply_overrides(cfg: JobConfig, overrides: list[str]) -> JobConfig:
 # shell user expects, and so does a field left at its default (for data.cache_dir,
 # `.cache/titan_core`): `--print-config` output loaded as a recipe then prints the same.
 RECIPE_RELATIVE_PATHS = (
-    ("model", "hf_config"), ("model", "module_file"), ("model", "adapter_file"), ("data", "path"), ("data", "cache_dir"),
-    ("metrics", "output_dir"), ("checkpoint", "export_hf"),
-)  # fmt: skip
+    "model.hf_config",
+    "model.module_file",
+    "model.adapter_file",
+    "data.path",
+    "data.cache_dir",
+    "metrics.output_dir",
+    "checkpoint.export_hf",
+)
 
 
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> JobConfig:
@@ -161,11 +226,10 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
     if path:
         cfg = from_dict(load_toml(path))
         base = Path(path).resolve().parent
-        for section, key in RECIPE_RELATIVE_PATHS:
-            value = getattr(getattr(cfg, section), key)
-            default = getattr(getattr(JobConfig(), section), key)
+        for key in RECIPE_RELATIVE_PATHS:
+            value, default = get_key(cfg, key), get_key(JobConfig(), key)
             if value and value != default and not Path(value).is_absolute():
-                setattr(getattr(cfg, section), key, str(base / value))
+                set_key(cfg, key, str(base / value))
     return check_ranges(apply_overrides(cfg, overrides or []))
 
 

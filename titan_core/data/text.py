@@ -118,9 +118,10 @@ class TextLoader(RowLoader):
         else:
             # Chunk j of a document starts at start + j*S and must hold at least one (input, target) pair.
             self.chunks = [
-                (int(s), int(e)) for a, b in zip(self.doc_starts.tolist(), self.doc_ends.tolist())
+                (int(s), int(e))
+                for a, b in zip(self.doc_starts.tolist(), self.doc_ends.tolist())
                 for s, e in ((c, min(c + S + 1, b)) for c in range(a, b - 1, S))
-            ]  # fmt: skip
+            ]
             self.num_rows = len(self.chunks)
 
     def row(self, g: int):

@@ -105,8 +105,15 @@ def load_or_train_bpe(file_texts: list[str], docs: list[str], vocab_size: int, c
     return BpeTokenizer(tok, from_cache=False, path=path)
 
 
-def build_tokenizer(kind: str, *, model_vocab_size: int, bpe_vocab_size: int, cache_dir: str | Path,
-                    file_texts: list[str], docs: list[str]) -> ByteTokenizer | BpeTokenizer:  # fmt: skip
+def build_tokenizer(
+    kind: str,
+    *,
+    model_vocab_size: int,
+    bpe_vocab_size: int,
+    cache_dir: str | Path,
+    file_texts: list[str],
+    docs: list[str],
+) -> ByteTokenizer | BpeTokenizer:
     """The tokenizer named by `data.tokenizer`, checked to emit only ids below the model's vocab."""
     if kind == "byte":
         tok = ByteTokenizer()

@@ -155,8 +155,7 @@ class FlexAttention(nn.Module):
             def score_mod(score, b, h, q_idx, kv_idx):
                 return torch.tanh(score / cap) * cap
 
-        return fn(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=scale,
-                  enable_gqa=q.shape[1] != k.shape[1])  # fmt: skip
+        return fn(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=scale, enable_gqa=q.shape[1] != k.shape[1])
 
     def extra_repr(self) -> str:
         return f"compile={self.compile}"

@@ -52,8 +52,19 @@ def kernel_name(core: nn.Module) -> str:
     return next((n for n, cls in KERNELS.items() if type(core) is cls), type(core).__name__)
 
 
-def call_core(core: nn.Module, module: nn.Module, query, key, value, *, scaling=None, dropout=0.0,
-              sliding_window=None, softcap=None, **kwargs) -> torch.Tensor:  # fmt: skip
+def call_core(
+    core: nn.Module,
+    module: nn.Module,
+    query,
+    key,
+    value,
+    *,
+    scaling=None,
+    dropout=0.0,
+    sliding_window=None,
+    softcap=None,
+    **kwargs,
+) -> torch.Tensor:
     """Run `core` for a transformers attention module's call; returns [b, s, heads, d]."""
     name = kernel_name(core)
     where = type(module).__name__

@@ -42,13 +42,19 @@ _attention("attention.tokamax", "tokamax dot_product_attention through the JAX b
 _attention("attention.splash", "TPU Pallas splash attention through TorchTPU", SplashAttention)
 _attention("attention.flex", "torch FlexAttention with a block mask", FlexAttention)
 register_swap(
-    "moe.grouped_mm", EXPERTS_PATH, "experts as torch._grouped_mm over expert-sorted tokens",
-    replaces=EXPERTS, produces=GroupedMMExperts,
-)(lambda old, path: GroupedMMExperts(old))  # fmt: skip
+    "moe.grouped_mm",
+    EXPERTS_PATH,
+    "experts as torch._grouped_mm over expert-sorted tokens",
+    replaces=EXPERTS,
+    produces=GroupedMMExperts,
+)(lambda old, path: GroupedMMExperts(old))
 register_swap(
-    "moe.tokamax", EXPERTS_PATH, "experts as tokamax ragged_dot through the JAX bridge",
-    replaces=EXPERTS, produces=TokamaxExperts,
-)(lambda old, path: TokamaxExperts(old))  # fmt: skip
+    "moe.tokamax",
+    EXPERTS_PATH,
+    "experts as tokamax ragged_dot through the JAX bridge",
+    replaces=EXPERTS,
+    produces=TokamaxExperts,
+)(lambda old, path: TokamaxExperts(old))
 
 # The model's built-in modules: selecting one of these needs no swap.
 DEFAULTS = {"attention": "sdpa", "loss": "plain", "moe": "loop"}

@@ -147,6 +147,10 @@ class MetricsLogger:
             _rewrite(self.path, kept)
         self._file = self.path.open("a")
 
+    def prints(self, step: int) -> bool:
+        """Whether the console shows `step` (the first and every log_freq-th); the same on every rank."""
+        return step == 1 or step % self.log_freq == 0
+
     def log(self, row: dict) -> None:
         if not self._started:
             self.start(row["step"] - 1)
@@ -156,7 +160,7 @@ class MetricsLogger:
             return
         self._file.write(encode_row(row) + "\n")
         self._file.flush()
-        if row["step"] == 1 or row["step"] % self.log_freq == 0:
+        if self.prints(row["step"]):
             cells = [_fmt(k, row[k], f) for k, _, f in COLUMNS]
             if self.use_rich:
                 self.console.print("  ".join(f"[bold]{name}[/] {c}" for (_, name, _), c in zip(COLUMNS, cells)))

@@ -58,12 +58,17 @@ class TimingProtocol:
 
     @classmethod
     def from_dict(cls, values: dict | None) -> "TimingProtocol":
-        """From a mapping (a checklist's `params.timing`); unknown keys are an error naming them."""
-        values = dict(values or {})
+        """The one way a protocol is built from settings (a checklist's `params.timing`, a bench's
+        flags, a job handed to a subprocess). A key that is None keeps its default; without
+        `min_rounds`, a `max_rounds` below the default lowers it too (a short smoke run). Unknown
+        keys are an error naming them."""
+        values = {k: v for k, v in (values or {}).items() if v is not None}
         known = set(cls.__dataclass_fields__)
         unknown = sorted(set(values) - known)
         if unknown:
             raise ValueError(f"unknown timing protocol keys {unknown} (known: {', '.join(sorted(known))})")
+        if "min_rounds" not in values and "max_rounds" in values:
+            values["min_rounds"] = min(cls.min_rounds, values["max_rounds"])
         return cls(**values)
 
 
@@ -269,7 +274,11 @@ def compare_samples(
     mean = statistics.fmean(a) - statistics.fmean(b)
     se = math.sqrt(va + vb)
     # Welch-Satterthwaite degrees of freedom
-    df = max(1, int((va + vb) ** 2 / ((va**2 / (len(a) - 1)) + (vb**2 / (len(b) - 1))))) if se > 0 else len(a) + len(b) - 2
+    df = (
+        max(1, int((va + vb) ** 2 / ((va**2 / (len(a) - 1)) + (vb**2 / (len(b) - 1)))))
+        if se > 0
+        else len(a) + len(b) - 2
+    )
     half = t_quantile(0.5 + p.confidence / 2, df) * se
     return _result(mean, mean - half, mean + half, candidate_times, baseline_times, p, "samples", paired=False)
 

@@ -116,10 +116,11 @@ def activation_bytes(m, s) -> tuple[int, int, int]:
     # one layer's backward: what it recomputes (eager's saved tensors the policy did not keep),
     # what an offloaded layer brings back, and the gradients in flight
     back = max(
-        per_layer("none", moe, rope) - per_layer(s.memory_policy, moe, rope)
+        per_layer("none", moe, rope)
+        - per_layer(s.memory_policy, moe, rope)
         + (per_layer("default", moe, rope) if s.memory_policy == "offload" else 0)
         for moe, rope, _ in m.layer_mix
-    )  # fmt: skip
+    )
     expert_width = (m.top_k if s.moe in ROUTED_EXPERTS else m.n_experts) * m.moe_hidden_dim
     in_flight = (2 * m.dim + 3 * max(m.ffn_hidden_dim, expert_width)) * c
     if scores_materialised(s):

@@ -37,10 +37,12 @@ whole on every TP rank (sequence parallel's split of the residual stream is not 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-
-from torch import nn
+from typing import TYPE_CHECKING
 
 from titan_core.memory.activations import DTYPE_BYTES, activation_bytes
+
+if TYPE_CHECKING:
+    from torch import nn  # the arithmetic needs no torch: reports format sizes without loading it
 
 RUNTIME_BYTES = {"cpu": 24 * 2**20}
 """The trainer's own allocations besides tensors (process group, dispatch caches, thread buffers).
@@ -92,7 +94,7 @@ class ModelShape:
         """Counts from the (meta) model itself, widths from its TransformerArgs."""
         params = list(model.parameters())  # distinct: a tied weight appears once
         layers = getattr(model, "layers", None)
-        blocks = list(layers.values() if isinstance(layers, nn.ModuleDict) else layers or [])
+        blocks = list(layers.values() if hasattr(layers, "values") else layers or [])  # ModuleDict or ModuleList
         per_block = [sum(p.numel() for p in b.parameters()) for b in blocks]
         largest_block = max(per_block, default=0)
         kinds = [(args.layer_is_moe(i), args.layer_uses_rope(i)) for i in range(args.n_layers)]
@@ -259,10 +261,20 @@ class MemoryEstimate:
         return text
 
 
-def format_bytes(n: float) -> str:
-    for unit, size in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+BYTE_UNITS = (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10))
+
+
+def format_bytes(n: float | None, *, missing: str = "n/a") -> str:
+    """Bytes for a person, the one style every message and report uses: the largest binary unit
+    the amount fills, three significant digits (`553 MiB`, `30.5 GiB`, `1.50 GiB`, `512 B`);
+    `missing` for None (a size nobody measured)."""
+    if n is None:
+        return missing
+    for unit, size in BYTE_UNITS:
         if abs(n) >= size:
-            return f"{n / size:.1f} {unit}"
+            value = n / size
+            decimals = 2 if abs(value) < 10 else 1 if abs(value) < 100 else 0
+            return f"{value:.{decimals}f} {unit}"
     return f"{int(n)} B"
 
 
@@ -310,10 +322,13 @@ def tp_local(m: ModelShape, tp: int) -> ModelShape:
     MLP hidden units (the dense decoder's TP plan, parallel/plans.py); the rest stays whole."""
     if tp <= 1:
         return m
-    return replace(m, n_heads=max(1, m.n_heads // tp), n_kv_heads=max(1, m.n_kv_heads // tp),
-                   ffn_hidden_dim=max(1, m.ffn_hidden_dim // tp))  # fmt: skip
+    return replace(
+        m,
+        n_heads=max(1, m.n_heads // tp),
+        n_kv_heads=max(1, m.n_kv_heads // tp),
+        ffn_hidden_dim=max(1, m.ffn_hidden_dim // tp),
+    )
 
 
 def _ceil_div(a: int, b: int) -> int:
     return -(-a // b)
-

@@ -18,8 +18,8 @@ from titan_core.memory.budget import Budget, device_budget
 from titan_core.memory.estimate import MemoryEstimate, ModelShape, TrainSetup, estimate_memory, format_bytes
 
 TWIN = (
-    "a smaller twin of the model for runs on this {device} (`onboard new-model` derives one, twin.json, when the "
-    "full model does not fit; `onboard plan` sizes the full model for its target)"
+    "a smaller twin of the model for runs on this {device} (the same architecture with fewer or narrower layers, "
+    "in a config.json of its own), the full model sized for its target device separately"
 )
 MAX_DEVICES = 1 << 16
 

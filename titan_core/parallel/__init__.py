@@ -7,10 +7,10 @@ parallelize(model, cfg, mesh)                    # after init_weights, before th
 
 from __future__ import annotations
 
-import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 
+from titan_core.config.dtypes import DTYPES
 from titan_core.config.loader import ConfigError
 from titan_core.config.sections import JobConfig
 from titan_core.parallel.fsdp2 import apply_fsdp2
@@ -34,8 +34,6 @@ __all__ = [
     "resolve_degrees",
     "stored_parameter",
 ]
-
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
 def check_parallelism(cfg: JobConfig, world_size: int) -> Degrees:
@@ -69,8 +67,8 @@ def check_parallelism(cfg: JobConfig, world_size: int) -> Degrees:
 
 def mixed_precision(cfg: JobConfig) -> MixedPrecision:
     return MixedPrecision(
-        param_dtype=_DTYPES[cfg.training.mixed_precision_param],
-        reduce_dtype=_DTYPES[cfg.training.mixed_precision_reduce],
+        param_dtype=DTYPES[cfg.training.mixed_precision_param],
+        reduce_dtype=DTYPES[cfg.training.mixed_precision_reduce],
     )
 
 

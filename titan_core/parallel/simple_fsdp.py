@@ -42,8 +42,16 @@ class MixedPrecision:
 class Gather:
     """Reads one stored DTensor parameter as the tensor its module computes with."""
 
-    def __init__(self, *, compute: list[Placement], grad: list[Placement], mp: MixedPrecision, stored_dtype,
-                 tp_mesh: DeviceMesh | None = None, tp_placement: Placement | None = None):  # fmt: skip
+    def __init__(
+        self,
+        *,
+        compute: list[Placement],
+        grad: list[Placement],
+        mp: MixedPrecision,
+        stored_dtype,
+        tp_mesh: DeviceMesh | None = None,
+        tp_placement: Placement | None = None,
+    ):
         self.compute = compute
         self.grad = grad
         # None means "no cast": at equal dtypes the gather is exactly the stored values.
@@ -124,8 +132,9 @@ def _shard(param: nn.Parameter, mesh: DeviceMesh, stored: list[Placement]) -> nn
     return nn.Parameter(sharded, requires_grad=param.requires_grad)
 
 
-def apply_simple_fsdp(model: nn.Module, mesh: DeviceMesh, mp: MixedPrecision,
-                      tp_partial_grad: frozenset[str] = frozenset()) -> nn.Module:  # fmt: skip
+def apply_simple_fsdp(
+    model: nn.Module, mesh: DeviceMesh, mp: MixedPrecision, tp_partial_grad: frozenset[str] = frozenset()
+) -> nn.Module:
     """Shard every parameter of a materialised model over `mesh` and read it through a Gather.
 
     `mesh` has dimensions among dp_replicate, dp_shard, tp (see parallel/mesh.py); TP, if

@@ -38,8 +38,9 @@ def _lookup(block: nn.Module, dotted: str, where: str):
     return obj
 
 
-def apply_tensor_parallel(model: nn.Module, family: str, tp_mesh: DeviceMesh, *,
-                          sequence_parallel: bool = False) -> frozenset[str]:  # fmt: skip
+def apply_tensor_parallel(
+    model: nn.Module, family: str, tp_mesh: DeviceMesh, *, sequence_parallel: bool = False
+) -> frozenset[str]:
     """Split each block's linears over `tp_mesh`; returns the fqns whose grads are partial over TP.
 
     Each rank keeps its own slice of the (identically initialised) weights: no communication.

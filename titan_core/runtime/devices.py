@@ -59,8 +59,7 @@ def _init_tpu(libtpu_init_flags: str) -> None:
         import torch_tpu  # noqa: F401  (optional extra; importing it aborts a process with no TPU)
     except ImportError:
         raise ConfigError(
-            "device 'tpu' requested but torch_tpu is not installed: on a TPU host run "
-            "pip install 'titan-onboard[tpu]'"
+            "device 'tpu' requested but torch_tpu is not installed: on a TPU host run pip install 'titan-onboard[tpu]'"
         ) from None
 
 

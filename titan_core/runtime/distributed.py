@@ -79,7 +79,7 @@ def init_distributed(device: torch.device, timeout_s: float) -> DistState:
         if missing:
             raise ConfigError(
                 f"WORLD_SIZE={world} but {' and '.join(missing)} not set: start the run with "
-                "`onboard train --nproc N`, `python -m titan_core.train --nproc N` or torchrun"
+                "`python -m titan_core.train --nproc N` (or a command that wraps it) or torchrun"
             )
         dist.init_process_group(backend, rank=rank, world_size=world, timeout=timeout)
     return DistState(rank, world, local_rank, owned=True)

@@ -1,7 +1,7 @@
 """Start N local training processes, watch them, and report the first one that fails.
 
-`launch(argv, nproc)` is what `onboard train --nproc N` and `python -m titan_core.train
---nproc N` call: N copies of `python -m titan_core.train ARGV`, each with the torchrun
+`launch(argv, nproc)` is what `python -m titan_core.train --nproc N` (and any command
+that wraps it) calls: N copies of `python -m titan_core.train ARGV`, each with the torchrun
 environment (RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT). Multi-host runs use
 torchrun itself; the training entry reads the same variables.
 
@@ -139,9 +139,16 @@ def _tail_block(lines: list[str]) -> str:
     return "\n".join(f"  | {line}" for line in lines) if lines else "  | (no output)"
 
 
-def launch_command(cmd: list[str], nproc: int, *, log_dir: Path | None = None, timeout_s: float | None = None,
-                   echo_rank0: bool = False, grace_s: float = 3.0,
-                   env: dict[str, str] | None = None) -> LaunchResult:  # fmt: skip
+def launch_command(
+    cmd: list[str],
+    nproc: int,
+    *,
+    log_dir: Path | None = None,
+    timeout_s: float | None = None,
+    echo_rank0: bool = False,
+    grace_s: float = 3.0,
+    env: dict[str, str] | None = None,
+) -> LaunchResult:
     """Run `cmd` as ranks 0..nproc-1 of one world and wait for all of them (see module docstring).
 
     The rendezvous port is picked free and released before rank 0 binds it, so another process
@@ -155,8 +162,11 @@ def launch_command(cmd: list[str], nproc: int, *, log_dir: Path | None = None, t
         if retried >= PORT_RETRIES or not _lost_port_race(result):
             break
         retried += 1
-        print(f"warning: the rendezvous port was taken before rank 0 bound it; starting the world again "
-              f"on a fresh port ({retried} of {PORT_RETRIES})", file=sys.stderr)  # fmt: skip
+        print(
+            f"warning: the rendezvous port was taken before rank 0 bound it; starting the world again "
+            f"on a fresh port ({retried} of {PORT_RETRIES})",
+            file=sys.stderr,
+        )
     if retried and result.failure:
         result.failure += f"\n(the world was started {retried + 1} times: its rendezvous port was taken each time)"
     return result
@@ -168,8 +178,17 @@ def _lost_port_race(result: LaunchResult) -> bool:
     )
 
 
-def _launch_once(cmd: list[str], nproc: int, port: int, *, log_dir: Path | None, timeout_s: float | None,
-                 echo_rank0: bool, grace_s: float, env: dict[str, str] | None) -> LaunchResult:  # fmt: skip
+def _launch_once(
+    cmd: list[str],
+    nproc: int,
+    port: int,
+    *,
+    log_dir: Path | None,
+    timeout_s: float | None,
+    echo_rank0: bool,
+    grace_s: float,
+    env: dict[str, str] | None,
+) -> LaunchResult:
     if log_dir is not None:
         log_dir.mkdir(parents=True, exist_ok=True)
     tails = [collections.deque(maxlen=TAIL_LINES) for _ in range(nproc)]
@@ -188,7 +207,11 @@ def _launch_once(cmd: list[str], nproc: int, port: int, *, log_dir: Path | None,
             )  # fmt: skip
             procs.append(p)
             log_path = log_dir / f"rank_{r}.log" if log_dir is not None else None
-            th = threading.Thread(target=_pump, args=(p.stdout, tails[r], log_path, sys.stderr if echo_rank0 and r == 0 else None), daemon=True)  # fmt: skip
+            th = threading.Thread(
+                target=_pump,
+                args=(p.stdout, tails[r], log_path, sys.stderr if echo_rank0 and r == 0 else None),
+                daemon=True,
+            )
             th.start()
             pumps.append(th)
         first_fail: float | None = None
@@ -218,12 +241,22 @@ def _launch_once(cmd: list[str], nproc: int, port: int, *, log_dir: Path | None,
     tail_lists = [list(t) for t in tails]
     if interrupted:
         return LaunchResult(130, "interrupted: all ranks stopped", None, elapsed, tail_lists, log_dir)
-    return _summarise(nproc, exits, running, tail_lists, elapsed, log_dir,
-                      timeout_s=timeout_s if timed_out else None, grace_s=grace_s)  # fmt: skip
+    return _summarise(
+        nproc, exits, running, tail_lists, elapsed, log_dir, timeout_s=timeout_s if timed_out else None, grace_s=grace_s
+    )
 
 
-def _summarise(nproc: int, exits: dict[int, tuple[float, int]], running: list[int], tail_lists: list[list[str]],
-               elapsed: float, log_dir: Path | None, *, timeout_s: float | None, grace_s: float) -> LaunchResult:  # fmt: skip
+def _summarise(
+    nproc: int,
+    exits: dict[int, tuple[float, int]],
+    running: list[int],
+    tail_lists: list[list[str]],
+    elapsed: float,
+    log_dir: Path | None,
+    *,
+    timeout_s: float | None,
+    grace_s: float,
+) -> LaunchResult:
     """The LaunchResult of a finished watch: who failed first, with its tail, and who was stopped."""
     where = f"; full logs: {log_dir}" if log_dir is not None else ""
     if timeout_s is not None:

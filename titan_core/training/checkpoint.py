@@ -51,6 +51,7 @@ from titan_core.config.sections import JobConfig
 from titan_core.config.sections import Model as ModelConfig
 from titan_core.training.model_builder import args_from_hf_config, model_adapter
 from titan_core.models.common.hf_adapter import AdapterError
+from titan_core.models.common.tied import stored_once
 from titan_core.models.registry import get_family
 
 _STEP_DIR = re.compile(r"step-(\d+)")
@@ -193,7 +194,9 @@ class Checkpointer:
         if f"ranks.{key}" not in saved:
             key = "rank_0"  # saved by fewer ranks: every rank's position is rank 0's (see module docstring)
         if f"ranks.{key}" not in saved:
-            raise ConfigError(f"checkpoint {path} has no per-rank state (no ranks.rank_0): it was not written by titan_core")
+            raise ConfigError(
+                f"checkpoint {path} has no per-rank state (no ranks.rank_0): it was not written by titan_core"
+            )
         state: dict[str, Any] = {
             "model": get_model_state_dict(model),
             "optimizer": get_optimizer_state_dict(model, optimizer),
@@ -260,10 +263,9 @@ def export_hf(model, family_name: str, args, out_dir: str | Path, *, model_cfg: 
             config = _export_config(adapter, model_cfg, args)
         except AdapterError as e:
             raise ConfigError(f"cannot export HF weights: {e}") from None
-        if args.tie_embeddings:
-            # The adapter hands a tied head back as the embedding itself (as an HF model's
-            # state_dict does); like save_pretrained, store it once: the config re-ties it.
-            hf_sd.pop("lm_head.weight", None)
+        # A tied head comes back from the adapter as the embedding tensor itself; like
+        # save_pretrained, store each tensor once: the exported config re-ties the head.
+        hf_sd = stored_once(hf_sd)
         for name, value in hf_sd.items():
             t = value.detach().to("cpu").contiguous()
             # safetensors refuses tensors sharing storage (e.g. views an adapter split off one tensor).

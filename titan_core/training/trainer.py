@@ -6,13 +6,19 @@ then parallelised (each rank keeps its slice of the identically initialised full
 tensors, so any world size starts from the single-process weights); the optimizer is
 created last, over the parameters that will actually train (sharded DTensors under
 SimpleFSDP / FSDP2).
+
+The loop does not wait for the device at every step: it queues each step's work and reads
+the values (loss, grad norm, and the step's time from `measure/step_clock.py`) only after a
+step the log prints, the last one, a checkpoint's and the profiler's window (`_reads_after`),
+so on an accelerator the next steps are queued while the current one runs. Every step still
+gets its full row, filled in at that read; a non-finite loss stops the run there, naming
+its own step. `train_step()` is one step waited for, for callers that time single steps.
 """
 
 from __future__ import annotations
 
 import math
 import os
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -22,6 +28,7 @@ import torch.distributed as dist
 from titan_core.runtime import devices, distributed
 from titan_core.training.checkpoint import Checkpointer, export_hf
 from titan_core.compile import execution
+from titan_core.config.dtypes import DTYPES
 from titan_core.config.sections import JobConfig
 from titan_core.config.swaps import apply_swaps
 from titan_core.data import build_data_loader
@@ -35,9 +42,8 @@ from titan_core.parallel import build_mesh, check_parallelism, clip_grad_norm_, 
 from titan_core.parallel.mesh import dp_group
 from titan_core.measure.profiler import StepProfiler
 from titan_core.measure.run_stats import RunStats
+from titan_core.measure.step_clock import Lap, start_lap
 from titan_core.training.token_mean import global_valid_tokens, micro_batch_term
-
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
 @dataclass
@@ -68,6 +74,20 @@ class TrainResult:
     @property
     def step_time_median_s(self) -> float:
         return self.stats.step_time_median_s
+
+
+@dataclass
+class _Queued:
+    """A step whose work the device may still be running: what its row needs, values on the device."""
+
+    step: int
+    lr: float
+    """The learning rate the step used (a host value)."""
+    values: torch.Tensor
+    """[loss, grad norm] on the device, fp32."""
+    lap: Lap
+    peak_mem_bytes: int
+    """The allocator's (or the process's) peak when the step was queued: a host-side statistic."""
 
 
 def set_determinism(seed: int, deterministic: bool) -> None:
@@ -170,10 +190,16 @@ class Trainer:
         return total, grad_norm
 
     def train_step(self) -> dict:
-        """One optimizer step over `grad_accum` micro-batches; returns its metrics."""
+        """One optimizer step over `grad_accum` micro-batches, waited for; returns its metrics row.
+
+        For callers that time or inspect single steps: it reads the step's values, so the host
+        waits for the device here. `train` reads only at the steps `_reads_after` names."""
+        return self._rows([self._launch()])[0]
+
+    def _launch(self) -> _Queued:
+        """Queue one optimizer step's work on the device; nothing here waits for it."""
         cfg = self.cfg.training
-        devices.synchronize(self.device)
-        t0 = time.perf_counter()
+        lap = start_lap(self.device)
         lr = self.optimizer.param_groups[0]["lr"]
         batches = [next(self.data).to(self.device, non_blocking=True) for _ in range(cfg.grad_accum)]
         # the loss is the mean over the valid tokens of the whole global batch (titan_core/training/token_mean.py)
@@ -189,50 +215,86 @@ class Trainer:
             # world is the global token mean
             dist.all_reduce(total)
             total /= self.world_size
-        loss_value, norm_value = total.item(), grad_norm.item()  # the one host sync per step
-        devices.synchronize(self.device)
-        dt = time.perf_counter() - t0
+        # a new tensor of the two scalars: a captured program may reuse its output buffers next step
+        norm = grad_norm.detach().float().reshape(()).to(total.device)  # no grads: a CPU zero
+        values = torch.stack([total.detach().float().reshape(()), norm])
+        lap.stop()
+        return _Queued(self.step, lr, values, lap, devices.peak_memory_bytes(self.device))
+
+    def _rows(self, queued: list[_Queued]) -> list[dict]:
+        """The metrics rows of queued steps: the one read of the device (it waits for their work)."""
+        values = torch.stack([q.values for q in queued]).tolist()
+        cfg = self.cfg.training
         tokens = cfg.batch_size * cfg.seq_len * cfg.grad_accum * self.dp_world
-        tps = tokens / dt
-        return {
-            "step": self.step,
-            "loss": loss_value,
-            "grad_norm": norm_value,
-            "lr": lr,
-            "tokens_per_s": tps,
-            "mfu": self.flops_per_token * tps / (self.peak_flops * self.world_size),
-            "peak_mem_bytes": devices.peak_memory_bytes(self.device),
-            "step_time_s": dt,
-        }
+        rows = []
+        for q, (loss, norm) in zip(queued, values):
+            dt = q.lap.seconds()
+            rows.append(
+                {
+                    "step": q.step,
+                    "loss": loss,
+                    "grad_norm": norm,
+                    "lr": q.lr,
+                    "tokens_per_s": tokens / dt,
+                    "mfu": self.flops_per_token * tokens / dt / (self.peak_flops * self.world_size),
+                    "peak_mem_bytes": q.peak_mem_bytes,
+                    "step_time_s": dt,
+                }
+            )
+        return rows
+
+    def _reads_after(self, step: int) -> bool:
+        """Whether `train` reads the device's values after `step` (and so waits for its work):
+        a step the log prints, the last step, one that saves a checkpoint (never a diverged
+        state), and each step of the profiler's window (its trace holds finished work). The
+        other steps are queued behind the running one; their rows are filled in at the next read.
+        The same steps on every rank, so every rank stops at the same non-finite loss."""
+        last = step == self.cfg.training.steps
+        prof = self.cfg.profiler
+        profiled = prof.enable and prof.start_step <= step < prof.start_step + prof.num_steps
+        return last or profiled or self.logger.prints(step) or self.checkpointer.should_save(step, last)
+
+    def _steps(self) -> str | None:
+        """Step to `training.steps`; returns why the run stopped early (`diverged_message`), or None.
+
+        A non-finite loss is seen at the next read, at most metrics.log_freq - 1 steps after it:
+        the rows end at the step that diverged, and no checkpoint is saved after it."""
+        queued: list[_Queued] = []
+        last_norm: tuple[int, float] | None = None  # (step, grad norm) of the latest finite grad norm
+        while self.step < self.cfg.training.steps:
+            self.step += 1
+            self.profiler.before_step(self.step)
+            queued.append(self._launch())
+            rows = self._rows(queued) if self._reads_after(self.step) else None
+            self.profiler.after_step(self.step)
+            if rows is None:
+                continue
+            queued = []
+            for row in rows:
+                self.logger.log(row)
+                if math.isfinite(row["grad_norm"]):
+                    last_norm = (row["step"], row["grad_norm"])
+                if not math.isfinite(row["loss"]):
+                    # nothing useful follows a non-finite loss; every rank holds the same all-reduced
+                    # loss and reads at the same steps, so every rank stops here
+                    return diverged_message(row["step"], row["loss"], last_norm)
+            self.checkpointer.maybe_save(
+                self.step,
+                model=self.model,
+                optimizer=self.optimizer,
+                lr_scheduler=self.lr_scheduler,
+                data_loader=self.data,
+                last=self.step == self.cfg.training.steps,
+            )
+        return None
 
     def train(self) -> TrainResult:
         devices.reset_peak_memory(self.device)
         completed = False
         stopped = None
-        last_norm: tuple[int, float] | None = None  # (step, grad norm) of the latest finite grad norm
         try:
             self.logger.start(after_step=self.step)  # a resumed run supersedes the rows after its checkpoint
-            while self.step < self.cfg.training.steps:
-                self.step += 1
-                self.profiler.before_step(self.step)
-                row = self.train_step()
-                self.profiler.after_step(self.step)
-                self.logger.log(row)
-                if math.isfinite(row["grad_norm"]):
-                    last_norm = (self.step, row["grad_norm"])
-                if not math.isfinite(row["loss"]):
-                    # nothing useful follows a non-finite loss; every rank holds the same all-reduced
-                    # loss, so every rank stops at this step
-                    stopped = diverged_message(self.step, row["loss"], last_norm)
-                    break
-                self.checkpointer.maybe_save(
-                    self.step,
-                    model=self.model,
-                    optimizer=self.optimizer,
-                    lr_scheduler=self.lr_scheduler,
-                    data_loader=self.data,
-                    last=self.step == self.cfg.training.steps,
-                )
+            stopped = self._steps()
             if self.cfg.checkpoint.export_hf and stopped is None:  # every rank: gathering is collective
                 out = self._under_output(self.cfg.checkpoint.export_hf)
                 export_hf(self.model, self.family, self.args, out, model_cfg=self.cfg.model)

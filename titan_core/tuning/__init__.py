@@ -1,5 +1,4 @@
-"""Tuning primitives: the declared flag tables, the batch
-search, and a profile's step-time breakdown. Each decides nothing on its own: a caller
+"""Tuning primitives: the declared flag tables, the batch search, and a profile's step-time breakdown. Each decides nothing on its own: a caller
 passes measurements in and reads the answer out.
 
     flags.py              compiler/runtime flags per device kind, and how one is applied to a JobConfig

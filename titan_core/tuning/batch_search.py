@@ -26,6 +26,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable
 
+from titan_core.memory.estimate import format_bytes
+
 
 @dataclass(frozen=True)
 class BatchShape:
@@ -126,10 +128,6 @@ def predicted_peak(tried: list[Tried], shape: BatchShape) -> int | None:
     return int(p1 + slope * (shape.batch_size - r1))
 
 
-def _mib(n: int | None) -> str:
-    return "n/a" if n is None else f"{n / 2**20:,.0f} MiB"
-
-
 def search(
     start: BatchShape,
     *,
@@ -159,32 +157,51 @@ def search(
         return SearchResult(chosen, start, tried, stopped, why, budget_bytes, fraction)
 
     if first.peak_bytes > limit:
-        return done("memory", f"the recipe's batch {start.label()} already peaks at {_mib(first.peak_bytes)}, over "
-                              f"{fraction:.0%} of the {_mib(budget_bytes)} budget: not raised", start)  # fmt: skip
+        return done(
+            "memory",
+            f"the recipe's batch {start.label()} already peaks at "
+            f"{format_bytes(first.peak_bytes)}, over {fraction:.0%} of the "
+            f"{format_bytes(budget_bytes)} budget: not raised",
+            start,
+        )
     shapes = candidates(start, fixed_global=fixed_global, max_doublings=max_doublings)
     if not shapes and fixed_global and max_doublings > 0:
-        return done("global_batch", f"grad_accum {start.grad_accum} cannot be halved: the fixed global batch of "
-                                    f"{start.rows} rows leaves no larger per-device batch", start)  # fmt: skip
+        return done(
+            "global_batch",
+            f"grad_accum {start.grad_accum} cannot be halved: the fixed global batch of "
+            f"{start.rows} rows leaves no larger per-device batch",
+            start,
+        )
     if not shapes:
-        return done("grid", f"batch {start.label()} is already at the grid's end{grid_end and ' (' + grid_end + ')'}: "
-                            "not raised", start)  # fmt: skip
+        return done(
+            "grid",
+            f"batch {start.label()} is already at the grid's end{grid_end and ' (' + grid_end + ')'}: not raised",
+            start,
+        )
     holder = start
     for shape in shapes:
         guess = predicted_peak(tried, shape)
         if guess is not None and guess > budget_bytes:
             tried.append(Tried(shape, None, None, "predicted_over_memory", predicted_peak_bytes=guess))
-            return done("memory", f"batch {shape.label()} would peak near {_mib(guess)} (extrapolated), over the "
-                                  f"{_mib(budget_bytes)} budget: not run; {holder.label()} stays", holder)  # fmt: skip
+            return done(
+                "memory",
+                f"batch {shape.label()} would peak near {format_bytes(guess)} (extrapolated), "
+                f"over the {format_bytes(budget_bytes)} budget: not run; {holder.label()} stays",
+                holder,
+            )
         try:
             probe = measure(shape)
         except MemoryError as e:
             tried.append(Tried(shape, None, None, "out_of_memory", predicted_peak_bytes=guess, describe=str(e)))
             return done("memory", f"batch {shape.label()} ran out of memory ({e}): {holder.label()} stays", holder)
         if probe.peak_bytes > limit:
-            tried.append(Tried(shape, probe.peak_bytes, None, "over_memory", predicted_peak_bytes=guess,
-                               extra=probe.extra))  # fmt: skip
-            why = (f"batch {shape.label()} peaked at {_mib(probe.peak_bytes)}, over {fraction:.0%} of the "
-                   f"{_mib(budget_bytes)} budget ({_mib(limit)}): {holder.label()} stays")
+            tried.append(
+                Tried(shape, probe.peak_bytes, None, "over_memory", predicted_peak_bytes=guess, extra=probe.extra)
+            )
+            why = (
+                f"batch {shape.label()} peaked at {format_bytes(probe.peak_bytes)}, over {fraction:.0%} of the "
+                f"{format_bytes(budget_bytes)} budget ({format_bytes(limit)}): {holder.label()} stays"
+            )
             return done("memory", why, holder)
         refused = reject(shape, probe)
         if refused:
@@ -202,5 +219,8 @@ def search(
             return done("throughput", f"throughput stopped improving: {line}; {holder.label()} stays", holder)
         holder = shape
     end = grid_end or f"{max_doublings} doublings"
-    return done("grid", f"every batch up to {holder.label()} (the grid's end: {end}) was faster per token and "
-                        "within the memory limit", holder)  # fmt: skip
+    return done(
+        "grid",
+        f"every batch up to {holder.label()} (the grid's end: {end}) was faster per token and within the memory limit",
+        holder,
+    )

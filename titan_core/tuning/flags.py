@@ -25,10 +25,11 @@ and passed through the config, which tests check; nothing claims it was measured
 from __future__ import annotations
 
 import contextlib
-import copy
 import os
 from dataclasses import dataclass
 from typing import Any, Iterator
+
+from titan_core.config.loader import get_key, with_keys
 
 DEVICE_KINDS = ("cpu", "cuda", "tpu")
 
@@ -76,8 +77,7 @@ def _text(value: Any) -> str:
     return str(value).lower() if isinstance(value, bool) else str(value)
 
 
-def _inductor(name: str, device: str, comment: str, option: str, value: Any, var: str, var_value: str,
-              **kw) -> Flag:  # fmt: skip
+def _inductor(name: str, device: str, comment: str, option: str, value: Any, var: str, var_value: str, **kw) -> Flag:
     return Flag(name, device, comment, inductor=((option, value),), env=((var, var_value),), scope="process",
                 needs="inductor", **kw)  # fmt: skip
 
@@ -86,10 +86,13 @@ def thread_flags(cores: int) -> tuple[Flag, ...]:
     """`threads=N` for the cores this process may use (and half of them, when that is a third choice)."""
     counts = sorted({cores, max(1, cores // 2)})
     return tuple(
-        Flag(f"threads={n}", "cpu",
-             f"{n} intra-op threads: matmuls and reductions split over {n} of the {cores} usable cores "
-             "(on a shared CPU, spinning OpenMP threads can make more of them slower)",
-             config=(("device.threads", n),))  # fmt: skip
+        Flag(
+            f"threads={n}",
+            "cpu",
+            f"{n} intra-op threads: matmuls and reductions split over {n} of the {cores} usable cores "
+            "(on a shared CPU, spinning OpenMP threads can make more of them slower)",
+            config=(("device.threads", n),),
+        )
         for n in counts
     )
 
@@ -183,11 +186,6 @@ def flags_for(device: str, *, cores: int = 1) -> tuple[Flag, ...]:
     raise ValueError(f"no flag table for device kind '{device}' (known: {', '.join(DEVICE_KINDS)})")
 
 
-def _get(cfg, key: str) -> Any:
-    section, name = key.split(".")
-    return getattr(getattr(cfg, section), name)
-
-
 def compiles_with_inductor(cfg) -> bool:
     """Whether a run of `cfg` hands graphs to inductor (per-block compile or the Graph Trainer's)."""
     if cfg.compile.enable:
@@ -214,8 +212,10 @@ def why_not(flag: Flag, cfg, *, device: str, world_size: int = 1) -> str | None:
         return "the recipe already has it"
     if flag.scope == "process":
         where = "libtpu reads LIBTPU_INIT_ARGS" if flag.libtpu else "it is read"
-        return (f"{where} when the process starts (or a graph first compiles), so it cannot be timed against "
-                f"the recipe inside one process; try it in a fresh one: {flag.render()}")  # fmt: skip
+        return (
+            f"{where} when the process starts (or a graph first compiles), so it cannot be timed against "
+            f"the recipe inside one process; try it in a fresh one: {flag.render()}"
+        )
     return None
 
 
@@ -224,15 +224,12 @@ def already_set(flag: Flag, cfg) -> bool:
     if not flag.config and not flag.libtpu:
         return False
     have = set(cfg.tpu.libtpu_init_flags.split())
-    return all(_get(cfg, k) == v for k, v in flag.config) and set(flag.libtpu) <= have
+    return all(get_key(cfg, k) == v for k, v in flag.config) and set(flag.libtpu) <= have
 
 
 def apply_flag(cfg, flag: Flag):
     """A copy of `cfg` with the flag's recipe keys set and its libtpu flags appended (not duplicated)."""
-    out = copy.deepcopy(cfg)
-    for key, value in flag.config:
-        section, name = key.split(".")
-        setattr(getattr(out, section), name, value)
+    out = with_keys(cfg, dict(flag.config))
     if flag.libtpu:
         out.tpu.libtpu_init_flags = merge_libtpu(out.tpu.libtpu_init_flags, flag.libtpu)
     return out

@@ -38,18 +38,18 @@ CATEGORIES = ("matmul", "attention", "norms_elementwise", "communication", "opti
 # The lever the handbook points to when a category dominates the step.
 LEVERS = {
     "matmul": "the matmuls are the step: raise the batch until memory binds (more work per launch), train in "
-              "bf16 (training.dtype / mixed precision), and check MFU against the device's peak",
+    "bf16 (training.dtype / mixed precision), and check MFU against the device's peak",
     "attention": "attention dominates: an attention kernel and its block sizes (kernels.attention), or a "
-                 "shorter sequence / sliding window if the model allows",
+    "shorter sequence / sliding window if the model allows",
     "norms_elementwise": "memory-bound elementwise work dominates: fuse it (per-block compile, compile.enable, or "
-                         "the Graph Trainer with inductor, graph_trainer.compile = inductor)",
+    "the Graph Trainer with inductor, graph_trainer.compile = inductor)",
     "communication": "collectives dominate: overlap them with compute (prefetching all-gathers, the latency-hiding "
-                     "scheduler on TPU), keep all-gathers within a host (HSDP), or shard less",
+    "scheduler on TPU), keep all-gathers within a host (HSDP), or shard less",
     "optimizer": "the optimizer step dominates: a fused/foreach AdamW, or capture the update with the step "
-                 "(the Graph Trainer)",
+    "(the Graph Trainer)",
     "host_gaps": "the host is the bottleneck (the device waits between ops): capture the step (Graph Trainer), "
-                 "replay it as a CUDA graph (cudagraphs), remove host syncs, raise the batch",
-}  # fmt: skip
+    "replay it as a CUDA graph (cudagraphs), remove host syncs, raise the batch",
+}
 
 _ATTENTION = ("scaled_dot_product", "scaleddotproduct", "flash_attention", "flashattention", "efficient_attention",
               "flex_attention", "flexattention", "attention")  # fmt: skip
@@ -154,16 +154,24 @@ def breakdown_of(events, wall_times: list[float], *, top: int = 10, trace_path: 
         fractions=fractions,
         biggest=biggest,
         lever=LEVERS[biggest],
-        top_ops=[{"op": name, "category": cat, "self_s_per_step": s / n, "calls_per_step": calls / n}
-                 for (name, _), (s, cat, calls) in top_ops],  # fmt: skip
+        top_ops=[
+            {"op": name, "category": cat, "self_s_per_step": s / n, "calls_per_step": calls / n}
+            for (name, _), (s, cat, calls) in top_ops
+        ],
         trace_path=trace_path,
         sum_rel_err=abs(total - step) / step if step > 0 else 0.0,
         timeline="device" if device else "host",
     )
 
 
-def profile_steps(step: Callable[[], Any], *, steps: int, device: torch.device | str = "cpu",
-                  trace_path: Path | None = None, top: int = 10) -> Breakdown:  # fmt: skip
+def profile_steps(
+    step: Callable[[], Any],
+    *,
+    steps: int,
+    device: torch.device | str = "cpu",
+    trace_path: Path | None = None,
+    top: int = 10,
+) -> Breakdown:
     """Run `step()` `steps` times under torch.profiler (the caller warms it up first) and break the
     time down; the Chrome trace goes to `trace_path` when given."""
     device = torch.device(device)

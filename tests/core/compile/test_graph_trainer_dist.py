@@ -6,15 +6,16 @@ from pathlib import Path
 
 import pytest
 from _tiny import FAMILIES
-
-from titan_core.runtime.launcher import launch_command
+from hang_guard import guarded_launch
 
 
 @pytest.fixture(scope="module")
 def ranks(tmp_path_factory):
     out = tmp_path_factory.mktemp("gt_dist")
     worker = Path(__file__).with_name("_gt_dist_worker.py")
-    result = launch_command([sys.executable, str(worker), str(out)], 2, log_dir=out / "logs", timeout_s=600)
+    result = guarded_launch(
+        [sys.executable, str(worker), str(out)], 2, 600, "_gt_dist_worker.py on 2 ranks", log_dir=out / "logs"
+    )
     assert result.exit_code == 0, result.failure
     return [json.loads((out / f"rank_{r}.json").read_text()) for r in range(2)]
 

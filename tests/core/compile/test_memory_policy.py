@@ -8,7 +8,7 @@ from titan_core.compile.graph_trainer import (
     measure_memory_policies,
     saved_activation_bytes,
 )
-from titan_core.compile.graph_trainer.report import POLICY_PASSES
+from titan_core.compile.graph_trainer.step_probes import POLICY_PASSES
 from titan_core.config.sections import GraphTrainer
 
 

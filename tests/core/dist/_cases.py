@@ -110,11 +110,16 @@ def run_worker(scenario: str, nproc: int, out: Path, *args: str, timeout_s: floa
     import json
     import sys
 
-    from titan_core.runtime.launcher import launch_command
+    from hang_guard import guarded_launch  # here, not at the top: _worker.py imports this module too
 
     out.mkdir(parents=True, exist_ok=True)
     worker = Path(__file__).with_name("_worker.py")
-    result = launch_command([sys.executable, str(worker), scenario, str(out), *args], nproc,
-                            log_dir=out / "logs", timeout_s=timeout_s)  # fmt: skip
+    result = guarded_launch(
+        [sys.executable, str(worker), scenario, str(out), *args],
+        nproc,
+        timeout_s,
+        f"_worker.py {scenario} on {nproc} ranks",
+        log_dir=out / "logs",
+    )
     assert result.exit_code == 0, result.failure
     return [json.loads((out / f"rank_{r}.json").read_text()) for r in range(nproc)]

@@ -42,8 +42,10 @@ def main(out: Path, hf_config: str) -> None:
 def _train_both(out: Path, hf_config: str) -> dict:
     res = {}
     for mode in ("simple_fsdp", "fsdp2"):
-        t = Trainer(tf_cfg(out / mode, hf_config, f"--parallelism.data_parallel={mode}",
-                           batch_size=GLOBAL_BATCH // 2), quiet=True)  # fmt: skip
+        t = Trainer(
+            tf_cfg(out / mode, hf_config, f"--parallelism.data_parallel={mode}", batch_size=GLOBAL_BATCH // 2),
+            quiet=True,
+        )
         blocks = list(t.model.model.layers)
         sharded = {n: isinstance(p, DTensor) for n, p in t.model.named_parameters()}
         r = t.train()

@@ -80,8 +80,10 @@ def scenario_w2(out: Path, b_ckpt: str) -> dict:
         t = Trainer(tiny_cfg(fam, out / f"sfsdp_{fam}", batch_size=GLOBAL_BATCH // 2), quiet=True)
         rows, counts = _steps(t, 5, comm_step=2)
         res["simple_fsdp"][fam] = {**_curve(rows), "comm": counts, "grads": _grad_layouts(t), "mode": t.degrees.mode}
-        t = Trainer(tiny_cfg(fam, out / f"fsdp2_{fam}", "--parallelism.data_parallel=fsdp2",
-                             batch_size=GLOBAL_BATCH // 2), quiet=True)  # fmt: skip
+        t = Trainer(
+            tiny_cfg(fam, out / f"fsdp2_{fam}", "--parallelism.data_parallel=fsdp2", batch_size=GLOBAL_BATCH // 2),
+            quiet=True,
+        )
         res["fsdp2"][fam] = _curve(_steps(t, 5)[0])
         res["bf16"][fam] = _bf16_policy(fam, out, dp=2)
     res["bf16_reduce_bf16"] = _bf16_policy("llama3", out, dp=2, reduce="bfloat16")
@@ -111,8 +113,9 @@ def scenario_w4(out: Path) -> dict:
     """World size 4: HSDP 2 x 2 for every family, SimpleFSDP 2 x TP 2 for the dense ones, FSDP2 HSDP."""
     res: dict = {"hsdp": {}, "dp_tp": {}}
     for fam in FAMILIES:
-        t = Trainer(tiny_cfg(fam, out / f"hsdp_{fam}", "--parallelism.dp_replicate=2",
-                             batch_size=GLOBAL_BATCH // 4), quiet=True)  # fmt: skip
+        t = Trainer(
+            tiny_cfg(fam, out / f"hsdp_{fam}", "--parallelism.dp_replicate=2", batch_size=GLOBAL_BATCH // 4), quiet=True
+        )
         rows, counts = _steps(t, 5, comm_step=2)
         res["hsdp"][fam] = {**_curve(rows), "comm": counts, "mode": t.degrees.mode,
                             "mesh": list(t.mesh.mesh_dim_names), "grads": _grad_layouts(t)}  # fmt: skip
@@ -155,12 +158,14 @@ def scenario_token_mean(out: Path) -> dict:
         torch.save(grads, out / "token_mean_grads.pt")
     runs = {}
     for name, extra in (("eager", ()), ("graph", ("--graph_trainer.enable",))):
-        t = Trainer(tiny_cfg("llama3", out / f"tm_gt_{name}", *extra, batch_size=GLOBAL_BATCH // world, steps=2),
-                    quiet=True)  # fmt: skip
+        t = Trainer(
+            tiny_cfg("llama3", out / f"tm_gt_{name}", *extra, batch_size=GLOBAL_BATCH // world, steps=2), quiet=True
+        )
         runs[name] = (t, _uneven_steps(t, 2, rank, world))
     (e, e_rows), (g, g_rows) = runs["eager"], runs["graph"]
-    params_equal = all(torch.equal(_full(p.detach()), _full(q.detach()))
-                       for p, q in zip(e.model.parameters(), g.model.parameters()))  # fmt: skip
+    params_equal = all(
+        torch.equal(_full(p.detach()), _full(q.detach())) for p, q in zip(e.model.parameters(), g.model.parameters())
+    )
     state_equal = all(
         torch.equal(_full(e.optimizer.state[p][k]), _full(g.optimizer.state[q][k]))
         for p, q in zip(e.model.parameters(), g.model.parameters())

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 from _cases import DENSE, FAMILIES, max_rel, param_reads_per_forward, run_worker
 
-from onboard.engine.gates import load_checklist
+from core_bounds import FSDP_LOSS_REL
 
-TOL = load_checklist("simple_fsdp").criterion("step1_loss").threshold
+TOL = FSDP_LOSS_REL  # the simple_fsdp gate's fp32 bound (checklists/simple_fsdp.yaml step1_loss)
 
 
 @pytest.fixture(scope="module")

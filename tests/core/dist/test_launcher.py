@@ -8,6 +8,7 @@ import time
 
 import pytest
 from _cases import max_rel, overrides
+from hang_guard import HangGuard
 
 from titan_core.config import load_config
 from titan_core.runtime.launcher import EXIT_TIMEOUT, launch_command, run_world
@@ -58,7 +59,9 @@ def _faulty(tmp_path, mode):
 def test_run_world_trains_on_two_processes(tmp_path, reference):
     """The entry a ladder rung uses: N processes, rank 0's metrics back."""
     cfg = load_config(None, [*TINY, "--training.steps=5", f"--metrics.output_dir={tmp_path}"])
-    world = run_world(cfg, 2, timeout_s=240)
+    guard = HangGuard("run_world on 2 ranks", 240)
+    world = run_world(cfg, 2, timeout_s=guard.timeout_s)
+    guard.fail_if(world.launch.exit_code == EXIT_TIMEOUT, world.launch.failure)
     assert world.ok, world.launch.failure
     assert [r["step"] for r in world.metrics] == [1, 2, 3, 4, 5]
     want = reference("llama3", dp=2)  # batch 2 per rank = the reference's 4 rows
@@ -108,8 +111,9 @@ def test_launch_command_names_the_failing_rank_and_its_exit_code(tmp_path):
 
 def test_launch_command_timeout_stops_every_rank(tmp_path):
     t0 = time.monotonic()
-    result = launch_command([sys.executable, "-c", "import time; print('started', flush=True); time.sleep(120)"], 2,
-                            timeout_s=2)  # fmt: skip
+    result = launch_command(
+        [sys.executable, "-c", "import time; print('started', flush=True); time.sleep(120)"], 2, timeout_s=2
+    )
     assert result.exit_code == EXIT_TIMEOUT
     assert "did not finish within 2 s" in result.failure and "ranks still running: 0, 1" in result.failure
     assert "  | started" in result.failure

@@ -3,7 +3,8 @@
 Rows with very uneven numbers of ignored labels (`uneven_rows`: rank 0's rows 7 of 64 valid,
 rank 1's 63 of 64) must give the loss and gradients of one process on the whole batch:
 over 2 gloo ranks, over grad_accum micro-batches, and in the captured Graph Trainer step
-(bit-identical to eager there). The tolerance is the simple_fsdp gate's, read from its checklist.
+(bit-identical to eager there). The tolerance is the simple_fsdp gate's
+(tests/core/core_bounds.py states its checklist's numbers).
 """
 
 from __future__ import annotations
@@ -15,13 +16,12 @@ import torch
 from _cases import GLOBAL_BATCH, VALID_PER_ROW, run_worker, tiny_cfg, uneven_batch
 from torch.distributed.tensor import DTensor
 
-from onboard.engine.gates import load_checklist
+from core_bounds import FSDP_GRAD_NORM_REL, FSDP_LOSS_REL
 from titan_core.measure.numerics import rel, rel_l2
 from titan_core.training.trainer import Trainer
 
-_GATE = load_checklist("simple_fsdp")
-LOSS_TOL = _GATE.criterion("step1_loss").threshold
-NORM_TOL = _GATE.criterion("step1_grad_norm").threshold
+LOSS_TOL = FSDP_LOSS_REL
+NORM_TOL = FSDP_GRAD_NORM_REL
 GRAD_TOL = NORM_TOL
 """Per-parameter gradients are held to the grad-norm criterion's number (1e-6): stricter than the
 gate, which judges the norm only. Measured: <= 2e-7 (fp32, summation order only)."""
@@ -93,8 +93,9 @@ def test_a_micro_batch_without_valid_labels_adds_exactly_nothing(tmp_path):
     full = uneven_batch(0, 1, 2)
 
     def mk(out, accum):
-        return tiny_cfg("llama3", out, "--parallelism.data_parallel=none", f"--training.grad_accum={accum}",
-                        batch_size=2, steps=1)  # fmt: skip
+        return tiny_cfg(
+            "llama3", out, "--parallelism.data_parallel=none", f"--training.grad_accum={accum}", batch_size=2, steps=1
+        )
 
     rows, grads, _ = _train(mk(tmp_path / "with_empty", 2), [[empty, full]])
     want_rows, want_grads, _ = _train(mk(tmp_path / "alone", 1), [[full]])
@@ -119,6 +120,7 @@ def test_graph_trainer_equals_eager_on_uneven_labels(tmp_path, family):
     empty.labels.fill_(-100)
     steps = [[uneven_batch(0, 0, 2), uneven_batch(0, 1, 2)], [empty, uneven_batch(1, 1, 2)]]
     moe = ["--kernels.moe=dense"] if family == "qwen3_moe" else []  # the capture-friendly experts
+
     def cfg(out, *extra):
         return tiny_cfg(family, out, "--training.grad_accum=2", *moe, *extra, batch_size=2, steps=2)
 

@@ -10,21 +10,20 @@ from pathlib import Path
 
 import pytest
 from _cases import curve, max_rel
+from hang_guard import guarded_launch
 
-from onboard.engine.gates import load_checklist
+from core_bounds import FSDP_LOSS_REL
 from titan_core.train import run
 
 transformers = pytest.importorskip("transformers")
 pytestmark = [pytest.mark.hf, pytest.mark.slow]
 
-TOL = load_checklist("simple_fsdp").criterion("step1_loss").threshold
+TOL = FSDP_LOSS_REL  # the simple_fsdp gate's fp32 bound (checklists/simple_fsdp.yaml step1_loss)
 WORKER = Path(__file__).with_name("_transformers_fsdp_worker.py")
 
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    from titan_core.runtime.launcher import launch_command
-
     sys.path.insert(0, str(WORKER.parent))
     from _transformers_fsdp_worker import tf_cfg
 
@@ -35,8 +34,13 @@ def runs(tmp_path_factory):
     ref = curve(run(tf_cfg(root / "ref", str(cfg_path), "--parallelism.data_parallel=none"), quiet=True).metrics)
     out = root / "w2"
     out.mkdir()
-    result = launch_command([sys.executable, str(WORKER), str(out), str(cfg_path)], 2,
-                            log_dir=out / "logs", timeout_s=300)  # fmt: skip
+    result = guarded_launch(
+        [sys.executable, str(WORKER), str(out), str(cfg_path)],
+        2,
+        300,
+        "_transformers_fsdp_worker.py on 2 ranks",
+        log_dir=out / "logs",
+    )
     assert result.exit_code == 0, result.failure
     return ref, [json.loads((out / f"rank_{r}.json").read_text()) for r in range(2)]
 

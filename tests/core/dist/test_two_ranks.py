@@ -1,7 +1,8 @@
 """Two gloo ranks (one launcher run for the whole module): SimpleFSDP, FSDP2, TP = 2, DCP across world sizes.
 
 Every loss comparison is against a plain eager process on the same rows (conftest.py), held
-to the simple_fsdp gate's thresholds (read from checklists/simple_fsdp.yaml: 1e-6 relative in fp32).
+to the simple_fsdp gate's thresholds (checklists/simple_fsdp.yaml: 1e-6 relative in fp32; stated in
+tests/core/core_bounds.py, which a test in tests/onboard holds equal to the checklist).
 """
 
 from __future__ import annotations
@@ -11,13 +12,12 @@ import shutil
 import pytest
 from _cases import DENSE, FAMILIES, GLOBAL_BATCH, curve, max_rel, param_reads_per_forward, run_worker, tiny_cfg
 
-from onboard.engine.gates import load_checklist
+from core_bounds import BF16_LOSS_CURVE_REL, FSDP_LOSS_REL
 from titan_core.measure.numerics import rel
 from titan_core.train import run
 
-_GATE = load_checklist("simple_fsdp")
-TOL = _GATE.criterion("step1_loss").threshold
-BF16_TOL = _GATE.criterion("bf16_loss_curve").threshold
+TOL = FSDP_LOSS_REL
+BF16_TOL = BF16_LOSS_CURVE_REL
 CKPT = ("--checkpoint.enable", "--checkpoint.interval=2", "--checkpoint.folder=ckpt")
 
 

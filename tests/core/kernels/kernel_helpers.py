@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import torch
 
-from onboard.engine.gates import load_checklist
+from core_bounds import KERNEL_FP32_REL
 from titan_core.measure.numerics import rel_l2  # noqa: F401
 
-FP32_TOL = load_checklist("kernels").criterion("grads").threshold
+FP32_TOL = KERNEL_FP32_REL
 """The kernels gate's fp32 bound (checklists/kernels.yaml: output and grads vs the plain path)."""
 BF16_TOL = 1e-2
 

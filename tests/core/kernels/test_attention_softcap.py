@@ -55,8 +55,9 @@ def test_flex_caps_like_the_reference(mask):
     assert rel_l2(got, ref) <= FP32_TOL
 
 
-@pytest.mark.parametrize("core", [SDPAttention(), TokamaxAttention(), SplashAttention(interpret=True)],
-                         ids=["sdpa", "tokamax", "splash"])  # fmt: skip
+@pytest.mark.parametrize(
+    "core", [SDPAttention(), TokamaxAttention(), SplashAttention(interpret=True)], ids=["sdpa", "tokamax", "splash"]
+)
 def test_kernels_that_cannot_cap_refuse(core):
     q, k, v, seg, window = _inputs()
     with pytest.raises(KernelRefusesModel, match="cannot soft-cap attention scores .* caps them at 1.5"):

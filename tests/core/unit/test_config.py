@@ -71,7 +71,9 @@ def test_toml_loading_and_errors(tmp_path):
 
 
 def test_print_config_round_trip():
-    cfg = apply_overrides(JobConfig(), ["--optimizer.lr=0.1", "--model.overrides={dim = 64, rope_scaling = {factor = 8.0}}"])
+    cfg = apply_overrides(
+        JobConfig(), ["--optimizer.lr=0.1", "--model.overrides={dim = 64, rope_scaling = {factor = 8.0}}"]
+    )
     import tomllib
 
     again = from_dict(tomllib.loads(to_toml(cfg)))

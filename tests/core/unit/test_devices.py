@@ -29,4 +29,12 @@ def test_cpu_probe_is_positive_and_cached():
     first = devices.peak_flops(torch.device("cpu"), torch.float32)
     assert first > 1e8
     assert devices.peak_flops(torch.device("cpu"), torch.float32) == first  # measured once per process
-    assert devices.peak_memory_bytes(torch.device("cpu")) > 0
+    before = _resident_bytes()
+    block = torch.ones(16 * 2**20)  # 64 MiB, every page written
+    # the peak holds what is resident now, in bytes (a KiB-for-bytes slip would be 1024x off)
+    assert before + 0.9 * block.numel() * 4 <= devices.peak_memory_bytes(torch.device("cpu")) < 2**50
+
+
+def _resident_bytes() -> int:
+    status = open("/proc/self/status").read()
+    return int(status.split("VmRSS:")[1].split()[0]) * 1024

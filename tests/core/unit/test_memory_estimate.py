@@ -19,6 +19,7 @@ from dataclasses import replace
 
 import pytest
 import torch
+from hang_guard import hang_guard
 
 from titan_core.config import load_config
 from titan_core.config.loader import ConfigError
@@ -53,24 +54,28 @@ print(json.dumps({"estimate": estimate.total, "phase": estimate.phase,
 """
 
 GRID = [
-    (family, batch, policy)
-    for family in ("llama3", "qwen3_moe")
-    for batch in (2, 8)
-    for policy in ("none", "default")
+    (family, batch, policy) for family in ("llama3", "qwen3_moe") for batch in (2, 8) for policy in ("none", "default")
 ]
 
 
 def _measure(tmp_path, family: str, batch: int, policy: str) -> dict:
     argv = [
-        f"--model.family={family}", f"--training.batch_size={batch}", "--training.seq_len=256",
+        f"--model.family={family}",
+        f"--training.batch_size={batch}",
+        "--training.seq_len=256",
         "--training.steps=2",  # step 2 is the first whose forward runs with AdamW's state
-        "--device.type=cpu", "--metrics.rich=false", f"--metrics.output_dir={tmp_path / f'{family}-{batch}-{policy}'}",
+        "--device.type=cpu",
+        "--metrics.rich=false",
+        f"--metrics.output_dir={tmp_path / f'{family}-{batch}-{policy}'}",
         "--device.threads=1",  # two runs at once on a shared machine: spinning OpenMP threads would double the time
-    ]  # fmt: skip
+    ]
     if policy != "none":  # the captured step needs the static-shape experts
         argv += ["--graph_trainer.enable=true", f"--graph_trainer.memory_policy={policy}", "--kernels.moe=dense"]
     env = {**os.environ, "TORCH_DEVICE_BACKEND_AUTOLOAD": "0", "MALLOC_MMAP_THRESHOLD_": "65536"}
-    proc = subprocess.run([sys.executable, "-c", MEASURE, *argv], capture_output=True, text=True, env=env, timeout=300)
+    with hang_guard(300, f"measuring {family} batch {batch} policy {policy}") as guard:
+        proc = subprocess.run(
+            [sys.executable, "-c", MEASURE, *argv], capture_output=True, text=True, env=env, timeout=guard.timeout_s
+        )
     assert proc.returncode == 0, proc.stderr[-2000:]
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     return {"family": family, "batch": batch, "policy": policy, **out, "error": out["estimate"] / out["measured"] - 1}
@@ -176,7 +181,10 @@ def test_address_space_limit_lowers_the_cpu_budget():
         "from titan_core.memory.budget import cpu_budget; b = cpu_budget(); print(b.bytes, b.source)"
     )
     env = {**os.environ, "TORCH_DEVICE_BACKEND_AUTOLOAD": "0"}
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    with hang_guard(120, "cpu_budget under ulimit -v") as guard:
+        out = subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=guard.timeout_s
+        )
     assert out.returncode == 0, out.stderr
     size, source = out.stdout.split(" ", 1)
     assert int(size) < 16 * 2**30 and "ulimit -v" in source

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import random
+import time
 
 import pytest
 
@@ -127,5 +128,8 @@ def test_bad_protocols_and_samples_are_refused():
 
 def test_timed_measures_one_call_between_synchronisations():
     calls = []
-    sample = timed(lambda: calls.append("run"), sync=lambda: calls.append("sync"))
-    assert sample() >= 0 and calls == ["sync", "run", "sync"]
+    sample = timed(lambda: (calls.append("run"), time.sleep(0.02)), sync=lambda: calls.append("sync"))
+    t0 = time.perf_counter()
+    seconds = sample()
+    # at least the 20 ms the call sleeps, and within the wall time around the whole sample
+    assert 0.02 <= seconds <= time.perf_counter() - t0 and calls == ["sync", "run", "sync"]

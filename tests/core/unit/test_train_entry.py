@@ -24,7 +24,9 @@ def test_print_config_loads_back_to_the_same_config(tmp_path, capsys):
     code, out, _ = _run(["--print-config", "--training.steps=11", "--optimizer.lr=1e-3", "--device.type=cpu"], capsys)
     assert code == 0
     again = from_dict(tomllib.loads(out))
-    assert to_dict(again) == to_dict(load_config(None, ["--training.steps=11", "--optimizer.lr=1e-3", "--device.type=cpu"]))
+    assert to_dict(again) == to_dict(
+        load_config(None, ["--training.steps=11", "--optimizer.lr=1e-3", "--device.type=cpu"])
+    )
     recipe = tmp_path / "r.toml"
     recipe.write_text(out)
     code, out2, _ = _run(["--config", str(recipe), "--print-config"], capsys)

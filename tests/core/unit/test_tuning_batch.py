@@ -82,7 +82,9 @@ def test_throughput_that_stops_improving_keeps_the_smaller_batch():
 
 def test_the_grid_end_says_so():
     result, _ = run(budget=10_000 * MIB, doublings=2)
-    assert result.chosen == BatchShape(16, 1) and result.stopped == "grid" and "the grid's end: 2 doublings" in result.why
+    assert (
+        result.chosen == BatchShape(16, 1) and result.stopped == "grid" and "the grid's end: 2 doublings" in result.why
+    )
     at_end, measured = run(BatchShape(16, 1), budget=10_000 * MIB, doublings=0)
     assert at_end.chosen == BatchShape(16, 1) and at_end.stopped == "grid" and measured == [BatchShape(16, 1)]
     assert "already at the grid's end" in at_end.why and "not raised" in at_end.why
@@ -90,7 +92,10 @@ def test_the_grid_end_says_so():
 
 def test_a_fixed_global_batch_trades_accumulation_for_batch():
     assert candidates(BatchShape(2, 8), fixed_global=True, max_doublings=5) == [
-        BatchShape(4, 4), BatchShape(8, 2), BatchShape(16, 1)]  # fmt: skip
+        BatchShape(4, 4),
+        BatchShape(8, 2),
+        BatchShape(16, 1),
+    ]
     assert candidates(BatchShape(4, 3), fixed_global=True, max_doublings=3) == []
     assert candidates(BatchShape(4, 2), fixed_global=False, max_doublings=2) == [BatchShape(8, 2), BatchShape(16, 2)]
     result, measured = run(BatchShape(4, 4), budget=10_000 * MIB, fixed_global=True)

@@ -76,8 +76,10 @@ def _run(fn, params, x, index, weights):
 def test_kernel_equals_transformers_experts(model_type, kernel, idle):
     model = _model(model_type, kernel)
     experts = model.model.layers[0].mlp.experts
-    assert type(experts.kernel).__name__ == {"loop": "Experts", "dense": "DenseExperts",
-                                             "grouped_mm": "GroupedMMExperts"}[kernel]  # fmt: skip
+    assert (
+        type(experts.kernel).__name__
+        == {"loop": "Experts", "dense": "DenseExperts", "grouped_mm": "GroupedMMExperts"}[kernel]
+    )
     ref = _hf_reference(experts)
     eager = type(ref).forward.__wrapped__  # transformers' per-expert loop, whatever implementation is configured
     n, k = experts.gate_up_proj.shape[0], CONFIGS[model_type]["num_experts_per_tok"]
@@ -126,8 +128,11 @@ def test_unusual_experts_stay_transformers_own_and_a_kernel_is_refused():
     model = build_meta("transformers", args)
     assert type(model.model.layers[0].mlp.experts) is Qwen3MoeExperts and not model.experts_install.installed
     assert "activation is GELUActivation" in model.experts_install.refusal
-    with pytest.raises(SwapNotApplicable, match=r"is Qwen3MoeExperts, not one of the classes swap 'moe.dense'"
-                       r".*\(.*activation is GELUActivation"):  # fmt: skip
+    with pytest.raises(
+        SwapNotApplicable,
+        match=r"is Qwen3MoeExperts, not one of the classes swap 'moe.dense'"
+        r".*\(.*activation is GELUActivation",
+    ):
         apply_swaps(model, ["moe.dense"])
     build = dict(family="transformers", args=args, device="cpu", batch=1, seq_len=16)
     with pytest.raises(SwapNotApplicable):

@@ -25,24 +25,35 @@ def test_sdpa_refuses_softcapped_gemma2_and_the_rung_says_not_applicable():
     assert isinstance(e.value, KernelUnavailable)  # callers that catch the parent still do
     logged = []
     ctx = type("Ctx", (), {"log": staticmethod(logged.append)})()
-    row = kernels._one_kernel(ctx, "kernels.attention=sdpa", build=build, timing_kw={}, criteria=kernels.tolerances(),
-                              mode_kw={})  # fmt: skip
+    row = kernels._one_kernel(
+        ctx, "kernels.attention=sdpa", build=build, timing_kw={}, criteria=kernels.tolerances(), mode_kw={}
+    )
     assert row["status"] == "not_applicable" and "soft-cap" in row["reason"]
-    m = kernels.summarise({"kernels.attention=sdpa": row, "kernels.loss=fused_ce": {
-        "status": "compared", "loss_rel_err": 0.0, "logits_rel_err": 0.0, "max_grad_rel_err": 0.0}})
+    m = kernels.summarise(
+        {
+            "kernels.attention=sdpa": row,
+            "kernels.loss=fused_ce": {
+                "status": "compared",
+                "loss_rel_err": 0.0,
+                "logits_rel_err": 0.0,
+                "max_grad_rel_err": 0.0,
+            },
+        }
+    )
     assert (m["kernels_raised"], m["kernels_not_applicable"], m["kernels_compared"]) == (0, 1, 1)
     assert "soft-cap" in m["attention_sdpa_not_applicable"]
 
 
 def test_a_missing_extra_still_counts_as_raised(monkeypatch):
-    import titan_core.kernels as tk
+    import onboard.rungs.kernel_compare as kc
+    from titan_core.kernels import KernelUnavailable
 
     from onboard.rungs import kernels_rung as kernels
 
     def boom(**_):
-        raise tk.KernelUnavailable("kernels.attention=tokamax needs jax")
+        raise KernelUnavailable("kernels.attention=tokamax needs jax")
 
-    monkeypatch.setattr(tk, "compare_kernel", boom)
+    monkeypatch.setattr(kc, "compare_kernel", boom)
     ctx = type("Ctx", (), {"log": staticmethod(lambda s: None)})()
     row = kernels._one_kernel(ctx, "kernels.attention=tokamax", build={}, timing_kw={}, criteria={}, mode_kw={})
     assert row["status"] == "raised" and "needs jax" in row["error"]

@@ -5,7 +5,6 @@ from __future__ import annotations
 import importlib.util
 
 import pytest
-import torch
 
 from titan_core.kernels import fused_ce
 from onboard.rungs.kernel_modes import mode_check
@@ -52,7 +51,9 @@ def test_a_host_sync_inside_a_kernel_fails_the_captured_mode(monkeypatch):
 
 
 @pytest.mark.skipif(not HAS_JAX, reason="needs jax and tokamax (the [jax] extra)")
-@pytest.mark.parametrize("family, flag", [("llama3", "kernels.attention=tokamax"), ("qwen3_moe", "kernels.moe=tokamax")])
+@pytest.mark.parametrize(
+    "family, flag", [("llama3", "kernels.attention=tokamax"), ("qwen3_moe", "kernels.moe=tokamax")]
+)
 def test_jax_kernels_compile_without_a_break(family, flag):
     """They look their module up when built: an import inside forward broke every block (FINDINGS)."""
     out = mode_check(family, _args(family), flag, mode="compile", seq_len=16)

@@ -9,10 +9,10 @@ import logging
 
 import pytest
 import torch
-from kernel_helpers import FP32_TOL
 from torch import nn
 
 import titan_core.kernels  # noqa: F401  (registers the kernel swaps)
+from onboard.engine.gates import load_checklist
 from titan_core.config.loader import ConfigError
 from titan_core.config.swaps import (
     SwapNotApplicable,
@@ -31,6 +31,7 @@ from titan_core.models.common.layers import CrossEntropyHead
 from titan_core.models.common.moe_static import DenseExperts
 
 CAP = 5.0
+FP32_TOL = load_checklist("kernels").criterion("grads").threshold  # the kernels gate's fp32 bound
 
 
 class SoftcapCore(nn.Module):
@@ -164,8 +165,12 @@ def test_applicable_kernels_on_a_port_names_its_core():
     port = _port()()
     got = applicable_kernels(_args(), model=port)
     assert list(got) == list(KERNEL_FLAGS)
-    for flag in ("kernels.attention=sdpa", "kernels.attention=tokamax", "kernels.attention=flex",
-                 "kernels.attention=splash"):  # fmt: skip
+    for flag in (
+        "kernels.attention=sdpa",
+        "kernels.attention=tokamax",
+        "kernels.attention=flex",
+        "kernels.attention=splash",
+    ):
         assert "layers.*.attention.core is SoftcapCore" in got[flag], flag
     assert got["kernels.loss=fused_ce"] is None  # the loss head is still the library's
     assert "dense model" in got["kernels.moe=dense"]  # the dense reason stays
@@ -183,7 +188,9 @@ def test_compare_kernel_on_a_port_still_compares_the_loss():
     from titan_core.config.sections import Kernels
 
     for base in (None, Kernels(ce_chunk=8)):  # only attention has a built-in swap to name: no loss.fused_ce twice
-        cmp = compare_kernel("llama3", _args(), "kernels.loss=fused_ce", build_meta_model=_port(), seq_len=16, base=base)
+        cmp = compare_kernel(
+            "llama3", _args(), "kernels.loss=fused_ce", build_meta_model=_port(), seq_len=16, base=base
+        )
         assert cmp.loss_rel_err <= FP32_TOL and cmp.max_grad_rel_err <= FP32_TOL
 
 
@@ -191,10 +198,12 @@ def test_the_sdpa_side_of_a_comparison_runs_sdpa(caplog):
     """attention=sdpa is the built-in default (no swap in a recipe); a comparison still swaps it in,
     so a builder that put naive cores there does not get naive compared against naive."""
     with caplog.at_level(logging.INFO, logger="titan_core.swaps"):
-        compare_kernel("llama3", _args(), "kernels.attention=sdpa", build_meta_model=_port(core=NaiveAttention),
-                       seq_len=16)  # fmt: skip
-    assert any("attention.sdpa: layers.0.attention.core NaiveAttention -> SDPAttention" in r.message
-               for r in caplog.records)  # fmt: skip
+        compare_kernel(
+            "llama3", _args(), "kernels.attention=sdpa", build_meta_model=_port(core=NaiveAttention), seq_len=16
+        )
+    assert any(
+        "attention.sdpa: layers.0.attention.core NaiveAttention -> SDPAttention" in r.message for r in caplog.records
+    )
 
 
 def test_loss_swap_keeps_the_heads_settings():
@@ -208,7 +217,7 @@ def test_loss_swap_keeps_the_heads_settings():
     assert (model.loss_head.final_softcap, model.loss_head.ignore_index) == (7.0, -1)
 
 
-PORT_MODEL_PY = '''
+PORT_MODEL_PY = """
 import torch
 from titan_core.models.common.attention import attention_mask
 from titan_core.models.llama3.model import Llama3
@@ -228,7 +237,7 @@ def build_model(args):
     for layer in model.layers.values():
         layer.attention.core = SoftcapCore()
     return model
-'''
+"""
 
 
 def test_training_a_port_with_a_kernel_its_core_cannot_take_exits_2(tmp_path, capsys):

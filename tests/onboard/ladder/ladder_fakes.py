@@ -7,13 +7,22 @@ from __future__ import annotations
 
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
 
 from onboard.engine.gates import parse_checklist
 from onboard.engine.ladder import RUNGS, RungSpec
-from onboard.rungs.contract import RungResult
+from onboard.rungs.contract import Measurements, RungResult, flattened
+
+
+@dataclass(kw_only=True)
+class Scripted(Measurements):
+    """A fake rung's measurements: whatever the test scripted, under the names it chose."""
+
+    values: dict = flattened()
+
 
 CHECKLISTS = {
     "eager": {
@@ -67,7 +76,7 @@ class FakeRung:
         if self.error is not None:
             raise self.error
         return RungResult(
-            measurements=dict(self.measurements),
+            measurements=Scripted(values=dict(self.measurements)),
             files_read=[ctx.workspace.root / f for f in self.files],
             command=f"fake {self.RUNG}",
             not_applicable=self.not_applicable,

@@ -18,16 +18,24 @@ GOOD = {"rung": "eager", "attempt": 1, "status": "failed", "started": "2026-01-0
 
 # (how the second entry is broken, what the message must name)
 CORRUPT = {
-    "no status": ({k: v for k, v in GOOD.items() if k != "status"} | {"attempt": 2},
-                  "attempts[1] (eager attempt 2): field 'status' is missing"),
-    "bad timestamp": (GOOD | {"attempt": 2, "started": "2026-13-45T99:00"},
-                      "attempts[1] (eager attempt 2): field 'started' is '2026-13-45T99:00', not an ISO 8601"),
+    "no status": (
+        {k: v for k, v in GOOD.items() if k != "status"} | {"attempt": 2},
+        "attempts[1] (eager attempt 2): field 'status' is missing",
+    ),
+    "bad timestamp": (
+        GOOD | {"attempt": 2, "started": "2026-13-45T99:00"},
+        "attempts[1] (eager attempt 2): field 'started' is '2026-13-45T99:00', not an ISO 8601",
+    ),
     "not an object": (["eager", 2, "passed"], "attempts[1]: the entry is a list, not an object"),
-    "no utc offset": (GOOD | {"attempt": 2, "ended": "2026-01-01T00:00:05"},
-                      "field 'ended' is '2026-01-01T00:00:05', a timestamp with no UTC offset"),
-    "unknown status": (GOOD | {"attempt": 2, "status": "skipped"},
-                       "field 'status' is 'skipped', not one of passed, failed, not_applicable, interrupted"),
-}  # fmt: skip
+    "no utc offset": (
+        GOOD | {"attempt": 2, "ended": "2026-01-01T00:00:05"},
+        "field 'ended' is '2026-01-01T00:00:05', a timestamp with no UTC offset",
+    ),
+    "unknown status": (
+        GOOD | {"attempt": 2, "status": "skipped"},
+        "field 'status' is 'skipped', not one of passed, failed, not_applicable, interrupted",
+    ),
+}
 
 
 def onboard(*args):
@@ -82,8 +90,9 @@ def test_status_refuses_in_one_line_naming_the_entry_and_the_field(tmp_path, two
     assert onboard("status", "good", "--dir", tmp_path, "--json").exit_code == 0
 
 
-@pytest.mark.parametrize("command", [("next-step", "bad"), ("report", "bad"),
-                                     ("waive", "bad", "eager", "loss_falls", "--why", "x")])  # fmt: skip
+@pytest.mark.parametrize(
+    "command", [("next-step", "bad"), ("report", "bad"), ("waive", "bad", "eager", "loss_falls", "--why", "x")]
+)
 def test_no_command_runs_on_or_rewrites_a_malformed_ledger(tmp_path, two_workspaces, command):
     # a forged passed entry with no status field: never evidence, never silently dropped
     before = two_workspaces({k: v for k, v in GOOD.items() if k != "status"} | {"attempt": 2, "passed": True})
@@ -106,12 +115,14 @@ def test_no_command_runs_on_or_rewrites_a_malformed_ledger(tmp_path, two_workspa
         ({"attempts": [GOOD | {"recipe_edit": {"edits": "kernels.loss"}}]}, "field 'recipe_edit.edits'"),
         ({"attempts": [GOOD | {"rung": 7}]}, "attempts[0]: field 'rung' is 7, not a rung name"),
         ({"attempts": [], "waivers": [{"rung": "eager", "criterion": "c", "why": "w"}]}, "waivers[0]: field 'time'"),
-        ({"attempts": [], "waivers": [{"rung": "eager", "criterion": "c", "why": "w", "time": "soon"}]},
-         "waivers[0]: field 'time' is 'soon', not an ISO 8601 timestamp"),
+        (
+            {"attempts": [], "waivers": [{"rung": "eager", "criterion": "c", "why": "w", "time": "soon"}]},
+            "waivers[0]: field 'time' is 'soon', not an ISO 8601 timestamp",
+        ),
         ({"attempts": [], "waivers": ["eager/c"]}, "waivers[0]: the entry is a string, not an object"),
         ({"attempts": [], "workspace": []}, "'workspace' is a list, not an object"),
     ],
-)  # fmt: skip
+)
 def test_shape_problem_names_the_place_and_the_field(tmp_path, data, needle):
     assert needle in shape_problem(data)
     path = tmp_path / "ladder.json"
@@ -124,5 +135,9 @@ def test_shape_problem_names_the_place_and_the_field(tmp_path, data, needle):
 def test_sound_ledgers_have_no_shape_problem(tmp_path):
     interrupted = GOOD | {"attempt": 2, "status": "interrupted", "ended": None, "error": None}
     waiver = {"rung": "eager", "criterion": "c", "why": "w", "time": "2026-01-01T00:00:00+00:00", "by": "me"}
-    assert shape_problem({"attempts": [GOOD, interrupted, {"rung": "eager", "attempt": 3, "status": "failed"}],
-                          "waivers": [waiver]}) is None  # fmt: skip
+    assert (
+        shape_problem(
+            {"attempts": [GOOD, interrupted, {"rung": "eager", "attempt": 3, "status": "failed"}], "waivers": [waiver]}
+        )
+        is None
+    )

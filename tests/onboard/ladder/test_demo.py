@@ -9,6 +9,7 @@ from pathlib import Path
 import tomllib
 
 import pytest
+from hang_guard import Load, hang_guard, stretch
 from onboard.engine.gates import load_checklist
 from onboard.engine.ladder import default_specs
 from titan_core.measure.numerics import rel
@@ -19,7 +20,10 @@ ONBOARD = Path(sys.executable).parent / "onboard"
 @pytest.mark.slow
 def test_demo_climbs_every_built_rung_and_prints_the_ladder(tmp_path):
     t0 = time.perf_counter()
-    result = subprocess.run([ONBOARD, "demo", "--dir", tmp_path], capture_output=True, text=True, timeout=600)
+    with hang_guard(600, "onboard demo") as guard:
+        result = subprocess.run(
+            [ONBOARD, "demo", "--dir", tmp_path], capture_output=True, text=True, timeout=guard.timeout_s
+        )
     wall = time.perf_counter() - t0
     assert result.returncode == 0, result.stdout + result.stderr
     out = result.stdout
@@ -40,7 +44,14 @@ def test_demo_climbs_every_built_rung_and_prints_the_ladder(tmp_path):
     assert sorted(set(rungs), key=rungs.index) == built  # first reached in ladder order, every one
     for rung in built:
         assert f"## {rung}: passed" in (ws / "REPORT.md").read_text()
-    assert wall < 300, f"demo took {wall:.0f} s"
+    # 300 s is the demo's budget on a machine with a core per runnable process when it starts (its
+    # own ranks load it up to that); how much slower a loaded one runs it is not the load average's
+    # ratio (1,669 s at load 8 on 2 cores), so there the scaled hang guard is the only bound
+    end = Load.now()
+    if stretch(guard.start) == 1:
+        assert wall < 300, f"demo took {wall:.0f} s; {guard.start.describe()} at start, {end.describe()} at end"
+    else:
+        print(f"demo took {wall:.0f} s on a loaded machine: {guard.start.describe()} at start, {end.describe()} at end")
     assert_train_reproduces_the_verified_step(ws, ledger, tmp_path / "train")
 
 
@@ -60,7 +71,8 @@ def assert_train_reproduces_the_verified_step(ws: Path, ledger: dict, out: Path)
     else:  # eager, or the Graph Trainer uncompiled: bit-identical to the eager rung's step
         reference = float(latest["eager"]["measurements"]["step1_loss_repr"])
     argv = [ONBOARD, "train", "--config", ws / "recipe.toml", "--training.steps=2", f"--metrics.output_dir={out}"]
-    result = subprocess.run(argv, capture_output=True, text=True, timeout=300)
+    with hang_guard(300, "onboard train (the final recipe, 2 steps)") as guard:
+        result = subprocess.run(argv, capture_output=True, text=True, timeout=guard.timeout_s)
     assert result.returncode == 0, result.stdout + result.stderr
     first = json.loads((out / "metrics.jsonl").read_text().splitlines()[0])
     assert rel(first["loss"], reference) <= tolerance, (first["loss"], reference, recipe)

@@ -138,8 +138,10 @@ def test_editing_a_file_a_rung_read_makes_it_stale_and_next_step_reverifies(debu
 
 
 def test_reverifying_an_earlier_rung_makes_later_passes_stale(debug_ws):
-    sp = specs(eager=FakeRung("eager", {"score": 2.0, "flag": True}, files=("config.json",)),
-               parity=FakeRung("parity", {"diff": 0.1}, files=("adapter.py",)))  # fmt: skip
+    sp = specs(
+        eager=FakeRung("eager", {"score": 2.0, "flag": True}, files=("config.json",)),
+        parity=FakeRung("parity", {"diff": 0.1}, files=("adapter.py",)),
+    )
     next_step(debug_ws, specs=sp)
     next_step(reload(debug_ws), specs=sp)
     cfg = debug_ws.root / "config.json"

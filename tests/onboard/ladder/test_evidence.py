@@ -123,8 +123,10 @@ def test_waiver_recorded_after_a_failed_attempt_does_not_make_it_passed(debug_ws
 
 def test_threshold_references_use_the_evidence_as_it_was(debug_ws):
     def sp(score):
-        return specs(eager=FakeRung("eager", {"score": score, "flag": True}, files=("config.json",)),
-                     parity=FakeRung("parity", {"diff": 1.5}, files=("adapter.py",)))  # fmt: skip
+        return specs(
+            eager=FakeRung("eager", {"score": score, "flag": True}, files=("config.json",)),
+            parity=FakeRung("parity", {"diff": 1.5}, files=("adapter.py",)),
+        )
 
     next_step(debug_ws, specs=sp(2.0))
     next_step(reload(debug_ws), specs=sp(2.0))

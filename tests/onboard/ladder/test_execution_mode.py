@@ -31,8 +31,9 @@ def choose(debug_ws, tmp_path, monkeypatch, times: dict[str, float], moe=None):
 
     monkeypatch.setattr(execution_mode, "_trainer", trainer)
     ctx = RungContext(workspace=debug_ws, attempt_dir=tmp_path, evidence={}, log=lambda line: None)
-    edits, record = execution_mode.choose(ctx, harness.job_config(ctx), rung="graph_trainer", moe=moe,
-                                          modes=list(times))  # fmt: skip
+    edits, record = execution_mode.choose(
+        ctx, harness.job_config(ctx), rung="graph_trainer", moe=moe, modes=list(times)
+    )
     assert all(t.closed for t in made.values())
     return {e.key: e.value for e in edits}, record
 
@@ -52,7 +53,9 @@ def test_a_tie_keeps_eager_and_edits_nothing(debug_ws, tmp_path, monkeypatch):
 @pytest.mark.parametrize("graph, chosen", [(0.05, "graph_trainer"), (0.1, "compile")])
 def test_two_faster_modes_meet_head_to_head(debug_ws, tmp_path, monkeypatch, graph, chosen):
     edits, record = choose(debug_ws, tmp_path, monkeypatch, {"eager": 0.2, "compile": 0.1, "graph_trainer": graph})
-    assert record["execution_mode"] == chosen and record["execution_mode_head_to_head"] is not None
+    h2h = record["execution_mode_head_to_head"]  # graph_trainer timed against compile, noiseless
+    assert record["execution_mode"] == chosen and h2h["ratio"] == pytest.approx(graph / 0.1, rel=1e-12)
+    assert h2h["outcome"] == ("faster" if chosen == "graph_trainer" else "indistinguishable")
     assert edits == ({"graph_trainer.enable": True} if chosen == "graph_trainer" else {"compile.enable": True})
 
 
@@ -63,7 +66,13 @@ def test_a_captured_mode_brings_the_experts_it_ran(debug_ws, tmp_path, monkeypat
 
 def test_rungs_that_run_their_own_mode_do_not_read_the_mode_keys():
     from onboard.rungs import compile_rung
-    from onboard.rungs import eager_rung as eager, graph_trainer_rung as graph_trainer, kernels_rung as kernels, parity_rung as parity, simple_fsdp_rung as simple_fsdp
+    from onboard.rungs import (
+        eager_rung as eager,
+        graph_trainer_rung as graph_trainer,
+        kernels_rung as kernels,
+        parity_rung as parity,
+        simple_fsdp_rung as simple_fsdp,
+    )
 
     for rung in (eager, simple_fsdp, compile_rung, graph_trainer):
         assert not rung.reads_recipe_key("compile.enable") and not rung.reads_recipe_key("graph_trainer.enable")
@@ -100,10 +109,15 @@ def test_a_re_run_keeps_the_recipes_mode_unless_beaten(debug_ws, tmp_path, monke
         assert "compile, the recipe's mode, stands" in record["execution_mode_why"]
 
 
-@pytest.mark.parametrize("outcome, current, written", [
-    ("faster", "float32", "bfloat16"), ("slower", "bfloat16", "float32"),
-    ("indistinguishable", "float32", "float32"), ("indistinguishable", "bfloat16", "bfloat16"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "outcome, current, written",
+    [
+        ("faster", "float32", "bfloat16"),
+        ("slower", "bfloat16", "float32"),
+        ("indistinguishable", "float32", "float32"),
+        ("indistinguishable", "bfloat16", "bfloat16"),
+    ],
+)
 def test_settle_keeps_the_recipes_value_when_the_protocol_cannot_tell(outcome, current, written):
     assert harness.settle(outcome, current=current, candidate="bfloat16", plain="float32") == written
     # a value that is neither side (a hand edit of something else): the plain one

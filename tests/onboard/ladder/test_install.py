@@ -13,6 +13,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
+from hang_guard import hang_guard
 
 REPO = Path(__file__).resolve().parents[3]
 DATA = ("templates", "checklists", "skills")
@@ -21,7 +22,8 @@ SKIP = shutil.ignore_patterns(".venv", ".git", "build", "dist", "*.egg-info", "_
 
 
 def run(*cmd, cwd=None):
-    result = subprocess.run([str(c) for c in cmd], capture_output=True, text=True, cwd=cwd, timeout=300)
+    with hang_guard(300, " ".join(str(c) for c in cmd)) as guard:
+        result = subprocess.run([str(c) for c in cmd], capture_output=True, text=True, cwd=cwd, timeout=guard.timeout_s)
     assert result.returncode == 0, f"{cmd}\n{result.stdout}\n{result.stderr}"
     return result.stdout
 
@@ -49,7 +51,9 @@ def test_wheel_install_finds_its_data_from_another_folder(tmp_path):
 
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
-    where = run(vpy, "-c", "import onboard.workspace.resources as r; print(r.data_dir('templates'))", cwd=elsewhere).strip()
+    where = run(
+        vpy, "-c", "import onboard.workspace.resources as r; print(r.data_dir('templates'))", cwd=elsewhere
+    ).strip()
     assert Path(where).is_relative_to(venv), f"templates found at {where}, not in the installed package"
     run(venv / "bin" / "onboard", "new-model", "m", "--preset", "llama3/debugmodel", cwd=elsewhere)
     ws = elsewhere / "onboarding" / "m"

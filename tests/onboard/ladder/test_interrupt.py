@@ -10,9 +10,11 @@ import time
 from pathlib import Path
 
 import pytest
+from hang_guard import HangGuard, hang_guard
 from ladder_fakes import specs
 
 from onboard.engine.ladder import ladder_states, next_step
+from onboard.engine.ledger import parse_iso
 from onboard.workspace.layout import Workspace
 
 HERE = Path(__file__).parent
@@ -24,13 +26,17 @@ def start_sleeping_rung(ws, tmp_path):
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")])}
     proc = subprocess.Popen(
         [sys.executable, str(HERE / "ladder_fakes.py"), str(ws.root.parent.parent), ws.name, str(ready)],
-        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
-    deadline = time.monotonic() + 60
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    guard = HangGuard("the fake rung starting", 60)
+    deadline = time.monotonic() + guard.timeout_s
     while not ready.exists():
         if proc.poll() is not None or time.monotonic() > deadline:
             proc.kill()
-            pytest.fail(f"fake rung never started: {proc.communicate()}")
+            pytest.fail(f"fake rung never started: {proc.communicate()}\n{guard.message()}")
         time.sleep(0.05)
     return proc
 
@@ -46,18 +52,21 @@ def test_sigterm_mid_rung_records_interrupted_and_exits_130(debug_ws, tmp_path):
     running = {s.rung: s for s in ladder_states(Workspace.load(tmp_path, "dbg"), specs())}["eager"]
     assert running.status == "running" and str(proc.pid) in running.reason
     proc.send_signal(signal.SIGTERM)
-    out, err = proc.communicate(timeout=30)
+    with hang_guard(30, "next-step after SIGTERM") as guard:
+        out, err = proc.communicate(timeout=guard.timeout_s)
     assert proc.returncode == 130, err
     assert out.strip() == "interrupted"
     [entry] = entries(debug_ws)
-    assert entry["status"] == "interrupted" and entry["ended"] is not None and "Interrupted" in entry["error"]
+    assert entry["status"] == "interrupted" and "Interrupted" in entry["error"]
+    assert parse_iso(entry["started"]) <= parse_iso(entry["ended"])  # the end was recorded, after the start
     assert not (debug_ws.root / ".onboard.lock").exists()
 
 
 def test_sigkill_mid_rung_leaves_valid_ledger_and_a_lock_the_next_run_takes_over(debug_ws, tmp_path):
     proc = start_sleeping_rung(debug_ws, tmp_path)
     proc.kill()
-    proc.communicate(timeout=30)
+    with hang_guard(30, "next-step after SIGKILL") as guard:
+        proc.communicate(timeout=guard.timeout_s)
     [entry] = entries(debug_ws)
     assert entry["status"] == "interrupted" and entry["ended"] is None
     lock = debug_ws.root / ".onboard.lock"
@@ -89,10 +98,13 @@ def test_a_lock_held_by_a_live_process_is_refused_with_its_pid(debug_ws, tmp_pat
     holder = subprocess.Popen([sys.executable, "-c", code, str(debug_ws.root)], stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout.readline().strip() == "held"
-        result = subprocess.run(
-            [sys.executable, "-m", "onboard", "next-step", "dbg", "--dir", str(tmp_path)],
-            capture_output=True, text=True, timeout=60,
-        )  # fmt: skip
+        with hang_guard(60, "next-step against a held lock") as guard:
+            result = subprocess.run(
+                [sys.executable, "-m", "onboard", "next-step", "dbg", "--dir", str(tmp_path)],
+                capture_output=True,
+                text=True,
+                timeout=guard.timeout_s,
+            )
         assert result.returncode == 2
         assert result.stderr.strip().splitlines() == [
             f"error: another onboard run (pid {holder.pid}) holds {debug_ws.root / '.onboard.lock'}; "

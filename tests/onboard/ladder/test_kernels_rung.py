@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 import yaml
 from ladder_fakes import CHECKLISTS, FakeRung
+from timing_checks import check_comparison
 
 from onboard.workspace.fsutil import sha256_file
 from onboard.engine.gates import evaluate, gate_passed, load_checklist, parse_checklist
@@ -43,8 +44,15 @@ NARROW = dict(hidden_size=64, num_hidden_layers=1, num_attention_heads=4, num_ke
 PRESETS = {
     "llama3": ("llama3/debugmodel", {}),
     # one sliding and one global layer, a window shorter than the sequence, the soft-cap and qk-norm kept
-    "glimmer": ("glimmer/debugmodel", {"num_hidden_layers": 2, "layer_types": ["sliding_attention", "full_attention"],
-                                       "sliding_window": 16, "no_rope_layer_interval": 2}),  # fmt: skip
+    "glimmer": (
+        "glimmer/debugmodel",
+        {
+            "num_hidden_layers": 2,
+            "layer_types": ["sliding_attention", "full_attention"],
+            "sliding_window": 16,
+            "no_rope_layer_interval": 2,
+        },
+    ),
     "qwen3_moe": ("qwen3_moe/debugmodel", {"num_experts": 4, "moe_intermediate_size": 32}),
 }
 MOE_FLAGS = [f for f in KERNEL_FLAGS if f.startswith("kernels.moe=")]
@@ -91,7 +99,7 @@ def scripted_measure(monkeypatch, times: dict[str, tuple[float, float]]) -> None
                 "with_kernel": {"step_time_s": w, "peak_memory_bytes": 1000},
                 "with_reference": {"step_time_s": wo, "peak_memory_bytes": 1000}}  # fmt: skip
 
-    monkeypatch.setattr("titan_core.kernels.measure_kernel", measure)
+    monkeypatch.setattr("onboard.rungs.kernel_compare.measure_kernel", measure)
 
 
 def assert_decisions_follow_the_rule(result) -> None:
@@ -103,9 +111,11 @@ def assert_decisions_follow_the_rule(result) -> None:
             continue
         assert r["status"] == "compared", r
         d = kernels.keep_decision(
-            passed=r["passed"], timing=r["timing"],
-            peak_with=r["peak_memory_bytes"], peak_without=r["reference_peak_memory_bytes"],
-        )  # fmt: skip
+            passed=r["passed"],
+            timing=r["timing"],
+            peak_with=r["peak_memory_bytes"],
+            peak_without=r["reference_peak_memory_bytes"],
+        )
         assert d["kept"] == r["kept"] and d["outcome"] == r["outcome"] == r["timing"]["outcome"], flag
         assert d["kept"] == (r["timing"]["outcome"] == "faster" or r["reason"].startswith("saves")), flag
         field_name, choice = parse_flag(flag)
@@ -121,8 +131,9 @@ def assert_decisions_follow_the_rule(result) -> None:
         was, rows_was = decision["was"], by_field.get(field_name, {}).get(decision["was"], {})
         default_stays = was == DEFAULTS[field_name] and "timing" in rows_was and rows_was.get("outcome") != "slower"
         expected = (was if was in kept else kept[0]) if kept else (was if default_stays else REFERENCE[field_name])
-        for c in decision["contests"]:
-            assert c["holder"] == expected and c["timing"]["outcome"] in ("faster", "slower", "indistinguishable")
+        for c in decision["contests"]:  # the challenger wins only on a `faster` that its interval supports
+            assert c["holder"] == expected and c["won"] == (c["timing"]["outcome"] == "faster")
+            check_comparison(c["timing"], kernels.protocol().min_effect)
             expected = c["challenger"] if c["won"] else expected
         assert decision["value"] == expected, (field_name, decision)
         assert decision["edit"] == (expected != decision["was"])
@@ -150,8 +161,7 @@ def test_keep_decision_edges(time_with, peak_with, peak_without, kept):
     d = kernels.keep_decision(passed=True, timing=t, peak_with=peak_with, peak_without=peak_without)
     assert d["kept"] is kept and d["why"].startswith("kept" if kept else "not kept")
     assert "CI" in d["why"]  # the interval is always shown, never a bare ratio
-    assert kernels.keep_decision(passed=False, timing=timing(0.1, 1.0), peak_with=1, peak_without=100)[
-        "kept"] is False  # fmt: skip
+    assert kernels.keep_decision(passed=False, timing=timing(0.1, 1.0), peak_with=1, peak_without=100)["kept"] is False
 
 
 def test_keep_decision_on_noise_keeps_the_plain_path():
@@ -164,21 +174,25 @@ def test_keep_decision_on_noise_keeps_the_plain_path():
 
 
 def test_choose_simplest_kept_unless_beaten_head_to_head_and_never_loop_under_capture():
-    rows = {"sdpa": {"kept": True, "max_rel_err": 1e-7, "reason": "faster"},
-            "tokamax": {"kept": True, "max_rel_err": 2e-7, "reason": "faster"},
-            "flex": {"kept": False, "max_rel_err": 1.0, "reason": "wrong"}}  # fmt: skip
+    rows = {
+        "sdpa": {"kept": True, "max_rel_err": 1e-7, "reason": "faster"},
+        "tokamax": {"kept": True, "max_rel_err": 2e-7, "reason": "faster"},
+        "flex": {"kept": False, "max_rel_err": 1.0, "reason": "wrong"},
+    }
     calls = []
 
     def contest(outcome):
         def run(challenger, holder):
             calls.append((challenger, holder))
             return {"timing": {"outcome": outcome}, "describe": outcome}
+
         return run
 
     value, why, contests = kernels.choose("attention", rows, "sdpa", reference="naive", contest=contest("faster"))
     assert value == "tokamax" and calls == [("tokamax", "sdpa")] and contests[0]["won"] and "head to head" in why
-    value, _, contests = kernels.choose("attention", rows, "sdpa", reference="naive",
-                                        contest=contest("indistinguishable"))  # fmt: skip
+    value, _, contests = kernels.choose(
+        "attention", rows, "sdpa", reference="naive", contest=contest("indistinguishable")
+    )
     assert value == "sdpa" and not contests[0]["won"]  # a tie keeps the simpler kernel
     calls.clear()  # the recipe's value is the incumbent: the others must beat it
     value, _, _ = kernels.choose("attention", rows, "tokamax", reference="naive", contest=contest("indistinguishable"))
@@ -245,7 +259,11 @@ def test_rung_passes_on_narrowed_debug_workspaces(tmp_path, family):
         assert all(f"{f[8:].replace('=', '_')}_not_applicable" in m for f in MOE_FLAGS)
     assert m["kernels_compared"] == len(compared) and m["kernels_raised"] == 0
     assert (m["compare_batch_size"], m["compare_seq_len"], m["compare_dtype"]) == (4, 32, "float32")
-    assert all(rows[f]["step_time_s"] > 0 and rows[f]["reference_step_time_s"] > 0 for f in compared)
+    for f in compared:  # the recorded step times are the timing's medians; its outcome follows from its interval
+        t = rows[f]["timing"]
+        assert rows[f]["step_time_s"] == t["candidate_median_s"]
+        assert rows[f]["reference_step_time_s"] == t["baseline_median_s"]
+        check_comparison(t, kernels.protocol().min_effect)
     assert all(rows[f]["timing"]["rounds"] >= kernels.protocol().min_rounds for f in compared)
     assert_decisions_follow_the_rule(result)
     assert {p.name for p in result.files_read} == {"recipe.toml", "config.json", "adapter.py"}

@@ -5,12 +5,14 @@ they pass with real measurements, and each criterion fails for the fault it is t
 from __future__ import annotations
 
 import pytest
+from timing_checks import check_comparison
 
 from onboard.engine.gates import evaluate, gate_passed, load_checklist
 from onboard.rungs import compile_rung
 from onboard.rungs import harness
 from onboard.rungs import eager_rung as eager, graph_trainer_rung as graph_trainer
 from onboard.rungs.contract import RungContext
+from titan_core.measure.timing import TimingProtocol
 
 pytestmark = pytest.mark.slow
 
@@ -45,9 +47,13 @@ def test_compile_rung_passes_with_no_breaks_and_eager_step1_loss(narrow_ws, tmp_
     assert set(result.details["per_module"]) == {"layers.0", "layers.1", "loss_head"}
     assert all(v["graphs"] == 1 for v in result.details["per_module"].values())
     assert m["step1_loss_rel_err"] <= 1e-5 and m["baseline_step1_loss_repr"] == evidence["eager"]["step1_loss_repr"]
-    assert m["compile_time_s"] > 0 and m["steps_run"] == harness.param("compile", "steps")
-    assert m["eager_step_time_median_s"] == evidence["eager"]["step_time_median_s"] and m["speedup_vs_eager"] > 0
-    assert m["vs_eager"]["outcome"] in ("faster", "slower", "indistinguishable") and "CI" in m["vs_eager_text"]
+    # compiling is paid inside step 1, which is therefore slower than a steady step
+    assert 0 < m["compile_time_s"] <= m["first_step_time_s"] and m["first_step_time_s"] > m["step_time_median_s"]
+    assert m["steps_run"] == harness.param("compile", "steps")
+    assert m["eager_step_time_median_s"] == evidence["eager"]["step_time_median_s"]
+    assert m["speedup_vs_eager"] == m["eager_step_time_median_s"] / m["step_time_median_s"]
+    check_comparison(m["vs_eager"], TimingProtocol().min_effect)  # compare_samples' default protocol
+    assert "CI" in m["vs_eager_text"]
     if family == "qwen3_moe":  # eager ran the loop experts; the compiled run the static ones, same sums
         assert m["moe_experts"] == "dense" and m["flags"] == "--compile.enable=true --kernels.moe=dense"
         assert "torch.where" in m["moe_why"]
@@ -85,7 +91,9 @@ def test_graph_trainer_rung_passes_bit_identical_with_one_program_per_step(narro
     assert m["eager_step1_loss_rel_err"] <= 1e-5
     assert m["saved_activation_bytes_full"] < m["saved_activation_bytes_default"] < m["saved_activation_bytes_none"]
     assert m["saved_activation_host_bytes_offload"] > 0
-    assert len(result.details["loss_curve"]) == harness.param("graph_trainer", "timed_steps") and m["trace_time_s"] > 0
+    assert len(result.details["loss_curve"]) == harness.param("graph_trainer", "timed_steps")
+    # the capture (trace, passes, backend compile) is paid inside the timed run's step 1
+    assert 0 < m["trace_time_s"] <= m["compile_time_s"] <= m["first_step_time_s"]
     assert m["moe_experts"] == ("dense" if family == "qwen3_moe" else None)
 
 

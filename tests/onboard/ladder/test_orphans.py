@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
+from hang_guard import HangGuard, hang_guard
 
 from titan_core.runtime.die_with_parent import EXIT_PARENT_GONE, main as wrapper_main, supported
 
@@ -27,13 +28,16 @@ def alive(pid: int) -> bool:
         return False
 
 
-def wait_for(pred, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
+def wait_for(pred, timeout: float, what: str, *, guard: bool = False):
+    """pred()'s first true value within `timeout` s. guard=True: `timeout` is a hang guard's base
+    (scaled by the load, which the failure states); else it is the bound the test asserts."""
+    hang = HangGuard(f"waiting for {what}", timeout) if guard else None
+    deadline = time.monotonic() + (hang.timeout_s if hang else timeout)
     while time.monotonic() < deadline:
         if value := pred():
             return value
         time.sleep(0.05)
-    pytest.fail(f"timed out waiting for {what}")
+    pytest.fail(hang.message() if hang else f"timed out waiting for {what}")
 
 
 def pids_running(needle: str) -> list[int]:
@@ -60,11 +64,16 @@ def test_ranks_die_within_seconds_of_a_killed_launcher(tmp_path):
     pids = tmp_path / "pids"
     pids.mkdir()
     proc = subprocess.Popen([sys.executable, "-c", driver], env={**os.environ, "PIDS": str(pids)})
-    ranks = wait_for(lambda: len(list(pids.iterdir())) == 2 and [int(p.read_text()) for p in pids.iterdir()], 60,
-                     "both ranks to start")  # fmt: skip
+    ranks = wait_for(
+        lambda: len(list(pids.iterdir())) == 2 and [int(p.read_text()) for p in pids.iterdir()],
+        60,
+        "both ranks to start",
+        guard=True,
+    )
     assert all(alive(p) for p in ranks)
     proc.send_signal(signal.SIGKILL)
-    proc.wait(timeout=10)
+    with hang_guard(10, "the killed launcher to be reaped") as hang:
+        proc.wait(timeout=hang.timeout_s)
     t0 = time.monotonic()
     wait_for(lambda: not any(alive(p) for p in ranks), 5, f"ranks {ranks} to die after the launcher was killed")
     assert time.monotonic() - t0 < 5
@@ -87,13 +96,15 @@ def test_wrapper_refuses_a_malformed_command_line(capsys):
 def test_kill_9_of_next_step_ends_the_parity_pytest_child(narrow_ws, tmp_path):
     ws = narrow_ws("llama3")
     base = [str(ONBOARD), "next-step", ws.name, "--dir", str(tmp_path), "--json"]
-    eager = subprocess.run(base, capture_output=True, text=True, timeout=300)
+    with hang_guard(300, "next-step (eager)") as hang:
+        eager = subprocess.run(base, capture_output=True, text=True, timeout=hang.timeout_s)
     assert eager.returncode == 0, eager.stderr
     proc = subprocess.Popen(base, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     test_file = str(ws.root / "test_parity.py")
-    children = wait_for(lambda: pids_running(test_file), 120, "the parity pytest child to start")
+    children = wait_for(lambda: pids_running(test_file), 120, "the parity pytest child to start", guard=True)
     proc.send_signal(signal.SIGKILL)
-    proc.wait(timeout=10)
+    with hang_guard(10, "the killed next-step to be reaped") as hang:
+        proc.wait(timeout=hang.timeout_s)
     wait_for(lambda: not any(alive(p) for p in children), 5, f"pytest child {children} to die with next-step")
     attempt = ws.root / "runs" / "parity" / "attempt-1"
     assert not (attempt / "results.json").exists()

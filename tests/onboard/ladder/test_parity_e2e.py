@@ -71,13 +71,16 @@ def assert_diverges_at(res: dict, module: str, also_failing: set[str] = frozense
 def test_wrong_rope_theta_diverges_in_layer0_attention(tmp_path):
     cfg = tiny_config("llama", rope_parameters={"rope_type": "default", "rope_theta": 500000.0})
     root = new_workspace(tmp_path, "bad_theta", cfg)
-    add_adapter_methods(root, '''
+    add_adapter_methods(
+        root,
+        '''
 def args_from_hf(self, cfg):
     """Port bug: written for transformers 4 configs, where rope_theta was a top-level key."""
     import dataclasses
     args, used = super().args_from_hf(cfg)
     return dataclasses.replace(args, rope_theta=float(cfg.get("rope_theta", 10000.0))), used
-''')
+''',
+    )
     res = check_workspace(root)
     assert_diverges_at(res, "layers.0.attention", {"grad_max_rel_l2"})
     assert res["measurements"]["state_dict_max_abs_diff"] == 0.0  # weights fine: only the forward differs
@@ -96,12 +99,15 @@ def test_missing_qk_norm_diverges_in_layer0_attention(tmp_path):
 
 def test_transposed_weight_in_adapter_diverges_at_layer0_wq(tmp_path):
     root = new_workspace(tmp_path, "bad_transpose", tiny_config("llama"))
-    add_adapter_methods(root, '''
+    add_adapter_methods(
+        root,
+        '''
 def from_hf(self, sd, **kw):
     """Port bug: assumed HF stores q_proj as [in, out] (square here, so no shape error)."""
     out = super().from_hf(sd, **kw)
     return {k: (v.t() if k.endswith("attention.wq.weight") else v) for k, v in out.items()}
-''')
+''',
+    )
     res = check_workspace(root)
     assert_diverges_at(res, "layers.0.attention.wq", {"state_dict_round_trip", "grad_max_rel_l2"})
     assert res["measurements"]["first_divergence_upstream"] == "model.layers.0.self_attn.q_proj"
@@ -118,13 +124,16 @@ def test_wrong_norm_epsilon_diverges_at_layer0_attention_norm(tmp_path):
 
 def test_dropped_tie_word_embeddings_diverges_at_output(tmp_path):
     root = new_workspace(tmp_path, "bad_tie", tiny_config("llama", tie_word_embeddings=True))
-    add_adapter_methods(root, '''
+    add_adapter_methods(
+        root,
+        '''
 def args_from_hf(self, cfg):
     """Port bug: tie_word_embeddings never read, so the output head gets its own weight."""
     import dataclasses
     args, used = super().args_from_hf(cfg)
     return dataclasses.replace(args, tie_embeddings=False), used - {"tie_word_embeddings"}
-''')
+''',
+    )
     res = check_workspace(root)
     assert_diverges_at(res, "output", {"state_dict_round_trip", "grad_max_rel_l2"})
     assert res["state_dict"]["native_not_loaded"] == ["output.weight"]
@@ -132,12 +141,15 @@ def args_from_hf(self, cfg):
 
 def test_sliding_window_off_by_one_diverges_in_layer0_attention(tmp_path):
     root = new_workspace(tmp_path, "bad_window", tiny_config("mistral"))
-    add_adapter_methods(root, '''
+    add_adapter_methods(
+        root,
+        '''
 def extra_args_from_hf(self, cfg, take):
     """Port bug: counted the window without the query token."""
     kw = super().extra_args_from_hf(cfg, take)
     return {**kw, "sliding_window": kw["sliding_window"] + 1}
-''')
+''',
+    )
     res = check_workspace(root)
     assert_diverges_at(res, "layers.0.attention")
 

@@ -103,9 +103,11 @@ def test_embedding_scale_applied_after_the_embedding_is_not_a_divergence(tmp_pat
     root = gemma2_workspace(tmp_path, "scale_after")
     edit_file(root, "model.py", "return out * torch.tensor(self.embedding_dim**0.5, dtype=out.dtype)", "return out")
     edit_file(
-        root, "model.py", "h = self.tok_embeddings(tokens)\n",
+        root,
+        "model.py",
+        "h = self.tok_embeddings(tokens)\n",
         "h = self.tok_embeddings(tokens)\n        h = h * torch.tensor(self.args.dim**0.5, dtype=h.dtype)\n",
-    )  # fmt: skip
+    )
     res = check_workspace(root)
     assert failed(res["measurements"]) == set()
     assert res["measurements"]["first_divergence_module"] is None

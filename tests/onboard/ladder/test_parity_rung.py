@@ -44,12 +44,15 @@ def test_rung_passes_through_the_workspace_test(tmp_path):
 
 def test_rung_failure_is_the_by_hand_pytest_failure(tmp_path):
     new_workspace(tmp_path, "bad", tiny_config("llama"))
-    add_adapter_methods(tmp_path / "onboarding" / "bad", '''
+    add_adapter_methods(
+        tmp_path / "onboarding" / "bad",
+        '''
 def from_hf(self, sd, **kw):
     """Port bug: q_proj assumed stored as [in, out]."""
     out = super().from_hf(sd, **kw)
     return {k: (v.t() if k.endswith("attention.wq.weight") else v) for k, v in out.items()}
-''')
+''',
+    )
     result, attempt, _ = run_rung(tmp_path, "bad")
     m = result.measurements
     assert m["pytest_passed"] is False and m["pytest_exit_code"] == 1

@@ -43,8 +43,11 @@ def test_a_port_climbs_the_ladder_and_its_recipe_reproduces_the_gates(tmp_path):
             break
         if out.status not in ("passed", "not_applicable"):  # the whole story, not pytest's truncated repr
             print(json.dumps(out.to_json(), indent=1, default=str))
-        assert out.status in ("passed", "not_applicable"), (out.rung, [c for c in out.criteria if not c["ok"]],
-                                                              (out.entry or {}).get("error"))  # fmt: skip
+        assert out.status in ("passed", "not_applicable"), (
+            out.rung,
+            [c for c in out.criteria if not c["ok"]],
+            (out.entry or {}).get("error"),
+        )
         seen.append(out.rung)
     assert out.status == "complete" and sorted(set(seen), key=seen.index) == built
     states = {s.rung: s for s in ladder_states(Workspace.load(tmp_path, root.name), specs)}

@@ -50,7 +50,7 @@ def test_twin_climbs_eager_and_parity_and_the_full_model_is_counted(tmp_path, mo
     assert made.exit_code == 0, made.stderr
     assert "the gates run on a twin" in made.stdout and "num_hidden_layers" in made.stdout  # the table
     ws = Workspace.load(tmp_path, "big")
-    assert ws.twin_path is not None
+    assert ws.twin_path == ws.root / "twin.json"
     # one intra-op thread, as the ladder fixtures run (conftest.narrow_ws): on a 2-core machine other
     # processes share, two threads wait on each other at every small op (10x the step time, measured)
     recipe = ws.recipe_path.read_text()

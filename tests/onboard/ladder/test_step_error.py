@@ -11,6 +11,7 @@ import pytest
 from ladder_fakes import FakeRung, specs
 
 from onboard.engine.ladder import RUNGS, RungSpec, StepOutcome, next_step
+from onboard.engine.ledger import Entry, Status
 from onboard.workspace.resources import data_dir
 from onboard.workspace.layout import Workspace
 
@@ -29,14 +30,14 @@ def summarise(step: dict) -> list[str]:
 
 
 def test_error_a_rung_reports_in_its_details_is_the_top_level_error():
-    entry = {"details": {"error": {"kind": "port", "message": "from_hf failed: KeyError: 'q_proj'"}}}
-    step = StepOutcome("w", "failed", "parity", 1, entry=entry).to_json()
-    assert step["error"] == "port error: from_hf failed: KeyError: 'q_proj'"
-    no_results = {"details": {"error": "test_parity.py wrote no results"}}
-    assert StepOutcome("w", "failed", "parity", 1, entry=no_results).to_json()["error"] == (
-        "test_parity.py wrote no results"
-    )
-    assert StepOutcome("w", "failed", "parity", 1, entry={"details": {"error": None}}).to_json()["error"] is None
+    def failed(details: dict) -> dict:
+        entry = Entry(rung="parity", attempt=1, status=Status.FAILED, details=details)
+        return StepOutcome("w", Status.FAILED, "parity", 1, entry=entry).to_json()
+
+    port = failed({"error": {"kind": "port", "message": "from_hf failed: KeyError: 'q_proj'"}})
+    assert port["error"] == "port error: from_hf failed: KeyError: 'q_proj'"
+    assert failed({"error": "test_parity.py wrote no results"})["error"] == "test_parity.py wrote no results"
+    assert failed({"error": None})["error"] is None
 
 
 def test_engine_error_is_the_top_level_error_and_printed_first(debug_ws):
@@ -59,10 +60,13 @@ def test_port_error_in_the_parity_rung_reaches_the_top_level(tmp_path):
     from test_parity_support import add_adapter_methods, new_workspace, tiny_config
 
     root = new_workspace(tmp_path, "raises", tiny_config("llama"))
-    add_adapter_methods(root, '''
+    add_adapter_methods(
+        root,
+        """
 def from_hf(self, sd, **kw):
     raise KeyError("model.layers.0.self_attn.q_proj.weight")
-''')
+""",
+    )
     only_parity = [RungSpec(r, "onboard.rungs.parity_rung" if r == "parity" else None) for r in RUNGS]
     outcome = next_step(Workspace.load(tmp_path, "raises"), specs=only_parity)
     step = outcome.to_json()

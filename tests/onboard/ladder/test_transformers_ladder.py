@@ -37,8 +37,9 @@ def tiny_config(model_type: str):
     if model_type == "gemma2":  # soft-caps (scores and logits), sliding/global layers, sandwich norms, tied head
         return tf.Gemma2Config(**BASE, head_dim=16, sliding_window=128)
     if model_type == "granite":  # embedding, residual, attention and logits multipliers
-        return tf.GraniteConfig(**BASE, embedding_multiplier=4.0, residual_multiplier=0.5,
-                                attention_multiplier=0.1, logits_scaling=2.5)  # fmt: skip
+        return tf.GraniteConfig(
+            **BASE, embedding_multiplier=4.0, residual_multiplier=0.5, attention_multiplier=0.1, logits_scaling=2.5
+        )
     raise ValueError(model_type)
 
 

@@ -12,6 +12,7 @@ import json
 from pathlib import Path
 
 import pytest
+from timing_checks import check_comparison
 
 from onboard.engine.gates import evaluate, gate_passed, load_checklist
 from onboard.engine.ladder import RUNGS, RungSpec, ladder_states, next_step
@@ -27,8 +28,9 @@ pytestmark = pytest.mark.slow
 MODULE = "onboard.rungs.tuning_rung"
 tuning = importlib.import_module(MODULE)
 
-DIVERGING = flag_table.Flag("inject.seed", "cpu", "another init seed: injected, a change that must be rejected",
-                            config=(("training.seed", 1),))  # fmt: skip
+DIVERGING = flag_table.Flag(
+    "inject.seed", "cpu", "another init seed: injected, a change that must be rejected", config=(("training.seed", 1),)
+)
 
 
 def run(module, ws, tmp_path: Path, evidence: dict, lines: list):
@@ -57,8 +59,10 @@ def test_the_rung_passes_classifies_every_change_and_rejects_a_diverging_flag(na
     for c in d["changes"]:
         assert c["class"] in CLASSES and c["classification"]["rounding_rel"] == tuning.param("rounding_rel")
         assert (c["timing"] is None) == (c["class"] == "diverged"), c  # a diverged change is never timed
-        if c["timing"]:
-            assert c["timing"]["rounds"] >= 2 and c["describe"].startswith(c["change"]) and c["tokens_per_s"] > 0
+        if c["timing"]:  # timed per token: tokens/s is the inverse of the median, the outcome its interval's
+            assert c["timing"]["rounds"] >= 2 and c["describe"].startswith(c["change"])
+            assert c["tokens_per_s"] == 1 / c["timing"]["candidate_median_s"]
+            check_comparison(c["timing"], tuning.protocol().min_effect)
     bad = changes["inject.seed"]
     assert (bad["class"], bad["kept"]) == ("diverged", False) and bad["why"].startswith("rejected: step-1 ")
     named = [line for line in lines if line.startswith("tuning: flags: inject.seed: diverged")]
@@ -117,7 +121,9 @@ def test_a_binding_budget_keeps_the_batch_and_the_chunk_sweep_runs(narrow_ws, tm
         assert [c["change"] for c in chunks] == ["ce_chunk=256", "ce_chunk=4096"]
 
 
-def test_the_engine_writes_the_kept_batch_is_proved_by_its_own_gate_and_a_hand_edit_re_verifies(narrow_ws, tmp_path, monkeypatch):
+def test_the_engine_writes_the_kept_batch_is_proved_by_its_own_gate_and_a_hand_edit_re_verifies(
+    narrow_ws, tmp_path, monkeypatch
+):
     from titan_core.measure.timing import compare
 
     def scripted(self, candidate, holder, protocol):  # batch 8 is faster than 4; nothing else is faster

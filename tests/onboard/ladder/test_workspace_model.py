@@ -278,15 +278,22 @@ def extra_args_from_hf(self, cfg, take):
 '''
 
 GRANITE_EDITS = (  # model.py reads them from args.extra, never from config.json
-    ("h = self.tok_embeddings(tokens)\n",
-     'h = self.tok_embeddings(tokens) * self.args.extra["embedding_multiplier"]\n'),
-    ("x = x + self.attention(", 'x = x + self.residual * self.attention('),
+    (
+        "h = self.tok_embeddings(tokens)\n",
+        'h = self.tok_embeddings(tokens) * self.args.extra["embedding_multiplier"]\n',
+    ),
+    ("x = x + self.attention(", "x = x + self.residual * self.attention("),
     ("return x + out, aux", "return x + self.residual * out, aux"),
-    ("        self.ffn_norm = RMSNorm", '        self.residual = args.extra["residual_multiplier"]\n'
-     '        self.attention.scale = args.extra["attention_multiplier"]\n        self.ffn_norm = RMSNorm'),
-    ("return softcap(F.linear(h, self.output_weight)",
-     'return softcap(F.linear(h, self.output_weight) / self.args.extra["logits_scaling"]'),
-)  # fmt: skip
+    (
+        "        self.ffn_norm = RMSNorm",
+        '        self.residual = args.extra["residual_multiplier"]\n'
+        '        self.attention.scale = args.extra["attention_multiplier"]\n        self.ffn_norm = RMSNorm',
+    ),
+    (
+        "return softcap(F.linear(h, self.output_weight)",
+        'return softcap(F.linear(h, self.output_weight) / self.args.extra["logits_scaling"]',
+    ),
+)
 
 
 def test_a_port_carries_its_own_config_fields_to_parity_training_and_export(tmp_path):
@@ -313,6 +320,8 @@ def test_a_port_carries_its_own_config_fields_to_parity_training_and_export(tmp_
     recipe = load_config(root / "recipe.toml").model
     recipe.overrides = {"extra": {"logits_scaling": 4.0}}  # an override changes one port field, keeps the rest
     assert resolve_model_args(recipe).extra == {
-        "embedding_multiplier": 12.0, "residual_multiplier": 0.22, "attention_multiplier": 0.0078125,
+        "embedding_multiplier": 12.0,
+        "residual_multiplier": 0.22,
+        "attention_multiplier": 0.0078125,
         "logits_scaling": 4.0,
-    }  # fmt: skip
+    }

@@ -52,8 +52,10 @@ def test_qwen2_moe_gated_shared_expert_bias_and_no_qk_norm(tmp_path):
     plan = port_plan(tmp_path, cfg)
     assert plan.family == "qwen3_moe"
     diffs = plan.arch_differences
-    assert any(d.startswith("QK-norm: Qwen2MoeDecoderLayer has no QK-norm; the qwen3_moe family has QK-norm per head")
-               for d in diffs), diffs  # fmt: skip
+    assert any(
+        d.startswith("QK-norm: Qwen2MoeDecoderLayer has no QK-norm; the qwen3_moe family has QK-norm per head")
+        for d in diffs
+    ), diffs
     assert any(d.startswith("gated shared expert:") and "`mlp.shared_expert_gate`" in d for d in diffs), diffs
     assert any(d.startswith("shared expert: Qwen2MoeDecoderLayer has `mlp.shared_expert`") for d in diffs), diffs
     assert any(d.startswith("q/k/v projection bias: Qwen2MoeDecoderLayer has one") for d in diffs), diffs
@@ -87,13 +89,17 @@ def test_same_structure_lists_no_difference(tmp_path, model_type, extra, family)
 def test_new_model_prints_and_returns_the_differences(tmp_path):
     path = tmp_path / "olmo2.json"
     path.write_text(json.dumps(hf_config("olmo2")))
-    result = CliRunner().invoke(app, ["new-model", "o", "--hf-config", str(path), "--path", "port",
-                                      "--dir", str(tmp_path), "--json"])  # fmt: skip
+    result = CliRunner().invoke(
+        app, ["new-model", "o", "--hf-config", str(path), "--path", "port", "--dir", str(tmp_path), "--json"]
+    )
     assert result.exit_code == 0, result.stderr
     data = json.loads(result.stdout)
     assert len(data["architecture_differences"]) == 2 and data["architecture_note"] is None
-    human = CliRunner().invoke(app, ["new-model", "o2", "--hf-config", str(path), "--path", "port",
-                                     "--dir", str(tmp_path)], env={"COLUMNS": "400"})  # fmt: skip
+    human = CliRunner().invoke(
+        app,
+        ["new-model", "o2", "--hf-config", str(path), "--path", "port", "--dir", str(tmp_path)],
+        env={"COLUMNS": "400"},
+    )
     assert "architecture differences from the llama3 family the keys cannot show" in human.stdout
     assert "post_feedforward_layernorm" in human.stdout
 

@@ -6,11 +6,14 @@ from __future__ import annotations
 
 import json
 import os
+import statistics
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from hang_guard import hang_guard
+from timing_checks import check_comparison
 
 ROOT = Path(__file__).resolve().parents[3]
 SHORT = ["--max-rounds", "3", "--min-rounds", "2"]
@@ -20,8 +23,16 @@ pytestmark = pytest.mark.slow  # about 25 s together on 2 busy cores
 
 def _run(bench: str, *args: str) -> dict:
     env = dict(os.environ, TORCH_DEVICE_BACKEND_AUTOLOAD="0", HF_HUB_OFFLINE="1")
-    proc = subprocess.run([sys.executable, str(ROOT / "bench" / bench), *args, *SHORT], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=300, check=False)  # fmt: skip
+    with hang_guard(300, f"bench/{bench}") as guard:
+        proc = subprocess.run(
+            [sys.executable, str(ROOT / "bench" / bench), *args, *SHORT],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=guard.timeout_s,
+            check=False,
+        )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout)
 
@@ -30,8 +41,7 @@ def _check(report: dict, candidate: str, baseline: str) -> dict:
     assert report["timing_protocol"]["max_rounds"] == 3 and report["timing_protocol"]["min_rounds"] == 2
     assert all(isinstance(report["load_avg_1m"][k], float) for k in ("start", "end"))
     (c,) = [c for c in report["comparisons"] if (c["candidate"], c["baseline"]) == (candidate, baseline)]
-    assert c["outcome"] in ("faster", "slower", "indistinguishable")
-    assert c["ci_low"] <= c["ratio"] <= c["ci_high"]
+    check_comparison(c, report["timing_protocol"]["min_effect"])  # the outcome is the one its interval gives
     assert 2 <= c["rounds"] <= 3 and c["paired"]
     assert isinstance(c["load_before"], float) and isinstance(c["load_after"], float)
     assert c["describe"].startswith(candidate) and "CI" in c["describe"]
@@ -39,19 +49,25 @@ def _check(report: dict, candidate: str, baseline: str) -> dict:
 
 
 def test_exec_modes_tiny():
-    report = _run("exec_modes.py", "--shapes", "tiny", "--modes", "eager,graph_none", "--steps", "3",
-                  "--trace-layers", "")  # fmt: skip
+    report = _run(
+        "exec_modes.py", "--shapes", "tiny", "--modes", "eager,graph_none", "--steps", "3", "--trace-layers", ""
+    )
     _check(report, "graph_none", "eager")
     assert {r["mode"] for r in report["train"]} == {"eager", "graph_none"}
-    assert all("error" not in r and r["step_time_median_s"] > 0 for r in report["train"])
+    assert all("error" not in r for r in report["train"])
+    for r in report["train"]:  # the median is of the steady steps, and tokens/s is the same steps' speed
+        assert r["step_time_median_s"] == statistics.median(r["step_times_s"])
+        assert min(r["step_times_s"]) <= r["tokens_per_step"] / r["tokens_per_s"] <= max(r["step_times_s"])
 
 
 def test_fused_ce_tiny():
-    report = _run("fused_ce.py", "--tokens", "256", "--hidden", "64", "--vocab", "2048", "--chunk", "128",
-                  "--iters", "1")  # fmt: skip
+    report = _run(
+        "fused_ce.py", "--tokens", "256", "--hidden", "64", "--vocab", "2048", "--chunk", "128", "--iters", "1"
+    )
     c = _check(report, "fused_ce", "naive")
     assert report["fused"]["time_s"] == c["candidate_median_s"]
-    assert report["naive"]["peak_loss_memory_bytes"] > 0 and report["loss_abs_diff"] < 1e-4
+    # the plain loss holds at least the [256, 2048] fp32 logits at once (measured ~12 MB here)
+    assert report["naive"]["peak_loss_memory_bytes"] >= 256 * 2048 * 4 and report["loss_abs_diff"] < 1e-4
 
 
 @pytest.mark.hf

@@ -163,8 +163,10 @@ def assert_only(report, kind: str):
 
 
 # ---- real small checkpoints ----------------------------------------------------------
-@pytest.mark.parametrize("family, per_expert, shards", [("llama3", False, 1), ("qwen3", False, 3),
-                                                        ("glimmer", False, 2), ("qwen3_moe", True, 4)])  # fmt: skip
+@pytest.mark.parametrize(
+    "family, per_expert, shards",
+    [("llama3", False, 1), ("qwen3", False, 3), ("glimmer", False, 2), ("qwen3_moe", True, 4)],
+)
 def test_real_checkpoint_passes_reading_headers_only(tmp_path, counted, family, per_expert, shards):
     folder = write_real(tmp_path / "w", hf_state_dict(family, per_expert=per_expert), shards=shards)
     report = check(folder, family)
@@ -199,26 +201,35 @@ FAULTS = {
     # name: (edit of the HF state dict, kind, what must be named)
     "missing": (
         lambda sd: sd.pop("model.layers.1.mlp.up_proj.weight"),
-        "missing", {"native": "layers.1.feed_forward.w3.weight", "hf": ["model.layers.1.mlp.up_proj.weight"]},
+        "missing",
+        {"native": "layers.1.feed_forward.w3.weight", "hf": ["model.layers.1.mlp.up_proj.weight"]},
     ),
     "extra_unmappable": (
         lambda sd: sd.update({"model.layers.1.mlp.bonus.weight": torch.zeros(4, **BF16)}),
-        "extra", {"native": None, "hf": ["model.layers.1.mlp.bonus.weight"]},
+        "extra",
+        {"native": None, "hf": ["model.layers.1.mlp.bonus.weight"]},
     ),
     "extra_not_in_model": (
         lambda sd: sd.update({"model.layers.0.self_attn.q_proj.bias": torch.zeros(256, **BF16)}),
-        "extra", {"native": "layers.0.attention.wq.bias", "hf": ["model.layers.0.self_attn.q_proj.bias"]},
+        "extra",
+        {"native": "layers.0.attention.wq.bias", "hf": ["model.layers.0.self_attn.q_proj.bias"]},
     ),
     "wrong_shape": (
         lambda sd: sd.update({"model.layers.0.self_attn.k_proj.weight": torch.zeros(128, 256, **BF16)}),
-        "wrong_shape", {"native": "layers.0.attention.wk.weight", "hf": ["model.layers.0.self_attn.k_proj.weight"],
-                        "checkpoint": [128, 256], "model": [64, 256]},
+        "wrong_shape",
+        {
+            "native": "layers.0.attention.wk.weight",
+            "hf": ["model.layers.0.self_attn.k_proj.weight"],
+            "checkpoint": [128, 256],
+            "model": [64, 256],
+        },
     ),
     "wrong_dtype": (
         lambda sd: sd.update({"model.norm.weight": sd["model.norm.weight"].float()}),
-        "wrong_dtype", {"hf": ["model.norm.weight"], "dtype": "float32", "expected": "bfloat16"},
+        "wrong_dtype",
+        {"hf": ["model.norm.weight"], "dtype": "float32", "expected": "bfloat16"},
     ),
-}  # fmt: skip
+}
 
 
 @pytest.mark.parametrize("fault", list(FAULTS))

@@ -203,7 +203,10 @@ def test_status_and_list_json(tmp_path):
         assert onboard("new-model", name, "--preset", "llama3", "--dir", tmp_path).exit_code == 0
     status = json.loads(onboard("status", "a", "--dir", tmp_path, "--json").stdout)
     assert [(r["rung"], r["status"]) for r in status["rungs"]][:3] == [
-        ("eager", "pending"), ("parity", "pending"), ("simple_fsdp", "pending")]  # fmt: skip
+        ("eager", "pending"),
+        ("parity", "pending"),
+        ("simple_fsdp", "pending"),
+    ]
     built = {spec.name for spec in default_specs() if spec.built}
     for row in status["rungs"]:
         assert (row["status"] == "not built yet") == (row["rung"] not in built), row

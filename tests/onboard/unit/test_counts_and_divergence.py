@@ -13,6 +13,7 @@ import subprocess
 import sys
 
 import pytest
+from hang_guard import hang_guard
 from typer.testing import CliRunner
 
 from onboard.cli.app import app
@@ -105,10 +106,14 @@ def test_the_entry_points_refuse_a_non_positive_count_in_a_recipe(tmp_path):
         f'[metrics]\noutput_dir = "{tmp_path / "out"}"\n'
     )
     env = {**os.environ, "TORCH_DEVICE_BACKEND_AUTOLOAD": "0"}
-    proc = subprocess.run(
-        [sys.executable, "-m", "titan_core.train", "--config", str(recipe), "--training.steps=-1"],
-        capture_output=True, text=True, env=env, timeout=120,
-    )  # fmt: skip
+    with hang_guard(120, "titan_core.train --training.steps=-1") as guard:
+        proc = subprocess.run(
+            [sys.executable, "-m", "titan_core.train", "--config", str(recipe), "--training.steps=-1"],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=guard.timeout_s,
+        )
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr.strip() == "error: training.steps = -1 is out of range: it must be >= 1"
     res = CliRunner().invoke(app, ["train", "--config", str(recipe), "--training.batch_size=0"])
@@ -183,8 +188,16 @@ def _workspace(tmp_path, steps: int) -> Workspace:
 def _fake_run(cfg, quiet=False):
     """The rows a working eager run would log, without training (the gate's logic is under test)."""
     rows = [
-        {"step": s, "loss": 7.6 - 0.1 * s, "grad_norm": 1.0, "lr": 1e-3, "tokens_per_s": 1e3, "mfu": 0.01,
-         "peak_mem_bytes": 1 << 20, "step_time_s": 0.01}  # fmt: skip
+        {
+            "step": s,
+            "loss": 7.6 - 0.1 * s,
+            "grad_norm": 1.0,
+            "lr": 1e-3,
+            "tokens_per_s": 1e3,
+            "mfu": 0.01,
+            "peak_mem_bytes": 1 << 20,
+            "step_time_s": 0.01,
+        }
         for s in range(1, cfg.training.steps + 1)
     ]
     return TrainResult(metrics=rows, num_params=1, flops_per_token=1.0, device="cpu")

@@ -7,6 +7,8 @@ import subprocess
 import sys
 import time
 
+from hang_guard import hang_guard
+
 from onboard.workspace.fsutil import STALE_TMP_S, atomic_write_text, remove_stale_temps
 
 
@@ -25,14 +27,21 @@ def test_a_killed_writers_temp_is_removed_by_the_next_writer(tmp_path):
     path = tmp_path / "ladder.json"
     atomic_write_text(path, "old")
     # a writer SIGKILLed between writing its temp and the rename (fsync is the moment)
-    killed = subprocess.run(
-        [sys.executable, "-c",
-         "import os, signal, sys\n"
-         "from onboard.workspace.fsutil import atomic_write_text\n"
-         "os.fsync = lambda fd: os.kill(os.getpid(), signal.SIGKILL)\n"
-         "atomic_write_text(sys.argv[1], 'half')\n", str(path)],
-        capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
+    with hang_guard(60, "a writer killed mid-write") as guard:
+        killed = subprocess.run(
+            [
+                sys.executable,
+                "-c",
+                "import os, signal, sys\n"
+                "from onboard.workspace.fsutil import atomic_write_text\n"
+                "os.fsync = lambda fd: os.kill(os.getpid(), signal.SIGKILL)\n"
+                "atomic_write_text(sys.argv[1], 'half')\n",
+                str(path),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=guard.timeout_s,
+        )
     assert killed.returncode == -signal.SIGKILL, killed.stderr
     [left] = [p.name for p in tmp_path.iterdir() if p.name != "ladder.json"]
     assert left.startswith(".ladder.json.") and left.endswith(".tmp")

@@ -19,13 +19,18 @@ def crit(name="c", metric="m", comparator="<=", threshold=1.0, hint="why it fail
 @pytest.mark.parametrize(
     "comparator, value, threshold, ok",
     [
-        ("<=", 1.0, 1.0, True), ("<=", 1.0000001, 1.0, False),
-        ("<", 0.5, 1.0, True), ("<", 1.0, 1.0, False),
-        (">=", 512, 512, True), (">=", 511, 512, False),
-        (">", 2, 1, True), (">", 1, 1, False),
-        ("==", 0.0, 0, True), ("==", 1e-12, 0.0, False),
+        ("<=", 1.0, 1.0, True),
+        ("<=", 1.0000001, 1.0, False),
+        ("<", 0.5, 1.0, True),
+        ("<", 1.0, 1.0, False),
+        (">=", 512, 512, True),
+        (">=", 511, 512, False),
+        (">", 2, 1, True),
+        (">", 1, 1, False),
+        ("==", 0.0, 0, True),
+        ("==", 1e-12, 0.0, False),
     ],
-)  # fmt: skip
+)
 def test_each_comparator(comparator, value, threshold, ok):
     [r] = evaluate(checklist(crit(comparator=comparator, threshold=threshold)), {"m": value})
     assert r["ok"] is ok and r["raw_ok"] is ok and r["waived"] is False

@@ -6,6 +6,7 @@ import errno
 import json
 import os
 import pathlib
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -17,12 +18,16 @@ from onboard.cli.app import app
 from onboard.errors import EXIT_BAD_INPUT, EXIT_FAILED, EnvironmentFailed, describe_os_error
 from onboard.engine.gates import parse_checklist
 from onboard.engine.ladder import RUNGS, RungSpec, ladder_states, next_step
-from onboard.rungs.contract import RungResult
+from onboard.rungs.contract import ABSENT, Measurements, RungResult
 from onboard.workspace.scaffold import plan_workspace, write_workspace
 from onboard.workspace.layout import Workspace
 
-CHECKLIST = {"rung": "eager", "criteria": [{"name": "score_high", "metric": "score", "comparator": ">=",
-                                            "threshold": 1.0, "hint": "score too low"}]}  # fmt: skip
+CHECKLIST = {
+    "rung": "eager",
+    "criteria": [
+        {"name": "score_high", "metric": "score", "comparator": ">=", "threshold": 1.0, "hint": "score too low"}
+    ],
+}
 
 
 def onboard(*args):
@@ -44,6 +49,12 @@ def snapshot(root: Path) -> dict:
     return {str(p.relative_to(root)): p.read_bytes() if p.is_file() else None for p in sorted(root.rglob("*"))}
 
 
+@dataclass(kw_only=True)
+class Score(Measurements):
+    score: float = ABSENT
+    """The fake eager rung's one metric (unitless)."""
+
+
 def oserror(code: int, path) -> OSError:
     return OSError(code, os.strerror(code), str(path))
 
@@ -58,7 +69,7 @@ class Rung:
         (ctx.attempt_dir / "log.txt").write_text("working\n")
         if self.error is not None:
             raise self.error
-        return RungResult(measurements={"score": 2.0}, files_read=[ctx.workspace.recipe_path], command="fake")
+        return RungResult(measurements=Score(score=2.0), files_read=[ctx.workspace.recipe_path], command="fake")
 
 
 def fake_specs(rung) -> list[RungSpec]:
@@ -79,9 +90,20 @@ def attempts(ws):
 # ---- classification ------------------------------------------------------------------------
 @pytest.mark.parametrize(
     "code, exit_code",
-    [(errno.EROFS, 2), (errno.EACCES, 2), (errno.EPERM, 2), (errno.ENAMETOOLONG, 2), (errno.ENOTDIR, 2),
-     (errno.EISDIR, 2), (errno.ENOENT, 2), (errno.ENOSPC, 1), (errno.EDQUOT, 1), (errno.EIO, 1), (errno.EMFILE, 1)],
-)  # fmt: skip
+    [
+        (errno.EROFS, 2),
+        (errno.EACCES, 2),
+        (errno.EPERM, 2),
+        (errno.ENAMETOOLONG, 2),
+        (errno.ENOTDIR, 2),
+        (errno.EISDIR, 2),
+        (errno.ENOENT, 2),
+        (errno.ENOSPC, 1),
+        (errno.EDQUOT, 1),
+        (errno.EIO, 1),
+        (errno.EMFILE, 1),
+    ],
+)
 def test_os_errors_are_classified_by_errno_into_one_line(code, exit_code):
     got, line = describe_os_error(oserror(code, "/w/onboarding/m/.onboard.lock"))
     assert got == exit_code
@@ -133,8 +155,9 @@ def read_only(monkeypatch):
         os.chmod(root, 0o755)
 
 
-@pytest.mark.parametrize("command", [("next-step", "m"), ("waive", "m", "eager", "loss_falls", "--why", "x"),
-                                     ("report", "m")])  # fmt: skip
+@pytest.mark.parametrize(
+    "command", [("next-step", "m"), ("waive", "m", "eager", "loss_falls", "--why", "x"), ("report", "m")]
+)
 def test_read_only_workspace_is_bad_input_naming_the_path(ws, tmp_path, read_only, command):
     before = snapshot(tmp_path)
     read_only(ws.root)
@@ -149,8 +172,16 @@ def test_read_only_workspace_is_bad_input_naming_the_path(ws, tmp_path, read_onl
     assert snapshot(tmp_path) == before
 
 
-@pytest.mark.parametrize("command", [("new-model", "m", "--preset", "llama3/debugmodel"), ("status", "m"),
-                                     ("list",), ("next-step", "m"), ("report", "m")])  # fmt: skip
+@pytest.mark.parametrize(
+    "command",
+    [
+        ("new-model", "m", "--preset", "llama3/debugmodel"),
+        ("status", "m"),
+        ("list",),
+        ("next-step", "m"),
+        ("report", "m"),
+    ],
+)
 def test_dir_that_is_a_file_or_holds_an_onboarding_file_is_bad_input_and_creates_nothing(tmp_path, command):
     (tmp_path / "file").write_text("not a folder")
     (tmp_path / "base").mkdir()
@@ -159,8 +190,10 @@ def test_dir_that_is_a_file_or_holds_an_onboarding_file_is_bad_input_and_creates
     one_error_line(onboard(*command, "--dir", tmp_path / "file"), EXIT_BAD_INPUT, "--dir must be a folder")
     one_error_line(onboard(*command, "--dir", tmp_path / "base"), EXIT_BAD_INPUT, "onboarding/ under --dir")
     as_json = onboard(*command, "--dir", tmp_path / "file", "--json")
-    assert json.loads(as_json.stdout) == {"error": f"--dir must be a folder, but {tmp_path / 'file'} is not one",
-                                          "exit_code": EXIT_BAD_INPUT}  # fmt: skip
+    assert json.loads(as_json.stdout) == {
+        "error": f"--dir must be a folder, but {tmp_path / 'file'} is not one",
+        "exit_code": EXIT_BAD_INPUT,
+    }
     assert snapshot(tmp_path) == before
 
 
@@ -194,7 +227,8 @@ def test_disk_full_mid_rung_records_the_attempt_failed_with_the_os_error(ws, mon
     assert "[Errno 28] No space left on device" in outcome.os_error and str(metrics) in outcome.os_error
     assert "\n" not in outcome.message and "failed on an OS error" in outcome.message
     [entry] = attempts(ws)
-    assert entry["status"] == "failed" and entry["ended"] is not None
+    assert entry["status"] == "failed"
+    assert ledger_file.parse_iso(entry["started"]) <= ledger_file.parse_iso(entry["ended"])  # recorded, after the start
     assert entry["error"].startswith("OSError: [Errno 28]") and "error.txt could not be written" in entry["error"]
     states = {s.rung: s for s in ladder_states(Workspace.load(ws.root.parent.parent, "m"), fake_specs(Rung()))}
     assert states["eager"].status == "failed"  # failed, not interrupted: nothing sent a signal

@@ -25,6 +25,7 @@ TINY = {
 def test_hf_config_errors_are_bad_input(tmp_path):
     """One reader, one error type: parity reads config.json with titan_core's reader, and the
     upstream side's own refusals are ConfigErrors too (exit 2 at the CLI)."""
+
     def read():
         return read_hf_config(tmp_path / "config.json", require_model_type=True)
 

@@ -38,8 +38,9 @@ def model(family: str, flavor: str):
 def plan_of(family, flavor, target, *, seq=4096, tp_plan=True):
     args, shape, counts = model(family, flavor)
     target = parse_target(target) if isinstance(target, str) else target
-    plan = plan_training(shape, counts, lambda s: flops_per_token(args, s), target, seq_len=seq, kernels=KERNELS,
-                         tp_plan=tp_plan)  # fmt: skip
+    plan = plan_training(
+        shape, counts, lambda s: flops_per_token(args, s), target, seq_len=seq, kernels=KERNELS, tp_plan=tp_plan
+    )
     return args, shape, plan
 
 
@@ -54,8 +55,12 @@ def test_targets_from_the_tables():
     h = parse_target("H100:64")
     assert (h.device_type, h.memory_bytes, h.peak_flops, h.per_host) == ("cuda", 80 * GIB, 989e12, 8)
     assert parse_target("mi300x").count == 1 and parse_target("mi300x").peak_flops == 1307.4e12
-    for bad, needle in (("tpu9:8", "KIND must be one of"), ("v7x:0", "COUNT must be a positive"),
-                        ("v7x:6", "4 per host"), ("h100:x", "COUNT")):  # fmt: skip
+    for bad, needle in (
+        ("tpu9:8", "KIND must be one of"),
+        ("v7x:0", "COUNT must be a positive"),
+        ("v7x:6", "4 per host"),
+        ("h100:x", "COUNT"),
+    ):
         with pytest.raises(ConfigError, match=needle):
             parse_target(bad)
 
@@ -77,7 +82,8 @@ def test_llama3_70b_on_h100_64_by_hand():
     # activations per token per layer: what one eager layer saves in bf16; full recompute keeps the block input
     bf16 = replace(KERNELS, seq_len=4096, compute_dtype="bfloat16", device_type="cuda")
     assert plan.activations_per_token_layer["none"] == layer_bytes_per_token(
-        replace(shape, n_heads=8, n_kv_heads=1, ffn_hidden_dim=28672 // 8), bf16, moe=False, rope=True, policy="none")
+        replace(shape, n_heads=8, n_kv_heads=1, ffn_hidden_dim=28672 // 8), bf16, moe=False, rope=True, policy="none"
+    )
     assert plan.activations_per_token_layer["full"] == 8192 * 2
     # nothing fits on 64-way FSDP at seq 4096: eager saves 140 GiB of activations, a captured step gathers 131 GiB
     assert not any(o.fits for o in plan.options if o.sharding.kind != "TP x FSDP")
@@ -160,7 +166,10 @@ def test_onboard_plan_writes_the_target_recipe_and_torchrun(tmp_path):
     p = cfg.parallelism
     assert (p.data_parallel, p.dp_shard, p.dp_replicate, p.tp) == ("simple_fsdp", 8, 1, 8)
     assert (cfg.graph_trainer.enable, cfg.graph_trainer.memory_policy, cfg.graph_trainer.scan_layers) == (
-        True, "default", True)  # fmt: skip
+        True,
+        "default",
+        True,
+    )
     assert (cfg.training.batch_size, cfg.training.seq_len, cfg.device.type) == (1, 4096, "cuda")
     assert (cfg.training.dtype, cfg.training.mixed_precision_param) == ("float32", "bfloat16")
     assert load_config(root / "recipe.toml").model.hf_config.endswith("twin.json")  # recipe.toml untouched

@@ -49,7 +49,7 @@ def test_add_to_a_section_goes_after_its_last_line():
 
 
 def test_missing_section_is_appended_once_for_several_edits():
-    text = "[model]\nfamily = \"llama3\"\n"
+    text = '[model]\nfamily = "llama3"\n'
     new = edit_text(text, [RecipeEdit("kernels.loss", "fused_ce", "a"), RecipeEdit("kernels.moe", "dense", "b")])
     assert new == text + '\n[kernels]\nloss = "fused_ce"  # a\nmoe = "dense"  # b\n'
 
@@ -69,7 +69,7 @@ def test_nested_sections_and_every_value_type_read_back():
 
 
 def test_reason_with_newlines_stays_one_comment_line_and_crlf_is_kept():
-    new = edit_text("[kernels]\r\nloss = \"plain\"\r\n", [RecipeEdit("kernels.loss", "fused_ce", "two\nlines")])
+    new = edit_text('[kernels]\r\nloss = "plain"\r\n', [RecipeEdit("kernels.loss", "fused_ce", "two\nlines")])
     assert new == '[kernels]\r\nloss = "fused_ce"  # two lines\r\n'
 
 
@@ -119,8 +119,11 @@ def test_apply_edits_records_the_hashes(tmp_path):
     path.write_text(RECIPE)
     before = sha256_file(path)
     record = apply_edits(path, [RecipeEdit("kernels.loss", "fused_ce", "why")])
-    assert record == {"sha256_before": before, "sha256_after": sha256_file(path),
-                      "edits": [{"key": "kernels.loss", "value": "fused_ce", "why": "why"}]}  # fmt: skip
+    assert record == {
+        "sha256_before": before,
+        "sha256_after": sha256_file(path),
+        "edits": [{"key": "kernels.loss", "value": "fused_ce", "why": "why"}],
+    }
     assert record["sha256_before"] != record["sha256_after"]
 
 

@@ -15,7 +15,9 @@ from onboard.workspace.layout import Workspace
 
 
 def workspace_with_an_earned_edit(tmp_path):
-    assert onboard("new-model", "m", "--preset", "llama3/debugmodel", "--device", "cpu", "--dir", tmp_path).exit_code == 0
+    assert (
+        onboard("new-model", "m", "--preset", "llama3/debugmodel", "--device", "cpu", "--dir", tmp_path).exit_code == 0
+    )
     ws = Workspace.load(tmp_path, "m")
     record = apply_edits(ws.recipe_path, [RecipeEdit("compile.enable", True, "graph_trainer rung: compile is faster")])
     ledger = Ledger.load(ws.ledger.path)
@@ -34,7 +36,12 @@ def view(tmp_path, *extra):
 def test_the_recipe_lists_what_a_rung_earned_and_a_hand_override(tmp_path):
     ws = workspace_with_an_earned_edit(tmp_path)
     [earned] = view(tmp_path)["earned"]
-    assert (earned["key"], earned["value"], earned["rung"], earned["in_recipe"]) == ("compile.enable", True, "graph_trainer", True)
+    assert (earned["key"], earned["value"], earned["rung"], earned["in_recipe"]) == (
+        "compile.enable",
+        True,
+        "graph_trainer",
+        True,
+    )
     ws.recipe_path.write_text(ws.recipe_path.read_text().replace("enable = true", "enable = false"))
     [earned] = view(tmp_path)["earned"]
     assert not earned["in_recipe"] and earned["recipe_value"] is False
@@ -62,7 +69,9 @@ def test_commands_fill_the_torchrun_line_from_the_recipe(tmp_path):
     ws.recipe_path.write_text(ws.recipe_path.read_text() + "\n[parallelism]\ndp_replicate = 2\ndp_shard = 4\n")
     got = view(tmp_path)
     assert "--nnodes=4 " in got["commands"]["many_hosts"] and "8 processes, 2 per host" in got["many_hosts_how"]
-    ws.recipe_path.write_text(ws.recipe_path.read_text().replace("dp_replicate = 2\ndp_shard = 4", "dp_replicate = 1\ndp_shard = 3"))
+    ws.recipe_path.write_text(
+        ws.recipe_path.read_text().replace("dp_replicate = 2\ndp_shard = 4", "dp_replicate = 1\ndp_shard = 3")
+    )
     assert_bad_input(onboard("recipe", "m", "--dir", tmp_path), "do not split into hosts of 2")
 
 

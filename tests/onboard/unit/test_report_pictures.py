@@ -2,15 +2,17 @@
 
 report_ladder.json is a finished demo ladder (`onboard demo`, llama3 debugmodel on the 2-core
 CPU), trimmed: every rung's latest entry with its measurements, the loss curves and the
-first rows of parity's per-module table. The pure functions of onboard.report.facts are
-checked against its entries, and the drawn artists (bar heights, line points, read back
-from each Figure's Axes) against those functions.
+first rows of parity's per-module table; graph_trainer's execution-mode record and
+simple_fsdp's bf16-vs-fp32 timing as the rungs record them now. The pure functions of
+onboard.report.facts and onboard.report.steps are checked against its entries, and the drawn
+artists (bar heights, line points, read back from each Figure's Axes) against those functions.
 """
 
 from __future__ import annotations
 
 import copy
 import json
+import math
 import struct
 import zlib
 from pathlib import Path
@@ -21,6 +23,8 @@ from onboard.report import pictures as rp
 from onboard.engine.ladder import default_specs, ladder_states
 from onboard.engine.ledger import Ledger
 from onboard.engine.recipe_edit import apply_edits
+from onboard.report.steps import waterfall_steps
+from onboard.report.speed_section import factor_cell
 from onboard.report.write import HTML, LOSS, MEMORY, PARITY, WATERFALL, write_report_files
 from onboard.report.facts import (
     Record,
@@ -74,7 +78,7 @@ def heights(ax) -> list[float]:
 
 
 # ---- the waterfall -------------------------------------------------------------------------------
-def test_waterfall_bars_are_the_recorded_step_times_of_each_rung():
+def test_timed_runs_are_the_recorded_step_times_of_each_rung():
     entries = attempts()
     by = latest(entries)
     bars = waterfall_bars(recs(entries), entries, FINAL_RECIPE)
@@ -95,28 +99,187 @@ def test_waterfall_bars_are_the_recorded_step_times_of_each_rung():
     # simple_fsdp ran 2 processes: not like-for-like, and named so
     assert not measured["simple_fsdp"].comparable and "2 processes" in measured["simple_fsdp"].setting
     facts = speedup(bars)
-    assert facts["speedup"] == by["eager"]["measurements"]["step_time_median_s"] / by["compile"]["measurements"][
-        "step_time_median_s"
-    ]
+    assert (
+        facts["speedup"]
+        == by["eager"]["measurements"]["step_time_median_s"] / by["compile"]["measurements"]["step_time_median_s"]
+    )
     assert [x["label"] for x in facts["not_like_for_like"]] == ["simple_fsdp"]
 
 
-def test_waterfall_picture_draws_exactly_those_bars():
+def speed(cmp: dict) -> tuple[float, float, float]:
+    """(speed-up, low, high) of a recorded Comparison: its time ratio and interval, inverted."""
+    return 1 / cmp["ratio"], 1 / cmp["ci_high"], 1 / cmp["ci_low"]
+
+
+def as_tuple(f) -> tuple[float, float | None, float | None]:
+    return f.speedup, f.low, f.high
+
+
+def mode_timing(by: dict, mode: str) -> dict:
+    return by["graph_trainer"]["details"]["execution_mode"]["execution_mode_vs_eager"][mode]
+
+
+def cmp(outcome: str, ratio: float, low: float, high: float) -> dict:
+    return {
+        "outcome": outcome,
+        "ratio": ratio,
+        "ci_low": low,
+        "ci_high": high,
+        "confidence": 0.99,
+        "rounds": 9,
+        "paired": True,
+    }
+
+
+def bar_of(fig, gid: str):
+    """The one bar drawn with `gid`, and its top (bars float from 1)."""
+    (rect,) = [p for ax in fig.axes for p in ax.patches if p.get_gid() == gid]
+    return rect, rect.get_y() + rect.get_height()
+
+
+def test_waterfall_steps_are_each_rungs_interleaved_timing_against_the_recipe_before():
     entries = attempts()
-    bars = waterfall_bars(recs(entries), entries, FINAL_RECIPE)
-    fig = rp.draw_waterfall(bars)
-    step_ax, tok_ax = axes(fig, "waterfall-step-time"), axes(fig, "waterfall-tokens-per-s")
-    assert heights(step_ax) == [b.step_time_s for b in bars]
-    assert heights(tok_ax) == [b.tokens_per_s for b in bars]
-    ticks = [t.get_text() for t in tok_ax.get_xticklabels()]
-    assert len(ticks) == len(bars)
-    for tick, b in zip(ticks, bars):  # the rung and its change are written under each bar
-        assert tick.startswith(b.label + "\n") and b.change.split()[0] in tick
-    patches = step_ax.containers[0].patches
-    assert [bool(p.get_hatch()) for p in patches] == [b.rung == "simple_fsdp" for b in bars]
-    assert patches[4].get_facecolor()[:3] == (1.0, 1.0, 1.0)  # the carried kernels bar is hollow
-    width, height = png_size(rp.png_bytes(fig))
-    assert (width, height) == (round(fig.get_figwidth() * rp.DPI), round(fig.get_figheight() * rp.DPI))
+    by = latest(entries)
+    steps = waterfall_steps(recs(entries))
+    assert [s.label for s in steps] == [
+        "eager",
+        "parity",
+        "simple_fsdp",
+        "compile",
+        "graph_trainer",
+        "kernels",
+        "final recipe",
+    ]
+    kinds = ["baseline", "not timed", "not kept", "kept", "not kept", "not kept", "final recipe"]
+    assert [s.kind for s in steps] == kinds
+    eager, parity, fsdp, comp, graph, kernels, final = steps
+    assert as_tuple(eager.factor) == (1.0, 1.0, 1.0) and parity.factor is None
+    # bf16 params against fp32, interleaved: measured, not kept (indistinguishable: fp32 stays)
+    timing = by["simple_fsdp"]["measurements"]["mixed_precision_timing"]
+    assert as_tuple(fsdp.factor) == pytest.approx(speed(timing))
+    assert (fsdp.factor.outcome, fsdp.factor.protocol, fsdp.source) == ("indistinguishable", True, "simple_fsdp")
+    # each mode against eager, as graph_trainer's execution-mode choice timed them
+    for step, mode in ((comp, "compile"), (graph, "graph_trainer")):
+        assert as_tuple(step.factor) == pytest.approx(speed(mode_timing(by, mode)))
+        assert (step.factor.outcome, step.factor.protocol, step.source) == (
+            mode_timing(by, mode)["outcome"],
+            True,
+            "graph_trainer",
+        )
+        assert step.factor.confidence == pytest.approx(0.99)
+    assert kernels.factor is None and kernels.text == "no change kept"  # sdpa was already the recipe's
+    # the product of the kept steps: only compile changed the recipe's speed
+    assert [s.cumulative.speedup for s in steps[:3]] == [1.0, 1.0, 1.0]
+    for s in (comp, graph, kernels, final):
+        assert as_tuple(s.cumulative) == pytest.approx(speed(mode_timing(by, "compile")))
+        assert s.cumulative.confidence == pytest.approx(0.99) and s.cumulative.protocol
+    assert final.factor == final.cumulative
+
+
+def test_a_kept_choice_shows_its_interleaved_speedup_not_its_run_timed_apart_under_load():
+    """compile kept at 0.56x by its own run (timed apart, under load) next to 1.45x interleaved: 1.45x."""
+    entries = attempts()
+    by = latest(entries)
+    eager_s = by["eager"]["measurements"]["step_time_median_s"]
+    by["compile"]["measurements"]["step_time_median_s"] = eager_s / 0.56
+    mode_timing(by, "compile").update(ratio=1 / 1.45, ci_low=1 / 1.62, ci_high=1 / 1.30)
+    runs = {b.label: b for b in waterfall_bars(recs(entries), entries, FINAL_RECIPE)}
+    assert eager_s / runs["compile"].step_time_s == pytest.approx(0.56)  # what the old picture drew
+    steps = {s.label: s for s in waterfall_steps(recs(entries))}
+    compile_step = steps["compile"]
+    assert as_tuple(compile_step.factor) == pytest.approx((1.45, 1.30, 1.62))
+    assert (compile_step.kind, compile_step.factor.outcome, compile_step.factor.protocol) == ("kept", "faster", True)
+    assert as_tuple(steps["final recipe"].cumulative) == pytest.approx((1.45, 1.30, 1.62))
+    assert factor_cell(compile_step.factor) == "1.45x (1.30-1.62, 99%) faster"  # REPORT.md's words
+    fig = rp.draw_waterfall(list(steps.values()))
+    rect, top = bar_of(fig, "step:compile")
+    assert top == pytest.approx(1.45) and not rect.get_hatch()
+    (whisker,) = [c for c in axes(fig, "waterfall-steps").collections if c.get_gid() == "step:compile-ci"]
+    assert [y for _, y in whisker.get_segments()[0]] == pytest.approx([1.30, 1.62])
+    texts = [t.get_text() for t in axes(fig, "waterfall-steps").texts]
+    assert "1.45x\n(1.30-1.62)\nfaster" in texts and not any("0.56" in t for t in texts)
+
+
+def test_rungs_without_an_interleaved_record_are_timed_apart_hatched_and_the_png_writes(tmp_path):
+    entries = attempts()
+    by = latest(entries)
+    del by["graph_trainer"]["details"]["execution_mode"]  # a ledger from before the records were kept
+    del by["simple_fsdp"]["measurements"]["mixed_precision_timing"]
+    steps = {s.label: s for s in waterfall_steps(recs(entries))}
+    m = {r: by[r]["measurements"] for r in by}
+    eager_s = m["eager"]["step_time_median_s"]
+    expected = {
+        "simple_fsdp": m["simple_fsdp"]["step_time_median_s"] / m["simple_fsdp"]["bf16_step_time_median_s"],
+        "compile": eager_s / m["compile"]["step_time_median_s"],
+        "graph_trainer": eager_s / m["graph_trainer"]["step_time_median_s"],
+    }
+    for rung, value in expected.items():
+        f = steps[rung].factor
+        assert (f.speedup, f.low, f.high, f.protocol, f.outcome) == (pytest.approx(value), None, None, False, None)
+        assert steps[rung].source == rung and steps[rung].text.endswith("timed apart: no interval")
+    final = steps["final recipe"].cumulative  # compile was kept: the product has no interval
+    assert (final.speedup, final.low, final.protocol) == (pytest.approx(expected["compile"]), None, False)
+    assert steps["eager"].factor.protocol and steps["parity"].factor is None
+    fig = rp.draw_waterfall(list(steps.values()))
+    for rung in expected:
+        rect, top = bar_of(fig, f"step:{rung}")
+        assert rect.get_hatch() == rp.HATCH and top == pytest.approx(expected[rung])
+    texts = [t.get_text() for t in axes(fig, "waterfall-steps").texts]
+    assert texts.count(f"{expected['compile']:.2f}x\ntimed apart:\nno interval") == 1
+    assert not [c for ax in fig.axes for c in ax.collections if (c.get_gid() or "").endswith("-ci")]  # no whisker
+    assert "timed apart: no interval" in [t.get_text() for t in fig.legends[0].get_texts()]
+    path = rp.write_picture(fig, tmp_path / "waterfall.png")
+    assert png_size(path.read_bytes()) == (round(fig.get_figwidth() * rp.DPI), round(fig.get_figheight() * rp.DPI))
+
+
+def test_kernel_and_tuning_steps_multiply_their_kept_comparisons_and_the_union_bound_counts_them():
+    entries = attempts()
+    by = latest(entries)
+    km = by["kernels"]["measurements"]
+    # attention sdpa -> tokamax, no head to head: tokamax's ratio over sdpa's, both against the plain path
+    km.update(
+        attention_tokamax_time_ratio=0.6,
+        attention_tokamax_time_ratio_ci=[0.55, 0.66],
+        attention_tokamax_timing="faster",
+    )
+    by["kernels"]["details"]["decisions"]["attention"].update(value="tokamax", was="sdpa", edit=True)
+    changes = [
+        {"step": "block_sizes", "change": "ce_chunk=1024", "against": "untuned", "kept": True,
+         "timing": cmp("faster", 0.9, 0.85, 0.95)},
+        {"step": "batch", "change": "batch=16", "against": "batch=8", "kept": True,
+         "timing": cmp("faster", 0.8, 0.7, 0.9)},  # against the search's last holder: its chain says more
+        {"step": "flags", "change": "threads", "against": "batch=16", "kept": False,
+         "timing": cmp("faster", 0.5, 0.4, 0.6)},  # not kept: not multiplied in
+    ]  # fmt: skip
+    doublings = [cmp("faster", 0.7, 0.6, 0.8), cmp("faster", 0.8, 0.7, 0.9)]  # ce_chunk's batch 4 -> 8 -> 16
+    tried = [{"outcome": "start"}] + [{"outcome": "faster", "comparison": c} for c in doublings]
+    tried.append({"outcome": "slower", "comparison": cmp("slower", 1.2, 1.1, 1.3)})
+    entries.append(
+        {
+            "rung": "tuning",
+            "attempt": 1,
+            "status": "passed",
+            "started": "2026-12-01T09:26:00+00:00",
+            "ended": "2026-12-01T09:27:00+00:00",
+            "measurements": {"step_time_median_s": 0.3},
+            "details": {"changes": changes, "batch": {"tried": tried}},
+        }
+    )
+    steps = {s.label: s for s in waterfall_steps(recs(entries))}
+    kernels, tuning, final = steps["kernels"], steps["tuning"], steps["final recipe"]
+    sdpa = (km["attention_sdpa_time_ratio"], *km["attention_sdpa_time_ratio_ci"])
+    assert as_tuple(kernels.factor) == pytest.approx((sdpa[0] / 0.6, sdpa[1] / 0.66, sdpa[2] / 0.55))
+    assert (kernels.kind, kernels.factor.links, kernels.factor.outcome) == ("kept", 2, "faster")
+    links = [changes[0]["timing"], *doublings]
+    assert as_tuple(tuning.factor) == pytest.approx(tuple(math.prod(x) for x in zip(*map(speed, links))))
+    assert (tuning.kind, tuning.factor.links, tuning.factor.confidence) == ("kept", 3, pytest.approx(0.97))
+    assert tuning.what == "kept ce_chunk=1024, batch=16"
+    kept = [speed(mode_timing(by, "compile")), as_tuple(kernels.factor), as_tuple(tuning.factor)]
+    assert as_tuple(final.cumulative) == pytest.approx(tuple(math.prod(x) for x in zip(*kept)))
+    assert (final.cumulative.links, final.cumulative.confidence) == (6, pytest.approx(0.94))  # 1 + 2 + 3 intervals
+    fig = rp.draw_waterfall(list(steps.values()))
+    assert bar_of(fig, "cumulative:final")[1] == pytest.approx(final.cumulative.speedup)
+    assert any(t.get_text().endswith("faster, >= 94%") for t in axes(fig, "waterfall-cumulative").texts)
 
 
 def test_a_kept_kernel_after_the_last_timed_run_leaves_the_final_recipe_untimed():
@@ -171,10 +334,11 @@ def test_failed_and_invalid_rungs_get_no_bar_and_no_eager_means_no_waterfall():
     entries = attempts()
     records = [Record(r.rung, "failed" if r.rung == "compile" else r.status, r.entry) for r in recs(entries)]
     assert "compile" not in [b.rung for b in waterfall_bars(records, entries, FINAL_RECIPE)]
+    assert "compile" not in [s.rung for s in waterfall_steps(records)]
     records = [Record(r.rung, "stale" if r.rung == "compile" else r.status, r.entry) for r in recs(entries)]
     assert "compile (stale)" in [b.label for b in waterfall_bars(records, entries, FINAL_RECIPE)]
     no_eager = [Record(r.rung, "invalid" if r.rung == "eager" else r.status, r.entry) for r in recs(entries)]
-    assert waterfall_bars(no_eager, entries, FINAL_RECIPE) == []
+    assert waterfall_bars(no_eager, entries, FINAL_RECIPE) == [] and waterfall_steps(no_eager) == []
     assert speedup([]) is None
 
 
@@ -239,8 +403,12 @@ def test_memory_picture_draws_recorded_peaks_and_saved_activations_per_policy():
     entries = attempts()
     by = latest(entries)
     mem = memory_bars(recs(entries))
-    expected = [(r, v) for r, e in by.items() for k, v in e["measurements"].items()
-                if k.endswith("peak_mem_bytes") and not k.startswith(("eager_", "baseline_"))]  # fmt: skip
+    expected = [
+        (r, v)
+        for r, e in by.items()
+        for k, v in e["measurements"].items()
+        if k.endswith("peak_mem_bytes") and not k.startswith(("eager_", "baseline_"))
+    ]
     assert [(b.rung, b.peak_mem_bytes) for b in mem] == expected
     rung, policies = policy_bars(recs(entries))
     gm = by["graph_trainer"]["measurements"]
@@ -293,11 +461,17 @@ def test_report_writes_the_pictures_the_summary_and_a_self_contained_html(demo_w
     assert report.index("## Summary") < report.index("## Pictures") < report.index("## Ladder")
     summary = report.split("## Summary", 1)[1].split("\n## ", 1)[0]
     for text in (
-        "**cpu**", "5,573,888 parameters", "final recipe (compile rung)",
-        "| step time | 211 ms | 171 ms | **1.23x** speed-up (two runs timed apart: no interval) |", "| tokens/s | 2,429 | 2,988 | 1.23x |",
-        "| MFU | 36.5% | 44.9% |", "| peak memory | 553 MiB | 670 MiB |",
-        "Not like-for-like", "**simple_fsdp** (2 processes", "Waivers: none.",
-    ):  # fmt: skip
+        "**cpu**",
+        "5,573,888 parameters",
+        "final recipe (compile rung)",
+        "| step time | 211 ms | 171 ms | **1.23x** speed-up (two runs timed apart: no interval) |",
+        "| tokens/s | 2,429 | 2,988 | 1.23x |",
+        "| MFU | 36.5% | 44.9% |",
+        "| peak memory | 553 MiB | 670 MiB |",
+        "Not like-for-like",
+        "**simple_fsdp** (2 processes",
+        "Waivers: none.",
+    ):
         assert text in summary, text
     for name in names:
         assert f"]({name})" in report
@@ -308,6 +482,17 @@ def test_report_writes_the_pictures_the_summary_and_a_self_contained_html(demo_w
     out = files.to_json()
     assert out["html"] == str(ws.root / HTML) and out["waterfall"] == str(ws.root / WATERFALL)
     assert out["summary"]["speedup"] == pytest.approx(1.2302, abs=1e-4) and out["pictures_not_drawn"] == {}
+    # beside the picture, the same numbers it draws: each rung's interleaved speed-up and the product
+    by = latest(attempts())
+    compile_cell = factor_cell(waterfall_steps(recs(attempts()))[3].factor)
+    assert compile_cell == "1.22x (1.14-1.31, 99%) faster"
+    assert "| speed-up (timing protocol) | 1x |  | **1.22x** (1.14-1.31, 99%) faster: " in summary
+    pictures = report.split("## Pictures", 1)[1].split("\n## ", 1)[0]
+    assert f"| 3 | compile | compile mode vs eager: compile chosen | kept | {compile_cell} |" in pictures
+    assert "*timed apart: no interval*" in pictures and "union bound" in pictures
+    assert compile_cell in page and "timed apart: no interval" in page
+    protocol = out["summary"]["protocol_speedup"]
+    assert (protocol["speedup"], protocol["protocol"]) == (pytest.approx(speed(mode_timing(by, "compile"))[0]), True)
 
 
 def test_report_of_a_fresh_workspace_draws_nothing_and_says_why(demo_ws):

@@ -32,8 +32,11 @@ def test_preset_workspace_files_are_valid_and_consistent(tmp_path):
     root = make(tmp_path, "dbg", preset="llama3/debugmodel", device="cpu")
     recipe = tomllib.loads((root / "recipe.toml").read_text())
     assert recipe["model"] == {
-        "family": "llama3", "flavor": "debugmodel", "hf_config": "config.json", "adapter_file": "adapter.py",
-    }  # fmt: skip
+        "family": "llama3",
+        "flavor": "debugmodel",
+        "hf_config": "config.json",
+        "adapter_file": "adapter.py",
+    }
     assert recipe["device"]["type"] == "cpu"
     cfg = json.loads((root / "config.json").read_text())
     args = resolve_args("llama3", "debugmodel")
@@ -102,8 +105,12 @@ def test_closest_family_is_the_one_that_reads_most_keys():
 
 
 def test_port_of_a_config_no_adapter_reads_still_lists_its_keys(tmp_path):
-    cfg = {**get_family("llama3").adapter.hf_config(resolve_args("llama3", "debugmodel")),
-           "model_type": "odd", "hidden_act": "gelu", "embedding_multiplier": 12.0}  # fmt: skip
+    cfg = {
+        **get_family("llama3").adapter.hf_config(resolve_args("llama3", "debugmodel")),
+        "model_type": "odd",
+        "hidden_act": "gelu",
+        "embedding_multiplier": 12.0,
+    }
     (tmp_path / "c.json").write_text(json.dumps(cfg))
     plan = plan_workspace("odd", tmp_path, hf_config=tmp_path / "c.json", path="port")
     assert plan.unconsumed == ["embedding_multiplier"]  # not every key: only those no family reads

@@ -74,16 +74,25 @@ def test_rung_table_matches_the_engine():
     rows = dict(re.findall(r"^\| \d \| `(\w+)` \|.*\| (built|not built yet) \|$", BODY, re.M))
     assert list(rows) == list(RUNGS)
     for rung, state in rows.items():
-        built = importlib.util.find_spec(f"onboard.rungs.{rung}") is not None
+        built = importlib.util.find_spec(f"onboard.rungs.{rung}_rung") is not None
         assert state == ("built" if built else "not built yet"), rung
 
 
 def test_parity_reference_covers_the_porting_bugs():
     text = (SKILL_DIR / "references" / "parity.md").read_text().lower()
     for topic in (
-        "rope layout", "rope theta", "rope scaling", "gqa head order", "epsilon", "placement",
-        "tie_word_embeddings", "bias", "soft-cap", "off by one", "qk-norm",
-    ):  # fmt: skip
+        "rope layout",
+        "rope theta",
+        "rope scaling",
+        "gqa head order",
+        "epsilon",
+        "placement",
+        "tie_word_embeddings",
+        "bias",
+        "soft-cap",
+        "off by one",
+        "qk-norm",
+    ):
         assert topic in text, topic
     eager = (SKILL_DIR / "references" / "eager.md").read_text()
     for criterion in ("all_finite", "loss_falls", "step1_loss_near_ln_vocab"):
@@ -130,8 +139,10 @@ def test_script_on_a_real_failed_next_step():
     assert "read: references/parity.md: Inside attention" in out
     bad = subprocess.run(
         [sys.executable, str(SKILL_DIR / "scripts" / "summarise_next_step.py")],
-        input="not json", capture_output=True, text=True,
-    )  # fmt: skip
+        input="not json",
+        capture_output=True,
+        text=True,
+    )
     assert bad.returncode == 2
 
 

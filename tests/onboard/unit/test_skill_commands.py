@@ -66,7 +66,7 @@ def test_every_skill_command_runs_on_a_debug_model(tmp_path, monkeypatch):
             assert script[0] == "python"
             out = subprocess.run(
                 [sys.executable, str(SKILL_DIR / script[1])], input=result.stdout, capture_output=True, text=True
-            )  # fmt: skip
+            )
             assert out.returncode == 0 and out.stdout.startswith("rung "), out.stderr
         ran.append((args[0], result.exit_code, result.output[-3000:]))
     log = "\n".join(f"--- {verb} exit {code}\n{output}" for verb, code, output in ran)

@@ -1,5 +1,6 @@
-"""Package structure, checked statically: no import cycles, titan_core never imports onboard,
-and titan_core's text speaks of what its code does for any caller, not of the onboarding ladder."""
+"""Package structure, checked statically: no import cycles, titan_core never imports onboard (nor do
+its tests), titan_core's text speaks of what its code does for any caller, not of the onboarding
+ladder or the onboard commands, and no module name means one thing in titan_core and another in onboard."""
 
 from __future__ import annotations
 
@@ -136,15 +137,96 @@ def test_titan_core_never_imports_onboard():
             assert not re.search(r"^\s*(from|import)\s+onboard\b", path.read_text(), re.MULTILINE), name
 
 
-def test_titan_core_text_does_not_speak_of_the_ladder():
-    """Comments, docstrings and strings under titan_core/ say what the code does for any caller."""
+def _text_hits(pattern: re.Pattern, packages=("titan_core",)) -> list[str]:
+    """`file:line: match` for every match of `pattern` in the comments, docstrings and strings of `packages`."""
     hits = []
-    for name, path in _modules(("titan_core",)).items():
+    for name, path in _modules(packages).items():
         tokens = tokenize.generate_tokens(io.StringIO(path.read_text()).readline)
         for tok in tokens:
             if tok.type not in TEXT_TOKENS:
                 continue
-            for m in LADDER_WORDS.finditer(tok.string):
+            for m in pattern.finditer(tok.string):
                 line = tok.start[0] + tok.string.count("\n", 0, m.start())
                 hits.append(f"{path.relative_to(ROOT)}:{line}: {m.group(0)!r}")
+    return hits
+
+
+def test_titan_core_text_does_not_speak_of_the_ladder():
+    """Comments, docstrings and strings under titan_core/ say what the code does for any caller."""
+    hits = _text_hits(LADDER_WORDS)
     assert not hits, "titan_core text naming rungs / ladders / gates:\n" + "\n".join(hits)
+
+
+def onboard_commands() -> set[str]:
+    """The onboard CLI's command names, read from its sources: `@app.command("x")` and sub-apps."""
+    text = "\n".join(p.read_text() for p in sorted((ROOT / "onboard" / "cli").glob("*.py")))
+    commands = set(re.findall(r'\.command\(\s*"([\w-]+)"', text))
+    return commands | set(re.findall(r'add_typer\([^)]*name="([\w-]+)"', text))
+
+
+def command_words(commands: set[str]) -> re.Pattern:
+    """`onboard <command>` for any command, and a hyphenated command name (new-model) on its own:
+    a plain word such as `plan` or `train` is ordinary prose, `onboard plan` is the command."""
+    alternatives = "|".join(sorted(map(re.escape, commands), key=len, reverse=True))
+    hyphenated = "|".join(sorted(re.escape(c) for c in commands if "-" in c))
+    return re.compile(rf"(?<![\w.-])onboard\s+({alternatives})(?![\w-])|(?<![\w-])({hyphenated})(?![\w-])")
+
+
+def test_the_command_checker_finds_commands_and_nothing_else():
+    commands = onboard_commands()
+    assert {"new-model", "next-step", "plan", "train", "status", "skill"} <= commands, commands
+    pattern = command_words(commands)
+    named = [
+        "run `onboard next-step x`",
+        "see onboard plan",
+        "next-step refuses it",
+        "a new-model twin",
+        "onboard train --nproc 2",
+    ]
+    prose = ["pip install 'titan-onboard[hf]'", "plan the batch", "the next step", "a new model", "onboard.train"]
+    assert [bool(pattern.search(t)) for t in named + prose] == [True] * len(named) + [False] * len(prose)
+
+
+def test_titan_core_text_does_not_name_onboard_commands():
+    """titan_core's messages are read by callers other than onboard: a fix names what to change, not a command."""
+    hits = _text_hits(command_words(onboard_commands()))
+    assert not hits, "titan_core text naming onboard commands:\n" + "\n".join(hits)
+
+
+def test_core_tests_never_import_onboard():
+    """tests/core tests titan_core alone. tests/core/conftest.py refuses the import at run time; this
+    also covers a function-level import once onboard is loaded, and the workers run as subprocesses."""
+    bad = []
+    for path in sorted((ROOT / "tests" / "core").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            names += [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else []
+            bad += [f"{path.relative_to(ROOT)}:{node.lineno}: {n}" for n in names if n.split(".")[0] == "onboard"]
+    assert not bad, "tests/core importing onboard:\n" + "\n".join(bad)
+
+
+# the files every model family under titan_core/models/<family>/ has by design (one of each per family)
+PER_FAMILY_FILES = {"model", "flavors", "state_dict_adapter"}
+
+
+def module_names(package: str) -> dict[str, list[str]]:
+    """Module stem or package folder name -> its paths, under `package` (entry points and the
+    per-family files of titan_core's models left out)."""
+    out: dict[str, list[str]] = {}
+    for path in sorted((ROOT / package).rglob("*")):
+        rel = path.relative_to(ROOT)
+        if "__pycache__" in rel.parts or not (path.is_dir() or path.suffix == ".py"):
+            continue
+        name = path.name if path.is_dir() else path.stem
+        per_family = rel.parts[:2] == ("titan_core", "models") and len(rel.parts) == 4 and name in PER_FAMILY_FILES
+        if name in ("__init__", "__main__") or per_family:
+            continue
+        out.setdefault(name, []).append(str(rel))
+    return out
+
+
+def test_no_module_name_in_both_packages():
+    core, onboard = module_names("titan_core"), module_names("onboard")
+    assert "llama3" in core and "model" not in core and "rungs" in onboard  # the walk sees what it should
+    clashes = {name: core[name] + onboard[name] for name in set(core) & set(onboard)}
+    assert not clashes, f"module names in both titan_core and onboard (rename one): {clashes}"

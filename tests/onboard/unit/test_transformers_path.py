@@ -9,6 +9,7 @@ import sys
 
 import pytest
 import torch
+from hang_guard import hang_guard
 
 from titan_core.config import ConfigError
 from titan_core.config.swaps import apply_swaps
@@ -32,9 +33,18 @@ CONFIGS = {
     # logits divided by logits_scaling
     "granite": lambda: transformers.GraniteConfig(**BASE, logits_scaling=0.25, embedding_multiplier=4.0),
     # decoder layers in `transformer.h`, learned positions, a tied head named `wte`; dropout off
-    "gpt2": lambda: transformers.GPT2Config(n_embd=64, n_layer=2, n_head=4, vocab_size=256, n_positions=256,
-                                            attn_pdrop=0.0, resid_pdrop=0.0, embd_pdrop=0.0,
-                                            bos_token_id=0, eos_token_id=0),  # fmt: skip
+    "gpt2": lambda: transformers.GPT2Config(
+        n_embd=64,
+        n_layer=2,
+        n_head=4,
+        vocab_size=256,
+        n_positions=256,
+        attn_pdrop=0.0,
+        resid_pdrop=0.0,
+        embd_pdrop=0.0,
+        bos_token_id=0,
+        eos_token_id=0,
+    ),
 }
 
 
@@ -222,7 +232,8 @@ def test_titan_core_imports_without_transformers():
         "from titan_core.models import get_family\n"
         "print(get_family('transformers').name)"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    with hang_guard(120, "importing titan_core without transformers") as guard:
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=guard.timeout_s)
     assert out.returncode == 0 and out.stdout.strip() == "transformers", out.stderr
 
 

@@ -11,22 +11,13 @@ import math
 
 import pytest
 
-from titan_core.config.sections import JobConfig
+from titan_core.config.loader import with_keys
 from titan_core.training.trainer import Trainer
 from onboard.rungs.tuning_classify import Step1, classify, curve_check
 from titan_core.tuning.flags import apply_flag, thread_flags
+from tiny_jobs import narrow_config
 
 ROUNDING = 1e-5  # checklists/tuning.yaml params.rounding_rel (DESIGN section 5)
-
-
-def narrow_config(tmp_path) -> JobConfig:
-    cfg = JobConfig()
-    cfg.model.overrides = dict(dim=64, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=16, vocab_size=256,
-                               ffn_hidden_dim=128)  # fmt: skip
-    cfg.training.batch_size, cfg.training.seq_len, cfg.training.steps = 4, 32, 10
-    cfg.device.type, cfg.device.threads = "cpu", 1
-    cfg.metrics.output_dir, cfg.metrics.rich = str(tmp_path), False
-    return cfg
 
 
 def step1(cfg) -> Step1:
@@ -56,19 +47,22 @@ def test_a_thread_count_is_bit_identical(base):
 
 
 def with_values(cfg, **values):
-    out = copy.deepcopy(cfg)
-    for key, value in values.items():
-        section, name = key.split("__")
-        setattr(getattr(out, section), name, value)
-    return out
+    return with_keys(cfg, {key.replace("__", "."): value for key, value in values.items()})
 
 
-@pytest.mark.parametrize("change, against", [
-    # the batch step: the same 8 rows as one micro-batch, and as four of 2 accumulated
-    ({"training__batch_size": 8}, {"training__batch_size": 2, "training__grad_accum": 4}),
-    # the block-size step: fused_ce's loss summed over 4 token chunks of 32 instead of one of 128
-    ({"kernels__loss": "fused_ce", "kernels__ce_chunk": 32}, {"kernels__loss": "fused_ce", "kernels__ce_chunk": 1024}),
-], ids=["micro_batch_split", "ce_chunk"])  # fmt: skip
+@pytest.mark.parametrize(
+    "change, against",
+    [
+        # the batch step: the same 8 rows as one micro-batch, and as four of 2 accumulated
+        ({"training__batch_size": 8}, {"training__batch_size": 2, "training__grad_accum": 4}),
+        # the block-size step: fused_ce's loss summed over 4 token chunks of 32 instead of one of 128
+        (
+            {"kernels__loss": "fused_ce", "kernels__ce_chunk": 32},
+            {"kernels__loss": "fused_ce", "kernels__ce_chunk": 1024},
+        ),
+    ],
+    ids=["micro_batch_split", "ce_chunk"],
+)
 def test_a_change_of_summation_order_only_rounds(base, change, against):
     cfg, _ = base
     c = classify(step1(with_values(cfg, **change)), step1(with_values(cfg, **against)), rounding_rel=ROUNDING)

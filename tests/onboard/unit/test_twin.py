@@ -26,8 +26,7 @@ from titan_core.models.common.param_counts import count_params
 from titan_core.models.registry import build_meta
 from onboard.sizing.twin import KEPT, TwinError, derive_twin, layer_kind, pattern_layers
 
-REAL = ["Llama-3.1-8B", "Llama-3.1-70B", "Qwen3-8B", "Qwen3-235B-A22B", "Mistral-7B-v0.1", "Qwen2.5-7B",
-        "Llama-3.2-1B"]  # fmt: skip
+REAL = ["Llama-3.1-8B", "Llama-3.1-70B", "Qwen3-8B", "Qwen3-235B-A22B", "Mistral-7B-v0.1", "Qwen2.5-7B", "Llama-3.2-1B"]
 
 
 def twin_of(name: str, **knobs):
@@ -172,8 +171,11 @@ def test_new_model_writes_the_twin_and_runs_the_gates_on_it(tmp_path):
 def test_new_model_twin_knobs_are_bad_input(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps(PUBLISHED["Llama-3.1-8B"][2]))
     base = ["new-model", "l8", "--hf-config", str(tmp_path / "config.json"), "--dir", str(tmp_path), "--device", "cpu"]
-    for extra, needle in ((["--twin-layers", "1"], "--twin-layers 1"), (["--twin-width", "300"], "--twin-width 300"),
-                          (["--no-twin", "--twin-layers", "3"], "--no-twin")):  # fmt: skip
+    for extra, needle in (
+        (["--twin-layers", "1"], "--twin-layers 1"),
+        (["--twin-width", "300"], "--twin-width 300"),
+        (["--no-twin", "--twin-layers", "3"], "--no-twin"),
+    ):
         result = runner.invoke(app, base + extra)
         assert result.exit_code == 2, result.stderr
         lines = result.stderr.strip().splitlines()

@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
+from hang_guard import HangGuard, hang_guard
 from typer.testing import CliRunner
 
 from onboard.workspace import scaffold
@@ -84,7 +85,8 @@ def crash(tmp_path, instant, *, force=True, wait=True):
     args = [sys.executable, "-c", CHILD, str(plan_file), instant, "force" if force else "create"]
     child = subprocess.Popen(args, cwd=Path(__file__).parents[3])
     if wait:
-        assert child.wait(timeout=60) == 9
+        with hang_guard(60, f"the child crashing at {instant}") as guard:
+            assert child.wait(timeout=guard.timeout_s) == 9
     return child
 
 
@@ -188,9 +190,11 @@ def test_a_workspace_an_earlier_onboard_moved_aside_is_restored(tmp_path, old_ws
 def _held_aside(tmp_path):
     child = crash(tmp_path, "held_aside", wait=False)
     ready = tmp_path / "plan.pkl.ready"
-    deadline = time.monotonic() + 60
+    guard = HangGuard("the child holding the old workspace aside", 60)
+    deadline = time.monotonic() + guard.timeout_s
     while not ready.exists():
-        assert child.poll() is None and time.monotonic() < deadline
+        assert child.poll() is None, f"the child exited {child.returncode} before holding the workspace aside"
+        assert time.monotonic() < deadline, guard.message()
         time.sleep(0.01)
     assert "m" not in entries(tmp_path)
     return child
@@ -199,7 +203,8 @@ def _held_aside(tmp_path):
 def test_sigkill_between_the_renames_is_recovered(tmp_path, old_ws, capsys):
     child = _held_aside(tmp_path)
     os.kill(child.pid, signal.SIGKILL)
-    assert child.wait(timeout=30) == -signal.SIGKILL
+    with hang_guard(30, "the killed child to be reaped") as guard:
+        assert child.wait(timeout=guard.timeout_s) == -signal.SIGKILL
     ws = Workspace.load(tmp_path, "m")
     assert (ws.root / "adapter.py").read_text() == OLD_MARK and entries(tmp_path) == ["m"]
     assert "restored the workspace" in capsys.readouterr().err
@@ -212,7 +217,8 @@ def test_a_status_during_a_live_swap_waits_for_it_and_finds_the_new_one(tmp_path
     start = time.monotonic()
     ws = Workspace.load(tmp_path, "m")  # NAME is missing right now: it waits for the swap's lock
     assert time.monotonic() - start >= 0.25
-    assert child.wait(timeout=30) == 0
+    with hang_guard(30, "the swap to finish") as guard:
+        assert child.wait(timeout=guard.timeout_s) == 0
     assert family_of(ws.root) == "qwen3" and entries(tmp_path) == ["m"]
 
 

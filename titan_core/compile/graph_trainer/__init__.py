@@ -13,7 +13,7 @@ from titan_core.compile.graph_trainer.host_sync import HostSync, HostSyncError, 
 from titan_core.compile.graph_trainer.memory_policy import ActivationBytes, saved_activation_bytes
 from titan_core.compile.graph_trainer.passes import build_pipeline, op_counts, registered_passes, run_passes
 from titan_core.compile.graph_trainer.registry import PassSettings, register_pass
-from titan_core.compile.graph_trainer.report import find_host_syncs, graphs_per_step, measure_memory_policies
+from titan_core.compile.graph_trainer.step_probes import find_host_syncs, graphs_per_step, measure_memory_policies
 from titan_core.compile.graph_trainer.runner import GraphStats, GraphTrainStep
 from titan_core.compile.graph_trainer.scan import ScanError, check_scannable
 

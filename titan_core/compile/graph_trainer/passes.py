@@ -169,4 +169,3 @@ def matmul_bf16(gm: GraphModule, example_inputs, *, settings: PassSettings) -> G
             gt_layer=node.meta.get("gt_layer"),
         )
     return gm
-

@@ -148,7 +148,9 @@ def _block_paths(model: nn.Module) -> list[str]:
     blocks = list(model.layers.values())
     missing = [k for k, b in zip(model.layers, blocks) if id(b) not in paths]
     if missing:
-        raise ScanError(f"decoder block {missing[0]} is not a submodule of the model; scan_layers cannot find its weights")
+        raise ScanError(
+            f"decoder block {missing[0]} is not a submodule of the model; scan_layers cannot find its weights"
+        )
     return [paths[id(b)] for b in blocks]
 
 

@@ -76,7 +76,9 @@ class Transformer(nn.Module):
         self.norm = RMSNorm(args.dim, args.norm_eps)
         self.output = None if args.tie_embeddings else nn.Linear(args.dim, args.vocab_size, bias=False)
         self.loss_head = CrossEntropyHead(args.final_softcap)
-        self.register_buffer("inv_freq", rope_inv_freq(args.head_dim, args.rope_theta, args.rope_scaling), persistent=False)
+        self.register_buffer(
+            "inv_freq", rope_inv_freq(args.head_dim, args.rope_theta, args.rope_scaling), persistent=False
+        )
 
     # ---- weights -------------------------------------------------------------------
     @property

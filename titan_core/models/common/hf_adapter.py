@@ -16,6 +16,7 @@ import torch
 
 from titan_core.models.common.args import TransformerArgs
 from titan_core.models.common.mapping_errors import AdapterError
+from titan_core.models.common.tied import HF_TIE, NATIVE_TIE, tie_default, with_tied_head, without_tied_head
 from titan_core.models.common.validate import check_args
 
 # native suffix -> HF suffix, per decoder layer
@@ -37,9 +38,9 @@ LAYER_KEYS: dict[str, str] = {
     "feed_forward.w2.weight": "mlp.down_proj.weight",
 }
 TOP_KEYS: dict[str, str] = {
-    "tok_embeddings.weight": "model.embed_tokens.weight",
+    NATIVE_TIE.embedding: HF_TIE.embedding,
     "norm.weight": "model.norm.weight",
-    "output.weight": "lm_head.weight",
+    NATIVE_TIE.head: HF_TIE.head,
 }
 # native field -> the HF config key it is read from, for the messages of the structural rules
 HF_NAMES: dict[str, str] = {
@@ -77,7 +78,7 @@ class HFAdapter:
 
         A native dict without `output.weight` is a tied model: `lm_head.weight` is emitted
         as the embedding tensor itself, which is what an HF model's own `state_dict()`
-        holds (drop it before writing safetensors, as `save_pretrained` does).
+        holds (drop it before writing safetensors, as `save_pretrained` does; models/common/tied.py).
         """
         out: dict[str, torch.Tensor] = {}
         pending: dict[int, dict[str, torch.Tensor]] = {}
@@ -91,9 +92,7 @@ class HFAdapter:
                 raise AdapterError(f"no HF name for native key '{key}'")
         for i, entries in sorted(pending.items()):
             out.update(self.layer_group_to_hf(i, entries))
-        if "output.weight" not in sd and "tok_embeddings.weight" in sd:
-            out["lm_head.weight"] = sd["tok_embeddings.weight"]
-        return out
+        return out if NATIVE_TIE.head in sd else with_tied_head(out, HF_TIE)
 
     def layer_group_to_hf(self, i: int, entries: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """All native tensors of layer i -> HF; families with fused HF tensors override this."""
@@ -114,13 +113,14 @@ class HFAdapter:
 
         `lm_head.weight` is dropped for a tied model: when `tie_embeddings` is True, or,
         left as None, when it is the embedding tensor itself (HF's in-memory tying).
-        A tied checkpoint that stores a head differing from the embedding is an error.
+        A tied checkpoint that stores a head differing from the embedding is an error
+        (models/common/tied.py, `without_tied_head`).
         """
         out: dict[str, torch.Tensor] = {}
         inverse = {v: k for k, v in self.layer_keys().items()}
         top_inverse = {v: k for k, v in TOP_KEYS.items()}
         pending: dict[int, dict[str, torch.Tensor]] = {}
-        sd = self._drop_tied_head(sd, tie_embeddings)
+        sd = without_tied_head(sd, tie_embeddings, HF_TIE)
         for key, value in sd.items():
             m = re.match(r"model\.layers\.(\d+)\.(.+)", key)
             if m:
@@ -134,22 +134,6 @@ class HFAdapter:
         for i, entries in sorted(pending.items()):
             out.update(self.layer_from_hf(i, entries, inverse))
         return out
-
-    @staticmethod
-    def _drop_tied_head(sd, tie_embeddings: bool | None):
-        head, emb = sd.get("lm_head.weight"), sd.get("model.embed_tokens.weight")
-        if head is None or emb is None or tie_embeddings is False:
-            return sd
-        on_meta = "meta" in (head.device.type, emb.device.type)  # no storage to compare
-        same_tensor = head is emb or (
-            not on_meta and head.data_ptr() == emb.data_ptr()
-            and head.shape == emb.shape and head.stride() == emb.stride()
-        )
-        if tie_embeddings is None and not same_tensor:
-            return sd
-        if not same_tensor and not on_meta and not torch.equal(head, emb):
-            raise AdapterError("tie_embeddings is set but lm_head.weight differs from model.embed_tokens.weight")
-        return {k: v for k, v in sd.items() if k != "lm_head.weight"}
 
     def layer_from_hf(self, i: int, entries: dict[str, torch.Tensor], inverse) -> dict[str, torch.Tensor]:
         """All HF tensors of layer i (keyed by the suffix after `model.layers.{i}.`) -> native
@@ -191,8 +175,10 @@ class HFAdapter:
             ffn_hidden_dim=take("intermediate_size"),
             norm_eps=take("rms_norm_eps", 1e-6),
             max_seq_len=take("max_position_embeddings", 2048),
-            tie_embeddings=take("tie_word_embeddings", False),
+            tie_embeddings=take("tie_word_embeddings"),
         )
+        if kw["tie_embeddings"] is None:  # absent: what the config class of this model_type defaults to
+            kw["tie_embeddings"] = tie_default(cfg.get("model_type"), self.hf_model_types)
         missing = [k for k in ("dim", "n_layers", "n_heads", "vocab_size") if kw[k] is None]
         if missing:
             raise AdapterError(f"config lacks required fields for {missing}")

@@ -99,6 +99,4 @@ class CrossEntropyHead(nn.Module):
 
     def forward(self, hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         logits = softcap(F.linear(hidden, weight), self.final_softcap)
-        return F.cross_entropy(
-            logits.flatten(0, -2).float(), labels.flatten(), ignore_index=self.ignore_index
-        )
+        return F.cross_entropy(logits.flatten(0, -2).float(), labels.flatten(), ignore_index=self.ignore_index)

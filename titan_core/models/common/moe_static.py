@@ -52,6 +52,9 @@ def _dense_from(old: Experts, path: str) -> DenseExperts:
 # Replaces the reference `Experts` and, through `produces`, the kernels registered for the
 # same path (titan_core.kernels.swaps); a model's own experts class is never replaced.
 register_swap(
-    "moe.dense", "layers.*.moe.experts", "dropless static-shape experts (all experts on all tokens, masked combine)",
-    replaces=Experts, produces=DenseExperts,
+    "moe.dense",
+    "layers.*.moe.experts",
+    "dropless static-shape experts (all experts on all tokens, masked combine)",
+    replaces=Experts,
+    produces=DenseExperts,
 )(_dense_from)

@@ -99,11 +99,17 @@ def check_args(values: Mapping[str, Any], *, names: Mapping[str, str] | None = N
         return  # the head rules need the head count; a partial check without it ends here
     kv = given.get("n_kv_heads", n_heads)
     if n_heads % kv:
-        fail(f"must be a multiple of {name('n_kv_heads')} = {kv} (each key/value head serves an equal group "
-             "of query heads)", "n_heads", "n_kv_heads")  # fmt: skip
+        fail(
+            f"must be a multiple of {name('n_kv_heads')} = {kv} (each key/value head serves an equal group "
+            "of query heads)",
+            "n_heads",
+            "n_kv_heads",
+        )
     dim, head_dim = given.get("dim"), given.get("head_dim")
     if dim is not None and dim % n_heads and (head_dim is None or not width_free):
-        unless = "unless head_dim is given" if width_free else "(its upstream config class requires it, head_dim or not)"
+        unless = (
+            "unless head_dim is given" if width_free else "(its upstream config class requires it, head_dim or not)"
+        )
         fail(f"must be a multiple of {name('n_heads')} = {n_heads} {unless}", "dim", "n_heads")
     no_rope_anywhere = given.get("rope_skip_every", 0) == 1
     if dim is not None and not no_rope_anywhere:
@@ -119,8 +125,11 @@ def check_args(values: Mapping[str, Any], *, names: Mapping[str, str] | None = N
         if not (is_int(top_k) and top_k >= 1):
             fail("must be a positive integer", "top_k")
         if top_k > n_experts:
-            fail(f"must be at most {name('n_experts')} = {n_experts} (each token picks that many distinct experts)",
-                 "top_k", "n_experts")  # fmt: skip
+            fail(
+                f"must be at most {name('n_experts')} = {n_experts} (each token picks that many distinct experts)",
+                "top_k",
+                "n_experts",
+            )
         if given.get("moe_hidden_dim", DEFAULTS["moe_hidden_dim"]) < 1:
             fail("must be a positive integer when there are experts", "moe_hidden_dim")
 

@@ -53,8 +53,9 @@ class Qwen3MoeAdapter(HFAdapter):
         out: dict[str, torch.Tensor] = {}
         if ROUTER[1] in entries:
             out[f"layers.{i}.{ROUTER[0]}"] = entries.pop(ROUTER[1])
-        fused = {k: entries.pop(f"mlp.experts.{k}") for k in ("gate_up_proj", "down_proj")
-                 if f"mlp.experts.{k}" in entries}  # fmt: skip
+        fused = {
+            k: entries.pop(f"mlp.experts.{k}") for k in ("gate_up_proj", "down_proj") if f"mlp.experts.{k}" in entries
+        }
         per_expert = {k: entries.pop(k) for k in list(entries) if PER_EXPERT.fullmatch(k)}
         if fused and per_expert:
             raise AdapterError(f"layer {i} holds experts both fused and per expert")
@@ -160,4 +161,3 @@ class Qwen3MoeAdapter(HFAdapter):
             output_router_logits=args.aux_loss_coef > 0,
         )
         return cfg
-

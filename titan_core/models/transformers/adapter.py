@@ -19,6 +19,7 @@ import torch
 from titan_core.models.common.args import TransformerArgs
 from titan_core.models.common.mapping_errors import AdapterError
 from titan_core.models.common.hf_adapter import window_pattern
+from titan_core.models.common.tied import HF_TIE, Tie, with_tied_head
 from titan_core.models.transformers.hf_classes import causal_lm_class, config_object
 
 HF_CONFIG_KEY = "hf_config"
@@ -149,11 +150,8 @@ class TransformersAdapter:
         """The same dict; a tied head (deduplicated away, as `named_parameters` does) is emitted
         as the embedding tensor itself, which is what transformers' own `state_dict()` holds."""
         out = dict(sd)
-        if "lm_head.weight" not in out:
-            emb = next((k for k in out if k.endswith("embed_tokens.weight")), None)
-            if emb is not None:
-                out["lm_head.weight"] = out[emb]
-        return out
+        emb = next((k for k in out if k.endswith("embed_tokens.weight")), None)
+        return out if emb is None else with_tied_head(out, Tie(HF_TIE.head, emb))
 
     def hf_config(self, args: TransformerArgs) -> dict[str, Any]:
         """`hf_config_for(args)`, naming the causal-LM class in `architectures` when the config

@@ -103,8 +103,10 @@ def usual_structure_refusal(module: nn.Module) -> str | None:
         return f"{name} holds parameters {', '.join(sorted(own)) or 'none'}, not exactly {' and '.join(PARAMS)}"
     gate_up, down = own["gate_up_proj"], own["down_proj"]
     if gate_up.ndim != 3 or down.ndim != 3 or tuple(gate_up.shape) != (down.shape[0], 2 * down.shape[2], down.shape[1]):
-        return (f"{name}: gate_up_proj {tuple(gate_up.shape)} and down_proj {tuple(down.shape)} are not "
-                "[E, 2I, D] and [E, D, I]")  # fmt: skip
+        return (
+            f"{name}: gate_up_proj {tuple(gate_up.shape)} and down_proj {tuple(down.shape)} are not "
+            "[E, 2I, D] and [E, D, I]"
+        )
     extra = [n for n, _ in module.named_buffers()] + [n for n, _ in module.named_children() if n != "act_fn"]
     if extra:
         return f"{name} holds {', '.join(extra)} besides its two weights and act_fn"

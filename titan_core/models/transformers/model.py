@@ -61,8 +61,11 @@ def _attention_modules(blocks: nn.ModuleList) -> dict[str, nn.Module]:
     e.g. Mamba layers between attention layers, is not run on this path)."""
 
     def found(block: nn.Module) -> dict[str, nn.Module]:
-        return {n: m for n, m in block.named_modules()
-                if n and type(m).__name__.endswith("Attention") and hasattr(m, "scaling")}  # fmt: skip
+        return {
+            n: m
+            for n, m in block.named_modules()
+            if n and type(m).__name__.endswith("Attention") and hasattr(m, "scaling")
+        }
 
     first = found(blocks[0])
     for i, block in enumerate(blocks):
@@ -124,9 +127,7 @@ class TransformersCausalLM(nn.Module):
         for block in blocks:
             for path in self.attention_paths:
                 block.get_submodule(path).core = NaiveAttention() if softcapped else SDPAttention()
-        self.swap_paths = {
-            ATTENTION_PATTERN: f"{self.base_prefix}.*.{p}.core" for p in self.attention_paths[:1]
-        }
+        self.swap_paths = {ATTENTION_PATTERN: f"{self.base_prefix}.*.{p}.core" for p in self.attention_paths[:1]}
         """Native swap patterns -> this tree's module paths (titan_core/config/swaps.py reads it)."""
         self.experts_install = install_experts(blocks, self.base_prefix)
         """Which experts modules compute through titan_core's kernels, or why none do (`ExpertsInstall`)."""

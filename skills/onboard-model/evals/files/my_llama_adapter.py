@@ -26,6 +26,7 @@ class Adapter(Llama3Adapter):
 
     def args_from_hf(self, cfg):
         import dataclasses
+
         args, used = super().args_from_hf(cfg)
         return dataclasses.replace(args, rope_theta=float(cfg.get("rope_theta", 10000.0))), used
 

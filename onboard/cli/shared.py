@@ -14,6 +14,8 @@ import typer
 from rich.console import Console
 
 from onboard.errors import EXIT_BAD_INPUT, EXIT_FAILED, BadInput, EnvironmentFailed, describe_os_error
+from onboard.workspace.layout import workspaces_dir
+from titan_core.config.loader import ConfigError
 
 app = typer.Typer(
     add_completion=False,
@@ -52,8 +54,6 @@ class Out:
 
 def run_command(json_mode: bool, body: Callable[[Out], int]) -> None:
     """Run a command body; bad input and OS errors become one line on stderr and exit 2 or 1."""
-    from titan_core.config.loader import ConfigError
-
     out = Out(json_mode)
     try:
         code = body(out)
@@ -77,8 +77,6 @@ def _fail(out: Out, message: str, code: int, **extra) -> None:
 def check_dir(dir: Path, *, workspaces: bool = True) -> Path:
     """Refuse a --dir that is a file (or whose onboarding/ is), before anything is created
     there; a folder that does not exist yet is fine (new-model makes it)."""
-    from onboard.workspace.layout import workspaces_dir
-
     for path, what in ((Path(dir), "--dir"), (workspaces_dir(dir), "onboarding/ under --dir")):
         if path.exists() and not path.is_dir():
             raise BadInput(f"{what} must be a folder, but {path} is not one")

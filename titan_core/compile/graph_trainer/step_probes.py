@@ -18,9 +18,7 @@ from titan_core.config.sections import GraphTrainer
 POLICY_PASSES = ("tag_memory_policy", "apply_offload", "apply_recompute")
 
 
-def _capture(
-    model, optimizer, batches, *, max_norm: float, on_host_sync: str = "raise", **section
-) -> GraphTrainStep:
+def _capture(model, optimizer, batches, *, max_norm: float, on_host_sync: str = "raise", **section) -> GraphTrainStep:
     step = GraphTrainStep(
         model,
         optimizer,

@@ -1,0 +1,195 @@
+"""One architecture's probe: its tiny config, a real workspace (`new-model --path transformers`)
+in a temporary folder, then the ladder engine's `next_step` until the ladder is complete or a
+rung stops it; each rung's cell is read back from the ledger (`ladder_states`).
+
+A cell is `pass`, `not_applicable` (with the rung's reason), `fail` (with the first failed
+criterion, or the error the attempt hit) or `not_reached` (an earlier rung stopped the climb).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from onboard.compat.tiny import MAX_PARAMS, SEQ_LEN, NotProbed, one_line, tiny_config
+from onboard.engine.ladder import default_specs, ladder_states, next_step
+from onboard.errors import BadInput
+from onboard.rungs import harness
+from onboard.workspace.layout import Workspace
+from onboard.workspace.scaffold import plan_workspace, write_workspace
+from onboard.engine.ledger import ACCEPTED, Status
+
+QUICK_TIMING = {"warmup": 1, "min_rounds": 2, "max_rounds": 3, "max_seconds": 2.0}
+"""The timing protocol of every keep/choose decision (`params.timing` of the checklists), shortened:
+compat asks whether each rung passes on an architecture, not which flag is fastest on this CPU.
+Criteria, thresholds and every other param stay as shipped."""
+TELLING = ("capture_error", "first_break", "first_host_sync", "error")
+"""Measurements that say more than the criterion they fail, in the order the reason prefers them."""
+
+
+def rungs() -> list[str]:
+    """The engine's rungs, in ladder order."""
+    return [spec.name for spec in default_specs()]
+
+
+def use_quick_timing() -> None:
+    """Make every rung of this process time its decisions with QUICK_TIMING (the probe's child only:
+    the rungs read their params through `harness.checklist`, the engine judges with the shipped file)."""
+    shipped = harness.checklist
+
+    @functools.lru_cache(maxsize=None)
+    def checklist(rung: str):
+        c = shipped(rung)
+        if "timing" not in c.params:
+            return c
+        return dataclasses.replace(c, params={**c.params, "timing": {**c.params["timing"], **QUICK_TIMING}})
+
+    harness.checklist = checklist
+
+
+def probe(
+    model_type: str,
+    work: Path,
+    *,
+    log: Callable[[str], None] = lambda s: None,
+    save: Callable[[dict], None] = lambda row: None,
+    detail: Callable[[str], None] = lambda s: None,
+) -> dict:
+    """{"cells": {rung: cell}, "params": n} or {"not_probed": why}, climbed in this process under `work`;
+    `save(row)` after every step, so a crash or a kill later keeps the cells already recorded. `log`
+    gets a line per rung, `detail` the rungs' own log."""
+    try:
+        ws, n_params = scaffold(model_type, work)
+    except NotProbed as e:
+        return {"not_probed": one_line(str(e))}
+    row: dict[str, Any] = {"cells": {}, "params": n_params}
+    for cells in climb(ws, log=lambda line: log(f"compat: {model_type}: {line}"), detail=detail):
+        row["cells"] = cells
+        save(row)
+    return row
+
+
+def scaffold(model_type: str, work: Path):
+    """(the scaffolded Workspace, parameter count or None); NotProbed where new-model refuses the config."""
+    cfg = tiny_config(model_type)
+    cfg_path = work / "config.json"
+    cfg_path.write_text(json.dumps(cfg, indent=1))
+    name = "compat_" + "".join(c if c.isalnum() else "_" for c in model_type)
+    try:
+        plan = plan_workspace(name, work, hf_config=cfg_path, path="transformers", device="cpu")
+    except BadInput as e:
+        # the temporary folder's path says nothing in a table
+        raise NotProbed(f"new-model --path transformers refuses it: {str(e).replace(f'{work}/', '')}") from None
+    n_params = _param_count(plan)
+    if n_params is not None and n_params > MAX_PARAMS:
+        raise NotProbed(f"the tiny config still has {n_params / 1e6:.0f}M parameters (sizes the probe does not shrink)")
+    plan.files["recipe.toml"] = plan.files["recipe.toml"].replace("seq_len = 128", f"seq_len = {SEQ_LEN}")
+    write_workspace(plan)
+    return Workspace.load(work, name), n_params
+
+
+def _param_count(plan) -> int | None:
+    """Parameters of the workspace's model, built on meta; None when it cannot be built (the eager
+    rung then fails on it, with the error, like any workspace's)."""
+    from titan_core.models.transformers import ADAPTER, TransformersCausalLM  # lazy: transformers, an optional extra
+
+    try:
+        args = ADAPTER.args_from_hf(plan.hf_config)[0]
+        with torch.device("meta"):
+            model = TransformersCausalLM(args)
+        return sum(p.numel() for p in model.parameters())
+    except Exception:  # noqa: BLE001 -- the eager rung records this error
+        return None
+
+
+def climb(
+    ws,
+    *,
+    log: Callable[[str], None] = lambda s: None,
+    detail: Callable[[str], None] = lambda s: None,
+    max_steps: int | None = None,
+):
+    """Yield the cells after every `next_step` until the ladder is complete or a step does not pass.
+
+    `max_steps` (default three per rung) bounds a ladder that keeps re-verifying after recipe edits.
+    An error the engine raises instead of recording (bad input found by a rung, a rung that cannot be
+    imported) fails the rung it was on.
+    """
+    specs = default_specs()
+    max_steps = max_steps or 3 * len(specs)
+    for _ in range(max_steps):
+        current = _current(ladder_states(ws, specs))
+        if current is None:
+            return
+        try:
+            status, raised = str(next_step(ws, specs=specs, log=detail).status), None
+        except Exception as e:  # noqa: BLE001 -- this architecture's failure, not the sweep's
+            # the temporary workspace's path says nothing in a table: its files by their names
+            status, raised = "raised", (current, f"{type(e).__name__}: {e}".replace(f"{ws.root}/", ""))
+        cells = cells_of(ladder_states(ws, specs), raised=raised)
+        yield cells
+        cell = cells[current]
+        log(f"{current} {cell['status']}" + (f" ({cell['seconds']} s)" if "seconds" in cell else ""))
+        if status not in ACCEPTED:
+            return
+    yield cells_of(ladder_states(ws, specs), cap=max_steps)
+
+
+def _current(states) -> str | None:
+    """The rung next_step runs now: the first built one not passed / not applicable."""
+    return next((s.rung for s in states if str(s.status) not in ACCEPTED and str(s.status) != "not built yet"), None)
+
+
+def cells_of(states, *, raised: tuple[str, str] | None = None, cap: int | None = None) -> dict[str, dict]:
+    """{rung: {"status", "reason"[, "seconds"]}} from the engine's rung states (the ledger's latest
+    attempts); `raised` = (rung, error) the engine raised on, `cap` = the step bound the climb hit."""
+    cells: dict[str, dict] = {}
+    stopper = None
+    for s in states:
+        status, latest = str(s.status), s.latest or {}
+        if raised and s.rung == raised[0]:
+            cell = {"status": "fail", "reason": one_line(raised[1])}
+        elif stopper:
+            cell = {"status": "not_reached", "reason": f"the {stopper} rung failed"}
+        elif status == Status.PASSED:
+            cell = {"status": "pass", "reason": ""}
+        elif status == Status.NOT_APPLICABLE:
+            cell = {"status": "not_applicable", "reason": one_line(s.reason or "")}
+        elif status in (Status.FAILED, Status.INTERRUPTED):
+            cell = {"status": "fail", "reason": failure_reason(latest)}
+        elif cap and status in (Status.STALE, Status.INVALID):
+            cell = {"status": "not_reached", "reason": one_line(f"{status} after {cap} steps: {s.reason}")}
+        else:  # pending (the climb ended before it), or not built in this version of onboard
+            cell = {"status": "not_reached", "reason": status}
+        if cell["status"] == "fail":
+            stopper = s.rung
+        if latest.get("duration_s") is not None and cell["status"] != "not_reached":
+            cell["seconds"] = round(float(latest["duration_s"]), 1)
+        cells[s.rung] = cell
+    return cells
+
+
+def failure_reason(entry: dict) -> str:
+    """One line: the error the attempt hit, else its first failed criterion (with a telling
+    measurement where the rung took one)."""
+    error = entry.get("error") or (entry.get("details") or {}).get("error")
+    if isinstance(error, dict):  # parity: {kind, message} of the port's own error
+        error = f"{error.get('kind', 'rung')} error: {error.get('message')}"
+    if error:
+        return one_line(str(error).split(" (traceback: ")[0])
+    bad = next((c for c in entry.get("criteria") or [] if not c.get("ok")), None)
+    if bad is None:
+        return one_line(f"{entry.get('status')} with every criterion met")
+    value, thr = bad.get("value"), bad.get("threshold")
+    if bad.get("comparator") == "is_true" or value is None:
+        why = f"{bad['name']}: {bad.get('hint')}"
+    else:
+        why = f"{bad['name']}: {value!r} (needs {bad['comparator']} {thr!r})"
+    m = entry.get("measurements") or {}
+    extra = next((f"{k}: {m[k]}" for k in TELLING if m.get(k)), "")
+    return one_line(f"{why}; {extra}" if extra and extra not in why else why)

@@ -1,0 +1,228 @@
+"""The sweep: one isolated probe per model_type, the table of their cells, and the files it is
+kept in (rewritten atomically after every architecture, so a Ctrl-C or a crash keeps every
+row that finished, and `--resume` goes on from them)."""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Callable
+
+from onboard.compat.climb import rungs
+from onboard.compat.table import check_destinations, write_tables
+from onboard.compat.tiny import causal_lm_types, one_line
+from onboard.errors import BadInput
+from titan_core.runtime.die_with_parent import with_parent_death_signal
+
+TIMEOUT_S = 900
+"""Wall-clock limit of one architecture's probe (all seven rungs)."""
+TAIL_LINES = 40
+"""Lines of a probe's own output kept to explain a probe process that died."""
+
+
+def run_isolated(model_type: str, *, timeout: float = TIMEOUT_S, log: Callable[[str], None] = lambda s: None) -> dict:
+    """`probe` in a child process with a time limit; a crash or a timeout fails the rung it was on."""
+    with tempfile.TemporaryDirectory(prefix="onboard-compat-") as tmp:
+        out = Path(tmp) / "probe.json"
+        cmd = with_parent_death_signal([sys.executable, "-m", "onboard.compat", model_type, str(out)])
+        env = {**os.environ, "HF_HUB_OFFLINE": "1", "TORCH_DEVICE_BACKEND_AUTOLOAD": "0"}
+        start = time.monotonic()
+        failure = _run_child(cmd, tmp, env, timeout, log)
+        seconds = round(time.monotonic() - start, 1)
+        row = json.loads(out.read_text()) if out.is_file() else {"cells": {}}
+    if failure and "not_probed" not in row:
+        row["cells"] = fail_unfinished(row["cells"], one_line(failure))
+    row["seconds"] = seconds
+    return row
+
+
+def _run_child(cmd: list[str], cwd: str, env: dict, timeout: float, log: Callable[[str], None]) -> str | None:
+    """Run the probe; its `compat: ` lines go to `log`. None, or why it did not end by itself with 0.
+
+    Its own session, so a Ctrl-C reaches only this process, which then stops the probe's whole
+    process group (its ranks die with it: they ask for a signal when their parent dies)."""
+    proc = subprocess.Popen(
+        cmd,
+        cwd=cwd,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        errors="replace",
+        start_new_session=True,
+    )
+    tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
+    reader = threading.Thread(target=_read_lines, args=(proc.stdout, tail, log), daemon=True)
+    reader.start()
+    try:
+        code = proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return f"probe exceeded {timeout:.0f} s"
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        reader.join(timeout=5)
+    if code == 0:
+        return None
+    last = next((line for line in reversed(tail) if line.strip()), "no output")
+    return f"probe process exited {code}: {last}"
+
+
+def _read_lines(stream, tail: collections.deque, log: Callable[[str], None]) -> None:
+    for line in stream:
+        line = line.rstrip("\n")
+        tail.append(line)
+        if line.startswith("compat: "):
+            log(line)
+
+
+def fail_unfinished(cells: dict[str, dict], failure: str) -> dict[str, dict]:
+    """The cells a probe wrote before it died, the rung it was on failed with `failure` (unless one it
+    recorded failed already), the rungs after the failed one not reached."""
+    out, stopper = {}, None
+    for rung in rungs():
+        cell = cells.get(rung) or {"status": "not_reached", "reason": "pending"}
+        if stopper:
+            cell = {"status": "not_reached", "reason": f"the {stopper} rung failed"}
+        elif cell["status"] == "not_reached":
+            cell = {"status": "fail", "reason": failure}
+        if cell["status"] == "fail":
+            stopper = stopper or rung
+        out[rung] = cell
+    return out
+
+
+def sweep(
+    model_types: list[str] | None = None,
+    *,
+    timeout: float = TIMEOUT_S,
+    log: Callable[[str], None] = lambda s: None,
+    previous: dict | None = None,
+    on_row: Callable[[dict], None] = lambda result: None,
+) -> dict:
+    """The compat table of `model_types` (default: every causal LM); `previous` (a table of the same
+    transformers and rungs) gives rows kept without probing again; `on_row(table so far)` after each
+    architecture. A Ctrl-C ends it with the rows that finished and `interrupted` naming the one it stopped."""
+    types = model_types or causal_lm_types()
+    kept_rows, kept_not = (previous or {}).get("rows", {}), (previous or {}).get("not_probed", {})
+    rows, not_probed, interrupted, current = {}, {}, None, None
+    try:
+        for i, current in enumerate(types, 1):
+            _one(current, f"[{i}/{len(types)}]", rows, not_probed, kept_rows, kept_not, timeout, log)
+            on_row(table(types, rows, not_probed))
+    except KeyboardInterrupt:
+        interrupted = current
+        log(f"compat: interrupted while probing {interrupted}")
+    return table(types, rows, not_probed, interrupted=interrupted)
+
+
+def _one(
+    mt: str,
+    where: str,
+    rows: dict,
+    not_probed: dict,
+    kept_rows: dict,
+    kept_not: dict,
+    timeout: float,
+    log: Callable[[str], None],
+) -> None:
+    """Probe `mt` (or keep its earlier row) into `rows` / `not_probed`."""
+    if mt in kept_rows or mt in kept_not:
+        (rows if mt in kept_rows else not_probed)[mt] = kept_rows.get(mt) or kept_not[mt]
+        log(f"compat: {where} {mt}: kept from the results file")
+        return
+    log(f"compat: {where} {mt}")
+    row = run_isolated(mt, timeout=timeout, log=log)
+    if "not_probed" in row:
+        not_probed[mt] = row["not_probed"]
+        log(f"compat: {mt}: not probed: {row['not_probed']}")
+        return
+    rows[mt] = row
+    cells = ", ".join(f"{r} {c['status']}" for r, c in row["cells"].items())
+    log(f"compat: {mt}: {cells} ({row['seconds']} s)")
+
+
+def table(types: list[str], rows: dict, not_probed: dict, *, interrupted: str | None = None) -> dict:
+    """The sweep's result (the --json output and the results file): cells per model_type, counts per rung."""
+    import transformers  # lazy: an optional extra (check_types said so before any probe)
+
+    names = rungs()
+    ordered = {mt: rows[mt] for mt in types if mt in rows}
+    return {
+        "transformers": transformers.__version__,
+        "rungs": names,
+        "requested": len(types),
+        "probed": len(ordered),
+        "passing": {r: sum(row["cells"][r]["status"] == "pass" for row in ordered.values()) for r in names},
+        "all_pass": sum(all(row["cells"][r]["status"] == "pass" for r in names) for row in ordered.values()),
+        "rows": ordered,
+        "not_probed": {mt: not_probed[mt] for mt in types if mt in not_probed},
+        "remaining": [mt for mt in types if mt not in rows and mt not in not_probed],
+        "interrupted": interrupted,
+        "seconds": round(sum(row["seconds"] for row in ordered.values()), 1),
+    }
+
+
+def load_previous(path: Path) -> dict | None:
+    """The table a results file holds, for --resume (None when there is none yet); BadInput when it
+    is not one, or one of another transformers or another set of rungs (its cells would not say
+    what this installation runs)."""
+    import transformers  # lazy: an optional extra (check_types said so before any probe)
+
+    if not path.exists():
+        return None
+    try:
+        prev = json.loads(path.read_text())
+        rows, not_probed, version, names = prev["rows"], prev["not_probed"], prev["transformers"], prev["rungs"]
+        if not (isinstance(rows, dict) and isinstance(not_probed, dict)):
+            raise TypeError("rows and not_probed must be objects")
+        for mt, row in rows.items():
+            if set(row["cells"]) != set(names) or not isinstance(row["seconds"], (int, float)):
+                raise TypeError(f"row {mt!r} has no cell per rung or no seconds")
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise BadInput(f"--resume: {path} is not a compat results file ({type(e).__name__}: {e})") from None
+    if version != transformers.__version__ or names != rungs():
+        raise BadInput(
+            f"--resume: {path} holds a sweep of transformers {version}, rungs {', '.join(names)}; this "
+            f"installation runs transformers {transformers.__version__}, rungs {', '.join(rungs())}: remove the "
+            "file or drop --resume"
+        )
+    return prev
+
+
+def sweep_to_files(
+    model_types: list[str] | None,
+    *,
+    timeout: float,
+    markdown: Path | None,
+    results: Path | None,
+    resume: bool,
+    log: Callable[[str], None],
+) -> dict:
+    """`sweep`, its table written to `results` (JSON) and `markdown` after every architecture and at the
+    end; with `resume`, the rows `results` already holds are kept. Bad input raises before any probe runs."""
+    if timeout <= 0:
+        raise BadInput(f"--timeout {timeout}: must be > 0 seconds")
+    if resume and results is None:
+        raise BadInput("--resume needs --results PATH: the file the earlier sweep kept its rows in")
+    check_destinations(markdown, results)
+    previous = load_previous(results) if resume else None
+    cmd = " ".join(["onboard compat", *(model_types or [])])
+    header = f"# Compatibility\n\nGenerated by `{cmd}`."
+
+    def write(result: dict) -> None:
+        write_tables(result, markdown=markdown, results=results, header=header)
+
+    result = sweep(model_types, timeout=timeout, log=log, previous=previous, on_row=write)
+    write(result)
+    return result

@@ -1,0 +1,386 @@
+"""One attempt of the current rung, from its placeholder in ladder.json to its judged entry.
+
+`run_attempt` reads top to bottom:
+
+1. open: a fresh runs/<rung>/attempt-<N>/ and an `interrupted` placeholder entry, saved before
+   the rung starts, so a hard kill leaves a valid ledger that says interrupted;
+2. call the rung, SIGTERM raising like Ctrl-C: bad input withdraws the attempt (nothing
+   recorded, exit 2); an interrupt records it interrupted; an OS error or a crash is a failure;
+3. take its result: the hashes of the files it read, its measurements (`as_metrics()`), details;
+4. judge: not_applicable with its reason, or the checklist evaluated with the waivers on the
+   record and the passed rungs' evidence; a passed gate's recipe edits are written then;
+5. close: the entry replaces the placeholder and the ledger is saved.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import shutil
+import signal
+import threading
+import traceback
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from importlib import metadata
+from pathlib import Path
+from types import ModuleType
+from typing import TYPE_CHECKING, Any, Callable
+
+from titan_core.config.loader import ConfigError
+
+from onboard.engine.gates import Checklist, evaluate, gate_passed
+from onboard.engine.ledger import Entry, Ledger, Status, now_iso, parse_iso
+from onboard.engine.recipe_edit import RecipeEditError, apply_edits
+from onboard.errors import (
+    EXIT_BAD_INPUT,
+    EXIT_FAILED,
+    EXIT_INTERRUPTED,
+    EXIT_PASSED,
+    BadInput,
+    EnvironmentFailed,
+    Interrupted,
+    describe_os_error,
+)
+from onboard.rungs.contract import Measurements, RecipeEdit, RungContext, RungResult
+
+if TYPE_CHECKING:
+    from onboard.workspace.layout import Workspace
+
+EXIT_CODES = {
+    Status.PASSED: EXIT_PASSED,
+    Status.NOT_APPLICABLE: EXIT_PASSED,
+    Status.COMPLETE: EXIT_PASSED,
+    Status.FAILED: EXIT_FAILED,
+    Status.INTERRUPTED: EXIT_INTERRUPTED,
+}
+
+
+def entry_error(entry: Entry | None) -> str | None:
+    """The error an attempt hit, as one line: the engine's (the rung raised) or the one the
+    rung reported in its details (parity: the port raised, {kind, message}); None if neither."""
+    if entry is None:
+        return None
+    if entry.error:
+        return str(entry.error)
+    err = entry.details.get("error")
+    if isinstance(err, dict) and err.get("message"):
+        return f"{err.get('kind', 'rung')} error: {err['message']}"
+    return str(err) if err else None
+
+
+@dataclass
+class StepOutcome:
+    """What next-step did; `exit_code` follows DESIGN section 4 (130 for interrupted)."""
+
+    workspace: str
+    status: Status
+    """passed | failed | not_applicable | interrupted | complete"""
+    rung: str | None = None
+    attempt: int | None = None
+    criteria: list[dict] = field(default_factory=list)
+    human: list[str] = field(default_factory=list)
+    message: str = ""
+    entry: Entry | None = None
+    next_rung: str | None = None
+    os_error: str | None = None
+    """The OS error the attempt stopped on (disk full, a file it could not read): the
+    attempt is recorded failed, and the CLI says this in one line instead of the criteria."""
+
+    @property
+    def exit_code(self) -> int:
+        return EXIT_CODES.get(self.status, EXIT_BAD_INPUT)
+
+    def to_json(self) -> dict:
+        entry = self.entry
+        failed = [c for c in self.criteria if not c["ok"]]
+        return {
+            "workspace": self.workspace,
+            "rung": self.rung,
+            "attempt": self.attempt,
+            "status": self.status,
+            "message": self.message,
+            "criteria": self.criteria,
+            "failed": [c["name"] for c in failed],
+            "hints": {c["name"]: c["hint"] for c in failed},
+            "waived": [c["name"] for c in self.criteria if c.get("waived")],
+            "measurements": entry.measurements if entry else {},
+            "details": entry.details if entry else {},
+            "error": entry_error(entry),
+            "attempt_dir": entry.attempt_dir if entry else None,
+            "next_rung": self.next_rung,
+            "human_checks": self.human,
+            "recipe_edit": entry.recipe_edit if entry else None,
+            "os_error": self.os_error,
+            "exit_code": self.exit_code,
+        }
+
+
+@dataclass
+class AttemptInputs:
+    """What one attempt of the current rung needs, gathered by `next_step` under the workspace lock."""
+
+    ws: "Workspace"
+    ledger: Ledger
+    """The ledger as re-read under the lock; the attempt is recorded in it."""
+    rung: str
+    module: ModuleType | Any
+    """The rung's module (or a module-like fake): its `run(ctx) -> RungResult`."""
+    checklist: Checklist
+    """checklists/<rung>.yaml, which judges the attempt."""
+    rerun_reason: str | None
+    """Why the rung runs again (it was stale or invalid); None for a first attempt or a retry."""
+    evidence: dict[str, dict]
+    """{rung: measurements} of the other rungs that passed: the rung's `ctx.evidence`, and what
+    the checklist's `evidence.<rung>.<metric>` thresholds resolve against."""
+    log: Callable[[str], None]
+    base_command: str
+    """The command recorded when the rung names none (`onboard next-step <name>`)."""
+
+
+@dataclass
+class Failure:
+    """Why an attempt has no result to judge, or why a passed gate's recipe edit was not written."""
+
+    error: str
+    traceback_key: str | None
+    """Workspace key of the attempt's error.txt; None where the disk refused that too."""
+    os_error: bool = False
+    """The OS stopped it (disk full, an unreadable file): the CLI says so in one line."""
+
+    def entry_text(self) -> str:
+        if self.traceback_key:
+            return f"{self.error} (traceback: {self.traceback_key})"
+        return f"{self.error} (no traceback: error.txt could not be written)"
+
+
+def run_attempt(run: AttemptInputs) -> StepOutcome:
+    """Run the current rung once and record the attempt (the module docstring's five steps)."""
+    entry, attempt_dir = _open(run)
+    ctx = RungContext(workspace=run.ws, attempt_dir=attempt_dir, evidence=run.evidence, log=run.log)
+    try:
+        outcome = _call_rung(run, entry, ctx)
+    except (KeyboardInterrupt, Interrupted) as e:
+        return _interrupted(run, entry, e)
+    _end(entry)
+    if isinstance(outcome, RungResult):
+        outcome = _take(run, entry, outcome, attempt_dir)
+    if isinstance(outcome, RungResult) and outcome.not_applicable:
+        failure = None
+        entry.status, entry.not_applicable_reason = Status.NOT_APPLICABLE, str(outcome.not_applicable)
+        message = f"{run.rung} does not apply: {outcome.not_applicable}"
+    else:
+        failure = _judge(run, entry, outcome, attempt_dir)
+        message = f"{run.rung} {entry.status} (attempt {entry.attempt})"
+    return _close(run, entry, failure, message)
+
+
+# ---- the steps --------------------------------------------------------------------------------
+def _open(run: AttemptInputs) -> tuple[Entry, Path]:
+    """A fresh attempt folder and the `interrupted` placeholder, saved (an unwritable ledger raises, nothing left)."""
+    attempt = run.ledger.next_attempt(run.rung)
+    attempt_dir = run.ws.runs_dir / run.rung / f"attempt-{attempt}"
+    if attempt_dir.exists():
+        shutil.rmtree(attempt_dir)  # left by an attempt that was withdrawn as bad input
+    attempt_dir.mkdir(parents=True)
+    run.log(f"{run.rung}: attempt {attempt}" + (f" (re-verifying: {run.rerun_reason})" if run.rerun_reason else ""))
+    entry = Entry(
+        rung=run.rung,
+        attempt=attempt,
+        status=Status.INTERRUPTED,  # until the rung returns: a hard kill leaves this
+        started=now_iso(),
+        pid=os.getpid(),
+        command=run.base_command,
+        attempt_dir=run.ws.key_for(attempt_dir),
+        environment=environment(run.ws.device),
+        model=run.ws.model_label(),  # the twin or the full model: every rung says which it ran
+        rerun_reason=run.rerun_reason,
+    )
+    run.ledger.append(entry)
+    try:
+        run.ledger.save()
+    except OSError:
+        # nothing could be recorded, so nothing ran: the CLI says why (a read-only
+        # workspace is the input's fault, a full disk the machine's)
+        run.ledger.remove(run.rung, attempt)
+        _remove_attempt_dir(run.ws, attempt_dir)
+        raise
+    return entry, attempt_dir
+
+
+def _call_rung(run: AttemptInputs, entry: Entry, ctx: RungContext) -> RungResult | Failure:
+    """The rung's checked result, or the failure it ended in; bad input withdraws the attempt and raises."""
+    try:
+        with sigterm_raises():
+            return _check_result(run.module.run(ctx))
+    except (BadInput, ConfigError) as e:
+        # the recipe (or a file it names) is bad input, whichever rung found it: exit 2, nothing recorded
+        run.ledger.remove(run.rung, entry.attempt)
+        _record(run.ledger, f"{run.rung} attempt {entry.attempt} was withdrawn as bad input ({e})")
+        _remove_attempt_dir(run.ws, ctx.attempt_dir)
+        if isinstance(e, ConfigError):
+            raise BadInput(f"{run.ws.recipe_path}: {e}") from None
+        raise
+    except OSError as e:
+        # the disk filled up, a file could not be read or written: the attempt could not finish,
+        # which is failed (interrupted means a signal), and the CLI says so in one line
+        return Failure(f"{type(e).__name__}: {e}", _write_error(run.ws, ctx.attempt_dir), os_error=True)
+    except Exception as e:  # the model crashed: that is a failed gate the porter must fix, not a warning
+        return Failure(f"{type(e).__name__}: {e}", _write_error(run.ws, ctx.attempt_dir))
+
+
+def _interrupted(run: AttemptInputs, entry: Entry, e: BaseException) -> StepOutcome:
+    entry.ended = now_iso()
+    entry.error = f"interrupted ({type(e).__name__}{': ' + str(e) if str(e) else ''})"
+    run.ledger.replace(entry)
+    _record(run.ledger, f"{run.rung} attempt {entry.attempt} was interrupted")
+    message = f"{run.rung} attempt {entry.attempt} interrupted"
+    return StepOutcome(run.ws.name, Status.INTERRUPTED, run.rung, entry.attempt, message=message, entry=entry)
+
+
+def _end(entry: Entry) -> None:
+    entry.ended = now_iso()
+    entry.duration_s = round((parse_iso(entry.ended) - parse_iso(entry.started)).total_seconds(), 3)
+
+
+def _take(run: AttemptInputs, entry: Entry, result: RungResult, attempt_dir: Path) -> RungResult | Failure:
+    """Record what the rung returned; a failure where the files it read cannot be fingerprinted."""
+    try:
+        files_read = run.ws.hashes(result.files_read)
+    except OSError as e:
+        error = f"the files the rung read cannot be fingerprinted: {type(e).__name__}: {e}"
+        return Failure(error, _write_error(run.ws, attempt_dir), os_error=True)
+    entry.command = result.command or run.base_command
+    entry.files_read = files_read
+    entry.measurements = result.measurements.as_metrics()
+    entry.details = result.details
+    entry.environment["device"] = str(result.details.get("device", run.ws.device))
+    return result
+
+
+def _judge(run: AttemptInputs, entry: Entry, outcome: RungResult | Failure, attempt_dir: Path) -> Failure | None:
+    """Evaluate the checklist and set passed / failed; a passed gate's recipe edits are written here."""
+    waivers = {c: w for (_, c), w in run.ledger.waivers(run.rung).items()}
+    entry.criteria = evaluate(run.checklist, entry.measurements, run.evidence, waivers)
+    failure = outcome if isinstance(outcome, Failure) else None
+    if failure is None and gate_passed(entry.criteria) and outcome.recipe_edits:
+        # only a passed gate edits the recipe; an edit that cannot be applied fails the attempt
+        failure = _apply_recipe_edits(run, entry, outcome.recipe_edits, attempt_dir)
+    passed = failure is None and gate_passed(entry.criteria)
+    entry.status = Status.PASSED if passed else Status.FAILED
+    if failure is not None:
+        entry.error = failure.entry_text()
+    return failure
+
+
+def _apply_recipe_edits(run: AttemptInputs, entry: Entry, edits: list[RecipeEdit], attempt_dir: Path) -> Failure | None:
+    """Write a passed rung's edits into recipe.toml and record them (hashes before and after) in its entry.
+
+    files_read gets the recipe's hash after the edit: the rung's own evidence describes the
+    edited recipe; an earlier rung reaches it through the recorded edit chain only if it
+    reads none of the edited keys (`Workspace.changed_files`), else it re-verifies.
+    """
+    try:
+        record = apply_edits(run.ws.recipe_path, edits)
+    except (RecipeEditError, OSError) as e:
+        error = f"recipe edit failed, recipe.toml unchanged: {type(e).__name__}: {e}"
+        return Failure(error, _write_error(run.ws, attempt_dir, f"{error}\n"), os_error=isinstance(e, OSError))
+    key = run.ws.key_for(run.ws.recipe_path)
+    entry.recipe_edit = {"file": key, **record}
+    entry.files_read[key] = record["sha256_after"]
+    return None
+
+
+def _close(run: AttemptInputs, entry: Entry, failure: Failure | None, message: str) -> StepOutcome:
+    run.ledger.replace(entry)
+    what = f"{run.rung} attempt {entry.attempt}"
+    _record(run.ledger, f"{what} ended {entry.status}" + (f" ({failure.error})" if failure else ""))
+    os_error = failure.error if failure is not None and failure.os_error else None
+    if os_error:
+        message = f"{what} failed on an OS error: {entry.error}; recorded in {run.ledger.path}"
+    return StepOutcome(
+        run.ws.name,
+        entry.status,
+        run.rung,
+        entry.attempt,
+        criteria=entry.criteria,
+        human=list(run.checklist.human),
+        message=message,
+        entry=entry,
+        os_error=os_error,
+    )
+
+
+# ---- helpers ----------------------------------------------------------------------------------
+def environment(device: str) -> dict:
+    """Device and library versions recorded with every attempt."""
+    env = {"device": device, "python": platform.python_version(), "platform": platform.platform()}
+    for dist in ("torch", "transformers", "titan-onboard"):
+        try:
+            env[dist] = metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            pass  # transformers is an optional extra
+    return env
+
+
+@contextmanager
+def sigterm_raises():
+    """While inside, SIGTERM raises Interrupted in the main thread (like Ctrl-C does)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum, frame):
+        raise Interrupted(f"signal {signum}")
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _check_result(result) -> RungResult:
+    if not isinstance(result, RungResult):
+        raise TypeError(f"rung returned {type(result).__name__}, expected RungResult")
+    if not isinstance(result.measurements, Measurements) or not isinstance(result.files_read, list):
+        raise TypeError("RungResult.measurements must be the rung's Measurements and files_read a list")
+    if not isinstance(result.recipe_edits, list) or not all(isinstance(e, RecipeEdit) for e in result.recipe_edits):
+        raise TypeError("RungResult.recipe_edits must be a list of RecipeEdit")
+    if result.not_applicable is not None and not str(result.not_applicable).strip():
+        raise TypeError("RungResult.not_applicable must say why the rung does not apply")
+    return result
+
+
+def _write_error(ws: "Workspace", attempt_dir: Path, text: str | None = None) -> str | None:
+    """Write the attempt's error.txt (default: the traceback being handled); its key, or None where
+    the disk refused that too (disk full)."""
+    path = attempt_dir / "error.txt"
+    try:
+        path.write_text(traceback.format_exc() if text is None else text)
+    except OSError:
+        return None
+    return ws.key_for(path)
+
+
+def _record(ledger: Ledger, what: str) -> None:
+    """Save the ledger; where the disk refuses, say what could not be recorded and what the
+    file still shows (the placeholder reads interrupted), as EnvironmentFailed (exit 1)."""
+    try:
+        ledger.save()
+    except OSError as e:
+        raise EnvironmentFailed(
+            f"{what}, but {ledger.path} could not be updated ({describe_os_error(e)[1]}); "
+            "it still holds the placeholder written before the rung started, which reads interrupted"
+        ) from e
+
+
+def _remove_attempt_dir(ws: "Workspace", attempt_dir: Path) -> None:
+    """Remove a withdrawn attempt's folder, and runs/<rung>/ and runs/ if that leaves them empty."""
+    shutil.rmtree(attempt_dir, ignore_errors=True)
+    for parent in (attempt_dir.parent, ws.runs_dir):  # runs/<rung>/ and runs/, if this made them
+        try:
+            if parent.is_dir() and not any(parent.iterdir()):
+                parent.rmdir()
+        except OSError:
+            return  # tidying up never hides the error that made the attempt go

@@ -1,0 +1,137 @@
+"""The speed part of REPORT.md: the summary's step-time table and the waterfall's numbers in words.
+
+Two kinds of number, never mixed: each rung's interleaved timing (the timing protocol, with an
+interval: what the ladder decided by, onboard.report.steps) and the step times of runs timed
+apart (no interval, labelled so).
+"""
+
+from __future__ import annotations
+
+from onboard.report.facts import Bar
+from onboard.report.pictures import bar_kind, fmt_seconds
+from onboard.report.steps import Factor, Step, step_text
+from onboard.report.tables import table
+from titan_core.memory.estimate import format_bytes
+
+
+TIMED_APART = (
+    "The step times above are two runs timed minutes apart: on a shared machine load moves them as much as a "
+    "change can. What the ladder kept was decided by interleaved timings, which the waterfall shows."
+)
+
+
+WATERFALL_TEXT = (
+    "The waterfall (top): each rung's speed-up over the recipe before it, as the rung's own interleaved timing "
+    "measured it (the two candidates' steps alternated, so the machine's load falls on both), with its interval "
+    "and outcome. Bottom: the speed-ups the ladder kept, multiplied along; the interval is the product of "
+    "theirs, and by the union bound it holds with at least the confidence shown (1 minus the sum of the "
+    "intervals' miss rates), if the changes compose. Hatched bars, *timed apart: no interval*, are the ratio of "
+    "two runs timed minutes apart (no interleaved record in the ledger): nothing bounds them, and a product "
+    "with one of them has no interval."
+)
+
+
+def _tokens(value: float | None) -> str:
+    return "not recorded" if value is None else f"{value:,.0f}"
+
+
+def _like(b: Bar) -> str:
+    if not b.measured:
+        return "carried"
+    return "yes" if b.comparable and b.same_batch else "**no**"
+
+
+def _ratio(a, b) -> str:
+    return f"{a / b:.2f}x" if a and b else ""
+
+
+def factor_cell(f: Factor | None, kind: str = "", *, bold: bool = False) -> str:
+    """A speed-up with its interval and outcome, or what stands instead of one (`kind`: the step's)."""
+    if f is None:
+        return step_text(None, kind)
+    if f.links == 0 and f.protocol:
+        return "baseline (1x)" if kind == "baseline" else "1x (the baseline's)"
+    x = f"**{f.speedup:.2f}x**" if bold else f"{f.speedup:.2f}x"
+    if not f.protocol:
+        return f"{x} (timed apart: no interval)"
+    if f.low is None:
+        return f"{x} {f.outcome or ''} (no interval)".replace("  ", " ")
+    conf = f"{f.confidence:.0%}" if f.links < 2 else f">= {f.confidence:.0%} by the union bound"
+    return f"{x} ({f.low:.2f}-{f.high:.2f}, {conf}) {f.outcome}"
+
+
+def _protocol_row(steps: list[Step]) -> list[str]:
+    final = steps[-1].cumulative if steps else None
+    kept = [s.label for s in steps if s.kind == "kept"]
+    if final is None:
+        return ["speed-up (timing protocol)", "", "", "not known: a kept change has no timing recorded"]
+    what = f"the kept rungs' speed-ups multiplied ({', '.join(kept)})" if kept else "no rung kept a change"
+    return ["speed-up (timing protocol)", "1x", "", f"{factor_cell(final, bold=True)}: {what}"]
+
+
+def speed_table(bars: list[Bar], facts: dict, cpu: bool, steps: list[Step]) -> list[str]:
+    b, f = bars[0], bars[-1]
+    timed = f"{f.source} rung" + ("" if f.measured else ", carried: the final recipe was not timed as a whole")
+    mfu = [f"{x.mfu:.1%}" if x.mfu is not None else "not recorded" for x in (b, f)]
+    rows = [
+        [
+            "step time",
+            fmt_seconds(b.step_time_s),
+            fmt_seconds(f.step_time_s),
+            f"**{facts['speedup']:.2f}x** speed-up (two runs timed apart: no interval)" if "speedup" in facts else "",
+        ],
+        ["tokens/s", _tokens(b.tokens_per_s), _tokens(f.tokens_per_s), _ratio(f.tokens_per_s, b.tokens_per_s)],
+        ["MFU", *mfu, "on CPU against the matmul peak measured here: indicative" if cpu else ""],
+        [
+            "peak memory",
+            *(format_bytes(x.peak_mem_bytes, missing="not recorded") for x in (b, f)),
+            _ratio(f.peak_mem_bytes, b.peak_mem_bytes) + (" (the process's peak resident set)" if cpu else ""),
+        ],
+        _protocol_row(steps),
+    ]
+    lines = table(["", "eager baseline", f"final recipe ({timed})", ""], rows) + ["", TIMED_APART, ""]
+    odd = facts["not_like_for_like"]
+    if odd:
+        listed = "; ".join(f"**{x['label']}** ({x['setting']})" for x in odd)
+        lines += [f"Not like-for-like with the baseline (in the table of timed runs below): {listed}.", ""]
+    return lines
+
+
+def waterfall_lines(bars: list[Bar], steps: list[Step]) -> list[str]:
+    """The numbers the waterfall draws, in words (for a reader, or an agent, without the picture), then the
+    timed runs' own step times, which the picture does not draw."""
+    headers = ["#", "bar", "timed", "kept", "speed-up vs the recipe before", "how", "from", "recipe so far"]
+    rows = [
+        [
+            i,
+            s.label,
+            s.what,
+            s.kind,
+            factor_cell(s.factor, s.kind),
+            s.factor.how if s.factor else "",
+            s.source,
+            factor_cell(s.cumulative, "final recipe"),
+        ]
+        for i, s in enumerate(steps)
+    ]
+    lines = [WATERFALL_TEXT, "", *table(headers, rows), ""]
+    lines += [
+        "Each rung's own run (timed apart from the others: these step times are not what the ladder decided by):",
+        "",
+    ]
+    headers = ["#", "run", "change", "kept", "step time", "tokens/s", "timed as", "like-for-like", "from"]
+    rows = [
+        [
+            i,
+            b.label,
+            b.change,
+            bar_kind(b),
+            fmt_seconds(b.step_time_s),
+            _tokens(b.tokens_per_s),
+            b.setting,
+            _like(b),
+            b.source + ("" if b.measured else " (carried)"),
+        ]
+        for i, b in enumerate(bars)
+    ]
+    return lines + table(headers, rows) + [""]

@@ -1,0 +1,12 @@
+"""The recipe's dtype names (`training.dtype`, `training.mixed_precision_param` / `_reduce`) as torch dtypes.
+
+The one map from a name a recipe or a command line gives to the torch dtype; kept out of
+sections.py so that reading a recipe does not load torch.
+"""
+
+from __future__ import annotations
+
+import torch
+
+DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+"""Every dtype name a recipe accepts (sections.py's Literal fields list the same two)."""
