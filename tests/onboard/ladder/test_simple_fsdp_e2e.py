@@ -20,7 +20,7 @@ import pytest
 from typer.testing import CliRunner
 
 from onboard.cli.app import app
-from onboard.rungs.simple_fsdp_rung import rel
+from titan_core.measure.numerics import rel
 
 pytestmark = [pytest.mark.slow, pytest.mark.hf]
 runner = CliRunner()
