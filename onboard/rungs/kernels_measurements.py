@@ -1,0 +1,66 @@
+"""What the kernels rung measures (`KernelsMeasurements`), declared beside kernels_rung.py to keep
+that module short. Not a rung (no RUNG)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from onboard.rungs.contract import ABSENT, Measurements, flattened
+
+
+@dataclass(kw_only=True)
+class KernelsMeasurements(Measurements):
+    """The kernels rung's measurements: counts and worst errors over every kernel that applies, one
+    group of numbers per kernel flag, and the setting they were measured in."""
+
+    kernels_considered: int = ABSENT
+    """Kernel flags titan_core knows (count)."""
+    kernels_applicable: int = ABSENT
+    """Those that apply to this model on this device (count)."""
+    kernels_compared: int = ABSENT
+    """Those compared with their plain path to the end (count)."""
+    kernels_raised: int = ABSENT
+    """Those that apply but raised in the comparison or the timed step (count)."""
+    kernels_not_applicable: int = ABSENT
+    """Those that do not apply, each with its reason (count)."""
+    worst_loss_rel_err: float | None = ABSENT
+    """Worst relative error of the loss with a kernel against the plain path (fraction; inf: it raised)."""
+    worst_loss_kernel: str | None = ABSENT
+    """The kernel flag with that worst loss error."""
+    worst_logits_rel_err: float | None = ABSENT
+    """Worst relative L2 error of the logits (fraction)."""
+    worst_logits_kernel: str | None = ABSENT
+    """The kernel flag with that worst logits error."""
+    worst_grad_rel_err: float | None = ABSENT
+    """Worst relative L2 error of any parameter's gradient (fraction)."""
+    worst_grad_kernel: str | None = ABSENT
+    """The kernel flag with that worst gradient error."""
+    worst_grad_param: str | None = ABSENT
+    """The parameter of that worst gradient."""
+    worst_kernel: str | None = ABSENT
+    """The kernel flag with the worst error of any kind."""
+    per_kernel: dict[str, Any] = flattened()
+    """Per kernel flag, under its short name (loss_fused_ce, attention_sdpa, ...): <short>_max_rel_err,
+    <short>_time_ratio (with / without, x), <short>_time_ratio_ci, <short>_timing (the protocol's
+    outcome), <short>_memory_saving (fraction of peak), <short>_kept; or <short>_not_applicable (why)."""
+    compare_dtype: str = ABSENT
+    """dtype of the comparison (float32)."""
+    compare_batch_size: int = ABSENT
+    compare_seq_len: int = ABSENT
+    """Rows and tokens per row of the fp32 comparison."""
+    compare_shape_why: str = ABSENT
+    """Why that shape (the recipe's, or capped at params.compare_max_tokens)."""
+    measure_batch_size: int = ABSENT
+    measure_seq_len: int = ABSENT
+    """Rows and tokens per row of the timed step (the recipe's)."""
+    timing_protocol: dict = ABSENT
+    """The timing protocol every keep decision used (checklist params.timing)."""
+    recipe_dtype: str = ABSENT
+    """The dtype the recipe computes in: it decides which kernels can run."""
+    captured: bool = ABSENT
+    """The recipe trains in a captured mode (compile or graph_trainer): each kernel is checked there too."""
+    execution_mode: str = ABSENT
+    """The recipe's execution mode: eager, compile or graph_trainer."""
+    proposed_recipe_edits: list[str] = ABSENT
+    """The recipe edits the keep rule picked, each as "key=value" (written only if the gate passes)."""
