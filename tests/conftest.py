@@ -8,3 +8,37 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 # the CPU peak kept across runs (titan_core.runtime.cpu_peak) goes to a folder of this test session, not ~/.cache
 os.environ.setdefault("TITAN_CORE_CACHE_DIR", tempfile.mkdtemp(prefix="titan-core-cache-"))
+
+
+# ---- the two whole-ladder climbs, in the background (tests/background.py) ----------------------
+def _job_of(item) -> str | None:
+    import background  # lazy: after the settings above, which the climbs' processes inherit
+
+    return next((name for name, job in background.JOBS.items() if item.nodeid == job.test), None)
+
+
+def pytest_collection_modifyitems(session, config, items):
+    """The climbs' tests run last (in background.JOBS order): each climbs beside every other test."""
+    import background
+
+    last = {name: [i for i in items if _job_of(i) == name] for name in background.JOBS}
+    if any(last.values()):
+        items[:] = [i for i in items if _job_of(i) is None] + [i for name in background.JOBS for i in last[name]]
+
+
+def pytest_collection_finish(session):
+    """Start each climb whose test will run, as soon as that is known (not for --collect-only)."""
+    import background
+
+    if session.config.option.collectonly:
+        return
+    for name in dict.fromkeys(filter(None, map(_job_of, session.items))):
+        background.start(name, shared=len(session.items) > 1)
+
+
+def pytest_sessionfinish(session, exitstatus):
+    import background
+
+    background.stop_all()  # a session that ended before a climb's test (-x, Ctrl-C)
+    if exitstatus == 0:
+        background.clean_all()

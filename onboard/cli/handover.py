@@ -85,6 +85,9 @@ def compat_cmd(
     timeout: float = typer.Option(
         900.0, "--timeout", help="Seconds one architecture's probe (its whole ladder) may take."
     ),
+    jobs: int = typer.Option(
+        1, "--jobs", help="Probes run side by side (each capped at cpu_count / jobs threads)."
+    ),
     json_out: bool = JSON_OPTION,
 ):
     """Probe transformers architectures on the transformers path: every rung of the ladder, climbed
@@ -102,6 +105,7 @@ def compat_cmd(
             markdown=markdown,
             results=results,
             resume=resume,
+            jobs=jobs,
             log=lambda line: print(line, file=sys.stderr, flush=True),
         )
         if out.json:

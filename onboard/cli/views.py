@@ -156,6 +156,7 @@ def state_dict(s: RungState) -> dict:
         "last_started": last.started if last else None,
         "last_ended": last.ended if last else None,
         "key_measurements": key_numbers(s.rung, s.latest),
+        "timing_profile": last.details.get("timing_profile") if last else None,  # harness.TIMING_PROFILES
         "failed_criteria": [c["name"] for c in criteria if not c.get("ok")],
         "waived_criteria": [c["name"] for c in criteria if c.get("waived")],
         "recorded_status": last.status if last else None,

@@ -7,7 +7,8 @@ then the ladder engine itself (`onboard.engine.ladder.next_step`, the rungs of
 `default_specs()`) step after step until the ladder is complete or a rung stops it. Every cell
 is read back from the workspace's ledger: pass, fail (the first failed criterion or the error
 the attempt hit), not applicable (the rung's reason) or not reached. The rungs run as shipped,
-judged by their shipped checklists; only their timing decisions are shortened (QUICK_TIMING).
+judged by their shipped checklists; only their timing decisions are shortened (the harness's
+`quick` timing profile, QUICK_TIMING, which every attempt's details name).
 
 Each probe runs in its own process with a time limit (sweep.py), so one architecture's crash,
 hang or memory blow-up fails the rung it was on, with a one-line reason. A config the probe

@@ -7,7 +7,7 @@ import json
 import sys
 from pathlib import Path
 
-from onboard.compat.climb import probe, use_quick_timing
+from onboard.compat.climb import probe
 from onboard.workspace.fsutil import atomic_write_text
 
 
@@ -22,7 +22,6 @@ def main(argv: list[str]) -> int:
     def say(line: str) -> None:
         print(line, file=sys.stderr, flush=True)
 
-    use_quick_timing()
     save(probe(model_type, work, log=say, save=save, detail=say))
     return 0
 

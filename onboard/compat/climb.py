@@ -8,14 +8,13 @@ criterion, or the error the attempt hit) or `not_reached` (an earlier rung stopp
 
 from __future__ import annotations
 
-import dataclasses
-import functools
 import json
 from pathlib import Path
 from typing import Any, Callable
 
 import torch
 
+from onboard.compat.causal import check_causal
 from onboard.compat.tiny import MAX_PARAMS, SEQ_LEN, NotProbed, one_line, tiny_config
 from onboard.engine.ladder import default_specs, ladder_states, next_step
 from onboard.errors import BadInput
@@ -24,10 +23,13 @@ from onboard.workspace.layout import Workspace
 from onboard.workspace.scaffold import plan_workspace, write_workspace
 from onboard.engine.ledger import ACCEPTED, Status
 
-QUICK_TIMING = {"warmup": 1, "min_rounds": 2, "max_rounds": 3, "max_seconds": 2.0}
-"""The timing protocol of every keep/choose decision (`params.timing` of the checklists), shortened:
-compat asks whether each rung passes on an architecture, not which flag is fastest on this CPU.
-Criteria, thresholds and every other param stay as shipped."""
+TIMING_PROFILE = "quick"
+"""The harness timing profile every probe's rungs time their keep/choose decisions with
+(harness.TIMING_PROFILES): compat asks whether each rung passes on an architecture, not which flag
+is fastest on this CPU. Criteria, thresholds and every other param stay as shipped, and every
+attempt's details say the profile (`timing_profile`)."""
+QUICK_TIMING = harness.TIMING_PROFILES[TIMING_PROFILE]
+"""What that profile sets over the checklists' `params.timing` (the table's header quotes it)."""
 TELLING = ("capture_error", "first_break", "first_host_sync", "error")
 """Measurements that say more than the criterion they fail, in the order the reason prefers them."""
 
@@ -35,21 +37,6 @@ TELLING = ("capture_error", "first_break", "first_host_sync", "error")
 def rungs() -> list[str]:
     """The engine's rungs, in ladder order."""
     return [spec.name for spec in default_specs()]
-
-
-def use_quick_timing() -> None:
-    """Make every rung of this process time its decisions with QUICK_TIMING (the probe's child only:
-    the rungs read their params through `harness.checklist`, the engine judges with the shipped file)."""
-    shipped = harness.checklist
-
-    @functools.lru_cache(maxsize=None)
-    def checklist(rung: str):
-        c = shipped(rung)
-        if "timing" not in c.params:
-            return c
-        return dataclasses.replace(c, params={**c.params, "timing": {**c.params["timing"], **QUICK_TIMING}})
-
-    harness.checklist = checklist
 
 
 def probe(
@@ -60,23 +47,26 @@ def probe(
     save: Callable[[dict], None] = lambda row: None,
     detail: Callable[[str], None] = lambda s: None,
 ) -> dict:
-    """{"cells": {rung: cell}, "params": n} or {"not_probed": why}, climbed in this process under `work`;
-    `save(row)` after every step, so a crash or a kill later keeps the cells already recorded. `log`
-    gets a line per rung, `detail` the rungs' own log."""
+    """{"cells": {rung: cell}, "params": n} or {"not_probed": why}, climbed in this process under `work`
+    with the TIMING_PROFILE; `save(row)` after every step, so a crash or a kill later keeps the cells
+    already recorded. `log` gets a line per rung, `detail` the rungs' own log."""
     try:
         ws, n_params = scaffold(model_type, work)
     except NotProbed as e:
         return {"not_probed": one_line(str(e))}
     row: dict[str, Any] = {"cells": {}, "params": n_params}
-    for cells in climb(ws, log=lambda line: log(f"compat: {model_type}: {line}"), detail=detail):
-        row["cells"] = cells
-        save(row)
+    with harness.timing_profile_of(TIMING_PROFILE):
+        for cells in climb(ws, log=lambda line: log(f"compat: {model_type}: {line}"), detail=detail):
+            row["cells"] = cells
+            save(row)
     return row
 
 
 def scaffold(model_type: str, work: Path):
-    """(the scaffolded Workspace, parameter count or None); NotProbed where new-model refuses the config."""
+    """(the scaffolded Workspace, parameter count or None); NotProbed where the class is not a causal
+    LM (`check_causal`) or new-model refuses the config."""
     cfg = tiny_config(model_type)
+    check_causal(cfg)
     cfg_path = work / "config.json"
     cfg_path.write_text(json.dumps(cfg, indent=1))
     name = "compat_" + "".join(c if c.isalnum() else "_" for c in model_type)

@@ -5,6 +5,9 @@ row that finished, and `--resume` goes on from them)."""
 from __future__ import annotations
 
 import collections
+import concurrent.futures
+import contextlib
+import datetime
 import json
 import os
 import signal
@@ -18,6 +21,7 @@ from typing import Callable
 
 from onboard.compat.climb import rungs
 from onboard.compat.table import check_destinations, write_tables
+from onboard.compat.causal import NOT_CAUSAL
 from onboard.compat.tiny import causal_lm_types, one_line
 from onboard.errors import BadInput
 from titan_core.runtime.die_with_parent import with_parent_death_signal
@@ -28,12 +32,17 @@ TAIL_LINES = 40
 """Lines of a probe's own output kept to explain a probe process that died."""
 
 
-def run_isolated(model_type: str, *, timeout: float = TIMEOUT_S, log: Callable[[str], None] = lambda s: None) -> dict:
-    """`probe` in a child process with a time limit; a crash or a timeout fails the rung it was on."""
+def run_isolated(
+    model_type: str, *, timeout: float = TIMEOUT_S, log: Callable[[str], None] = lambda s: None, threads: int = 0
+) -> dict:
+    """`probe` in a child process with a time limit; a crash or a timeout fails the rung it was on.
+    `threads` > 0 caps the child's (and its ranks') intra-op threads, for probes run side by side."""
     with tempfile.TemporaryDirectory(prefix="onboard-compat-") as tmp:
         out = Path(tmp) / "probe.json"
         cmd = with_parent_death_signal([sys.executable, "-m", "onboard.compat", model_type, str(out)])
         env = {**os.environ, "HF_HUB_OFFLINE": "1", "TORCH_DEVICE_BACKEND_AUTOLOAD": "0"}
+        if threads:
+            env["OMP_NUM_THREADS"] = str(threads)
         start = time.monotonic()
         failure = _run_child(cmd, tmp, env, timeout, log)
         seconds = round(time.monotonic() - start, 1)
@@ -49,6 +58,8 @@ def _run_child(cmd: list[str], cwd: str, env: dict, timeout: float, log: Callabl
 
     Its own session, so a Ctrl-C reaches only this process, which then stops the probe's whole
     process group (its ranks die with it: they ask for a signal when their parent dies)."""
+    if _STOPPING.is_set():
+        return "the sweep was interrupted"
     proc = subprocess.Popen(
         cmd,
         cwd=cwd,
@@ -60,6 +71,7 @@ def _run_child(cmd: list[str], cwd: str, env: dict, timeout: float, log: Callabl
         errors="replace",
         start_new_session=True,
     )
+    _LIVE.add(proc)
     tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
     reader = threading.Thread(target=_read_lines, args=(proc.stdout, tail, log), daemon=True)
     reader.start()
@@ -68,14 +80,27 @@ def _run_child(cmd: list[str], cwd: str, env: dict, timeout: float, log: Callabl
     except subprocess.TimeoutExpired:
         return f"probe exceeded {timeout:.0f} s"
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+        _stop(proc)
+        _LIVE.discard(proc)
         reader.join(timeout=5)
     if code == 0:
         return None
     last = next((line for line in reversed(tail) if line.strip()), "no output")
     return f"probe process exited {code}: {last}"
+
+
+_LIVE: set[subprocess.Popen] = set()
+"""The probe processes running now (several with --jobs): a Ctrl-C stops every one."""
+_STOPPING = threading.Event()
+"""Set by a Ctrl-C: no probe starts after it."""
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    """Kill `proc`'s process group (the probe and its ranks) if it still runs."""
+    if proc.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
 
 
 def _read_lines(stream, tail: collections.deque, log: Callable[[str], None]) -> None:
@@ -109,55 +134,86 @@ def sweep(
     log: Callable[[str], None] = lambda s: None,
     previous: dict | None = None,
     on_row: Callable[[dict], None] = lambda result: None,
+    jobs: int = 1,
 ) -> dict:
     """The compat table of `model_types` (default: every causal LM); `previous` (a table of the same
     transformers and rungs) gives rows kept without probing again; `on_row(table so far)` after each
-    architecture. A Ctrl-C ends it with the rows that finished and `interrupted` naming the one it stopped."""
+    architecture; `jobs` probes at a time (each then capped at cpu_count / jobs threads). A Ctrl-C
+    ends it with the rows that finished and `interrupted` naming the ones it stopped."""
     types = model_types or causal_lm_types()
     kept_rows, kept_not = (previous or {}).get("rows", {}), (previous or {}).get("not_probed", {})
-    rows, not_probed, interrupted, current = {}, {}, None, None
+    rows, not_probed, running = {}, {}, set()
+    lock = threading.Lock()
+    threads = max(1, (os.cpu_count() or 1) // jobs) if jobs > 1 else 0
+
+    def one(i: int, mt: str) -> None:
+        with lock:
+            running.add(mt)
+        row = _one(mt, f"[{i}/{len(types)}]", kept_rows, kept_not, timeout, log, threads)
+        with lock:
+            running.discard(mt)
+            if not _STOPPING.is_set():
+                (not_probed if isinstance(row, str) else rows)[mt] = row
+                on_row(table_now())
+
+    interrupted = None
+    start, earlier = time.monotonic(), float((previous or {}).get("wall_seconds") or 0.0)
+
+    def table_now(**kw) -> dict:
+        return table(types, rows, not_probed, wall_seconds=earlier + time.monotonic() - start, **kw)
+
+    _STOPPING.clear()
+    pool = concurrent.futures.ThreadPoolExecutor(max_workers=max(1, jobs))
     try:
-        for i, current in enumerate(types, 1):
-            _one(current, f"[{i}/{len(types)}]", rows, not_probed, kept_rows, kept_not, timeout, log)
-            on_row(table(types, rows, not_probed))
+        futures = [pool.submit(one, i, mt) for i, mt in enumerate(types, 1)]
+        for f in futures:
+            f.result()
     except KeyboardInterrupt:
-        interrupted = current
+        _STOPPING.set()
+        for proc in list(_LIVE):
+            _stop(proc)
+        interrupted = ", ".join(sorted(running)) or None
         log(f"compat: interrupted while probing {interrupted}")
-    return table(types, rows, not_probed, interrupted=interrupted)
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+    return table_now(interrupted=interrupted)
 
 
 def _one(
     mt: str,
     where: str,
-    rows: dict,
-    not_probed: dict,
     kept_rows: dict,
     kept_not: dict,
     timeout: float,
     log: Callable[[str], None],
-) -> None:
-    """Probe `mt` (or keep its earlier row) into `rows` / `not_probed`."""
+    threads: int,
+) -> dict | str:
+    """`mt`'s row (or its earlier row), or why it is not probed."""
     if mt in kept_rows or mt in kept_not:
-        (rows if mt in kept_rows else not_probed)[mt] = kept_rows.get(mt) or kept_not[mt]
         log(f"compat: {where} {mt}: kept from the results file")
-        return
+        return kept_rows.get(mt) or kept_not[mt]
     log(f"compat: {where} {mt}")
-    row = run_isolated(mt, timeout=timeout, log=log)
+    row = run_isolated(mt, timeout=timeout, log=log, threads=threads)
     if "not_probed" in row:
-        not_probed[mt] = row["not_probed"]
         log(f"compat: {mt}: not probed: {row['not_probed']}")
-        return
-    rows[mt] = row
+        return row["not_probed"]
     cells = ", ".join(f"{r} {c['status']}" for r, c in row["cells"].items())
     log(f"compat: {mt}: {cells} ({row['seconds']} s)")
+    return row
 
 
-def table(types: list[str], rows: dict, not_probed: dict, *, interrupted: str | None = None) -> dict:
-    """The sweep's result (the --json output and the results file): cells per model_type, counts per rung."""
+def table(
+    types: list[str], rows: dict, not_probed: dict, *, interrupted: str | None = None, wall_seconds: float = 0.0
+) -> dict:
+    """The sweep's result (the --json output and the results file): cells per model_type, counts per
+    rung, the date (UTC) it was last written and its wall time (a resumed sweep's runs summed).
+    `counted`: the requested types less those measured not to be causal LMs at all (`not_causal`,
+    listed among the not probed), the base the pass rates are given against."""
     import transformers  # lazy: an optional extra (check_types said so before any probe)
 
     names = rungs()
     ordered = {mt: rows[mt] for mt in types if mt in rows}
+    not_causal = [mt for mt in types if str(not_probed.get(mt, "")).startswith(NOT_CAUSAL)]
     return {
         "transformers": transformers.__version__,
         "rungs": names,
@@ -165,11 +221,18 @@ def table(types: list[str], rows: dict, not_probed: dict, *, interrupted: str | 
         "probed": len(ordered),
         "passing": {r: sum(row["cells"][r]["status"] == "pass" for row in ordered.values()) for r in names},
         "all_pass": sum(all(row["cells"][r]["status"] == "pass" for r in names) for row in ordered.values()),
+        "eager_and_parity": sum(
+            all(row["cells"][r]["status"] == "pass" for r in ("eager", "parity")) for row in ordered.values()
+        ),
         "rows": ordered,
         "not_probed": {mt: not_probed[mt] for mt in types if mt in not_probed},
+        "not_causal": not_causal,
+        "counted": len(types) - len(not_causal),
         "remaining": [mt for mt in types if mt not in rows and mt not in not_probed],
         "interrupted": interrupted,
         "seconds": round(sum(row["seconds"] for row in ordered.values()), 1),
+        "wall_seconds": round(wall_seconds, 1),
+        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
     }
 
 
@@ -208,11 +271,14 @@ def sweep_to_files(
     results: Path | None,
     resume: bool,
     log: Callable[[str], None],
+    jobs: int = 1,
 ) -> dict:
     """`sweep`, its table written to `results` (JSON) and `markdown` after every architecture and at the
     end; with `resume`, the rows `results` already holds are kept. Bad input raises before any probe runs."""
     if timeout <= 0:
         raise BadInput(f"--timeout {timeout}: must be > 0 seconds")
+    if jobs < 1:
+        raise BadInput(f"--jobs {jobs}: must be at least 1")
     if resume and results is None:
         raise BadInput("--resume needs --results PATH: the file the earlier sweep kept its rows in")
     check_destinations(markdown, results)
@@ -223,6 +289,6 @@ def sweep_to_files(
     def write(result: dict) -> None:
         write_tables(result, markdown=markdown, results=results, header=header)
 
-    result = sweep(model_types, timeout=timeout, log=log, previous=previous, on_row=write)
+    result = sweep(model_types, timeout=timeout, log=log, previous=previous, on_row=write, jobs=jobs)
     write(result)
     return result

@@ -16,14 +16,24 @@ EXPLAINED = ("fail", "not_applicable")
 """The cells whose reason the tables print (a not-reached cell's reason is the failed cell before it)."""
 
 
+def _of(n, result: dict) -> str:
+    """`n` of the counted types, with its share."""
+    counted = result.get("counted", result["requested"])
+    return f"{n} of {counted} ({100 * n / counted:.0f}%)" if isinstance(n, int) and counted else str(n)
+
+
 def render_markdown(result: dict, *, header: str = "") -> str:
     """Counts, then model_type x rung, then the failing (and not applicable) cells' reasons, then not probed."""
     rungs = result["rungs"]
     lines = [header.rstrip(), ""] if header else []
     lines += [
-        f"transformers {result['transformers']}; {result['probed']} architectures probed of {result['requested']} "
-        f"requested ({len(result['not_probed'])} not probed); every rung passing: {result['all_pass']}; "
-        f"probes {result['seconds']:.0f} s. Each probe climbs the ladder with `onboard next-step` on a "
+        f"Swept {result.get('date', '?')} in {result.get('wall_seconds', 0) / 60:.0f} min of wall time "
+        f"(probes {result['seconds'] / 60:.0f} min, summed). transformers {result['transformers']}; "
+        f"{result['probed']} architectures probed of {result['requested']} requested "
+        f"({len(result['not_probed'])} not probed, {len(result.get('not_causal', []))} of them measured not to be "
+        f"causal LMs at all, so {result.get('counted', result['requested'])} counted); "
+        f"eager and parity passing: {_of(result.get('eager_and_parity'), result)}; "
+        f"every rung passing: {_of(result['all_pass'], result)}. Each probe climbs the ladder with `onboard next-step` on a "
         f"tiny config (timing decisions shortened to {QUICK_TIMING['max_rounds']} rounds: the cells say what "
         "passes, not what is fastest).",
         "",

@@ -1,37 +1,107 @@
-"""The tiny config of a `model_type`, from transformers' own config class: 2 layers, hidden 64,
-vocab 256, experts and windows shrunk where the class has them; `NotProbed` with why where the
-class cannot be built that small (a composite multimodal config, a class that refuses the sizes)."""
+"""The tiny config of a `model_type`, built through its transformers config class's own constructor
+arguments: 2 layers, hidden 64, vocab 256, experts, windows and low-rank widths shrunk wherever the
+class has an argument for them, under whatever name the class gives it (GPT-2's `n_embd`, Falcon's
+`num_kv_heads`, OPT's `ffn_dim`). Per-layer type lists keep one layer of each kind (a hybrid stays
+a hybrid). A composite config (text beside vision or audio) gets its text config shrunk the same
+way. `NotProbed` with why where the class cannot be built that small."""
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from onboard.errors import BadInput
 from titan_core.models.transformers.hf_classes import require_transformers
 
-SIZES = {
-    "hidden_size": 64,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "intermediate_size": 128,
-    "vocab_size": 256,
-    "max_position_embeddings": 512,
-    "head_dim": 16,
-    "num_experts": 4,
-    "num_local_experts": 4,
-    "n_routed_experts": 4,
-    "num_experts_per_tok": 2,
-    "moe_intermediate_size": 32,
-    "shared_expert_intermediate_size": 32,
+ROLES: dict[str, tuple[int, tuple[str, ...]]] = {
+    "hidden": (64, ("hidden_size", "n_embd", "d_model", "n_embed", "emb_dim", "embedding_dim", "word_embed_proj_dim")),
+    "layers": (
+        2,
+        (
+            *("num_hidden_layers", "n_layer", "n_layers", "num_layers", "decoder_layers", "num_decoder_layers"),
+            *("num_encoder_layers", "num_layers_per_stack"),
+        ),
+    ),
+    "heads": (
+        4,
+        (
+            *("num_attention_heads", "n_head", "n_heads", "num_heads", "decoder_attention_heads", "attention_heads"),
+            *("num_decoder_attention_heads", "num_encoder_attention_heads"),
+        ),
+    ),
+    "kv_heads": (2, ("num_key_value_heads", "num_kv_heads", "n_kv_heads", "multi_query_group_num")),
+    "head_dim": (16, ("head_dim", "kv_channels", "d_head", "dim_head", "attention_head_size", "attention_head_dim")),
+    "ffn": (
+        128,
+        ("intermediate_size", "n_inner", "ffn_dim", "ffn_hidden_size", "decoder_ffn_dim", "d_ff", "dim_ff", "dff"),
+    ),
+    "vocab": (256, ("vocab_size", "vocab_size_per_layer_input")),
+    "per_layer_input": (16, ("hidden_size_per_layer_input",)),  # Gemma-3n/4's per-layer embeddings
+    "positions": (512, ("max_position_embeddings", "n_positions", "n_ctx", "max_target_positions")),
+    "experts": (4, ("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts")),
+    "experts_per_token": (2, ("num_experts_per_tok", "top_k_experts", "moe_topk")),
+    "expert_ffn": (
+        32,
+        (
+            "moe_intermediate_size",
+            "shared_expert_intermediate_size",
+            "shared_experts_intermediate_size",
+            "moe_shared_expert_intermediate_size",
+            "expert_ffn_hidden_size",
+        ),
+    ),
+    # multi-head latent attention (DeepSeek-V2/V3 and their kin): its low-rank widths
+    "latent_rank": (32, ("kv_lora_rank", "q_lora_rank")),
+    "latent_head": (8, ("qk_rope_head_dim", "qk_nope_head_dim")),
+    "value_head": (16, ("v_head_dim",)),
+    # linear-attention and Mamba layers of hybrids
+    "linear_heads": (2, ("linear_num_key_heads", "linear_num_heads")),
+    "linear_value_heads": (4, ("linear_num_value_heads",)),
+    "linear_head_dim": (16, ("linear_key_head_dim", "linear_value_head_dim", "linear_head_dim")),
+    # Mamba heads x head width = the usual expand (2) x hidden, which the classes' validators check
+    "mamba_heads": (8, ("mamba_n_heads", "mamba_num_heads")),
+    "mamba_head_dim": (16, ("mamba_d_head", "mamba_head_dim")),
+    "indexer": (2, ("index_n_heads", "indexer_n_heads", "indexer_kv_heads")),
+    "indexer_dim": (16, ("index_head_dim", "indexer_head_dim")),
+    # a model whose first layers are dense keeps one dense layer (DeepSeek-V3's first_k_dense_replace
+    # is 3: of 2 tiny layers none would be MoE); Gemma-3n's last layers reuse earlier layers' keys
+    "dense_prefix": (1, ("first_k_dense_replace", "num_dense_layers")),
+    "kv_shared_layers": (2, ("num_kv_shared_layers",)),
+    "window": (32, ("sliding_window", "sliding_window_size", "attention_window_size")),
 }
-"""Config fields set when the class has them (and they are set in its defaults)."""
-SLIDING_WINDOW = 32
-"""Below the probe's seq_len (SEQ_LEN), so a windowed model really masks."""
+"""Each size the probe sets, by role: (tiny value, the constructor arguments that carry it in some
+class). An argument is set only where the class has it with an integer default (or a DERIVED
+role's None): a default of None otherwise means the class lacks the feature (no window), and the
+probe adds no feature the architecture does not have. A window (32) is below SEQ_LEN, so a
+windowed model really masks."""
+DERIVED = ("kv_heads", "head_dim")
+"""Roles set even where the class's default is None: it derives them (head_dim = hidden / heads,
+as many key/value heads as heads), and some classes' models read the None before deriving."""
+SIZES = {name: value for value, names in ROLES.values() for name in names}
+"""Every constructor argument the probe may set, with its tiny value."""
+FLAGS = {"is_decoder": True, "causal": True}
+"""Switches a class documents for use as a causal LM, set where it has them: an encoder class
+(BERT, RoBERTa, Reformer) attends causally, as its causal-LM class requires, only as a decoder;
+XLM only with `causal`."""
+OWN_ARGUMENTS: dict[str, dict[str, Any]] = {
+    # layers described by a pattern and a repeat count, not a per-layer list
+    "gpt_neo": {"attention_types": [[["global", "local"], 1]]},
+    # the layer count is the sum of three stacks'
+    "dory": {"n_input_layers": 1, "n_recurrent_layers": 2, "n_output_layers": 1},
+}
+"""Constructor arguments a class sizes its model by that no role names, by model_type."""
+RELAXED: tuple[dict[str, Any], ...] = (
+    {"kv_heads": "heads"},  # a class whose validator wants as many key/value heads as query heads
+    {"experts_per_token": 1},  # a class that routes each token to one expert only
+)
+"""What the probe changes, in turn, when a class's validator refuses the tiny sizes: a role set to
+another role's tiny value or to a number."""
 SEQ_LEN = 64
 """The recipe's training.seq_len in the probe's workspace (new-model writes 128)."""
 MAX_PARAMS = 20_000_000
 """A tiny config still above this has sizes the probe does not know how to shrink: not probed."""
+MAX_LAYERS = 4
+"""A per-layer type list keeps one layer of each kind, up to this many layers."""
 REASON_CHARS = 200
 
 
@@ -71,33 +141,140 @@ def tiny_config(model_type: str) -> dict[str, Any]:
     if model_type not in CONFIG_MAPPING:
         raise NotProbed(f"transformers has no config class for '{model_type}'")
     cls = CONFIG_MAPPING[model_type]
-    try:
-        default = cls()
-    except Exception as e:  # noqa: BLE001 -- any refusal of the class is the reason
-        raise NotProbed(f"{cls.__name__}() cannot be built offline: {type(e).__name__}: {e}") from None
-    if default.get_text_config() is not default:
-        raise NotProbed(f"{cls.__name__} is composite (a text config inside); the probe builds text-only configs")
-    kw = {k: v for k, v in SIZES.items() if getattr(default, k, None) is not None}
-    if getattr(default, "sliding_window", None):
-        kw["sliding_window"] = SLIDING_WINDOW
-    kw.update(_small_vocab_and_no_dropout(default.to_dict()))
-    try:
-        cfg = cls(**kw).to_dict()
-    except Exception as e:  # noqa: BLE001
-        raise NotProbed(f"{cls.__name__} refuses the tiny sizes: {type(e).__name__}: {e}") from None
+    default = _build(cls, {}, "cannot be built offline")
+    text_cls = _text_config_class(cls, default)
+    own = {**_tiny_sub_configs(cls, default, skip=text_cls[0] if text_cls else None), **OWN_ARGUMENTS.get(model_type, {})}
+    if text_cls is None:
+        cfg = _build_tiny(cls, default.to_dict(), own).to_dict()
+    else:  # composite: the text config shrunk as a config of its own
+        key, text_default = text_cls
+        text = _build_tiny(type(text_default), text_default.to_dict(), {})
+        kw = {key: text.to_dict(), **own, **_special_tokens(default.to_dict())}
+        cfg = _build(cls, kw, f"refuses a tiny {type(text_default).__name__}").to_dict()
     cfg["model_type"] = model_type
     return cfg
 
 
-def _small_vocab_and_no_dropout(default: dict[str, Any]) -> dict[str, Any]:
-    """Special tokens of the full vocabulary would index past the tiny one; dropout off (GPT-2's
-    attn_pdrop / resid_pdrop / embd_pdrop default to 0.1): pretraining's usual setting, and the
-    probe asks whether the path runs the architecture, not whether kernels do dropout."""
-    top = SIZES["vocab_size"] - 1
+def _tiny_sub_configs(cls, default, *, skip: str | None) -> dict[str, Any]:
+    """Each sub-config other than the text one (a vision or audio encoder some causal-LM classes
+    build inside: GIT, Phi-4-multimodal) shrunk the same way, as a dict; one its class refuses
+    small stays as the class builds it."""
+    out = {}
+    for key, sub_cls in (getattr(cls, "sub_configs", None) or {}).items():
+        sub = getattr(default, key, None)
+        if key == skip or sub is None or not dataclasses.is_dataclass(sub_cls) or not hasattr(sub, "to_dict"):
+            continue
+        try:
+            out[key] = _build_tiny(sub_cls, sub.to_dict(), {}).to_dict()
+        except NotProbed:
+            continue
+    return out
+
+
+def _build_tiny(cls, default: dict[str, Any], own: dict[str, Any]):
+    """`cls` built tiny: the tiny arguments, then each RELAXED change in turn while its validator refuses."""
+    kw = {**tiny_arguments(cls, default), **own}
+    try:
+        return _build(cls, kw, "refuses the tiny sizes")
+    except NotProbed as refused:
+        for change in RELAXED:
+            relaxed = {**kw, **_relax(kw, change)}
+            if relaxed == kw:
+                continue
+            try:
+                return _build(cls, relaxed, "refuses the tiny sizes")
+            except NotProbed:
+                continue
+        raise refused from None
+
+
+def _relax(kw: dict[str, Any], change: dict[str, Any]) -> dict[str, Any]:
+    """The arguments of `kw` that `change` (role -> value or another role) sets anew."""
+    out = {}
+    for role, value in change.items():
+        if isinstance(value, str):
+            value = ROLES[value][0]
+        out.update({name: value for name in ROLES[role][1] if name in kw})
+    return out
+
+
+def _build(cls, kw: dict[str, Any], what: str):
+    try:
+        return cls(**kw)
+    except Exception as e:  # noqa: BLE001 -- any refusal of the class is the reason
+        args = ", ".join(kw) if len(kw) < 6 else "..."
+        raise NotProbed(f"{cls.__name__}({args}) {what}: {type(e).__name__}: {e}") from None
+
+
+def _text_config_class(cls, default) -> tuple[str, Any] | None:
+    """(the argument, the default text config) of a composite config; None for a text-only one."""
+    from titan_core.models.transformers.hf_classes import text_config_key  # lazy: transformers, an optional extra
+    from titan_core.models.common.mapping_errors import AdapterError  # lazy: beside it
+
+    try:
+        key = text_config_key(default)
+    except AdapterError as e:
+        raise NotProbed(str(e)) from None
+    if key is None:
+        return None
+    if key not in {f.name for f in dataclasses.fields(cls)}:
+        raise NotProbed(f"{cls.__name__} keeps its text config under '{key}', which its constructor does not take")
+    return key, getattr(default, key)
+
+
+def tiny_arguments(cls, default: dict[str, Any]) -> dict[str, Any]:
+    """The constructor arguments of `cls` that make it tiny, read from its own fields (`default`:
+    the class's default config as a dict; the values a constructor fills in stay the class's)."""
+    fields = {f.name for f in dataclasses.fields(cls)}
+    derived = {name for role in DERIVED for name in ROLES[role][1]}
+    kw = {
+        name: value
+        for name, value in SIZES.items()
+        if name in fields
+        and (isinstance(default.get(name), int) or (name in derived and default.get(name) is None))
+        and not isinstance(default.get(name), bool)
+    }
+    kw.update({k: v for k, v in FLAGS.items() if k in fields})
+    kw.update(_layer_lists(fields, default, kw))
+    kw.update(_special_tokens(default))
+    kw.update({k: 0.0 for k, v in default.items() if k in fields and _is_dropout(k) and isinstance(v, float) and v > 0})
+    return kw
+
+
+def _layer_lists(fields: set[str], default: dict[str, Any], kw: dict[str, Any]) -> dict[str, Any]:
+    """Per-layer lists (`layer_types`, `mlp_layer_types`, ...: one entry per layer of the default)
+    cut to one layer of each kind, in their order; the layer count follows (at least the tiny one,
+    at most MAX_LAYERS)."""
+    layers_arg = next((n for n in ROLES["layers"][1] if n in kw), None)
+    n = default.get(layers_arg) if layers_arg else None
+    if not isinstance(n, int) or n <= ROLES["layers"][0]:
+        return {}
+    lists = {k: v for k, v in default.items() if k in fields and isinstance(v, list) and len(v) == n}
+    if not lists:
+        return {}
+    kinds = [tuple(_hashable(lists[k][i]) for k in lists) for i in range(n)]
+    keep = [i for i, kind in enumerate(kinds) if kind not in kinds[:i]][:MAX_LAYERS]
+    while len(keep) < ROLES["layers"][0]:
+        keep.append(next(i for i in range(n) if i not in keep))
+    keep.sort()
+    return {layers_arg: len(keep), **{k: [v[i] for i in keep] for k, v in lists.items()}}
+
+
+def _hashable(value: Any) -> Any:
+    return repr(value) if isinstance(value, (list, dict)) else value
+
+
+def _is_dropout(name: str) -> bool:
+    # dropout off (GPT-2's attn_pdrop / resid_pdrop / embd_pdrop default to 0.1): pretraining's usual
+    # setting, and the probe asks whether the path runs the architecture, not whether kernels drop out
+    return "dropout" in name or name.endswith("pdrop")
+
+
+def _special_tokens(default: dict[str, Any]) -> dict[str, Any]:
+    """Special tokens of the full vocabulary would index past the tiny one: the last tiny token."""
+    top = ROLES["vocab"][0] - 1
     kw: dict[str, Any] = {}
     for k, v in default.items():
-        if ("dropout" in k or k.endswith("pdrop")) and isinstance(v, float) and v > 0:
-            kw[k] = 0.0
         if k.endswith("_token_id") and isinstance(v, int) and v > top:
             kw[k] = top
         elif k.endswith("_token_id") and isinstance(v, list):

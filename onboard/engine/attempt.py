@@ -43,6 +43,7 @@ from onboard.errors import (
     describe_os_error,
 )
 from onboard.rungs.contract import Measurements, RecipeEdit, RungContext, RungResult
+from onboard.rungs.harness import timing_record
 
 if TYPE_CHECKING:
     from onboard.workspace.layout import Workspace
@@ -253,7 +254,7 @@ def _take(run: AttemptInputs, entry: Entry, result: RungResult, attempt_dir: Pat
     entry.command = result.command or run.base_command
     entry.files_read = files_read
     entry.measurements = result.measurements.as_metrics()
-    entry.details = result.details
+    entry.details = {**result.details, **timing_record(run.checklist)}  # the timing profile it decided with
     entry.environment["device"] = str(result.details.get("device", run.ws.device))
     return result
 

@@ -179,7 +179,9 @@ def _compare(record, hf, native, adapter, tokens, labels, pairs, declared, param
     )
     native_ce.backward()
     hf_ce.backward()
-    grads = compare_grads(hf, native, lambda sd: _port(adapter.to_hf, "adapter.to_hf (gradients)", sd))
+    grads = compare_grads(
+        hf, native, lambda sd: _port(adapter.to_hf, "adapter.to_hf (gradients)", sd), tokens=labels.numel()
+    )
     pm.update(grad_max_rel_l2=grads.max_rel_l2, grad_worst_param=grads.worst_param)
     worst = sorted(grads.per_param.items(), key=lambda kv: -kv[1])[:5]
     grad_detail = {

@@ -11,7 +11,7 @@ from typing import Any, Callable
 
 import torch
 
-from titan_core.measure.numerics import rel_l2
+from titan_core.measure.numerics import grad_noise, rel_l2
 
 
 @dataclass
@@ -59,13 +59,24 @@ class GradReport:
     """The native gradients under HF names (for a diagnosis of where one differs)."""
 
 
+def _norm(t: torch.Tensor) -> float:
+    return float(torch.linalg.vector_norm(t.detach().double()).item())
+
+
 def compare_grads(
-    upstream: torch.nn.Module, native: torch.nn.Module, to_hf: Callable[[dict[str, Any]], dict[str, torch.Tensor]]
+    upstream: torch.nn.Module,
+    native: torch.nn.Module,
+    to_hf: Callable[[dict[str, Any]], dict[str, torch.Tensor]],
+    *,
+    tokens: int = 1,
 ) -> GradReport:
     """Per-parameter rel. L2 of the native gradients (mapped to HF names by the adapter) vs upstream.
 
     A parameter without a gradient counts as a zero gradient on that side: an expert that
-    received no token has none in either model, which is agreement, not an error.
+    received no token has none in either model, which is agreement, not an error. A non-zero
+    upstream gradient that both sides compute at or below the fp32 rounding level of the whole
+    gradient over `tokens` tokens (`grad_noise`) is agreement too: it is zero in exact arithmetic
+    (a key bias softmax cancels) and each side's value is its own rounding.
     """
     # every name of a tied tensor (lm_head.weight and the embedding) on both sides, so a tie is
     # compared under each name whatever the adapter does with a deduplicated dict
@@ -79,11 +90,15 @@ def compare_grads(
         for n, p in upstream.named_parameters(remove_duplicate=False)
     }
     per_param = {}
+    noise = grad_noise(hf_grads.values(), tokens)
     for name in sorted(set(hf_grads) & set(mapped)):
-        if mapped[name].shape != hf_grads[name].shape:
+        ours, theirs = mapped[name], hf_grads[name]
+        if ours.shape != theirs.shape:
             per_param[name] = math.inf
+        elif 0 < _norm(theirs) <= noise and _norm(ours) <= noise:  # rounding of an exact zero, both sides
+            per_param[name] = 0.0
         else:
-            per_param[name] = rel_l2(mapped[name], hf_grads[name])
+            per_param[name] = rel_l2(ours, theirs)
     missing = sorted(set(hf_grads) - set(mapped))
     extra = sorted(set(mapped) - set(hf_grads))
     for name in missing + extra:

@@ -21,6 +21,7 @@ import torch
 from torch import nn
 
 from titan_core.config import ConfigError
+from titan_core.models.transformers.hf_classes import causal_lm_parts
 
 
 class UpstreamError(ConfigError):
@@ -70,6 +71,14 @@ def hf_config_object(cfg: dict[str, Any]):
     return CONFIG_MAPPING[model_type].from_dict(cfg)
 
 
+def causal_lm(config, **kwargs) -> nn.Module:
+    """transformers' causal LM of `config` built from it (`from_config`): for a composite config
+    (text beside vision or audio) its text model, as the transformers path trains it
+    (titan_core's hf_classes.causal_lm_parts)."""
+    cls, model_config = causal_lm_parts(config)
+    return cls._from_config(model_config, **kwargs)
+
+
 @torch.no_grad()
 def _perturb_constants(model: nn.Module, seed: int) -> None:
     # HF init leaves norm weights at 1 and biases at 0; with those, a swapped q_norm/k_norm,
@@ -85,8 +94,6 @@ def build_upstream(
 ) -> Upstream:
     """The HF causal-LM for `cfg`, fp32 on CPU, in eval mode, seeded or from `weights_dir`."""
     config = hf_config_object(cfg)
-    from transformers import AutoModelForCausalLM  # lazy: the [hf] extra, checked by hf_config_object
-
     try:
         loading: dict[str, Any] = {}
         if weights_dir is not None:
@@ -95,9 +102,7 @@ def build_upstream(
         else:
             with torch.random.fork_rng(devices=[]):  # HF init draws from the global generator; leave it as found
                 torch.manual_seed(seed)
-                model = AutoModelForCausalLM.from_config(
-                    config, attn_implementation=attn_implementation, dtype=torch.float32
-                )
+                model = causal_lm(config, attn_implementation=attn_implementation, dtype=torch.float32)
             _perturb_constants(model, seed)
             source = f"seed={seed}"
     except ValueError as e:  # transformers raises ValueError for configs it cannot map to a causal LM

@@ -102,6 +102,11 @@ def _evidence(ws: Workspace, entry: dict, status: str) -> list[str]:
     ]
     if entry.get("rerun_reason"):
         rows.append(["re-run because", entry["rerun_reason"]])
+    details = entry.get("details") or {}
+    if details.get("timing_profile"):  # harness.TIMING_PROFILES: what its keep/choose decisions were timed with
+        profile = details["timing_profile"]
+        note = "the checklist's protocol" if profile == "shipped" else "**shortened, not the checklist's protocol**"
+        rows.append(["timing profile", f"{profile}: {note} `{json.dumps(details.get('timing_protocol'))}`"])
     if entry.get("not_applicable_reason"):
         rows.append(["not applicable", entry["not_applicable_reason"]])
     if entry.get("error"):

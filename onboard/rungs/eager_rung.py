@@ -159,6 +159,7 @@ def run(ctx: RungContext) -> RungResult:
             "dtype": t.dtype,
             "flops_per_token": result.flops_per_token,
             "swaps": dict(result.swaps),
+            "model_notes": result.model_notes,
             "metrics_file": ctx.workspace.key_for(ctx.attempt_dir / "metrics.jsonl"),
             "gate_overrides": overrides,
             "stopped": result.stopped,

@@ -32,7 +32,7 @@ from typing import Any
 
 import torch
 
-from onboard.parity.upstream import UpstreamError, hf_config_object
+from onboard.parity.upstream import UpstreamError, causal_lm, hf_config_object
 from onboard.rungs.contract import RungContext
 from onboard.sizing.weights_headers import check_checkpoint_headers
 from titan_core.config.hf_config import read_hf_config
@@ -92,10 +92,8 @@ def _upstream_layout(hf_cfg: dict) -> tuple[Layout | None, str]:
     """(the layout of the upstream class built on meta, what it is), or (None, why not)."""
     try:
         config = hf_config_object(hf_cfg)
-        from transformers import AutoModelForCausalLM  # lazy: the [hf] extra, only for an upstream config
-
         with torch.device("meta"):
-            model = AutoModelForCausalLM.from_config(config)
+            model = causal_lm(config)
     except (UpstreamError, ValueError) as e:  # no transformers, or no class for this model_type
         return None, str(e)
     return _layout(model.state_dict(keep_vars=True)), f"the upstream {type(model).__name__} built on meta"

@@ -39,13 +39,67 @@ DENSE_WHY = (
 
 @lru_cache(maxsize=None)
 def checklist(rung: str):
-    """checklists/<rung>.yaml, read once per process."""
+    """checklists/<rung>.yaml, read once per process, as shipped (what the engine judges with)."""
     return load_checklist(rung)
 
 
 def param(rung: str, name: str) -> Any:
-    """One of the `params:` of checklists/<rung>.yaml: every number a rung runs with to decide its gate."""
-    return checklist(rung).param(name)
+    """One of the `params:` of checklists/<rung>.yaml: every number a rung runs with to decide its gate;
+    `timing` with this process's timing profile applied (`use_timing_profile`)."""
+    value = checklist(rung).param(name)
+    if name == "timing":
+        value = {**value, **TIMING_PROFILES[_timing_profile]}
+    return value
+
+
+# ---- the timing profile ----------------------------------------------------------------------
+SHIPPED = "shipped"
+TIMING_PROFILES: dict[str, dict[str, Any]] = {
+    SHIPPED: {},
+    "quick": {"warmup": 1, "min_rounds": 2, "max_rounds": 3, "max_seconds": 2.0},
+}
+"""The timing protocols a process's rungs may time their keep/choose decisions with, by name: what
+each sets over the checklists' `params.timing`. `shipped` (the default) is the checklists' own
+protocol, the one a ladder is meant to run; `quick` stops each comparison after a few rounds, for
+runs that ask whether each rung passes, not which flag is fastest on this machine (`onboard compat`,
+tests of the ladder's mechanics). Only `params.timing` changes: criteria, thresholds and every
+other param stay as shipped. Every attempt of a rung that times records the profile in its details
+(`timing_record`), so a quick decision is never read as the shipped protocol's."""
+_timing_profile = SHIPPED
+
+
+def timing_profile() -> str:
+    """The name of the timing profile this process's rungs time with (TIMING_PROFILES)."""
+    return _timing_profile
+
+
+def use_timing_profile(name: str) -> str:
+    """Time every later decision of this process with TIMING_PROFILES[name]; returns the profile it replaces."""
+    global _timing_profile
+    if name not in TIMING_PROFILES:
+        raise ValueError(f"unknown timing profile {name!r} (known: {', '.join(TIMING_PROFILES)})")
+    before, _timing_profile = _timing_profile, name
+    return before
+
+
+@contextlib.contextmanager
+def timing_profile_of(name: str):
+    """`with timing_profile_of("quick"):` the rungs run inside time with it; the profile before, after."""
+    before = use_timing_profile(name)
+    try:
+        yield
+    finally:
+        use_timing_profile(before)
+
+
+def timing_record(rung_checklist) -> dict[str, Any]:
+    """What an attempt's details say of the timing protocol its rung decided with: the profile's
+    name and the protocol it ran (the checklist's `params.timing` with the profile over it); {} for
+    a rung whose checklist times nothing. The engine adds it to every attempt it records."""
+    shipped = rung_checklist.params.get("timing")
+    if shipped is None:
+        return {}
+    return {"timing_profile": _timing_profile, "timing_protocol": {**shipped, **TIMING_PROFILES[_timing_profile]}}
 
 
 # ---- the recipe a gate runs ----------------------------------------------------------------
@@ -215,6 +269,12 @@ def capture_moe(cfg, args) -> tuple[str | None, str]:
         return None, "dense model: no MoE experts"
     moe = cfg.kernels.moe
     if moe == "loop":
+        from titan_core.config.swaps import swap_applicability  # lazy: loads torch; onboard status imports the rungs
+        from titan_core.training.model_builder import build_meta_model  # lazy: as above
+
+        own = swap_applicability(build_meta_model(cfg.model, args), ["moe.dense"])["moe.dense"]
+        if own and not own.startswith("no module"):  # experts of the model's own class: no kernel swaps them
+            return None, f"the model's own experts are captured as they are: {own}"
         return "dense", DENSE_WHY
     if moe != "dense":
         device = resolved_device_type(cfg.device.type)

@@ -6,7 +6,7 @@ differences leave no trace in the keys: OLMo-2 normalises the attention and MLP 
 has no QK-norm where Qwen3-MoE has one. `new-model --path port` therefore builds both
 models on the meta device (no memory, no weights) and compares one decoder layer at a time:
 
-- upstream: `transformers.AutoModelForCausalLM.from_config` of config.json (transformers'
+- upstream: transformers' causal LM built from config.json (`causal_lm`: transformers'
   own config class, offline, never remote code), read by its module names and shapes;
 - native: the family's model (`titan_core.models.build_meta`) with the args its adapter
   reads from the same config (the family's debugmodel flavor when it cannot read them).
@@ -26,7 +26,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from onboard.parity.upstream import UpstreamError, hf_config_object
+from onboard.parity.upstream import UpstreamError, causal_lm, hf_config_object
 from titan_core.models import build_meta, get_family
 from titan_core.models.common.hf_adapter import AdapterError
 
@@ -240,10 +240,9 @@ def compare(up: dict, nat: dict, *, cls: str, family: str) -> list[str]:
 def _upstream(cfg: dict) -> tuple[nn.Module, int, int]:
     """The HF causal LM on meta, with its attention heads and head width."""
     config = hf_config_object(cfg)  # UpstreamError when transformers is missing or lacks the model_type
-    from transformers import AutoModelForCausalLM  # lazy: the [hf] extra, imported once hf_config_object found it
-
     with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(config, trust_remote_code=False)
+        model = causal_lm(config)  # the text model of a composite config
+    config = model.config
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
     return model, config.num_attention_heads, head_dim
 

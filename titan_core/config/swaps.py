@@ -112,8 +112,10 @@ def replaceable_classes(swap: Swap) -> tuple[type, ...] | None:
 def _matches(paths: list[str], swap: Swap, model: nn.Module) -> list[str]:
     # a model whose tree is not the native decoder's (the transformers path) says where the
     # native paths are in it: `swap_paths` {native pattern: its own pattern}
-    pattern = getattr(model, "swap_paths", {}).get(swap.pattern, swap.pattern)
-    return [p for p in paths if fnmatch.fnmatchcase(p, pattern)]
+    # (or patterns: a stack whose layers keep their attention under different names)
+    own = getattr(model, "swap_paths", {}).get(swap.pattern, swap.pattern)
+    patterns = (own,) if isinstance(own, str) else tuple(own)
+    return [p for p in paths if any(fnmatch.fnmatchcase(p, pat) for pat in patterns)]
 
 
 def _refusal(model: nn.Module, swap: Swap, hits: list[str]) -> str | None:

@@ -12,13 +12,16 @@ dropout=, sliding_window=, softcap=, **kwargs)` and expects `(out [b, s, heads, 
 Each call is translated to the core contract (titan_core/models/common/attention.py):
 `scaling` -> scale, `sliding_window` -> window (both keep keys with q - k < window),
 `segment_ids` (a keyword the caller passes down the model's forward) -> packed documents,
-`softcap` -> softcap (the naive reference and flex cap scores; sdpa, tokamax and splash refuse).
+`softcap` -> softcap (the naive reference and flex cap scores; sdpa, tokamax and splash refuse),
+`s_aux` / `sinks` -> attention sinks, `position_bias` -> an additive score bias (the naive
+reference only; the others refuse).
 What a kernel cannot honour is refused with the reason (KernelRefusesModel), never dropped:
-an attention-score soft-cap it cannot apply, dropout while training, a non-causal module,
-attention sinks. The padding mask transformers builds is not read: the
+an attention-score soft-cap, sinks or a score bias it cannot apply, dropout while training, a
+non-causal module. The padding mask transformers builds is not read: the
 kernels mask causally (and by window and document) themselves, and titan_core's data marks
 untrained tokens in the labels, not with padding masks. No mask is built for these names
-either (they are not in transformers' mask interface, so it skips mask creation).
+either (they are not in transformers' mask interface, so it skips mask creation), but for
+`titan_masked`: the layers of a model that compute attention inline read transformers' masks.
 """
 
 from __future__ import annotations
@@ -43,8 +46,12 @@ KERNELS: dict[str, type[nn.Module]] = {
 }
 MODULE_CORE = "titan"
 """The implementation that calls the attention module's own `core` (the transformers path)."""
-# keywords transformers passes that change what attention computes and no core implements
-_REFUSED_KWARGS = {"s_aux": "attention sinks (s_aux)", "sinks": "attention sinks"}
+MASKED_CORE = "titan_masked"
+"""`titan` for a model that also computes attention inline in some layers (BLOOM, MPT, a hybrid's
+older blocks): the same cores, and transformers builds its eager (additive) masks for those layers."""
+NAIVE_ONLY = {"s_aux": "sinks", "sinks": "sinks", "position_bias": "bias"}
+"""Keywords transformers passes that change what attention computes, which only the naive reference
+implements -> its own keyword: attention sinks (GPT-OSS `s_aux`), an additive position bias (Inkling)."""
 
 
 def kernel_name(core: nn.Module) -> str:
@@ -75,22 +82,30 @@ def call_core(
             f"kernels.attention={name}: {where} asks for attention dropout {dropout}; no titan_core kernel "
             "applies dropout (set the attention dropout to 0 in config.json: attention_dropout, attn_pdrop, ...)"
         )
-    for key_name, what in _REFUSED_KWARGS.items():
+    extra = {"softcap": float(softcap)} if softcap else {}  # a core that cannot cap refuses it
+    for key_name, ours in NAIVE_ONLY.items():
         if kwargs.get(key_name) is not None:
-            raise KernelRefusesModel(
-                f"kernels.attention={name}: {where} uses {what}, which no titan_core kernel computes"
-            )
+            if not isinstance(core, NaiveAttention):
+                raise KernelRefusesModel(
+                    f"kernels.attention={name}: {where} passes `{key_name}` (attention {ours}), which only "
+                    "kernels.attention=naive computes"
+                )
+            extra[ours] = kwargs[key_name]
     scale = float(scaling) if scaling is not None else query.shape[-1] ** -0.5
     window = int(sliding_window) if sliding_window else None
     segment_ids = kwargs.get("segment_ids")
-    capped = {"softcap": float(softcap)} if softcap else {}  # a core that cannot cap refuses it
-    out = core(query, key, value, scale=scale, window=window, segment_ids=segment_ids, **capped)
+    out = core(query, key, value, scale=scale, window=window, segment_ids=segment_ids, **extra)
     return out.transpose(1, 2).contiguous()
 
 
 def module_core_attention(module, query, key, value, attention_mask, **kwargs):
     """`titan`: the attention module's own core (SDPAttention when it holds none)."""
     core = getattr(module, "core", None)
+    if core is None and getattr(module, "is_causal", True) is False:
+        raise KernelRefusesModel(
+            f"{type(module).__name__} is not causal (an encoder's attention, or cross-attention); titan_core's "
+            "kernels are (an encoder used as a decoder sets is_decoder = true in config.json)"
+        )
     if core is None:
         raise KernelUnavailable(
             f"attn_implementation='{MODULE_CORE}' runs the core a titan_core model puts on each attention "
@@ -121,8 +136,11 @@ def register_hf_attention() -> None:
     if _REGISTERED:
         return
     from transformers import AttentionInterface  # the [hf] extra: titan_core imports without it
+    from transformers.masking_utils import AttentionMaskInterface, eager_mask
 
     AttentionInterface.register(MODULE_CORE, module_core_attention)
+    AttentionInterface.register(MASKED_CORE, module_core_attention)
+    AttentionMaskInterface.register(MASKED_CORE, eager_mask)
     for name, cls in KERNELS.items():
         AttentionInterface.register(f"titan_{name}", _fixed(cls))
     _REGISTERED = True

@@ -1,6 +1,7 @@
 """How two results are compared: the one place that defines a relative error.
 
-    rel_l2(actual, expected)      ||actual - expected||_2 / ||expected||_2, tensors
+    rel_l2(actual, expected)      ||actual - expected||_2 / ||expected||_2, tensors (floor= below)
+    grad_noise(grads, tokens)     a gradient's fp32 rounding level, below which two gradients agree
     max_abs(actual, expected)     max |actual - expected|, tensors
     rel(value, reference)         |value - reference| / |reference|, Python numbers
     curve_max_rel(curve, ref)     the worst `rel` over two equally long curves, and its step
@@ -51,6 +52,23 @@ def rel_l2(actual: torch.Tensor | None, expected: torch.Tensor | None) -> float:
     diff = torch.linalg.vector_norm(a.double() - e.double()).item()
     ref = torch.linalg.vector_norm(e.double()).item()
     return _ratio(diff, ref)
+
+
+FP32_EPS = float(torch.finfo(torch.float32).eps)
+
+
+def grad_noise(grads, tokens: int = 1) -> float:
+    """The fp32 rounding level of a model's gradient over `tokens` tokens: eps(fp32) x sqrt(tokens)
+    x the whole gradient's L2 norm (a parameter's gradient is a sum over the tokens; its rounding
+    grows like the square root of their number). None entries count as zero.
+
+    A gradient that is zero in exact arithmetic but not in rounding (a key bias that softmax
+    cancels: BART, BERT, OPT) sits far below it (1e-12 against 2 in BART), and two models'
+    roundings of it differ by 100% of themselves: below this level both are noise and agree. A
+    reference that is exactly zero keeps the zero-reference rule (an expert no token reached).
+    """
+    total = sum(float(torch.linalg.vector_norm(g.detach().double()).item()) ** 2 for g in grads if g is not None)
+    return FP32_EPS * math.sqrt(max(1, tokens)) * math.sqrt(total)
 
 
 def max_abs(actual: torch.Tensor, expected: torch.Tensor) -> float:

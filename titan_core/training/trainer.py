@@ -62,6 +62,9 @@ class TrainResult:
     """Processes that trained together."""
     data_parallel: str = "none"
     """parallelism.data_parallel of the run."""
+    model_notes: list[str] = field(default_factory=list)
+    """What of the model runs otherwise than through titan_core's kernels, a line each (the model's
+    `notes`: e.g. the transformers path's layers that have no attention module)."""
     stopped: str | None = None
     """Why the run stopped before `training.steps`: a non-finite loss, named with its step, the
     loss and the last finite grad norm (`diverged_message`). None: it ran every step."""
@@ -123,6 +126,7 @@ class Trainer:
 
         self.family, self.args, model = build_model_from_config(cfg.model)
         built_params = sum(p.numel() for p in model.parameters())  # the recipe's model (a port's own layers too)
+        self.model_notes = list(getattr(model, "notes", ()))
         self.swaps = apply_swaps(model, swaps_for(cfg.kernels))
         # refuse a run that cannot fit while the model still costs nothing (MemoryBudgetError: exit 2)
         self.memory_estimate = check_memory(cfg, model, self.args, self.device, self.degrees)
@@ -314,6 +318,7 @@ class Trainer:
             summary=self.logger.summary_table() if self.logger.enabled else None,
             world_size=self.world_size,
             data_parallel=self.cfg.parallelism.data_parallel,
+            model_notes=self.model_notes,
             stopped=stopped,
         )
 

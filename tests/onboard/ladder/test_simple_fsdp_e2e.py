@@ -7,6 +7,9 @@ every feature of the preset kept, fewer and narrower layers), so parity still co
 same architecture with upstream. The failing case is the bug FINDINGS.md warns about: the
 gradient placement `Partial("sum")` instead of `Partial("avg")`, patched into the ranks of the
 sharded runs only (a sitecustomize on their PYTHONPATH), so the eager evidence stays honest.
+
+The bf16-or-fp32 choice is timed with the harness's `quick` timing profile: these tests are about
+the gate's numerics; the demo (test_demo.py) times the choice with the shipped protocol.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import pytest
 from typer.testing import CliRunner
 
 from onboard.cli.app import app
+from onboard.rungs import harness
 from titan_core.measure.numerics import rel
 
 pytestmark = [pytest.mark.slow, pytest.mark.hf]
@@ -45,6 +49,12 @@ def _summed(*args, **kwargs):
 
 simple_fsdp._placements = _summed
 """
+
+
+@pytest.fixture(autouse=True)
+def quick_timing():
+    with harness.timing_profile_of("quick"):
+        yield
 
 
 def onboard(*args):
@@ -138,6 +148,7 @@ def test_llama3_partial_sum_fails_then_the_real_reduce_passes(tmp_path, monkeypa
     assert_sharded_runs(ws, 2, m)
     entry = json.loads((ws / "ladder.json").read_text())["attempts"][-1]
     assert set(entry["files_read"]) == {"recipe.toml", "config.json", "adapter.py"}
+    assert entry["details"]["timing_profile"] == "quick"
     assert entry["command"] == f"onboard next-step llama --dir {tmp_path.resolve()}"
     status = json.loads(onboard("status", "llama", "--dir", tmp_path, "--json").stdout)
     assert [(r["rung"], r["status"]) for r in status["rungs"][:3]] == [

@@ -3,6 +3,10 @@ it passes with real measurements and every change classified and timed, rejects 
 diverging flag, keeps the batch when the memory budget binds (saying why), sweeps fused_ce's chunk,
 and through the engine writes what it kept into recipe.toml, leaves the earlier rungs' evidence
 standing (its own gate proves its edit), and re-verifies after a hand edit of the same key.
+
+Every decision here is timed with the harness's `quick` timing profile: these tests prove the
+rung's mechanics (each change classified and timed, the keep rule, the batch search, the edits);
+the demo (test_demo.py) runs the rung with the shipped protocol.
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ from timing_checks import check_comparison
 
 from onboard.engine.gates import evaluate, gate_passed, load_checklist
 from onboard.engine.ladder import RUNGS, RungSpec, ladder_states, next_step
-from onboard.rungs import eager_rung as eager
+from onboard.rungs import eager_rung as eager, harness
 from onboard.rungs.contract import RungContext
 from onboard.rungs.tuning_runs import Runs
 from onboard.workspace.layout import Workspace
@@ -31,6 +35,12 @@ tuning = importlib.import_module(MODULE)
 DIVERGING = flag_table.Flag(
     "inject.seed", "cpu", "another init seed: injected, a change that must be rejected", config=(("training.seed", 1),)
 )
+
+
+@pytest.fixture(autouse=True)
+def quick_timing():
+    with harness.timing_profile_of("quick"):
+        yield
 
 
 def run(module, ws, tmp_path: Path, evidence: dict, lines: list):
@@ -142,6 +152,7 @@ def test_the_engine_writes_the_kept_batch_is_proved_by_its_own_gate_and_a_hand_e
     first = step()
     assert (first.rung, first.status) == ("tuning", "passed"), first.criteria
     assert [e["key"] for e in first.entry["recipe_edit"]["edits"]] == ["training.batch_size"]
+    assert first.entry["details"]["timing_profile"] == "quick"  # not to be read as the shipped protocol's
     assert first.entry["measurements"]["flags"] == ["--training.batch_size=8"]  # what its final run had on top
     assert "batch_size = 8  # tuning rung (batch): batch=8 is 2.00x faster than untuned" in ws.recipe_path.read_text()
     states = {s.rung: s.status for s in ladder_states(Workspace.load(base, ws.name), specs)}

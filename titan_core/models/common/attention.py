@@ -68,16 +68,38 @@ def refuse_softcap(kernel: str, cap: float | None) -> None:
 class NaiveAttention(nn.Module):
     """Reference core: explicit softmax(q k^T * scale + mask) v, softmax in fp32, output in
     the input dtype; the plain path every attention kernel is compared with. Honours `softcap`
-    (scaled, divided and capped in that order, as transformers' eager attention rounds)."""
+    (scaled, divided and capped in that order, as transformers' eager attention rounds) and
+    attention `sinks`: a logit per head ([N]) or per query ([B, N, S, 1]) that joins every
+    softmax as one more key with no value, so a query may attend to nothing (GPT-OSS), and an
+    additive score `bias` broadcastable to [B, N, S, S] (a learned relative-position bias, Inkling)."""
 
-    def forward(self, q, k, v, *, scale: float, window: int | None, segment_ids, softcap: float | None = None):
+    def forward(
+        self,
+        q,
+        k,
+        v,
+        *,
+        scale: float,
+        window: int | None,
+        segment_ids,
+        softcap: float | None = None,
+        sinks=None,
+        bias=None,
+    ):
         rep = q.shape[1] // k.shape[1]
         k = k.repeat_interleave(rep, dim=1)
         v = v.repeat_interleave(rep, dim=1)
         scores = cap_scores((q @ k.transpose(-2, -1)) * scale, softcap)
+        if bias is not None:
+            scores = scores + bias
         mask = attention_mask(q.shape[2], window=window, segment_ids=segment_ids, device=q.device)
-        scores = scores.masked_fill(~mask, float("-inf"))
-        return torch.softmax(scores.float(), dim=-1).to(q.dtype) @ v
+        scores = scores.masked_fill(~mask, float("-inf")).float()
+        if sinks is None:
+            return torch.softmax(scores, dim=-1).to(q.dtype) @ v
+        sink = (sinks.reshape(1, -1, 1, 1) if sinks.dim() == 1 else sinks).float()
+        sink = sink.expand(*scores.shape[:-1], 1)
+        probs = torch.softmax(torch.cat([scores, sink], dim=-1), dim=-1)[..., :-1]
+        return probs.to(q.dtype) @ v
 
 
 class SDPAttention(nn.Module):

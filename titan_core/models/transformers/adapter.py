@@ -20,7 +20,7 @@ from titan_core.models.common.args import TransformerArgs
 from titan_core.models.common.mapping_errors import AdapterError
 from titan_core.models.common.hf_adapter import window_pattern
 from titan_core.models.common.tied import HF_TIE, Tie, with_tied_head
-from titan_core.models.transformers.hf_classes import causal_lm_class, config_object
+from titan_core.models.transformers.hf_classes import causal_lm_parts, config_object, text_config_key
 
 HF_CONFIG_KEY = "hf_config"
 """args.extra key holding the HF config dict the model is built from."""
@@ -34,9 +34,23 @@ WRITE_BACK = {
 }  # fmt: skip
 
 
+def _attr(c, name: str):
+    """`c.<name>`, or None; for a size that varies by layer (a heterogeneous config, Gemma-4's
+    head_dim), the largest layer's: these args size estimates, and the model itself is built from
+    the config as transformers reads it."""
+    try:
+        return getattr(c, name, None)
+    except Exception as e:  # noqa: BLE001 -- transformers' per-layer refusal; its class moves between versions
+        per_layer = getattr(c, "per_layer_config", None)
+        if type(e).__name__ != "AmbiguousGlobalPerLayerAttributeError" or not per_layer:
+            raise
+        values = [v for layer in per_layer if (v := getattr(layer, name, None)) is not None]
+        return max(values) if values else None
+
+
 def _first(c, *names, default=None):
     for n in names:
-        v = getattr(c, n, None)
+        v = _attr(c, n)
         if v is not None:
             return v
     return default
@@ -56,31 +70,32 @@ def _windows(c) -> tuple[int | None, int]:
 
 
 def args_from_config(c, hf_cfg: dict[str, Any]) -> TransformerArgs:
-    """TransformerArgs from a transformers config object (its text config for the sizes)."""
-    t = c.get_text_config()
+    """TransformerArgs from a transformers config object (the config of the model the path builds:
+    a composite's text config, `causal_lm_parts`)."""
+    t = causal_lm_parts(c)[1]
     needed = ("hidden_size", "num_attention_heads", "num_hidden_layers", "vocab_size")
-    missing = [k for k in needed if getattr(t, k, None) is None]
+    missing = [k for k in needed if _attr(t, k) is None]
     if missing:  # a byte-level, recurrent or otherwise non-transformer config: said, not an AttributeError
         raise AdapterError(
             f"{type(t).__name__} has no {', '.join(missing)}: the transformers path runs decoder "
             "stacks of attention layers, which these sizes describe"
         )
-    dim, heads = t.hidden_size, t.num_attention_heads
+    dim, heads = _attr(t, "hidden_size"), _attr(t, "num_attention_heads")
     window, global_every = _windows(t)
     n_experts = _first(t, "num_experts", "num_local_experts", "n_routed_experts", default=0) or 0
     sparse_step = _first(t, "decoder_sparse_step", default=1) or 1
     kw: dict[str, Any] = dict(
         dim=dim,
-        n_layers=t.num_hidden_layers,
+        n_layers=_attr(t, "num_hidden_layers"),
         n_heads=heads,
         n_kv_heads=_first(t, "num_key_value_heads", default=heads),
         head_dim=_first(t, "head_dim", default=dim // heads),
-        vocab_size=t.vocab_size,
+        vocab_size=_attr(t, "vocab_size"),
         ffn_hidden_dim=_first(t, "intermediate_size", default=4 * dim),
         norm_eps=float(_first(t, "rms_norm_eps", "layer_norm_eps", "norm_eps", default=1e-6)),
         rope_theta=float((getattr(t, "rope_parameters", None) or {}).get("rope_theta", 10000.0)),
         max_seq_len=_first(t, "max_position_embeddings", default=2048),
-        tie_embeddings=bool(getattr(c, "tie_word_embeddings", False)),
+        tie_embeddings=bool(getattr(t, "tie_word_embeddings", False)),
         sliding_window=window,
         global_every=global_every,
         final_softcap=_first(t, "final_logit_softcapping"),
@@ -113,22 +128,29 @@ def hf_config_for(args: TransformerArgs) -> dict[str, Any]:
     if HF_CONFIG_KEY not in args.extra:
         raise AdapterError(f"args carry no extra['{HF_CONFIG_KEY}']: these args are not the transformers path's")
     cfg = dict(args.extra[HF_CONFIG_KEY])
-    base = args_from_config(config_object(cfg), cfg)
+    config = config_object(cfg)
+    base = args_from_config(config, cfg)
     changed = [
         f.name for f in fields(TransformerArgs) if f.name != "extra" and getattr(base, f.name) != getattr(args, f.name)
     ]
+    if not changed:
+        return cfg
+    sub = text_config_key(config)  # a composite's sizes live in its text config
+    target = cfg if sub is None else dict(cfg.get(sub) or causal_lm_parts(config)[1].to_dict())
     for name in changed:
         key = WRITE_BACK.get(name)
         if key is None:
             raise AdapterError(
                 f"model.overrides.{name} has no HF config key on the transformers path; change config.json instead"
             )
-        if name == "n_experts" and "num_local_experts" in cfg:
+        if name == "n_experts" and "num_local_experts" in target:
             key = "num_local_experts"
-        cfg[key] = getattr(args, name)
-    types = cfg.get("layer_types")
+        target[key] = getattr(args, name)
+    types = target.get("layer_types")
     if "n_layers" in changed and isinstance(types, list) and types:
-        cfg["layer_types"] = [types[i % len(types)] for i in range(args.n_layers)]
+        target["layer_types"] = [types[i % len(types)] for i in range(args.n_layers)]
+    if sub is not None:
+        cfg[sub] = target
     return cfg
 
 
@@ -157,8 +179,11 @@ class TransformersAdapter:
         """`hf_config_for(args)`, naming the causal-LM class in `architectures` when the config
         does not (what save_pretrained writes, so pipelines and the Hub know the head)."""
         cfg = hf_config_for(args)
+        cls, model_config = causal_lm_parts(config_object(cfg))
+        if text_config_key(config_object(cfg)) is not None:  # a composite trains (and exports) its text model
+            cfg = {**model_config.to_dict(), "architectures": [cls.__name__]}
         if not cfg.get("architectures"):
-            cfg["architectures"] = [causal_lm_class(config_object(cfg)).__name__]
+            cfg["architectures"] = [cls.__name__]
         return cfg
 
     def unconsumed_keys(self, cfg: dict[str, Any]) -> list[str]:

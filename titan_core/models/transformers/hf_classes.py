@@ -51,7 +51,43 @@ def config_object(cfg: dict[str, Any]):
 
 
 def causal_lm_class(config) -> type:
-    """The causal-LM class transformers maps `config`'s type to (e.g. LlamaForCausalLM)."""
+    """The causal-LM class the path builds for `config` (e.g. LlamaForCausalLM; see `causal_lm_parts`)."""
+    return causal_lm_parts(config)[0]
+
+
+def text_config(config):
+    """`config.get_text_config()`, or AdapterError where transformers finds none or several."""
+    try:
+        return config.get_text_config()
+    except ValueError as e:  # e.g. a text encoder and a decoder (MusicGen): which one is the LM is not said
+        raise AdapterError(f"{type(config).__name__} holds no single text config: {e}") from None
+
+
+def causal_lm_parts(config) -> tuple[type, Any]:
+    """(class, the config it is built from) of the causal LM for `config`.
+
+    A composite config (a text config inside, beside vision or audio ones: Gemma-3, Mllama,
+    Qwen3.5) gives its text model: the causal-LM class of the text config where transformers maps
+    one (Gemma3TextConfig -> Gemma3ForCausalLM), else the class mapped to the composite when it is
+    built from the text config (MllamaForCausalLM). Otherwise the class mapped to the config,
+    built from it whole."""
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING  # the [hf] extra
 
-    return MODEL_FOR_CAUSAL_LM_MAPPING[type(config)]
+    text = text_config(config)
+    cls = MODEL_FOR_CAUSAL_LM_MAPPING[type(config)]
+    if text is config:
+        return cls, config
+    if type(text) in MODEL_FOR_CAUSAL_LM_MAPPING:
+        return MODEL_FOR_CAUSAL_LM_MAPPING[type(text)], text
+    if isinstance(text, getattr(cls, "config_class", ())) and not isinstance(config, cls.config_class):
+        return cls, text
+    return cls, config
+
+
+def text_config_key(config) -> str | None:
+    """The key of a composite config.json that holds its text config (`text_config` mostly), or
+    None for a config that is its own text config."""
+    text = text_config(config)
+    if text is config:
+        return None
+    return next((k for k, v in vars(config).items() if v is text), None)

@@ -1,14 +1,17 @@
 """A transformers causal LM run by titan_core: the same contract as the native decoder.
 
 `TransformersCausalLM(args)` builds transformers' own class for `args.extra["hf_config"]`
-(on whatever device is current: the trainer builds on meta) and adopts its children, so
-the state dict has transformers' names exactly (`model.layers.0.self_attn.q_proj.weight`,
+(on whatever device is current: the trainer builds on meta; a composite config, text beside
+vision or audio, builds its text model: hf_classes.causal_lm_parts) and adopts its children,
+so the state dict has transformers' names exactly (`model.layers.0.self_attn.q_proj.weight`,
 `lm_head.weight`) and the HF adapter of this path is the identity. Around it, what titan_core
 expects of a model (titan_core/models/common/decoder.py):
 
 - `layers`: the decoder blocks as a dict {"0": block, ...} for FSDP2 units, per-block
-  compile and the Graph Trainer's block tags. It is a view, not a registered child, so
-  the blocks keep their transformers paths (`model.layers.<i>`);
+  compile and the Graph Trainer's block tags, wherever the class keeps them (stack.py:
+  `model.layers`, GPT-2's `transformer.h`, BERT's `bert.encoder.layer`, BART's
+  `model.decoder.layers`). It is a view, not a registered child, so the blocks keep their
+  transformers paths;
 - `init_weights(seed)`: transformers' own `_init_weights` (what a user of the class gets
   from `from_config`), drawn from a generator seeded with `seed`, then the ties re-made;
 - `loss(tokens, labels, positions=, segment_ids=) -> (loss, ce)`: the final hidden states
@@ -16,12 +19,16 @@ expects of a model (titan_core/models/common/decoder.py):
   `kernels.loss = "fused_ce"` never builds the full logits), with what the causal-LM class
   does to its logits applied there too: `final_logit_softcapping` (Gemma-2) as the head's
   soft-cap, `logits_scaling` (Granite, divides) and `logit_scale` (Cohere, multiplies) on
-  the hidden states (the same product, one rounding apart);
+  the hidden states (the same product, one rounding apart), a head bias as one more weight
+  column (`head_operands`);
 - attention through transformers' AttentionInterface (titan_core/kernels/hf_attention.py):
-  every attention module holds a `core` (SDPAttention; the naive reference when the model
-  soft-caps its scores) and runs it, so `kernels.attention` swaps it by module path
-  (`swap_paths` maps the native `layers.*.attention.core` onto this tree). `positions` become
-  `position_ids` and `segment_ids` reach the core as a keyword, as in the native decoder;
+  every module that calls the interface holds a `core` (SDPAttention; the naive reference
+  when the model soft-caps its scores or uses attention sinks) and runs it, so
+  `kernels.attention` swaps it by module path (`swap_paths` maps the native
+  `layers.*.attention.core` onto this tree). A layer with no such module (a Mamba or
+  convolution mixer, linear attention, attention computed inline) runs as transformers
+  wrote it, and `notes` says which. `positions` become `position_ids` and `segment_ids`
+  reach the core as a keyword, as in the native decoder;
 - MoE experts through titan_core's experts kernels (titan_core/models/transformers/experts.py):
   transformers' experts modules of the usual structure keep their weights and compute through
   a kernel child that `kernels.moe` swaps (`swap_paths` maps `layers.*.moe.experts` onto it);
@@ -40,13 +47,17 @@ import torch.nn.functional as F
 from torch import nn
 
 from titan_core.config.loader import ConfigError
-from titan_core.kernels.hf_attention import MODULE_CORE, register_hf_attention
+from titan_core.kernels.hf_attention import MASKED_CORE, MODULE_CORE, register_hf_attention
 from titan_core.models.common.args import TransformerArgs
 from titan_core.models.common.attention import NaiveAttention, SDPAttention
 from titan_core.models.common.layers import CrossEntropyHead, softcap
 from titan_core.models.transformers.adapter import hf_config_for
 from titan_core.models.transformers.experts import install_experts
-from titan_core.models.transformers.hf_classes import causal_lm_class, config_object, require_transformers
+from titan_core.models.transformers.hf_classes import causal_lm_parts, config_object, require_transformers, text_config
+from titan_core.models.transformers.stack import (
+    attention_sites, base_model, decoder_blocks, head_input, head_transform, needs_naive, own_layers_note,
+    stack_depth,
+)  # fmt: skip
 
 ATTENTION_PATTERN = "layers.*.attention.core"
 """The native module path of an attention core, which `swap_paths` maps onto this tree."""
@@ -54,42 +65,39 @@ EXPERTS_PATTERN = "layers.*.moe.experts"
 """The native module path of the MoE experts, which `swap_paths` maps onto this tree."""
 
 
-def _attention_modules(blocks: nn.ModuleList) -> dict[str, nn.Module]:
-    """{path inside a block: module} of the modules that call the attention interface:
-    transformers names them `<Model>Attention` and gives each a `scaling`. Every block must
-    hold them at the same paths (ConfigError naming the first that does not: a hybrid stack,
-    e.g. Mamba layers between attention layers, is not run on this path)."""
-
-    def found(block: nn.Module) -> dict[str, nn.Module]:
-        return {
-            n: m
-            for n, m in block.named_modules()
-            if n and type(m).__name__.endswith("Attention") and hasattr(m, "scaling")
-        }
-
-    first = found(blocks[0])
-    for i, block in enumerate(blocks):
-        paths = list(found(block)) if i else list(first)
-        if not paths or paths != list(first):
-            what = "no attention module" if not paths else f"attention at {paths}, layer 0 at {list(first)}"
-            raise ConfigError(
-                f"decoder layer {i} ({type(block).__name__}) has {what} (a `*Attention` with `scaling`): "
-                "titan_core's attention kernels go under the same attention module in every layer, so a "
-                "hybrid or mixed stack is not run on this path"
-            )
-    return first
+def _core_for(module: nn.Module, softcapped: bool) -> nn.Module:
+    """The attention core a module starts with: SDPA, or the naive reference where only it computes
+    what the module asks (scores soft-capped, attention sinks, a score bias)."""
+    return NaiveAttention() if softcapped or needs_naive(type(module)) else SDPAttention()
 
 
-def _decoder_blocks(base: nn.Module, text) -> tuple[str, nn.ModuleList | None]:
-    """(name, list) of the base model's decoder layers: its `layers` (most models) or the one
-    ModuleList child as long as the config's depth (GPT-2's `h`)."""
-    depth = getattr(text, "num_hidden_layers", None)
-    named = [(n, m) for n, m in base.named_children() if isinstance(m, nn.ModuleList) and len(m)]
-    for name, mod in named:
-        if name == "layers":
-            return name, mod
-    deep = [(n, m) for n, m in named if len(m) == depth]
-    return deep[0] if len(deep) == 1 else ("", None)
+def _unset(dtype: torch.dtype):
+    """The fill that marks a tensor no init wrote: NaN, or the lowest integer (bool: none can be told)."""
+    if dtype.is_floating_point or dtype.is_complex:
+        return float("nan")
+    return False if dtype == torch.bool else torch.iinfo(dtype).min
+
+
+def _never_written(t: torch.Tensor) -> bool:
+    if not t.numel() or t.dtype == torch.bool:
+        return False
+    mark = _unset(t.dtype)
+    return bool(torch.isnan(t).all()) if isinstance(mark, float) else bool((t == mark).all())
+
+
+def _build_hf(cls: type, config) -> nn.Module:
+    """`cls` built from `config` with titan_core's attention implementation; a class that picks its
+    attention module from a table of its own (Falcon, GIT, GPT-Neo) knows no such name, and is built
+    with transformers' eager attention instead: no module of it then calls the attention interface,
+    so its layers run as transformers wrote them (`attention_sites`, and `notes` says so)."""
+    config._attn_implementation = MODULE_CORE
+    try:
+        return cls._from_config(config, attn_implementation=MODULE_CORE, dtype=torch.float32)
+    except KeyError as e:
+        if e.args != (MODULE_CORE,):
+            raise
+    config._attn_implementation = "eager"
+    return cls._from_config(config, attn_implementation="eager", dtype=torch.float32)
 
 
 class TransformersCausalLM(nn.Module):
@@ -98,36 +106,42 @@ class TransformersCausalLM(nn.Module):
         require_transformers()
 
         self.args = args
-        config = config_object(hf_config_for(args))
         register_hf_attention()
-        text = config.get_text_config()
+        cls, config = causal_lm_parts(config_object(hf_config_for(args)))
+        text = text_config(config)
         if getattr(text, "output_router_logits", False):
             raise ConfigError(
                 "config.json sets output_router_logits = true: the transformers path does not add the MoE "
                 "load-balancing loss yet, so it would train a different objective; set it to false"
             )
-        cls = causal_lm_class(config)
-        config._attn_implementation = MODULE_CORE
-        hf = cls._from_config(config, attn_implementation=MODULE_CORE, dtype=torch.float32)
+        hf = _build_hf(cls, config)
+        object.__setattr__(self, "_recipe", (cls, config))  # to build it again for constructor values
         for name, child in hf.named_children():
             self.add_module(name, child)
         object.__setattr__(self, "hf", hf)  # not registered: its children are this module's
-        base = getattr(hf, hf.base_model_prefix)
+        prefix, base = base_model(hf)
         object.__setattr__(self, "_base", base)
-        blocks_name, blocks = _decoder_blocks(base, text)
+        depth = stack_depth(text)
+        blocks_name, blocks = decoder_blocks(base, depth)
         if blocks is None:
             raise ConfigError(
-                f"{cls.__name__} keeps no list of {text.num_hidden_layers} decoder layers under "
-                f"`{hf.base_model_prefix}` (looked for a ModuleList of that length), so they cannot be wrapped"
+                f"{cls.__name__} keeps no list of {depth} decoder layers anywhere under `{prefix}` (looked "
+                "for a ModuleList of that length), so they cannot be wrapped"
             )
         object.__setattr__(self, "_layers", nn.ModuleDict({str(i): b for i, b in enumerate(blocks)}))
-        self.base_prefix = f"{hf.base_model_prefix}.{blocks_name}"
+        self.base_prefix = f"{prefix}.{blocks_name}"
+        self.attention_sites = attention_sites(blocks)
+        """Which modules of each layer run a titan_core attention core, and the layers none does (`Sites`)."""
+        if self.attention_sites.own:  # their inline attention reads the masks transformers builds
+            config._attn_implementation = MASKED_CORE
         softcapped = bool(getattr(text, "attn_logit_softcapping", None))
-        self.attention_paths = list(_attention_modules(blocks))
-        for block in blocks:
-            for path in self.attention_paths:
-                block.get_submodule(path).core = NaiveAttention() if softcapped else SDPAttention()
-        self.swap_paths = {ATTENTION_PATTERN: f"{self.base_prefix}.*.{p}.core" for p in self.attention_paths[:1]}
+        for i, paths in self.attention_sites.paths.items():
+            for path in paths:
+                module = blocks[i].get_submodule(path)
+                module.core = _core_for(module, softcapped)
+        self.swap_paths = {
+            ATTENTION_PATTERN: tuple(f"{self.base_prefix}.*.{p}.core" for p in self.attention_sites.patterns)
+        }
         """Native swap patterns -> this tree's module paths (titan_core/config/swaps.py reads it)."""
         self.experts_install = install_experts(blocks, self.base_prefix)
         """Which experts modules compute through titan_core's kernels, or why none do (`ExpertsInstall`)."""
@@ -135,15 +149,17 @@ class TransformersCausalLM(nn.Module):
             self.swap_paths[EXPERTS_PATTERN] = self.experts_install.swap_pattern
         self.swap_refusals = {EXPERTS_PATTERN: self.experts_install.refusal} if self.experts_install.refusal else {}
         """{native pattern: why a swap there is refused} (titan_core/config/swaps.py adds it to the refusal)."""
-        head = hf.get_output_embeddings()
-        if getattr(head, "bias", None) is not None:
-            raise ConfigError(
-                f"{cls.__name__}'s output head has a bias: titan_core's loss head (and fused_ce) take the "
-                "final hidden states and the head weight only, so the path would train another model"
-            )
+        self.notes = [n for n in (own_layers_note(self.attention_sites),) if n]
+        """What of the model runs otherwise than through titan_core's kernels, a line each (runs record it)."""
+        self.head_transform = head_transform(hf, prefix)
+        """Modules the causal-LM class runs between its base model and the output head (BERT's
+        `cls.predictions.transform`), [] for most: their output is what the loss head receives."""
+        self.head_bias = getattr(hf.get_output_embeddings(), "bias", None) is not None
+        """The output head adds a bias (Phi-1/2, GPT-J, CodeGen): the loss head gets it folded into the weight."""
         self.logits_divisor = float(getattr(text, "logits_scaling", None) or 1.0)
         self.logits_multiplier = float(getattr(hf, "logit_scale", None) or 1.0)
-        self.final_softcap = getattr(text, "final_logit_softcapping", None)
+        # Gemma-2's name for it, and RecurrentGemma's
+        self.final_softcap = getattr(text, "final_logit_softcapping", None) or getattr(text, "logits_soft_cap", None)
         self.loss_head = CrossEntropyHead(self.final_softcap)
 
     # ---- structure -------------------------------------------------------------------
@@ -157,14 +173,15 @@ class TransformersCausalLM(nn.Module):
         return self.hf.get_output_embeddings().weight
 
     def attention_cores(self) -> Iterator[nn.Module]:
-        for block in self._layers.values():
-            for path in self.attention_paths:
-                yield block.get_submodule(path).core
+        for i, paths in self.attention_sites.paths.items():
+            for path in paths:
+                yield self._layers[str(i)].get_submodule(path).core
 
     # ---- weights -----------------------------------------------------------------------
     @torch.no_grad()
     def init_weights(self, seed: int | None = None) -> None:
-        """transformers' own init of every parameter and buffer (after `to_empty`), seeded."""
+        """transformers' own init of every parameter and buffer (after `to_empty`), seeded; what its
+        `_init_weights` leaves alone gets its constructor's value (`_constructor_values`)."""
         device = self.output_weight.device
         for mod in self.modules():
             mod.__dict__.pop("_is_hf_initialized", None)
@@ -172,12 +189,36 @@ class TransformersCausalLM(nn.Module):
             if hasattr(t, "_is_hf_initialized"):
                 del t._is_hf_initialized
         self.retie()
+        if device.type != "meta":
+            for t in [*self.parameters(), *self.buffers()]:
+                t.data.fill_(_unset(t.dtype))
         devices = [device] if device.type not in ("cpu", "meta") else []
         with torch.random.fork_rng(devices=devices, device_type=device.type if devices else "cuda"):
             if seed is not None:
                 torch.manual_seed(seed)
             self.hf.initialize_weights()
+            if device.type != "meta":
+                self._constructor_values()
         self.retie()
+
+    def _constructor_values(self) -> None:
+        """Give every tensor transformers' `_init_weights` did not write (still `_unset`) the value
+        its module's constructor gives it: e.g. Apertus' xIELU activation keeps its alpha and beta
+        as parameters set in `__init__`, which `to_empty` turned into garbage. The class is built
+        once more on the CPU for them, only when there are any."""
+        own = {**dict(self.hf.named_parameters()), **dict(self.hf.named_buffers())}
+        left = [n for n, t in own.items() if _never_written(t)]
+        if not left:
+            return
+        cls, config = self._recipe
+        fresh = _build_hf(cls, config)
+        values = {**dict(fresh.named_parameters()), **dict(fresh.named_buffers())}
+        missing = [n for n in left if n not in values]
+        if missing:
+            raise ConfigError(f"{cls.__name__}: no initial value for {', '.join(missing[:5])}")
+        with torch.no_grad():
+            for n in left:
+                own[n].copy_(values[n])
 
     def retie(self) -> None:
         """Re-make tied parameters (`to_empty` gives each module a parameter of its own)."""
@@ -185,10 +226,13 @@ class TransformersCausalLM(nn.Module):
 
     # ---- forward -----------------------------------------------------------------------
     def hidden(self, tokens, *, positions=None, segment_ids=None) -> torch.Tensor:
-        """Final (normed) hidden states [batch, seq, dim] of transformers' base model."""
+        """What the causal-LM class feeds its output head [batch, seq, dim]: the final (normed)
+        hidden states of its base model, or, where the class transforms them first (`head_transform`),
+        the head's input as its own forward computes it (the forward stops there: no logits)."""
         kw = {} if segment_ids is None else {"segment_ids": segment_ids}
-        out = self._base(input_ids=tokens, position_ids=positions, use_cache=False, **kw)
-        return out.last_hidden_state
+        if not self.head_transform:
+            return self._base(input_ids=tokens, position_ids=positions, use_cache=False, **kw).last_hidden_state
+        return head_input(self.hf, input_ids=tokens, position_ids=positions, use_cache=False, **kw)
 
     def _head_input(self, h: torch.Tensor) -> torch.Tensor:
         # the causal-LM class scales its logits; scaling the hidden states instead gives the
@@ -199,13 +243,24 @@ class TransformersCausalLM(nn.Module):
             h = h / self.logits_divisor
         return h
 
+    def head_operands(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(hidden states, weight) whose product is the causal-LM class's logits: a head bias is
+        one more weight column against a constant 1 feature ([h, 1] @ [W, b]^T = h W^T + b), so every
+        loss head, fused_ce included, computes it without knowing there is one."""
+        h, w = self._head_input(h), self.output_weight
+        if not self.head_bias:
+            return h, w
+        bias = self.hf.get_output_embeddings().bias
+        ones = torch.ones(*h.shape[:-1], 1, dtype=h.dtype, device=h.device)
+        return torch.cat([h, ones], dim=-1), torch.cat([w, bias.to(w.dtype)[:, None]], dim=1)
+
     def forward(self, tokens, *, positions=None, segment_ids=None) -> torch.Tensor:
         """Logits [batch, seq, vocab], as the causal-LM class computes them."""
-        h = self._head_input(self.hidden(tokens, positions=positions, segment_ids=segment_ids))
-        return softcap(F.linear(h, self.output_weight), self.final_softcap)
+        h, w = self.head_operands(self.hidden(tokens, positions=positions, segment_ids=segment_ids))
+        return softcap(F.linear(h, w), self.final_softcap)
 
     def loss(self, tokens, labels, *, positions=None, segment_ids=None):
         """Training loss (mean cross-entropy of the valid labels); returns (loss, ce) like the native decoder."""
-        h = self._head_input(self.hidden(tokens, positions=positions, segment_ids=segment_ids))
-        ce = self.loss_head(h, self.output_weight, labels)
+        h, w = self.head_operands(self.hidden(tokens, positions=positions, segment_ids=segment_ids))
+        ce = self.loss_head(h, w, labels)
         return ce, ce

@@ -1,0 +1,53 @@
+"""Whether a model_type's causal-LM class is a causal language model at all, measured on its tiny
+config: transformers' own class (eager attention, fp32, CPU, seeded) on a batch of tokens, then
+on the same batch with its last token changed. A causal LM gives next-token logits over its
+vocabulary, [batch, seq, vocab], and no logit before the changed token moves. A class that fails
+that (an encoder run bidirectionally, a permutation LM, a decoder of audio codebooks) is listed
+as not a causal LM, with what was measured, and is not counted as a failure of the path. A class
+whose forward raises is left to the climb: the eager rung records the error."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from onboard.compat.tiny import NotProbed
+from titan_core.models.transformers.hf_classes import causal_lm_parts, config_object
+
+NOT_CAUSAL = "not a causal LM: "
+"""How a not-probed reason of this kind begins (the tables count these apart)."""
+SEQ = 16
+TOLERANCE = 1e-6
+"""Largest change of an earlier logit, relative to the logits' largest magnitude, still counted
+as unmoved (one fp32 rounding apart where a kernel blocks over the sequence)."""
+
+
+def check_causal(cfg: dict[str, Any], *, seed: int = 0) -> None:
+    """NotProbed(NOT_CAUSAL + what was measured) when the class of `cfg` is not a causal LM."""
+    try:
+        cls, config = causal_lm_parts(config_object(cfg))
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            model = cls._from_config(config, attn_implementation="eager", dtype=torch.float32).eval()
+            vocab = model.get_output_embeddings().weight.shape[0]
+            tokens = torch.randint(0, min(vocab, 256), (2, SEQ))
+        changed = tokens.clone()
+        changed[:, -1] = (changed[:, -1] + 1) % min(vocab, 256)
+        with torch.no_grad():
+            before = model(input_ids=tokens, use_cache=False).logits
+            after = model(input_ids=changed, use_cache=False).logits
+    except Exception:  # noqa: BLE001 -- the climb's eager rung records this class's error
+        return
+    if before.shape != (2, SEQ, vocab):
+        raise NotProbed(
+            f"{NOT_CAUSAL}{cls.__name__} gives logits of shape {tuple(before.shape)} for {SEQ} tokens, "
+            f"not one row of {vocab} per token"
+        )
+    scale = float(before.abs().max()) or 1.0
+    moved = float((after[:, :-1] - before[:, :-1]).abs().max()) / scale
+    if moved > TOLERANCE:
+        raise NotProbed(
+            f"{NOT_CAUSAL}{cls.__name__} changes its logits at earlier positions when the last token "
+            f"changes ({moved:.2g} of their scale): it attends ahead, as an encoder or a permutation LM does"
+        )

@@ -1,0 +1,183 @@
+"""The suite's two whole-ladder climbs, run in the background from the start of the session.
+
+`onboard demo` (test_demo.py) and the port's climb (test_port_ladder.py, port_climb.py) are
+minutes of mostly one-thread work each, and the rest of the suite leaves a core idle for much of
+its time. So tests/conftest.py starts a climb once the session's tests are collected (`start`,
+only for a job whose test is among them) and runs that test last; the test then waits for its
+climb (`wait`) under a load-aware hang guard and asserts on what it left on disk.
+
+Beside other tests a climb runs at a lower priority (NICE): it takes the CPU they leave idle and
+hardly slows them, so it is off the suite's critical path. A session that ends before the tests
+(-x, Ctrl-C) stops each climb's whole process group (`stop_all`).
+
+Imported by tests/conftest.py, which must not import onboard (tests/core runs without it): the
+climbs are subprocesses and this module imports nothing of the project.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from hang_guard import HangGuard, Load
+
+LADDER_TESTS = Path(__file__).resolve().parent / "onboard" / "ladder"
+NICE = 10
+"""A climb's niceness beside other tests (its ranks and parity's pytest inherit it): at 10 the kernel
+gives it about a tenth of a core that a test of the suite wants."""
+
+
+@dataclass(frozen=True)
+class Job:
+    test: str
+    """The node id of the test that asserts on the climb (pytest's, from the repository root)."""
+    what: str
+    """What runs, as a hang guard's failure names it."""
+    argv: Callable[[Path], list]
+    """The command, given the job's folder (a temporary folder of this session)."""
+    hang_guard_s: float
+    """Its hang guard on an idle machine (hang_guard.HangGuard's base)."""
+
+
+JOBS = {
+    "port": Job(
+        "tests/onboard/ladder/test_port_ladder.py::test_a_port_climbs_the_ladder_and_its_recipe_reproduces_the_gates",
+        "the port's climb (port_climb.py)",
+        lambda base: [sys.executable, LADDER_TESTS / "port_climb.py", base],
+        600,
+    ),
+    "demo": Job(
+        "tests/onboard/ladder/test_demo.py::test_demo_climbs_every_built_rung_and_prints_the_ladder",
+        "onboard demo",
+        lambda base: [Path(sys.executable).parent / "onboard", "demo", "--dir", base / "demo"],
+        600,
+    ),
+}
+"""The climbs, in the order their tests run at the end of the session."""
+
+
+@dataclass
+class Run:
+    """One job started in the background."""
+
+    job: Job
+    base: Path
+    """The job's folder; its stdout and stderr are files here."""
+    shared: bool
+    """Other tests of the session run beside it (its test runs last, and the climb at NICE): its wall
+    time is then not the climb's on a machine of its own."""
+    proc: subprocess.Popen
+    started: float = field(default_factory=time.perf_counter)
+    start_load: Load = field(default_factory=Load.now)
+    """The load when it started; a shared climb counts the suite's own process on top of it."""
+    waiting_since: float | None = None
+    """When its test began to wait for it: from then on a shared climb has the machine (but for the
+    climbs whose tests come after)."""
+    ended: float | None = None
+    """When its process ended (a watcher thread's clock: a climb may end long before its test)."""
+
+    @property
+    def stdout(self) -> Path:
+        return self.base / "stdout.txt"
+
+    @property
+    def stderr(self) -> Path:
+        return self.base / "stderr.txt"
+
+    def watch(self) -> None:
+        self.proc.wait()
+        self.ended = time.perf_counter()
+
+    def guard(self) -> HangGuard:
+        """The climb's hang guard, fixed from the load when it started."""
+        what = self.job.what
+        if self.shared:
+            what += " (beside the rest of the suite from its start: the suite's process counted in the load at start)"
+        return HangGuard(what, self.job.hang_guard_s, start=self.start_load)
+
+
+_runs: dict[str, Run] = {}
+
+
+def start(name: str, *, shared: bool) -> Run:
+    """Start job `name` in a new process group (its ranks and parity's pytest with it), output to
+    files: a pipe nobody reads until the end would fill and stop it."""
+    job = JOBS[name]
+    base = Path(tempfile.mkdtemp(prefix=f"pytest-background-{name}-"))
+    with open(base / "stdout.txt", "w") as out, open(base / "stderr.txt", "w") as err:
+        proc = subprocess.Popen(
+            job.argv(base),
+            stdout=out,
+            stderr=err,
+            text=True,
+            start_new_session=True,
+            preexec_fn=(lambda: os.nice(NICE)) if shared else None,
+        )
+    load = Load.now()
+    if shared:  # the suite's own process runs beside it from now on, before the load average sees it
+        load = Load(load.average + 1, load.cores)
+    run = _runs[name] = Run(job=job, base=base, shared=shared, proc=proc, start_load=load)
+    threading.Thread(target=run.watch, name=f"background {name}", daemon=True).start()
+    return run
+
+
+def started(name: str) -> Run:
+    assert name in _runs, f"the background {name} climb was not started (tests/conftest.py starts it)"
+    return _runs[name]
+
+
+def wait(name: str) -> tuple[Run, subprocess.CompletedProcess, float]:
+    """(the run, its finished process, its wall time in seconds). Past the hang guard's timeout the
+    climb is stopped and the test fails with the load and its last output. The timeout counts from
+    the climb's start, or, for a shared climb, from now: until its test, the suite had the machine."""
+    run = started(name)
+    g = run.guard()
+    run.waiting_since = time.perf_counter()
+    left = g.timeout_s - (0.0 if run.shared else run.waiting_since - run.started)
+    try:
+        run.proc.wait(timeout=max(left, 1.0))
+    except subprocess.TimeoutExpired:
+        _stop(run)
+        g.fail(f"last output:\n{_tail(run.stderr)}")
+    wall = (run.ended or time.perf_counter()) - run.started
+    done = subprocess.CompletedProcess(run.proc.args, run.proc.returncode, run.stdout.read_text(), _tail(run.stderr))
+    return run, done, wall
+
+
+def _tail(path: Path, n: int = 4000) -> str:
+    try:
+        return path.read_text(errors="replace")[-n:]
+    except OSError:
+        return ""
+
+
+def _stop(run: Run) -> None:
+    if run.proc.poll() is not None:
+        return
+    try:
+        os.killpg(run.proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    run.proc.wait()
+
+
+def stop_all() -> None:
+    """Stop every climb still running (a session that ended before its test)."""
+    for run in _runs.values():
+        _stop(run)
+
+
+def clean_all() -> None:
+    """Remove the climbs' folders (a session that passed; a failed one keeps them to read)."""
+    for run in _runs.values():
+        if run.proc.poll() is not None:
+            shutil.rmtree(run.base, ignore_errors=True)

@@ -1,0 +1,102 @@
+"""The harness's timing profile: `shipped` (the checklists' own `params.timing`) unless a process
+names another; `quick` changes the timing params and nothing else; every attempt of a rung whose
+checklist times decisions records the profile and the protocol it ran, and `status --json` and
+REPORT.md say it."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+from ladder_fakes import CHECKLISTS, FakeRung
+from typer.testing import CliRunner
+
+from onboard.cli.app import app
+from onboard.engine.gates import parse_checklist
+from onboard.engine.ladder import RUNGS, RungSpec, next_step
+from onboard.report.write import write_report_files
+from onboard.rungs import harness
+from titan_core.measure.timing import TimingProtocol
+
+TIMED = [r for r in RUNGS if "timing" in harness.checklist(r).params]
+
+
+def test_the_rungs_that_time_decisions_and_the_shipped_default():
+    assert TIMED == ["simple_fsdp", "graph_trainer", "kernels", "tuning"]  # compile's choice is graph_trainer's
+    assert harness.timing_profile() == harness.SHIPPED == "shipped"
+    for rung in TIMED:
+        assert harness.param(rung, "timing") == harness.checklist(rung).params["timing"]
+
+
+def test_the_quick_profile_changes_the_timing_params_and_nothing_else():
+    shipped = {r: harness.checklist(r) for r in RUNGS}
+    with harness.timing_profile_of("quick"):
+        assert harness.timing_profile() == "quick"
+        for rung in RUNGS:
+            c = harness.checklist(rung)
+            assert c is shipped[rung]  # the criteria and thresholds the engine judges with: as shipped
+            for name, value in c.params.items():
+                got = harness.param(rung, name)
+                if name == "timing":
+                    assert got == {**value, **harness.TIMING_PROFILES["quick"]} != value
+                else:
+                    assert got == value, (rung, name)
+        quick = TimingProtocol.from_dict(harness.param("kernels", "timing"))
+        shipped_kernels = TimingProtocol.from_dict(shipped["kernels"].params["timing"])
+        assert (quick.max_rounds, quick.min_rounds, quick.max_seconds) == (3, 2, 2.0)
+        assert (quick.ci_half_width, quick.confidence) == (shipped_kernels.ci_half_width, shipped_kernels.confidence)
+    assert harness.timing_profile() == "shipped"
+
+
+def test_an_unknown_profile_is_refused_and_an_error_inside_restores_the_profile():
+    with pytest.raises(ValueError, match="unknown timing profile 'fast'"):
+        harness.use_timing_profile("fast")
+    with pytest.raises(RuntimeError), harness.timing_profile_of("quick"):
+        raise RuntimeError("a rung crashed")
+    assert harness.timing_profile() == "shipped"
+
+
+class TimingRung(FakeRung):
+    """A fake rung that times with `harness.param(TIMES_AS, "timing")` and says what it got."""
+
+    TIMES_AS = "kernels"
+
+    def run(self, ctx):
+        result = super().run(ctx)
+        result.details["protocol_used"] = harness.param(self.TIMES_AS, "timing")
+        return result
+
+
+def fake_specs() -> list[RungSpec]:
+    """eager: a checklist without params.timing; parity: one with the kernels rung's timing params."""
+    timed = {**CHECKLISTS["parity"], "params": {"timing": harness.checklist(TimingRung.TIMES_AS).params["timing"]}}
+    lists = {"eager": CHECKLISTS["eager"], "parity": timed}
+    out = []
+    for rung in RUNGS:
+        if rung in lists:
+            checklist = parse_checklist(yaml.safe_load(yaml.safe_dump(lists[rung])), f"fake {rung}")
+            module = TimingRung(rung, {"score": 2.0, "flag": True, "diff": 0.5})
+            out.append(RungSpec(rung, None, module=module, checklist=checklist))
+        else:
+            out.append(RungSpec(rung, None))
+    return out
+
+
+def test_each_attempt_records_the_profile_it_timed_with_and_status_and_the_report_say_it(debug_ws):
+    sp = fake_specs()
+    with harness.timing_profile_of("quick"):
+        assert [next_step(debug_ws, specs=sp).status for _ in range(2)] == ["passed", "passed"]
+    eager, parity = json.loads((debug_ws.root / "ladder.json").read_text())["attempts"]
+    # a rung whose checklist times nothing has nothing to say
+    assert "timing_profile" not in eager["details"] and "timing_protocol" not in eager["details"]
+    d = parity["details"]
+    assert d["timing_profile"] == "quick" and d["timing_protocol"] == d["protocol_used"]
+    assert d["timing_protocol"]["max_rounds"] == 3 != harness.checklist("kernels").params["timing"]["max_rounds"]
+
+    status = CliRunner().invoke(app, ["status", debug_ws.name, "--dir", str(debug_ws.root.parent.parent), "--json"])
+    assert status.exit_code == 0, status.stdout
+    rungs = {r["rung"]: r for r in json.loads(status.stdout)["rungs"]}
+    assert (rungs["eager"]["timing_profile"], rungs["parity"]["timing_profile"]) == (None, "quick")
+    report = write_report_files(debug_ws, sp).markdown.read_text()
+    assert "| timing profile | quick: **shortened, not the checklist's protocol**" in report

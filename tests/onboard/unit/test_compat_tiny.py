@@ -1,0 +1,98 @@
+"""The compat probe's tiny configs: built through each config class's own constructor arguments
+(whatever it names its sizes), hybrids kept hybrid, composite configs shrunk in their text config,
+a validator's refusal answered by the next relaxation, and each tiny config buildable by the
+transformers path at a size a CPU climbs."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+pytestmark = pytest.mark.hf
+
+from onboard.compat.tiny import MAX_PARAMS, NotProbed, tiny_config  # noqa: E402
+from titan_core.models.transformers.hf_classes import config_object  # noqa: E402
+
+
+def built(cfg: dict) -> torch.nn.Module:
+    """The transformers path's model of `cfg`, on meta."""
+    from titan_core.models.transformers import ADAPTER, TransformersCausalLM
+
+    args, _ = ADAPTER.args_from_hf(cfg)
+    with torch.device("meta"):
+        return TransformersCausalLM(args)
+
+
+def n_params(model) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
+def test_sizes_go_under_the_names_the_class_gives_them():
+    gpt2 = tiny_config("gpt2")
+    assert (gpt2["n_embd"], gpt2["n_layer"], gpt2["n_head"], gpt2["vocab_size"]) == (64, 2, 4, 256)
+    assert gpt2["attn_pdrop"] == gpt2["resid_pdrop"] == gpt2["embd_pdrop"] == 0.0
+    # Falcon: key/value heads are `num_kv_heads`, and head_dim is derived (a property, not an argument)
+    falcon = tiny_config("falcon")
+    assert (falcon["hidden_size"], falcon["num_kv_heads"]) == (64, 2) and "head_dim" not in falcon
+    assert config_object(falcon).head_dim == 16
+
+
+def test_a_hybrid_keeps_one_layer_of_each_kind():
+    cfg = tiny_config("gemma3_text")  # five sliding-window layers to one global in the full model
+    assert cfg["layer_types"] == ["sliding_attention", "full_attention"] and cfg["num_hidden_layers"] == 2
+    assert cfg["sliding_window"] == 32
+    qwen3_next = tiny_config("qwen3_next")  # linear attention beside full attention
+    assert set(qwen3_next["layer_types"]) == {"linear_attention", "full_attention"}
+    assert qwen3_next["num_hidden_layers"] == len(qwen3_next["layer_types"])
+
+
+def test_a_model_whose_first_layers_are_dense_keeps_an_moe_layer():
+    cfg = tiny_config("deepseek_v3")
+    assert (cfg["first_k_dense_replace"], cfg["num_hidden_layers"], cfg["n_routed_experts"]) == (1, 2, 4)
+    assert (cfg["kv_lora_rank"], cfg["q_lora_rank"], cfg["v_head_dim"]) == (32, 32, 16)
+    assert n_params(built(cfg)) < MAX_PARAMS
+
+
+def test_a_validator_refusal_is_answered_by_the_next_relaxation():
+    # ZAYA's validator allows one expert per token only; the other tiny sizes stay
+    cfg = tiny_config("zaya")
+    assert (cfg["num_experts_per_tok"], cfg["hidden_size"], cfg["num_experts"]) == (1, 64, 4)
+
+
+def test_a_composite_config_is_shrunk_in_its_text_config():
+    cfg = tiny_config("gemma3")
+    assert cfg["model_type"] == "gemma3"
+    text = cfg["text_config"]
+    assert (text["hidden_size"], text["num_hidden_layers"], text["vocab_size"]) == (64, 2, 256)
+    model = built(cfg)
+    assert type(model.hf).__name__ == "Gemma3ForCausalLM" and n_params(model) < MAX_PARAMS
+
+
+def test_an_encoder_built_inside_the_causal_lm_is_shrunk_too():
+    # GIT's causal-LM class holds its image encoder: its vision config is made tiny with the rest
+    cfg = tiny_config("git")
+    assert cfg["vision_config"]["hidden_size"] == 64
+    assert n_params(built(cfg)) < MAX_PARAMS
+
+
+def test_a_class_that_cannot_be_built_small_is_not_probed_with_why():
+    with pytest.raises(NotProbed, match="transformers has no config class for 'no_such_model'"):
+        tiny_config("no_such_model")
+    with pytest.raises(NotProbed, match="MusicgenConfig holds no single text config"):
+        tiny_config("musicgen")
+
+
+@pytest.mark.parametrize("model_type", ["llama", "phi", "roberta", "jamba", "nemotron_h", "lfm3", "mllama", "falcon"])
+def test_the_architectures_the_issue_names_build_tiny(model_type):
+    model = built(tiny_config(model_type))
+    assert 0 < n_params(model) < MAX_PARAMS and len(model.layers) >= 2
+
+
+def test_a_class_that_attends_ahead_is_measured_not_to_be_a_causal_lm():
+    from onboard.compat.causal import NOT_CAUSAL, check_causal
+
+    check_causal(tiny_config("llama"))  # causal: nothing raised
+    check_causal(tiny_config("roberta"))  # an encoder class as the decoder its config says it is (is_decoder)
+    with pytest.raises(NotProbed, match=f"^{NOT_CAUSAL}XLNetLMHeadModel changes its logits at earlier positions"):
+        check_causal(tiny_config("xlnet"))  # a permutation LM

@@ -1,0 +1,225 @@
+"""The transformers path on stacks that are not one attention layer repeated under `model.layers`:
+hybrids (Mamba beside attention), attention computed inline, layer lists kept elsewhere (an
+encoder used as a decoder, the decoder half of an encoder-decoder), composite configs (the text
+model of a multimodal config), a head with a bias or a transform before it, attention sinks.
+
+Each is checked the one way that proves it: the same weights in transformers' own class (eager
+attention, fp32) give the same logits, and the same loss and gradients where the head changed.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from titan_core.config.sections import Kernels
+from titan_core.config.swaps import apply_swaps
+from titan_core.kernels import swaps_for
+from titan_core.kernels.attention import KernelUnavailable
+from titan_core.models.common.attention import NaiveAttention, SDPAttention
+from titan_core.measure.numerics import rel_l2
+from titan_core.models.registry import build_meta
+
+transformers = pytest.importorskip("transformers")
+pytestmark = pytest.mark.hf
+
+SMALL = dict(hidden_size=64, num_attention_heads=4, intermediate_size=128, vocab_size=256,
+             max_position_embeddings=256)  # fmt: skip
+
+
+def ours(config):
+    """The transformers path's model of `config`, as the trainer builds it (meta, materialised, seeded)."""
+    from titan_core.models.transformers import ADAPTER
+
+    args, _ = ADAPTER.args_from_hf(config.to_dict())
+    model = build_meta("transformers", args)
+    model.to_empty(device="cpu")
+    model.init_weights(seed=0)
+    return model
+
+
+def theirs(model, config):
+    """transformers' own class of what `model` runs, eager attention, loaded with `model`'s weights."""
+    from titan_core.models.transformers.hf_classes import causal_lm_parts
+
+    cls, cfg = causal_lm_parts(config)
+    ref = cls._from_config(cfg, attn_implementation="eager", dtype=torch.float32)
+    assert ref.load_state_dict(model.state_dict(), strict=True)
+    return ref.eval()
+
+
+def tokens(n: int = 24, seed: int = 0) -> torch.Tensor:
+    return torch.randint(0, 256, (2, n), generator=torch.Generator().manual_seed(seed))
+
+
+def same_logits(model, ref, toks=None) -> float:
+    toks = tokens() if toks is None else toks
+    model.eval()
+    with torch.no_grad():
+        return rel_l2(model(toks), ref(input_ids=toks, use_cache=False).logits)
+
+
+def test_a_head_bias_reaches_the_loss_and_fused_ce():
+    config = transformers.PhiConfig(**SMALL, num_hidden_layers=2, resid_pdrop=0.0, embd_pdrop=0.0)
+    model = ours(config)
+    assert model.head_bias
+    with torch.no_grad():
+        model.lm_head.bias.normal_()  # transformers inits it at 0, where dropping it would not show
+    ref = theirs(model, config)
+    full = tokens(33)
+    _, ce = model.loss(full[:, :-1], full[:, 1:])
+    want = ref(input_ids=full, labels=full, use_cache=False).loss
+    assert abs(ce.item() - want.item()) <= 1e-6 * want.item()
+    ce.backward()
+    want.backward()
+    assert rel_l2(model.lm_head.bias.grad, ref.lm_head.bias.grad) < 1e-5
+    assert same_logits(model, ref) < 1e-6
+    # fused_ce computes the same loss from the same operands: the bias is a weight column to it
+    apply_swaps(model, swaps_for(Kernels(loss="fused_ce")))
+    _, fused = model.loss(full[:, :-1], full[:, 1:])
+    assert abs(fused.item() - ce.item()) <= 1e-6 * ce.item()
+
+
+def test_a_hybrid_runs_kernels_in_its_attention_layers_and_the_others_as_written():
+    # layer 1 attends, layer 0 is a Mamba mixer
+    config = transformers.JambaConfig(**SMALL, num_hidden_layers=2, num_key_value_heads=2, attn_layer_period=2,
+                                      attn_layer_offset=1, expert_layer_period=4, num_experts=2,
+                                      use_mamba_kernels=False)  # fmt: skip
+    model = ours(config)
+    assert model.attention_sites.paths == {1: ["self_attn"]} and list(model.attention_sites.own) == [0]
+    assert len(model.notes) == 1 and "layers 0 (JambaMambaDecoderLayer" in model.notes[0]
+    assert [type(c) for c in model.attention_cores()] == [SDPAttention]
+    ref = theirs(model, config)
+    assert same_logits(model, ref) < 1e-5
+    # kernels.attention lands on the attention layer only
+    swapped = apply_swaps(model, ["attention.naive"])
+    assert list(swapped) == ["model.layers.1.self_attn.core"]
+    assert same_logits(model, ref) < 1e-5
+
+
+def test_attention_computed_inline_gets_transformers_masks():
+    # MPT computes attention in its own forward, from the mask transformers builds: causal only with one
+    config = transformers.MptConfig(d_model=64, n_heads=4, n_layers=2, vocab_size=256, max_seq_len=256)
+    model = ours(config)
+    assert list(model.attention_sites.own) == [0, 1] and list(model.attention_cores()) == []
+    assert model.hf.config._attn_implementation == "titan_masked"
+    ref = theirs(model, config)
+    toks = tokens()
+    assert same_logits(model, ref, toks) < 1e-6
+    # causal: a later token does not change an earlier logit
+    changed = toks.clone()
+    changed[:, -1] = (changed[:, -1] + 1) % 256
+    with torch.no_grad():
+        assert torch.equal(model(toks)[:, :-1], model(changed)[:, :-1])
+
+
+@pytest.mark.parametrize(
+    "make, where",
+    [
+        # the decoder half of an encoder-decoder: its depth is decoder_layers, not num_hidden_layers
+        (lambda: transformers.BartConfig(d_model=64, encoder_layers=1, decoder_layers=2, encoder_attention_heads=4,
+                                         decoder_attention_heads=4, encoder_ffn_dim=128, decoder_ffn_dim=128,
+                                         vocab_size=256, max_position_embeddings=256, dropout=0.0,
+                                         attention_dropout=0.0, activation_dropout=0.0),
+         "model.decoder.layers"),
+        # an encoder used as a decoder: layers under encoder.layer, a transform before the head
+        (lambda: transformers.BertConfig(**SMALL, num_hidden_layers=2, is_decoder=True, hidden_dropout_prob=0.0,
+                                         attention_probs_dropout_prob=0.0),
+         "bert.encoder.layer"),
+    ],  # fmt: skip
+    ids=["bart", "bert"],
+)
+def test_layers_are_found_wherever_the_class_keeps_them(make, where):
+    config = make()
+    model = ours(config)
+    assert model.base_prefix == where and len(model.layers) == 2
+    assert len(list(model.attention_cores())) == 2
+    ref = theirs(model, config)
+    assert same_logits(model, ref) < 1e-5
+    # the loss of next-token labels on those logits (upstream's own loss does not always shift: BART's does not)
+    full = tokens(33)
+    _, ce = model.loss(full[:, :-1], full[:, 1:])
+    with torch.no_grad():
+        logits = ref(input_ids=full[:, :-1], use_cache=False).logits
+    want = torch.nn.functional.cross_entropy(logits.flatten(0, 1), full[:, 1:].flatten())
+    assert abs(ce.item() - want.item()) <= 1e-5 * want.item()
+
+
+def test_bert_as_an_encoder_is_refused_not_run_bidirectionally():
+    config = transformers.BertConfig(**SMALL, num_hidden_layers=2, is_decoder=False)
+    model = ours(config)
+    assert "its attention is not causal" in model.notes[0]
+    with pytest.raises(KernelUnavailable, match="BertSelfAttention is not causal.*is_decoder = true"):
+        model.loss(tokens(), tokens())
+
+
+def test_a_composite_config_builds_and_exports_its_text_model():
+    from titan_core.models.transformers import ADAPTER
+
+    text = dict(**SMALL, num_hidden_layers=2, num_key_value_heads=2, head_dim=16, sliding_window=8)
+    config = transformers.Gemma3Config(text_config=text)
+    model = ours(config)
+    assert type(model.hf).__name__ == "Gemma3ForCausalLM"
+    assert sum(p.numel() for p in model.parameters()) == sum(p.numel() for p in theirs(model, config).parameters())
+    assert same_logits(model, theirs(model, config)) < 1e-5
+    exported = ADAPTER.hf_config(ADAPTER.args_from_hf(config.to_dict())[0])
+    assert exported["model_type"] == "gemma3_text" and exported["architectures"] == ["Gemma3ForCausalLM"]
+    assert exported["num_hidden_layers"] == 2
+
+
+def test_attention_sinks_run_in_the_naive_core_and_other_kernels_refuse_them():
+    config = transformers.GptOssConfig(**SMALL, num_hidden_layers=2, num_key_value_heads=2, head_dim=16,
+                                       num_local_experts=4, num_experts_per_tok=2, sliding_window=8)  # fmt: skip
+    model = ours(config)
+    assert [type(c) for c in model.attention_cores()] == [NaiveAttention, NaiveAttention]
+    with torch.no_grad():
+        for layer in model.layers.values():
+            layer.self_attn.sinks.normal_()  # transformers inits them at 0
+    ref = theirs(model, config)
+    assert same_logits(model, ref) < 1e-5
+    apply_swaps(model, ["attention.sdpa"])
+    with pytest.raises(KernelUnavailable, match="attention sinks.*kernels.attention=naive"):
+        model.loss(tokens(), tokens())
+
+
+def test_tensors_transformers_init_leaves_alone_get_their_constructor_values():
+    # Apertus' xIELU keeps alpha/beta as parameters set in __init__: to_empty made them garbage
+    config = transformers.ApertusConfig(**SMALL, num_hidden_layers=2, num_key_value_heads=2)
+    model = ours(config)  # built on meta, materialised, seeded init, as the trainer does
+    fresh = transformers.ApertusForCausalLM._from_config(config, dtype=torch.float32)
+    act, want = model.layers["1"].mlp.act_fn, fresh.model.layers[1].mlp.act_fn
+    for name in ("alpha_p", "alpha_n", "beta"):
+        assert torch.equal(getattr(act, name), getattr(want, name)), name
+    assert not any(torch.isnan(p).any() for p in model.parameters())
+    full = tokens(33)
+    _, ce = model.loss(full[:, :-1], full[:, 1:])
+    assert abs(ce.item() - math.log(256)) > 1e-3  # not the uniform logits of an activation stuck at zero
+
+
+def test_a_class_with_its_own_attention_table_runs_its_eager_attention_as_written():
+    # Falcon picks its attention module from a table of its own, which knows no titan_core name
+    config = transformers.FalconConfig(hidden_size=64, num_attention_heads=4, num_hidden_layers=2, vocab_size=256,
+                                       hidden_dropout=0.0, attention_dropout=0.0)  # fmt: skip
+    model = ours(config)
+    assert list(model.attention_sites.own) == [0, 1] and list(model.attention_cores()) == []
+    assert "layers 0, 1 (FalconDecoderLayer" in model.notes[0]
+    ref = theirs(model, config)
+    toks = tokens()
+    assert same_logits(model, ref, toks) < 1e-6
+    changed = toks.clone()
+    changed[:, -1] = (changed[:, -1] + 1) % 256
+    with torch.no_grad():  # causal: a later token does not change an earlier logit
+        assert torch.equal(model(toks)[:, :-1], model(changed)[:, :-1])
+
+
+def test_a_size_that_varies_by_layer_is_read_for_the_estimates_as_its_largest():
+    from titan_core.models.transformers import ADAPTER
+
+    config = transformers.AutoConfig.for_model("gemma4_text", **SMALL, num_hidden_layers=2, head_dim=16,
+                                               global_head_dim=32)  # fmt: skip
+    with pytest.raises(Exception, match="per-layer attribute"):
+        config.head_dim  # noqa: B018 -- transformers refuses the global read
+    args, _ = ADAPTER.args_from_hf(config.to_dict())
+    assert args.head_dim == max(layer.head_dim for layer in config.per_layer_config) == 32
