@@ -106,7 +106,7 @@ def compat_cmd(
             results=results,
             resume=resume,
             jobs=jobs,
-            log=lambda line: print(line, file=sys.stderr, flush=True),
+            log=_line_to_stderr,
         )
         if out.json:
             out.emit(result)
@@ -122,3 +122,10 @@ def compat_cmd(
         return 0
 
     run_command(json_out, body)
+
+
+def _line_to_stderr(line: str) -> None:
+    # one write per line: with --jobs, probes log from several threads, and print's separate
+    # write of the newline would let their lines run together
+    sys.stderr.write(line + "\n")
+    sys.stderr.flush()

@@ -40,6 +40,9 @@ ROLES: dict[str, tuple[int, tuple[str, ...]]] = {
     "positions": (512, ("max_position_embeddings", "n_positions", "n_ctx", "max_target_positions")),
     "experts": (4, ("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts")),
     "experts_per_token": (2, ("num_experts_per_tok", "top_k_experts", "moe_topk")),
+    # group-limited routing (DeepSeek-V3): 2 groups of the 4 experts, the best 1 group's 2 chosen from
+    "expert_groups": (2, ("n_group", "num_expert_group")),
+    "chosen_groups": (1, ("topk_group",)),
     "expert_ffn": (
         32,
         (
@@ -234,6 +237,8 @@ def tiny_arguments(cls, default: dict[str, Any]) -> dict[str, Any]:
         and (isinstance(default.get(name), int) or (name in derived and default.get(name) is None))
         and not isinstance(default.get(name), bool)
     }
+    if any(name in kw for name in ROLES["latent_rank"][1]):  # latent attention expands keys to every head
+        kw.update(_relax(kw, {"kv_heads": "heads"}))
     kw.update({k: v for k, v in FLAGS.items() if k in fields})
     kw.update(_layer_lists(fields, default, kw))
     kw.update(_special_tokens(default))

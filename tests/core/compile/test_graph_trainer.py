@@ -64,6 +64,24 @@ def test_parameters_are_graph_inputs_not_constants():
     assert len([n for n in step.captured.gm.graph.nodes if n.op == "placeholder"]) == len(flat)
 
 
+def test_a_frozen_parameter_is_a_graph_input_and_the_step_matches_eager():
+    """A parameter that does not require grad (AFMoE's router bias) is read, not updated: it enters
+    the graph as an input (not a real-tensor constant, which fake tracing refuses), and a change
+    to it after capture reaches the captured program."""
+    model, opt = build("llama3")
+    frozen = model.norm.weight
+    frozen.requires_grad_(False)
+    opt.param_groups[0]["params"] = [p for p in opt.param_groups[0]["params"] if p is not frozen]
+    step = GraphTrainStep(model, opt, max_norm=1.0, grad_accum=1, config=GraphTrainer())
+    (b,) = batches(1)
+    step.capture([b])
+    assert "norm.weight" in step.layout.buffer_names and "norm.weight" not in step.layout.param_names
+    with torch.no_grad():
+        frozen.mul_(1.5)
+        want, _ = model.loss(b.tokens, b.labels)
+    assert torch.equal(step.captured.gm(*step.inputs([b]))[0], want)
+
+
 def test_both_execution_modes_is_a_config_error(tmp_path):
     with pytest.raises(ConfigError, match="pick one"):
         Trainer(

@@ -96,3 +96,17 @@ def test_a_class_that_attends_ahead_is_measured_not_to_be_a_causal_lm():
     check_causal(tiny_config("roberta"))  # an encoder class as the decoder its config says it is (is_decoder)
     with pytest.raises(NotProbed, match=f"^{NOT_CAUSAL}XLNetLMHeadModel changes its logits at earlier positions"):
         check_causal(tiny_config("xlnet"))  # a permutation LM
+
+
+def test_latent_attention_and_group_routing_get_sizes_that_run():
+    # multi-head latent attention expands keys to every head; group-limited routing needs its
+    # groups to divide the experts: transformers' own class then runs the tiny config
+    cfg = tiny_config("deepseek_v3")
+    assert cfg["num_key_value_heads"] == cfg["num_attention_heads"] == 4
+    assert (cfg["n_group"], cfg["topk_group"]) == (2, 1)
+    model = built(cfg)
+    model.to_empty(device="cpu")
+    model.init_weights(seed=0)
+    toks = torch.randint(0, 256, (2, 16))
+    loss, _ = model.loss(toks, toks)
+    assert torch.isfinite(loss)

@@ -56,6 +56,7 @@ class StepLayout:
 
     param_names: list[str]
     buffer_names: list[str]
+    """What the step reads and never updates (`read_only_tensors`): buffers, frozen parameters."""
     group_of: list[int]
     """AdamW param-group index of each parameter."""
     hypers: list[fo.GroupHyper]
@@ -67,6 +68,8 @@ class StepLayout:
     """Per parameter: None for a plain tensor, or the ParamSpec of a sharded (DTensor) one."""
     dp_world: int = 1
     """Data-parallel ranks: the loss weights of titan_core/training/token_mean.py use it."""
+    buffer_specs: list = field(default_factory=list)
+    """Per read-only tensor: None, or the ParamSpec of a sharded frozen parameter."""
 
     @property
     def n_params(self) -> int:
@@ -147,6 +150,15 @@ class _RegionTagger:
                 h.remove()
 
 
+def read_only_tensors(model: nn.Module) -> list[tuple[str, torch.Tensor]]:
+    """(name, tensor) of what the step reads and never updates, in the order the graph takes them:
+    the buffers, then the parameters that do not require grad (AFMoE's router `expert_bias`).
+    They are graph inputs like the parameters: a tensor left out would be baked into the capture as
+    a constant (a real tensor inside fake tracing, which make_fx refuses)."""
+    frozen = [(n, p) for n, p in model.named_parameters() if not p.requires_grad]
+    return [*model.named_buffers(), *frozen]
+
+
 def step_layout(
     model: nn.Module, optimizer: torch.optim.Optimizer, batch, grad_accum: int, max_norm: float, *, dp_world: int = 1
 ) -> StepLayout:
@@ -162,11 +174,13 @@ def step_layout(
         group_of.append(group_index[id(p)])
         specs.append(param_spec(p))
     fields = tuple(f for f in BATCH_FIELDS if getattr(batch, f) is not None)
+    read_only = read_only_tensors(model)
     if fields[:2] != ("tokens", "labels"):
         raise CaptureError("a batch needs tokens and labels")
     return StepLayout(
         param_names=names,
-        buffer_names=[n for n, _ in model.named_buffers()],
+        buffer_names=[n for n, _ in read_only],
+        buffer_specs=[param_spec(t) for _, t in read_only],
         group_of=group_of,
         hypers=hypers,
         batch_fields=fields,
@@ -230,7 +244,8 @@ def make_step_fn(model: nn.Module, layout: StepLayout, *, scan_layers: bool = Fa
             leaves = [p.detach().requires_grad_(True) for p in packing.pack(params)]
             n_out = len(pnames)
             values = [as_param(leaf, spec) for leaf, spec in zip(leaves[:n_out], packing.pick(layout.specs))]
-            state = dict(zip(pnames, values)) | dict(zip(bnames, buffers))
+            read_only = [as_param(b, spec) for b, spec in zip(buffers, layout.buffer_specs or [None] * len(buffers))]
+            state = dict(zip(pnames, values)) | dict(zip(bnames, read_only))
             total, grads = None, None
             for mb in micro:
                 tagger.enter(region="forward")

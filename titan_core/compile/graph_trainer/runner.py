@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from titan_core.compile.graph_trainer import functional_optim as fo
-from titan_core.compile.graph_trainer.capture import CapturedStep, capture_train_step, step_layout
+from titan_core.compile.graph_trainer.capture import CapturedStep, capture_train_step, read_only_tensors, step_layout
 from titan_core.compile.graph_trainer.params import local_tensor
 from titan_core.compile.graph_trainer.passes import PassRecord, build_pipeline, run_passes
 from titan_core.compile.graph_trainer.registry import PassSettings
@@ -124,7 +124,7 @@ class GraphTrainStep:
         device = local_tensor(self.params[0]).device
         step = int(states[0]["step"]) + 1  # a CPU tensor: reading it does not wait for the device
         flat = [local_tensor(p.detach()) for p in self.params]
-        flat += [b for _, b in self.model.named_buffers()]
+        flat += [local_tensor(t.detach()) for _, t in read_only_tensors(self.model)]
         flat += [local_tensor(s["exp_avg"]) for s in states] + [local_tensor(s["exp_avg_sq"]) for s in states]
         flat += self._scalars(step, device)
         for b in batches:

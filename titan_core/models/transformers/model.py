@@ -90,14 +90,25 @@ def _build_hf(cls: type, config) -> nn.Module:
     attention module from a table of its own (Falcon, GIT, GPT-Neo) knows no such name, and is built
     with transformers' eager attention instead: no module of it then calls the attention interface,
     so its layers run as transformers wrote them (`attention_sites`, and `notes` says so)."""
+    # experts that stay transformers' own (not of the usual structure: experts.py) run its plain
+    # per-expert loop: its grouped_mm dispatch takes fp32 on a CPU eagerly, but its fake kernel
+    # (the Graph Trainer's capture) accepts bf16 only
+    kw = {"dtype": torch.float32, "experts_implementation": "eager"} if _sets_experts(cls) else {"dtype": torch.float32}
     config._attn_implementation = MODULE_CORE
     try:
-        return cls._from_config(config, attn_implementation=MODULE_CORE, dtype=torch.float32)
+        return cls._from_config(config, attn_implementation=MODULE_CORE, **kw)
     except KeyError as e:
         if e.args != (MODULE_CORE,):
             raise
     config._attn_implementation = "eager"
-    return cls._from_config(config, attn_implementation="eager", dtype=torch.float32)
+    return cls._from_config(config, attn_implementation="eager", **kw)
+
+
+def _sets_experts(cls: type) -> bool:
+    """Whether transformers lets `cls` choose its experts implementation (an MoE built with
+    `@use_experts_implementation`)."""
+    can = getattr(cls, "_can_set_experts_implementation", None)
+    return bool(can and can())
 
 
 class TransformersCausalLM(nn.Module):
