@@ -31,6 +31,8 @@ ROLES: dict[str, tuple[int, tuple[str, ...]]] = {
     ),
     "kv_heads": (2, ("num_key_value_heads", "num_kv_heads", "n_kv_heads", "multi_query_group_num")),
     "head_dim": (16, ("head_dim", "kv_channels", "d_head", "dim_head", "attention_head_size", "attention_head_dim")),
+    "global_head_dim": (32, ("global_head_dim",)),
+    "rotary_dim": (8, ("rotary_dim",)),  # partial rotary (GPT-J, CodeGen): half the tiny head  # Gemma-4's full-attention layers: wider than the others
     "ffn": (
         128,
         ("intermediate_size", "n_inner", "ffn_dim", "ffn_hidden_size", "decoder_ffn_dim", "d_ff", "dim_ff", "dff"),
@@ -39,7 +41,7 @@ ROLES: dict[str, tuple[int, tuple[str, ...]]] = {
     "per_layer_input": (16, ("hidden_size_per_layer_input",)),  # Gemma-3n/4's per-layer embeddings
     "positions": (512, ("max_position_embeddings", "n_positions", "n_ctx", "max_target_positions")),
     "experts": (4, ("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts")),
-    "experts_per_token": (2, ("num_experts_per_tok", "top_k_experts", "moe_topk")),
+    "experts_per_token": (2, ("num_experts_per_tok", "top_k_experts", "moe_topk", "moe_k")),
     # group-limited routing (DeepSeek-V3): 2 groups of the 4 experts, the best 1 group's 2 chosen from
     "expert_groups": (2, ("n_group", "num_expert_group")),
     "chosen_groups": (1, ("topk_group",)),
@@ -73,13 +75,14 @@ ROLES: dict[str, tuple[int, tuple[str, ...]]] = {
     "window": (32, ("sliding_window", "sliding_window_size", "attention_window_size")),
 }
 """Each size the probe sets, by role: (tiny value, the constructor arguments that carry it in some
-class). An argument is set only where the class has it with an integer default (or a DERIVED
-role's None): a default of None otherwise means the class lacks the feature (no window), and the
-probe adds no feature the architecture does not have. A window (32) is below SEQ_LEN, so a
+class). An argument is set only where the class has it with a larger integer default (or a
+DERIVED role's None): a default of None otherwise means the class lacks the feature (no window),
+and the probe adds no feature the architecture does not have (`_shrinks`). A window (32) is below SEQ_LEN, so a
 windowed model really masks."""
-DERIVED = ("kv_heads", "head_dim")
+DERIVED = ("kv_heads", "head_dim", "experts_per_token")
 """Roles set even where the class's default is None: it derives them (head_dim = hidden / heads,
-as many key/value heads as heads), and some classes' models read the None before deriving."""
+as many key/value heads as heads), and some classes' models read the None before deriving
+(DeepSeek-V2's router reads a top-k of None)."""
 SIZES = {name: value for value, names in ROLES.values() for name in names}
 """Every constructor argument the probe may set, with its tiny value."""
 FLAGS = {"is_decoder": True, "causal": True}
@@ -230,13 +233,9 @@ def tiny_arguments(cls, default: dict[str, Any]) -> dict[str, Any]:
     the class's default config as a dict; the values a constructor fills in stay the class's)."""
     fields = {f.name for f in dataclasses.fields(cls)}
     derived = {name for role in DERIVED for name in ROLES[role][1]}
-    kw = {
-        name: value
-        for name, value in SIZES.items()
-        if name in fields
-        and (isinstance(default.get(name), int) or (name in derived and default.get(name) is None))
-        and not isinstance(default.get(name), bool)
-    }
+    kw = {name: value for name, value in SIZES.items() if name in fields and _shrinks(default.get(name), value, name in derived)}
+    if "group" in str(default.get("topk_method", "")):  # group-limited routing with groups the class derives
+        kw.update({n: ROLES[r][0] for r in ("expert_groups", "chosen_groups") for n in ROLES[r][1] if n in fields})
     if any(name in kw for name in ROLES["latent_rank"][1]):  # latent attention expands keys to every head
         kw.update(_relax(kw, {"kv_heads": "heads"}))
     kw.update({k: v for k, v in FLAGS.items() if k in fields})
@@ -244,6 +243,15 @@ def tiny_arguments(cls, default: dict[str, Any]) -> dict[str, Any]:
     kw.update(_special_tokens(default))
     kw.update({k: 0.0 for k, v in default.items() if k in fields and _is_dropout(k) and isinstance(v, float) and v > 0})
     return kw
+
+
+def _shrinks(default: Any, tiny: int, derived: bool) -> bool:
+    """Whether the tiny value replaces the class's default: only a larger integer (a count of 0, a
+    single key/value head or one expert per token stay as they are: the probe adds no feature and
+    removes no structure), or a None the class derives."""
+    if default is None:
+        return derived
+    return isinstance(default, int) and not isinstance(default, bool) and default > tiny
 
 
 def _layer_lists(fields: set[str], default: dict[str, Any], kw: dict[str, Any]) -> dict[str, Any]:

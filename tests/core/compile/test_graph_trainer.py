@@ -82,6 +82,31 @@ def test_a_frozen_parameter_is_a_graph_input_and_the_step_matches_eager():
     assert torch.equal(step.captured.gm(*step.inputs([b]))[0], want)
 
 
+def test_a_parameter_the_loss_does_not_use_passes_through_and_changes_nothing_else():
+    """A trainable parameter without a gradient (a causal LM's unused cross-attention, a pooler):
+    eager's AdamW and norm skip it, and so does the captured step; the others move exactly as in
+    the same model without it."""
+
+    def three_steps(unused: torch.Tensor | None):
+        model, _ = build("llama3")
+        if unused is not None:
+            model.unused = torch.nn.Parameter(unused.clone())
+        opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+        step = GraphTrainStep(model, opt, max_norm=1.0, grad_accum=1, config=GraphTrainer())
+        losses = [step.run([b])[0] for b in batches(3)]
+        return model, opt, losses
+
+    plain, _, want = three_steps(None)
+    start = torch.randn(8)
+    model, opt, got = three_steps(start)
+    assert all(torch.equal(a, b) for a, b in zip(got, want))
+    ours = [p for n, p in model.named_parameters() if n != "unused"]
+    assert all(torch.equal(p, q) for p, q in zip(ours, plain.parameters()))
+    assert torch.equal(model.unused, start)  # passed through, as eager's AdamW leaves it
+    state = opt.state[model.unused]
+    assert not state or (not state["exp_avg"].any() and not state["exp_avg_sq"].any())
+
+
 def test_both_execution_modes_is_a_config_error(tmp_path):
     with pytest.raises(ConfigError, match="pick one"):
         Trainer(

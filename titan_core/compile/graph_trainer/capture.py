@@ -227,6 +227,19 @@ class _Packing:
         )
 
 
+def _add(a: torch.Tensor | None, b: torch.Tensor | None) -> torch.Tensor | None:
+    """Two micro-batches' gradients of one parameter (None: it had none in that micro-batch)."""
+    return b if a is None else a if b is None else a + b
+
+
+def _scatter(old: list, used: list[int], new: list) -> list:
+    """`old` with `new[k]` at index `used[k]`: the updated tensors back among those passed through."""
+    out = list(old)
+    for i, t in zip(used, new):
+        out[i] = t
+    return out
+
+
 def make_step_fn(model: nn.Module, layout: StepLayout, *, scan_layers: bool = False, guard=None, tagger=None):
     """The pure step function over flat tensors that `capture_train_step` traces (and eager can run)."""
     call = _LossCall(model)
@@ -264,27 +277,37 @@ def make_step_fn(model: nn.Module, layout: StepLayout, *, scan_layers: bool = Fa
                 total = (torch.zeros((), device=loss.device) if total is None else total) + loss.detach().float()
                 tagger.enter(region="backward")
                 g = torch.autograd.grad(loss, leaves, allow_unused=True)
-                if any(gi is None for gi in g):
+                if stacking is not None and any(gi is None for gi in g):
                     missing = [n for n, gi in zip(layout.param_names, packing.unpack(g)) if gi is None]
                     raise CaptureError(
-                        f"parameters receive no gradient: {missing[:5]}; every trainable parameter must be used by the loss"
+                        f"parameters receive no gradient: {missing[:5]}; under scan every block parameter must be "
+                        "used by the loss"
                     )
-                grads = list(g) if grads is None else [a + b for a, b in zip(grads, g)]
+                grads = list(g) if grads is None else [_add(a, b) for a, b in zip(grads, g)]
             tagger.enter(region="optimizer")
-            grads = [g.detach() for g in grads]
+            # a parameter the loss does not use (a causal LM's unused cross-attention, a pooler) has no
+            # gradient: eager's AdamW and norm skip it, so the step passes it and its state through
+            used = [i for i, gi in enumerate(grads) if gi is not None]
+            grads = [grads[i].detach() for i in used]
+            pick = lambda xs: [xs[i] for i in used]  # noqa: E731
             # the norm sees one gradient per parameter, in eager's order; the rest is elementwise
-            norm = fo.global_norm(packing.unpack(grads), layout.specs)
+            if stacking is not None:  # every gradient is there (refused above otherwise)
+                norm = fo.global_norm(packing.unpack(grads), layout.specs)
+            else:
+                norm = fo.global_norm(grads, pick(layout.specs))
             if layout.max_norm > 0:
                 grads = fo.clip_by_norm(grads, norm, layout.max_norm)
-            new_p, new_m, new_v = fo.adamw_update(
-                [leaf.detach() for leaf in leaves],
+            moved = fo.adamw_update(
+                pick([leaf.detach() for leaf in leaves]),
                 grads,
-                packing.pack(exp_avgs),
-                packing.pack(exp_avg_sqs),
-                packing.pick(layout.group_of),
+                pick(packing.pack(exp_avgs)),
+                pick(packing.pack(exp_avg_sqs)),
+                pick(packing.pick(layout.group_of)),
                 layout.hypers,
                 scalars,
             )
+            before = ([leaf.detach() for leaf in leaves], packing.pack(exp_avgs), packing.pack(exp_avg_sqs))
+            new_p, new_m, new_v = (_scatter(old, used, new) for old, new in zip(before, moved))
             tagger.finish()
         return [total, norm, *packing.unpack(new_p), *packing.unpack(new_m), *packing.unpack(new_v)]
 

@@ -143,7 +143,7 @@ class TransformersCausalLM(nn.Module):
         self.base_prefix = f"{prefix}.{blocks_name}"
         self.attention_sites = attention_sites(blocks)
         """Which modules of each layer run a titan_core attention core, and the layers none does (`Sites`)."""
-        if self.attention_sites.own:  # their inline attention reads the masks transformers builds
+        if self.attention_sites.own or self.attention_sites.masked:  # they read the masks transformers builds
             config._attn_implementation = MASKED_CORE
         softcapped = bool(getattr(text, "attn_logit_softcapping", None))
         for i, paths in self.attention_sites.paths.items():

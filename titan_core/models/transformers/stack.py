@@ -36,6 +36,8 @@ class Sites:
     """{layer index: paths inside the block of the modules that call the attention interface}."""
     own: dict[int, str] = field(default_factory=dict)
     """{layer index: why no titan_core kernel runs in it} for the layers with no such module."""
+    masked: bool = False
+    """An attention module reads the attention mask itself (`reads_mask`)."""
 
     @property
     def patterns(self) -> list[str]:
@@ -106,6 +108,16 @@ def needs_naive(cls: type) -> bool:
     return any(f"{k}=" in src for k in NAIVE_ONLY)
 
 
+@functools.lru_cache(maxsize=None)
+def reads_mask(cls: type) -> bool:
+    """Whether `cls.forward` indexes the attention mask itself (a sparse-attention indexer that scores
+    keys against it: DeepSeek-V3.2, GLM-MoE-DSA), so it needs the mask transformers builds."""
+    try:
+        return "attention_mask[" in inspect.getsource(cls.forward)
+    except (OSError, TypeError):
+        return False
+
+
 def attention_sites(blocks: nn.ModuleList) -> Sites:
     """The modules of each block that call the attention interface (`calls_interface`) and are
     causal. A module inside another such module is the outer one's business (a wrapper that
@@ -124,6 +136,8 @@ def attention_sites(blocks: nn.ModuleList) -> Sites:
                 paths.append(name)
         if paths:
             sites.paths[i] = paths
+            if any(reads_mask(type(block.get_submodule(p))) for p in paths):
+                sites.masked = True
         elif acausal:
             sites.own[i] = f"{type(block).__name__}: its attention is not causal (an encoder's, or cross-attention)"
         else:
