@@ -253,10 +253,12 @@ def compare_kernel(
 
     def run(model):
         loss, _ = model.loss(inputs, labels, segment_ids=segment_ids)
-        grads = torch.autograd.grad(loss, [p for _, p in model.named_parameters()], allow_unused=True)
+        # the trainable parameters: a frozen one (AFMoE's router bias) has no gradient to compare
+        trained = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+        grads = torch.autograd.grad(loss, [p for _, p in trained], allow_unused=True)
         with torch.no_grad():
             logits = model(inputs, segment_ids=segment_ids)
-        return loss.detach(), logits, dict(zip([n for n, _ in model.named_parameters()], grads))
+        return loss.detach(), logits, dict(zip([n for n, _ in trained], grads))
 
     loss_r, logits_r, grads_r = run(ref)
     loss_k, logits_k, grads_k = run(ker)

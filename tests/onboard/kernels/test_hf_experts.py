@@ -181,3 +181,40 @@ def test_graph_trainer_captures_qwen3_moe_bit_identical_to_eager(tmp_path):
     assert e_rows[-1]["loss"] != e_rows[0]["loss"]
     assert all(torch.equal(p, q) for p, q in zip(eager.model.parameters(), graph.model.parameters()))
     assert graph.graph_step.stats.captures == 1 and graph.graph_step.stats.host_syncs == []
+
+
+def test_experts_left_as_transformers_wrote_them_run_batched_mm_and_capture():
+    # GELU experts are not the kernels' structure: they stay transformers' own, on its static-shape
+    # batched_mm, which the Graph Trainer's fake tracing runs in fp32 (grouped_mm's fake kernel
+    # takes bf16 only) and per-block compile takes whole
+    from titan_core.compile.graph_trainer import GraphTrainStep
+    from titan_core.config.sections import GraphTrainer
+    from titan_core.data import Batch
+    from titan_core.models.transformers.model import OWN_EXPERTS
+
+    model = _model("qwen3_moe", hidden_act="gelu")
+    assert model.experts_install.refusal and model.hf.config._experts_implementation == OWN_EXPERTS == "batched_mm"
+    tokens = torch.randint(0, 256, (2, 16), generator=torch.Generator().manual_seed(0))
+    eager, _ = model.loss(tokens, tokens)
+    step = GraphTrainStep(
+        model, torch.optim.AdamW(model.parameters(), lr=0.0), max_norm=1.0, grad_accum=1, config=GraphTrainer()
+    )
+    loss, _ = step.run([Batch(tokens, tokens)])
+    assert torch.equal(loss, eager.detach())
+
+
+def test_a_frozen_parameter_is_left_out_of_the_kernel_comparison():
+    # AFMoE keeps its router bias as a parameter that does not require grad: not a gradient to compare
+    args = _args("qwen3_moe")
+    build = dict(family="transformers", args=args, device="cpu", batch=1, seq_len=16)
+
+    def frozen_model():
+        model = build_meta("transformers", args)
+        model.model.norm.weight.requires_grad_(False)
+        return model
+
+    from onboard.rungs.kernel_compare import compare_kernel
+
+    got = compare_kernel(flag="kernels.loss=fused_ce", build_meta_model=frozen_model, **build)
+    assert "model.norm.weight" not in got.grad_rel_err and "lm_head.weight" in got.grad_rel_err
+    assert got.max_grad_rel_err <= 1e-5

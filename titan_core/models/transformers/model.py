@@ -61,6 +61,8 @@ from titan_core.models.transformers.stack import (
 
 ATTENTION_PATTERN = "layers.*.attention.core"
 """The native module path of an attention core, which `swap_paths` maps onto this tree."""
+OWN_EXPERTS = "batched_mm"
+"""The implementation transformers' own experts modules run on this path (`_build_hf`)."""
 EXPERTS_PATTERN = "layers.*.moe.experts"
 """The native module path of the MoE experts, which `swap_paths` maps onto this tree."""
 
@@ -90,10 +92,13 @@ def _build_hf(cls: type, config) -> nn.Module:
     attention module from a table of its own (Falcon, GIT, GPT-Neo) knows no such name, and is built
     with transformers' eager attention instead: no module of it then calls the attention interface,
     so its layers run as transformers wrote them (`attention_sites`, and `notes` says so)."""
-    # experts that stay transformers' own (not of the usual structure: experts.py) run its plain
-    # per-expert loop: its grouped_mm dispatch takes fp32 on a CPU eagerly, but its fake kernel
-    # (the Graph Trainer's capture) accepts bf16 only
-    kw = {"dtype": torch.float32, "experts_implementation": "eager"} if _sets_experts(cls) else {"dtype": torch.float32}
+    # experts that stay transformers' own (not of the usual structure: experts.py) run its batched_mm:
+    # static shapes, as per-block compile (no break inside a block) and the Graph Trainer's capture
+    # need; its per-expert loop breaks the graph at a nonzero, and its grouped_mm's fake kernel
+    # (the capture) takes bf16 only
+    kw = {"dtype": torch.float32}
+    if _sets_experts(cls):
+        kw["experts_implementation"] = OWN_EXPERTS
     config._attn_implementation = MODULE_CORE
     try:
         return cls._from_config(config, attn_implementation=MODULE_CORE, **kw)
