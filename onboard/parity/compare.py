@@ -11,7 +11,7 @@ from typing import Any, Callable
 
 import torch
 
-from titan_core.measure.numerics import grad_noise, rel_l2
+from titan_core.measure.numerics import grad_noise, grad_rel_l2
 
 
 @dataclass
@@ -59,10 +59,6 @@ class GradReport:
     """The native gradients under HF names (for a diagnosis of where one differs)."""
 
 
-def _norm(t: torch.Tensor) -> float:
-    return float(torch.linalg.vector_norm(t.detach().double()).item())
-
-
 def compare_grads(
     upstream: torch.nn.Module,
     native: torch.nn.Module,
@@ -93,12 +89,7 @@ def compare_grads(
     noise = grad_noise(hf_grads.values(), tokens)
     for name in sorted(set(hf_grads) & set(mapped)):
         ours, theirs = mapped[name], hf_grads[name]
-        if ours.shape != theirs.shape:
-            per_param[name] = math.inf
-        elif 0 < _norm(theirs) <= noise and _norm(ours) <= noise:  # rounding of an exact zero, both sides
-            per_param[name] = 0.0
-        else:
-            per_param[name] = rel_l2(ours, theirs)
+        per_param[name] = math.inf if ours.shape != theirs.shape else grad_rel_l2(ours, theirs, noise)
     missing = sorted(set(hf_grads) - set(mapped))
     extra = sorted(set(mapped) - set(hf_grads))
     for name in missing + extra:

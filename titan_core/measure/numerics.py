@@ -2,6 +2,7 @@
 
     rel_l2(actual, expected)      ||actual - expected||_2 / ||expected||_2, tensors (floor= below)
     grad_noise(grads, tokens)     a gradient's fp32 rounding level, below which two gradients agree
+    grad_rel_l2(a, e, noise)      rel_l2 of one parameter's gradient, with that rule
     max_abs(actual, expected)     max |actual - expected|, tensors
     rel(value, reference)         |value - reference| / |reference|, Python numbers
     curve_max_rel(curve, ref)     the worst `rel` over two equally long curves, and its step
@@ -69,6 +70,20 @@ def grad_noise(grads, tokens: int = 1) -> float:
     """
     total = sum(float(torch.linalg.vector_norm(g.detach().double()).item()) ** 2 for g in grads if g is not None)
     return FP32_EPS * math.sqrt(max(1, tokens)) * math.sqrt(total)
+
+
+def _l2(t: torch.Tensor | None) -> float:
+    return 0.0 if t is None else float(torch.linalg.vector_norm(t.detach().double()).item())
+
+
+def grad_rel_l2(actual: torch.Tensor | None, expected: torch.Tensor | None, noise: float) -> float:
+    """`rel_l2` of one parameter's gradient, except that a non-zero reference at or below `noise`
+    (`grad_noise` of the whole reference gradient) that the other side also computes at or below
+    it agrees (0.0): both are roundings of an exact zero. An exactly zero reference keeps the
+    zero-reference rule."""
+    if 0 < _l2(expected) <= noise and _l2(actual) <= noise:
+        return 0.0
+    return rel_l2(actual, expected)
 
 
 def max_abs(actual: torch.Tensor, expected: torch.Tensor) -> float:
