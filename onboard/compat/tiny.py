@@ -39,7 +39,7 @@ ROLES: dict[str, tuple[int, tuple[str, ...]]] = {
     ),
     "vocab": (256, ("vocab_size", "vocab_size_per_layer_input")),
     "per_layer_input": (16, ("hidden_size_per_layer_input",)),  # Gemma-3n/4's per-layer embeddings
-    "positions": (512, ("max_position_embeddings", "n_positions", "n_ctx", "max_target_positions")),
+    "positions": (1024, ("max_position_embeddings", "n_positions", "n_ctx", "max_target_positions")),
     "experts": (4, ("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts")),
     "experts_per_token": (2, ("num_experts_per_tok", "top_k_experts", "moe_topk", "moe_k")),
     # group-limited routing (DeepSeek-V3): 2 groups of the 4 experts, the best 1 group's 2 chosen from
@@ -80,6 +80,9 @@ DERIVED role's None): a default of None otherwise means the class lacks the feat
 and the probe adds no feature the architecture does not have (`_shrinks`). A window (32) is below SEQ_LEN, so a
 windowed model really masks."""
 DERIVED = ("kv_heads", "head_dim", "experts_per_token")
+SET_ALWAYS = ("positions",)
+"""Roles set whatever the class's default: the parity rung runs 512 tokens (plus RoBERTa's offset
+of 2 positions), which a class with 128 learned positions (Blenderbot) cannot embed."""
 """Roles set even where the class's default is None: it derives them (head_dim = hidden / heads,
 as many key/value heads as heads), and some classes' models read the None before deriving
 (DeepSeek-V2's router reads a top-k of None)."""
@@ -233,7 +236,12 @@ def tiny_arguments(cls, default: dict[str, Any]) -> dict[str, Any]:
     the class's default config as a dict; the values a constructor fills in stay the class's)."""
     fields = {f.name for f in dataclasses.fields(cls)}
     derived = {name for role in DERIVED for name in ROLES[role][1]}
-    kw = {name: value for name, value in SIZES.items() if name in fields and _shrinks(default.get(name), value, name in derived)}
+    always = {name for role in SET_ALWAYS for name in ROLES[role][1]}
+    kw = {
+        name: value
+        for name, value in SIZES.items()
+        if name in fields and (_shrinks(default.get(name), value, name in derived) or name in always)
+    }
     if "group" in str(default.get("topk_method", "")):  # group-limited routing with groups the class derives
         kw.update({n: ROLES[r][0] for r in ("expert_groups", "chosen_groups") for n in ROLES[r][1] if n in fields})
     if any(name in kw for name in ROLES["latent_rank"][1]):  # latent attention expands keys to every head

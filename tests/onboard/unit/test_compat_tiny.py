@@ -110,3 +110,9 @@ def test_latent_attention_and_group_routing_get_sizes_that_run():
     toks = torch.randint(0, 256, (2, 16))
     loss, _ = model.loss(toks, toks)
     assert torch.isfinite(loss)
+
+
+def test_learned_positions_cover_the_parity_sequence():
+    # Blenderbot learns 128 positions, RoBERTa offsets its positions by 2: parity runs 512 tokens
+    assert tiny_config("blenderbot")["max_position_embeddings"] == tiny_config("camembert")["max_position_embeddings"]
+    assert tiny_config("blenderbot")["max_position_embeddings"] >= 512 + 2
