@@ -17,8 +17,11 @@ EXPLAINED = ("fail", "not_applicable")
 
 
 def _of(n, result: dict) -> str:
-    """`n` of the counted types, with its share."""
+    """`n` of the counted types, with its share; of a partial sweep, of the counted types it finished."""
     counted = result.get("counted", result["requested"])
+    if result["remaining"]:
+        counted -= len(result["remaining"])
+        return f"{n} of the {counted} finished ({100 * n / counted:.0f}%)" if counted else str(n)
     return f"{n} of {counted} ({100 * n / counted:.0f}%)" if isinstance(n, int) and counted else str(n)
 
 
