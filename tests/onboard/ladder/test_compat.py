@@ -58,7 +58,12 @@ def test_ctrl_c_keeps_the_finished_rows_and_resume_goes_on(tmp_path):
     # xlnet is measured not to be a causal LM (not probed, in seconds); llama's climb takes minutes,
     # so the Ctrl-C lands while it runs whatever the machine's load
     proc = subprocess.Popen(
-        compat("xlnet", "llama", "--json", *files), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        compat("xlnet", "llama", "--json", *files),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        # a Ctrl-C, even where this suite was started in the background of a shell that ignores it
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     for line in proc.stderr:
         if line.startswith("compat: [2/2] llama"):
