@@ -58,20 +58,21 @@ def _run_child(cmd: list[str], cwd: str, env: dict, timeout: float, log: Callabl
 
     Its own session, so a Ctrl-C reaches only this process, which then stops the probe's whole
     process group (its ranks die with it: they ask for a signal when their parent dies)."""
-    if _STOPPING.is_set():
-        return "the sweep was interrupted"
-    proc = subprocess.Popen(
-        cmd,
-        cwd=cwd,
-        env=env,
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        errors="replace",
-        start_new_session=True,
-    )
-    _LIVE.add(proc)
+    with _STARTING:  # a Ctrl-C either sees this probe among the live ones or stops it from starting
+        if _STOPPING.is_set():
+            return "the sweep was interrupted"
+        proc = subprocess.Popen(
+            cmd,
+            cwd=cwd,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            errors="replace",
+            start_new_session=True,
+        )
+        _LIVE.add(proc)
     tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
     reader = threading.Thread(target=_read_lines, args=(proc.stdout, tail, log), daemon=True)
     reader.start()
@@ -92,6 +93,8 @@ def _run_child(cmd: list[str], cwd: str, env: dict, timeout: float, log: Callabl
 _LIVE: set[subprocess.Popen] = set()
 """The probe processes running now (several with --jobs): a Ctrl-C stops every one."""
 _STOPPING = threading.Event()
+_STARTING = threading.Lock()
+"""Held while a probe checks _STOPPING and starts, and while a Ctrl-C sets it and reads _LIVE."""
 """Set by a Ctrl-C: no probe starts after it."""
 
 
@@ -169,8 +172,10 @@ def sweep(
         for f in futures:
             f.result()
     except KeyboardInterrupt:
-        _STOPPING.set()
-        for proc in list(_LIVE):
+        with _STARTING:
+            _STOPPING.set()
+            live = list(_LIVE)
+        for proc in live:
             _stop(proc)
         interrupted = ", ".join(sorted(running)) or None
         log(f"compat: interrupted while probing {interrupted}")
