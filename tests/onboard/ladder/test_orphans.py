@@ -55,7 +55,11 @@ def pids_running(needle: str) -> list[int]:
 
 
 def test_ranks_die_within_seconds_of_a_killed_launcher(tmp_path):
-    rank = "import os, time, pathlib; pathlib.Path(os.environ['PIDS'], os.environ['RANK']).write_text(str(os.getpid())); time.sleep(120)"
+    # each rank writes its pid under a temporary name and renames it: a file the test sees is whole
+    rank = (
+        "import os, time, pathlib; d = pathlib.Path(os.environ['PIDS']); t = d / ('.' + os.environ['RANK']); "
+        "t.write_text(str(os.getpid())); os.replace(t, d / os.environ['RANK']); time.sleep(120)"
+    )
     driver = textwrap.dedent(f"""
         import sys
         from titan_core.runtime.launcher import launch_command
@@ -65,7 +69,7 @@ def test_ranks_die_within_seconds_of_a_killed_launcher(tmp_path):
     pids.mkdir()
     proc = subprocess.Popen([sys.executable, "-c", driver], env={**os.environ, "PIDS": str(pids)})
     ranks = wait_for(
-        lambda: len(list(pids.iterdir())) == 2 and [int(p.read_text()) for p in pids.iterdir()],
+        lambda: len(whole := list(pids.glob("[!.]*"))) == 2 and [int(p.read_text()) for p in whole],
         60,
         "both ranks to start",
         guard=True,
