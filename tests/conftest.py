@@ -8,6 +8,9 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 # the CPU peak kept across runs (titan_core.runtime.cpu_peak) goes to a folder of this test session, not ~/.cache
 os.environ.setdefault("TITAN_CORE_CACHE_DIR", tempfile.mkdtemp(prefix="titan-core-cache-"))
+# torch.compile's kernels too: a shared cache that a killed compile left a truncated .so in would
+# fail this session's compile rungs ("file too short"), and this session's climbs compile side by side
+os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", tempfile.mkdtemp(prefix="inductor-cache-"))
 
 
 # ---- the two whole-ladder climbs, in the background (tests/background.py) ----------------------
