@@ -28,6 +28,8 @@ from titan_core.runtime.die_with_parent import with_parent_death_signal
 
 TIMEOUT_S = 900
 """Wall-clock limit of one architecture's probe (all seven rungs)."""
+POLL_S = 0.2
+"""How often the sweep's main thread wakes to take a Ctrl-C while probes run."""
 TAIL_LINES = 40
 """Lines of a probe's own output kept to explain a probe process that died."""
 
@@ -169,6 +171,10 @@ def sweep(
     pool = concurrent.futures.ThreadPoolExecutor(max_workers=max(1, jobs))
     try:
         futures = [pool.submit(one, i, mt) for i, mt in enumerate(types, 1)]
+        # a timed wait: a blocking one is interrupted only when the kernel hands SIGINT to this
+        # thread, and with torch's and the pool's threads about it often hands it to another
+        while not all(f.done() for f in futures):
+            concurrent.futures.wait(futures, timeout=POLL_S)
         for f in futures:
             f.result()
     except KeyboardInterrupt:
