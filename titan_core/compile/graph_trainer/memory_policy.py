@@ -11,7 +11,8 @@ stays alive from the forward to that read. `tag_memory_policy` marks every forwa
 - `offload`: like `default`, but what would be saved is copied to host memory in the
   forward and brought back right before the backward reads it.
 
-Ops that must not run twice (random, mutating, collectives, loops) are always saved.
+Ops that must not run twice (random, mutating, collectives, loops) are always saved, and so is
+every value whose memory an op writes in place, and what reads it (`written_storages`).
 Then `apply_recompute` and `apply_offload` (in that order, so recomputed values read the
 reloaded copies too) rewrite the graph from the tags: a recomputed value is cloned into
 the backward, right before its first backward reader, from saved values and inputs; the
@@ -72,6 +73,34 @@ def _recomputable(node: Node) -> bool:
     return target.namespace not in ("_c10d_functional", "c10d_functional", "_dtensor")
 
 
+def _storage(node) -> StorageWeakRef | None:
+    val = node.meta.get("val") if isinstance(node, Node) else None
+    return StorageWeakRef(val.untyped_storage()) if isinstance(val, torch.Tensor) else None
+
+
+def written_storages(gm: GraphModule) -> set[StorageWeakRef]:
+    """Storages an op of the graph writes in place: transformers' MLA fills a `new_empty` key with
+    a `copy_` into each slice. Such a value is not a function of its node's inputs (a recompute
+    reads memory nothing wrote), and a copy taken right after its node misses the writes."""
+    out = set()
+    for node in gm.graph.nodes:
+        target = node.target
+        if node.op != "call_function" or not isinstance(target, torch._ops.OpOverload):
+            continue
+        if not target._schema.is_mutable:
+            continue
+        for i, spec in enumerate(target._schema.arguments):
+            arg = node.args[i] if i < len(node.args) else node.kwargs.get(spec.name)
+            if spec.alias_info is not None and spec.alias_info.is_write and (st := _storage(arg)) is not None:
+                out.add(st)
+    return out
+
+
+def _touches(node: Node, written: set[StorageWeakRef]) -> bool:
+    """`node` is, views or reads memory that some op writes in place."""
+    return any(_storage(n) in written for n in (node, *node.all_input_nodes))
+
+
 def _base_target(node: Node):
     """The op behind a node (behind getitem for multi-output ops)."""
     while node.op == "call_function" and node.target is operator.getitem:
@@ -100,12 +129,12 @@ def tag_memory_policy(gm: GraphModule, example_inputs, *, settings: PassSettings
     policy = settings.memory_policy
     if policy not in POLICIES:
         raise ValueError(f"unknown memory policy '{policy}' ({' | '.join(POLICIES)})")
-    boundaries = block_boundaries(gm)
+    boundaries, written = block_boundaries(gm), written_storages(gm)
     keep = "offload" if policy == "offload" else "save"
     for node in gm.graph.nodes:
         if not _is_forward(node):
             continue
-        if not _recomputable(node):
+        if not _recomputable(node) or _touches(node, written):
             tag = "save"
         elif node in boundaries:
             tag = keep
