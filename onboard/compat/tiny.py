@@ -80,25 +80,42 @@ DERIVED role's None): a default of None otherwise means the class lacks the feat
 and the probe adds no feature the architecture does not have (`_shrinks`). A window (32) is below SEQ_LEN, so a
 windowed model really masks."""
 DERIVED = ("kv_heads", "head_dim", "experts_per_token")
-SET_ALWAYS = ("positions",)
-"""Roles set whatever the class's default: the parity rung runs 512 tokens (plus RoBERTa's offset
-of 2 positions), which a class with 128 learned positions (Blenderbot) cannot embed."""
 """Roles set even where the class's default is None: it derives them (head_dim = hidden / heads,
 as many key/value heads as heads), and some classes' models read the None before deriving
 (DeepSeek-V2's router reads a top-k of None)."""
+SET_ALWAYS = ("positions",)
+"""Roles set whatever the class's default: the parity rung runs 512 tokens (plus RoBERTa's offset
+of 2 positions), which a class with 128 learned positions (Blenderbot) cannot embed."""
 SIZES = {name: value for value, names in ROLES.values() for name in names}
 """Every constructor argument the probe may set, with its tiny value."""
 FLAGS = {"is_decoder": True, "causal": True}
 """Switches a class documents for use as a causal LM, set where it has them: an encoder class
 (BERT, RoBERTa, Reformer) attends causally, as its causal-LM class requires, only as a decoder;
 XLM only with `causal`."""
+_QSA = {"indexer_n_heads": 2, "indexer_kv_heads": 1, "indexer_head_dim": 16, "indexer_budget": 32}
 OWN_ARGUMENTS: dict[str, dict[str, Any]] = {
     # layers described by a pattern and a repeat count, not a per-layer list
     "gpt_neo": {"attention_types": [[["global", "local"], 1]]},
-    # the layer count is the sum of three stacks'
-    "dory": {"n_input_layers": 1, "n_recurrent_layers": 2, "n_output_layers": 1},
+    # the layer count is the sum of three stacks', and a released config counts a layer's attention
+    # and MLP blocks apart (so twice the layers, "mlp" between the kinds): 3 layers, one per stack
+    "dory": {
+        **{"num_hidden_layers": 6, "n_input_layers": 2, "n_recurrent_layers": 2, "n_output_layers": 2},
+        "layer_types": ["sliding_attention", "mlp", "sliding_attention", "mlp", "full_attention", "mlp"],
+    },
+    # defaults the class's own model cannot be built from; a released config sets them
+    # (dots.llm1: 128 routed experts, 2 shared; DBRX: its attention's rope_theta and clip_qkv; LFM2-8B-A1B: conv
+    # and full-attention layers)
+    "dots1": {"n_routed_experts": 4, "n_shared_experts": 1},
+    "dbrx": {"attn_config": {"rope_theta": 10000.0, "clip_qkv": 8.0}},
+    "lfm2_moe": {"layer_types": ["conv", "full_attention"]},
+    # unreleased classes whose modeling reads what their defaults leave None: the RoPE of each
+    # layer type, the sparse-attention indexer's budget
+    "cohere_compass_text": {"rope_parameters": {"full_attention": {"rope_type": "default", "rope_theta": 10000.0}}},
+    "qwen4_exp_text": {**_QSA, "indexer_compress_ratio": 4},
 }
-"""Constructor arguments a class sizes its model by that no role names, by model_type."""
+"""Constructor arguments a class sizes its model by that no role names, or that its defaults leave
+unset while its model needs them, by the config class's model_type (a composite's text config by its
+own); a dict value is merged into the sub-config the probe shrank."""
 RELAXED: tuple[dict[str, Any], ...] = (
     {"kv_heads": "heads"},  # a class whose validator wants as many key/value heads as query heads
     {"experts_per_token": 1},  # a class that routes each token to one expert only
@@ -152,16 +169,28 @@ def tiny_config(model_type: str) -> dict[str, Any]:
     cls = CONFIG_MAPPING[model_type]
     default = _build(cls, {}, "cannot be built offline")
     text_cls = _text_config_class(cls, default)
-    own = {**_tiny_sub_configs(cls, default, skip=text_cls[0] if text_cls else None), **OWN_ARGUMENTS.get(model_type, {})}
+    own = _merged(_tiny_sub_configs(cls, default, skip=text_cls[0] if text_cls else None), _own(cls))
     if text_cls is None:
         cfg = _build_tiny(cls, default.to_dict(), own).to_dict()
     else:  # composite: the text config shrunk as a config of its own
         key, text_default = text_cls
-        text = _build_tiny(type(text_default), text_default.to_dict(), {})
+        text = _build_tiny(type(text_default), text_default.to_dict(), _own(type(text_default)))
         kw = {key: text.to_dict(), **own, **_special_tokens(default.to_dict())}
         cfg = _build(cls, kw, f"refuses a tiny {type(text_default).__name__}").to_dict()
     cfg["model_type"] = model_type
     return cfg
+
+
+def _own(cls) -> dict[str, Any]:
+    return OWN_ARGUMENTS.get(getattr(cls, "model_type", "") or "", {})
+
+
+def _merged(base: dict[str, Any], more: dict[str, Any]) -> dict[str, Any]:
+    """`base` with `more` over it, a dict in `more` merged into the dict `base` has under its key."""
+    out = dict(base)
+    for key, value in more.items():
+        out[key] = {**out[key], **value} if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+    return out
 
 
 def _tiny_sub_configs(cls, default, *, skip: str | None) -> dict[str, Any]:

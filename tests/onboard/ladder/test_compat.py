@@ -3,7 +3,7 @@ recorded (the failed criterion of a failed attempt, the rungs after it not reach
 the rows that finished in the table files and `--resume` goes on from them; bad input exits 2.
 
 A whole seven-rung climb takes minutes on 2 CPU cores, so the architectures here stop early (a
-learning rate of 0 fails the eager gate, lfm2_moe's class cannot be built, xlnet is not a causal LM); `make
+learning rate of 0 fails the eager gate, a time limit of seconds kills a probe, xlnet is not a causal LM); `make
 compat` climbs the others (docs/COMPATIBILITY.md)."""
 
 from __future__ import annotations
@@ -83,25 +83,22 @@ def test_ctrl_c_keeps_the_finished_rows_and_resume_goes_on(tmp_path):
     assert json.loads(results.read_text()) == r  # the file holds what finished
     assert "**Partial**: interrupted while probing llama" in md.read_text()
 
-    # resumed with another second type: lfm2_moe's own class cannot build its tiny config (its
-    # layer_types default is None and its layers index it), so its climb stops at eager in seconds
-    again = compat_here("xlnet", "--types", "lfm2_moe", "--json", *files, "--resume")
+    # resumed, llama probed anew under a time limit it cannot meet (it is still importing torch at
+    # 3 s): the probe's whole process group is killed and the rung it was on fails with why
+    again = compat_here("xlnet", "llama", "--json", *files, "--resume", "--timeout", "3")
     assert again.exit_code == 0, again.stderr[-2000:]
     assert "compat: [1/2] xlnet: kept from the results file" in again.stderr  # progress on stderr
     r = json.loads(again.stdout)
     assert (r["rungs"], r["requested"], r["probed"], r["remaining"], r["interrupted"]) == (RUNGS, 2, 1, [], None)
     assert r["not_probed"]["xlnet"].startswith("not a causal LM: XLNetLMHeadModel changes its logits at earlier")
     assert (r["not_causal"], r["counted"]) == (["xlnet"], 1)
-    cells = r["rows"]["lfm2_moe"]["cells"]
-    # the engine refuses the recipe (its model cannot be built): the eager cell says why, in one line
-    reason = cells["eager"]["reason"]
-    assert cells["eager"]["status"] == "fail" and "'NoneType' object is not subscriptable" in reason
-    assert "\n" not in reason and str(tmp_path) not in reason and "/tmp" not in reason
-    assert all(cells[rung]["status"] == "not_reached" for rung in RUNGS[1:])
+    cells = r["rows"]["llama"]["cells"]
+    assert cells["eager"] == {"status": "fail", "reason": "probe exceeded 3 s"} and r["rows"]["llama"]["seconds"] < 10
+    assert all(cells[rung] == {"status": "not_reached", "reason": "the eager rung failed"} for rung in RUNGS[1:])
     assert r["passing"] == dict.fromkeys(RUNGS, 0) and json.loads(results.read_text()) == r
     text = md.read_text()
     assert "| model_type | " + " | ".join(RUNGS) + " |" in text
-    assert "| lfm2_moe | fail | " + " | ".join(["not reached"] * 6) + " |" in text
+    assert "| llama | fail | " + " | ".join(["not reached"] * 6) + " |" in text
     assert "## Not probed" in text and "Partial" not in text
     assert "1 of them measured not to be causal LMs at all, so 1 counted" in text
 
@@ -113,15 +110,6 @@ def test_bad_input_exits_2_before_any_probe(tmp_path):
     no_file = compat_here("gemma3", "--resume", "--markdown", md, "--json")
     assert no_file.exit_code == 2 and "--resume needs --results" in json.loads(no_file.stdout)["error"]
     assert not md.exists()
-
-
-def test_a_probe_past_its_time_limit_fails_the_rung_it_was_on():
-    from onboard.compat import run_isolated
-
-    row = run_isolated("llama", timeout=2)  # killed while it still imports (its whole process group)
-    cells = row["cells"]
-    assert cells["eager"] == {"status": "fail", "reason": "probe exceeded 2 s"} and row["seconds"] < 10
-    assert all(cells[r] == {"status": "not_reached", "reason": "the eager rung failed"} for r in RUNGS[1:])
 
 
 def test_resume_refuses_a_results_file_of_another_transformers(tmp_path):

@@ -116,3 +116,15 @@ def test_learned_positions_cover_the_parity_sequence():
     # Blenderbot learns 128 positions, RoBERTa offsets its positions by 2: parity runs 512 tokens
     assert tiny_config("blenderbot")["max_position_embeddings"] == tiny_config("camembert")["max_position_embeddings"]
     assert tiny_config("blenderbot")["max_position_embeddings"] >= 512 + 2
+
+
+@pytest.mark.parametrize("model_type", ["dots1", "dbrx", "lfm2_moe", "qwen4_exp", "cohere_compass_text", "dory"])
+def test_a_class_whose_defaults_cannot_build_its_model_gets_what_a_released_config_sets(model_type):
+    # transformers' own class, from the tiny config: its defaults alone leave a None its model reads
+    # (dots1's experts, DBRX's rope_theta, LFM2-MoE's layer kinds, the indexer's budget)
+    import transformers
+
+    cfg = tiny_config(model_type)
+    model = transformers.AutoModelForCausalLM.from_config(transformers.AutoConfig.for_model(**cfg))
+    logits = model(torch.randint(0, 256, (1, 16))).logits
+    assert logits.shape == (1, 16, 256) and torch.isfinite(logits).all()
