@@ -147,6 +147,18 @@ def test_layers_found_where_the_class_keeps_them_and_a_tied_head_compared_under_
     assert report.max_rel_l2 < 1e-5, report.worst_param
 
 
+def test_a_tied_head_under_its_own_name_is_not_named_twice():
+    # BioGPT's tied head is `output_projection`: the HF form is its class's own names, no lm_head
+    from titan_core.models.transformers import ADAPTER
+
+    cfg = transformers.BioGptConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                                    intermediate_size=128, vocab_size=256).to_dict()  # fmt: skip
+    model = wrapped("biogpt", cfg=cfg)
+    theirs = plain("biogpt", cfg=cfg).state_dict()
+    assert set(ADAPTER.to_hf(model.state_dict(keep_vars=True))) == set(theirs)
+    assert "lm_head.weight" not in theirs and "output_projection.weight" in theirs
+
+
 def test_fused_ce_never_materialises_the_logits():
     cfg = {**hf_dict("llama"), "vocab_size": 8192}
     tokens = torch.randint(0, 8192, (2, 256))

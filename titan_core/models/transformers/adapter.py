@@ -19,7 +19,7 @@ import torch
 from titan_core.models.common.args import TransformerArgs
 from titan_core.models.common.mapping_errors import AdapterError
 from titan_core.models.common.hf_adapter import window_pattern
-from titan_core.models.common.tied import HF_TIE, Tie, with_tied_head
+from titan_core.models.common.tied import HF_TIE, Tie, same_tensor, with_tied_head
 from titan_core.models.transformers.hf_classes import causal_lm_parts, config_object, text_config_key
 
 HF_CONFIG_KEY = "hf_config"
@@ -170,10 +170,13 @@ class TransformersAdapter:
 
     def to_hf(self, sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """The same dict; a tied head (deduplicated away, as `named_parameters` does) is emitted
-        as the embedding tensor itself, which is what transformers' own `state_dict()` holds."""
+        as the embedding tensor itself, which is what transformers' own `state_dict()` holds. A
+        head already there under its class's own name (BioGPT's `output_projection`) is left alone."""
         out = dict(sd)
         emb = next((k for k in out if k.endswith("embed_tokens.weight")), None)
-        return out if emb is None else with_tied_head(out, Tie(HF_TIE.head, emb))
+        if emb is None or any(k != emb and same_tensor(v, out[emb]) for k, v in out.items()):
+            return out
+        return with_tied_head(out, Tie(HF_TIE.head, emb))
 
     def hf_config(self, args: TransformerArgs) -> dict[str, Any]:
         """`hf_config_for(args)`, naming the causal-LM class in `architectures` when the config
