@@ -14,7 +14,7 @@ Each call is translated to the core contract (titan_core/models/common/attention
 `segment_ids` (a keyword the caller passes down the model's forward) -> packed documents,
 `softcap` -> softcap (the naive reference and flex cap scores; sdpa, tokamax and splash refuse),
 `s_aux` / `sinks` -> attention sinks, `position_bias` -> an additive score bias (the naive
-reference only; the others refuse).
+reference only; the others refuse), and so is a mask the module makes of its own (`makes_own_mask`).
 What a kernel cannot honour is refused with the reason (KernelRefusesModel), never dropped:
 an attention-score soft-cap, sinks or a score bias it cannot apply, dropout while training, a
 non-causal module. The padding mask transformers builds is not read: the
@@ -26,6 +26,9 @@ either (they are not in transformers' mask interface, so it skips mask creation)
 
 from __future__ import annotations
 
+import functools
+import inspect
+import re
 from typing import Callable
 
 import torch
@@ -52,6 +55,21 @@ older blocks): the same cores, and transformers builds its eager (additive) mask
 NAIVE_ONLY = {"s_aux": "sinks", "sinks": "sinks", "position_bias": "bias"}
 """Keywords transformers passes that change what attention computes, which only the naive reference
 implements -> its own keyword: attention sinks (GPT-OSS `s_aux`), an additive position bias (Inkling)."""
+
+
+OWN_MASK = re.compile(r"(?<!\w)attention_mask=(?!(?:attention_mask|causal_mask|None|\w*encoder\w*|\w*cross\w*)\b)\w+")
+"""An interface call handed a mask other than the one the module was given (Doge's
+`attention_mask=attn_mask`, made from its own parameters); cross-attention's masks do not count
+(a causal LM does not run it)."""
+
+
+@functools.lru_cache(maxsize=None)
+def makes_own_mask(cls: type) -> bool:
+    """Whether `cls.forward` hands the attention interface a mask of its own making (OWN_MASK)."""
+    try:
+        return OWN_MASK.search(inspect.getsource(cls.forward)) is not None
+    except (OSError, TypeError):  # no source: not one of transformers' classes
+        return False
 
 
 def kernel_name(core: nn.Module) -> str:
@@ -99,7 +117,17 @@ def call_core(
 
 
 def module_core_attention(module, query, key, value, attention_mask, **kwargs):
-    """`titan`: the attention module's own core (SDPAttention when it holds none)."""
+    """`titan` and `titan_masked`: the attention module's own core. The mask transformers builds is
+    causal, window and padding, which the cores apply themselves; a mask the module makes of its own
+    (`makes_own_mask`: Doge's, from its parameters) is part of the model, an additive score bias the
+    naive core adds and the others refuse (never dropped)."""
+    if attention_mask is not None and makes_own_mask(type(module)):
+        if attention_mask.dtype == torch.bool:  # True keeps a key
+            attention_mask = torch.zeros_like(attention_mask, dtype=query.dtype).masked_fill(
+                ~attention_mask, torch.finfo(query.dtype).min
+            )
+        bias = kwargs.get("position_bias")
+        kwargs["position_bias"] = attention_mask if bias is None else bias + attention_mask
     core = getattr(module, "core", None)
     if core is None and getattr(module, "is_causal", True) is False:
         raise KernelRefusesModel(

@@ -223,3 +223,24 @@ def test_a_size_that_varies_by_layer_is_read_for_the_estimates_as_its_largest():
         config.head_dim  # noqa: B018 -- transformers refuses the global read
     args, _ = ADAPTER.args_from_hf(config.to_dict())
     assert args.head_dim == max(layer.head_dim for layer in config.per_layer_config) == 32
+
+
+def test_a_mask_the_attention_module_computes_is_a_score_bias_only_the_naive_core_adds():
+    # Doge's attention builds a mask from its own parameters (A, dt_proj) and hands it to the
+    # interface: it is part of the model, so the naive core adds it and the others refuse it
+    config = transformers.DogeConfig(**SMALL, num_hidden_layers=2, num_key_value_heads=2, keep_window_size=8)
+    model = ours(config)
+    assert [type(c) for c in model.attention_cores()] == [NaiveAttention, NaiveAttention]
+    with torch.no_grad():
+        for layer in model.layers.values():
+            layer.self_attn.A.normal_()  # transformers inits it at 0, a mask every key shares
+    ref = theirs(model, config)
+    assert same_logits(model, ref) < 1e-5  # keep_window_size 8 of 24 keys: the top keys of the causal ones
+    full = tokens(25)
+    model.train()
+    model.loss(full[:, :-1], full[:, 1:])[1].backward()
+    grads = {n: p.grad for n, p in model.named_parameters() if n.endswith(("self_attn.A", "dt_proj.weight"))}
+    assert len(grads) == 4 and all(g is not None and g.abs().sum() > 0 for g in grads.values())
+    apply_swaps(model, ["attention.sdpa"])
+    with pytest.raises(KernelUnavailable, match="passes `position_bias`.*kernels.attention=naive"):
+        model.loss(full[:, :-1], full[:, 1:])

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 from torch import nn
 
-from titan_core.kernels.hf_attention import NAIVE_ONLY
+from titan_core.kernels.hf_attention import NAIVE_ONLY, makes_own_mask
 
 INTERFACE_CALL = "ALL_ATTENTION_FUNCTIONS"
 """The registry transformers' attention modules look their implementation up in: a module whose
@@ -100,20 +100,22 @@ def calls_interface(cls: type) -> bool:
 @functools.lru_cache(maxsize=None)
 def needs_naive(cls: type) -> bool:
     """Whether `cls.forward` hands the interface what only the naive core computes (attention sinks,
-    a score bias: hf_attention.NAIVE_ONLY)."""
+    a score bias: hf_attention.NAIVE_ONLY), or a mask of its own making (Doge's learned mask, which
+    `module_core_attention` adds as a score bias)."""
     try:
         src = inspect.getsource(cls.forward)
     except (OSError, TypeError):
         return False
-    return any(f"{k}=" in src for k in NAIVE_ONLY)
+    return any(f"{k}=" in src for k in NAIVE_ONLY) or makes_own_mask(cls)
 
 
 @functools.lru_cache(maxsize=None)
 def reads_mask(cls: type) -> bool:
     """Whether `cls.forward` indexes the attention mask itself (a sparse-attention indexer that scores
-    keys against it: DeepSeek-V3.2, GLM-MoE-DSA), so it needs the mask transformers builds."""
+    keys against it: DeepSeek-V3.2, GLM-MoE-DSA) or makes its own mask from it (Doge keeps the top
+    keys of those the causal mask allows), so it needs the mask transformers builds."""
     try:
-        return "attention_mask[" in inspect.getsource(cls.forward)
+        return "attention_mask[" in inspect.getsource(cls.forward) or makes_own_mask(cls)
     except (OSError, TypeError):
         return False
 
