@@ -266,10 +266,13 @@ def tiny_arguments(cls, default: dict[str, Any]) -> dict[str, Any]:
     fields = {f.name for f in dataclasses.fields(cls)}
     derived = {name for role in DERIVED for name in ROLES[role][1]}
     always = {name for role in SET_ALWAYS for name in ROLES[role][1]}
+    # an argument may be stored under another name (Bailing's `num_local_experts` is `num_experts`)
+    stored = getattr(cls, "attribute_map", None) or {}
     kw = {
         name: value
         for name, value in SIZES.items()
-        if name in fields and (_shrinks(default.get(name), value, name in derived) or name in always)
+        if name in fields
+        and (_shrinks(default.get(name, default.get(stored.get(name, name))), value, name in derived) or name in always)
     }
     if "group" in str(default.get("topk_method", "")):  # group-limited routing with groups the class derives
         kw.update({n: ROLES[r][0] for r in ("expert_groups", "chosen_groups") for n in ROLES[r][1] if n in fields})

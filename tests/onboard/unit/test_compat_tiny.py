@@ -36,6 +36,10 @@ def test_sizes_go_under_the_names_the_class_gives_them():
     falcon = tiny_config("falcon")
     assert (falcon["hidden_size"], falcon["num_kv_heads"]) == (64, 2) and "head_dim" not in falcon
     assert config_object(falcon).head_dim == 16
+    # an argument stored under another name: Qwen3-MoE's and Bailing's `num_local_experts` is `num_experts`
+    for model_type in ("qwen3_moe", "bailing_hybrid"):
+        assert config_object(tiny_config(model_type)).num_experts == 4, model_type
+    assert tiny_config("bailing_hybrid")["num_expert_group"] == 2  # of 8, which 4 experts cannot be split in
 
 
 def test_a_hybrid_keeps_one_layer_of_each_kind():
