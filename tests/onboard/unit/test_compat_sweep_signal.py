@@ -29,8 +29,13 @@ def test_sigint_on_a_worker_thread_interrupts_the_sweep(monkeypatch):
         return {"cells": {}, "seconds": 0.0}
 
     monkeypatch.setattr(sweep_mod, "run_isolated", probe)
+    # Python's own Ctrl-C handler, whatever an earlier test of the session left installed
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
     logs = []
-    result = sweep_mod.sweep(["llama", "mistral"], log=logs.append)
+    try:
+        result = sweep_mod.sweep(["llama", "mistral"], log=logs.append)
+    finally:
+        signal.signal(signal.SIGINT, before)
     assert stopped == [True]  # the Ctrl-C stopped the probe it came during
     assert started == ["llama"]  # and no probe starts after it
     assert result["interrupted"] == "llama" and result["rows"] == {}
