@@ -278,6 +278,9 @@ def tiny_arguments(cls, default: dict[str, Any]) -> dict[str, Any]:
         kw.update({n: ROLES[r][0] for r in ("expert_groups", "chosen_groups") for n in ROLES[r][1] if n in fields})
     if any(name in kw for name in ROLES["latent_rank"][1]):  # latent attention expands keys to every head
         kw.update(_relax(kw, {"kv_heads": "heads"}))
+        # where the class's head_dim is its RoPE width (LongCat-Flash sizes its rotary tables by it)
+        if "head_dim" in kw and default.get("head_dim") == default.get("qk_rope_head_dim") and "qk_rope_head_dim" in kw:
+            kw["head_dim"] = kw["qk_rope_head_dim"]
     kw.update({k: v for k, v in FLAGS.items() if k in fields})
     kw.update(_layer_lists(fields, default, kw))
     kw.update(_special_tokens(default))

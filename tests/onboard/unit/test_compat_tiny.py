@@ -114,6 +114,9 @@ def test_latent_attention_and_group_routing_get_sizes_that_run():
     toks = torch.randint(0, 256, (2, 16))
     loss, _ = model.loss(toks, toks)
     assert torch.isfinite(loss)
+    # LongCat-Flash sizes its rotary tables by head_dim, which its defaults tie to the RoPE width
+    longcat = tiny_config("longcat_flash")
+    assert longcat["head_dim"] == longcat["qk_rope_head_dim"] == 8
 
 
 def test_learned_positions_cover_the_parity_sequence():
