@@ -17,7 +17,7 @@ Each call is translated to the core contract (titan_core/models/common/attention
 reference only; the others refuse), and so is a mask the module makes of its own (`makes_own_mask`).
 What a kernel cannot honour is refused with the reason (KernelRefusesModel), never dropped:
 an attention-score soft-cap, sinks or a score bias it cannot apply, dropout while training, a
-non-causal module. The padding mask transformers builds is not read: the
+non-causal module, keys that are not one per query position (DeepSeek-V4's compressed entries). The padding mask transformers builds is not read: the
 kernels mask causally (and by window and document) themselves, and titan_core's data marks
 untrained tokens in the labels, not with padding masks. No mask is built for these names
 either (they are not in transformers' mask interface, so it skips mask creation), but for
@@ -95,6 +95,11 @@ def call_core(
     where = type(module).__name__
     if not getattr(module, "is_causal", True):
         raise KernelRefusesModel(f"kernels.attention={name}: {where} is not causal; titan_core's kernels are")
+    if key.shape[-2] != query.shape[-2]:
+        raise KernelRefusesModel(
+            f"kernels.attention={name}: {where} attends {key.shape[-2]} keys from {query.shape[-2]} queries "
+            "(compressed or memory entries beside the sequence); titan_core's kernels attend one key per position"
+        )
     if dropout and module.training:
         raise KernelRefusesModel(
             f"kernels.attention={name}: {where} asks for attention dropout {dropout}; no titan_core kernel "

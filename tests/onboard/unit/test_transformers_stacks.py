@@ -244,3 +244,13 @@ def test_a_mask_the_attention_module_computes_is_a_score_bias_only_the_naive_cor
     apply_swaps(model, ["attention.sdpa"])
     with pytest.raises(KernelUnavailable, match="passes `position_bias`.*kernels.attention=naive"):
         model.loss(full[:, :-1], full[:, 1:])
+
+
+def test_keys_that_are_not_one_per_position_are_refused_with_the_reason():
+    # DeepSeek-V4's attention puts compressed entries beside the sequence's keys
+    from onboard.compat.tiny import tiny_config
+    from titan_core.kernels.attention import KernelRefusesModel
+
+    model = ours(transformers.AutoConfig.for_model(**tiny_config("deepseek_v4")))
+    with pytest.raises(KernelRefusesModel, match=r"attends \d+ keys from 24 queries \(compressed or memory entries"):
+        model.loss(tokens(), tokens())
