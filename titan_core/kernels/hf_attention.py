@@ -72,6 +72,14 @@ def makes_own_mask(cls: type) -> bool:
         return False
 
 
+def is_causal_attention(module: nn.Module) -> bool:
+    """The module's own word on whether it attends causally: `is_causal`, or `is_decoder` where a class
+    leaves is_causal False on its decoder's self-attention and masks causally through the mask alone
+    (BigBird-Pegasus). A decoder layer's cross-attention says is_decoder too, but a causal LM never
+    calls it (and called, its keys are not one per query position: refused)."""
+    return getattr(module, "is_causal", True) is not False or getattr(module, "is_decoder", False) is True
+
+
 def kernel_name(core: nn.Module) -> str:
     """kernels.attention name of a core (its class name for a foreign one)."""
     return next((n for n, cls in KERNELS.items() if type(core) is cls), type(core).__name__)
@@ -93,7 +101,7 @@ def call_core(
     """Run `core` for a transformers attention module's call; returns [b, s, heads, d]."""
     name = kernel_name(core)
     where = type(module).__name__
-    if not getattr(module, "is_causal", True):
+    if not is_causal_attention(module):
         raise KernelRefusesModel(f"kernels.attention={name}: {where} is not causal; titan_core's kernels are")
     if key.shape[-2] != query.shape[-2]:
         raise KernelRefusesModel(
@@ -134,7 +142,7 @@ def module_core_attention(module, query, key, value, attention_mask, **kwargs):
         bias = kwargs.get("position_bias")
         kwargs["position_bias"] = attention_mask if bias is None else bias + attention_mask
     core = getattr(module, "core", None)
-    if core is None and getattr(module, "is_causal", True) is False:
+    if core is None and not is_causal_attention(module):
         raise KernelRefusesModel(
             f"{type(module).__name__} is not causal (an encoder's attention, or cross-attention); titan_core's "
             "kernels are (an encoder used as a decoder sets is_decoder = true in config.json)"

@@ -254,3 +254,14 @@ def test_keys_that_are_not_one_per_position_are_refused_with_the_reason():
     model = ours(transformers.AutoConfig.for_model(**tiny_config("deepseek_v4")))
     with pytest.raises(KernelRefusesModel, match=r"attends \d+ keys from 24 queries \(compressed or memory entries"):
         model.loss(tokens(), tokens())
+
+
+def test_a_decoder_self_attention_that_masks_causally_through_the_mask_runs_on_the_kernels():
+    # BigBird-Pegasus leaves is_causal False on its decoder's self-attention (the causal mask does the
+    # work); is_decoder says what it is
+    from onboard.compat.tiny import tiny_config
+
+    config = transformers.AutoConfig.for_model(**tiny_config("bigbird_pegasus"))
+    model = ours(config)
+    assert len(list(model.attention_cores())) >= 2
+    assert same_logits(model, theirs(model, config)) < 1e-5

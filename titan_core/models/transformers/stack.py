@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 from torch import nn
 
-from titan_core.kernels.hf_attention import NAIVE_ONLY, makes_own_mask
+from titan_core.kernels.hf_attention import NAIVE_ONLY, is_causal_attention, makes_own_mask
 
 INTERFACE_CALL = "ALL_ATTENTION_FUNCTIONS"
 """The registry transformers' attention modules look their implementation up in: a module whose
@@ -132,7 +132,7 @@ def attention_sites(blocks: nn.ModuleList) -> Sites:
         for name, mod in block.named_modules():
             if not name or not calls_interface(type(mod)) or any(name.startswith(p + ".") for p in paths):
                 continue
-            if getattr(mod, "is_causal", True) is False:
+            if not is_causal_attention(mod):
                 acausal = True
             else:
                 paths.append(name)
