@@ -28,6 +28,12 @@ INTERFACE_CALL = "ALL_ATTENTION_FUNCTIONS"
 forward names it hands its q, k, v to whatever `config._attn_implementation` selects."""
 
 
+CROSS_NAMES = frozenset({"encoder_attn", "crossattention", "cross_attn", "cross_attention"})
+"""What transformers' decoder layers call their cross-attention: it runs only with encoder states,
+which a causal LM never gets, so it gets no core (BigBird-Pegasus's says is_decoder like its
+self-attention does)."""
+
+
 @dataclass
 class Sites:
     """The attention modules of a stack, by layer."""
@@ -132,7 +138,7 @@ def attention_sites(blocks: nn.ModuleList) -> Sites:
         for name, mod in block.named_modules():
             if not name or not calls_interface(type(mod)) or any(name.startswith(p + ".") for p in paths):
                 continue
-            if not is_causal_attention(mod):
+            if not is_causal_attention(mod) or CROSS_NAMES.intersection(name.split(".")):
                 acausal = True
             else:
                 paths.append(name)
