@@ -132,9 +132,9 @@ def call_core(
 def module_core_attention(module, query, key, value, attention_mask, **kwargs):
     """`titan` and `titan_masked`: the attention module's own core. The mask transformers builds is
     causal, window and padding, which the cores apply themselves; a mask the module makes of its own
-    (`makes_own_mask`: Doge's, from its parameters) is part of the model, an additive score bias the
-    naive core adds and the others refuse (never dropped)."""
-    if attention_mask is not None and makes_own_mask(type(module)):
+    (Doge's, from its parameters: the model marks such a module `makes_own_mask` when it gives it its
+    core) is part of the model, an additive score bias the naive core adds and the others refuse."""
+    if attention_mask is not None and getattr(module, "makes_own_mask", False):
         if attention_mask.dtype == torch.bool:  # True keeps a key
             attention_mask = torch.zeros_like(attention_mask, dtype=query.dtype).masked_fill(
                 ~attention_mask, torch.finfo(query.dtype).min

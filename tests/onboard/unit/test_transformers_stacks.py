@@ -246,6 +246,19 @@ def test_a_mask_the_attention_module_computes_is_a_score_bias_only_the_naive_cor
         model.loss(full[:, :-1], full[:, 1:])
 
 
+def test_a_block_that_gets_transformers_masks_compiles_without_a_break():
+    # the model marks a module that makes its own mask when it builds it: nothing in the attention
+    # call looks a class's source up, which dynamo cannot trace (a break in every compiled block)
+    from titan_core.compile.per_block import explain_blocks, graph_breaks_total
+    from titan_core.data.base import Batch
+
+    config = transformers.DogeConfig(**SMALL, num_hidden_layers=2, num_key_value_heads=2, keep_window_size=8)
+    model = ours(config)
+    toks = tokens(17)
+    report = explain_blocks(model, Batch(toks[:, :-1], toks[:, 1:]))
+    assert report and graph_breaks_total(report) == 0, report
+
+
 def test_keys_that_are_not_one_per_position_are_refused_with_the_reason():
     # DeepSeek-V4's attention puts compressed entries beside the sequence's keys
     from onboard.compat.tiny import tiny_config

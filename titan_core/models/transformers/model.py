@@ -47,7 +47,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from titan_core.config.loader import ConfigError
-from titan_core.kernels.hf_attention import MASKED_CORE, MODULE_CORE, register_hf_attention
+from titan_core.kernels.hf_attention import MASKED_CORE, MODULE_CORE, makes_own_mask, register_hf_attention
 from titan_core.models.common.args import TransformerArgs
 from titan_core.models.common.attention import NaiveAttention, SDPAttention
 from titan_core.models.common.layers import CrossEntropyHead, softcap
@@ -155,6 +155,8 @@ class TransformersCausalLM(nn.Module):
             for path in paths:
                 module = blocks[i].get_submodule(path)
                 module.core = _core_for(module, softcapped)
+                # read here, once: a source lookup inside forward would break a compiled block's graph
+                module.makes_own_mask = makes_own_mask(type(module))
         self.swap_paths = {
             ATTENTION_PATTERN: tuple(f"{self.base_prefix}.*.{p}.core" for p in self.attention_sites.patterns)
         }
