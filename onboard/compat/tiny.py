@@ -299,8 +299,8 @@ def _shrinks(default: Any, tiny: int, derived: bool) -> bool:
 
 def _layer_lists(fields: set[str], default: dict[str, Any], kw: dict[str, Any]) -> dict[str, Any]:
     """Per-layer lists (`layer_types`, `mlp_layer_types`, ...: one entry per layer of the default)
-    cut to one layer of each kind, in their order; the layer count follows (at least the tiny one,
-    at most MAX_LAYERS)."""
+    cut to one layer of each kind, in their order, sizes among them shrunk; the layer count follows
+    (at least the tiny one, at most MAX_LAYERS)."""
     layers_arg = next((n for n in ROLES["layers"][1] if n in kw), None)
     n = default.get(layers_arg) if layers_arg else None
     if not isinstance(n, int) or n <= ROLES["layers"][0]:
@@ -313,7 +313,9 @@ def _layer_lists(fields: set[str], default: dict[str, Any], kw: dict[str, Any]) 
     while len(keep) < ROLES["layers"][0]:
         keep.append(next(i for i in range(n) if i not in keep))
     keep.sort()
-    return {layers_arg: len(keep), **{k: [v[i] for i in keep] for k, v in lists.items()}}
+    # a size given per layer (Gemma-3n's intermediate_size) shrinks entry by entry
+    tiny = lambda k, x: SIZES[k] if k in SIZES and _shrinks(x, SIZES[k], False) else x  # noqa: E731
+    return {layers_arg: len(keep), **{k: [tiny(k, v[i]) for i in keep] for k, v in lists.items()}}
 
 
 def _hashable(value: Any) -> Any:

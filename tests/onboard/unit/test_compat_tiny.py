@@ -51,6 +51,17 @@ def test_a_hybrid_keeps_one_layer_of_each_kind():
     assert qwen3_next["num_hidden_layers"] == len(qwen3_next["layer_types"])
 
 
+def test_a_size_given_per_layer_shrinks_entry_by_entry_and_is_read_as_its_largest():
+    # Gemma-3n's intermediate_size is a list by layer: each entry shrinks, and the path's args read
+    # the largest (one number sizes the estimates; transformers builds each layer from its own)
+    from titan_core.models.transformers import ADAPTER
+
+    cfg = tiny_config("gemma3n_text")
+    assert cfg["intermediate_size"] == [128] * cfg["num_hidden_layers"]
+    args, _ = ADAPTER.args_from_hf(cfg)
+    assert args.ffn_hidden_dim == 128
+
+
 def test_a_model_whose_first_layers_are_dense_keeps_an_moe_layer():
     cfg = tiny_config("deepseek_v3")
     assert (cfg["first_k_dense_replace"], cfg["num_hidden_layers"], cfg["n_routed_experts"]) == (1, 2, 4)

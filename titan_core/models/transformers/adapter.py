@@ -36,16 +36,19 @@ WRITE_BACK = {
 
 def _attr(c, name: str):
     """`c.<name>`, or None; for a size that varies by layer (a heterogeneous config, Gemma-4's
-    head_dim), the largest layer's: these args size estimates, and the model itself is built from
-    the config as transformers reads it."""
+    head_dim; a list by layer, Gemma-3n's intermediate_size), the largest layer's: these args size
+    estimates, and the model itself is built from the config as transformers reads it."""
     try:
-        return getattr(c, name, None)
+        value = getattr(c, name, None)
     except Exception as e:  # noqa: BLE001 -- transformers' per-layer refusal; its class moves between versions
         per_layer = getattr(c, "per_layer_config", None)
         if type(e).__name__ != "AmbiguousGlobalPerLayerAttributeError" or not per_layer:
             raise
         values = [v for layer in per_layer if (v := getattr(layer, name, None)) is not None]
         return max(values) if values else None
+    if isinstance(value, (list, tuple)) and value and all(isinstance(v, int) for v in value):
+        return max(value)  # a list by layer (Gemma-3n's intermediate_size)
+    return value
 
 
 def _first(c, *names, default=None):
