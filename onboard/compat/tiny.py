@@ -92,7 +92,6 @@ FLAGS = {"is_decoder": True, "causal": True}
 """Switches a class documents for use as a causal LM, set where it has them: an encoder class
 (BERT, RoBERTa, Reformer) attends causally, as its causal-LM class requires, only as a decoder;
 XLM only with `causal`."""
-_QSA = {"indexer_n_heads": 2, "indexer_kv_heads": 1, "indexer_head_dim": 16, "indexer_budget": 32}
 OWN_ARGUMENTS: dict[str, dict[str, Any]] = {
     # layers described by a pattern and a repeat count, not a per-layer list
     "gpt_neo": {"attention_types": [[["global", "local"], 1]]},
@@ -111,7 +110,10 @@ OWN_ARGUMENTS: dict[str, dict[str, Any]] = {
     # unreleased classes whose modeling reads what their defaults leave None: the RoPE of each
     # layer type, the sparse-attention indexer's budget
     "cohere_compass_text": {"rope_parameters": {"full_attention": {"rope_type": "default", "rope_theta": 10000.0}}},
-    "qwen4_exp_text": {**_QSA, "indexer_compress_ratio": 4},
+    "qwen4_exp_text": {
+        **{"indexer_n_heads": 2, "indexer_kv_heads": 1, "indexer_head_dim": 16},
+        **{"indexer_budget": 32, "indexer_compress_ratio": 4},
+    },
 }
 """Constructor arguments a class sizes its model by that no role names, or that its defaults leave
 unset while its model needs them, by the config class's model_type (a composite's text config by its

@@ -64,12 +64,18 @@ OWN_MASK = re.compile(r"(?<!\w)attention_mask=(?!(?:attention_mask|causal_mask|N
 
 
 @functools.lru_cache(maxsize=None)
+def forward_source(cls: type) -> str:
+    """The source of `cls.forward`, read once per class; "" where there is none (a C or dynamically
+    made class: not one of transformers')."""
+    try:
+        return inspect.getsource(cls.forward)
+    except (OSError, TypeError):
+        return ""
+
+
 def makes_own_mask(cls: type) -> bool:
     """Whether `cls.forward` hands the attention interface a mask of its own making (OWN_MASK)."""
-    try:
-        return OWN_MASK.search(inspect.getsource(cls.forward)) is not None
-    except (OSError, TypeError):  # no source: not one of transformers' classes
-        return False
+    return OWN_MASK.search(forward_source(cls)) is not None
 
 
 def is_causal_attention(module: nn.Module) -> bool:

@@ -219,25 +219,18 @@ class ActivationBytes:
 def saved_activation_bytes(gm: GraphModule) -> ActivationBytes:
     """Measure what crosses from the forward to the backward in `gm` (views of one storage count once)."""
     # views of inputs (a transposed weight, a reshaped batch) hold no memory of their own
-    inputs = {
-        StorageWeakRef(n.meta["val"].untyped_storage())
-        for n in gm.graph.nodes
-        if n.op == "placeholder" and isinstance(n.meta.get("val"), torch.Tensor)
-    }
+    inputs = {_storage(n) for n in gm.graph.nodes if n.op == "placeholder"} - {None}
     device, host, seen = 0, 0, set()
     for node in gm.graph.nodes:
         if not _is_forward(node) or node.op == "placeholder":
             continue
         if not any(_is_later(u) for u in node.users):
             continue
-        val = node.meta.get("val")
-        if not isinstance(val, torch.Tensor):
-            continue
-        key = StorageWeakRef(val.untyped_storage())
-        if key in seen or key in inputs:
+        key = _storage(node)
+        if key is None or key in seen or key in inputs:
             continue
         seen.add(key)
-        nbytes = val.untyped_storage().nbytes()
+        nbytes = node.meta["val"].untyped_storage().nbytes()
         if node.meta.get("gt_offloaded"):
             host += nbytes
         else:

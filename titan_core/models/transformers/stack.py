@@ -15,13 +15,11 @@ transformers wrote it; `own_layers` says which and why, for the record a user re
 
 from __future__ import annotations
 
-import functools
-import inspect
 from dataclasses import dataclass, field
 
 from torch import nn
 
-from titan_core.kernels.hf_attention import NAIVE_ONLY, is_causal_attention, makes_own_mask
+from titan_core.kernels.hf_attention import NAIVE_ONLY, forward_source, is_causal_attention, makes_own_mask
 
 INTERFACE_CALL = "ALL_ATTENTION_FUNCTIONS"
 """The registry transformers' attention modules look their implementation up in: a module whose
@@ -94,36 +92,24 @@ def decoder_blocks(root: nn.Module, depth: int | None) -> tuple[str, nn.ModuleLi
     return min(found, key=weight)
 
 
-@functools.lru_cache(maxsize=None)
 def calls_interface(cls: type) -> bool:
     """Whether `cls.forward` looks its attention up in transformers' attention interface."""
-    try:
-        return INTERFACE_CALL in inspect.getsource(cls.forward)
-    except (OSError, TypeError):  # no source (a C or dynamically made class): not one of transformers'
-        return False
+    return INTERFACE_CALL in forward_source(cls)
 
 
-@functools.lru_cache(maxsize=None)
 def needs_naive(cls: type) -> bool:
     """Whether `cls.forward` hands the interface what only the naive core computes (attention sinks,
     a score bias: hf_attention.NAIVE_ONLY), or a mask of its own making (Doge's learned mask, which
     `module_core_attention` adds as a score bias)."""
-    try:
-        src = inspect.getsource(cls.forward)
-    except (OSError, TypeError):
-        return False
+    src = forward_source(cls)
     return any(f"{k}=" in src for k in NAIVE_ONLY) or makes_own_mask(cls)
 
 
-@functools.lru_cache(maxsize=None)
 def reads_mask(cls: type) -> bool:
     """Whether `cls.forward` indexes the attention mask itself (a sparse-attention indexer that scores
     keys against it: DeepSeek-V3.2, GLM-MoE-DSA) or makes its own mask from it (Doge keeps the top
     keys of those the causal mask allows), so it needs the mask transformers builds."""
-    try:
-        return "attention_mask[" in inspect.getsource(cls.forward) or makes_own_mask(cls)
-    except (OSError, TypeError):
-        return False
+    return "attention_mask[" in forward_source(cls) or makes_own_mask(cls)
 
 
 def attention_sites(blocks: nn.ModuleList) -> Sites:
