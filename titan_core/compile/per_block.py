@@ -69,7 +69,7 @@ def _record_inputs(model: nn.Module, batch) -> dict[str, tuple[tuple, dict]]:
     @torch._dynamo.disable
     def run():
         with torch.no_grad():
-            model.loss(batch.tokens, batch.labels, positions=batch.positions, segment_ids=batch.segment_ids)
+            model.loss(batch.tokens, batch.labels, **batch.loss_kwargs())
 
     try:
         run()

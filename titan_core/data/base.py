@@ -11,7 +11,7 @@ index, which makes the loader's state a single counter and a resume exact.
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -33,12 +33,29 @@ class Batch:
     """[B, S] int64 position within the packed document, 0 at each document start."""
     segment_ids: torch.Tensor | None = None
     """[B, S] int64 index of the document within its row, so attention can stay inside it."""
+    inputs: dict[str, torch.Tensor] = field(default_factory=dict)
+    """Named inputs a model takes beside tokens, as keywords of `model.loss` (a flow model's
+    noise, timesteps and text conditioning; titan_core/data/flow.py). Empty for text."""
 
     def to(self, device: torch.device | str, non_blocking: bool = False) -> Batch:
         def move(t):
             return None if t is None else t.to(device, non_blocking=non_blocking)
 
-        return Batch(move(self.tokens), move(self.labels), move(self.positions), move(self.segment_ids))
+        return Batch(
+            move(self.tokens), move(self.labels), move(self.positions), move(self.segment_ids),
+            {k: move(v) for k, v in self.inputs.items()},
+        )  # fmt: skip
+
+    def present(self) -> dict[str, torch.Tensor]:
+        """Every tensor the batch holds, by name, in a fixed order: tokens, labels, then
+        positions and segment_ids when packed, then `inputs` by name."""
+        out = {"tokens": self.tokens, "labels": self.labels}
+        out |= {k: getattr(self, k) for k in ("positions", "segment_ids") if getattr(self, k) is not None}
+        return out | {k: self.inputs[k] for k in sorted(self.inputs)}
+
+    def loss_kwargs(self) -> dict[str, torch.Tensor | None]:
+        """The keywords of `model.loss(tokens, labels, **kwargs)` for this batch."""
+        return {"positions": self.positions, "segment_ids": self.segment_ids, **self.inputs}
 
 
 def mix_seed(*parts: int) -> int:
@@ -50,8 +67,9 @@ def mix_seed(*parts: int) -> int:
 class RowLoader:
     """An endless, resumable iterator of Batches built from `row(global_index)`.
 
-    Subclasses provide `row(g) -> (tokens [S], labels [S], positions | None, segment_ids | None)`
-    and `_identity()`, the settings a saved state must match to be resumable here.
+    Subclasses provide `row(g) -> (tokens [S, ...], labels [S], positions | None, segment_ids | None)`,
+    optionally followed by a dict of named per-row inputs (stacked into `Batch.inputs`), and
+    `_identity()`, the settings a saved state must match to be resumable here.
     """
 
     def __init__(self, *, batch_size: int, seq_len: int, dp_rank: int, dp_world: int, repeat_batch: bool):
@@ -79,12 +97,13 @@ class RowLoader:
         """Micro-batch `k` of this rank, without moving the iterator."""
         first = (k * self.dp_world + self.dp_rank) * self.batch_size
         rows = [self.row(first + i) for i in range(self.batch_size)]
-        tokens, labels, positions, segments = (list(col) for col in zip(*rows))
+        tokens, labels, positions, segments = (list(col) for col in zip(*(r[:4] for r in rows)))
 
         def stack(ts):
             return None if ts[0] is None else torch.stack(ts)
 
-        return Batch(torch.stack(tokens), torch.stack(labels), stack(positions), stack(segments))
+        inputs = {k: torch.stack([r[4][k] for r in rows]) for k in rows[0][4]} if len(rows[0]) > 4 else {}
+        return Batch(torch.stack(tokens), torch.stack(labels), stack(positions), stack(segments), inputs)
 
     def __iter__(self) -> RowLoader:
         return self

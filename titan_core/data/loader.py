@@ -13,7 +13,9 @@ import torch
 from titan_core.config.loader import ConfigError
 from titan_core.config.sections import JobConfig
 from titan_core.data.base import IGNORE_INDEX, Batch, RowLoader, mix_seed  # noqa: F401  (re-exported)
+from titan_core.data.flow import FlowLoader
 from titan_core.data.text import TextLoader
+from titan_core.models.flux.config import FluxConfig
 
 
 class SyntheticLoader(RowLoader):
@@ -39,8 +41,13 @@ class SyntheticLoader(RowLoader):
         }  # fmt: skip
 
 
-def build_data_loader(cfg: JobConfig, *, vocab_size: int, dp_rank: int = 0, dp_world: int = 1) -> RowLoader:
+def build_data_loader(
+    cfg: JobConfig, *, vocab_size: int, dp_rank: int = 0, dp_world: int = 1, flux: FluxConfig | None = None
+) -> RowLoader:
     """The loader `cfg.data` describes, yielding this rank's micro-batches of `cfg.training` shape.
+
+    `flux`: the model is a flux model, which trains on synthetic flow samples (data/flow.py);
+    `data.source` must then be synthetic (text cannot feed it).
 
     With `data.repeat_batch` it yields micro-batch 0 forever (data the model can memorise,
     so the loss must fall). One `next()` is one micro-batch: with
@@ -53,6 +60,13 @@ def build_data_loader(cfg: JobConfig, *, vocab_size: int, dp_rank: int = 0, dp_w
         dp_world=dp_world,
         repeat_batch=cfg.data.repeat_batch,
     )
+    if flux is not None:
+        if cfg.data.source != "synthetic":
+            raise ConfigError(
+                f"data.source '{cfg.data.source}': a flux model trains on synthetic latents, text embeddings and "
+                "timesteps (data.source = synthetic); it has no tokenizer to read text with"
+            )
+        return FlowLoader(flux=flux, seed=cfg.training.seed, **kw)
     if cfg.data.source == "synthetic":
         return SyntheticLoader(vocab_size=vocab_size, seed=cfg.training.seed, **kw)
     if cfg.data.source == "text":

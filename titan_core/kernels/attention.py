@@ -14,7 +14,7 @@ import torch
 from torch import nn
 from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
-from titan_core.models.common.attention import refuse_softcap
+from titan_core.models.common.attention import refuse_bidirectional, refuse_softcap
 from titan_core.models.common.mapping_errors import KernelRefusesModel, KernelUnavailable
 
 __all__ = ["KernelRefusesModel", "KernelUnavailable", "FlexAttention", "SplashAttention", "TokamaxAttention"]
@@ -52,7 +52,9 @@ class TokamaxAttention(nn.Module):
         self.implementation = implementation
         self._ops = jax_kernels_or_reason("tokamax_ops", "kernels.attention=tokamax")
 
-    def forward(self, q, k, v, *, scale: float, window: int | None, segment_ids, softcap: float | None = None):
+    def forward(
+        self, q, k, v, *, scale: float, window: int | None, segment_ids, softcap: float | None = None, causal=True
+    ):
         refuse_softcap("tokamax", softcap)
         if isinstance(self._ops, KernelUnavailable):
             raise self._ops
@@ -69,6 +71,7 @@ class TokamaxAttention(nn.Module):
             segment_ids,
             scale=float(scale),
             window=int(window or 0),
+            causal=bool(causal),
             implementation=impl,
         )
         return out.transpose(1, 2)
@@ -84,8 +87,11 @@ class SplashAttention(nn.Module):
         super().__init__()
         self.interpret = interpret
 
-    def forward(self, q, k, v, *, scale: float, window: int | None, segment_ids, softcap: float | None = None):
+    def forward(
+        self, q, k, v, *, scale: float, window: int | None, segment_ids, softcap: float | None = None, causal=True
+    ):
         refuse_softcap("splash", softcap)
+        refuse_bidirectional("splash", causal)
         if q.device.type != "tpu" and not self.interpret:
             raise KernelUnavailable(
                 f"kernels.attention=splash is the TPU Pallas splash kernel and needs device.type = tpu "
@@ -100,11 +106,11 @@ class SplashAttention(nn.Module):
         return f"interpret={self.interpret}"
 
 
-def flex_mask_mod(window: int | None, segment_ids: torch.Tensor | None):
-    """FlexAttention mask_mod for causal + optional window + optional packed documents."""
+def flex_mask_mod(window: int | None, segment_ids: torch.Tensor | None, causal: bool = True):
+    """FlexAttention mask_mod for causal (unless `causal` is False) + optional window + optional packed documents."""
 
     def mask_mod(b, h, q_idx, kv_idx):
-        keep = kv_idx <= q_idx
+        keep = kv_idx <= q_idx if causal else kv_idx >= 0
         if window:
             keep = keep & (q_idx - kv_idx < window)
         if segment_ids is not None:
@@ -125,7 +131,9 @@ class FlexAttention(nn.Module):
         super().__init__()
         self.compile = compile
 
-    def forward(self, q, k, v, *, scale: float, window: int | None, segment_ids, softcap: float | None = None):
+    def forward(
+        self, q, k, v, *, scale: float, window: int | None, segment_ids, softcap: float | None = None, causal=True
+    ):
         if q.device.type == "cpu" and torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
             raise KernelUnavailable(
                 "kernels.attention=flex: FlexAttention has no backward on CPU in torch 2.13, so it cannot "
@@ -137,7 +145,7 @@ class FlexAttention(nn.Module):
             q, k, v = q.detach(), k.detach(), v.detach()
         b, s = q.shape[0], q.shape[2]
         block_mask = create_block_mask(
-            flex_mask_mod(window, segment_ids),
+            flex_mask_mod(window, segment_ids, causal),
             B=b if segment_ids is not None else None,
             H=None,
             Q_LEN=s,

@@ -35,9 +35,10 @@ def tokamax_attention(
     *,
     scale: float,
     window: int = 0,
+    causal: bool = True,
     implementation: str = "xla",
 ) -> jax.Array:
-    """Causal attention, q [B, S, N, D], k/v [B, S, K, D] (GQA when K < N) -> [B, S, N, D].
+    """Attention (causal unless `causal` is False), q [B, S, N, D], k/v [B, S, K, D] (GQA when K < N) -> [B, S, N, D].
 
     window > 0 keeps keys with q - k < window; segment_ids [B, S] keep keys of the same
     packed document.
@@ -51,7 +52,7 @@ def tokamax_attention(
         v,
         mask=mask,
         scale=scale,
-        is_causal=True,
+        is_causal=causal,
         # tokamax's window is (keys before, keys after) the query, the query excluded.
         local_window_size=(window - 1, 0) if window else None,
         implementation=_impl(implementation),

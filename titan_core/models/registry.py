@@ -16,7 +16,9 @@ from titan_core.models.common.hf_adapter import HFAdapter
 from titan_core.models.common.validate import validate_args
 
 FAMILY_NAMES = ("llama3", "qwen3", "qwen3_moe", "glimmer")
-"""The native families: each claims the HF model_types its adapter reads."""
+"""The native decoder families: each claims the HF model_types its adapter reads."""
+DIFFUSION_FAMILIES = ("flux",)
+"""Diffusion transformers trained with a flow loss (models/flux): read from a diffusers config, not a model_type."""
 TRANSFORMERS_FAMILY = "transformers"
 """The transformers path (models/transformers): HF's own class for any model_type; chosen by name, claims none."""
 
@@ -30,7 +32,7 @@ class ModelFamily:
 
 
 def get_family(name: str) -> ModelFamily:
-    known = [*FAMILY_NAMES, TRANSFORMERS_FAMILY]
+    known = [*FAMILY_NAMES, *DIFFUSION_FAMILIES, TRANSFORMERS_FAMILY]
     if name not in known:
         raise ConfigError(f"unknown model family '{name}'{did_you_mean(name, known)}")
     module = importlib.import_module(f"titan_core.models.{name}")

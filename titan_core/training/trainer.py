@@ -37,6 +37,7 @@ from titan_core.memory.preflight import check_memory
 from titan_core.measure.metrics import MetricsLogger
 from titan_core.training.model_builder import build_model_from_config
 from titan_core.models.common.stats import flops_per_token
+from titan_core.models.flux.config import flux_of
 from titan_core.training.optim import build_lr_scheduler, build_optimizer
 from titan_core.parallel import build_mesh, check_parallelism, clip_grad_norm_, dp_coordinates, parallelize
 from titan_core.parallel.mesh import dp_group
@@ -152,14 +153,18 @@ class Trainer:
             if cfg.graph_trainer.enable
             else None
         )
-        self.data = build_data_loader(cfg, vocab_size=self.args.vocab_size, dp_rank=dp_rank, dp_world=self.dp_world)
+        self.data = build_data_loader(
+            cfg, vocab_size=self.args.vocab_size, dp_rank=dp_rank, dp_world=self.dp_world, flux=flux_of(model)
+        )
         self.checkpointer = Checkpointer.from_config(cfg)
         self.profiler = StepProfiler(cfg.profiler, self._under_output(cfg.profiler.folder), self.rank)
         self.logger = MetricsLogger(
             self.out_dir, log_freq=cfg.metrics.log_freq, use_rich=cfg.metrics.rich, enabled=self.rank == 0 and not quiet
         )
         self.num_params = built_params
-        self.flops_per_token = flops_per_token(self.args, cfg.training.seq_len)
+        # a model that counts its own FLOPs (flux: per image token) knows better than the decoder formula
+        own = getattr(model, "flops_per_token", None)
+        self.flops_per_token = own(cfg.training.seq_len) if own else flops_per_token(self.args, cfg.training.seq_len)
         self.peak_flops = devices.peak_flops(self.device, DTYPES[cfg.training.mixed_precision_param])
         self.step = 0
         self.resumed_from: int | None = None
@@ -184,7 +189,7 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         total = torch.zeros((), device=self.device)
         for b in batches:
-            loss, ce = self.model.loss(b.tokens, b.labels, positions=b.positions, segment_ids=b.segment_ids)
+            loss, ce = self.model.loss(b.tokens, b.labels, **b.loss_kwargs())
             term = micro_batch_term(loss, ce, b.labels, n_tokens, dp_world=self.dp_world, grad_accum=cfg.grad_accum)
             term.backward()
             total += term.detach().float()

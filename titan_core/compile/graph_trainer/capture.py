@@ -32,8 +32,6 @@ from titan_core.compile.graph_trainer.params import as_param, param_spec
 from titan_core.compile.graph_trainer.scan import plan_stacking, scanned_layers
 from titan_core.training.token_mean import micro_batch_term
 
-BATCH_FIELDS = ("tokens", "labels", "positions", "segment_ids")
-
 
 class CaptureError(RuntimeError):
     """The training step cannot be captured as one graph; the message says why and what to change."""
@@ -46,8 +44,8 @@ class _LossCall(nn.Module):
         super().__init__()
         self.model = model
 
-    def forward(self, tokens, labels, positions, segment_ids):
-        return self.model.loss(tokens, labels, positions=positions, segment_ids=segment_ids)
+    def forward(self, tokens, labels, **inputs):
+        return self.model.loss(tokens, labels, **inputs)
 
 
 @dataclass
@@ -61,7 +59,8 @@ class StepLayout:
     """AdamW param-group index of each parameter."""
     hypers: list[fo.GroupHyper]
     batch_fields: tuple[str, ...]
-    """Batch fields present (tokens and labels always; positions, segment_ids when packed)."""
+    """Batch fields present (`Batch.present`: tokens and labels always; positions, segment_ids when
+    packed; a flow model's named inputs)."""
     grad_accum: int
     max_norm: float
     specs: list = field(default_factory=list)
@@ -173,7 +172,7 @@ def step_layout(
         names.append(name)
         group_of.append(group_index[id(p)])
         specs.append(param_spec(p))
-    fields = tuple(f for f in BATCH_FIELDS if getattr(batch, f) is not None)
+    fields = tuple(batch.present())
     read_only = read_only_tensors(model)
     if fields[:2] != ("tokens", "labels"):
         raise CaptureError("a batch needs tokens and labels")
@@ -268,8 +267,7 @@ def make_step_fn(model: nn.Module, layout: StepLayout, *, scan_layers: bool = Fa
                 else:
                     layers = tagger.block_hooks(model)
                 with layers:
-                    args = (mb["tokens"], mb["labels"], mb.get("positions"), mb.get("segment_ids"))
-                    loss, ce = torch.func.functional_call(call, state, args)
+                    loss, ce = torch.func.functional_call(call, state, (), mb)
                 # eager's arithmetic exactly (Trainer._eager_update): the global token mean's share
                 loss = micro_batch_term(
                     loss, ce, mb["labels"], n_tokens, dp_world=layout.dp_world, grad_accum=layout.grad_accum

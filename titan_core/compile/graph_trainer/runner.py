@@ -128,10 +128,10 @@ class GraphTrainStep:
         flat += [local_tensor(s["exp_avg"]) for s in states] + [local_tensor(s["exp_avg_sq"]) for s in states]
         flat += self._scalars(step, device)
         for b in batches:
-            present = tuple(f for f in self.layout.batch_fields if getattr(b, f) is not None)
-            if present != self.layout.batch_fields:
-                raise ValueError(f"batch fields {present} differ from the captured {self.layout.batch_fields}")
-            flat += [getattr(b, f).to(device, non_blocking=True) for f in present]
+            present = b.present()
+            if tuple(present) != self.layout.batch_fields:
+                raise ValueError(f"batch fields {tuple(present)} differ from the captured {self.layout.batch_fields}")
+            flat += [t.to(device, non_blocking=True) for t in present.values()]
         if n_tokens is None:
             if self.dp_world > 1:
                 raise ValueError(

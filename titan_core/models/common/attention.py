@@ -10,12 +10,14 @@ The core contract, which every attention kernel and a port's own core keep:
       k, v         [batch, n_kv_heads, seq, head_dim]  not repeated for GQA: query head h reads
                    kv head h // (n_heads // n_kv_heads)
       scale        float multiplying q @ k^T (Attention.scale = head_dim ** -0.5)
-      window       None, or keep keys with q_pos - k_pos < window (the query itself counts); causal always
+      window       None, or keep keys with q_pos - k_pos < window (the query itself counts)
       segment_ids  None, or [batch, seq] ids of packed documents: attend within the same id only
       softcap      given only when the model caps its scores (Gemma-2's attn_logit_softcapping):
                    scores become cap * tanh(q @ k^T * scale / cap) before the mask. A core that
                    cannot cap raises KernelRefusesModel (the kernel does not apply to the model);
                    a core written before this argument is never passed it by an uncapped model
+      causal       given only when False (a model whose every query sees every key: FLUX's joint
+                   attention); a core that cannot drop the causal mask raises KernelRefusesModel
       out          [batch, n_heads, seq, head_dim] in q's dtype
 """
 
@@ -38,15 +40,16 @@ def attention_mask(
     window: int | None = None,
     segment_ids: torch.Tensor | None = None,
     device: torch.device | None = None,
+    causal: bool = True,
 ) -> torch.Tensor:
     """Boolean mask, True where a query may attend: [1 or batch, 1, q, k].
 
-    Causal always; `window` keeps keys with q - k < window (the query itself counts);
-    `segment_ids` [batch, seq] keeps keys of the same packed document.
+    Causal unless `causal` is False; `window` keeps keys with q - k < window (the query
+    itself counts); `segment_ids` [batch, seq] keeps keys of the same packed document.
     """
     q = torch.arange(seq_len, device=device)[:, None]
     k = torch.arange(seq_len, device=device)[None, :]
-    allowed = k <= q
+    allowed = k <= q if causal else torch.ones(seq_len, seq_len, dtype=torch.bool, device=device)
     if window:
         allowed = allowed & (q - k < window)
     allowed = allowed[None, None]
@@ -54,6 +57,15 @@ def attention_mask(
         same_doc = segment_ids[:, None, :, None] == segment_ids[:, None, None, :]
         allowed = allowed & same_doc
     return allowed
+
+
+def refuse_bidirectional(kernel: str, causal: bool) -> None:
+    """Raise KernelRefusesModel when a core that masks causally always is asked not to."""
+    if not causal:
+        raise KernelRefusesModel(
+            f"kernels.attention={kernel} masks causally always and this model's attention is bidirectional "
+            "(every query sees every key); kernels.attention=naive, sdpa, tokamax or flex drop the causal mask"
+        )
 
 
 def refuse_softcap(kernel: str, cap: float | None) -> None:
@@ -85,6 +97,7 @@ class NaiveAttention(nn.Module):
         softcap: float | None = None,
         sinks=None,
         bias=None,
+        causal: bool = True,
     ):
         rep = q.shape[1] // k.shape[1]
         k = k.repeat_interleave(rep, dim=1)
@@ -92,7 +105,7 @@ class NaiveAttention(nn.Module):
         scores = cap_scores((q @ k.transpose(-2, -1)) * scale, softcap)
         if bias is not None:
             scores = scores + bias
-        mask = attention_mask(q.shape[2], window=window, segment_ids=segment_ids, device=q.device)
+        mask = attention_mask(q.shape[2], window=window, segment_ids=segment_ids, device=q.device, causal=causal)
         scores = scores.masked_fill(~mask, float("-inf")).float()
         if sinks is None:
             return torch.softmax(scores, dim=-1).to(q.dtype) @ v
@@ -109,13 +122,15 @@ class SDPAttention(nn.Module):
     materialising repeated copies of them.
     """
 
-    def forward(self, q, k, v, *, scale: float, window: int | None, segment_ids, softcap: float | None = None):
+    def forward(
+        self, q, k, v, *, scale: float, window: int | None, segment_ids, softcap: float | None = None, causal=True
+    ):
         refuse_softcap("sdpa", softcap)
         gqa = q.shape[1] != k.shape[1]
         with _cpu_bf16_math(q):
             if window is None and segment_ids is None:
-                return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, enable_gqa=gqa)
-            mask = attention_mask(q.shape[2], window=window, segment_ids=segment_ids, device=q.device)
+                return F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale, enable_gqa=gqa)
+            mask = attention_mask(q.shape[2], window=window, segment_ids=segment_ids, device=q.device, causal=causal)
             return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=gqa)
 
 
