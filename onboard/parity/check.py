@@ -17,6 +17,7 @@ import torch.nn.functional as F
 
 from titan_core.config import ConfigError
 from titan_core.measure.numerics import max_abs, rel_l2
+from titan_core.models.registry import DIFFUSION_FAMILIES
 
 from onboard.parity import criteria
 from onboard.parity.compare import compare_grads, round_trip
@@ -26,6 +27,7 @@ from onboard.parity.native import (
     PortError, WorkspaceError, build_native, load_adapter, load_converted, native_args, native_hf_config,
     read_workspace,
 )  # fmt: skip
+from onboard.parity.flow import run_flow
 from onboard.parity.results import results_path, write_results
 from onboard.parity.upstream import build_upstream
 from onboard.workspace.layout import TWIN
@@ -93,6 +95,8 @@ def _run(root, res, m, weights_dir, batch, seq_len, seed, attn_implementation) -
                 "and the eager rung checked every checkpoint tensor's name, shape and dtype against the full model"
             )
             weights_dir = None
+    if ws.family in DIFFUSION_FAMILIES:
+        return run_flow(ws, cfg, res, m, root=root, weights_dir=weights_dir, batch=batch, seed=seed)
     upstream = build_upstream(cfg, weights_dir=weights_dir, seed=seed, attn_implementation=attn_implementation)
     hf = upstream.model
     res.update(upstream_class=type(hf).__name__, weights=upstream.source, weights_check=upstream.loading)

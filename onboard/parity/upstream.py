@@ -80,7 +80,7 @@ def causal_lm(config, **kwargs) -> nn.Module:
 
 
 @torch.no_grad()
-def _perturb_constants(model: nn.Module, seed: int) -> None:
+def perturb_constants(model: nn.Module, seed: int) -> None:
     # HF init leaves norm weights at 1 and biases at 0; with those, a swapped q_norm/k_norm,
     # a dropped bias or a (1 + w) norm convention would all look correct.
     gen = torch.Generator().manual_seed(seed + 1)
@@ -103,7 +103,7 @@ def build_upstream(
             with torch.random.fork_rng(devices=[]):  # HF init draws from the global generator; leave it as found
                 torch.manual_seed(seed)
                 model = causal_lm(config, attn_implementation=attn_implementation, dtype=torch.float32)
-            _perturb_constants(model, seed)
+            perturb_constants(model, seed)
             source = f"seed={seed}"
     except ValueError as e:  # transformers raises ValueError for configs it cannot map to a causal LM
         if isinstance(e, UpstreamError):
@@ -114,14 +114,15 @@ def build_upstream(
     return Upstream(model=model, checkpoint=model.state_dict(), source=source, loading=loading)
 
 
-def weight_files(weights_dir: Path) -> list[Path]:
-    """The safetensors files of a weights folder: model.safetensors, or the shards its index names.
+def weight_files(weights_dir: Path, *, stem: str = "model") -> list[Path]:
+    """The safetensors files of a weights folder: <stem>.safetensors, or the shards its index names
+    (stem: transformers' `model`, diffusers' `diffusion_pytorch_model`).
 
     UpstreamError (bad input) for a folder that is neither, or whose index names absent shards.
     """
     if not weights_dir.is_dir():
         raise UpstreamError(f"weights folder {weights_dir} does not exist")
-    index = weights_dir / "model.safetensors.index.json"
+    index = weights_dir / f"{stem}.safetensors.index.json"
     if index.is_file():
         try:
             shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
@@ -131,13 +132,13 @@ def weight_files(weights_dir: Path) -> list[Path]:
         if absent:
             raise UpstreamError(f"{index} names shards that are not in {weights_dir}: {', '.join(absent)}")
         return [weights_dir / s for s in shards]
-    if (weights_dir / "model.safetensors").is_file():
-        return [weights_dir / "model.safetensors"]
+    if (weights_dir / f"{stem}.safetensors").is_file():
+        return [weights_dir / f"{stem}.safetensors"]
     found = sorted(p.name for p in weights_dir.glob("*.safetensors"))
     if found:
         raise UpstreamError(
             f"weights folder {weights_dir} holds {', '.join(found[:4])}{' ...' if len(found) > 4 else ''} but neither "
-            "model.safetensors nor model.safetensors.index.json: a sharded checkpoint needs its index"
+            f"{stem}.safetensors nor {stem}.safetensors.index.json: a sharded checkpoint needs its index"
         )
     raise UpstreamError(f"no *.safetensors files in weights folder {weights_dir}")
 

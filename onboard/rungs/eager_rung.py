@@ -19,6 +19,7 @@ import math
 from dataclasses import dataclass
 
 import titan_core.train
+from titan_core.models.flux.config import flux_of_args
 from onboard.rungs import harness
 from onboard.rungs.contract import ABSENT, RungContext, RungResult
 
@@ -49,11 +50,17 @@ class EagerMeasurements(harness.SteadyRun):
     last_loss_repr: str = ABSENT
     """last_loss as its repr (exact)."""
     vocab_size: int = ABSENT
-    """Vocabulary size of the model trained (tokens)."""
+    """Vocabulary size of the model trained (tokens; a language model's)."""
     ln_vocab: float = ABSENT
-    """ln(vocab_size): the loss of a uniform prediction (nats)."""
-    step1_loss_rel_to_ln_vocab: float = ABSENT
-    """|step1_loss - ln_vocab| / ln_vocab (fraction): how far a fresh model starts from uniform."""
+    """ln(vocab_size): the loss of a uniform prediction (nats; a language model's)."""
+    expected_step1_loss: float = ABSENT
+    """What a freshly initialised model's loss should be: ln(vocab) for a language model (a uniform
+    prediction), 2.0 for a flow model (its zero-initialised output predicts 0, and the velocity
+    target, noise - latents, of unit normals has mean square 2)."""
+    expected_step1_loss_is: str = ABSENT
+    """Which of the two expected_step1_loss is, in words."""
+    step1_loss_rel_to_expected: float = ABSENT
+    """|step1_loss - expected_step1_loss| / expected_step1_loss (fraction): how far a fresh model starts from it."""
     num_params: int = ABSENT
     """Parameters of the model trained (the twin's when the gates run on a twin)."""
     # the full model of config.json on the meta device (onboard/rungs/full_model.py)
@@ -98,12 +105,27 @@ class EagerMeasurements(harness.SteadyRun):
 MEASUREMENTS = EagerMeasurements
 
 
-def measure(rows: list[dict], vocab_size: int, num_params: int, *, steps: int) -> dict:
+FLOW_STEP1_LOSS = 2.0
+"""E[(noise - latents)^2] for independent unit-normal noise and latents: a flow model's loss
+while its zero-initialised output predicts 0."""
+
+
+def expected_step1_loss(args) -> tuple[float, str, dict]:
+    """(expected step-1 loss, what it is, the language model's vocabulary measurements) for these model args."""
+    if flux_of_args(args) is not None:
+        return FLOW_STEP1_LOSS, "mean square of the velocity target of unit-normal samples (flow model)", {}
+    ln_vocab = math.log(args.vocab_size)
+    return ln_vocab, f"ln(vocab {args.vocab_size}), a uniform prediction", {
+        "vocab_size": args.vocab_size, "ln_vocab": ln_vocab,
+    }  # fmt: skip
+
+
+def measure(rows: list[dict], args, num_params: int, *, steps: int) -> dict:
     """Gate measurements from the per-step metric rows of one run of `steps` planned steps."""
     losses = [r["loss"] for r in rows]
     norms = [r["grad_norm"] for r in rows]
     first, last = rows[0], rows[-1]
-    ln_vocab = math.log(vocab_size)
+    expected, what, vocab = expected_step1_loss(args)
     return {
         "steps_run": len(rows),
         "steps_planned": steps,
@@ -114,9 +136,10 @@ def measure(rows: list[dict], vocab_size: int, num_params: int, *, steps: int) -
         "step1_grad_norm_repr": repr(first["grad_norm"]),
         "last_loss": last["loss"],
         "last_loss_repr": repr(last["loss"]),
-        "vocab_size": vocab_size,
-        "ln_vocab": ln_vocab,
-        "step1_loss_rel_to_ln_vocab": abs(first["loss"] - ln_vocab) / ln_vocab,
+        **vocab,
+        "expected_step1_loss": expected,
+        "expected_step1_loss_is": what,
+        "step1_loss_rel_to_expected": abs(first["loss"] - expected) / expected,
         **harness.run_stats(rows),
         "num_params": num_params,
     }
@@ -126,7 +149,7 @@ def run(ctx: RungContext) -> RungResult:
     from onboard.rungs import full_model  # lazy: loads torch; onboard status imports the rungs
 
     cfg = harness.job_config(ctx)
-    vocab_size = harness.model_args(cfg).vocab_size
+    args = harness.model_args(cfg)
     t = cfg.training
     overrides = harness.announce(ctx, cfg, "eager")
     ctx.log(
@@ -137,7 +160,7 @@ def run(ctx: RungContext) -> RungResult:
     rows = result.metrics
     if not rows:
         raise RuntimeError("training ran no step")
-    measurements = EagerMeasurements(**measure(rows, vocab_size, result.num_params, steps=t.steps))
+    measurements = EagerMeasurements(**measure(rows, args, result.num_params, steps=t.steps))
     ctx.log(
         f"eager: loss {rows[0]['loss']:.4f} -> {rows[-1]['loss']:.4f} over {len(rows)} steps, "
         f"{measurements.tokens_per_s:,.0f} tokens/s"

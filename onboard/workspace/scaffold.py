@@ -34,6 +34,8 @@ from onboard.workspace.arch_diff import architecture_differences
 from titan_core.config import ConfigError
 from titan_core.config.hf_config import read_hf_config_text
 from titan_core.models import FAMILY_NAMES, family_for_hf_model_type, get_family, resolve_args
+from titan_core.models.flux.config import flux_config
+from titan_core.models.registry import DIFFUSION_FAMILIES
 from titan_core.models.common.hf_adapter import NEUTRAL_KEYS, AdapterError
 from titan_core.models.common.mapping_errors import ArchitectureError
 from titan_core.models.transformers.adapter import TransformersAdapter
@@ -128,17 +130,27 @@ def _version() -> str:
         return "unknown"
 
 
+PRESET_NAMES = {"llama3_debug": "llama3/debugmodel", "flux_debug": "flux/debugmodel"}
+"""Short names of the presets the README and the demo use."""
+
+
 def families_line() -> str:
-    return ", ".join(f"{n} ({', '.join(get_family(n).adapter.hf_model_types)})" for n in FAMILY_NAMES)
+    return ", ".join(
+        f"{n} ({', '.join(get_family(n).adapter.hf_model_types)})" for n in (*FAMILY_NAMES, *DIFFUSION_FAMILIES)
+    )
 
 
 # ---- reading the inputs ------------------------------------------------------------------
 def preset_config(preset: str) -> tuple[str, str, dict]:
-    """(family, flavor, HF config dict) for FAMILY[/FLAVOR]; the flavor defaults to debugmodel."""
-    family, _, flavor = preset.partition("/")
+    """(family, flavor, HF config dict) for FAMILY[/FLAVOR] or a PRESET_NAMES name; the flavor
+    defaults to debugmodel."""
+    family, _, flavor = PRESET_NAMES.get(preset, preset).partition("/")
     flavor = flavor or "debugmodel"
-    if family not in FAMILY_NAMES:
-        raise BadInput(f"unknown family '{family}' in --preset; families: {', '.join(FAMILY_NAMES)}")
+    known = (*FAMILY_NAMES, *DIFFUSION_FAMILIES)
+    if family not in known:
+        raise BadInput(
+            f"unknown family '{family}' in --preset; families: {', '.join(known)}; presets: {', '.join(PRESET_NAMES)}"
+        )
     try:
         args = resolve_args(family, flavor)
     except ConfigError as e:
@@ -155,6 +167,15 @@ def read_weights(path: Path | None) -> Path | None:
     if not any(path.glob("*.safetensors")):
         raise BadInput(f"--weights {path} holds no *.safetensors files")
     return path
+
+
+def diffusion_summary(args) -> str:
+    f = flux_config(args)
+    return (
+        f"FLUX: {f.n_double_layers} double-stream + {f.n_single_layers} single-stream blocks, dim {f.dim}, "
+        f"{f.n_heads} heads, {f.image_tokens} image + {f.text_len} text tokens per sample"
+        + (", guidance embedded" if f.guidance_embeds else "")
+    )
 
 
 # ---- deciding ----------------------------------------------------------------------------
@@ -241,6 +262,11 @@ def plan_workspace(
             "two paths can: --path transformers runs transformers' own class through titan_core, "
             "--path port starts a native port from the closest family"
         )
+    if family in DIFFUSION_FAMILIES and path_kind != "native":
+        raise BadInput(
+            f"--path {path_kind} is for causal LMs; a {model_type} diffusion transformer runs on the {family} family "
+            "(leave --path out)"
+        )
     if path_kind == "transformers":
         plan = _plan_transformers(
             name, root, cfg, text, model_type=model_type, source=source, device=device, weights=weights_dir,
@@ -259,7 +285,7 @@ def plan_workspace(
     try:
         args, _ = adapter.args_from_hf(cfg)
         unconsumed = adapter.unconsumed_keys(cfg)
-        args_summary = (
+        args_summary = diffusion_summary(args) if family in DIFFUSION_FAMILIES else (
             f"dim {args.dim}, {args.n_layers} layers, {args.n_heads} heads ({args.n_kv_heads} kv), "
             f"vocab {args.vocab_size}" + (f", {args.n_experts} experts top-{args.top_k}" if args.n_experts else "")
         )
@@ -331,6 +357,13 @@ def _toml_value(value: Any) -> str:
     return tomli_w.dumps({"v": value}).split("=", 1)[1].strip()
 
 
+def _image_tokens(plan: Plan) -> int:
+    """A flux sample's image tokens (the recipe's seq_len); 0 for a language model."""
+    if plan.family not in DIFFUSION_FAMILIES:
+        return 0
+    return flux_config(get_family(plan.family).adapter.args_from_hf(plan.hf_config)[0]).image_tokens
+
+
 def render(plan: Plan) -> dict[str, str]:
     """{file name: text} of every file of the workspace except ladder.json."""
     templates = data_dir("templates")
@@ -359,6 +392,7 @@ def render(plan: Plan) -> dict[str, str]:
         attention=plan.attention, attention_why=plan.attention_why,
         twin=plan.twin is not None, twin_file=TWIN, twin_rows=(plan.twin or {}).get("rows", []),
         twin_summary=(plan.twin or {}).get("summary", ""), twin_reason=(plan.twin or {}).get("reason", ""),
+        diffusion=plan.family in DIFFUSION_FAMILIES, image_tokens=_image_tokens(plan),
     )  # fmt: skip
     names = ["recipe.toml", "adapter.py", "README.md"]
     if has_test_parity:

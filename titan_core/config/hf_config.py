@@ -36,12 +36,17 @@ def json_depth(text: str, limit: int = MAX_DEPTH) -> int:
     return deepest
 
 
+DIFFUSERS_MODEL_TYPES = {"FluxTransformer2DModel": "flux"}
+"""A diffusers model config names its class (`_class_name`), not a model_type: the model_type it is read as."""
+
+
 def read_hf_config_text(path: str | Path, *, require_model_type: bool = False) -> tuple[dict, str]:
     """(config dict, exact file text) from a config.json, or from a folder holding one.
 
     ConfigError for a missing file, malformed JSON, nesting deeper than MAX_DEPTH or a
     value that is not a JSON object;
-    with `require_model_type`, also when it names no architecture in `model_type`.
+    with `require_model_type`, also when it names no architecture in `model_type`. A diffusers
+    config of a class in DIFFUSERS_MODEL_TYPES gets that model_type (the text is left as it is).
     """
     path = Path(path)
     if path.is_dir():
@@ -60,8 +65,13 @@ def read_hf_config_text(path: str | Path, *, require_model_type: bool = False) -
         raise ConfigError(f"malformed JSON in {path}: {e}") from None
     if not isinstance(cfg, dict):
         raise ConfigError(f"{path} is not a JSON object; an HF config.json is one, naming its model_type")
+    if "model_type" not in cfg and cfg.get("_class_name") in DIFFUSERS_MODEL_TYPES:
+        cfg["model_type"] = DIFFUSERS_MODEL_TYPES[cfg["_class_name"]]
     if require_model_type and (not isinstance(cfg.get("model_type"), str) or not cfg["model_type"]):
-        raise ConfigError(f"{path} has no model_type; an HF config.json names its architecture there")
+        raise ConfigError(
+            f"{path} has no model_type; an HF config.json names its architecture there (a diffusers config "
+            f"its _class_name, one of {', '.join(DIFFUSERS_MODEL_TYPES)})"
+        )
     return cfg, text
 
 

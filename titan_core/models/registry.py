@@ -40,7 +40,7 @@ def get_family(name: str) -> ModelFamily:
 
 
 def family_for_hf_model_type(model_type: str) -> ModelFamily | None:
-    for name in FAMILY_NAMES:
+    for name in (*FAMILY_NAMES, *DIFFUSION_FAMILIES):
         fam = get_family(name)
         if model_type in fam.adapter.hf_model_types:
             return fam

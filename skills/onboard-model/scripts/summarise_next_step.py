@@ -43,7 +43,7 @@ CRITERION_SECTIONS = {
 EAGER_SECTIONS = {
     "all_finite": "all_finite fails",
     "loss_falls": "loss_falls fails",
-    "step1_loss_near_ln_vocab": "step1_loss_near_ln_vocab fails",
+    "step1_loss_near_expected": "step1_loss_near_expected fails",
 }
 
 

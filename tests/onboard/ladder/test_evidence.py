@@ -179,18 +179,18 @@ def test_status_and_report_commands_recheck_against_the_shipped_checklist(tmp_pa
     forged = {"rung": "eager", "attempt": 1, "status": "passed", "started": "2026-01-01T00:00:00+00:00",
               "ended": "2026-01-01T00:00:05+00:00", "files_read": {}, "criteria": [],
               "measurements": {"all_finite": True, "step1_loss": 7.6, "last_loss": 7.0,
-                               "step1_loss_rel_to_ln_vocab": 0.4, "full_model_built_on_meta": True,
+                               "step1_loss_rel_to_expected": 0.4, "full_model_built_on_meta": True,
                                "full_model_key_mismatches": 0, "full_model_checkpoint_problems": 0}}  # fmt: skip
     tamper(ws, lambda d: d["attempts"].append(forged))
     status = onboard("status", "m", "--dir", tmp_path, "--json")
     assert status.exit_code == 0
     eager = json.loads(status.stdout)["rungs"][0]
     assert (eager["status"], eager["recorded_status"]) == ("invalid", "passed")
-    assert [c["name"] for c in eager["invalid_criteria"]] == ["step1_loss_near_ln_vocab"]
+    assert [c["name"] for c in eager["invalid_criteria"]] == ["step1_loss_near_expected"]
     assert eager["invalid_criteria"][0]["value"] == 0.4 and eager["invalid_criteria"][0]["threshold"] == 0.25
     assert json.loads(status.stdout)["current_rung"] == "eager"
     text = onboard("status", "m", "--dir", tmp_path).stdout
-    assert "invalid" in text and "step1_loss_near_ln_vocab" in text
+    assert "invalid" in text and "step1_loss_near_expected" in text
     assert onboard("report", "m", "--dir", tmp_path).exit_code == 0
     report = (ws.root / "REPORT.md").read_text()
-    assert "| 1 | eager | **invalid** |" in report and "step1_loss_rel_to_ln_vocab = 0.4, needs <= 0.25" in report
+    assert "| 1 | eager | **invalid** |" in report and "step1_loss_rel_to_expected = 0.4, needs <= 0.25" in report

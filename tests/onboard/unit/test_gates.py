@@ -126,7 +126,7 @@ def test_shipped_eager_checklist_matches_design():
     assert by_name["all_finite"].comparator == "is_true"
     assert (by_name["loss_falls"].metric, by_name["loss_falls"].comparator) == ("last_loss", "<")
     assert by_name["loss_falls"].threshold == "measurements.step1_loss"
-    assert by_name["step1_loss_near_ln_vocab"].threshold == 0.25  # DESIGN section 5: within 25% of ln(vocab)
+    assert by_name["step1_loss_near_expected"].threshold == 0.25  # DESIGN section 5: within 25% of ln(vocab)
     assert cl.human
 
 

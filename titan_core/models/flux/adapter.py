@@ -67,7 +67,7 @@ CONFIG_KEYS = {
     "pooled_projection_dim": "pooled_projection_dim", "guidance_embeds": "guidance_embeds",
     "axes_dims_rope": "axes_dims_rope",
 }  # fmt: skip
-NEUTRAL = frozenset({"_class_name", "_diffusers_version", "_name_or_path"})
+NEUTRAL = frozenset({"_class_name", "_diffusers_version", "_name_or_path", "model_type"})
 SAMPLE_KEYS = ("latent_height", "latent_width", "text_len")
 """Not in a diffusers config (they are the pipeline's): read from the config when given, else FluxConfig's."""
 
@@ -144,7 +144,7 @@ class FluxAdapter:
     def hf_config(self, args: TransformerArgs) -> dict[str, Any]:
         """The diffusers config.json of these args (the sample sizes kept beside, under their own names)."""
         fc = flux_config(args)
-        cfg: dict[str, Any] = {"_class_name": self.hf_class, "patch_size": 1, "out_channels": None}
+        cfg: dict[str, Any] = {"_class_name": self.hf_class, "model_type": "flux", "patch_size": 1, "out_channels": None}
         for key, field in CONFIG_KEYS.items():
             value = getattr(fc, field)
             cfg[key] = list(value) if isinstance(value, tuple) else value

@@ -131,3 +131,8 @@ def flux_of(model) -> FluxConfig | None:
     """The FluxConfig of a flux model (its samples' shape), None for any other model."""
     cfg = getattr(model, "cfg", None)
     return cfg if isinstance(cfg, FluxConfig) else None
+
+
+def flux_of_args(args: TransformerArgs) -> FluxConfig | None:
+    """The FluxConfig these model args carry, None for a language model's args."""
+    return flux_config(args) if isinstance(args.extra.get(EXTRA_KEY), dict) else None

@@ -1,0 +1,155 @@
+"""Parity of a flux workspace against diffusers' FluxTransformer2DModel, CPU fp32, same weights.
+
+The same measurements as a language model's parity (check.py), so one checklist judges both:
+the state-dict round trip through the workspace adapter, the prediction (`logits_*`: the
+model's output, here the velocity [batch, image tokens, channels]), the rectified-flow loss
+(`loss_abs_diff`) and every parameter's gradient. The sample size is not a weight, so parity
+runs at a joint sequence of at least the checklist's seq_len (image + text tokens) whatever
+the recipe trains at; the one declared feature, the guidance embedding of a guidance-distilled
+model, is exercised when its embedder's gradient is not zero.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import math
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from titan_core.data.flow import FlowLoader
+from titan_core.measure.numerics import max_abs, rel_l2
+from titan_core.models.flux.config import flux_config
+
+from onboard.parity import criteria
+from onboard.parity.compare import compare_grads, round_trip
+from onboard.parity.localise import OutputRecorder, compare_outputs, localise, module_pairs, parameter_sources
+from onboard.parity.native import build_native, load_adapter, load_converted, native_args
+from onboard.parity.upstream import Upstream, UpstreamError, perturb_constants, weight_files
+
+
+def _require_diffusers():
+    try:
+        from diffusers import FluxTransformer2DModel  # lazy: the [diffusers] extra; absence becomes UpstreamError
+    except ImportError:
+        raise UpstreamError("flux parity needs diffusers: pip install 'titan-onboard[diffusers]'") from None
+    return FluxTransformer2DModel
+
+
+def build_flux_upstream(cfg: dict[str, Any], *, weights_dir: Path | None, seed: int) -> Upstream:
+    """diffusers' FluxTransformer2DModel for `cfg`, fp32 on CPU, in eval mode, seeded or from the
+    safetensors files in `weights_dir` (a tensor missing, unused or of another shape is counted)."""
+    cls = _require_diffusers()
+    takes = inspect.signature(cls.__init__).parameters
+    kwargs = {k: v for k, v in cfg.items() if k in takes and k != "self"}
+    with torch.random.fork_rng(devices=[]):  # diffusers init draws from the global generator
+        torch.manual_seed(seed)
+        model = cls(**kwargs).float()
+    loading: dict[str, Any] = {}
+    if weights_dir is None:
+        perturb_constants(model, seed)
+        source = f"seed={seed}"
+    else:
+        from safetensors.torch import load_file  # lazy: the [hf] extra, only to read a weights folder
+
+        files = weight_files(Path(weights_dir), stem="diffusion_pytorch_model")
+        state: dict[str, torch.Tensor] = {}
+        for f in files:
+            state.update(load_file(str(f)))
+        own = model.state_dict()
+        mismatched = sorted(f"{k}: checkpoint {tuple(v.shape)} vs model {tuple(own[k].shape)}"
+                            for k, v in state.items() if k in own and v.shape != own[k].shape)  # fmt: skip
+        fitting = {k: v.float() for k, v in state.items() if k in own and v.shape == own[k].shape}
+        model.load_state_dict(fitting, strict=False)
+        loading = {
+            "files": [f.name for f in files],
+            "expected": len(own),
+            "missing": sorted(set(own) - set(state)),
+            "unexpected": sorted(set(state) - set(own)),
+            "mismatched": mismatched,
+        }
+        source = str(weights_dir)
+    model = model.eval()
+    return Upstream(model=model, checkpoint=model.state_dict(), source=source, loading=loading)
+
+
+def parity_sample(args, seq_len: int):
+    """Args whose sample is at least `seq_len` joint tokens: text tokens, then a square latent grid."""
+    fc = flux_config(args)
+    if fc.text_len + fc.image_tokens >= seq_len:
+        return args
+    side = math.ceil(math.sqrt(seq_len / 2))
+    bigger = dataclasses.replace(fc, latent_height=side, latent_width=side, text_len=seq_len - side * side)
+    return bigger.to_args(init_std=args.init_std)
+
+
+def _ids(fc):
+    rows = torch.arange(fc.latent_height).repeat_interleave(fc.latent_width)
+    cols = torch.arange(fc.latent_width).repeat(fc.latent_height)
+    return torch.stack([torch.zeros_like(rows), rows, cols], -1).float(), torch.zeros(fc.text_len, 3)
+
+
+def run_flow(ws, cfg, res, m, *, root: Path, weights_dir, batch: int, seed: int) -> None:
+    """check.py's `_run` for a flux workspace: fills `res` and its measurements `m`."""
+    upstream = build_flux_upstream(cfg, weights_dir=weights_dir, seed=seed)
+    hf = upstream.model
+    res.update(upstream_class=type(hf).__name__, weights=upstream.source, weights_check=upstream.loading)
+    m.update(upstream.counts())
+    adapter = load_adapter(root)
+    res["unconsumed_hf_keys"] = adapter.unconsumed_keys(cfg) if callable(getattr(adapter, "unconsumed_keys", None)) else []
+    args = parity_sample(native_args(ws, adapter, cfg), int(criteria.threshold("seq_len")))
+    fc = flux_config(args)
+    native = build_native(ws, args, seed=seed + 1000)
+    load = load_converted(native, adapter.from_hf(upstream.checkpoint))
+    rt = round_trip(upstream.checkpoint, adapter.to_hf(native.state_dict()))
+    m.update(state_dict_same_keys=rt.same_keys, state_dict_max_abs_diff=rt.max_abs_diff, seq_len=fc.text_len + fc.image_tokens)
+    res["state_dict"] = {
+        "missing_after_round_trip": rt.missing[:40], "extra_after_round_trip": rt.extra[:40],
+        "worst_key": rt.worst_key, "native_not_loaded": load.missing[:40],
+        "converted_not_in_native": load.unexpected[:40], "shape_mismatch": load.shape_mismatch[:40],
+    }  # fmt: skip
+    res["sample"] = {"image_tokens": fc.image_tokens, "text_tokens": fc.text_len, "batch": batch}
+
+    b = FlowLoader(flux=fc, seed=seed, batch_size=batch, seq_len=fc.image_tokens, dp_rank=0, dp_world=1,
+                   repeat_batch=True).batch_at(0)  # fmt: skip
+    inp = b.inputs
+    t = inp["timesteps"][:, None, None]
+    noisy = (1 - t) * b.tokens + t * inp["noise"]
+    img_ids, txt_ids = _ids(fc)
+    # only linear layers are paired for localisation: both sides' blocks return their two streams in other orders
+    linears = {n for n, mod in native.named_modules() if isinstance(mod, torch.nn.Linear)}
+    pairs = {k: v for k, v in module_pairs(native, hf, parameter_sources(upstream.checkpoint, adapter.from_hf)).items()
+             if k in linears}  # fmt: skip
+    with OutputRecorder(native, list(pairs)) as nrec, OutputRecorder(hf, list(pairs.values())) as urec:
+        native_loss, _ = native.loss(b.tokens, b.labels, **b.loss_kwargs())
+        pred = native(noisy, timesteps=inp["timesteps"], text=inp["text"], pooled=inp["pooled"], guidance=inp.get("guidance"))
+        theirs = hf(noisy, encoder_hidden_states=inp["text"], pooled_projections=inp["pooled"], timestep=inp["timesteps"],
+                    img_ids=img_ids, txt_ids=txt_ids, guidance=inp.get("guidance"), return_dict=False)[0]  # fmt: skip
+    their_loss = (theirs.float() - (inp["noise"] - b.tokens)).pow(2).mean()
+    m.update(logits_rel_l2=rel_l2(pred, theirs), logits_max_abs=max_abs(pred, theirs))
+    m.update(loss_abs_diff=abs(native_loss.item() - their_loss.item()), native_loss_repr=repr(native_loss.item()),
+             upstream_loss_repr=repr(their_loss.item()))  # fmt: skip
+    rows = compare_outputs(nrec, urec, pairs)
+    tol = criteria.threshold("logits_rel_l2")
+    first, why = localise(rows, nrec, urec, pairs, tol)
+    m.update(first_divergence_module=first.native if first else None, first_divergence_upstream=first.upstream if first else None,
+             first_divergence_rel_l2=first.rel_l2 if first else None, modules_compared=sum(r.rel_l2 is not None for r in rows))  # fmt: skip
+    res["localisation"] = {"tolerance_rel_l2": tol, "first": {**first.as_dict(), "why": why} if first else None,
+                           "table": [r.as_dict() for r in rows], "note": "linear layers paired by their weights"}  # fmt: skip
+    native.zero_grad(set_to_none=True)
+    hf.zero_grad(set_to_none=True)
+    native_loss.backward()
+    their_loss.backward()
+    grads = compare_grads(hf, native, adapter.to_hf, tokens=b.labels.numel())
+    m.update(grad_max_rel_l2=grads.max_rel_l2, grad_worst_param=grads.worst_param)
+    res["grads"] = {"worst": [{"param": k, "rel_l2": v} for k, v in sorted(grads.per_param.items(), key=lambda kv: -kv[1])[:5]],
+                    "upstream_without_native_grad": grads.missing[:40], "native_without_upstream_param": grads.extra[:40]}  # fmt: skip
+    guidance = native.guidance_in
+    used = guidance is not None and guidance.w1.weight.grad is not None and float(guidance.w1.weight.grad.norm()) > 0
+    res["features"] = {"guidance": {"declared": fc.guidance_embeds, "exercised": used,
+                                    "how": "guidance scales in [1, 5] per sample; the embedder's gradient is not zero"}}  # fmt: skip
+    m["features_exercised"] = used or not fc.guidance_embeds
+    if fc.guidance_embeds:
+        m["feature_guidance"] = True
