@@ -348,14 +348,17 @@ def train_cmd(
 def demo_cmd(
     dir: Path = typer.Option(Path("demo-run"), "--dir", help="Folder for the demo workspace."),
     device: str = typer.Option("auto", "--device", help="auto | cpu | cuda | tpu."),
+    preset: str = typer.Option(
+        "llama3_debug", "--preset", help="llama3_debug (a dense LLM) | flux_debug (a FLUX diffusion transformer)."
+    ),
     json_out: bool = JSON_OPTION,
 ):
-    """new-model for the llama3 debugmodel, next-step up the whole ladder, status, report."""
+    """new-model for a built-in debug model, next-step up the whole ladder, status, report."""
 
     def body(out: Out) -> int:
         from onboard.cli.demo import run_demo
 
-        result = run_demo(dir, device=device, out=out)
+        result = run_demo(dir, device=device, out=out, preset=preset)
         if out.json:
             out.emit(result)
         return result["exit_code"]

@@ -1,4 +1,5 @@
-"""`onboard demo`: the whole loop on the llama3 debugmodel, end to end, in one command."""
+"""`onboard demo`: the whole loop on a built-in debug model (llama3's by default, or FLUX's with
+`--preset flux_debug`), end to end, in one command."""
 
 from __future__ import annotations
 
@@ -11,29 +12,36 @@ from onboard.workspace.scaffold import plan_workspace, write_workspace
 from onboard.cli.views import ladder_table, show_outcome, status_dict
 from onboard.workspace.layout import Workspace
 from onboard.engine.ledger import Status
+from onboard.errors import BadInput
 
 NAME = "llama3_debug"
 PRESET = "llama3/debugmodel"
+PRESETS = {"llama3_debug": "llama3/debugmodel", "flux_debug": "flux/debugmodel"}
+"""The demo's presets: workspace name -> the preset it is made from."""
 # Measured on the 2-core machine with other jobs running: 20 eager steps took 54 s with two
 # threads and 14 s with one (spinning OpenMP threads fight over the cores); idle, one thread
 # costs a second or two. The demo should take the same time wherever it runs.
 THREADS_WHY = "one intra-op thread: steady on a small CPU shared with other work"
 
 
-def run_demo(base: Path, *, device: str, out) -> dict:
+def run_demo(base: Path, *, device: str, out, preset: str = NAME) -> dict:
     """new-model (replacing an earlier demo workspace), next-step until the ladder stops
-    (complete up to the last built rung, or a failed gate), then status and report."""
+    (complete up to the last built rung, or a failed gate), then status and report.
+    `preset`: a PRESETS name (BadInput for another)."""
+    if preset not in PRESETS:
+        raise BadInput(f"unknown demo preset '{preset}'; presets: {', '.join(PRESETS)}")
+    name, source = preset, PRESETS[preset]
     t0 = time.perf_counter()
-    plan = plan_workspace(NAME, base, preset=PRESET, device=device, force=True, threads=(1, THREADS_WHY))
+    plan = plan_workspace(name, base, preset=source, device=device, force=True, threads=(1, THREADS_WHY))
     root = write_workspace(plan, force=True)
-    out.log(f"demo: created {root} from --preset {PRESET}")
-    ws = Workspace.load(base, NAME)
+    out.log(f"demo: created {root} from --preset {source}")
+    ws = Workspace.load(base, name)
     specs = default_specs()
     steps = []
     # each call advances one rung or stops; a rung's recipe edit can send the ladder back to
     # re-verify the rungs that read the edited keys, so allow a few climbs before giving up
     for _ in range(3 * len(RUNGS)):
-        outcome = next_step(ws, specs=specs, log=out.log, base_command=f"onboard next-step {NAME} --dir {base}")
+        outcome = next_step(ws, specs=specs, log=out.log, base_command=f"onboard next-step {name} --dir {base}")
         steps.append(outcome)
         if outcome.status != Status.COMPLETE:
             show_outcome(out.print, outcome)
@@ -42,7 +50,7 @@ def run_demo(base: Path, *, device: str, out) -> dict:
     report = write_report_files(ws, specs)
     files = report.to_json()
     states = ladder_states(ws, specs)
-    out.print(ladder_table(states, title=f"demo ladder: {NAME} ({PRESET})"))
+    out.print(ladder_table(states, title=f"demo ladder: {name} ({source})"))
     last = steps[-1]
     wall = time.perf_counter() - t0
     out.print(

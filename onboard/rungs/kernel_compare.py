@@ -28,10 +28,13 @@ from titan_core.config.sections import Kernels
 from titan_core.config.swaps import apply_swaps, registered_swaps, swap_applicability
 from titan_core.kernels.moe import grouped_mm_unsupported
 from titan_core.kernels.swaps import DEFAULTS, swaps_for
+from titan_core.data.base import Batch
+from titan_core.data.flow import FlowLoader
 from titan_core.measure.numerics import grad_noise, grad_rel_l2, rel_l2
 from titan_core.measure.timing import Comparison, TimingProtocol, compare, timed
 from titan_core.memory.tensor_peak import TensorPeak
 from titan_core.models.common.args import TransformerArgs
+from titan_core.models.flux.config import flux_of_args
 from titan_core.models.registry import build_meta
 from titan_core.runtime import devices
 
@@ -98,17 +101,22 @@ def applicable_kernels(
     is_moe = args.n_experts > 0
     no_jax = _jax_unavailable(device_type)
     dense = "dense model: no MoE layers to run experts for"
+    flow = flux_of_args(args) is not None
     out: dict[str, str | None] = {
-        "kernels.loss=fused_ce": None,
+        "kernels.loss=fused_ce": "a flow model's loss is the velocity's mean squared error: no cross-entropy head"
+        if flow
+        else None,
         "kernels.attention=sdpa": None,
         "kernels.attention=tokamax": no_jax,
         "kernels.attention=flex": {
             "cpu": "FlexAttention has no backward on CPU (torch 2.13), so it cannot train here",
             "tpu": "FlexAttention is not verified on TorchTPU; attention=splash is the TPU kernel",
         }.get(device_type),
-        "kernels.attention=splash": None
-        if device_type == "tpu"
-        else f"splash is a TPU kernel; device is {device_type}",
+        "kernels.attention=splash": f"splash is a TPU kernel; device is {device_type}"
+        if device_type != "tpu"
+        else "splash masks causally always and this model's joint attention is bidirectional"
+        if flow
+        else None,
         "kernels.moe=dense": dense if not is_moe else None,
         "kernels.moe=grouped_mm": dense
         if not is_moe
@@ -164,9 +172,22 @@ def build_model_with(
     apply_swaps(model, _swap_names(kernels, field_name))
     model.to_empty(device=device)
     model.init_weights(seed=0)  # also fills the non-persistent buffers (RoPE frequencies)
+    if state is None and flux_of_args(args) is not None:
+        _liven(model, args.init_std)
     if state is not None:
         model.load_state_dict(state, strict=True)  # also proves the swap kept the state dict
     return model.to(dtype)
+
+
+@torch.no_grad()
+def _liven(model: nn.Module, std: float) -> None:
+    """Draw every constant parameter (seeded): a flow model starts with zero modulation gates and a
+    zero output projection (adaLN-Zero), so every block is the identity and its output 0 whatever
+    the attention computes: a kernel compared there would agree vacuously."""
+    gen = torch.Generator().manual_seed(1)
+    for p in model.parameters():
+        if p.numel() > 1 and bool((p == p.flatten()[0]).all()):
+            p.copy_(torch.randn(p.shape, generator=gen) * std)
 
 
 def kernels_for(field_name: str, choice: str, base: Kernels | None) -> Kernels:
@@ -176,8 +197,14 @@ def kernels_for(field_name: str, choice: str, base: Kernels | None) -> Kernels:
     return Kernels(**kw)
 
 
-def make_batch(args: TransformerArgs, *, batch: int, seq_len: int, seed: int, device, packed: bool = True):
-    """Random tokens, labels with a few ignored positions and, when packed, two documents per row."""
+def make_batch(args: TransformerArgs, *, batch: int, seq_len: int, seed: int, device, packed: bool = True) -> Batch:
+    """Random tokens, labels with a few ignored positions and, when packed, two documents per row;
+    for a flow model (flux) its synthetic samples at the model's own sample size."""
+    flux = flux_of_args(args)
+    if flux is not None:
+        loader = FlowLoader(flux=flux, seed=seed, batch_size=batch, seq_len=flux.image_tokens, dp_rank=0, dp_world=1,
+                            repeat_batch=True)  # fmt: skip
+        return loader.batch_at(0).to(device)
     gen = torch.Generator().manual_seed(seed)
     tokens = torch.randint(0, args.vocab_size, (batch, seq_len + 1), generator=gen)
     inputs, labels = tokens[:, :-1].clone(), tokens[:, 1:].clone()
@@ -186,8 +213,15 @@ def make_batch(args: TransformerArgs, *, batch: int, seq_len: int, seed: int, de
     if packed:
         cut = torch.randint(1, seq_len, (batch, 1), generator=gen)
         segment_ids = (torch.arange(seq_len)[None, :] >= cut).long()
-    move = lambda t: None if t is None else t.to(device)  # noqa: E731
-    return move(inputs), move(labels), move(segment_ids)
+    return Batch(inputs, labels, segment_ids=segment_ids).to(device)
+
+
+def forward(model: nn.Module, b: Batch) -> torch.Tensor:
+    """The model's output on a batch: a language model's logits, a flow model's predicted velocity
+    (at the clean latents: the output, not the loss, is what is compared)."""
+    if "noise" in b.inputs:
+        return model(b.tokens, **{k: v for k, v in b.inputs.items() if k != "noise"})
+    return model(b.tokens, segment_ids=b.segment_ids)
 
 
 @dataclass
@@ -247,17 +281,16 @@ def compare_kernel(
         family, args, kernels_for(field_name, choice, base), device, dtype, state=ref.state_dict(),
         build_meta_model=build_meta_model, field_name=field_name,
     )  # fmt: skip
-    inputs, labels, segment_ids = make_batch(
-        args, batch=batch, seq_len=seq_len, seed=seed, device=device, packed=packed
-    )
+    b = make_batch(args, batch=batch, seq_len=seq_len, seed=seed, device=device, packed=packed)
+    labels = b.labels
 
     def run(model):
-        loss, _ = model.loss(inputs, labels, segment_ids=segment_ids)
+        loss, _ = model.loss(b.tokens, b.labels, **b.loss_kwargs())
         # the trainable parameters: a frozen one (AFMoE's router bias) has no gradient to compare
         trained = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
         grads = torch.autograd.grad(loss, [p for _, p in trained], allow_unused=True)
         with torch.no_grad():
-            logits = model(inputs, segment_ids=segment_ids)
+            logits = forward(model, b)
         return loss.detach(), logits, dict(zip([n for n, _ in trained], grads))
 
     loss_r, logits_r, grads_r = run(ref)
@@ -276,15 +309,15 @@ def compare_kernel(
     )
 
 
-def _step_peak(model, inputs, labels, segment_ids, device: torch.device) -> int:
+def _step_peak(model, b: Batch, device: torch.device) -> int:
     """Peak memory of one forward + backward: the allocator's on accelerators, counted tensors on CPU."""
     if device.type == "cpu":
         with TensorPeak() as peak:
-            loss, _ = model.loss(inputs, labels, segment_ids=segment_ids)
+            loss, _ = model.loss(b.tokens, b.labels, **b.loss_kwargs())
             loss.backward()
         return peak.peak_bytes
     devices.reset_peak_memory(device)
-    loss, _ = model.loss(inputs, labels, segment_ids=segment_ids)
+    loss, _ = model.loss(b.tokens, b.labels, **b.loss_kwargs())
     loss.backward()
     devices.synchronize(device)
     return devices.peak_memory_bytes(device)
@@ -324,7 +357,7 @@ def measure_kernel(
     field_name, choice = parse_flag(flag)
     other = against or REFERENCE[field_name]
     parse_flag(f"kernels.{field_name}={other}")
-    inputs, labels, segment_ids = make_batch(args, batch=batch, seq_len=seq_len, seed=0, device=device)
+    b = make_batch(args, batch=batch, seq_len=seq_len, seed=0, device=device)
     models = {
         pick: build_model_with(
             family,
@@ -341,7 +374,7 @@ def measure_kernel(
     def step(model):
         def run():
             model.zero_grad(set_to_none=True)
-            loss, _ = model.loss(inputs, labels, segment_ids=segment_ids)
+            loss, _ = model.loss(b.tokens, b.labels, **b.loss_kwargs())
             loss.backward()
 
         return timed(run, sync=lambda: devices.synchronize(device))
@@ -355,7 +388,7 @@ def measure_kernel(
             side["peak_memory_note"] = "JAX allocates this kernel's buffers outside torch: not measured"
         else:
             models[pick].zero_grad(set_to_none=True)
-            side["peak_memory_bytes"] = _step_peak(models[pick], inputs, labels, segment_ids, device)
+            side["peak_memory_bytes"] = _step_peak(models[pick], b, device)
         out[name] = side
     out["describe"] = timing.describe(flag, out["reference"])
     return out

@@ -19,7 +19,6 @@ from torch import nn
 from titan_core.compile import explain_blocks, graph_breaks_total
 from titan_core.compile.graph_trainer import CaptureError, find_host_syncs
 from titan_core.config.sections import Kernels, Optimizer
-from titan_core.data.base import Batch
 from onboard.rungs.kernel_compare import build_model_with, kernels_for, make_batch, parse_flag
 from titan_core.models.common.args import TransformerArgs
 from titan_core.training.optim import build_optimizer
@@ -61,8 +60,7 @@ def mode_check(
     field_name, choice = parse_flag(flag)
     model = build_model_with(family, args, kernels_for(field_name, choice, base), device, torch.float32,
                              build_meta_model=build_meta_model, field_name=field_name)  # fmt: skip
-    tokens, labels, segment_ids = make_batch(args, batch=batch, seq_len=seq_len, seed=0, device=device, packed=packed)
-    b = Batch(tokens=tokens, labels=labels, segment_ids=segment_ids)
+    b = make_batch(args, batch=batch, seq_len=seq_len, seed=0, device=device, packed=packed)
     if mode == "compile":
         report = explain_blocks(model, b)
         n = graph_breaks_total(report)
