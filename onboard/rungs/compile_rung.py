@@ -20,6 +20,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from titan_core.models.flux.config import flux_of_args
+
 from onboard.rungs import harness
 from onboard.rungs.contract import ABSENT, RungContext, RungResult
 
@@ -97,7 +99,7 @@ def run(ctx: RungContext) -> RungResult:
     flags = ["--compile.enable=true"] + ([f"--kernels.moe={moe}"] if moe else [])
     ctx.log(
         f"compile: per-block torch.compile, backend {cfg.compile.backend}, fullgraph {cfg.compile.fullgraph}, "
-        f"{args.n_layers} blocks + loss head"
+        f"{args.n_layers} blocks" + ("" if flux_of_args(args) is not None else " + loss head")
         + ("; MoE experts: kernels.moe = dense (the recipe's loop syncs the host; measurements.moe_why)" if moe else "")
     )
     trainer, result, compile_s = train_compiled(ctx, cfg)
