@@ -27,7 +27,7 @@ from onboard.parity.native import (
     PortError, WorkspaceError, build_native, load_adapter, load_converted, native_args, native_hf_config,
     read_workspace,
 )  # fmt: skip
-from onboard.parity.flow import run_flow
+from onboard.parity.diffusion import run_flow
 from onboard.parity.results import results_path, write_results
 from onboard.parity.upstream import build_upstream
 from onboard.workspace.layout import TWIN
