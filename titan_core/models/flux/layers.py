@@ -30,28 +30,18 @@ def timestep_sinusoid(t: torch.Tensor, channels: int = TIME_CHANNELS, max_period
     return torch.cat([torch.cos(angles), torch.sin(angles)], dim=-1)
 
 
-class MLPEmbedder(nn.Module):
-    """w2(silu(w1 x)): the timestep, guidance and pooled-text embedders."""
+class MLP(nn.Module):
+    """w2(act(w1 x)): the embedders (silu; in_dim -> dim -> dim) and both streams' MLPs (gelu_tanh; dim -> hidden -> dim)."""
 
-    def __init__(self, in_dim: int, dim: int):
+    def __init__(self, in_dim: int, hidden: int, out_dim: int, *, gelu: bool):
         super().__init__()
-        self.w1 = nn.Linear(in_dim, dim)
-        self.w2 = nn.Linear(dim, dim)
+        self.gelu = gelu
+        self.w1 = nn.Linear(in_dim, hidden)
+        self.w2 = nn.Linear(hidden, out_dim)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.w2(F.silu(self.w1(x)))
-
-
-class GeluMLP(nn.Module):
-    """w2(gelu_tanh(w1 x)), the MLP of both streams."""
-
-    def __init__(self, dim: int, hidden: int):
-        super().__init__()
-        self.w1 = nn.Linear(dim, hidden)
-        self.w2 = nn.Linear(hidden, dim)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.w2(F.gelu(self.w1(x), approximate="tanh"))
+        h = self.w1(x)
+        return self.w2(F.gelu(h, approximate="tanh") if self.gelu else F.silu(h))
 
 
 def rope_tables(cfg: FluxConfig, device=None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -152,8 +142,8 @@ class DoubleBlock(nn.Module):
         self.img_mod = nn.Linear(cfg.dim, 6 * cfg.dim)
         self.txt_mod = nn.Linear(cfg.dim, 6 * cfg.dim)
         self.attention = JointAttention(cfg, two_streams=True)
-        self.img_mlp = GeluMLP(cfg.dim, cfg.mlp_hidden_dim)
-        self.txt_mlp = GeluMLP(cfg.dim, cfg.mlp_hidden_dim)
+        self.img_mlp = MLP(cfg.dim, cfg.mlp_hidden_dim, cfg.dim, gelu=True)
+        self.txt_mlp = MLP(cfg.dim, cfg.mlp_hidden_dim, cfg.dim, gelu=True)
 
     def forward(self, img, txt, vec, cos, sin):
         """img [b, s_img, dim], txt [b, s_txt, dim], vec [b, dim] -> (img, txt)."""

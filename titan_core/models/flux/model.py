@@ -18,7 +18,7 @@ from torch import nn
 
 from titan_core.models.common.args import TransformerArgs
 from titan_core.models.flux.config import flux_config
-from titan_core.models.flux.layers import TIME_CHANNELS, DoubleBlock, MLPEmbedder, SingleBlock, rope_tables
+from titan_core.models.flux.layers import MLP, TIME_CHANNELS, DoubleBlock, SingleBlock, rope_tables
 from titan_core.models.flux.layers import timestep_sinusoid
 
 FLOW_INPUTS = ("noise", "timesteps", "text", "pooled", "guidance")
@@ -34,9 +34,9 @@ class Flux(nn.Module):
         self.cfg = cfg = flux_config(args)
         self.img_in = nn.Linear(cfg.in_channels, cfg.dim)
         self.txt_in = nn.Linear(cfg.joint_attention_dim, cfg.dim)
-        self.time_in = MLPEmbedder(TIME_CHANNELS, cfg.dim)
-        self.guidance_in = MLPEmbedder(TIME_CHANNELS, cfg.dim) if cfg.guidance_embeds else None
-        self.vector_in = MLPEmbedder(cfg.pooled_projection_dim, cfg.dim)
+        self.time_in = MLP(TIME_CHANNELS, cfg.dim, cfg.dim, gelu=False)
+        self.guidance_in = MLP(TIME_CHANNELS, cfg.dim, cfg.dim, gelu=False) if cfg.guidance_embeds else None
+        self.vector_in = MLP(cfg.pooled_projection_dim, cfg.dim, cfg.dim, gelu=False)
         blocks = [DoubleBlock(cfg) for _ in range(cfg.n_double_layers)]
         blocks += [SingleBlock(cfg) for _ in range(cfg.n_single_layers)]
         self.layers = nn.ModuleDict({str(i): b for i, b in enumerate(blocks)})
