@@ -21,6 +21,7 @@ from onboard.errors import BadInput
 from onboard.parity.results import RESULTS_ENV, WEIGHTS_ENV, failure_summary, read_results
 from onboard.rungs import harness
 from onboard.rungs.contract import ABSENT, Measurements, RungContext, RungResult, flattened
+from titan_core.models.registry import DIFFUSION_FAMILIES
 from titan_core.runtime.die_with_parent import with_parent_death_signal
 
 RUNG = "parity"
@@ -128,7 +129,8 @@ def run(ctx: RungContext) -> RungResult:
     if ws.weights_dir is not None:
         env[WEIGHTS_ENV] = str(ws.weights_dir)
     cmd = pytest_command(test_file)
-    ctx.log(f"parity: {shlex.join(cmd[1:4])} (upstream HF vs native, CPU fp32); results -> {out}")
+    upstream = "diffusers" if ws.family in DIFFUSION_FAMILIES else "HF"
+    ctx.log(f"parity: {shlex.join(cmd[1:4])} (upstream {upstream} vs native, CPU fp32); results -> {out}")
     log_path = ctx.attempt_dir / "pytest.log"
     with open(log_path, "w") as log:
         try:
