@@ -57,6 +57,19 @@ def tiny_cfg(family: str, out: Path, *extra: str, batch_size: int = GLOBAL_BATCH
     )
 
 
+def flux_cfg(out: Path, *extra: str, batch_size: int = GLOBAL_BATCH, steps: int = STEPS):
+    """The flux debug model (64 image + 16 text tokens per sample) in tiny_cfg's settings."""
+    return load_config(
+        None,
+        [
+            "--model.family=flux", "--model.flavor=debugmodel", f"--training.batch_size={batch_size}",
+            "--training.seq_len=64", f"--training.steps={steps}", "--training.deterministic", "--device.type=cpu",
+            "--device.threads=1", "--optimizer.lr=3e-3", "--lr_scheduler.warmup_steps=1", "--metrics.rich=false",
+            f"--metrics.output_dir={out}", *extra,
+        ],
+    )  # fmt: skip
+
+
 def param_reads_per_forward(family: str) -> int:
     """Parameter reads in one forward pass: each is one all-gather and, in backward, one reduce-scatter.
 

@@ -14,7 +14,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).parent))
 
 import torch
-from _cases import DENSE, FAMILIES, GLOBAL_BATCH, tiny_cfg, uneven_batch
+from _cases import DENSE, FAMILIES, GLOBAL_BATCH, flux_cfg, tiny_cfg, uneven_batch
 from torch.distributed.tensor import DTensor
 
 from titan_core.runtime import distributed
@@ -98,6 +98,11 @@ def scenario_w2(out: Path, b_ckpt: str) -> dict:
                          batch_size=GLOBAL_BATCH // 2), quiet=True)  # fmt: skip
     rows, counts = _steps(t, 5, comm_step=2)
     res["replicate"] = {**_curve(rows), "comm": counts, "grads": _grad_layouts(t), "mode": t.degrees.mode}
+    # the flux diffusion transformer: sharded over both ranks, and HSDP's replicate dimension over both
+    res["flux"] = {}
+    for name, extra in (("simple_fsdp", ()), ("hsdp", ("--parallelism.dp_replicate=2", "--parallelism.dp_shard=1"))):
+        t = Trainer(flux_cfg(out / f"flux_{name}", *extra, batch_size=GLOBAL_BATCH // 2), quiet=True)
+        res["flux"][name] = {**_curve(_steps(t, 5)[0]), "mode": t.degrees.mode}
     # DCP: a 2-rank run saving at steps 2 and 4 (the pytest side resumes it on 1 rank), and a
     # resume here of the checkpoint a 1-rank run saved at step 2
     ck = ("--checkpoint.enable", "--checkpoint.interval=2", "--checkpoint.folder=ckpt")
@@ -110,7 +115,7 @@ def scenario_w2(out: Path, b_ckpt: str) -> dict:
 
 
 def scenario_w4(out: Path) -> dict:
-    """World size 4: HSDP 2 x 2 for every family, SimpleFSDP 2 x TP 2 for the dense ones, FSDP2 HSDP."""
+    """World size 4: HSDP 2 x 2 for every family and flux, SimpleFSDP 2 x TP 2 for the dense ones, FSDP2 HSDP."""
     res: dict = {"hsdp": {}, "dp_tp": {}}
     for fam in FAMILIES:
         t = Trainer(
@@ -119,6 +124,8 @@ def scenario_w4(out: Path) -> dict:
         rows, counts = _steps(t, 5, comm_step=2)
         res["hsdp"][fam] = {**_curve(rows), "comm": counts, "mode": t.degrees.mode,
                             "mesh": list(t.mesh.mesh_dim_names), "grads": _grad_layouts(t)}  # fmt: skip
+    t = Trainer(flux_cfg(out / "hsdp_flux", "--parallelism.dp_replicate=2", batch_size=GLOBAL_BATCH // 4), quiet=True)
+    res["flux_hsdp"] = {**_curve(_steps(t, 5)[0]), "mode": t.degrees.mode, "mesh": list(t.mesh.mesh_dim_names)}
     for fam in DENSE:
         t = Trainer(tiny_cfg(fam, out / f"dptp_{fam}", "--parallelism.tp=2", batch_size=GLOBAL_BATCH // 2), quiet=True)
         res["dp_tp"][fam] = {**_curve(_steps(t, 5)[0]), "grads": _grad_layouts(t)}

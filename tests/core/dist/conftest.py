@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from _cases import GLOBAL_BATCH, curve, tiny_cfg
+from _cases import GLOBAL_BATCH, curve, flux_cfg, tiny_cfg
 
 from titan_core.train import run
 
@@ -30,3 +30,10 @@ def reference(tmp_path_factory):
         return cache[(family, accum)]
 
     return get
+
+
+@pytest.fixture(scope="session")
+def flux_reference(tmp_path_factory):
+    """The flux debug model's curve in one plain eager process over the global batch."""
+    cfg = flux_cfg(tmp_path_factory.mktemp("ref_flux"), "--parallelism.data_parallel=none")
+    return curve(run(cfg, quiet=True).metrics)

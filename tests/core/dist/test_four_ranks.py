@@ -24,6 +24,13 @@ def test_hsdp_2x2_matches_one_process(w4, reference, family):
     assert max_rel(got["grad_norm"], want["grad_norm"]) <= TOL
 
 
+def test_flux_hsdp_2x2_matches_one_process(w4, flux_reference):
+    got = w4[0]["flux_hsdp"]
+    assert got["mode"] == "hybrid_shard" and got["mesh"] == ["dp_replicate", "dp_shard"]
+    assert max_rel(got["loss"], flux_reference["loss"]) <= TOL
+    assert max_rel(got["grad_norm"], flux_reference["grad_norm"]) <= TOL
+
+
 @pytest.mark.parametrize("family", FAMILIES)
 def test_hsdp_shards_within_and_replicates_across(w4, family):
     got = w4[0]["hsdp"][family]

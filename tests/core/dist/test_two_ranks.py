@@ -126,6 +126,18 @@ def test_replicate_mode_all_reduces_and_matches(w2, reference):
         assert g["param"] == ["R", "S(0)"] and g["grad"] == ["R", "S(0)"], name  # S(0) over a 1-rank dim: whole
 
 
+def test_flux_sharded_and_replicated_match_one_process(w2, flux_reference):
+    """The flux diffusion transformer on 2 ranks, SimpleFSDP and HSDP's replicate dimension (2 x 1),
+    against one plain process (HSDP 2 x 2 is in test_four_ranks.py)."""
+    one = flux_reference
+    got = w2["ranks"][0]["flux"]
+    assert (got["simple_fsdp"]["mode"], got["hsdp"]["mode"]) == ("fully_shard", "replicate")
+    for name in ("simple_fsdp", "hsdp"):
+        assert max_rel(got[name]["loss"], one["loss"]) <= TOL, name
+        assert max_rel(got[name]["grad_norm"], one["grad_norm"]) <= TOL, name
+    assert one["loss"][-1] < one["loss"][0]
+
+
 @pytest.mark.parametrize("family", FAMILIES)
 def test_bf16_policy_reads_bf16_and_keeps_fp32_master(w2, family):
     for rank in w2["ranks"]:
