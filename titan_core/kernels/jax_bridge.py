@@ -60,7 +60,7 @@ class BridgeError(RuntimeError):
 class _Signature:
     tensors: tuple[str, ...]
     optional: frozenset[str]
-    statics: tuple[tuple[str, str], ...]  # (name, schema type)
+    statics: tuple[tuple[str, str, Any], ...]  # (name, schema type, Python default or inspect's empty)
     n_out: int
     diff: tuple[int, ...]  # indices into `tensors` that get gradients
 
@@ -83,7 +83,7 @@ def _parse_signature(fn: Callable, nondiff: tuple[str, ...]) -> _Signature:
             if is_opt:
                 optional.add(p.name)
         elif p.kind is p.KEYWORD_ONLY and base in _STATIC_SCHEMA:
-            statics.append((p.name, _STATIC_SCHEMA[base] + ("?" if is_opt else "")))
+            statics.append((p.name, _STATIC_SCHEMA[base] + ("?" if is_opt else ""), p.default))
         else:
             raise BridgeError(
                 f"{fn.__name__}: parameter '{p.name}: {p.annotation}' is neither a positional jax.Array "
@@ -110,8 +110,19 @@ def _schema(sig: _Signature, extra_tensors: tuple[str, ...], returns: str) -> st
     params = [f"Tensor{'?' if n in sig.optional else ''} {n}" for n in sig.tensors]
     params += [f"Tensor {n}" for n in extra_tensors]
     if sig.statics:
-        params += ["*"] + [f"{t} {n}" for n, t in sig.statics]
+        params += ["*"] + [f"{t} {n}{_schema_default(d)}" for n, t, d in sig.statics]
     return f"({', '.join(params)}) -> {returns}"
+
+
+def _schema_default(value: Any) -> str:
+    """`=value` in schema syntax for a Python default (the op is then called like the function), else ''."""
+    if value is inspect.Parameter.empty:
+        return ""
+    if value is None:
+        return "=None"
+    if isinstance(value, str):
+        return f'="{value}"'
+    return f"={value!r}"
 
 
 def _to_jax(t: torch.Tensor | None):
@@ -198,7 +209,7 @@ def _typed_backward(fn: Callable, sig: _Signature) -> Callable:
         for i in range(sig.n_out)
     ]
     fwd_params = inspect.signature(fn, eval_str=True).parameters
-    params += [fwd_params[n].replace() for n, _ in sig.statics]
+    params += [fwd_params[n].replace() for n, _, _ in sig.statics]
     backward.__signature__ = inspect.Signature(params, return_annotation=tuple[jax.Array, ...])
     backward.__name__ = f"{fn.__name__}_bwd"
     return backward
@@ -217,7 +228,7 @@ class BridgedOp:
         bound = self._py_sig.bind(*args, **kwargs)
         bound.apply_defaults()
         tensors = [bound.arguments[n] for n in self.sig.tensors]
-        statics = {n: bound.arguments[n] for n, _ in self.sig.statics}
+        statics = {n: bound.arguments[n] for n, _, _ in self.sig.statics}
         device = next(t.device for t in tensors if t is not None)
         fwd, _ = self.ops("tpu" if device.type == "tpu" else "dlpack")
         return fwd(*tensors, **statics)
@@ -234,7 +245,7 @@ class BridgedOp:
     # ---- registrations ------------------------------------------------------------
     def _build_dlpack(self):
         sig, fn = self.sig, self.fn
-        static_names = tuple(n for n, _ in sig.statics)
+        static_names = tuple(n for n, _, _ in sig.statics)
         fwd_jit = jax.jit(fn, static_argnames=static_names)
         bwd_fn = _vjp_function(fn, sig)
         bwd_jit = jax.jit(bwd_fn, static_argnames=static_names)
