@@ -12,6 +12,7 @@ the others with an error instead of a hang, and the launcher reports it.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from dataclasses import dataclass
 from datetime import timedelta
@@ -83,6 +84,19 @@ def init_distributed(device: torch.device, timeout_s: float) -> DistState:
             )
         dist.init_process_group(backend, rank=rank, world_size=world, timeout=timeout)
     return DistState(rank, world, local_rank, owned=True)
+
+
+@contextlib.contextmanager
+def process_group(device: torch.device, timeout_s: float):
+    """`init_distributed` for a block of work that several trainers share; on leaving it the
+    ranks leave together when the block ended normally (`teardown(together=True)`), else at once."""
+    state = init_distributed(device, timeout_s)
+    done = False
+    try:
+        yield state
+        done = True
+    finally:
+        teardown(state, together=done)
 
 
 def teardown(state: DistState | None, *, together: bool = False) -> None:

@@ -28,9 +28,8 @@ def _run(cfg):
 
 def main() -> None:
     out = Path(sys.argv[1])
-    state = distributed.init_distributed(torch.device("cpu"), timeout_s=120)
     res = {}
-    try:
+    with distributed.process_group(torch.device("cpu"), timeout_s=120) as state:
         for fam in FAMILIES:
             eager, e_loss, e_norm = _run(tiny_cfg(fam, out / f"e_{fam}", batch_size=2))
             graph, g_loss, g_norm = _run(tiny_cfg(fam, out / f"g_{fam}", "--graph_trainer.enable", batch_size=2))
@@ -62,8 +61,6 @@ def main() -> None:
                 torch.equal(local(p), local(q)) for p, q in zip(eager.model.parameters(), graph.model.parameters())
             ),
         }
-    finally:
-        distributed.teardown(state)
     (out / f"rank_{state.rank}.json").write_text(json.dumps(res))
 
 

@@ -31,11 +31,8 @@ def tf_cfg(out: Path, hf_config: str, *extra: str, batch_size: int = GLOBAL_BATC
 
 def main(out: Path, hf_config: str) -> None:
     # one process group for both trainers (each would otherwise create and tear down its own)
-    state = distributed.init_distributed(torch.device("cpu"), timeout_s=120)
-    try:
+    with distributed.process_group(torch.device("cpu"), timeout_s=120) as state:
         res = _train_both(out, hf_config)
-    finally:
-        distributed.teardown(state)
     (out / f"rank_{state.rank}.json").write_text(json.dumps(res))
 
 
