@@ -268,8 +268,13 @@ def _localise(pm, rows: list[Row], pairs: dict[str, str], native, nrec, urec) ->
 
 
 def _versions() -> dict[str, str]:
-    try:  # read from metadata: importing transformers costs seconds a bad-input run need not pay
-        hf = version("transformers")
-    except PackageNotFoundError:
-        hf = "not installed"
-    return {"torch": torch.__version__, "transformers": hf}
+    """torch's and the upstreams' versions (read from metadata: importing transformers or diffusers
+    costs seconds a bad-input run need not pay)."""
+
+    def of(package: str) -> str:
+        try:
+            return version(package)
+        except PackageNotFoundError:
+            return "not installed"
+
+    return {"torch": torch.__version__, "transformers": of("transformers"), "diffusers": of("diffusers")}
