@@ -32,13 +32,23 @@ def with_eager(ws, tmp_path) -> dict:
     return {"eager": result.measurements}
 
 
+def on_aot_eager(ws):
+    """The workspace compiling with aot_eager: the rung's logic is the same under every backend, and
+    inductor's C++ builds cost tens of seconds each on 2 cores (the rung with inductor is what the
+    demo test climbs; tests/core/compile/test_per_block.py compiles by inductor under SimpleFSDP)."""
+    recipe = ws.recipe_path
+    assert "[compile]" not in recipe.read_text()
+    recipe.write_text(recipe.read_text() + '\n[compile]\nbackend = "aot_eager"\n')
+    return ws
+
+
 def failed(criteria: dict) -> list[str]:
     return [name for name, c in criteria.items() if not c["ok"]]
 
 
 @pytest.mark.parametrize("family", ["llama3", "qwen3_moe"])
 def test_compile_rung_passes_with_no_breaks_and_eager_step1_loss(narrow_ws, tmp_path, family):
-    ws = narrow_ws(family)
+    ws = on_aot_eager(narrow_ws(family))
     evidence = with_eager(ws, tmp_path)
     result, criteria, lines = run_rung(compile_rung, ws, tmp_path, evidence)
     m = result.measurements
@@ -65,7 +75,7 @@ def test_compile_rung_passes_with_no_breaks_and_eager_step1_loss(narrow_ws, tmp_
 
 def test_compile_rung_reports_the_moe_loop_graph_breaks(narrow_ws, tmp_path, monkeypatch):
     """Without the static experts, the per-expert torch.where breaks every MoE block; the gate says where."""
-    ws = narrow_ws("qwen3_moe")
+    ws = on_aot_eager(narrow_ws("qwen3_moe"))
     evidence = with_eager(ws, tmp_path)
     monkeypatch.setattr(harness, "capture_moe", lambda cfg, args: (None, "kept the loop (test)"))
     result, criteria, _ = run_rung(compile_rung, ws, tmp_path, evidence)
