@@ -8,6 +8,7 @@ its pattern in 2 layers (layer 0 windowed with RoPE, layer 1 global without RoPE
 from __future__ import annotations
 
 import math
+import shutil
 from pathlib import Path
 
 import torch
@@ -26,6 +27,8 @@ EXTRA = {
 }
 FAMILIES = [f for f in FAMILY_NAMES if f in EXTRA]
 DENSE = [f for f in FAMILIES if f != "qwen3_moe"]
+CKPT = ("--checkpoint.enable", "--checkpoint.interval=2", "--checkpoint.folder=ckpt")
+"""A run that saves at steps 2 and 4 (the DCP tests resume across world sizes from them)."""
 GLOBAL_BATCH = 4
 SEQ_LEN = 32
 STEPS = 5
@@ -55,6 +58,13 @@ def tiny_cfg(family: str, out: Path, *extra: str, batch_size: int = GLOBAL_BATCH
             *extra,
         ],
     )
+
+
+def only_step_2(src: Path, dst: Path) -> Path:
+    """A checkpoint folder holding only step-2 of `src`, so a resume starts there."""
+    (dst / "ckpt").mkdir(parents=True)
+    shutil.copytree(src / "ckpt" / "step-2", dst / "ckpt" / "step-2")
+    return dst
 
 
 def flux_cfg(out: Path, *extra: str, batch_size: int = GLOBAL_BATCH, steps: int = STEPS):

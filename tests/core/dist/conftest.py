@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from _cases import GLOBAL_BATCH, curve, flux_cfg, tiny_cfg
+from _cases import CKPT, GLOBAL_BATCH, curve, flux_cfg, only_step_2, run_worker, tiny_cfg
 
 from titan_core.train import run
 
@@ -37,3 +37,16 @@ def flux_reference(tmp_path_factory):
     """The flux debug model's curve in one plain eager process over the global batch."""
     cfg = flux_cfg(tmp_path_factory.mktemp("ref_flux"), "--parallelism.data_parallel=none")
     return curve(run(cfg, quiet=True).metrics)
+
+
+@pytest.fixture(scope="session")
+def w2(tmp_path_factory):
+    """The one 2-rank launch (_worker.py's w2 scenario), which test_two_ranks.py and
+    test_token_mean.py both read: each launch costs every rank seconds of start-up."""
+    root = tmp_path_factory.mktemp("w2")
+    # a 1-rank run that saves at steps 2 and 4; the 2-rank worker resumes its step-2
+    one_rank = run(tiny_cfg("llama3", root / "dcp_b", *CKPT, steps=4), quiet=True)
+    assert one_rank.world_size == 1 and one_rank.data_parallel == "simple_fsdp"
+    resume_here = only_step_2(root / "dcp_b", root / "dcp_b_resume")
+    ranks = run_worker("w2", 2, root / "out", str(resume_here))
+    return {"root": root, "out": root / "out", "ranks": ranks, "one_rank_dcp": curve(one_rank.metrics)}

@@ -1,4 +1,5 @@
-"""Two gloo ranks (one launcher run for the whole module): SimpleFSDP, FSDP2, TP = 2, DCP across world sizes.
+"""Two gloo ranks (one launch for the session: conftest.py's w2): SimpleFSDP, FSDP2, TP = 2, DCP across
+world sizes, flux.
 
 Every loss comparison is against a plain eager process on the same rows (conftest.py), held
 to the simple_fsdp gate's thresholds (checklists/simple_fsdp.yaml: 1e-6 relative in fp32; stated in
@@ -7,10 +8,8 @@ tests/core/core_bounds.py, which a test in tests/onboard holds equal to the chec
 
 from __future__ import annotations
 
-import shutil
-
 import pytest
-from _cases import DENSE, FAMILIES, GLOBAL_BATCH, curve, max_rel, param_reads_per_forward, run_worker, tiny_cfg
+from _cases import CKPT, DENSE, FAMILIES, GLOBAL_BATCH, curve, max_rel, only_step_2, param_reads_per_forward, tiny_cfg
 
 from core_bounds import BF16_LOSS_CURVE_REL, FSDP_LOSS_REL
 from titan_core.measure.numerics import rel
@@ -18,25 +17,6 @@ from titan_core.train import run
 
 TOL = FSDP_LOSS_REL
 BF16_TOL = BF16_LOSS_CURVE_REL
-CKPT = ("--checkpoint.enable", "--checkpoint.interval=2", "--checkpoint.folder=ckpt")
-
-
-def _only_step_2(src, dst):
-    """A checkpoint folder holding only step-2 of `src`, so a resume starts there."""
-    (dst / "ckpt").mkdir(parents=True)
-    shutil.copytree(src / "ckpt" / "step-2", dst / "ckpt" / "step-2")
-    return dst
-
-
-@pytest.fixture(scope="module")
-def w2(tmp_path_factory):
-    root = tmp_path_factory.mktemp("w2")
-    # a 1-rank run that saves at steps 2 and 4; the 2-rank worker resumes its step-2
-    one_rank = run(tiny_cfg("llama3", root / "dcp_b", *CKPT, steps=4), quiet=True)
-    assert one_rank.world_size == 1 and one_rank.data_parallel == "simple_fsdp"
-    resume_here = _only_step_2(root / "dcp_b", root / "dcp_b_resume")
-    ranks = run_worker("w2", 2, root / "out", str(resume_here))
-    return {"root": root, "ranks": ranks, "one_rank_dcp": curve(one_rank.metrics)}
 
 
 def test_ranks_log_the_same_loss(w2):
@@ -163,7 +143,7 @@ def test_bf16_reduce_dtype_reduces_in_bf16(w2):
 
 def test_dcp_saved_at_2_ranks_resumes_at_1(w2, tmp_path):
     saved_by_two = w2["ranks"][0]["dcp_saved_at_2"]
-    out = _only_step_2(w2["root"] / "out" / "dcp_a", tmp_path / "resume")
+    out = only_step_2(w2["root"] / "out" / "dcp_a", tmp_path / "resume")
     resumed = run(tiny_cfg("llama3", out, *CKPT, steps=4), quiet=True)
     assert resumed.resumed_from == 2 and resumed.world_size == 1
     assert [m["step"] for m in resumed.metrics] == [3, 4]
@@ -181,6 +161,6 @@ def test_dcp_saved_at_1_rank_resumes_at_2(w2):
 def test_dcp_refuses_a_different_global_batch(w2, tmp_path):
     from titan_core.config import ConfigError
 
-    out = _only_step_2(w2["root"] / "out" / "dcp_a", tmp_path / "resume")
+    out = only_step_2(w2["root"] / "out" / "dcp_a", tmp_path / "resume")
     with pytest.raises(ConfigError, match=r"global batch is batch_size 2 x 2 data-parallel rank\(s\) = 4 rows"):
         run(tiny_cfg("llama3", out, *CKPT, steps=4, batch_size=GLOBAL_BATCH // 2), quiet=True)
