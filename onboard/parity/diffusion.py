@@ -38,15 +38,20 @@ def _require_diffusers():
     return FluxTransformer2DModel
 
 
+def diffusers_model(cfg: dict[str, Any]):
+    """diffusers' FluxTransformer2DModel built from the config's constructor keys (on the current
+    default device: under `torch.device("meta")` it allocates nothing)."""
+    cls = _require_diffusers()
+    takes = inspect.signature(cls.__init__).parameters
+    return cls(**{k: v for k, v in cfg.items() if k in takes and k != "self"})
+
+
 def build_flux_upstream(cfg: dict[str, Any], *, weights_dir: Path | None, seed: int) -> Upstream:
     """diffusers' FluxTransformer2DModel for `cfg`, fp32 on CPU, in eval mode, seeded or from the
     safetensors files in `weights_dir` (a tensor missing, unused or of another shape is counted)."""
-    cls = _require_diffusers()
-    takes = inspect.signature(cls.__init__).parameters
-    kwargs = {k: v for k, v in cfg.items() if k in takes and k != "self"}
     with torch.random.fork_rng(devices=[]):  # diffusers init draws from the global generator
         torch.manual_seed(seed)
-        model = cls(**kwargs).float()
+        model = diffusers_model(cfg).float()
     loading: dict[str, Any] = {}
     if weights_dir is None:
         perturb_constants(model, seed)

@@ -32,6 +32,7 @@ from typing import Any
 
 import torch
 
+from onboard.parity.diffusion import diffusers_model
 from onboard.parity.upstream import UpstreamError, causal_lm, hf_config_object
 from onboard.rungs.contract import RungContext
 from onboard.sizing.weights_headers import check_checkpoint_headers
@@ -39,6 +40,8 @@ from titan_core.config.hf_config import read_hf_config
 from titan_core.models.common.param_counts import count_params
 from titan_core.models.common.stats import flops_per_token
 from titan_core.models.common.tied import aliases, stored_once
+from titan_core.models.flux.config import flux_of_args
+from titan_core.models.registry import DIFFUSION_FAMILIES
 from titan_core.training.model_builder import build_meta_model, model_adapter, resolve_model_args
 
 LIST_CAP = 20
@@ -91,10 +94,12 @@ def _tie_diff(ours: Layout, theirs: Layout, what: str) -> list[str]:
 def _upstream_layout(hf_cfg: dict) -> tuple[Layout | None, str]:
     """(the layout of the upstream class built on meta, what it is), or (None, why not)."""
     try:
-        config = hf_config_object(hf_cfg)
         with torch.device("meta"):
-            model = causal_lm(config)
-    except (UpstreamError, ValueError) as e:  # no transformers, or no class for this model_type
+            if hf_cfg.get("model_type") in DIFFUSION_FAMILIES:
+                model = diffusers_model(hf_cfg)
+            else:
+                model = causal_lm(hf_config_object(hf_cfg))
+    except (UpstreamError, ValueError) as e:  # no transformers or diffusers, or no class for this model_type
         return None, str(e)
     return _layout(model.state_dict(keep_vars=True)), f"the upstream {type(model).__name__} built on meta"
 
@@ -128,8 +133,11 @@ def probe(ctx: RungContext, cfg) -> tuple[dict[str, Any], dict[str, Any]]:
         full_model_built_on_meta=True,
         full_model_params_total=counts.total,
         full_model_params_active=counts.active,
-        full_model_flops_per_token=flops_per_token(args, cfg.training.seq_len),
-        full_model_seq_len=cfg.training.seq_len,
+        # a model that counts its own (flux: per image token of its full-size sample) knows better
+        full_model_flops_per_token=model.flops_per_token(cfg.training.seq_len)
+        if hasattr(model, "flops_per_token")
+        else flops_per_token(args, cfg.training.seq_len),
+        full_model_seq_len=flux_of_args(args).image_tokens if flux_of_args(args) else cfg.training.seq_len,
     )
     if ws.twin_path is not None:
         theirs, why = _upstream_layout(_full_hf_config(ws, adapter, args))

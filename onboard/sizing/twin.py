@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from titan_core.models.common.args import TransformerArgs
+from titan_core.models.flux.config import flux_of_args
 
 MIN_LAYERS = 2
 WIDTH = 256
@@ -159,6 +160,12 @@ def derive_twin(
     reads it; `layers`, `width` (hidden_size) and `experts` override the choices. TwinError
     for a knob out of range or a twin the adapter reads back unfaithfully."""
     full, _ = adapter.args_from_hf(cfg)
+    if flux_of_args(full) is not None:
+        from onboard.sizing.flux_twin import derive_flux_twin  # noqa: PLC0415  (it imports this module's Twin)
+
+        if experts is not None:
+            raise TwinError("a FLUX model has no experts to halve")
+        return derive_flux_twin(cfg, adapter, layers=layers, width=width)
     names = {**HF_KEYS, **_hf_names(adapter, cfg)}
     rows: list[TwinRow] = []
     twin = dict(cfg)

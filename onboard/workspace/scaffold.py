@@ -361,7 +361,8 @@ def _image_tokens(plan: Plan) -> int:
     """A flux sample's image tokens (the recipe's seq_len); 0 for a language model."""
     if plan.family not in DIFFUSION_FAMILIES:
         return 0
-    return flux_config(get_family(plan.family).adapter.args_from_hf(plan.hf_config)[0]).image_tokens
+    cfg = plan.twin["config"] if plan.twin is not None else plan.hf_config  # the gates train the twin when there is one
+    return flux_config(get_family(plan.family).adapter.args_from_hf(cfg)[0]).image_tokens
 
 
 def render(plan: Plan) -> dict[str, str]:

@@ -124,3 +124,36 @@ def test_an_unknown_demo_preset_is_bad_input(tmp_path):
     out = runner.invoke(app, ["demo", "--preset", "sd3_debug", "--dir", str(tmp_path)])
     assert out.exit_code == 2 and "flux_debug" in out.output
     assert not (tmp_path / "onboarding").exists()
+
+
+FLUX1_DEV = {
+    "_class_name": "FluxTransformer2DModel", "_diffusers_version": "0.30.0.dev0", "attention_head_dim": 128,
+    "guidance_embeds": True, "in_channels": 64, "joint_attention_dim": 4096, "num_attention_heads": 24,
+    "num_layers": 19, "num_single_layers": 38, "patch_size": 1, "pooled_projection_dim": 768,
+    "axes_dims_rope": [16, 56, 56],
+}  # fmt: skip
+"""FLUX.1-dev's transformer/config.json as diffusers ships it."""
+
+
+def test_flux1_dev_gets_a_twin_and_is_counted_whole_on_meta(tmp_path):
+    from onboard.parity.diffusion import diffusers_model
+    from onboard.sizing.twin_setup import apply_twin
+    from titan_core.models.registry import build_meta
+
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(FLUX1_DEV))
+    plan = plan_workspace("dev", tmp_path, hf_config=path, device="cpu")
+    choice = apply_twin(plan)
+    twin = choice.twin.config
+    assert (twin["num_layers"], twin["num_single_layers"], twin["num_attention_heads"]) == (1, 1, 2)
+    assert twin["attention_head_dim"] == 128 and twin["axes_dims_rope"] == [16, 56, 56] and twin["guidance_embeds"]
+    assert "seq_len = 64  #" in plan.files["recipe.toml"]  # the twin's sample, not FLUX.1's 4096 image tokens
+    full_args, _ = FLUX.adapter.args_from_hf(plan.hf_config)
+    ours = build_meta("flux", full_args)
+    with torch.device("meta"):
+        theirs = diffusers_model(plan.hf_config)
+    assert sum(p.numel() for p in ours.parameters()) == sum(p.numel() for p in theirs.parameters()) == 11_901_408_320
+    mapped = {k: tuple(v.shape) for k, v in FLUX.adapter.to_hf(ours.state_dict()).items()}
+    assert mapped == {k: tuple(v.shape) for k, v in theirs.state_dict().items()}
+    # FLOPs per image token at 1024 px (4096 image + 512 text tokens): 5.45e10, about 2.2e14 per sample
+    assert math.isclose(ours.flops_per_token(), 54_480_947_328, rel_tol=1e-12)

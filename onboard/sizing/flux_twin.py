@@ -1,0 +1,58 @@
+"""The twin of a FLUX config: the gates' model when the full one (FLUX.1 is 11.9B) does not fit here.
+
+Kept, because they are what the model computes: one double-stream and one single-stream block
+at least (both kinds), the head width and the RoPE axes (so attention and its rotation are
+FLUX's own), the latent channels and the guidance embedding. Shrunk: the block counts, the
+head count (so the width), the text-encoder and pooled widths (inputs the synthetic data
+makes anyway) and the sample (image and text tokens). The rows say each, with why.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from onboard.sizing.twin import Twin, TwinError, TwinRow
+from titan_core.models.flux.config import flux_config
+
+HEADS = 2
+"""Attention heads of the twin: the width is 2 x head_dim (256 for FLUX.1)."""
+TEXT_WIDTH = 64
+"""joint_attention_dim and pooled_projection_dim of the twin (T5's 4096 and CLIP's 768 in FLUX.1)."""
+SAMPLE = {"latent_height": 8, "latent_width": 8, "text_len": 16}
+"""The twin's sample: 64 image tokens and 16 text tokens (FLUX.1 at 1024 px: 4096 and 512)."""
+
+
+def derive_flux_twin(cfg: dict[str, Any], adapter: Any, *, layers: int | None = None, width: int | None = None) -> Twin:
+    """The twin of the diffusers config `cfg` as `adapter` reads it. `layers`: total blocks (split
+    between the two kinds, both kept); `width` is refused (the width follows the heads here)."""
+    full_args, _ = adapter.args_from_hf(cfg)
+    full = flux_config(full_args)
+    if width is not None:
+        raise TwinError("--twin-width: a FLUX twin keeps head_dim and the RoPE axes, so its width is heads x head_dim")
+    kinds = (full.n_double_layers > 0) + (full.n_single_layers > 0)
+    total = kinds if layers is None else layers
+    if not kinds <= total <= full.n_double_layers + full.n_single_layers:
+        raise TwinError(f"--twin-layers {layers}: must be between {kinds} (one block of each kind) and "
+                        f"{full.n_double_layers + full.n_single_layers}")  # fmt: skip
+    double = min(full.n_double_layers, max(1 if full.n_double_layers else 0, total // 2))
+    single = min(full.n_single_layers, total - double)
+    double = total - single
+    why_layers = "one block of each kind (double- and single-stream)" if layers is None else "--twin-layers"
+    changes = {
+        "num_layers": (double, why_layers),
+        "num_single_layers": (single, why_layers),
+        "num_attention_heads": (min(full.n_heads, HEADS), "fewer heads; head_dim and the RoPE axes kept"),
+        "joint_attention_dim": (min(full.joint_attention_dim, TEXT_WIDTH), "the text encoder's width: synthetic input"),
+        "pooled_projection_dim": (min(full.pooled_projection_dim, TEXT_WIDTH), "the pooled text width: synthetic input"),
+        **{k: (min(getattr(full, k), v), "the sample: fewer image and text tokens per step") for k, v in SAMPLE.items()},
+    }
+    twin, rows = dict(cfg), []
+    for key, (value, why) in changes.items():
+        old = cfg.get(key, getattr(full, key, None))
+        if value != old:
+            twin[key] = value
+            rows.append(TwinRow(key, old, value, why))
+    rows += [TwinRow(k, cfg.get(k), cfg.get(k), "kept") for k in ("attention_head_dim", "axes_dims_rope",
+                                                                  "in_channels", "guidance_embeds") if k in cfg]  # fmt: skip
+    args, _ = adapter.args_from_hf(twin)
+    return Twin(config=twin, rows=rows, full_args=full_args, args=args)
