@@ -161,7 +161,7 @@ def derive_twin(
     for a knob out of range or a twin the adapter reads back unfaithfully."""
     full, _ = adapter.args_from_hf(cfg)
     if flux_of_args(full) is not None:
-        from onboard.sizing.flux_twin import derive_flux_twin  # noqa: PLC0415  (it imports this module's Twin)
+        from onboard.sizing.flux_twin import derive_flux_twin  # lazy: it imports this module's Twin
 
         if experts is not None:
             raise TwinError("a FLUX model has no experts to halve")
