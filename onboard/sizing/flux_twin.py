@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from onboard.sizing.twin import Twin, TwinError, TwinRow
 from titan_core.models.flux.config import flux_config
 
 HEADS = 2
@@ -22,17 +21,20 @@ SAMPLE = {"latent_height": 8, "latent_width": 8, "text_len": 16}
 """The twin's sample: 64 image tokens and 16 text tokens (FLUX.1 at 1024 px: 4096 and 512)."""
 
 
-def derive_flux_twin(cfg: dict[str, Any], adapter: Any, *, layers: int | None = None, width: int | None = None) -> Twin:
-    """The twin of the diffusers config `cfg` as `adapter` reads it. `layers`: total blocks (split
-    between the two kinds, both kept); `width` is refused (the width follows the heads here)."""
-    full_args, _ = adapter.args_from_hf(cfg)
-    full = flux_config(full_args)
+def derive_flux_twin(
+    cfg: dict[str, Any], adapter: Any, *, layers: int | None = None, width: int | None = None
+) -> tuple[dict[str, Any], list[tuple[str, Any, Any, str]]]:
+    """(the twin's config, its rows: (key, full, twin, why)) of the diffusers config `cfg` as
+    `adapter` reads it (onboard/sizing/twin.py makes the Twin). `layers`: total blocks (split
+    between the two kinds, both kept); `width` is refused (the width follows the heads here).
+    ValueError for a knob out of range."""
+    full = flux_config(adapter.args_from_hf(cfg)[0])
     if width is not None:
-        raise TwinError("--twin-width: a FLUX twin keeps head_dim and the RoPE axes, so its width is heads x head_dim")
+        raise ValueError("--twin-width: a FLUX twin keeps head_dim and the RoPE axes, so its width is heads x head_dim")
     kinds = (full.n_double_layers > 0) + (full.n_single_layers > 0)
     total = kinds if layers is None else layers
     if not kinds <= total <= full.n_double_layers + full.n_single_layers:
-        raise TwinError(f"--twin-layers {layers}: must be between {kinds} (one block of each kind) and "
+        raise ValueError(f"--twin-layers {layers}: must be between {kinds} (one block of each kind) and "
                         f"{full.n_double_layers + full.n_single_layers}")  # fmt: skip
     double = min(full.n_double_layers, max(1 if full.n_double_layers else 0, total // 2))
     single = min(full.n_single_layers, total - double)
@@ -51,8 +53,6 @@ def derive_flux_twin(cfg: dict[str, Any], adapter: Any, *, layers: int | None = 
         old = cfg.get(key, getattr(full, key, None))
         if value != old:
             twin[key] = value
-            rows.append(TwinRow(key, old, value, why))
-    rows += [TwinRow(k, cfg.get(k), cfg.get(k), "kept") for k in ("attention_head_dim", "axes_dims_rope",
-                                                                  "in_channels", "guidance_embeds") if k in cfg]  # fmt: skip
-    args, _ = adapter.args_from_hf(twin)
-    return Twin(config=twin, rows=rows, full_args=full_args, args=args)
+            rows.append((key, old, value, why))
+    kept = ("attention_head_dim", "axes_dims_rope", "in_channels", "guidance_embeds")
+    return twin, rows + [(k, cfg[k], cfg[k], "kept") for k in kept if k in cfg]

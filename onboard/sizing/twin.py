@@ -37,6 +37,8 @@ from typing import Any
 from titan_core.models.common.args import TransformerArgs
 from titan_core.models.flux.config import flux_of_args
 
+from onboard.sizing.flux_twin import derive_flux_twin
+
 MIN_LAYERS = 2
 WIDTH = 256
 VOCAB = 2048
@@ -161,11 +163,14 @@ def derive_twin(
     for a knob out of range or a twin the adapter reads back unfaithfully."""
     full, _ = adapter.args_from_hf(cfg)
     if flux_of_args(full) is not None:
-        from onboard.sizing.flux_twin import derive_flux_twin  # lazy: it imports this module's Twin
-
         if experts is not None:
             raise TwinError("a FLUX model has no experts to halve")
-        return derive_flux_twin(cfg, adapter, layers=layers, width=width)
+        try:
+            config, flux_rows = derive_flux_twin(cfg, adapter, layers=layers, width=width)
+        except ValueError as e:
+            raise TwinError(str(e)) from None
+        return Twin(config=config, rows=[TwinRow(*r) for r in flux_rows], full_args=full,
+                    args=adapter.args_from_hf(config)[0])  # fmt: skip
     names = {**HF_KEYS, **_hf_names(adapter, cfg)}
     rows: list[TwinRow] = []
     twin = dict(cfg)
