@@ -129,6 +129,7 @@ def probe(ctx: RungContext, cfg) -> tuple[dict[str, Any], dict[str, Any]]:
         ctx.log(f"eager: the full model does not build on meta: {details['error']}")
         return m, {"full_model": details}
     counts = count_params(model)
+    flux = flux_of_args(args)  # a flux model's full-size sample, not the recipe's (the twin's) seq_len
     m.update(
         full_model_built_on_meta=True,
         full_model_params_total=counts.total,
@@ -137,7 +138,7 @@ def probe(ctx: RungContext, cfg) -> tuple[dict[str, Any], dict[str, Any]]:
         full_model_flops_per_token=model.flops_per_token(cfg.training.seq_len)
         if hasattr(model, "flops_per_token")
         else flops_per_token(args, cfg.training.seq_len),
-        full_model_seq_len=flux_of_args(args).image_tokens if flux_of_args(args) else cfg.training.seq_len,
+        full_model_seq_len=flux.image_tokens if flux else cfg.training.seq_len,
     )
     if ws.twin_path is not None:
         theirs, why = _upstream_layout(_full_hf_config(ws, adapter, args))

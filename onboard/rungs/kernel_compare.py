@@ -38,6 +38,8 @@ from titan_core.models.flux.config import flux_of_args
 from titan_core.models.registry import build_meta
 from titan_core.runtime import devices
 
+from onboard.parity.upstream import perturb_constants
+
 #: The plain path each kernel is compared with.
 REFERENCE = {"loss": "plain", "attention": "naive", "moe": "loop"}
 #: Every kernel flag, in the order they are reported: within a field, simplest first.
@@ -173,21 +175,13 @@ def build_model_with(
     model.to_empty(device=device)
     model.init_weights(seed=0)  # also fills the non-persistent buffers (RoPE frequencies)
     if state is None and flux_of_args(args) is not None:
-        _liven(model, args.init_std)
+        # adaLN-Zero: zero modulation gates and output make every block the identity and the output 0
+        # whatever the attention computes, so a kernel compared there would agree vacuously; parity's
+        # draw of the constant tensors makes every path live
+        perturb_constants(model, seed=0)
     if state is not None:
         model.load_state_dict(state, strict=True)  # also proves the swap kept the state dict
     return model.to(dtype)
-
-
-@torch.no_grad()
-def _liven(model: nn.Module, std: float) -> None:
-    """Draw every constant parameter (seeded): a flow model starts with zero modulation gates and a
-    zero output projection (adaLN-Zero), so every block is the identity and its output 0 whatever
-    the attention computes: a kernel compared there would agree vacuously."""
-    gen = torch.Generator().manual_seed(1)
-    for p in model.parameters():
-        if p.numel() > 1 and bool((p == p.flatten()[0]).all()):
-            p.copy_(torch.randn(p.shape, generator=gen) * std)
 
 
 def kernels_for(field_name: str, choice: str, base: Kernels | None) -> Kernels:
