@@ -56,13 +56,16 @@ def resolve_args(family: str, flavor: str, overrides: dict | None = None) -> Tra
 
 def apply_model_overrides(args: TransformerArgs, overrides: dict | None) -> TransformerArgs:
     """`args` with the `model.overrides` fields replaced (an `extra` table merges into
-    args.extra, key by key), checked against the structural rules (models/common/validate.py).
+    args.extra, key by key, and a table inside it field by field), checked against the structural rules (models/common/validate.py).
 
     ConfigError naming an unknown field, or an override that breaks a rule; an
     ArchitectureError (an AdapterError) when args that came in already break one (an
     adapter that skipped the checks). Every recipe's args pass here, so a hand edit of the
     recipe is refused before a model is built.
     """
+    # lazy: the flux package's __init__ imports this module
+    from titan_core.models.flux.config import resync_summary
+
     overrides = overrides or {}
     valid = set(TransformerArgs.__dataclass_fields__)
     for key in overrides:
@@ -71,9 +74,14 @@ def apply_model_overrides(args: TransformerArgs, overrides: dict | None) -> Tran
     if "extra" in overrides:
         if not isinstance(overrides["extra"], dict):
             raise ConfigError(f"model override 'extra' must be a table of port fields, got {overrides['extra']!r}")
-        overrides = {**overrides, "extra": {**args.extra, **overrides["extra"]}}
+        # a table inside extra (a family's own config, e.g. flux's) merges field by field too
+        merged = {
+            k: {**args.extra[k], **v} if isinstance(v, dict) and isinstance(args.extra.get(k), dict) else v
+            for k, v in overrides["extra"].items()
+        }
+        overrides = {**overrides, "extra": {**args.extra, **merged}}
     if overrides:
-        args = replace(args, **overrides)
+        args = resync_summary(replace(args, **overrides), overrides)
     try:
         validate_args(args, names={k: f"model.overrides.{k}" for k in overrides})
     except ArchitectureError as e:

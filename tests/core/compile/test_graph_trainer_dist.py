@@ -5,7 +5,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from _tiny import FAMILIES
+from _gt_dist_worker import FAMILIES
 from hang_guard import guarded_launch
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).parent))
 
 import torch
-from _cases import DENSE, FAMILIES, GLOBAL_BATCH, flux_cfg, tiny_cfg, uneven_batch
+from _cases import DENSE, FAMILIES, GLOBAL_BATCH, HSDP, flux_cfg, tiny_cfg, uneven_batch
 from torch.distributed.tensor import DTensor
 
 from titan_core.runtime import distributed
@@ -118,9 +118,9 @@ def scenario_w2(out: Path, b_ckpt: str) -> dict:
 
 
 def scenario_w4(out: Path) -> dict:
-    """World size 4: HSDP 2 x 2 for every family and flux, SimpleFSDP 2 x TP 2 for the dense ones, FSDP2 HSDP."""
+    """World size 4: HSDP 2 x 2 for HSDP's families and flux, SimpleFSDP 2 x TP 2 for the dense ones, FSDP2 HSDP."""
     res: dict = {"hsdp": {}, "dp_tp": {}}
-    for fam in FAMILIES:
+    for fam in HSDP:
         t = Trainer(
             tiny_cfg(fam, out / f"hsdp_{fam}", "--parallelism.dp_replicate=2", batch_size=GLOBAL_BATCH // 4), quiet=True
         )

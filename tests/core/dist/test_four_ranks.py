@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from _cases import DENSE, FAMILIES, max_rel, param_reads_per_forward, run_worker
+from _cases import DENSE, HSDP, max_rel, param_reads_per_forward, run_worker
 
 from core_bounds import FSDP_LOSS_REL
 
@@ -15,7 +15,7 @@ def w4(tmp_path_factory):
     return run_worker("w4", 4, tmp_path_factory.mktemp("w4"))
 
 
-@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("family", HSDP)
 def test_hsdp_2x2_matches_one_process(w4, reference, family):
     got, want = w4[0]["hsdp"][family], reference(family, dp=4)
     assert got["mode"] == "hybrid_shard" and got["mesh"] == ["dp_replicate", "dp_shard"]
@@ -31,7 +31,7 @@ def test_flux_hsdp_2x2_matches_one_process(w4, flux_reference):
     assert max_rel(got["grad_norm"], flux_reference["grad_norm"]) <= TOL
 
 
-@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("family", HSDP)
 def test_hsdp_shards_within_and_replicates_across(w4, family):
     got = w4[0]["hsdp"][family]
     for name, g in got["grads"].items():

@@ -13,7 +13,7 @@ from titan_core.data.flow import FlowLoader
 from titan_core.measure.numerics import rel_l2
 from titan_core.models.common.attention import NaiveAttention
 from titan_core.models.common.mapping_errors import AdapterError
-from titan_core.models.flux.config import FluxConfig
+from titan_core.models.flux.config import FluxConfig, flux_config
 from titan_core.models.registry import apply_model_overrides, build_meta, get_family
 
 FAMILY = get_family("flux")
@@ -120,9 +120,20 @@ def test_configs_the_family_cannot_build_are_refused_with_why(change, match):
 def test_a_summary_field_changed_alone_is_refused_not_ignored():
     with pytest.raises(ConfigError, match="extra.flux"):
         build_meta("flux", apply_model_overrides(ARGS, {"n_layers": 6}))
-    deeper = apply_model_overrides(ARGS, {"extra": {"flux": {**ARGS.extra["flux"], "n_single_layers": 3}}})
-    with pytest.raises(ConfigError, match="n_layers=5"):  # the table moved and the summary did not
-        build_meta("flux", deeper)
+    # both given, and they disagree: refused too (the table is what the model reads)
+    both = apply_model_overrides(ARGS, {"n_layers": 6, "extra": {"flux": {"n_single_layers": 3}}})
+    with pytest.raises(ConfigError, match="n_layers=6"):
+        build_meta("flux", both)
+
+
+def test_the_sizes_changed_in_the_flux_table_are_the_models():
+    """What the refusal's message says to do works: one field of extra.flux, the rest kept."""
+    deeper = apply_model_overrides(ARGS, {"extra": {"flux": {"n_single_layers": 3, "n_heads": 2}}})
+    cfg = flux_config(deeper)
+    assert (cfg.n_double_layers, cfg.n_single_layers, cfg.n_heads, cfg.in_channels) == (2, 3, 2, 64)
+    assert (deeper.n_layers, deeper.n_heads, deeper.dim, deeper.ffn_hidden_dim) == (5, 2, 32, 128)
+    model = build_meta("flux", deeper)
+    assert len(model.layers) == 5 and model.cfg == cfg
 
 
 def test_flops_per_sample_counts_every_matmul_of_a_training_step():

@@ -48,6 +48,7 @@ def test_demo_climbs_every_built_rung_and_prints_the_ladder(tmp_path):
         assert (e["details"]["timing_profile"], e["details"]["timing_protocol"]) == ("shipped", shipped), e["rung"]
     rungs = [e["rung"] for e in ledger["attempts"]]
     assert sorted(set(rungs), key=rungs.index) == built  # first reached in ladder order, every one
+    assert_sharded_step_is_the_eager_evidence(ledger)
     for rung in built:
         assert f"## {rung}: passed" in (ws / "REPORT.md").read_text()
     # 300 s is the demo's budget on a machine with a core per runnable process when it starts (its
@@ -65,6 +66,21 @@ def test_demo_climbs_every_built_rung_and_prints_the_ladder(tmp_path):
             where = f"beside the rest of the suite (its test waited {waited:.0f} s)"
         print(f"demo took {wall:.0f} s {where}: {guard.start.describe()} at start, {end.describe()} at end")
     assert_train_reproduces_the_verified_step(ws, ledger, tmp_path / "train")
+
+
+def assert_sharded_step_is_the_eager_evidence(ledger: dict) -> None:
+    """llama3 has no per-forward aux loss: simple_fsdp's baseline is the eager rung's evidence itself,
+    and its errors are the distances to those very numbers (test_simple_fsdp_e2e.py has the MoE's
+    grad-accum baseline and a wrong reduce failing)."""
+    latest = {e["rung"]: e for e in ledger["attempts"]}
+    eager, m = latest["eager"]["measurements"], latest["simple_fsdp"]["measurements"]
+    assert m["baseline"] == "eager evidence" and m["world_size"] == 2
+    assert m["baseline_step1_loss_repr"] == eager["step1_loss_repr"]
+    assert m["baseline_step1_grad_norm_repr"] == eager["step1_grad_norm_repr"]
+    assert m["step1_loss_rel_err"] == rel(float(m["step1_loss_repr"]), float(eager["step1_loss_repr"])) <= 1e-6
+    assert m["step1_grad_norm_rel_err"] == rel(float(m["step1_grad_norm_repr"]), float(eager["step1_grad_norm_repr"]))
+    assert m["step1_grad_norm_rel_err"] <= 1e-6
+    assert set(latest["simple_fsdp"]["files_read"]) == {"recipe.toml", "config.json", "adapter.py"}
 
 
 def assert_train_reproduces_the_verified_step(ws: Path, ledger: dict, out: Path) -> None:

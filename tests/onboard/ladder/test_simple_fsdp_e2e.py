@@ -24,7 +24,6 @@ from typer.testing import CliRunner
 
 from onboard.cli.app import app
 from onboard.rungs import harness
-from titan_core.measure.numerics import rel
 
 pytestmark = [pytest.mark.slow, pytest.mark.hf]
 runner = CliRunner()
@@ -118,7 +117,9 @@ def assert_sharded_runs(ws: Path, attempt: int, m: dict) -> None:
     assert m["world_size"] == 2 and m["batch_size_per_rank"] * 2 == m["global_batch_size"] == 4
 
 
-def test_llama3_partial_sum_fails_then_the_real_reduce_passes(tmp_path, monkeypatch):
+def test_llama3_partial_sum_fails_the_grad_norm_and_names_the_placement(tmp_path, monkeypatch):
+    """The same rung passing with the real reduce, its baseline the eager evidence, is the demo's
+    simple_fsdp rung (test_demo.py)."""
     ws = new_debug_workspace(tmp_path, "llama", "llama3/debugmodel", NARROW)
     climb_to_simple_fsdp("llama", tmp_path)
     eager = json.loads((ws / "ladder.json").read_text())["attempts"][0]["measurements"]
@@ -130,22 +131,13 @@ def test_llama3_partial_sum_fails_then_the_real_reduce_passes(tmp_path, monkeypa
     code, out = next_step("llama", tmp_path)
     assert (code, out["rung"], out["status"], out["failed"]) == (1, "simple_fsdp", "failed", ["step1_grad_norm"])
     m = out["measurements"]
+    assert m["baseline"] == "eager evidence"
+    assert m["baseline_step1_grad_norm_repr"] == eager["step1_grad_norm_repr"]
     # summed over 2 ranks instead of averaged: the gradient norm is exactly twice the eager one
     assert m["step1_grad_norm_rel_err"] == pytest.approx(1.0, abs=1e-5)
     assert m["step1_loss_rel_err"] <= 1e-6  # the loss comes before the reduce: it cannot see it
     assert "Partial" in out["hints"]["step1_grad_norm"]
-    monkeypatch.delenv("PYTHONPATH")
-
-    code, out = next_step("llama", tmp_path)
-    assert (code, out["rung"], out["attempt"], out["status"]) == (0, "simple_fsdp", 2, "passed"), out["criteria"]
-    m = out["measurements"]
-    assert m["baseline"] == "eager evidence"
-    assert m["baseline_step1_loss_repr"] == eager["step1_loss_repr"]
-    assert m["baseline_step1_grad_norm_repr"] == eager["step1_grad_norm_repr"]
-    assert m["step1_loss_rel_err"] == rel(float(m["step1_loss_repr"]), float(eager["step1_loss_repr"])) <= 1e-6
-    assert m["step1_grad_norm_rel_err"] == rel(float(m["step1_grad_norm_repr"]), float(eager["step1_grad_norm_repr"]))
-    assert m["step1_grad_norm_rel_err"] <= 1e-6
-    assert_sharded_runs(ws, 2, m)
+    assert_sharded_runs(ws, 1, m)  # the failing attempt measured everything the gate judges
     entry = json.loads((ws / "ladder.json").read_text())["attempts"][-1]
     assert set(entry["files_read"]) == {"recipe.toml", "config.json", "adapter.py"}
     assert entry["details"]["timing_profile"] == "quick"
@@ -154,7 +146,7 @@ def test_llama3_partial_sum_fails_then_the_real_reduce_passes(tmp_path, monkeypa
     assert [(r["rung"], r["status"]) for r in status["rungs"][:3]] == [
         ("eager", "passed"),
         ("parity", "passed"),
-        ("simple_fsdp", "passed"),
+        ("simple_fsdp", "failed"),
     ]
 
 

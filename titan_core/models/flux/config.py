@@ -10,13 +10,13 @@ back here as a `FluxConfig`.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields, replace
 
 from titan_core.config.loader import ConfigError
 from titan_core.models.common.args import TransformerArgs
 
 EXTRA_KEY = "flux"
-SUMMARY_FIELDS = ("dim", "n_layers", "n_heads", "head_dim", "vocab_size", "ffn_hidden_dim", "max_seq_len", "rope_theta")
+SUMMARY_FIELDS = ("dim", "n_layers", "n_heads", "n_kv_heads", "head_dim", "vocab_size", "ffn_hidden_dim", "max_seq_len", "rope_theta")
 """The TransformerArgs fields a FluxConfig determines."""
 
 
@@ -102,8 +102,8 @@ class FluxConfig:
         )
 
 
-def flux_config(args: TransformerArgs) -> FluxConfig:
-    """The FluxConfig in `args.extra` (ConfigError for args that are not a flux model's)."""
+def _table_config(args: TransformerArgs) -> FluxConfig:
+    """The FluxConfig the flux table of `args.extra` holds, unchecked against the summary."""
     table = args.extra.get(EXTRA_KEY)
     if not isinstance(table, dict):
         raise ConfigError(f"these model args carry no extra['{EXTRA_KEY}'] table: they are not a flux model's")
@@ -114,7 +114,12 @@ def flux_config(args: TransformerArgs) -> FluxConfig:
     values = dict(table)
     if "axes_dims_rope" in values:
         values["axes_dims_rope"] = tuple(values["axes_dims_rope"])
-    cfg = FluxConfig(**values)
+    return FluxConfig(**values)
+
+
+def flux_config(args: TransformerArgs) -> FluxConfig:
+    """The FluxConfig in `args.extra` (ConfigError for args that are not a flux model's)."""
+    cfg = _table_config(args)
     summary = cfg.to_args(init_std=args.init_std)
     moved = [f for f in SUMMARY_FIELDS if getattr(args, f) != getattr(summary, f)]
     if moved:
@@ -125,6 +130,18 @@ def flux_config(args: TransformerArgs) -> FluxConfig:
             f"model.overrides.extra.{EXTRA_KEY} (e.g. n_double_layers, n_heads, latent_height)"
         )
     return cfg
+
+
+def resync_summary(args: TransformerArgs, overrides: dict) -> TransformerArgs:
+    """`args` with the summary re-derived from its flux table when `overrides` changed the table
+    (`model.overrides.extra.flux`) and no summary field: the sizes a user changes there are the model's.
+
+    A summary field given by hand is left as given, so `flux_config` still refuses a mismatch."""
+    extra = overrides.get("extra")
+    if not isinstance(extra, dict) or EXTRA_KEY not in extra or set(SUMMARY_FIELDS) & set(overrides):
+        return args
+    summary = _table_config(args).to_args(init_std=args.init_std)
+    return replace(args, **{f: getattr(summary, f) for f in SUMMARY_FIELDS}, extra={**args.extra, **summary.extra})
 
 
 def flux_of(model) -> FluxConfig | None:
