@@ -30,7 +30,7 @@ is fastest on this CPU. Criteria, thresholds and every other param stay as shipp
 attempt's details say the profile (`timing_profile`)."""
 QUICK_TIMING = harness.TIMING_PROFILES[TIMING_PROFILE]
 """What that profile sets over the checklists' `params.timing` (the table's header quotes it)."""
-TELLING = ("capture_error", "first_break", "first_host_sync", "error")
+TELLING = ("capture_error", "first_break", "first_host_sync", "features_idle", "error")
 """Measurements that say more than the criterion they fail, in the order the reason prefers them."""
 
 

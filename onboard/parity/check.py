@@ -221,6 +221,7 @@ def _combine(res, m, passes: list[dict], declared) -> None:
     res["passes"] = [{"name": p["name"], "how": p["how"], "measurements": p["measurements"]} for p in passes]
     res["features"] = {name: f.as_dict() for name, f in declared.items()}
     m["features_exercised"] = features.exercised(declared)
+    m["features_idle"] = features.idle(declared)
     for name, f in declared.items():
         if f.declared:
             m[f"feature_{name}"] = f.value

@@ -156,5 +156,6 @@ def run_flow(ws, cfg, res, m, *, root: Path, weights_dir, batch: int, seed: int)
     res["features"] = {"guidance": {"declared": fc.guidance_embeds, "exercised": used,
                                     "how": "guidance scales in [1, 5] per sample; the embedder's gradient is not zero"}}  # fmt: skip
     m["features_exercised"] = used or not fc.guidance_embeds
+    m["features_idle"] = [] if m["features_exercised"] else ["guidance"]
     if fc.guidance_embeds:
         m["feature_guidance"] = True

@@ -313,8 +313,13 @@ def _then(earlier: str, now: str) -> str:
     return f"{earlier}; then {now}" if earlier else now
 
 
+def idle(features: dict[str, Feature]) -> list[str]:
+    """The declared features no parity pass had active, each as "name (how)"."""
+    return [f"{name} ({f.how})" if f.how else name for name, f in features.items() if f.declared and not f.exercised]
+
+
 def exercised(features: dict[str, Feature]) -> bool:
-    return all(f.exercised for f in features.values() if f.declared)
+    return not idle(features)
 
 
 # ---- the features pass: scaling the upstream weights that feed each cap ----------------------

@@ -72,6 +72,8 @@ class ParityMeasurements(Measurements):
     """The pass it diverged in ("seeded", "weights" or "features"); None: no divergence."""
     features_exercised: bool = ABSENT
     """Every feature the config declares (soft-cap, window, padding, MoE routing) was active in a pass."""
+    features_idle: list[str] = ABSENT
+    """The declared features no pass had active (empty when features_exercised): what the gate could not see."""
     features: dict[str, Any] = flattened()
     """feature_<name>: how much a declared feature was exercised (onboard/parity/features.py: the
     soft-capped fraction, seq_len over the window, pad ids, the fewest tokens per expert)."""

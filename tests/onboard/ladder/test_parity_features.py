@@ -37,7 +37,7 @@ def test_gemma2_port_passes_with_every_declared_feature_exercised(tmp_path):
     assert res["error"] is None
     m = res["measurements"]
     assert failed(m) == set(), json.dumps(m, indent=1)
-    assert m["features_exercised"] is True and m["first_divergence_module"] is None
+    assert m["features_exercised"] is True and m["features_idle"] == [] and m["first_divergence_module"] is None
     f = res["features"]
     need = params()["feature_softcap_clipped_min"]
     # idle at the seeded init, clipping in the features pass the scaled weights set up

@@ -98,3 +98,30 @@ def test_collapsed_routing_is_rebalanced_until_every_expert_gets_tokens():
     features.record_probe(declared, probe, "features", params())
     assert declared["experts"].exercised and declared["experts"].value >= params()["feature_min_tokens_per_expert"]
     assert "got 0 tokens in the seeded pass; then every expert got" in declared["experts"].how
+
+
+def test_idle_names_each_declared_feature_no_pass_had_active():
+    """What a failed features_exercised shows (and compat's one-line reason with it)."""
+    fs = {
+        "attention_softcap": features.Feature("attention_softcap", "attention soft-cap", True, True, "12% clipped"),
+        "sliding_window": features.Feature("sliding_window", "window", True, False, "seq_len 32 <= window 64"),
+        "experts": features.Feature("experts", "experts", False),
+    }
+    assert features.idle(fs) == ["sliding_window (seq_len 32 <= window 64)"]
+    assert features.exercised(fs) is False
+    fs["sliding_window"] = features.Feature("sliding_window", "window", True, True)
+    assert features.idle(fs) == [] and features.exercised(fs) is True
+
+
+def test_compat_reason_of_an_idle_feature_names_it():
+    from onboard.compat import failure_reason
+
+    entry = {
+        "status": "failed",
+        "criteria": [
+            {"name": "logits_rel_l2", "ok": True, "value": 0.0, "comparator": "<=", "threshold": 1e-5},
+            {"name": "features_exercised", "ok": False, "value": False, "comparator": "is_true", "hint": "idle"},
+        ],
+        "measurements": {"features_exercised": False, "features_idle": ["experts (3 of 4 experts got tokens)"]},
+    }
+    assert failure_reason(entry) == "features_exercised: idle; features_idle: ['experts (3 of 4 experts got tokens)']"
