@@ -6,8 +6,8 @@ its time. So tests/conftest.py starts a climb once the session's tests are colle
 only for a job whose test is among them) and runs that test last; the test then waits for its
 climb (`wait`) under a load-aware hang guard and asserts on what it left on disk.
 
-Beside other tests a climb runs at a lower priority (NICE): it takes the CPU they leave idle and
-hardly slows them, so it is off the suite's critical path. A session that ends before the tests
+Beside other tests a climb runs in the idle scheduling class (`_idle_class`): it takes the CPU
+they leave idle and hardly slows them, so it is off the suite's critical path. A session that ends before the tests
 (-x, Ctrl-C) stops each climb's whole process group (`stop_all`).
 
 Imported by tests/conftest.py, which must not import onboard (tests/core runs without it): the
@@ -31,9 +31,17 @@ from typing import Callable
 from hang_guard import HangGuard, Load
 
 LADDER_TESTS = Path(__file__).resolve().parent / "onboard" / "ladder"
-NICE = 10
-"""A climb's niceness beside other tests (its ranks and parity's pytest inherit it): at 10 the kernel
-gives it about a tenth of a core that a test of the suite wants."""
+def _idle_class() -> None:
+    """Put this (child) process in SCHED_IDLE; its ranks and parity's pytest inherit it.
+
+    At nice 10 a climb still took timeslices from the suite's multi-rank tests, whose ranks meet at
+    every collective: a rank kept waiting stalls the other (the 2-rank Graph Trainer test ran 40 s
+    beside the climbs, 14 s alone). The kernel runs a SCHED_IDLE task only on a core no other task
+    wants and preempts it at once when one does. Where the class is refused, nice 19 is the next best."""
+    try:
+        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+    except (AttributeError, OSError):
+        os.nice(19)
 
 
 @dataclass(frozen=True)
@@ -73,7 +81,7 @@ class Run:
     base: Path
     """The job's folder; its stdout and stderr are files here."""
     shared: bool
-    """Other tests of the session run beside it (its test runs last, and the climb at NICE): its wall
+    """Other tests of the session run beside it (its test runs last, and the climb in the idle class): its wall
     time is then not the climb's on a machine of its own."""
     proc: subprocess.Popen
     started: float = field(default_factory=time.perf_counter)
@@ -120,7 +128,7 @@ def start(name: str, *, shared: bool) -> Run:
             stderr=err,
             text=True,
             start_new_session=True,
-            preexec_fn=(lambda: os.nice(NICE)) if shared else None,
+            preexec_fn=_idle_class if shared else None,
         )
     load = Load.now()
     if shared:  # the suite's own process runs beside it from now on, before the load average sees it
