@@ -29,6 +29,7 @@ from __future__ import annotations
 import functools
 import inspect
 import re
+import sys
 from typing import Callable
 
 import torch
@@ -76,6 +77,24 @@ def forward_source(cls: type) -> str:
 def makes_own_mask(cls: type) -> bool:
     """Whether `cls.forward` hands the attention interface a mask of its own making (OWN_MASK)."""
     return OWN_MASK.search(forward_source(cls)) is not None
+
+
+UNMASKED_CALL = re.compile(r"attention_interface\(\s*self,\s*\w+,\s*\w+,\s*\w+,\s*None\b")
+"""An interface call that hands a literal `None` mask: attention the model means to be unmasked,
+over something other than the sequence (Inkling2's attention residual, over a position's earlier
+block outputs)."""
+
+
+def unmasked_by_design(cls: type) -> bool:
+    """Whether `cls.forward` calls the attention interface with no mask at all (UNMASKED_CALL)."""
+    return UNMASKED_CALL.search(forward_source(cls)) is not None
+
+
+def own_eager(module: nn.Module) -> Callable | None:
+    """The `eager_attention_forward` of the module's own modeling file: the attention as
+    transformers wrote it for this model (None where the file has none)."""
+    fn = getattr(sys.modules.get(type(module).__module__), "eager_attention_forward", None)
+    return fn if callable(fn) else None
 
 
 def is_causal_attention(module: nn.Module) -> bool:
@@ -139,7 +158,9 @@ def module_core_attention(module, query, key, value, attention_mask, **kwargs):
     """`titan` and `titan_masked`: the attention module's own core. The mask transformers builds is
     causal, window and padding, which the cores apply themselves; a mask the module makes of its own
     (Doge's, from its parameters: the model marks such a module `makes_own_mask` when it gives it its
-    core) is part of the model, an additive score bias the naive core adds and the others refuse."""
+    core) is part of the model, an additive score bias the naive core adds and the others refuse.
+    A non-causal module that calls with no mask at all (`unmasked_by_design`) gets no core and runs
+    its modeling file's own eager attention; the model's notes name it (stack.attention_sites)."""
     if attention_mask is not None and getattr(module, "makes_own_mask", False):
         if attention_mask.dtype == torch.bool:  # True keeps a key
             attention_mask = torch.zeros_like(attention_mask, dtype=query.dtype).masked_fill(
@@ -148,6 +169,10 @@ def module_core_attention(module, query, key, value, attention_mask, **kwargs):
         bias = kwargs.get("position_bias")
         kwargs["position_bias"] = attention_mask if bias is None else bias + attention_mask
     core = getattr(module, "core", None)
+    if core is None and not is_causal_attention(module) and unmasked_by_design(type(module)):
+        eager = own_eager(module)  # no kernel applies (its keys are not sequence positions): run upstream's
+        if eager is not None:
+            return eager(module, query, key, value, attention_mask, **kwargs)
     if core is None and not is_causal_attention(module):
         raise KernelRefusesModel(
             f"{type(module).__name__} is not causal (an encoder's attention, or cross-attention); titan_core's "

@@ -278,3 +278,20 @@ def test_a_decoder_self_attention_that_masks_causally_through_the_mask_runs_on_t
     model = ours(config)
     assert len(list(model.attention_cores())) == len(model.layers) == 2  # self-attention only, not encoder_attn
     assert same_logits(model, theirs(model, config)) < 1e-5
+
+
+def test_attention_over_depth_runs_transformers_eager_and_the_notes_say_so():
+    # Inkling2's attention residual: a fixed query attends over a position's earlier block outputs
+    # (not causal, no mask: nothing for a sequence kernel), beside causal self-attention
+    from onboard.compat.tiny import tiny_config
+
+    config = transformers.AutoConfig.for_model(**tiny_config("inkling2_text"))
+    model = ours(config)
+    sites = model.attention_sites
+    assert sites.upstream and all(p.split(".", 1)[1] in ("attention_input", "mlp_input") for p in sites.upstream)
+    assert sites.paths and not sites.own  # every layer's self-attention still runs a titan_core core
+    assert any("attend unmasked over something other than the sequence" in n for n in model.notes), model.notes
+    assert same_logits(model, theirs(model, config)) < 1e-5
+    swapped = apply_swaps(model, ["attention.naive"])  # kernels.attention reaches the self-attention only
+    assert swapped and all(p.endswith("self_attn.core") for p in swapped), swapped
+    assert same_logits(model, theirs(model, config)) < 1e-5

@@ -56,7 +56,7 @@ from titan_core.models.transformers.experts import install_experts
 from titan_core.models.transformers.hf_classes import causal_lm_parts, config_object, require_transformers, text_config
 from titan_core.models.transformers.stack import (
     attention_sites, base_model, decoder_blocks, head_input, head_transform, needs_naive, own_layers_note,
-    stack_depth,
+    stack_depth, upstream_modules_note,
 )  # fmt: skip
 
 ATTENTION_PATTERN = "layers.*.attention.core"
@@ -167,7 +167,8 @@ class TransformersCausalLM(nn.Module):
             self.swap_paths[EXPERTS_PATTERN] = self.experts_install.swap_pattern
         self.swap_refusals = {EXPERTS_PATTERN: self.experts_install.refusal} if self.experts_install.refusal else {}
         """{native pattern: why a swap there is refused} (titan_core/config/swaps.py adds it to the refusal)."""
-        self.notes = [n for n in (own_layers_note(self.attention_sites),) if n]
+        notes = (own_layers_note(self.attention_sites), upstream_modules_note(self.attention_sites))
+        self.notes = [n for n in notes if n]
         """What of the model runs otherwise than through titan_core's kernels, a line each (runs record it)."""
         self.head_transform = head_transform(hf, prefix)
         """Modules the causal-LM class runs between its base model and the output head (BERT's

@@ -19,7 +19,9 @@ from dataclasses import dataclass, field
 
 from torch import nn
 
-from titan_core.kernels.hf_attention import NAIVE_ONLY, forward_source, is_causal_attention, makes_own_mask
+from titan_core.kernels.hf_attention import (
+    NAIVE_ONLY, forward_source, is_causal_attention, makes_own_mask, unmasked_by_design,
+)  # fmt: skip
 
 INTERFACE_CALL = "ALL_ATTENTION_FUNCTIONS"
 """The registry transformers' attention modules look their implementation up in: a module whose
@@ -42,6 +44,9 @@ class Sites:
     """{layer index: why no titan_core kernel runs in it} for the layers with no such module."""
     masked: bool = False
     """An attention module reads the attention mask itself (`reads_mask`)."""
+    upstream: list[str] = field(default_factory=list)
+    """Paths ("<layer>.<module>") of the non-causal modules that attend unmasked by design
+    (hf_attention.unmasked_by_design): they run their modeling file's eager attention."""
 
     @property
     def patterns(self) -> list[str]:
@@ -124,7 +129,9 @@ def attention_sites(blocks: nn.ModuleList) -> Sites:
         for name, mod in block.named_modules():
             if not name or not calls_interface(type(mod)) or any(name.startswith(p + ".") for p in paths):
                 continue
-            if not is_causal_attention(mod) or CROSS_NAMES.intersection(name.split(".")):
+            if not is_causal_attention(mod) and unmasked_by_design(type(mod)):
+                sites.upstream.append(f"{i}.{name}")
+            elif not is_causal_attention(mod) or CROSS_NAMES.intersection(name.split(".")):
                 acausal = True
             else:
                 paths.append(name)
@@ -140,6 +147,18 @@ def attention_sites(blocks: nn.ModuleList) -> Sites:
                 "(a recurrent, convolutional or linear-attention mixer, or attention computed inline)"
             )
     return sites
+
+
+def upstream_modules_note(sites: Sites) -> str | None:
+    """One line naming the attention modules that run transformers' eager attention (Sites.upstream)."""
+    if not sites.upstream:
+        return None
+    kinds = sorted({p.split(".", 1)[1] for p in sites.upstream})
+    return (
+        f"{len(sites.upstream)} module(s) ({', '.join(kinds)}) attend unmasked over something other than the "
+        "sequence (not causal, no mask): they run transformers' eager attention, so kernels.attention does not "
+        "apply in them"
+    )
 
 
 def own_layers_note(sites: Sites) -> str | None:
