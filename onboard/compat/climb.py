@@ -176,10 +176,11 @@ def failure_reason(entry: dict) -> str:
     if bad is None:
         return one_line(f"{entry.get('status')} with every criterion met")
     value, thr = bad.get("value"), bad.get("threshold")
-    if bad.get("comparator") == "is_true" or value is None:
-        why = f"{bad['name']}: {bad.get('hint')}"
-    else:
-        why = f"{bad['name']}: {value!r} (needs {bad['comparator']} {thr!r})"
     m = entry.get("measurements") or {}
     extra = next((f"{k}: {m[k]}" for k in TELLING if m.get(k)), "")
+    if bad.get("comparator") == "is_true" or value is None:
+        # a yes/no criterion: the telling measurement says what failed; the checklist's hint, only
+        # where none was taken (the hint is long, and the line is cut to one screen line)
+        return one_line(f"{bad['name']}: {extra or bad.get('hint')}")
+    why = f"{bad['name']}: {value!r} (needs {bad['comparator']} {thr!r})"
     return one_line(f"{why}; {extra}" if extra and extra not in why else why)

@@ -91,9 +91,10 @@ def unmasked_by_design(cls: type) -> bool:
 
 
 def own_eager(module: nn.Module) -> Callable | None:
-    """The `eager_attention_forward` of the module's own modeling file: the attention as
-    transformers wrote it for this model (None where the file has none)."""
-    fn = getattr(sys.modules.get(type(module).__module__), "eager_attention_forward", None)
+    """The `eager_attention_forward` of the modeling file that wrote the module's forward: the
+    attention as transformers wrote it for this model (None where the file has none). The file of
+    `forward`, not of the class: SimpleFSDP's parametrization subclasses the module elsewhere."""
+    fn = getattr(sys.modules.get(type(module).forward.__module__), "eager_attention_forward", None)
     return fn if callable(fn) else None
 
 

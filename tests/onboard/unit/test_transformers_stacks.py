@@ -292,6 +292,14 @@ def test_attention_over_depth_runs_transformers_eager_and_the_notes_say_so():
     assert sites.paths and not sites.own  # every layer's self-attention still runs a titan_core core
     assert any("attend unmasked over something other than the sequence" in n for n in model.notes), model.notes
     assert same_logits(model, theirs(model, config)) < 1e-5
+    # SimpleFSDP's parametrization subclasses each module in another file: its forward's file is the model's
+    from titan_core.kernels.hf_attention import own_eager
+
+    layer, path = sites.upstream[-1].split(".", 1)
+    residual = model.layers[layer].get_submodule(path)
+    wrapped = type("Wrapped", (type(residual),), {"__module__": "titan_core.parallel.simple_fsdp"})
+    module = object.__new__(wrapped)
+    assert own_eager(module) is own_eager(residual) is not None
     swapped = apply_swaps(model, ["attention.naive"])  # kernels.attention reaches the self-attention only
     assert swapped and all(p.endswith("self_attn.core") for p in swapped), swapped
     assert same_logits(model, theirs(model, config)) < 1e-5
