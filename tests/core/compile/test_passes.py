@@ -64,3 +64,28 @@ def test_numerics_changing_tier_is_opt_in(reference):
     assert rec.changed_ops["aten._to_copy.default"][1] > rec.changed_ops["aten._to_copy.default"][0]
     assert not torch.equal(loss, ref_loss)  # it does change numerics ...
     assert abs(loss.item() - ref_loss.item()) < 2e-2 * ref_loss.item()  # ... by bf16 rounding only
+
+
+def test_view_to_reshape_runs_a_layout_the_trace_did_not_see_and_keeps_a_written_view():
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from titan_core.compile.graph_trainer.passes import view_to_reshape
+    from titan_core.compile.graph_trainer.registry import PassSettings
+
+    # traced on a contiguous tensor; at run time the same values come transposed (a CPU kernel
+    # that kept its input's layout), which `view` refuses
+    gm = make_fx(lambda x: torch.ops.aten.view.default(x, [8]) * 2)(torch.randn(2, 4))
+    x = torch.randn(4, 2, generator=torch.Generator().manual_seed(0)).t()
+    with pytest.raises(RuntimeError, match="view size is not compatible"):
+        gm(x)
+    gm = view_to_reshape(gm, None, settings=PassSettings())
+    gm.recompile()
+    assert torch.equal(gm(x), x.reshape(8) * 2)
+
+    def written(x):
+        v = torch.ops.aten.view.default(x, [8])
+        v.add_(1)  # through the view into x: a reshape's copy would lose the write
+        return x
+
+    gm = view_to_reshape(make_fx(written)(torch.zeros(2, 4)), None, settings=PassSettings())
+    assert torch.ops.aten.view.default in {n.target for n in gm.graph.nodes}

@@ -46,7 +46,9 @@ class PassRecord:
 
 
 #: numerics-preserving passes, in order (a name may appear twice)
-DEFAULT_PIPELINE = ("remove_detach", "dce", "tag_memory_policy", "apply_recompute", "apply_offload", "dce")
+DEFAULT_PIPELINE = (
+    "view_to_reshape", "remove_detach", "dce", "tag_memory_policy", "apply_recompute", "apply_offload", "dce",
+)  # fmt: skip
 #: appended when numerics-changing passes are allowed
 NUMERICS_CHANGING_PIPELINE = ("matmul_bf16",)
 
@@ -105,6 +107,35 @@ def remove_detach(gm: GraphModule, example_inputs, *, settings: PassSettings) ->
         if node.op == "call_function" and node.target in (aten.detach.default, aten.alias.default):
             node.replace_all_uses_with(node.args[0])
             gm.graph.erase_node(node)
+    return gm
+
+
+def _written_through(node: torch.fx.Node) -> bool:
+    """Whether an op writes into `node`'s value, directly or through a view of it (schema alias info)."""
+    for user in node.users:
+        target = user.target
+        schema = getattr(target, "_schema", None)
+        if schema is None:
+            continue
+        for i, arg in enumerate(schema.arguments):
+            value = user.args[i] if i < len(user.args) else user.kwargs.get(arg.name)
+            if value is node and arg.alias_info is not None and arg.alias_info.is_write:
+                return True
+        if any(r.alias_info is not None for r in schema.returns) and _written_through(user):
+            return True
+    return False
+
+
+@register_pass("view_to_reshape", description="view -> reshape where nothing writes through the view")
+def view_to_reshape(gm: GraphModule, example_inputs, *, settings: PassSettings) -> GraphModule:
+    """The capture records `view` with the strides its fake tensors had; a CPU kernel that keeps its
+    input's layout (softplus_backward over a transposed tensor, in LaRA's conv mixer) returns another
+    stride at run time, and `view` refuses it. `reshape` is the same view wherever the strides allow
+    one and a copy of the same values elsewhere: bit-identical, unless something writes through the
+    view, so such a view is kept."""
+    for node in gm.graph.nodes:
+        if node.op == "call_function" and node.target is aten.view.default and not _written_through(node):
+            node.target = aten.reshape.default
     return gm
 
 
