@@ -46,6 +46,10 @@ from torch import nn
 SAMPLE = 1 << 18  # values kept per call for the quantile that sets the next scale
 
 
+ROUTER_NAMES = ("gate", "router")
+"""What transformers' MoE blocks name their router module."""
+
+
 @dataclass
 class Feature:
     name: str
@@ -198,18 +202,20 @@ class Probe:
         self._undo: list = []
 
     def routers(self) -> dict[str, nn.Module]:
-        """Upstream router modules: a `gate`/`router` whose weight is [n_experts, hidden]."""
+        """Upstream router modules: a `gate`/`router` whose weight is [n_experts, hidden], or the one
+        child of a `gate`/`router` that holds that weight (HunYuan's `gate.wg`, JetMoE's `router.layer`)."""
         e = self.features["experts"].config.get("n_experts")
         if not e:
             return {}
-        return {
-            name: mod
-            for name, mod in self.model.named_modules()
-            if name.rpartition(".")[2] in ("gate", "router")
-            and isinstance(getattr(mod, "weight", None), torch.Tensor)
-            and mod.weight.dim() == 2
-            and mod.weight.shape[0] == e
-        }
+        found = {}
+        for name, mod in self.model.named_modules():
+            parent, _, last = name.rpartition(".")
+            w = getattr(mod, "weight", None)
+            if not (isinstance(w, torch.Tensor) and w.dim() == 2 and w.shape[0] == e):
+                continue
+            if last in ROUTER_NAMES or (parent.rpartition(".")[2] in ROUTER_NAMES and parent not in found):
+                found[name] = mod
+        return found
 
     def __enter__(self):
         if self.features["attention_softcap"].declared:
@@ -305,7 +311,8 @@ def record_probe(features: dict[str, Feature], probe: Probe, pass_name: str, par
         f.how = _then(f.how, (
             f"every expert got >= {low} tokens in the {pass_name} pass{how}" if f.exercised
             else f"an expert of {where} got {low} tokens in the {pass_name} pass{how}" if where
-            else "no router output found (a module named gate or router with [n_experts, hidden] weights)"
+            else "no router output found (a module named gate or router, or a child of one, with "
+                 "[n_experts, hidden] weights)"
         ))  # fmt: skip
 
 

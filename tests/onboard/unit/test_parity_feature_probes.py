@@ -127,3 +127,21 @@ def test_compat_reason_of_an_idle_feature_names_it():
     assert failure_reason(entry) == "features_exercised: features_idle: ['experts (3 of 4 experts got tokens)']"
     del entry["measurements"]["features_idle"]  # none taken (an older ledger): the checklist's hint
     assert failure_reason(entry) == "features_exercised: idle"
+
+
+# JetMoE routes its attention heads too (self_attention.experts.router.layer)
+@pytest.mark.parametrize("model_type, router", [("jetmoe", "router.layer"), ("hunyuan_v1_moe", "mlp.gate.wg")])
+def test_a_router_kept_inside_a_gate_or_router_module_is_found_and_its_experts_counted(model_type, router):
+    import transformers as tf
+
+    from onboard.compat.tiny import tiny_config
+
+    hf = build_upstream(tf.AutoConfig.for_model(**tiny_config(model_type)).to_dict(), seed=0).model
+    declared = features.declare(hf.config)
+    routers = features.Probe(hf, declared).routers()
+    assert routers and all(name.endswith(router) for name in routers), list(routers)
+    tokens = torch.randint(0, hf.config.vocab_size, (1, 256), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad(), features.Probe(hf, declared) as probe:
+        hf(input_ids=tokens)
+    features.record_probe(declared, probe, "seeded", params())
+    assert declared["experts"].value is not None and "no router output found" not in declared["experts"].how
