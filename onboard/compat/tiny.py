@@ -107,6 +107,8 @@ OWN_ARGUMENTS: dict[str, dict[str, Any]] = {
     "dots1": {"n_routed_experts": 4, "n_shared_experts": 1},
     "dbrx": {"attn_config": {"rope_theta": 10000.0, "clip_qkv": 8.0}},
     "lfm2_moe": {"layer_types": ["conv", "full_attention"]},
+    # Flint's default mlp_only_layers makes both tiny layers dense: keep layer 0 dense, layer 1 MoE
+    "flint": {"mlp_only_layers": [0]},
     # unreleased classes whose modeling reads what their defaults leave None: the RoPE of each
     # layer type, the sparse-attention indexer's budget
     "cohere_compass_text": {"rope_parameters": {"full_attention": {"rope_type": "default", "rope_theta": 10000.0}}},

@@ -146,3 +146,10 @@ def test_a_class_whose_defaults_cannot_build_its_model_gets_what_a_released_conf
     model = transformers.AutoModelForCausalLM.from_config(transformers.AutoConfig.for_model(**cfg))
     logits = model(torch.randint(0, 256, (1, 16))).logits
     assert logits.shape == (1, 16, 256) and torch.isfinite(logits).all()
+
+
+def test_a_moe_whose_first_layers_are_dense_keeps_an_moe_layer():
+    """Flint's default mlp_only_layers would leave both tiny layers dense: parity could not route a
+    token through an expert of a config that declares them."""
+    model = built(tiny_config("flint"))
+    assert [n for n, _ in model.named_parameters() if n.endswith("mlp.gate.weight")] == ["model.layers.1.mlp.gate.weight"]
