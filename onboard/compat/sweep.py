@@ -147,7 +147,11 @@ def sweep(
     ends it with the rows that finished and `interrupted` naming the ones it stopped."""
     types = model_types or causal_lm_types()
     kept_rows, kept_not = (previous or {}).get("rows", {}), (previous or {}).get("not_probed", {})
-    rows, not_probed, running = {}, {}, set()
+    # the kept rows are in the table from the start: an interrupt before the pool reaches one must
+    # not drop it from the results file a --resume reads
+    rows = {mt: kept_rows[mt] for mt in types if mt in kept_rows}
+    not_probed = {mt: kept_not[mt] for mt in types if mt in kept_not and mt not in rows}
+    running = set()
     lock = threading.Lock()
     threads = max(1, (os.cpu_count() or 1) // jobs) if jobs > 1 else 0
 

@@ -41,3 +41,24 @@ def test_sigint_on_a_worker_thread_interrupts_the_sweep(monkeypatch):
     assert result["interrupted"] == "llama" and result["rows"] == {}
     assert result["remaining"] == ["llama", "mistral"]
     assert "compat: interrupted while probing llama" in logs
+
+
+def test_an_interrupted_resume_keeps_every_earlier_row_not_only_those_it_reached(monkeypatch):
+    """The kept rows past the probe a Ctrl-C stopped stay in the table (and so in the results file)."""
+    row = {"cells": {r: {"status": "pass", "reason": "", "seconds": 1.0} for r in sweep_mod.rungs()}, "seconds": 7.0}
+
+    def probe(mt, **kw):
+        signal.pthread_kill(threading.get_ident(), signal.SIGINT)
+        sweep_mod._STOPPING.wait(timeout=10)
+        return {"cells": {}, "seconds": 0.0}
+
+    monkeypatch.setattr(sweep_mod, "run_isolated", probe)
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    previous = {"rows": {"mistral": row, "qwen3": row}, "not_probed": {"xlnet": "not a causal LM"}}
+    try:
+        result = sweep_mod.sweep(["llama", "mistral", "qwen3", "xlnet"], previous=previous)
+    finally:
+        signal.signal(signal.SIGINT, before)
+    assert result["interrupted"] == "llama"
+    assert result["rows"] == {"mistral": row, "qwen3": row} and result["not_probed"] == {"xlnet": "not a causal LM"}
+    assert result["remaining"] == ["llama"]
