@@ -17,7 +17,9 @@ an op under `Optimizer.step` is optimizer time.
 
 On CPU the times are the host's; on CUDA the ops' device (kernel) self times, and the gaps
 are the step's wall time the device was not busy. `sum_rel_err` states how far categories
-plus gaps are from the step time measured outside the profiler.
+plus gaps are from the same steps' wall time measured outside the profiler. Both are means over
+the profiled steps: on a shared machine one step can take three times another, and a median wall
+time set against a mean of categories would measure that noise, not the profile's coverage.
 """
 
 from __future__ import annotations
@@ -78,16 +80,21 @@ def category_of(name: str) -> str | None:
 class Breakdown:
     steps: int
     step_time_s: float
-    """Median wall time of one profiled step, measured outside the profiler's event tree."""
+    """Median wall time of one profiled step, measured outside the profiler's event tree (the figure
+    reported: robust to one step the machine stole time from)."""
     seconds: dict[str, float]
-    """Per step: seconds in each category (CATEGORIES), summing to the profiled step time."""
+    """Per step: seconds in each category (CATEGORIES), means over the profiled steps; they sum to
+    `wall_mean_s` up to the profiler's own overhead."""
     fractions: dict[str, float]
     biggest: str
     lever: str
     top_ops: list[dict[str, Any]] = field(default_factory=list)
     trace_path: str | None = None
+    wall_mean_s: float = 0.0
+    """Mean wall time of the profiled steps, measured outside the profiler: what `seconds` partitions."""
     sum_rel_err: float = 0.0
-    """|sum of categories - step_time_s| / step_time_s (the profiler's own overhead shows here)."""
+    """|sum of categories - wall_mean_s| / wall_mean_s: time the profile does not account for (the
+    profiler's own overhead, or ops it did not see)."""
     timeline: str = "host"
     """host (CPU: the ops' host times) or device (CUDA: kernel times; gaps are device idle)."""
 
@@ -143,6 +150,7 @@ def breakdown_of(events, wall_times: list[float], *, top: int = 10, trace_path: 
     per_step = {c: s / n for c, s in seconds.items()}
     total = sum(per_step.values())
     step = statistics.median(wall_times) if wall_times else total
+    mean = statistics.fmean(wall_times) if wall_times else total
     fractions = {c: (s / total if total > 0 else 0.0) for c, s in per_step.items()}
     biggest = max(CATEGORIES, key=lambda c: per_step[c])
     top_ops = sorted(ops.items(), key=lambda kv: -kv[1][0])[:top]
@@ -159,7 +167,8 @@ def breakdown_of(events, wall_times: list[float], *, top: int = 10, trace_path: 
             for (name, _), (s, cat, calls) in top_ops
         ],
         trace_path=trace_path,
-        sum_rel_err=abs(total - step) / step if step > 0 else 0.0,
+        wall_mean_s=mean,
+        sum_rel_err=abs(total - mean) / mean if mean > 0 else 0.0,
         timeline="device" if device else "host",
     )
 
