@@ -7,7 +7,8 @@ only for a job whose test is among them) and runs that test last; the test then 
 climb (`wait`) under a load-aware hang guard and asserts on what it left on disk.
 
 Beside other tests a climb runs in the idle scheduling class (`_idle_class`): it takes the CPU
-they leave idle and hardly slows them, so it is off the suite's critical path. A session that ends before the tests
+they leave idle and yields it whenever they want it. It still slows them some (caches, memory
+bandwidth, a core's wake-up), but far less than at a positive nice. A session that ends before the tests
 (-x, Ctrl-C) stops each climb's whole process group (`stop_all`).
 
 Imported by tests/conftest.py, which must not import onboard (tests/core runs without it): the
@@ -36,8 +37,10 @@ def _idle_class() -> None:
 
     At nice 10 a climb still took timeslices from the suite's multi-rank tests, whose ranks meet at
     every collective: a rank kept waiting stalls the other (the 2-rank Graph Trainer test ran 40 s
-    beside the climbs, 14 s alone). The kernel runs a SCHED_IDLE task only on a core no other task
-    wants and preempts it at once when one does. Where the class is refused, nice 19 is the next best."""
+    beside nice-10 climbs, 14 s alone). The kernel runs a SCHED_IDLE task only on a core no other
+    task wants and preempts it when one does; the same test then took 27 s, not 14: the climb still
+    shares caches and memory bandwidth, and a rank that wakes may wait for its core. Where the class
+    is refused, nice 19 is the next best."""
     try:
         os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
     except (AttributeError, OSError):

@@ -29,6 +29,10 @@ class ModelFamily:
     model_cls: Callable[[TransformerArgs], nn.Module]
     flavors: dict[str, TransformerArgs]
     adapter: HFAdapter
+    resync: Callable[[TransformerArgs, dict], TransformerArgs] | None = None
+    """For a family that keeps its own config as a table under its name in args.extra (flux): the
+    args with their summary fields (n_layers, dim, ...) re-derived from that table after the
+    overrides (second argument) changed it, so the sizes a user changes there are the model's."""
 
 
 def get_family(name: str) -> ModelFamily:
@@ -63,9 +67,6 @@ def apply_model_overrides(args: TransformerArgs, overrides: dict | None) -> Tran
     adapter that skipped the checks). Every recipe's args pass here, so a hand edit of the
     recipe is refused before a model is built.
     """
-    # lazy: the flux package's __init__ imports this module
-    from titan_core.models.flux.config import resync_summary
-
     overrides = overrides or {}
     valid = set(TransformerArgs.__dataclass_fields__)
     for key in overrides:
@@ -81,7 +82,10 @@ def apply_model_overrides(args: TransformerArgs, overrides: dict | None) -> Tran
         }
         overrides = {**overrides, "extra": {**args.extra, **merged}}
     if overrides:
-        args = resync_summary(replace(args, **overrides), overrides)
+        args = replace(args, **overrides)
+        for name in DIFFUSION_FAMILIES:
+            if isinstance(overrides.get("extra", {}).get(name), dict) and get_family(name).resync:
+                args = get_family(name).resync(args, overrides)
     try:
         validate_args(args, names={k: f"model.overrides.{k}" for k in overrides})
     except ArchitectureError as e:

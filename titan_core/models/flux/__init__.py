@@ -5,8 +5,9 @@ config); training is fed synthetic latents, text embeddings and timesteps (titan
 """
 
 from titan_core.models.flux.adapter import FluxAdapter
+from titan_core.models.flux.config import resync_summary
 from titan_core.models.flux.flavors import FLAVORS
 from titan_core.models.flux.model import Flux
 from titan_core.models.registry import ModelFamily
 
-FAMILY = ModelFamily(name="flux", model_cls=Flux, flavors=FLAVORS, adapter=FluxAdapter())
+FAMILY = ModelFamily(name="flux", model_cls=Flux, flavors=FLAVORS, adapter=FluxAdapter(), resync=resync_summary)
