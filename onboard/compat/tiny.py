@@ -37,7 +37,8 @@ ROLES: dict[str, tuple[int, tuple[str, ...]]] = {
         128,
         ("intermediate_size", "n_inner", "ffn_dim", "ffn_hidden_size", "decoder_ffn_dim", "d_ff", "dim_ff", "dff"),
     ),
-    "vocab": (256, ("vocab_size", "vocab_size_per_layer_input")),
+    # Inkling-2's head is `unpadded_vocab_size` wide, its embedding `vocab_size`: both shrink
+    "vocab": (256, ("vocab_size", "vocab_size_per_layer_input", "unpadded_vocab_size")),
     "per_layer_input": (16, ("hidden_size_per_layer_input",)),  # Gemma-3n/4's per-layer embeddings
     "positions": (1024, ("max_position_embeddings", "n_positions", "n_ctx", "max_target_positions")),
     "experts": (4, ("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts")),
@@ -86,6 +87,11 @@ as many key/value heads as heads), and some classes' models read the None before
 SET_ALWAYS = ("positions",)
 """Roles set whatever the class's default: the parity rung runs 512 tokens (plus RoBERTa's offset
 of 2 positions), which a class with 128 learned positions (Blenderbot) cannot embed."""
+PROPORTIONAL = ("dim_model_base",)
+"""Arguments a model reads as a ratio to its hidden width, shrunk with it so that the ratio stays the
+class's: MiniCPM3 divides its hidden states by hidden_size / dim_model_base (10 by default) before
+the head, and a tiny hidden of 64 against the default base of 256 would multiply them by 4, so a
+fresh model's logits would start 40 times the released model's scale."""
 SIZES = {name: value for value, names in ROLES.values() for name in names}
 """Every constructor argument the probe may set, with its tiny value."""
 FLAGS = {"is_decoder": True, "causal": True}
@@ -285,6 +291,7 @@ def tiny_arguments(cls, default: dict[str, Any]) -> dict[str, Any]:
         # where the class's head_dim is its RoPE width (LongCat-Flash sizes its rotary tables by it)
         if "head_dim" in kw and default.get("head_dim") == default.get("qk_rope_head_dim") and "qk_rope_head_dim" in kw:
             kw["head_dim"] = kw["qk_rope_head_dim"]
+    kw.update(_proportional(fields, default, kw))
     kw.update({k: v for k, v in FLAGS.items() if k in fields})
     kw.update(_layer_lists(fields, default, kw))
     kw.update(_special_tokens(default))
@@ -299,6 +306,19 @@ def _shrinks(default: Any, tiny: int, derived: bool) -> bool:
     if default is None:
         return derived
     return isinstance(default, int) and not isinstance(default, bool) and default > tiny
+
+
+def _proportional(fields: set[str], default: dict[str, Any], kw: dict[str, Any]) -> dict[str, Any]:
+    """The PROPORTIONAL arguments scaled by tiny hidden / default hidden (at least 1)."""
+    hidden = next((n for n in ROLES["hidden"][1] if n in kw), None)
+    if hidden is None or not isinstance(default.get(hidden), int):
+        return {}
+    out = {}
+    for name in PROPORTIONAL:
+        base = default.get(name)
+        if name in fields and isinstance(base, int) and not isinstance(base, bool):
+            out[name] = max(1, round(base * kw[hidden] / default[hidden]))
+    return out
 
 
 def _layer_lists(fields: set[str], default: dict[str, Any], kw: dict[str, Any]) -> dict[str, Any]:

@@ -153,3 +153,23 @@ def test_a_moe_whose_first_layers_are_dense_keeps_an_moe_layer():
     token through an expert of a config that declares them."""
     model = built(tiny_config("flint"))
     assert [n for n, _ in model.named_parameters() if n.endswith("mlp.gate.weight")] == ["model.layers.1.mlp.gate.weight"]
+
+
+def test_a_fresh_tiny_model_predicts_its_own_vocabulary_near_uniformly():
+    """Inkling-2's head is `unpadded_vocab_size` wide (200058 by default): kept, a fresh model's loss is
+    ln(200058), far from the eager rung's ln(256). MiniCPM3's dim_model_base is a ratio to the hidden
+    width: kept at 256 beside a hidden of 64, the fresh logits start 40x the released scale."""
+    import math
+
+    import transformers
+
+    for model_type in ("inkling2_text", "minicpm3"):
+        cfg = tiny_config(model_type)
+        torch.manual_seed(0)
+        model = transformers.AutoModelForCausalLM.from_config(transformers.AutoConfig.for_model(**cfg))
+        ids = torch.randint(0, 256, (2, 64))
+        out = model(input_ids=ids, labels=ids)
+        assert out.logits.shape[-1] == 256, model_type
+        assert abs(out.loss.item() / math.log(256) - 1) <= 0.25, (model_type, out.loss.item())
+    minicpm3 = tiny_config("minicpm3")
+    assert minicpm3["hidden_size"] / minicpm3["dim_model_base"] == pytest.approx(2560 / 256, rel=0.1)
