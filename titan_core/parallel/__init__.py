@@ -89,4 +89,8 @@ def parallelize(model: nn.Module, cfg: JobConfig, mesh: DeviceMesh) -> nn.Module
         apply_fsdp2(model, mesh[dp_dim_names(mesh)], mixed_precision(cfg))
     else:
         raise ConfigError(f"parallelize: data_parallel '{mode}' has nothing to apply")
+    # a model whose code expects its buffers in the compute dtype (the transformers path) gets them so
+    follow = getattr(model, "buffers_follow", None)
+    if follow is not None:
+        follow(mixed_precision(cfg).param_dtype)
     return model

@@ -303,3 +303,31 @@ def test_attention_over_depth_runs_transformers_eager_and_the_notes_say_so():
     swapped = apply_swaps(model, ["attention.naive"])  # kernels.attention reaches the self-attention only
     assert swapped and all(p.endswith("self_attn.core") for p in swapped), swapped
     assert same_logits(model, theirs(model, config)) < 1e-5
+
+
+def test_buffers_made_in_the_model_dtype_follow_mixed_precision_and_rope_stays_fp32():
+    """MiniMax's lightning attention multiplies bf16 scores by its decay buffers, then meets bf16 values
+    in a matmul: with the params in bf16 (mixed precision) and the buffers left fp32 that matmul
+    refuses mixed dtypes. transformers makes those buffers in the model's dtype, so they follow the
+    compute dtype; RoPE's inv_freq, made from an explicit float32 tensor, stays fp32 as it does there."""
+    config = transformers.AutoConfig.for_model(
+        "minimax", **SMALL, num_hidden_layers=2, num_key_value_heads=2, head_dim=16, num_local_experts=4,
+        layer_types=["full_attention", "linear_attention"],
+    )  # fmt: skip
+    model = ours(config)
+    with torch.no_grad():
+        want = model(tokens()).to(torch.bfloat16)
+    for p in model.parameters():  # what SimpleFSDP's mixed precision hands the forward
+        p.data = p.data.to(torch.bfloat16)
+    with pytest.raises(RuntimeError, match="same dtype"):
+        model(tokens())
+    cast = model.buffers_follow(torch.bfloat16)
+    assert cast and all("decay" in n or "slope" in n for n in cast), cast
+    buffers = dict(model.named_buffers())
+    assert all(buffers[n].dtype == torch.bfloat16 for n in cast)
+    rope = [b.dtype for n, b in buffers.items() if n.endswith("inv_freq")]
+    assert rope and set(rope) == {torch.float32}
+    with torch.no_grad():
+        got = model(tokens())
+    assert got.dtype == torch.bfloat16 and rel_l2(got.float(), want.float()) < 0.02
+    assert model.buffers_follow(torch.float32) == []

@@ -34,6 +34,9 @@ expects of a model (titan_core/models/common/decoder.py):
   a kernel child that `kernels.moe` swaps (`swap_paths` maps `layers.*.moe.experts` onto it);
   others stay transformers' own, and a `kernels.moe` swap on them is refused.
 
+- mixed precision: `buffers_follow(dtype)` casts the buffers transformers makes in the model's
+  dtype to the compute dtype (parallelize calls it), as transformers' own bf16 model has them.
+
 Not carried over: the MoE load-balancing loss (a config with `output_router_logits` is
 refused rather than trained without it), generation and the KV cache (`use_cache=False`).
 """
@@ -87,7 +90,7 @@ def _never_written(t: torch.Tensor) -> bool:
     return bool(torch.isnan(t).all()) if isinstance(mark, float) else bool((t == mark).all())
 
 
-def _build_hf(cls: type, config) -> nn.Module:
+def _build_hf(cls: type, config, dtype: torch.dtype = torch.float32) -> nn.Module:
     """`cls` built from `config` with titan_core's attention implementation; a class that picks its
     attention module from a table of its own (Falcon, GIT, GPT-Neo) knows no such name, and is built
     with transformers' eager attention instead: no module of it then calls the attention interface,
@@ -96,7 +99,7 @@ def _build_hf(cls: type, config) -> nn.Module:
     # static shapes, as per-block compile (no break inside a block) and the Graph Trainer's capture
     # need; its per-expert loop breaks the graph at a nonzero, and its grouped_mm's fake kernel
     # (the capture) takes bf16 only
-    kw = {"dtype": torch.float32}
+    kw = {"dtype": dtype}
     if _sets_experts(cls):
         kw["experts_implementation"] = OWN_EXPERTS
     config._attn_implementation = MODULE_CORE
@@ -238,6 +241,29 @@ class TransformersCausalLM(nn.Module):
         with torch.no_grad():
             for n in left:
                 own[n].copy_(values[n])
+
+    @torch.no_grad()
+    def buffers_follow(self, dtype: torch.dtype) -> list[str]:
+        """Cast to `dtype` (mixed precision's compute dtype) the floating buffers transformers makes in
+        the model's dtype, those a build under that default dtype creates in it; return their names.
+
+        transformers runs a bf16 model with such buffers in bf16 and its code assumes they match
+        the weights (MiniMax's lightning attention multiplies bf16 scores by its decay buffer, then
+        meets bf16 values in a matmul that refuses mixed dtypes). A buffer it keeps in fp32 on purpose
+        (RoPE's inv_freq, made from an explicit float32 tensor) stays fp32, as it does there."""
+        if not dtype.is_floating_point or dtype == torch.float32:
+            return []
+        cls, config = self._recipe
+        with torch.device("meta"):
+            probe = _build_hf(cls, config, dtype=dtype)
+        follows = {n for n, b in probe.named_buffers() if b.dtype == dtype}
+        cast = []
+        for name, buf in list(self.hf.named_buffers()):
+            if name in follows and buf.dtype.is_floating_point and buf.dtype != dtype:
+                owner, _, leaf = name.rpartition(".")
+                setattr(self.hf.get_submodule(owner) if owner else self.hf, leaf, buf.to(dtype))
+                cast.append(name)
+        return cast
 
     def retie(self) -> None:
         """Re-make tied parameters (`to_empty` gives each module a parameter of its own)."""
