@@ -33,11 +33,16 @@ class KernelsMeasurements(Measurements):
     worst_logits_kernel: str | None = ABSENT
     """The kernel flag with that worst logits error."""
     worst_grad_rel_err: float | None = ABSENT
-    """Worst relative L2 error of any parameter's gradient (fraction)."""
+    """Worst relative L2 error of a parameter's gradient against the plain path's, both fp32 (fraction),
+    over the gradients not excused as fp32 rounding (grads_excused_as_rounding)."""
     worst_grad_kernel: str | None = ABSENT
     """The kernel flag with that worst gradient error."""
     worst_grad_param: str | None = ABSENT
     """The parameter of that worst gradient."""
+    grads_excused_as_rounding: int = ABSENT
+    """Gradients over the tolerance that the fp64 check showed to be fp32 rounding (count, over every
+    kernel): the plain path run in fp64, the kernel's gradient is within params.grad_rounding_factor x
+    the plain path's own fp32 error of it. Each kernel's row lists them with both errors (fp64_check)."""
     worst_kernel: str | None = ABSENT
     """The kernel flag with the worst error of any kind."""
     per_kernel: dict[str, Any] = flattened()

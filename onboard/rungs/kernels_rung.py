@@ -211,9 +211,13 @@ def _one_kernel(ctx, flag, *, build, timing_kw, criteria, mode_kw) -> dict:
     row.update(reference=cmp.reference, loss=cmp.loss, loss_reference=cmp.loss_reference, **errors,
                worst_param=cmp.worst_param, worst_params=dict(worst5),
                passed=within_tolerance(errors, criteria))  # fmt: skip
+    if cmp.rounding or cmp.rounding_error:
+        row.update(max_grad_rel_err_raw=cmp.max_grad_rel_err_raw, fp64_check=cmp.rounding,
+                   excused_as_rounding=cmp.excused, fp64_check_error=cmp.rounding_error)  # fmt: skip
+    excused = f"; {len(cmp.excused)} over it excused as fp32 rounding (fp64 check)" if cmp.excused else ""
     ctx.log(
         f"kernels: {flag} vs {cmp.reference}: loss {cmp.loss_rel_err:.1e}, logits {cmp.logits_rel_err:.1e}, "
-        f"grads {cmp.max_grad_rel_err:.1e} ({cmp.worst_param})" + ("" if row["passed"] else " -- FAILS")
+        f"grads {cmp.max_grad_rel_err:.1e} ({cmp.worst_param}){excused}" + ("" if row["passed"] else " -- FAILS")
     )
     if not row["passed"]:
         row.update(kept=False, reason="it does not equal the plain path within the checklist's tolerance")
@@ -275,6 +279,7 @@ def totals(rows: dict[str, dict]) -> dict[str, Any]:
     m["worst_kernel"] = worst_flag
     grad_flag = m["worst_grad_kernel"]
     m["worst_grad_param"] = compared[grad_flag].get("worst_param") if grad_flag else None
+    m["grads_excused_as_rounding"] = sum(len(r.get("excused_as_rounding", ())) for r in compared.values())
     return m
 
 
@@ -384,7 +389,10 @@ class Bench:
         cb, cs, _ = self.compare
         common = dict(family=cfg.model.family, args=harness.model_args(cfg), device=self.device, base=cfg.kernels,
                       build_meta_model=self.builder)  # fmt: skip
-        return (dict(common, batch=cb, seq_len=cs),
+        grads = tolerances().get("max_grad_rel_err")
+        rounding = dict(grad_tolerance=grads.threshold if grads else None,
+                        rounding_factor=harness.param(RUNG, "grad_rounding_factor"))  # fmt: skip
+        return (dict(common, batch=cb, seq_len=cs, **rounding),
                 dict(common, batch=t.batch_size, seq_len=t.seq_len, protocol=self.proto),
                 dict(common, mode=self.mode, batch=cb, seq_len=cs, packed=cfg.data.source == "text",
                      max_norm=t.max_norm))  # fmt: skip

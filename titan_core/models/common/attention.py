@@ -78,7 +78,7 @@ def refuse_softcap(kernel: str, cap: float | None) -> None:
 
 
 class NaiveAttention(nn.Module):
-    """Reference core: explicit softmax(q k^T * scale + mask) v, softmax in fp32, output in
+    """Reference core: explicit softmax(q k^T * scale + mask) v, softmax in fp32 (or fp64), output in
     the input dtype; the plain path every attention kernel is compared with. Honours `softcap`
     (scaled, divided and capped in that order, as transformers' eager attention rounds) and
     attention `sinks`: a logit per head ([N]) or per query ([B, N, S, 1]) that joins every
@@ -106,7 +106,8 @@ class NaiveAttention(nn.Module):
         if bias is not None:
             scores = scores + bias
         mask = attention_mask(q.shape[2], window=window, segment_ids=segment_ids, device=q.device, causal=causal)
-        scores = scores.masked_fill(~mask, float("-inf")).float()
+        # softmax in fp32 at least: fp64 stays fp64 (the kernels rung's fp64 check of the plain path)
+        scores = scores.masked_fill(~mask, float("-inf")).to(torch.promote_types(scores.dtype, torch.float32))
         if sinks is None:
             return torch.softmax(scores, dim=-1).to(q.dtype) @ v
         sink = (sinks.reshape(1, -1, 1, 1) if sinks.dim() == 1 else sinks).float()
