@@ -43,6 +43,8 @@ ROLES: dict[str, tuple[int, tuple[str, ...]]] = {
     "positions": (1024, ("max_position_embeddings", "n_positions", "n_ctx", "max_target_positions")),
     "experts": (4, ("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts")),
     "experts_per_token": (2, ("num_experts_per_tok", "top_k_experts", "moe_topk", "moe_k")),
+    # LongCat-Flash's zero-compute experts (256 beside 512 routed): 2 beside the 4, the same 1:2
+    "zero_experts": (2, ("zero_expert_num",)),
     # group-limited routing (DeepSeek-V3): 2 groups of the 4 experts, the best 1 group's 2 chosen from
     "expert_groups": (2, ("n_group", "num_expert_group")),
     "chosen_groups": (1, ("topk_group",)),

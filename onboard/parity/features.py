@@ -97,6 +97,15 @@ def n_experts(config) -> int:
     return 0
 
 
+def router_rows(config, experts: int) -> list[int]:
+    """The row counts a router's weight may have: one row per routed expert, plus one per shared
+    expert where the router scores them too (Inkling) or per zero-compute expert (LongCat-Flash's
+    `zero_expert_num`). The routed experts' rows come first in each."""
+    c = _text_config(config)
+    extra = [getattr(c, k, None) for k in ("n_shared_experts", "zero_expert_num")]
+    return sorted({experts, *(experts + n for n in extra if isinstance(n, int) and n > 0)})
+
+
 def declare(config) -> dict[str, Feature]:
     """Every feature parity knows, with whether the upstream config declares it."""
     c = _text_config(config)
@@ -119,7 +128,8 @@ def declare(config) -> dict[str, Feature]:
             "experts",
             "experts",
             experts > 0,
-            config={"n_experts": experts, "top_k": getattr(c, "num_experts_per_tok", None)} if experts else {},
+            config={"n_experts": experts, "top_k": getattr(c, "num_experts_per_tok", None),
+                    "router_rows": router_rows(config, experts)} if experts else {},  # fmt: skip
         ),
         "padding": Feature("padding", "padding", pad_ok, config={"pad_token_id": pad} if pad_ok else {}),
     }
@@ -203,15 +213,18 @@ class Probe:
 
     def routers(self) -> dict[str, nn.Module]:
         """Upstream router modules: a `gate`/`router` whose weight is [n_experts, hidden], or the one
-        child of a `gate`/`router` that holds that weight (HunYuan's `gate.wg`, JetMoE's `router.layer`)."""
-        e = self.features["experts"].config.get("n_experts")
+        child of a `gate`/`router` that holds that weight (HunYuan's `gate.wg`, JetMoE's `router.layer`);
+        its rows may go on past the routed experts' (`router_rows`: Inkling's shared, LongCat's zero experts)."""
+        config = self.features["experts"].config
+        e = config.get("n_experts")
         if not e:
             return {}
+        rows = set(config.get("router_rows") or [e])
         found = {}
         for name, mod in self.model.named_modules():
             parent, _, last = name.rpartition(".")
             w = getattr(mod, "weight", None)
-            if not (isinstance(w, torch.Tensor) and w.dim() == 2 and w.shape[0] == e):
+            if not (isinstance(w, torch.Tensor) and w.dim() == 2 and w.shape[0] in rows):
                 continue
             if last in ROUTER_NAMES or (parent.rpartition(".")[2] in ROUTER_NAMES and parent not in found):
                 found[name] = mod
@@ -226,7 +239,32 @@ class Probe:
             self._undo.append(head.register_forward_hook(lambda _m, _a, out: self.final.add(out.abs(), cap)).remove)
         for name, mod in self.routers().items():
             self._undo.append(mod.register_forward_hook(self._count(name)).remove)
+            parent = name.rpartition(".")[0]
+            if parent and parent.rpartition(".")[2] in ROUTER_NAMES:
+                self._count_from_parent(name, self.model.get_submodule(parent))
         return self
+
+    def _count_from_parent(self, name: str, parent: nn.Module) -> None:
+        """A router that only reads its child's weight (LongCat-Flash's `router` computes with
+        `classifier.weight`, never calling `classifier`): its own output, counted in the child's name
+        whenever the child itself did not run during the call."""
+        ran = [False]
+        count = self._count(name)
+
+        def child_ran(*_):
+            ran[0] = True
+
+        def before(*_):
+            ran[0] = False
+
+        def after(module, args, out):
+            if not ran[0]:
+                count(module, args, out)
+
+        child = self.model.get_submodule(name)
+        for undo in (child.register_forward_hook(child_ran), parent.register_forward_pre_hook(before),
+                     parent.register_forward_hook(after)):  # fmt: skip
+            self._undo.append(undo.remove)
 
     def __exit__(self, *exc):
         for undo in reversed(self._undo):
@@ -242,10 +280,11 @@ class Probe:
                 self.router_inputs[name] = given.detach().reshape(-1, given.shape[-1])
             outs = out if isinstance(out, (tuple, list)) else (out,)
             idx = next((t for t in outs if torch.is_tensor(t) and not t.is_floating_point()), None)
-            if idx is None:  # a plain linear router: its logits, top-k as upstream routes
+            if idx is None:  # a plain linear router: its logits, top-k of the routed experts' as upstream routes
                 logits = next(t for t in outs if torch.is_tensor(t))
-                idx = logits.reshape(-1, e).topk(int(k or 1), dim=-1).indices
-            counts = torch.bincount(idx.reshape(-1).long(), minlength=e)
+                idx = logits.reshape(-1, logits.shape[-1])[:, :e].topk(int(k or 1), dim=-1).indices
+            # the routed experts only: a shared or zero-compute expert's index (LongCat's) is not one
+            counts = torch.bincount(idx.reshape(-1).long(), minlength=e)[:e]
             self.expert_counts[name] = self.expert_counts.get(name, 0) + counts
 
         return hook

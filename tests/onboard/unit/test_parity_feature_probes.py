@@ -28,7 +28,7 @@ def test_declared_features_come_from_the_upstream_config():
     assert features.layer_windows(tf.MistralConfig(**SMALL, sliding_window=64)) == [64, 64]
     assert features.layer_windows(tf.Qwen3Config(**SMALL, sliding_window=64)) == []  # use_sliding_window false
     moe = _declared(tf.Qwen3MoeConfig(**SMALL, num_experts=4, num_experts_per_tok=2))
-    assert set(moe) == {"experts"} and moe["experts"].config == {"n_experts": 4, "top_k": 2}
+    assert set(moe) == {"experts"} and moe["experts"].config == {"n_experts": 4, "top_k": 2, "router_rows": [4]}
     assert _declared(tf.LlamaConfig(**SMALL)) == {}
 
 
@@ -129,8 +129,10 @@ def test_compat_reason_of_an_idle_feature_names_it():
     assert failure_reason(entry) == "features_exercised: idle"
 
 
-# JetMoE routes its attention heads too (self_attention.experts.router.layer)
-@pytest.mark.parametrize("model_type, router", [("jetmoe", "router.layer"), ("hunyuan_v1_moe", "mlp.gate.wg")])
+# JetMoE routes its attention heads too (self_attention.experts.router.layer); Inkling's gate scores
+# its shared experts too (4 + 2 rows), LongCat-Flash's classifier its zero-compute experts
+@pytest.mark.parametrize("model_type, router", [("jetmoe", "router.layer"), ("hunyuan_v1_moe", "mlp.gate.wg"),
+                                                ("inkling_text", "mlp.gate"), ("longcat_flash", "router.classifier")])
 def test_a_router_kept_inside_a_gate_or_router_module_is_found_and_its_experts_counted(model_type, router):
     import transformers as tf
 
@@ -145,3 +147,5 @@ def test_a_router_kept_inside_a_gate_or_router_module_is_found_and_its_experts_c
         hf(input_ids=tokens)
     features.record_probe(declared, probe, "seeded", params())
     assert declared["experts"].value is not None and "no router output found" not in declared["experts"].how
+    # the routed experts are counted, not a shared or zero-compute one
+    assert {len(c) for c in probe.expert_counts.values()} == {declared["experts"].config["n_experts"]}
