@@ -167,9 +167,14 @@ def _compare(record, hf, native, adapter, tokens, labels, pairs, declared, param
         with features.Probe(hf, declared) as probe:
             hf_logits = hf(input_ids=tokens, use_cache=False).logits
     features.record_probe(declared, probe, name, params, f" ({how})" if how else "")
-    pm.update(logits_rel_l2=rel_l2(native_logits, hf_logits), logits_max_abs=max_abs(native_logits, hf_logits))
+    # a features pass may scale the logits up to a soft-cap (30 and more); their rounding scales with
+    # them, so the largest difference is read in units of their RMS where that is above 1
+    scale = max(1.0, float(hf_logits.detach().double().pow(2).mean().sqrt()))
+    raw = max_abs(native_logits, hf_logits)
+    pm.update(logits_rel_l2=rel_l2(native_logits, hf_logits), logits_max_abs=raw / scale, logits_max_abs_raw=raw,
+              logits_rms=scale)  # fmt: skip
     head = next((n for n, mod in hf.named_modules() if mod is hf.get_output_embeddings()), "lm_head")
-    logits_row = Row("output", head, pm["logits_rel_l2"], pm["logits_max_abs"], "final logits")
+    logits_row = Row("output", head, pm["logits_rel_l2"], raw, "final logits")
     rows = compare_outputs(nrec, urec, pairs) + [logits_row]
     loc = _localise(pm, rows, pairs, native, nrec, urec)
 

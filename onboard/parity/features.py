@@ -377,10 +377,16 @@ def _attention_keys(sd: dict[str, torch.Tensor]) -> tuple[list[str], int]:
     return [k for k in sd if re.search(r"\.(q_proj|k_proj)\.(weight|bias)$", k)], 2
 
 
+FINAL_NORM_NAMES = ("norm", "final_layernorm", "final_norm")
+"""What the norm before the head is called; preferred over other norms outside the layers (Gemma-3n's
+per_layer_projection_norm, which normalises the per-layer inputs, comes after `model.norm`)."""
+
+
 def _final_keys(model: nn.Module, sd: dict[str, torch.Tensor]) -> list[str]:
     norms = [k for k in sd if k.endswith("norm.weight") and not re.search(r"\.\d+\.", k)]
-    if norms:
-        return norms[-1:]
+    final = [k for k in norms if k.removesuffix(".weight").rpartition(".")[2] in FINAL_NORM_NAMES]
+    if final or norms:
+        return (final or norms)[-1:]
     head = model.get_output_embeddings().weight
     if head is model.get_input_embeddings().weight:
         return []  # a tied head: scaling it would scale the embedding too

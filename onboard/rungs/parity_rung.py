@@ -49,7 +49,9 @@ class ParityMeasurements(Measurements):
     logits_rel_l2: float = ABSENT
     """Relative L2 error of the native logits against upstream's (fraction)."""
     logits_max_abs: float = ABSENT
-    """Largest absolute logit difference (logit units)."""
+    """Largest absolute logit difference, in logit units, or in units of the upstream logits' RMS
+    where that is above 1 (a features pass that scaled the logits up to a soft-cap scales their
+    rounding too); worst over the passes. Each pass keeps logits_max_abs_raw and logits_rms."""
     loss_abs_diff: float = ABSENT
     """|native cross-entropy - upstream cross-entropy| (nats per token)."""
     native_loss_repr: str = ABSENT

@@ -49,6 +49,12 @@ def test_gemma2_port_passes_with_every_declared_feature_exercised(tmp_path):
     assert f["experts"] == {**f["experts"], "declared": False, "exercised": None}
     assert [p["name"] for p in res["passes"]] == ["seeded", "features"]
     assert "q/k projections x" in res["passes"][1]["how"]
+    # the features pass scaled the logits to the cap: their largest difference is read in units of
+    # their RMS; at the seeded init (RMS below 1) it is the plain difference
+    seeded, features_pass = (p["measurements"] for p in res["passes"])
+    assert seeded["logits_rms"] == 1.0 and seeded["logits_max_abs"] == seeded["logits_max_abs_raw"]
+    assert features_pass["logits_rms"] > 1.0
+    assert features_pass["logits_max_abs"] == features_pass["logits_max_abs_raw"] / features_pass["logits_rms"]
 
 
 def test_port_without_the_attention_softcap_fails_in_the_features_pass(tmp_path):
