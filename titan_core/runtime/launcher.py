@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import collections
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -133,6 +134,19 @@ def _describe_exit(code: int) -> str:
         except ValueError:
             return f"killed by signal {-code}"
     return f"exit code {code}"
+
+
+_EXCEPTION = re.compile(r"^(?:\[rank\d+\]:\s*)?([A-Za-z_][\w.]*(?:Error|Exception|Interrupt)(?::\s.*)?)$")
+
+
+def exception_line(lines: list[str]) -> str | None:
+    """The last line of a traceback's tail that names the exception ("RuntimeError: ..."), without the
+    rank prefix torchrun-style output carries; None when the tail holds none."""
+    for line in reversed(lines):
+        m = _EXCEPTION.match(line.strip())
+        if m:
+            return m.group(1)
+    return None
 
 
 def _tail_block(lines: list[str]) -> str:
@@ -271,7 +285,10 @@ def _summarise(
     if not failed:
         return LaunchResult(0, None, None, elapsed, tail_lists, log_dir)
     t_fail, rank, code = failed[0]
-    msg = f"error: rank {rank} of {nproc} failed first ({_describe_exit(code)}, {t_fail:.1f} s after start); the last lines of its output:\n"
+    # the exception first: a one-line summary of this message (compat's table, a log line) then says what failed
+    raised = exception_line(tail_lists[rank])
+    msg = (f"error: rank {rank} of {nproc} failed first ({_describe_exit(code)}, {t_fail:.1f} s after start)"
+           f"{f': {raised}' if raised else ''}; the last lines of its output:\n")  # fmt: skip
     msg += _tail_block(tail_lists[rank])
     others = [f"rank {r} {_describe_exit(c)} {t - t_fail:.1f} s later" for t, r, c in failed[1:] if r not in running]
     if others:

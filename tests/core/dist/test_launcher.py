@@ -79,7 +79,9 @@ def test_a_rank_that_raises_is_named_with_its_output(tmp_path, capfd):
     assert code == 1
     report = err[err.index("error: rank") :]
     assert report.startswith("error: rank 1 of 2 failed first (exit code 1")
-    assert "RuntimeError: injected failure on rank 1" in report  # the tail of rank 1's own output
+    # the exception comes first, then the tail of rank 1's own output, which holds it too
+    assert report.splitlines()[0].endswith("s after start): RuntimeError: injected failure on rank 1; the last lines of its output:")
+    assert report.count("RuntimeError: injected failure on rank 1") == 2
     assert "step=1" in err[: err.index("error: rank")]  # rank 0's own output was echoed as it ran
     assert (tmp_path / "logs" / "rank_1.log").read_text().count("injected failure") >= 1
     assert elapsed < 90
@@ -106,6 +108,7 @@ def test_launch_command_names_the_failing_rank_and_its_exit_code(tmp_path):
     assert result.exit_code == 3 and result.failed_rank == 1
     assert result.failure.startswith("error: rank 1 of 2 failed first (exit code 3")
     assert "  | hello from 1" in result.failure and "hello from 0" not in result.failure
+    assert "after start); the last lines" in result.failure  # no exception in its tail: none named
     assert (tmp_path / "rank_0.log").read_text() == "hello from 0\n"
 
 
@@ -153,3 +156,14 @@ def test_a_rank_failing_for_another_reason_is_not_restarted(tmp_path):
     script = PORT_TAKEN_ONCE + "\nsys.exit(5 if os.environ['RANK'] == '1' else 0)"
     result = launch_command([sys.executable, "-c", script], 2, env=env)
     assert result.exit_code == 5 and int((tmp_path / "1").read_text()) == 1
+
+
+def test_the_exception_line_is_the_last_that_names_one_without_the_rank_prefix():
+    from titan_core.runtime.launcher import exception_line
+
+    tail = ["Traceback (most recent call last):", '  File "x.py", line 1, in <module>',
+            "[rank0]: torch.distributed.DistBackendError: first", "[rank0]:   during handling",
+            "[rank0]: RuntimeError: expected m1 and m2 to have the same dtype"]  # fmt: skip
+    assert exception_line(tail) == "RuntimeError: expected m1 and m2 to have the same dtype"
+    assert exception_line(["KeyboardInterrupt"]) == "KeyboardInterrupt"
+    assert exception_line(["hello from 1", "ValueErrors are common: not a traceback line"]) is None
