@@ -83,14 +83,17 @@ def parallelize(model: nn.Module, cfg: JobConfig, mesh: DeviceMesh) -> nn.Module
         partial = apply_tensor_parallel(
             model, cfg.model.family, mesh["tp"], sequence_parallel=cfg.parallelism.sequence_parallel
         )
+    mp = mixed_precision(cfg)
+    # a model that keeps some parameters in fp32 and some buffers in the compute dtype on purpose,
+    # as its own code expects (the transformers path: transformers' model of that dtype), gets them so
+    kept = getattr(model, "params_kept_fp32", lambda dtype: frozenset())(mp.param_dtype)
     if mode == "simple_fsdp":
-        apply_simple_fsdp(model, mesh, mixed_precision(cfg), partial)
+        apply_simple_fsdp(model, mesh, mp, partial, kept)
     elif mode == "fsdp2":
-        apply_fsdp2(model, mesh[dp_dim_names(mesh)], mixed_precision(cfg))
+        apply_fsdp2(model, mesh[dp_dim_names(mesh)], mp, kept)
     else:
         raise ConfigError(f"parallelize: data_parallel '{mode}' has nothing to apply")
-    # a model whose code expects its buffers in the compute dtype (the transformers path) gets them so
     follow = getattr(model, "buffers_follow", None)
     if follow is not None:
-        follow(mixed_precision(cfg).param_dtype)
+        follow(mp.param_dtype)
     return model

@@ -14,8 +14,12 @@ from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard, register_f
 from titan_core.parallel.simple_fsdp import MixedPrecision
 
 
-def apply_fsdp2(model: nn.Module, dp_mesh: DeviceMesh, mp: MixedPrecision) -> nn.Module:
-    """Shard `model` over `dp_mesh` (1-D: fully shard; 2-D replicate x shard: HSDP)."""
+def apply_fsdp2(
+    model: nn.Module, dp_mesh: DeviceMesh, mp: MixedPrecision, keep_stored: frozenset[str] = frozenset()
+) -> nn.Module:
+    """Shard `model` over `dp_mesh` (1-D: fully shard; 2-D replicate x shard: HSDP). The modules that
+    own a parameter of `keep_stored` become units of their own that cast nothing (FSDP2's policy is
+    per unit): their parameters are gathered and reduced in their stored dtype."""
     stored = next(model.parameters()).dtype
     policy = MixedPrecisionPolicy(
         param_dtype=None if mp.param_dtype == stored else mp.param_dtype,
@@ -25,6 +29,8 @@ def apply_fsdp2(model: nn.Module, dp_mesh: DeviceMesh, mp: MixedPrecision) -> nn
     blocks = (
         layers.values() if isinstance(layers, nn.ModuleDict) else layers if isinstance(layers, nn.ModuleList) else []
     )
+    for owner in sorted({name.rpartition(".")[0] for name in keep_stored}):
+        fully_shard(model.get_submodule(owner), mesh=dp_mesh, mp_policy=MixedPrecisionPolicy())
     for block in blocks:
         fully_shard(block, mesh=dp_mesh, mp_policy=policy)
     fully_shard(model, mesh=dp_mesh, mp_policy=policy)

@@ -133,13 +133,19 @@ def _shard(param: nn.Parameter, mesh: DeviceMesh, stored: list[Placement]) -> nn
 
 
 def apply_simple_fsdp(
-    model: nn.Module, mesh: DeviceMesh, mp: MixedPrecision, tp_partial_grad: frozenset[str] = frozenset()
+    model: nn.Module,
+    mesh: DeviceMesh,
+    mp: MixedPrecision,
+    tp_partial_grad: frozenset[str] = frozenset(),
+    keep_stored: frozenset[str] = frozenset(),
 ) -> nn.Module:
     """Shard every parameter of a materialised model over `mesh` and read it through a Gather.
 
     `mesh` has dimensions among dp_replicate, dp_shard, tp (see parallel/mesh.py); TP, if
     any, must already be applied. `tp_partial_grad` names parameters whose gradient is a
-    partial sum over TP ranks. A parameter shared by several modules is sharded once.
+    partial sum over TP ranks. `keep_stored` names parameters gathered and reduced in their
+    stored dtype whatever `mp` says (a model that computes them in fp32 on purpose).
+    A parameter shared by several modules is sharded once.
     """
     tp_mesh = mesh["tp"] if "tp" in mesh.mesh_dim_names else None
     done: dict[int, tuple[nn.Parameter, Gather]] = {}
@@ -153,7 +159,8 @@ def apply_simple_fsdp(
                 tp_placement = param.placements[0] if isinstance(param, DTensor) else None
                 stored, compute, grad = _placements(param, mesh, tp_placement, fqn in tp_partial_grad)
                 sharded = _shard(param, mesh, stored)
-                gather = Gather(compute=compute, grad=grad, mp=mp, stored_dtype=param.dtype,
+                own = MixedPrecision(param.dtype, param.dtype) if fqn in keep_stored else mp
+                gather = Gather(compute=compute, grad=grad, mp=own, stored_dtype=param.dtype,
                                 tp_mesh=tp_mesh if tp_placement is not None else None, tp_placement=tp_placement)  # fmt: skip
                 done[id(param)] = (sharded, gather)
             module._parameters[pname], gathers[pname] = done[id(param)]

@@ -4,6 +4,7 @@ and SimpleFSDP at world size 1 being bit-identical to plain eager."""
 from __future__ import annotations
 
 import json
+import math
 import tomllib
 
 import pytest
@@ -152,3 +153,29 @@ def test_repeat_batch_override_of_the_entry(tmp_path):
     want = run(cfg, quiet=True)
     rows = [json.loads(x) for x in (tmp_path / "a" / "metrics.jsonl").read_text().splitlines()]
     assert [r["loss"] for r in rows] == [m["loss"] for m in want.metrics]
+
+
+@pytest.mark.parametrize("mode", ["simple_fsdp", "fsdp2"])
+def test_a_parameter_the_model_keeps_in_fp32_is_gathered_in_fp32_under_bf16_mixed_precision(tmp_path, mode, monkeypatch):
+    """A model's `params_kept_fp32` (the transformers path names what transformers keeps fp32 in a
+    bf16 model) reaches the sharding: that parameter computes in fp32, every other one in bf16."""
+    from titan_core.models.common.layers import RMSNorm
+    from titan_core.models.llama3.model import Llama3
+
+    monkeypatch.setattr(Llama3, "params_kept_fp32", lambda self, dtype: frozenset({"norm.weight"}), raising=False)
+    # a module written for an fp32 weight hands on its input's dtype (as transformers' fp32 routers do)
+    plain = RMSNorm.forward
+    monkeypatch.setattr(RMSNorm, "forward", lambda self, x: plain(self, x).to(x.dtype))
+    cfg = tiny_cfg("llama3", tmp_path, f"--parallelism.data_parallel={mode}",
+                   "--training.mixed_precision_param=bfloat16")  # fmt: skip
+    trainer = Trainer(cfg, quiet=True)
+    seen = {}
+    try:
+        for name in ("norm", "layers.0.attention_norm"):
+            module = trainer.model.get_submodule(name)
+            module.register_forward_pre_hook(lambda m, _a, name=name: seen.update({name: m.weight.dtype}))
+        trainer.step += 1
+        assert math.isfinite(trainer.train_step()["loss"])
+    finally:
+        trainer.close()
+    assert seen == {"norm": torch.float32, "layers.0.attention_norm": torch.bfloat16}

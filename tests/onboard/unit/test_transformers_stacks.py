@@ -331,3 +331,23 @@ def test_buffers_made_in_the_model_dtype_follow_mixed_precision_and_rope_stays_f
         got = model(tokens())
     assert got.dtype == torch.bfloat16 and rel_l2(got.float(), want.float()) < 0.02
     assert model.buffers_follow(torch.float32) == []
+
+
+def test_parameters_transformers_keeps_in_fp32_are_named_for_mixed_precision():
+    """Inkling-2's router weight (and its convolutions and depth queries) is made float32 explicitly:
+    in transformers' bf16 model it stays fp32, and the router multiplies it with fp32 hidden states,
+    so mixed precision must not gather it in bf16. The projections follow the compute dtype."""
+    from onboard.compat.tiny import tiny_config
+
+    model = ours(transformers.AutoConfig.for_model(**tiny_config("inkling2_loop_text")))
+    kept = model.params_kept_fp32(torch.bfloat16)
+    names = dict(model.named_parameters())
+    routers = {n for n in names if n.endswith("mlp.gate.weight")}
+    assert routers and routers <= kept and not any(n.endswith("q_proj.weight") for n in kept), sorted(kept)
+    assert model.params_kept_fp32(torch.float32) == frozenset()
+    router = model.hf.get_submodule(sorted(routers)[0].rpartition(".")[0])
+    router(torch.randn(2, 8, 64))  # fp32 weight, fp32 inputs: as transformers runs it
+    for p in router.parameters():  # what a bf16 gather would hand it
+        p.data = p.data.to(torch.bfloat16)
+    with pytest.raises(RuntimeError, match="same dtype"):
+        router(torch.randn(2, 8, 64))

@@ -34,8 +34,9 @@ expects of a model (titan_core/models/common/decoder.py):
   a kernel child that `kernels.moe` swaps (`swap_paths` maps `layers.*.moe.experts` onto it);
   others stay transformers' own, and a `kernels.moe` swap on them is refused.
 
-- mixed precision: `buffers_follow(dtype)` casts the buffers transformers makes in the model's
-  dtype to the compute dtype (parallelize calls it), as transformers' own bf16 model has them.
+- mixed precision: as transformers' own model of the compute dtype has them, `buffers_follow(dtype)`
+  casts the buffers it makes in the model's dtype to the compute dtype, and `params_kept_fp32(dtype)`
+  names the parameters it keeps in fp32 (parallelize reads both).
 
 Not carried over: the MoE load-balancing loss (a config with `output_router_logits` is
 refused rather than trained without it), generation and the KV cache (`use_cache=False`).
@@ -242,6 +243,26 @@ class TransformersCausalLM(nn.Module):
             for n in left:
                 own[n].copy_(values[n])
 
+    def _dtypes_built_under(self, dtype: torch.dtype) -> dict[str, torch.dtype]:
+        """{parameter or buffer name: its dtype} of the class built on meta under default dtype
+        `dtype`: what transformers' own model of that dtype holds each tensor in."""
+        cache = self.__dict__.setdefault("_built_dtypes", {})
+        if dtype not in cache:
+            cls, config = self._recipe
+            with torch.device("meta"):
+                probe = _build_hf(cls, config, dtype=dtype)
+            cache[dtype] = {n: t.dtype for n, t in [*probe.named_parameters(), *probe.named_buffers()]}
+        return cache[dtype]
+
+    def params_kept_fp32(self, dtype: torch.dtype) -> frozenset[str]:
+        """Parameters transformers keeps in fp32 in a model of `dtype` (Inkling-2's router weight,
+        made with an explicit float32 and computed with fp32 inputs): mixed precision must not gather
+        them in `dtype`, or its matmul meets fp32 inputs with a bf16 weight."""
+        if not dtype.is_floating_point or dtype == torch.float32:
+            return frozenset()
+        built = self._dtypes_built_under(dtype)
+        return frozenset(n for n, _ in self.hf.named_parameters() if built.get(n) == torch.float32)
+
     @torch.no_grad()
     def buffers_follow(self, dtype: torch.dtype) -> list[str]:
         """Cast to `dtype` (mixed precision's compute dtype) the floating buffers transformers makes in
@@ -253,13 +274,10 @@ class TransformersCausalLM(nn.Module):
         (RoPE's inv_freq, made from an explicit float32 tensor) stays fp32, as it does there."""
         if not dtype.is_floating_point or dtype == torch.float32:
             return []
-        cls, config = self._recipe
-        with torch.device("meta"):
-            probe = _build_hf(cls, config, dtype=dtype)
-        follows = {n for n, b in probe.named_buffers() if b.dtype == dtype}
+        built = self._dtypes_built_under(dtype)
         cast = []
         for name, buf in list(self.hf.named_buffers()):
-            if name in follows and buf.dtype.is_floating_point and buf.dtype != dtype:
+            if built.get(name) == dtype and buf.dtype.is_floating_point and buf.dtype != dtype:
                 owner, _, leaf = name.rpartition(".")
                 setattr(self.hf.get_submodule(owner) if owner else self.hf, leaf, buf.to(dtype))
                 cast.append(name)
