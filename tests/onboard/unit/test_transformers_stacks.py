@@ -225,6 +225,30 @@ def test_a_size_that_varies_by_layer_is_read_for_the_estimates_as_its_largest():
     assert args.head_dim == max(layer.head_dim for layer in config.per_layer_config) == 32
 
 
+def test_a_learned_per_token_logit_scale_of_the_head_reaches_the_loss_and_fused_ce():
+    """Dory's head multiplies each token's logit by logit_scale * logit_scale_factor: a plain
+    h @ W^T loss head would train another model (parity measured its logits 0.999 off)."""
+    from onboard.compat.tiny import tiny_config
+
+    config = transformers.AutoConfig.for_model(**tiny_config("dory"))
+    model = ours(config)
+    assert model.head_token_scale == pytest.approx(1 / config.initializer_range)
+    with torch.no_grad():
+        model.lm_head.logit_scale.uniform_(0.5 * config.initializer_range, 2 * config.initializer_range)
+    ref = theirs(model, config)
+    assert same_logits(model, ref) < 1e-6
+    full = tokens(33)
+    _, ce = model.loss(full[:, :-1], full[:, 1:])
+    want = ref(input_ids=full, labels=full, use_cache=False).loss
+    assert abs(ce.item() - want.item()) <= 1e-6 * want.item()
+    ce.backward()
+    want.backward()
+    assert rel_l2(model.lm_head.logit_scale.grad, ref.lm_head.logit_scale.grad) < 1e-5
+    apply_swaps(model, swaps_for(Kernels(loss="fused_ce")))
+    _, fused = model.loss(full[:, :-1], full[:, 1:])
+    assert abs(fused.item() - ce.item()) <= 1e-6 * ce.item()
+
+
 def test_a_mask_the_attention_module_computes_is_a_score_bias_only_the_naive_core_adds():
     # Doge's attention builds a mask from its own parameters (A, dt_proj) and hands it to the
     # interface: it is part of the model, so the naive core adds it and the others refuse it

@@ -20,7 +20,7 @@ expects of a model (titan_core/models/common/decoder.py):
   does to its logits applied there too: `final_logit_softcapping` (Gemma-2) as the head's
   soft-cap, `logits_scaling` (Granite, divides) and `logit_scale` (Cohere, multiplies) on
   the hidden states (the same product, one rounding apart), a head bias as one more weight
-  column (`head_operands`);
+  column, a learned per-token logit scale (Dory) on the weight's rows (`head_operands`);
 - attention through transformers' AttentionInterface (titan_core/kernels/hf_attention.py):
   every module that calls the interface holds a `core` (SDPAttention; the naive reference
   when the model soft-caps its scores or uses attention sinks) and runs it, so
@@ -113,6 +113,16 @@ def _build_hf(cls: type, config, dtype: torch.dtype = torch.float32) -> nn.Modul
     return cls._from_config(config, attn_implementation="eager", **kw)
 
 
+def _token_scale(head: nn.Module) -> float | None:
+    """The constant factor of a head that scales each token's logit by a learned [vocab] `logit_scale`
+    (Dory's `DoryLMHead`: logits * logit_scale * logit_scale_factor), or None for a plain head."""
+    scale, factor = getattr(head, "logit_scale", None), getattr(head, "logit_scale_factor", 1.0)
+    weight = getattr(head, "weight", None)
+    if isinstance(scale, torch.Tensor) and weight is not None and tuple(scale.shape) == (weight.shape[0],):
+        return float(factor)
+    return None
+
+
 def _sets_experts(cls: type) -> bool:
     """Whether transformers lets `cls` choose its experts implementation (an MoE built with
     `@use_experts_implementation`)."""
@@ -179,6 +189,9 @@ class TransformersCausalLM(nn.Module):
         `cls.predictions.transform`), [] for most: their output is what the loss head receives."""
         self.head_bias = getattr(hf.get_output_embeddings(), "bias", None) is not None
         """The output head adds a bias (Phi-1/2, GPT-J, CodeGen): the loss head gets it folded into the weight."""
+        self.head_token_scale = _token_scale(hf.get_output_embeddings())
+        """The output head multiplies each token's logit by a learned scale ([vocab] `logit_scale` times a
+        constant `logit_scale_factor`: Dory), or None: the loss head gets it folded into the weight's rows."""
         self.logits_divisor = float(getattr(text, "logits_scaling", None) or 1.0)
         self.logits_multiplier = float(getattr(hf, "logit_scale", None) or 1.0)
         # Gemma-2's name for it, and RecurrentGemma's
@@ -311,11 +324,13 @@ class TransformersCausalLM(nn.Module):
         one more weight column against a constant 1 feature ([h, 1] @ [W, b]^T = h W^T + b), so every
         loss head, fused_ce included, computes it without knowing there is one."""
         h, w = self._head_input(h), self.output_weight
-        if not self.head_bias:
-            return h, w
-        bias = self.hf.get_output_embeddings().bias
-        ones = torch.ones(*h.shape[:-1], 1, dtype=h.dtype, device=h.device)
-        return torch.cat([h, ones], dim=-1), torch.cat([w, bias.to(w.dtype)[:, None]], dim=1)
+        if self.head_bias:
+            bias = self.hf.get_output_embeddings().bias
+            ones = torch.ones(*h.shape[:-1], 1, dtype=h.dtype, device=h.device)
+            h, w = torch.cat([h, ones], dim=-1), torch.cat([w, bias.to(w.dtype)[:, None]], dim=1)
+        if self.head_token_scale is not None:  # (h W^T + b) * s = h (s W)^T + s b: a scale per weight row
+            w = w * (self.hf.get_output_embeddings().logit_scale * self.head_token_scale).to(w.dtype)[:, None]
+        return h, w
 
     def forward(self, tokens, *, positions=None, segment_ids=None) -> torch.Tensor:
         """Logits [batch, seq, vocab], as the causal-LM class computes them."""
