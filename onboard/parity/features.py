@@ -402,9 +402,10 @@ def _scale(model: nn.Module, keys: list[str], factor: float) -> None:
 
 @torch.no_grad()
 def _balance_routers(model: nn.Module, features: dict[str, Feature], tokens, params) -> int:
-    """Project every router's weight off the mean direction of its inputs, until every expert
-    gets tokens; returns the rounds spent. Hidden states of random tokens share a large common
-    component after a few layers, and routing on it sends every token to the same experts."""
+    """Project every router's weight off the mean direction of its inputs, then aim each expert still
+    starved at a token (`_aim_starved`), until every expert gets tokens; returns the rounds spent.
+    Hidden states of random tokens share a large common component after a few layers, and routing on
+    it sends every token to the same experts."""
     need = int(params["feature_min_tokens_per_expert"])
     for rounds in range(int(params["feature_search_rounds"])):
         with Probe(model, features, sample=True) as probe:
@@ -419,7 +420,26 @@ def _balance_routers(model: nn.Module, features: dict[str, Feature], tokens, par
             u = (mean / mean.norm()).to(routers[name].weight.dtype)
             w = routers[name].weight
             w.sub_((w @ u)[:, None] * u[None, :])
+            if rounds:  # the mean direction is off already: aim each starved expert at a token of its own
+                _aim_starved(w, x.float() - mean, probe.expert_counts.get(name), need)
     return int(params["feature_search_rounds"])
+
+
+def _aim_starved(w: torch.Tensor, centred: torch.Tensor, counts: torch.Tensor | None, need: int) -> None:
+    """Point the router row of each expert that got under `need` tokens along the (centred) input of
+    the token it came closest to winning, three times as long as the longest row: it then wins that
+    token and those like it. Laguna's sigmoid router left one of 4 experts without a token in 1024,
+    with or without the mean direction."""
+    if counts is None:
+        return
+    e = counts.numel()
+    scores = centred @ w[:e].float().T
+    length = float(w[:e].float().norm(dim=1).max()) * 3
+    for j in (counts < need).nonzero().flatten().tolist():
+        margin = scores[:, j] - scores.max(dim=-1).values
+        d = centred[int(margin.argmax())]
+        if float(d.norm()) > 0:
+            w[j] = (d / d.norm() * length).to(w.dtype)
 
 
 def prepare_feature_pass(model: nn.Module, features: dict[str, Feature], tokens, params) -> str | None:
@@ -448,7 +468,8 @@ def prepare_feature_pass(model: nn.Module, features: dict[str, Feature], tokens,
     how = []
     if balance:
         rounds = _balance_routers(model, features, tokens, params)
-        how.append(f"router weights projected off their inputs' mean direction ({rounds} rounds)")
+        how.append(f"router weights projected off their inputs' mean direction, starved experts aimed at a "
+                   f"token ({rounds} rounds)")  # fmt: skip
     need, target = float(params["feature_softcap_clipped_min"]), float(params["feature_softcap_clipped_target"])
     max_scale = float(params["feature_max_scale"])
     scale = {n: 1.0 for n in todo}
