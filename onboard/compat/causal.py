@@ -4,7 +4,10 @@ on the same batch with its last token changed. A causal LM gives next-token logi
 vocabulary, [batch, seq, vocab], and no logit before the changed token moves. A class that fails
 that (an encoder run bidirectionally, a permutation LM, a decoder of audio codebooks) is listed
 as not a causal LM, with what was measured, and is not counted as a failure of the path. A class
-whose forward raises is left to the climb: the eager rung records the error."""
+that transformers' own forward cannot run on input ids alone (Gemma-4's assistant reads the key and
+value states of the model it drafts for) is not probed, with the error: no path could train it
+standalone, and it still counts against the table. A class that cannot even be built is left to
+the climb: the eager rung records the error."""
 
 from __future__ import annotations
 
@@ -32,13 +35,19 @@ def check_causal(cfg: dict[str, Any], *, seed: int = 0) -> None:
             model = cls._from_config(config, attn_implementation="eager", dtype=torch.float32).eval()
             vocab = model.get_output_embeddings().weight.shape[0]
             tokens = torch.randint(0, min(vocab, 256), (2, SEQ))
-        changed = tokens.clone()
-        changed[:, -1] = (changed[:, -1] + 1) % min(vocab, 256)
+    except Exception:  # noqa: BLE001 -- the climb's eager rung records this class's error
+        return
+    changed = tokens.clone()
+    changed[:, -1] = (changed[:, -1] + 1) % min(vocab, 256)
+    try:
         with torch.no_grad():
             before = model(input_ids=tokens, use_cache=False).logits
             after = model(input_ids=changed, use_cache=False).logits
-    except Exception:  # noqa: BLE001 -- the climb's eager rung records this class's error
-        return
+    except Exception as e:  # noqa: BLE001 -- whatever it raises is the reason
+        raise NotProbed(
+            f"transformers' own {cls.__name__} cannot run a forward on input ids alone ({type(e).__name__}: {e}): "
+            "it needs inputs no causal-LM batch holds, so no path trains it standalone"
+        ) from None
     if before.shape != (2, SEQ, vocab):
         raise NotProbed(
             f"{NOT_CAUSAL}{cls.__name__} gives logits of shape {tuple(before.shape)} for {SEQ} tokens, "

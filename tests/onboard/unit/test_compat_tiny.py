@@ -113,6 +113,17 @@ def test_a_class_that_attends_ahead_is_measured_not_to_be_a_causal_lm():
         check_causal(tiny_config("xlnet"))  # a permutation LM
 
 
+
+def test_a_class_whose_own_forward_needs_another_models_states_is_not_probed_with_the_error():
+    """Gemma-4's assistant drafts for another model and reads its key/value states: transformers' own
+    class raises on input ids alone. Not probed (still counted against the table), not "not causal"."""
+    from onboard.compat.causal import NOT_CAUSAL, check_causal
+
+    with pytest.raises(NotProbed, match="cannot run a forward on input ids alone \\(KeyError: 'sliding_attention'\\)") as e:
+        check_causal(tiny_config("gemma4_unified_assistant"))
+    assert not str(e.value).startswith(NOT_CAUSAL)
+
+
 def test_latent_attention_and_group_routing_get_sizes_that_run():
     # multi-head latent attention expands keys to every head; group-limited routing needs its
     # groups to divide the experts: transformers' own class then runs the tiny config
