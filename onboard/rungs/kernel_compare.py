@@ -30,7 +30,7 @@ from titan_core.kernels.moe import grouped_mm_unsupported
 from titan_core.kernels.swaps import DEFAULTS, swaps_for
 from titan_core.data.base import Batch
 from titan_core.data.flow import FlowLoader
-from titan_core.measure.numerics import grad_noise, grad_rel_l2, rel_l2
+from titan_core.measure.numerics import grad_noise, grad_rel_l2, rel_l2, rounding_check
 from titan_core.measure.timing import Comparison, TimingProtocol, compare, timed
 from titan_core.memory.tensor_peak import TensorPeak
 from titan_core.models.common.args import TransformerArgs
@@ -230,11 +230,11 @@ class KernelComparison:
     logits_rel_err: float
     grad_rel_err: dict[str, float] = field(default_factory=dict)
     """Per parameter: relative L2 error of the kernel's gradient against the plain path's, both fp32."""
-    rounding: dict[str, dict[str, float]] = field(default_factory=dict)
-    """Per parameter over the gradient tolerance: {"kernel_vs_fp64", "plain_vs_fp64"}, each fp32
-    gradient's relative L2 error against the plain path run in fp64 (`fp64_check`)."""
+    rounding: dict[str, dict[str, float | bool]] = field(default_factory=dict)
+    """Per parameter over the gradient tolerance, numerics.rounding_check of the kernel's gradient
+    (candidate) against the plain path's (reference), both measured against the plain path in fp64."""
     rounding_factor: float = 0.0
-    """A gradient over the tolerance is fp32 rounding when kernel_vs_fp64 <= this x plain_vs_fp64."""
+    """A gradient over the tolerance is fp32 rounding when candidate_vs_fp64 <= this x reference_vs_fp64."""
     rounding_error: str | None = None
     """Why the fp64 check could not run (then nothing is excused)."""
 
@@ -242,7 +242,7 @@ class KernelComparison:
     def excused(self) -> list[str]:
         """Parameters whose fp32 gradient error the fp64 check shows to be rounding: the kernel's
         gradient is as close to fp64 as the plain path's own, up to `rounding_factor`."""
-        return [n for n, r in self.rounding.items() if r["kernel_vs_fp64"] <= self.rounding_factor * r["plain_vs_fp64"]]
+        return [n for n, r in self.rounding.items() if r["rounding"]]
 
     @property
     def max_grad_rel_err(self) -> float:
@@ -327,8 +327,7 @@ def compare_kernel(
     if over and dtype == torch.float32:
         try:
             exact = run(ref.to(torch.float64))[2]
-            rounding = {n: {"kernel_vs_fp64": rel_l2(grads_k[n], exact[n]), "plain_vs_fp64": rel_l2(grads_r[n], exact[n])}
-                        for n in over}  # fmt: skip
+            rounding = {n: rounding_check(grads_k[n], grads_r[n], exact[n], rounding_factor) for n in over}
         except Exception as e:  # noqa: BLE001 -- no fp64 on this device: nothing is excused, and the row says why
             rounding_error = f"{type(e).__name__}: {e}"
     return KernelComparison(

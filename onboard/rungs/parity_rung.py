@@ -59,7 +59,13 @@ class ParityMeasurements(Measurements):
     upstream_loss_repr: str = ABSENT
     """Upstream's cross-entropy of the first pass, as its repr."""
     grad_max_rel_l2: float = ABSENT
-    """Worst relative L2 error of any parameter's gradient, mapped to HF names (fraction)."""
+    """Worst relative L2 error of a parameter's gradient, native vs upstream (fp32), over the gradients
+    the fp64 check did not excuse as rounding (grads_excused_as_rounding)."""
+    grad_max_rel_l2_raw: float = ABSENT
+    """The same over every gradient, excused or not."""
+    grads_excused_as_rounding: int = ABSENT
+    """Gradients over the tolerance that upstream run in fp64 showed to be fp32 rounding: the native
+    one within params.grad_rounding_factor x upstream fp32's own error (count; grads.fp64_check)."""
     grad_worst_param: str | None = ABSENT
     """The HF parameter with that worst gradient error."""
     modules_compared: int = ABSENT

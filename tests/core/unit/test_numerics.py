@@ -34,3 +34,26 @@ def test_curves():
     assert curve_max_rel([1.0, 2.2], [1.0, 2.0]) == (pytest.approx(0.1), 2)
     assert curve_max_rel([1.0], [1.0, 2.0]) == (math.inf, None) and curve_max_rel([], []) == (math.inf, None)
     assert curve_max_rel([1.0, math.nan], [1.0, 2.0]) == (math.inf, 2)
+
+
+def test_rounding_check_excuses_a_candidate_as_close_to_fp64_as_the_reference():
+    """A sum that cancels: 10,000 fp32 terms of about 1 summing to about 0.3. Two summation orders
+    differ far above fp32's eps relative to the result; each is as far from the fp64 sum as the other.
+    A candidate that is off by 1e-3 of itself is not rounding."""
+    from titan_core.measure.numerics import rounding_check
+
+    gen = torch.Generator().manual_seed(0)
+    terms = torch.randn(10_000, generator=gen, dtype=torch.float64)
+    terms[-1] -= terms.sum() - 0.3
+    exact = terms.sum().reshape(1)
+    forward = torch.zeros(1, dtype=torch.float32)
+    for t in terms.float():
+        forward += t
+    backward = torch.zeros(1, dtype=torch.float32)
+    for t in terms.float().flip(0):
+        backward += t
+    same = rounding_check(backward, forward, exact, 2.0)
+    assert rel_l2(backward, forward) > 1e-6 and same["rounding"] is True
+    assert same["candidate_vs_fp64"] > 0 and same["reference_vs_fp64"] > 0
+    wrong = rounding_check(forward * (1 + 1e-3), forward, exact, 2.0)
+    assert wrong["rounding"] is False and wrong["candidate_vs_fp64"] > 2 * wrong["reference_vs_fp64"]

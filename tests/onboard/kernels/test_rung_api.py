@@ -146,7 +146,8 @@ def test_a_gradient_over_the_tolerance_is_judged_against_the_plain_path_in_fp64(
     over = {n for n, e in cmp.grad_rel_err.items() if e > 1e-12}
     assert over and set(cmp.rounding) == over and cmp.rounding_error is None
     for n, r in cmp.rounding.items():
-        assert 0 < r["plain_vs_fp64"] < FP32_TOL and r["kernel_vs_fp64"] <= cmp.rounding_factor * r["plain_vs_fp64"], n
+        assert 0 < r["reference_vs_fp64"] < FP32_TOL and r["candidate_vs_fp64"] <= cmp.rounding_factor * r["reference_vs_fp64"], n
+        assert r["rounding"] is True
     assert set(cmp.excused) == over and cmp.max_grad_rel_err == 0.0 < cmp.max_grad_rel_err_raw
     # without a tolerance no fp64 run happens and every gradient is judged as measured
     plain = compare_kernel("llama3", _args("llama3"), "kernels.attention=sdpa", seq_len=32)
@@ -159,8 +160,8 @@ def test_a_gradient_further_from_fp64_than_the_plain_path_is_not_excused():
     cmp = KernelComparison(
         flag="kernels.attention=sdpa", reference="kernels.attention=naive", loss=1.0, loss_reference=1.0,
         loss_rel_err=0.0, logits_rel_err=0.0, grad_rel_err={"a": 3e-5, "b": 8e-5, "c": 1e-6},
-        rounding={"a": {"kernel_vs_fp64": 2e-5, "plain_vs_fp64": 1.5e-5},  # rounding: as close as the plain path
-                  "b": {"kernel_vs_fp64": 9e-5, "plain_vs_fp64": 1.6e-5}},  # 5.6x further: a real difference
+        rounding={"a": {"candidate_vs_fp64": 2e-5, "reference_vs_fp64": 1.5e-5, "rounding": True},
+                  "b": {"candidate_vs_fp64": 9e-5, "reference_vs_fp64": 1.6e-5, "rounding": False}},
         rounding_factor=2.0,
     )  # fmt: skip
     assert cmp.excused == ["a"] and cmp.max_grad_rel_err == 8e-5 and cmp.worst_param == "b"
