@@ -152,16 +152,16 @@ def test_a_router_kept_inside_a_gate_or_router_module_is_found_and_its_experts_c
 
 
 def test_an_expert_starved_off_the_mean_direction_is_aimed_at_a_token():
-    """Laguna's sigmoid router at its seeded init sends none of 1024 random tokens to one of its 4
-    experts, and projecting the rows off the inputs' mean direction changes nothing for it: the
-    starved expert's row is then aimed at the token it came closest to winning."""
+    """Laguna's sigmoid router at its seeded init sends none of 128 random tokens (nor of parity's
+    1024) to one of its 4 experts, and projecting the rows off the inputs' mean direction changes
+    nothing for it: the starved expert's row is then aimed at the token it came closest to winning."""
     import transformers as tf
 
     from onboard.compat.tiny import tiny_config
 
     hf = build_upstream(tf.AutoConfig.for_model(**tiny_config("laguna")).to_dict(), seed=0).model
     declared = features.declare(hf.config)
-    tokens, _ = features.make_inputs(hf.config.vocab_size, 2, 512, 0, declared, params())
+    tokens, _ = features.make_inputs(hf.config.vocab_size, 1, 128, 0, declared, params())
     with torch.no_grad(), features.Probe(hf, declared) as probe:
         hf(input_ids=tokens)
     features.record_probe(declared, probe, "seeded", params())
