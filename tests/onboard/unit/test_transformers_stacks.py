@@ -67,16 +67,21 @@ def test_a_head_bias_reaches_the_loss_and_fused_ce():
     assert model.head_bias
     with torch.no_grad():
         model.lm_head.bias.normal_()  # transformers inits it at 0, where dropping it would not show
+    same_head(model, config, "bias")  # fused_ce too: the bias is a weight column to it
+
+
+def same_head(model, config, param: str) -> None:
+    """The loss, the head parameter's gradient and the logits of `model` equal transformers' own, and
+    fused_ce's loss equals the plain head's: what the head does is in the operands both heads get."""
     ref = theirs(model, config)
+    assert same_logits(model, ref) < 1e-6
     full = tokens(33)
     _, ce = model.loss(full[:, :-1], full[:, 1:])
     want = ref(input_ids=full, labels=full, use_cache=False).loss
     assert abs(ce.item() - want.item()) <= 1e-6 * want.item()
     ce.backward()
     want.backward()
-    assert rel_l2(model.lm_head.bias.grad, ref.lm_head.bias.grad) < 1e-5
-    assert same_logits(model, ref) < 1e-6
-    # fused_ce computes the same loss from the same operands: the bias is a weight column to it
+    assert rel_l2(getattr(model.lm_head, param).grad, getattr(ref.lm_head, param).grad) < 1e-5
     apply_swaps(model, swaps_for(Kernels(loss="fused_ce")))
     _, fused = model.loss(full[:, :-1], full[:, 1:])
     assert abs(fused.item() - ce.item()) <= 1e-6 * ce.item()
@@ -235,18 +240,7 @@ def test_a_learned_per_token_logit_scale_of_the_head_reaches_the_loss_and_fused_
     assert model.head_token_scale == pytest.approx(1 / config.initializer_range)
     with torch.no_grad():
         model.lm_head.logit_scale.uniform_(0.5 * config.initializer_range, 2 * config.initializer_range)
-    ref = theirs(model, config)
-    assert same_logits(model, ref) < 1e-6
-    full = tokens(33)
-    _, ce = model.loss(full[:, :-1], full[:, 1:])
-    want = ref(input_ids=full, labels=full, use_cache=False).loss
-    assert abs(ce.item() - want.item()) <= 1e-6 * want.item()
-    ce.backward()
-    want.backward()
-    assert rel_l2(model.lm_head.logit_scale.grad, ref.lm_head.logit_scale.grad) < 1e-5
-    apply_swaps(model, swaps_for(Kernels(loss="fused_ce")))
-    _, fused = model.loss(full[:, :-1], full[:, 1:])
-    assert abs(fused.item() - ce.item()) <= 1e-6 * ce.item()
+    same_head(model, config, "logit_scale")
 
 
 def test_a_mask_the_attention_module_computes_is_a_score_bias_only_the_naive_core_adds():
