@@ -369,3 +369,22 @@ def test_parameters_transformers_keeps_in_fp32_are_named_for_mixed_precision():
         p.data = p.data.to(torch.bfloat16)
     with pytest.raises(RuntimeError, match="same dtype"):
         router(torch.randn(2, 8, 64))
+
+
+def test_layers_kept_in_two_stacks_are_all_wrapped_and_all_get_the_kernels():
+    """HRM keeps a low- and a high-level stack of the same layer class and runs them in cycles: both
+    are titan_core's layers (FSDP units, compiled blocks), both attention modules take the swaps,
+    the notes say so, and the logits are transformers' own."""
+    from onboard.compat.tiny import tiny_config
+
+    config = transformers.AutoConfig.for_model(**tiny_config("hrm_text"))
+    model = ours(config)
+    assert model.stack_prefixes == ("model.L_module.layers", "model.H_module.layers") and len(model.layers) == 4
+    assert model.layers["2"] is model.hf.model.H_module.layers[0]
+    assert model.swap_paths["layers.*.attention.core"] == (
+        "model.L_module.layers.*.self_attn.core", "model.H_module.layers.*.self_attn.core")
+    assert any("2 stacks" in n for n in model.notes)
+    assert isinstance(model.hf.model.H_module.layers[1].self_attn.core, SDPAttention)
+    assert same_logits(model, theirs(model, config)) < 1e-5
+    apply_swaps(model, swaps_for(Kernels(attention="naive")))
+    assert all(isinstance(core, NaiveAttention) for core in model.attention_cores()) and len(list(model.attention_cores())) == 4

@@ -10,8 +10,9 @@ expects of a model (titan_core/models/common/decoder.py):
 - `layers`: the decoder blocks as a dict {"0": block, ...} for FSDP2 units, per-block
   compile and the Graph Trainer's block tags, wherever the class keeps them (stack.py:
   `model.layers`, GPT-2's `transformer.h`, BERT's `bert.encoder.layer`, BART's
-  `model.decoder.layers`). It is a view, not a registered child, so the blocks keep their
-  transformers paths;
+  `model.decoder.layers`; every stack of a model that keeps several of the same layer class,
+  HRM's low- and high-level modules, one after the other). It is a view, not a registered child,
+  so the blocks keep their transformers paths;
 - `init_weights(seed)`: transformers' own `_init_weights` (what a user of the class gets
   from `from_config`), drawn from a generator seeded with `seed`, then the ties re-made;
 - `loss(tokens, labels, positions=, segment_ids=) -> (loss, ce)`: the final hidden states
@@ -60,7 +61,7 @@ from titan_core.models.transformers.experts import install_experts
 from titan_core.models.transformers.hf_classes import causal_lm_parts, config_object, require_transformers, text_config
 from titan_core.models.transformers.stack import (
     attention_sites, base_model, decoder_blocks, head_input, head_transform, needs_naive, own_layers_note,
-    stack_depth, upstream_modules_note,
+    sibling_stacks, stack_depth, upstream_modules_note,
 )  # fmt: skip
 
 ATTENTION_PATTERN = "layers.*.attention.core"
@@ -158,8 +159,12 @@ class TransformersCausalLM(nn.Module):
                 f"{cls.__name__} keeps no list of {depth} decoder layers anywhere under `{prefix}` (looked "
                 "for a ModuleList of that length), so they cannot be wrapped"
             )
+        stacks = [(blocks_name, blocks), *sibling_stacks(base, blocks)]
+        self.stack_prefixes = tuple(f"{prefix}.{name}" for name, _ in stacks)
+        """Where each stack of layers lives, in the order `layers` numbers them (one for most classes)."""
+        blocks = [b for _, stack in stacks for b in stack]
         object.__setattr__(self, "_layers", nn.ModuleDict({str(i): b for i, b in enumerate(blocks)}))
-        self.base_prefix = f"{prefix}.{blocks_name}"
+        self.base_prefix = self.stack_prefixes[0]
         self.attention_sites = attention_sites(blocks)
         """Which modules of each layer run a titan_core attention core, and the layers none does (`Sites`)."""
         if self.attention_sites.own or self.attention_sites.masked:  # they read the masks transformers builds
@@ -172,16 +177,21 @@ class TransformersCausalLM(nn.Module):
                 # read here, once: a source lookup inside forward would break a compiled block's graph
                 module.makes_own_mask = makes_own_mask(type(module))
         self.swap_paths = {
-            ATTENTION_PATTERN: tuple(f"{self.base_prefix}.*.{p}.core" for p in self.attention_sites.patterns)
+            ATTENTION_PATTERN: tuple(
+                f"{stack}.*.{p}.core" for stack in self.stack_prefixes for p in self.attention_sites.patterns
+            )
         }
         """Native swap patterns -> this tree's module paths (titan_core/config/swaps.py reads it)."""
         self.experts_install = install_experts(blocks, self.base_prefix)
         """Which experts modules compute through titan_core's kernels, or why none do (`ExpertsInstall`)."""
         if self.experts_install.swap_pattern:
-            self.swap_paths[EXPERTS_PATTERN] = self.experts_install.swap_pattern
+            own = self.experts_install.swap_pattern
+            self.swap_paths[EXPERTS_PATTERN] = tuple(own.replace(self.base_prefix, s, 1) for s in self.stack_prefixes)
         self.swap_refusals = {EXPERTS_PATTERN: self.experts_install.refusal} if self.experts_install.refusal else {}
         """{native pattern: why a swap there is refused} (titan_core/config/swaps.py adds it to the refusal)."""
-        notes = (own_layers_note(self.attention_sites), upstream_modules_note(self.attention_sites))
+        stacked = (f"its layers are kept in {len(stacks)} stacks ({', '.join(self.stack_prefixes)}), wrapped as layers "
+                   f"0-{len(blocks) - 1} in that order" if len(stacks) > 1 else None)  # fmt: skip
+        notes = (stacked, own_layers_note(self.attention_sites), upstream_modules_note(self.attention_sites))
         self.notes = [n for n in notes if n]
         """What of the model runs otherwise than through titan_core's kernels, a line each (runs record it)."""
         self.head_transform = head_transform(hf, prefix)

@@ -97,6 +97,19 @@ def decoder_blocks(root: nn.Module, depth: int | None) -> tuple[str, nn.ModuleLi
     return min(found, key=weight)
 
 
+def sibling_stacks(root: nn.Module, blocks: nn.ModuleList) -> list[tuple[str, nn.ModuleList]]:
+    """(dotted path under `root`, list) of every other ModuleList whose layers are all of the class
+    of `blocks`' layers: a model that keeps its layers in several stacks and runs them in turn (HRM's
+    low- and high-level modules) has them all wrapped, not one stack."""
+    kind = type(blocks[0])
+    return [
+        (name, mod)
+        for name, mod in root.named_modules()
+        if name and isinstance(mod, nn.ModuleList) and mod is not blocks and len(mod)
+        and all(type(b) is kind for b in mod)
+    ]
+
+
 def calls_interface(cls: type) -> bool:
     """Whether `cls.forward` looks its attention up in transformers' attention interface."""
     return INTERFACE_CALL in forward_source(cls)
