@@ -161,7 +161,9 @@ def module_core_attention(module, query, key, value, attention_mask, **kwargs):
     (Doge's, from its parameters: the model marks such a module `makes_own_mask` when it gives it its
     core) is part of the model, an additive score bias the naive core adds and the others refuse.
     A non-causal module that calls with no mask at all (`unmasked_by_design`) gets no core and runs
-    its modeling file's own eager attention; the model's notes name it (stack.attention_sites)."""
+    its modeling file's own eager attention (`upstream_attention`, which the transformers path sets
+    when it builds the model, so a compiled block never looks up source); the model's notes name it
+    (stack.attention_sites)."""
     if attention_mask is not None and getattr(module, "makes_own_mask", False):
         if attention_mask.dtype == torch.bool:  # True keeps a key
             attention_mask = torch.zeros_like(attention_mask, dtype=query.dtype).masked_fill(
@@ -170,6 +172,9 @@ def module_core_attention(module, query, key, value, attention_mask, **kwargs):
         bias = kwargs.get("position_bias")
         kwargs["position_bias"] = attention_mask if bias is None else bias + attention_mask
     core = getattr(module, "core", None)
+    upstream = getattr(module, "upstream_attention", None)  # set at build: no source lookup under compile
+    if core is None and upstream is not None:
+        return upstream(module, query, key, value, attention_mask, **kwargs)
     if core is None and not is_causal_attention(module) and unmasked_by_design(type(module)):
         eager = own_eager(module)  # no kernel applies (its keys are not sequence positions): run upstream's
         if eager is not None:

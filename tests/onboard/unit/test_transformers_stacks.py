@@ -321,6 +321,14 @@ def test_attention_over_depth_runs_transformers_eager_and_the_notes_say_so():
     swapped = apply_swaps(model, ["attention.naive"])  # kernels.attention reaches the self-attention only
     assert swapped and all(p.endswith("self_attn.core") for p in swapped), swapped
     assert same_logits(model, theirs(model, config)) < 1e-5
+    # the eager attention they run was found when the model was built: a compiled block looks no source up
+    assert residual.upstream_attention is own_eager(residual)
+    from titan_core.compile.per_block import explain_blocks, graph_breaks_total
+    from titan_core.data.base import Batch
+
+    toks = tokens(17)
+    report = explain_blocks(model, Batch(toks[:, :-1], toks[:, 1:]))
+    assert report and graph_breaks_total(report) == 0, report
 
 
 def test_buffers_made_in_the_model_dtype_follow_mixed_precision_and_rope_stays_fp32():

@@ -52,7 +52,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from titan_core.config.loader import ConfigError
-from titan_core.kernels.hf_attention import MASKED_CORE, MODULE_CORE, makes_own_mask, register_hf_attention
+from titan_core.kernels.hf_attention import MASKED_CORE, MODULE_CORE, makes_own_mask, own_eager, register_hf_attention
 from titan_core.models.common.args import TransformerArgs
 from titan_core.models.common.attention import NaiveAttention, SDPAttention
 from titan_core.models.common.layers import CrossEntropyHead, softcap
@@ -176,6 +176,10 @@ class TransformersCausalLM(nn.Module):
                 module.core = _core_for(module, softcapped)
                 # read here, once: a source lookup inside forward would break a compiled block's graph
                 module.makes_own_mask = makes_own_mask(type(module))
+        for site in self.attention_sites.upstream:  # found here, once, for the same reason
+            i, _, path = site.partition(".")
+            module = blocks[int(i)].get_submodule(path)
+            module.upstream_attention = own_eager(module)
         self.swap_paths = {
             ATTENTION_PATTERN: tuple(
                 f"{stack}.*.{p}.core" for stack in self.stack_prefixes for p in self.attention_sites.patterns
