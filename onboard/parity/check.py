@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from titan_core.config import ConfigError
 from titan_core.measure.numerics import max_abs, rel_l2, rounding_check
 from titan_core.models.registry import DIFFUSION_FAMILIES
+from titan_core.models.transformers.adapter import predicted_vocab
 
 from onboard.parity import criteria
 from onboard.parity.compare import compare_grads, round_trip
@@ -128,7 +129,7 @@ def _run(root, res, m, weights_dir, batch, seq_len, seed, attn_implementation) -
     declared = features.declare(hf.config)
     seq_len = features.seq_len_for(declared, seq_len, params)
     m["seq_len"] = seq_len
-    vocab = hf.config.get_text_config().vocab_size
+    vocab = predicted_vocab(hf.config.get_text_config())
     tokens, labels = features.make_inputs(vocab, batch, seq_len, seed, declared, params)
     features.record_static(declared, tokens, seq_len, params)
     sources = parameter_sources(upstream.checkpoint, lambda sd: _port(adapter.from_hf, "adapter.from_hf", sd))

@@ -243,6 +243,22 @@ def test_a_learned_per_token_logit_scale_of_the_head_reaches_the_loss_and_fused_
     same_head(model, config, "logit_scale")
 
 
+def test_a_muP_divisor_and_a_padded_head_cut_to_the_unpadded_vocabulary_reach_the_loss_and_fused_ce():
+    """Inkling divides its hidden states by logits_mup_width_multiplier (24) before the head and cuts
+    the logits to unpadded_vocab_size of a padded head: without either, parity measured its logits
+    23 times their size."""
+    from onboard.compat.tiny import tiny_config
+
+    # a head padded to 264 rows, 256 of them tokens
+    config = transformers.AutoConfig.for_model(**{**tiny_config("inkling_text"), "vocab_size": 264,
+                                                  "unpadded_vocab_size": 256})  # fmt: skip
+    model = ours(config)
+    assert model.logits_divisor == 24.0 and model.head_rows == 256 and model.output_weight.shape[0] == 264
+    assert model.args.vocab_size == 256  # the tokens it predicts: the data draws from these
+    assert model(tokens()).shape[-1] == 256
+    same_head(model, config, "weight")
+
+
 def test_a_mask_the_attention_module_computes_is_a_score_bias_only_the_naive_core_adds():
     # Doge's attention builds a mask from its own parameters (A, dt_proj) and hands it to the
     # interface: it is part of the model, so the naive core adds it and the others refuse it

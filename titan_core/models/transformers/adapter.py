@@ -59,6 +59,13 @@ def _first(c, *names, default=None):
     return default
 
 
+def predicted_vocab(c) -> int:
+    """The tokens a (text) config's model predicts, which the data must not pass: `vocab_size`, or a
+    padded head's `unpadded_vocab_size` where that is smaller (Inkling cuts its logits to it)."""
+    vocab, unpadded = _attr(c, "vocab_size"), _attr(c, "unpadded_vocab_size")
+    return unpadded if isinstance(unpadded, int) and 0 < unpadded < vocab else vocab
+
+
 def _windows(c) -> tuple[int | None, int]:
     """(sliding_window, global_every) from layer_types, for the estimates; a pattern the args
     cannot express counts every layer as global (the model itself runs transformers' pattern)."""
@@ -93,7 +100,7 @@ def args_from_config(c, hf_cfg: dict[str, Any]) -> TransformerArgs:
         n_heads=heads,
         n_kv_heads=_first(t, "num_key_value_heads", default=heads),
         head_dim=_first(t, "head_dim", default=dim // heads),
-        vocab_size=_attr(t, "vocab_size"),
+        vocab_size=predicted_vocab(t),
         ffn_hidden_dim=_first(t, "intermediate_size", default=4 * dim),
         norm_eps=float(_first(t, "rms_norm_eps", "layer_norm_eps", "norm_eps", default=1e-6)),
         rope_theta=float((getattr(t, "rope_parameters", None) or {}).get("rope_theta", 10000.0)),

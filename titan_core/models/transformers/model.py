@@ -20,8 +20,9 @@ expects of a model (titan_core/models/common/decoder.py):
   `kernels.loss = "fused_ce"` never builds the full logits), with what the causal-LM class
   does to its logits applied there too: `final_logit_softcapping` (Gemma-2) as the head's
   soft-cap, `logits_scaling` (Granite, divides) and `logit_scale` (Cohere, multiplies) on
-  the hidden states (the same product, one rounding apart), a head bias as one more weight
-  column, a learned per-token logit scale (Dory) on the weight's rows (`head_operands`);
+  the hidden states (the same product, one rounding apart; Inkling's `logits_mup_width_multiplier`
+  divides too), a head bias as one more weight column, a learned per-token logit scale (Dory) on
+  the weight's rows, a padded head cut to `unpadded_vocab_size` rows (Inkling) (`head_operands`);
 - attention through transformers' AttentionInterface (titan_core/kernels/hf_attention.py):
   every module that calls the interface holds a `core` (SDPAttention; the naive reference
   when the model soft-caps its scores or uses attention sinks) and runs it, so
@@ -206,7 +207,14 @@ class TransformersCausalLM(nn.Module):
         self.head_token_scale = _token_scale(hf.get_output_embeddings())
         """The output head multiplies each token's logit by a learned scale ([vocab] `logit_scale` times a
         constant `logit_scale_factor`: Dory), or None: the loss head gets it folded into the weight's rows."""
-        self.logits_divisor = float(getattr(text, "logits_scaling", None) or 1.0)
+        # Granite's name for it, and Inkling's (a muP width multiplier the hidden states are divided by)
+        self.logits_divisor = float(
+            getattr(text, "logits_scaling", None) or getattr(text, "logits_mup_width_multiplier", None) or 1.0
+        )
+        rows, unpadded = self.output_weight.shape[0], getattr(text, "unpadded_vocab_size", None)
+        self.head_rows = unpadded if isinstance(unpadded, int) and 0 < unpadded < rows else None
+        """The head's first rows the causal-LM class keeps (Inkling cuts its logits to `unpadded_vocab_size`
+        of a padded head), or None: every row is a token's."""
         self.logits_multiplier = float(getattr(hf, "logit_scale", None) or 1.0)
         # Gemma-2's name for it, and RecurrentGemma's
         self.final_softcap = getattr(text, "final_logit_softcapping", None) or getattr(text, "logits_soft_cap", None)
@@ -344,6 +352,8 @@ class TransformersCausalLM(nn.Module):
             h, w = torch.cat([h, ones], dim=-1), torch.cat([w, bias.to(w.dtype)[:, None]], dim=1)
         if self.head_token_scale is not None:  # (h W^T + b) * s = h (s W)^T + s b: a scale per weight row
             w = w * (self.hf.get_output_embeddings().logit_scale * self.head_token_scale).to(w.dtype)[:, None]
+        if self.head_rows is not None:
+            w = w[: self.head_rows]
         return h, w
 
     def forward(self, tokens, *, positions=None, segment_ids=None) -> torch.Tensor:
