@@ -89,7 +89,7 @@ def grad_rel_l2(actual: torch.Tensor | None, expected: torch.Tensor | None, nois
 def rounding_check(candidate, reference, exact, factor: float) -> dict[str, float | bool]:
     """Whether `candidate`'s difference from `reference` (two fp32 results of one computation) is fp32
     rounding: both measured against `exact` (the reference computed in fp64), the candidate is within
-    `factor` x the reference's own error. A gradient that is a sum which cancels (a scalar gate's, a
+    `factor` x the reference's own error. A gradient that is a sum which cancels (a scalar multiplier's, a
     decay rate's) has an fp32 error far above eps; two correct fp32 paths then differ by that much,
     and a path that is wrong lands further from fp64 than the reference does."""
     c, r = rel_l2(candidate, exact), rel_l2(reference, exact)

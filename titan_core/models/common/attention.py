@@ -106,7 +106,7 @@ class NaiveAttention(nn.Module):
         if bias is not None:
             scores = scores + bias
         mask = attention_mask(q.shape[2], window=window, segment_ids=segment_ids, device=q.device, causal=causal)
-        # softmax in fp32 at least: fp64 stays fp64 (the kernels rung's fp64 check of the plain path)
+        # softmax in fp32 at least: fp64 stays fp64 (a plain path run in fp64 as the exact reference)
         scores = scores.masked_fill(~mask, float("-inf")).to(torch.promote_types(scores.dtype, torch.float32))
         if sinks is None:
             return torch.softmax(scores, dim=-1).to(q.dtype) @ v
