@@ -1,15 +1,14 @@
-"""The suite's background jobs, run from the start of the session: two whole-ladder climbs, the
-memory estimate's calibration runs and the benches' smoke runs.
+"""The suite's background jobs, run from the start of the session: two whole-ladder climbs and the
+memory estimate's calibration runs.
 
 `onboard demo` (test_demo.py) and the port's climb (test_port_ladder.py, port_climb.py) are
 minutes of mostly one-thread work each, the memory runs (memory_measure.py) half a minute of
-trainings whose peaks, not times, are measured, the benches (bench_runs.py) reports whose form,
-not speed, is checked, and the rest of the suite leaves a core idle for much of its time.
-So tests/conftest.py starts a job once the session's tests are collected (`start`,
+trainings whose peaks, not times, are measured, and the rest of the suite leaves a core idle for
+much of its time. So tests/conftest.py starts a climb once the session's tests are collected (`start`,
 only for a job whose test is among them) and runs that test last; the test then waits for its
-job (`wait`) under a load-aware hang guard and asserts on what it left.
+climb (`wait`) under a load-aware hang guard and asserts on what it left on disk.
 
-Beside other tests a job runs in the idle scheduling class (`_idle_class`): it takes the CPU
+Beside other tests a climb runs in the idle scheduling class (`_idle_class`): it takes the CPU
 they leave idle and yields it whenever they want it. It still slows them some (caches, memory
 bandwidth, a core's wake-up), but far less than at a positive nice. A session that ends before the tests
 (-x, Ctrl-C) stops each climb's whole process group (`stop_all`).
@@ -36,7 +35,6 @@ from hang_guard import HangGuard, Load
 
 LADDER_TESTS = Path(__file__).resolve().parent / "onboard" / "ladder"
 CORE_UNIT_TESTS = Path(__file__).resolve().parent / "core" / "unit"
-ONBOARD_UNIT_TESTS = Path(__file__).resolve().parent / "onboard" / "unit"
 def _idle_class() -> None:
     """Put this (child) process in SCHED_IDLE; its ranks and parity's pytest inherit it.
 
@@ -55,8 +53,7 @@ def _idle_class() -> None:
 @dataclass(frozen=True)
 class Job:
     test: str
-    """The node id of the test that asserts on the job (pytest's, from the repository root), or of the
-    module whose every test does."""
+    """The node id of the test that asserts on the climb (pytest's, from the repository root)."""
     what: str
     """What runs, as a hang guard's failure names it."""
     argv: Callable[[Path], list]
@@ -86,16 +83,9 @@ JOBS = {
         lambda base: [sys.executable, CORE_UNIT_TESTS / "memory_measure.py", base],
         300,
     ),
-    # the cheapest benches as a user runs them: their tests check what a report holds, not the speed
-    "benches": Job(
-        "tests/onboard/unit/test_bench_smoke.py",
-        "the benches' smoke runs (bench_runs.py)",
-        lambda base: [sys.executable, ONBOARD_UNIT_TESTS / "bench_runs.py", base],
-        300,
-    ),
 }
-"""The background jobs (two whole-ladder climbs, the memory runs, the benches), in the order their
-tests run at the end of the session."""
+"""The background jobs (two whole-ladder climbs, and the memory runs), in the order their tests run
+at the end of the session."""
 
 
 @dataclass

@@ -17,8 +17,7 @@ os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", tempfile.mkdtemp(prefix="induct
 def _job_of(item) -> str | None:
     import background  # lazy: after the settings above, which the climbs' processes inherit
 
-    owned = (lambda test: item.nodeid == test or item.nodeid.startswith(f"{test}::"))  # a test, or a module's
-    return next((name for name, job in background.JOBS.items() if owned(job.test)), None)
+    return next((name for name, job in background.JOBS.items() if item.nodeid == job.test), None)
 
 
 def pytest_collection_modifyitems(session, config, items):

@@ -1,33 +1,40 @@
-"""The cheapest benches, run as a user runs them with their tiniest settings (bench_runs.py, a
-background job of the session: tests/background.py): each prints one JSON report whose speed comes
-through titan_core.measure.timing (a comparison with its interval), with the machine's load and the
-protocol's settings."""
+"""The cheapest benches, run as a user runs them with their tiniest settings: each prints one JSON
+report whose speed comes through titan_core.measure.timing (a comparison with its interval), with the
+machine's load and the protocol's settings."""
 
 from __future__ import annotations
 
 import json
+import os
 import statistics
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
+from hang_guard import hang_guard
 from timing_checks import check_comparison
 
-pytestmark = pytest.mark.slow
+ROOT = Path(__file__).resolve().parents[3]
+SHORT = ["--max-rounds", "3", "--min-rounds", "2"]
+
+pytestmark = pytest.mark.slow  # about 25 s together on 2 busy cores
 
 
-@pytest.fixture(scope="module")
-def reports() -> dict:
-    """{test name: its bench's report}, from the background job that ran them all."""
-    import background
-
-    _, done, _ = background.wait("benches")
-    assert done.returncode == 0, done.stderr
-    return json.loads(done.stdout.strip().splitlines()[-1])
-
-
-def _report(reports: dict, name: str) -> dict:
-    report = reports[name]
-    assert "error" not in report, report.get("error")
-    return report
+def _run(bench: str, *args: str) -> dict:
+    env = dict(os.environ, TORCH_DEVICE_BACKEND_AUTOLOAD="0", HF_HUB_OFFLINE="1")
+    with hang_guard(300, f"bench/{bench}") as guard:
+        proc = subprocess.run(
+            [sys.executable, str(ROOT / "bench" / bench), *args, *SHORT],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=guard.timeout_s,
+            check=False,
+        )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout)
 
 
 def _check(report: dict, candidate: str, baseline: str) -> dict:
@@ -41,8 +48,10 @@ def _check(report: dict, candidate: str, baseline: str) -> dict:
     return c
 
 
-def test_exec_modes_tiny(reports):
-    report = _report(reports, "test_exec_modes_tiny")
+def test_exec_modes_tiny():
+    report = _run(
+        "exec_modes.py", "--shapes", "tiny", "--modes", "eager,graph_none", "--steps", "3", "--trace-layers", ""
+    )
     _check(report, "graph_none", "eager")
     assert {r["mode"] for r in report["train"]} == {"eager", "graph_none"}
     assert all("error" not in r for r in report["train"])
@@ -51,8 +60,10 @@ def test_exec_modes_tiny(reports):
         assert min(r["step_times_s"]) <= r["tokens_per_step"] / r["tokens_per_s"] <= max(r["step_times_s"])
 
 
-def test_fused_ce_tiny(reports):
-    report = _report(reports, "test_fused_ce_tiny")
+def test_fused_ce_tiny():
+    report = _run(
+        "fused_ce.py", "--tokens", "256", "--hidden", "64", "--vocab", "2048", "--chunk", "128", "--iters", "1"
+    )
     c = _check(report, "fused_ce", "naive")
     assert report["fused"]["time_s"] == c["candidate_median_s"]
     # the plain loss holds at least the [256, 2048] fp32 logits at once (measured ~12 MB here)
@@ -60,20 +71,33 @@ def test_fused_ce_tiny(reports):
 
 
 @pytest.mark.hf
-def test_trainer_vs_hf_tiny(reports):
+def test_trainer_vs_hf_tiny():
     pytest.importorskip("transformers", reason="the HF side needs the [hf] extra (transformers)")
-    report = _report(reports, "test_trainer_vs_hf_tiny")
+    report = _run("trainer_vs_hf.py", "--batch", "2", "--seq", "32")
     c = _check(report, "titan_core", "HF")
     assert report["titan_step_s_median"] == c["candidate_median_s"]
 
 
 @pytest.mark.hf
-def test_ladder_speedup_tiny(reports):
-    """The three sides on a narrowed workspace whose ledger says the tuning rung raised the batch 2 -> 4
-    (bench_runs.ladder_workspace): the baseline gets the batch back, eager, while the final recipe
-    keeps what the ladder wrote."""
+def test_ladder_speedup_tiny(tmp_path):
+    """The three sides on a narrowed workspace whose ledger says the tuning rung raised the batch 2 -> 4:
+    the baseline gets the batch back, eager, while the final recipe keeps what the ladder wrote."""
     pytest.importorskip("transformers", reason="the HF side needs the [hf] extra (transformers)")
-    report = _report(reports, "test_ladder_speedup_tiny")
+    from onboard.workspace.scaffold import plan_workspace, write_workspace
+
+    plan = plan_workspace("tiny", tmp_path, preset="llama3/debugmodel", device="cpu", threads=(1, "tests"))
+    root = write_workspace(plan)
+    config = json.loads((root / "config.json").read_text())
+    config.update(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                  intermediate_size=128, vocab_size=256)  # fmt: skip
+    (root / "config.json").write_text(json.dumps(config))
+    recipe = root / "recipe.toml"
+    recipe.write_text(recipe.read_text().replace("seq_len = 128", "seq_len = 32"))
+    edit = {"key": "training.batch_size", "value": 4, "why": "tuning rung (batch): ..."}
+    ledger = {"attempts": [{"rung": "tuning", "measurements": {"untuned_values": {"training.batch_size": 2}},
+                            "details": {}, "recipe_edit": {"edits": [edit]}}]}  # fmt: skip
+    (root / "ladder.json").write_text(json.dumps(ledger))
+    report = _run("ladder_speedup.py", str(root))
     for candidate, baseline in (("baseline", "hf"), ("final", "baseline"), ("final", "hf")):
         c = _check(report, candidate, baseline)
         assert report["ratios"][f"{candidate}_vs_{baseline}"]["throughput"] == c["speedup"]
