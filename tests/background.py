@@ -1,10 +1,8 @@
-"""The suite's background jobs, run from the start of the session: two whole-ladder climbs and the
-memory estimate's calibration runs.
+"""The suite's two whole-ladder climbs, run in the background from the start of the session.
 
 `onboard demo` (test_demo.py) and the port's climb (test_port_ladder.py, port_climb.py) are
-minutes of mostly one-thread work each, the memory runs (memory_measure.py) half a minute of
-trainings whose peaks, not times, are measured, and the rest of the suite leaves a core idle for
-much of its time. So tests/conftest.py starts a climb once the session's tests are collected (`start`,
+minutes of mostly one-thread work each, and the rest of the suite leaves a core idle for much of
+its time. So tests/conftest.py starts a climb once the session's tests are collected (`start`,
 only for a job whose test is among them) and runs that test last; the test then waits for its
 climb (`wait`) under a load-aware hang guard and asserts on what it left on disk.
 
@@ -34,7 +32,6 @@ from typing import Callable
 from hang_guard import HangGuard, Load
 
 LADDER_TESTS = Path(__file__).resolve().parent / "onboard" / "ladder"
-CORE_UNIT_TESTS = Path(__file__).resolve().parent / "core" / "unit"
 def _idle_class() -> None:
     """Put this (child) process in SCHED_IDLE; its ranks and parity's pytest inherit it.
 
@@ -75,17 +72,8 @@ JOBS = {
         lambda base: [Path(sys.executable).parent / "onboard", "demo", "--dir", base / "demo"],
         600,
     ),
-    # four short trainings whose resident peaks the memory estimate is held to: a peak does not
-    # depend on the CPU time a process gets, so they run beside the rest, not on its critical path
-    "memory": Job(
-        "tests/core/unit/test_memory_estimate.py::test_estimate_is_within_25_percent_of_measured_cpu_peaks",
-        "the memory estimate's calibration runs (memory_measure.py)",
-        lambda base: [sys.executable, CORE_UNIT_TESTS / "memory_measure.py", base],
-        300,
-    ),
 }
-"""The background jobs (two whole-ladder climbs, and the memory runs), in the order their tests run
-at the end of the session."""
+"""The climbs, in the order their tests run at the end of the session."""
 
 
 @dataclass

@@ -13,7 +13,7 @@ os.environ.setdefault("TITAN_CORE_CACHE_DIR", tempfile.mkdtemp(prefix="titan-cor
 os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", tempfile.mkdtemp(prefix="inductor-cache-"))
 
 
-# ---- the background jobs: two whole-ladder climbs, the memory runs (tests/background.py) --------
+# ---- the two whole-ladder climbs, in the background (tests/background.py) ----------------------
 def _job_of(item) -> str | None:
     import background  # lazy: after the settings above, which the climbs' processes inherit
 
@@ -21,7 +21,7 @@ def _job_of(item) -> str | None:
 
 
 def pytest_collection_modifyitems(session, config, items):
-    """The background jobs' tests run last (in background.JOBS order): each job runs beside every other test."""
+    """The climbs' tests run last (in background.JOBS order): each climbs beside every other test."""
     import background
 
     last = {name: [i for i in items if _job_of(i) == name] for name in background.JOBS}
@@ -30,7 +30,7 @@ def pytest_collection_modifyitems(session, config, items):
 
 
 def pytest_collection_finish(session):
-    """Start each background job whose test will run, as soon as that is known (not for --collect-only)."""
+    """Start each climb whose test will run, as soon as that is known (not for --collect-only)."""
     import background
 
     if session.config.option.collectonly:
