@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from titan_core.config import ConfigError
-from titan_core.measure.numerics import max_abs, rel_l2, rounding_check
+from titan_core.measure.numerics import max_abs, rel_l2, rounding_check, worst_unexcused
 from titan_core.models.registry import DIFFUSION_FAMILIES
 from titan_core.models.transformers.adapter import predicted_vocab
 
@@ -194,9 +194,8 @@ def _compare(record, hf, native, adapter, tokens, labels, pairs, declared, param
         hf, native, lambda sd: _port(adapter.to_hf, "adapter.to_hf (gradients)", sd), tokens=labels.numel()
     )
     rounding = _fp64_check(hf, grads, tokens, labels, params)
-    judged = {n: e for n, e in grads.per_param.items() if not rounding.get(n, {}).get("rounding")}
-    worst_judged = max(judged, key=judged.get) if judged else None
-    pm.update(grad_max_rel_l2=judged[worst_judged] if worst_judged else 0.0,
+    worst_judged, judged_err = worst_unexcused(grads.per_param, rounding)
+    pm.update(grad_max_rel_l2=judged_err,
               grad_worst_param=worst_judged or grads.worst_param, grad_max_rel_l2_raw=grads.max_rel_l2,
               grads_excused_as_rounding=sum(bool(r.get("rounding")) for r in rounding.values()))  # fmt: skip
     worst = sorted(grads.per_param.items(), key=lambda kv: -kv[1])[:5]

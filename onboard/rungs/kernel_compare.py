@@ -30,7 +30,7 @@ from titan_core.kernels.moe import grouped_mm_unsupported
 from titan_core.kernels.swaps import DEFAULTS, swaps_for
 from titan_core.data.base import Batch
 from titan_core.data.flow import FlowLoader
-from titan_core.measure.numerics import grad_noise, grad_rel_l2, rel_l2, rounding_check
+from titan_core.measure.numerics import grad_noise, grad_rel_l2, rel_l2, rounding_check, worst_unexcused
 from titan_core.measure.timing import Comparison, TimingProtocol, compare, timed
 from titan_core.memory.tensor_peak import TensorPeak
 from titan_core.models.common.args import TransformerArgs
@@ -247,8 +247,7 @@ class KernelComparison:
     @property
     def max_grad_rel_err(self) -> float:
         """The worst gradient error the gate judges: over the parameters not excused as rounding."""
-        excused = set(self.excused)
-        return max((e for n, e in self.grad_rel_err.items() if n not in excused), default=0.0)
+        return worst_unexcused(self.grad_rel_err, self.rounding)[1]
 
     @property
     def max_grad_rel_err_raw(self) -> float:
@@ -257,9 +256,8 @@ class KernelComparison:
 
     @property
     def worst_param(self) -> str:
-        excused = set(self.excused)
-        judged = {n: e for n, e in self.grad_rel_err.items() if n not in excused} or self.grad_rel_err
-        return max(judged, key=judged.get, default="")
+        worst = worst_unexcused(self.grad_rel_err, self.rounding)[0]
+        return worst or max(self.grad_rel_err, key=self.grad_rel_err.get, default="")
 
     def to_dict(self) -> dict:
         return {**asdict(self), "max_grad_rel_err": self.max_grad_rel_err, "worst_param": self.worst_param,

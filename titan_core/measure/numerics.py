@@ -96,6 +96,14 @@ def rounding_check(candidate, reference, exact, factor: float) -> dict[str, floa
     return {"candidate_vs_fp64": c, "reference_vs_fp64": r, "rounding": c <= factor * r}
 
 
+def worst_unexcused(errors: dict[str, float], rounding: dict[str, dict]) -> tuple[str | None, float]:
+    """(name, error) of the worst of `errors` that `rounding` (name -> rounding_check) does not excuse
+    as fp32 rounding; (None, 0.0) when every one is excused or there are none."""
+    judged = {n: e for n, e in errors.items() if not rounding.get(n, {}).get("rounding")}
+    worst = max(judged, key=judged.get, default=None)
+    return worst, judged[worst] if worst is not None else 0.0
+
+
 def max_abs(actual: torch.Tensor, expected: torch.Tensor) -> float:
     """Largest absolute elementwise difference in float64 (0.0 for empty tensors, inf for NaN)."""
     if actual.numel() == 0:

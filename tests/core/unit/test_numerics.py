@@ -57,3 +57,12 @@ def test_rounding_check_excuses_a_candidate_as_close_to_fp64_as_the_reference():
     assert same["candidate_vs_fp64"] > 0 and same["reference_vs_fp64"] > 0
     wrong = rounding_check(forward * (1 + 1e-3), forward, exact, 2.0)
     assert wrong["rounding"] is False and wrong["candidate_vs_fp64"] > 2 * wrong["reference_vs_fp64"]
+
+
+def test_worst_unexcused_skips_what_the_rounding_check_excused():
+    from titan_core.measure.numerics import worst_unexcused
+
+    errors = {"a": 3e-5, "b": 2e-5, "c": 1e-6}
+    assert worst_unexcused(errors, {}) == ("a", 3e-5)
+    assert worst_unexcused(errors, {"a": {"rounding": True}, "b": {"rounding": False}}) == ("b", 2e-5)
+    assert worst_unexcused({"a": 3e-5}, {"a": {"rounding": True}}) == (None, 0.0)
