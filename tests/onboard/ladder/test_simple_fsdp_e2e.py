@@ -155,7 +155,7 @@ def test_qwen3_moe_compares_with_grad_accum_because_of_its_aux_loss(tmp_path):
     assert json.loads((ws / "config.json").read_text())["output_router_logits"] is True  # the aux loss is on
     climb_to_simple_fsdp("moe", tmp_path)
     code, out = next_step("moe", tmp_path)
-    assert (code, out["rung"], out["status"]) == (0, "simple_fsdp", "passed"), out["criteria"]
+    assert (code, out["rung"], out["status"]) == (0, "simple_fsdp", "passed"), out["error"] or out["failed"]
     m = out["measurements"]
     assert m["baseline"] == "1 process, grad_accum = 2, same rows" and "aux_loss_coef = 0.01" in m["baseline_why"]
     assert m["step1_loss_rel_err"] <= 1e-6 and m["step1_grad_norm_rel_err"] <= 1e-6
