@@ -47,6 +47,15 @@ def _idle_class() -> None:
         os.nice(19)
 
 
+def _own_caches(base: Path) -> dict[str, str]:
+    """The environment with a compile cache of the climb's own.
+
+    Sharing the suite's inductor cache folder meant sharing its file locks: an idle-class climb that
+    held one (a first build of a kernel both compile) was preempted by the suite's process, which
+    then waited for it. The compile tests took 203 s beside the climbs and 91 s without them."""
+    return {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(base / "inductor-cache")}
+
+
 @dataclass(frozen=True)
 class Job:
     test: str
@@ -130,6 +139,7 @@ def start(name: str, *, shared: bool) -> Run:
             stdout=out,
             stderr=err,
             text=True,
+            env=_own_caches(base),
             start_new_session=True,
             preexec_fn=_idle_class if shared else None,
         )
