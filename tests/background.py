@@ -12,7 +12,8 @@ bandwidth, a core's wake-up), but far less than at a positive nice. A session th
 (-x, Ctrl-C) stops each climb's whole process group (`stop_all`).
 
 Imported by tests/conftest.py, which must not import onboard (tests/core runs without it): the
-climbs are subprocesses and this module imports nothing of the project.
+climbs are subprocesses and this module imports nothing of the project but titan_core's
+die_with_parent (the standard library only).
 """
 
 from __future__ import annotations
@@ -30,6 +31,8 @@ from pathlib import Path
 from typing import Callable
 
 from hang_guard import HangGuard, Load
+
+from titan_core.runtime.die_with_parent import with_parent_death_signal
 
 LADDER_TESTS = Path(__file__).resolve().parent / "onboard" / "ladder"
 def _idle_class() -> None:
@@ -135,7 +138,9 @@ def start(name: str, *, shared: bool) -> Run:
     base = Path(tempfile.mkdtemp(prefix=f"pytest-background-{name}-"))
     with open(base / "stdout.txt", "w") as out, open(base / "stderr.txt", "w") as err:
         proc = subprocess.Popen(
-            job.argv(base),
+            # a session killed outright (SIGTERM from a timeout, SIGKILL) runs no sessionfinish: the
+            # climb would live on and load the machine for minutes
+            with_parent_death_signal([str(a) for a in job.argv(base)]),
             stdout=out,
             stderr=err,
             text=True,

@@ -19,7 +19,7 @@ ROLES: dict[str, tuple[int, tuple[str, ...]]] = {
         2,
         (
             *("num_hidden_layers", "n_layer", "n_layers", "num_layers", "decoder_layers", "num_decoder_layers"),
-            *("num_encoder_layers", "num_layers_per_stack"),
+            *("num_encoder_layers", "num_layers_per_stack", "encoder_layers"),
         ),
     ),
     "heads": (
@@ -27,6 +27,8 @@ ROLES: dict[str, tuple[int, tuple[str, ...]]] = {
         (
             *("num_attention_heads", "n_head", "n_heads", "num_heads", "decoder_attention_heads", "attention_heads"),
             *("num_decoder_attention_heads", "num_encoder_attention_heads"),
+            # BART-style configs map `num_attention_heads` to the encoder's count, which head_dim is derived from
+            "encoder_attention_heads",
         ),
     ),
     "kv_heads": (2, ("num_key_value_heads", "num_kv_heads", "n_kv_heads", "multi_query_group_num")),
@@ -35,7 +37,10 @@ ROLES: dict[str, tuple[int, tuple[str, ...]]] = {
     "rotary_dim": (8, ("rotary_dim",)),  # partial rotary (GPT-J, CodeGen): half the tiny head  # Gemma-4's full-attention layers: wider than the others
     "ffn": (
         128,
-        ("intermediate_size", "n_inner", "ffn_dim", "ffn_hidden_size", "decoder_ffn_dim", "d_ff", "dim_ff", "dff"),
+        (
+            *("intermediate_size", "n_inner", "ffn_dim", "ffn_hidden_size", "decoder_ffn_dim", "d_ff", "dim_ff"),
+            *("dff", "encoder_ffn_dim"),
+        ),
     ),
     # Inkling-2's head is `unpadded_vocab_size` wide, its embedding `vocab_size`: both shrink
     "vocab": (256, ("vocab_size", "vocab_size_per_layer_input", "unpadded_vocab_size")),

@@ -83,6 +83,28 @@ def test_ranks_die_within_seconds_of_a_killed_launcher(tmp_path):
     assert time.monotonic() - t0 < 5
 
 
+def test_a_background_climb_dies_with_a_session_killed_outright():
+    """tests/background.py: a session ended by SIGKILL (or a timeout's SIGTERM) runs no sessionfinish,
+    and its climb must not live on to load the machine (one outlived a `timeout 120 pytest` by minutes)."""
+    tests = Path(__file__).resolve().parents[2]
+    driver = textwrap.dedent(f"""
+        import sys, time
+        sys.path.insert(0, {str(tests)!r})
+        import background
+        sleeper = [sys.executable, "-c", "import time; time.sleep(120)"]
+        background.JOBS["sleeper"] = background.Job("none", "a sleeper", lambda base: sleeper, 60)
+        print(background.start("sleeper", shared=True).proc.pid, flush=True)
+        time.sleep(120)
+    """)
+    proc = subprocess.Popen([sys.executable, "-c", driver], stdout=subprocess.PIPE, text=True)
+    climb = int(proc.stdout.readline())
+    assert alive(climb)
+    proc.send_signal(signal.SIGKILL)
+    with hang_guard(10, "the killed session to be reaped") as hang:
+        proc.wait(timeout=hang.timeout_s)
+    wait_for(lambda: not alive(climb), 5, f"the climb (pid {climb}) to die with its session")
+
+
 def test_a_child_whose_parent_is_already_gone_does_not_start(tmp_path):
     # the wrapper is told a parent that is not its parent: it must not run the command
     marker = tmp_path / "ran"

@@ -42,6 +42,16 @@ def test_sizes_go_under_the_names_the_class_gives_them():
     assert tiny_config("bailing_hybrid")["num_expert_group"] == 2  # of 8, which 4 experts cannot be split in
 
 
+def test_an_encoder_decoder_config_shrinks_the_encoder_its_aliases_read():
+    """PLBart's `num_attention_heads` reads `encoder_attention_heads`: left at 12 beside a hidden of 64,
+    the derived head_dim was 64 // 12 = 5, which the eager rung refused as odd."""
+    plbart = tiny_config("plbart")
+    assert (plbart["encoder_attention_heads"], plbart["decoder_attention_heads"]) == (4, 4)
+    assert (plbart["encoder_layers"], plbart["encoder_ffn_dim"]) == (2, 128)
+    config = config_object(plbart)
+    assert config.hidden_size // config.num_attention_heads == 16
+
+
 def test_a_hybrid_keeps_one_layer_of_each_kind():
     cfg = tiny_config("gemma3_text")  # five sliding-window layers to one global in the full model
     assert cfg["layer_types"] == ["sliding_attention", "full_attention"] and cfg["num_hidden_layers"] == 2
