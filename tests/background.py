@@ -8,8 +8,10 @@ climb (`wait`) under a load-aware hang guard and asserts on what it left on disk
 
 Beside other tests a climb runs in the idle scheduling class (`_idle_class`): it takes the CPU
 they leave idle and yields it whenever they want it. It still slows them some (caches, memory
-bandwidth, a core's wake-up), but far less than at a positive nice. A session that ends before the tests
-(-x, Ctrl-C) stops each climb's whole process group (`stop_all`).
+bandwidth, a core's wake-up), but far less than at a positive nice. A test marked `whole_machine`
+(ranks that meet at every collective) runs with the climbs stopped altogether (`pause_all`, from
+tests/conftest.py). A session that ends before the tests (-x, Ctrl-C) stops each climb's whole
+process group (`stop_all`); one killed outright takes them with it (a parent-death signal).
 
 Imported by tests/conftest.py, which must not import onboard (tests/core runs without it): the
 climbs are subprocesses and this module imports nothing of the project but titan_core's
@@ -48,15 +50,6 @@ def _idle_class() -> None:
         os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
     except (AttributeError, OSError):
         os.nice(19)
-
-
-def _own_caches(base: Path) -> dict[str, str]:
-    """The environment with a compile cache of the climb's own.
-
-    Sharing the suite's inductor cache folder meant sharing its file locks: an idle-class climb that
-    held one (a first build of a kernel both compile) was preempted by the suite's process, which
-    then waited for it. The compile tests took 203 s beside the climbs and 91 s without them."""
-    return {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(base / "inductor-cache")}
 
 
 @dataclass(frozen=True)
@@ -105,6 +98,10 @@ class Run:
     waiting_since: float | None = None
     """When its test began to wait for it: from then on a shared climb has the machine (but for the
     climbs whose tests come after)."""
+    paused_at: float | None = None
+    """When `pause_all` stopped it (None while it runs)."""
+    paused_s: float = 0.0
+    """How long it was stopped in all, for tests that wanted the whole machine."""
     ended: float | None = None
     """When its process ended (a watcher thread's clock: a climb may end long before its test)."""
 
@@ -144,7 +141,6 @@ def start(name: str, *, shared: bool) -> Run:
             stdout=out,
             stderr=err,
             text=True,
-            env=_own_caches(base),
             start_new_session=True,
             preexec_fn=_idle_class if shared else None,
         )
@@ -166,6 +162,7 @@ def wait(name: str) -> tuple[Run, subprocess.CompletedProcess, float]:
     climb is stopped and the test fails with the load and its last output. The timeout counts from
     the climb's start, or, for a shared climb, from now: until its test, the suite had the machine."""
     run = started(name)
+    resume_all()
     g = run.guard()
     run.waiting_since = time.perf_counter()
     left = g.timeout_s - (0.0 if run.shared else run.waiting_since - run.started)
@@ -194,6 +191,59 @@ def _stop(run: Run) -> None:
     except ProcessLookupError:
         pass
     run.proc.wait()
+
+
+def _tree(root: int) -> list[int]:
+    """`root` and its descendants now (the launcher starts each rank in a session of its own, so a
+    climb's process group does not hold its ranks)."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                ppid = int((entry / "stat").read_text().rsplit(") ", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(ppid, []).append(int(entry.name))
+    out, todo = [], [root]
+    while todo:
+        pid = todo.pop()
+        out.append(pid)
+        todo += children.get(pid, [])
+    return out
+
+
+def _signal_tree(run: Run, sig: int) -> None:
+    if run.proc.poll() is not None:
+        return
+    sent: set[int] = set()
+    while todo := [p for p in _tree(run.proc.pid) if p not in sent]:  # parents first: none forks after its stop
+        for pid in todo:
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
+            sent.add(pid)
+
+
+def pause_all() -> None:
+    """Stop every running climb with all its processes (SIGSTOP), for a test that wants the whole machine.
+
+    The idle class keeps a climb off a core the suite's process wants, but a test whose ranks meet at
+    every collective still ran twice as long beside the climbs: a rank that blocks frees its core to a
+    climb, and waking it costs a preemption and caches. A pause of tens of seconds is far inside the
+    climbs' collective timeout (300 s), and their timed decisions see it as one noisy sample."""
+    for run in _runs.values():
+        if run.paused_at is None:
+            _signal_tree(run, signal.SIGSTOP)
+            run.paused_at = time.perf_counter()
+
+
+def resume_all() -> None:
+    for run in _runs.values():
+        if run.paused_at is not None:
+            _signal_tree(run, signal.SIGCONT)
+            run.paused_s += time.perf_counter() - run.paused_at
+            run.paused_at = None
 
 
 def stop_all() -> None:

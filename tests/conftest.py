@@ -3,6 +3,8 @@
 import os
 import tempfile
 
+import pytest
+
 os.environ.setdefault("TORCH_DEVICE_BACKEND_AUTOLOAD", "0")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -27,6 +29,19 @@ def pytest_collection_modifyitems(session, config, items):
     last = {name: [i for i in items if _job_of(i) == name] for name in background.JOBS}
     if any(last.values()):
         items[:] = [i for i in items if _job_of(i) is None] + [i for name in background.JOBS for i in last[name]]
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    """A test marked whole_machine runs with the climbs paused (background.pause_all), its fixtures too."""
+    import background
+
+    wants = item.get_closest_marker("whole_machine") is not None
+    if wants:
+        background.pause_all()
+    yield
+    if wants and (nextitem is None or nextitem.get_closest_marker("whole_machine") is None):
+        background.resume_all()
 
 
 def pytest_collection_finish(session):

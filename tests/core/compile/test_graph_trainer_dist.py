@@ -8,6 +8,8 @@ import pytest
 from _gt_dist_worker import FAMILIES
 from hang_guard import guarded_launch
 
+pytestmark = pytest.mark.whole_machine  # its ranks meet at every collective: the background climbs pause
+
 
 @pytest.fixture(scope="module")
 def ranks(tmp_path_factory):

@@ -56,6 +56,7 @@ def test_breaks_are_found_with_their_reason():
     assert report["loss_head"].breaks == 0
 
 
+@pytest.mark.whole_machine  # inductor's compile workers and g++ want both cores
 def test_inductor_simple_fsdp(tmp_path):
     """The one inductor test: the default (SimpleFSDP) path, blocks compiled by inductor."""
     _, eager = _step1(tiny_cfg("llama3", tmp_path / "e", steps=1))

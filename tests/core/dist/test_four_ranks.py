@@ -7,6 +7,8 @@ from _cases import DENSE, HSDP, max_rel, param_reads_per_forward, run_worker
 
 from core_bounds import FSDP_LOSS_REL
 
+pytestmark = pytest.mark.whole_machine  # its ranks meet at every collective: the background climbs pause
+
 TOL = FSDP_LOSS_REL  # the simple_fsdp gate's fp32 bound (checklists/simple_fsdp.yaml step1_loss)
 
 

@@ -14,6 +14,8 @@ from titan_core.config import load_config
 from titan_core.runtime.launcher import EXIT_TIMEOUT, launch_command, run_world
 from titan_core.train import main
 
+pytestmark = pytest.mark.whole_machine  # its ranks meet at every collective: the background climbs pause
+
 TINY = [
     overrides("llama3"),
     "--training.batch_size=2",

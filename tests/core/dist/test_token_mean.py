@@ -20,6 +20,8 @@ from core_bounds import FSDP_GRAD_NORM_REL, FSDP_LOSS_REL
 from titan_core.measure.numerics import rel, rel_l2
 from titan_core.training.trainer import Trainer
 
+pytestmark = pytest.mark.whole_machine  # its ranks meet at every collective: the background climbs pause
+
 LOSS_TOL = FSDP_LOSS_REL
 NORM_TOL = FSDP_GRAD_NORM_REL
 GRAD_TOL = NORM_TOL

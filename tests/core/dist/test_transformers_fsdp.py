@@ -16,7 +16,7 @@ from core_bounds import FSDP_LOSS_REL
 from titan_core.train import run
 
 transformers = pytest.importorskip("transformers")
-pytestmark = [pytest.mark.hf, pytest.mark.slow]
+pytestmark = [pytest.mark.whole_machine, pytest.mark.hf, pytest.mark.slow]  # ranks meet at every collective: the background climbs pause
 
 TOL = FSDP_LOSS_REL  # the simple_fsdp gate's fp32 bound (checklists/simple_fsdp.yaml step1_loss)
 WORKER = Path(__file__).with_name("_transformers_fsdp_worker.py")

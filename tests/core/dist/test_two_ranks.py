@@ -15,6 +15,8 @@ from core_bounds import BF16_LOSS_CURVE_REL, FSDP_LOSS_REL
 from titan_core.measure.numerics import rel
 from titan_core.train import run
 
+pytestmark = pytest.mark.whole_machine  # its ranks meet at every collective: the background climbs pause
+
 TOL = FSDP_LOSS_REL
 BF16_TOL = BF16_LOSS_CURVE_REL
 

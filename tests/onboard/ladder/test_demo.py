@@ -63,7 +63,7 @@ def test_demo_climbs_every_built_rung_and_prints_the_ladder(tmp_path):
         waited = max(0.0, wall - (demo.waiting_since - demo.started))
         where = "on a loaded machine"
         if demo.shared:
-            where = f"beside the rest of the suite (its test waited {waited:.0f} s)"
+            where = f"beside the rest of the suite (its test waited {waited:.0f} s; paused {demo.paused_s:.0f} s)"
         print(f"demo took {wall:.0f} s {where}: {guard.start.describe()} at start, {end.describe()} at end")
     assert_train_reproduces_the_verified_step(ws, ledger, tmp_path / "train")
 

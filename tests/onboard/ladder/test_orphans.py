@@ -20,12 +20,17 @@ pytestmark = pytest.mark.skipif(not supported(), reason="PR_SET_PDEATHSIG is Lin
 ONBOARD = Path(sys.executable).parent / "onboard"
 
 
-def alive(pid: int) -> bool:
+def state(pid: int) -> str | None:
+    """The process's state letter (R, S, T for stopped, Z for a zombie: it has exited); None when gone."""
     try:
         with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(") ")[-1].split()[0] != "Z"  # a zombie has exited
+            return f.read().split(") ")[-1].split()[0]
     except FileNotFoundError:
-        return False
+        return None
+
+
+def alive(pid: int) -> bool:
+    return state(pid) not in (None, "Z")
 
 
 def wait_for(pred, timeout: float, what: str, *, guard: bool = False):
@@ -103,6 +108,36 @@ def test_a_background_climb_dies_with_a_session_killed_outright():
     with hang_guard(10, "the killed session to be reaped") as hang:
         proc.wait(timeout=hang.timeout_s)
     wait_for(lambda: not alive(climb), 5, f"the climb (pid {climb}) to die with its session")
+
+
+def test_pausing_the_climbs_stops_every_process_of_theirs_and_resuming_continues_them(tmp_path):
+    """tests/background.py's pause for a whole_machine test: the climb and a child in a session of its own
+    (as the launcher starts ranks) stop together and continue together."""
+    import background
+
+    rank = "import os, time; os.setsid(); time.sleep(120)"
+    child_pid = tmp_path / "child"
+    climb = (
+        "import subprocess, sys, time, pathlib; "
+        f"p = subprocess.Popen([sys.executable, '-c', {rank!r}]); "
+        f"pathlib.Path({str(child_pid)!r}).write_text(str(p.pid)); time.sleep(120)"
+    )
+    background.JOBS["sleeper"] = background.Job("none", "a sleeper", lambda base: [sys.executable, "-c", climb], 60)
+    try:
+        run = background.start("sleeper", shared=False)
+        child = wait_for(lambda: child_pid.exists() and child_pid.read_text() and int(child_pid.read_text()), 30,
+                         "the climb's child to start", guard=True)  # fmt: skip
+        background.pause_all()  # a signal is taken when its process next runs: within moments
+        wait_for(lambda: (state(run.proc.pid), state(child)) == ("T", "T"), 5, "both to stop")
+        background.resume_all()
+        wait_for(lambda: "T" not in (state(run.proc.pid), state(child)), 5, "both to continue")
+        assert run.paused_s > 0 and alive(child)
+    finally:
+        background.stop_all()
+        background._runs.pop("sleeper", None)
+        background.JOBS.pop("sleeper", None)
+        if child_pid.exists() and child_pid.read_text():
+            os.kill(int(child_pid.read_text()), signal.SIGKILL)
 
 
 def test_a_child_whose_parent_is_already_gone_does_not_start(tmp_path):

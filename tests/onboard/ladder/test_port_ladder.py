@@ -37,7 +37,8 @@ pytestmark = [pytest.mark.slow, pytest.mark.hf]
 def test_a_port_climbs_the_ladder_and_its_recipe_reproduces_the_gates(tmp_path):
     run, done, wall = background.wait("port")
     assert done.returncode == 0, done.stderr
-    print(f"the port's climb took {wall:.0f} s" + (" beside the rest of the suite" if run.shared else ""))
+    beside = f" beside the rest of the suite (paused {run.paused_s:.0f} s)" if run.shared else ""
+    print(f"the port's climb took {wall:.0f} s{beside}")
     base = run.base
     root = Path(done.stdout.strip().splitlines()[-1])
     assert root.parent == base / "onboarding"

@@ -25,7 +25,7 @@ from typer.testing import CliRunner
 from onboard.cli.app import app
 from onboard.rungs import harness
 
-pytestmark = [pytest.mark.slow, pytest.mark.hf]
+pytestmark = [pytest.mark.whole_machine, pytest.mark.slow, pytest.mark.hf]  # ranks meet at every collective: the background climbs pause
 runner = CliRunner()
 
 NARROW = dict(hidden_size=64, num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
