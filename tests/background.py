@@ -225,25 +225,33 @@ def _signal_tree(run: Run, sig: int) -> None:
             sent.add(pid)
 
 
-def pause_all() -> None:
-    """Stop every running climb with all its processes (SIGSTOP), for a test that wants the whole machine.
+def pause(run: Run) -> None:
+    """Stop a running climb with all its processes (SIGSTOP), for a test that wants the whole machine.
 
     The idle class keeps a climb off a core the suite's process wants, but a test whose ranks meet at
     every collective still ran twice as long beside the climbs: a rank that blocks frees its core to a
     climb, and waking it costs a preemption and caches. A pause of tens of seconds is far inside the
     climbs' collective timeout (300 s), and their timed decisions see it as one noisy sample."""
+    if run.paused_at is None:
+        _signal_tree(run, signal.SIGSTOP)
+        run.paused_at = time.perf_counter()
+
+
+def resume(run: Run) -> None:
+    if run.paused_at is not None:
+        _signal_tree(run, signal.SIGCONT)
+        run.paused_s += time.perf_counter() - run.paused_at
+        run.paused_at = None
+
+
+def pause_all() -> None:
     for run in _runs.values():
-        if run.paused_at is None:
-            _signal_tree(run, signal.SIGSTOP)
-            run.paused_at = time.perf_counter()
+        pause(run)
 
 
 def resume_all() -> None:
     for run in _runs.values():
-        if run.paused_at is not None:
-            _signal_tree(run, signal.SIGCONT)
-            run.paused_s += time.perf_counter() - run.paused_at
-            run.paused_at = None
+        resume(run)
 
 
 def stop_all() -> None:

@@ -110,9 +110,10 @@ def test_a_background_climb_dies_with_a_session_killed_outright():
     wait_for(lambda: not alive(climb), 5, f"the climb (pid {climb}) to die with its session")
 
 
-def test_pausing_the_climbs_stops_every_process_of_theirs_and_resuming_continues_them(tmp_path):
+def test_pausing_a_climb_stops_every_process_of_it_and_resuming_continues_them(tmp_path):
     """tests/background.py's pause for a whole_machine test: the climb and a child in a session of its own
-    (as the launcher starts ranks) stop together and continue together."""
+    (as the launcher starts ranks) stop together and continue together. Only this test's own climb is
+    touched: the session's real climbs run in the same module."""
     import background
 
     rank = "import os, time; os.setsid(); time.sleep(120)"
@@ -123,17 +124,17 @@ def test_pausing_the_climbs_stops_every_process_of_theirs_and_resuming_continues
         f"pathlib.Path({str(child_pid)!r}).write_text(str(p.pid)); time.sleep(120)"
     )
     background.JOBS["sleeper"] = background.Job("none", "a sleeper", lambda base: [sys.executable, "-c", climb], 60)
+    run = background.start("sleeper", shared=False)
     try:
-        run = background.start("sleeper", shared=False)
         child = wait_for(lambda: child_pid.exists() and child_pid.read_text() and int(child_pid.read_text()), 30,
                          "the climb's child to start", guard=True)  # fmt: skip
-        background.pause_all()  # a signal is taken when its process next runs: within moments
+        background.pause(run)  # a signal is taken when its process next runs: within moments
         wait_for(lambda: (state(run.proc.pid), state(child)) == ("T", "T"), 5, "both to stop")
-        background.resume_all()
+        background.resume(run)
         wait_for(lambda: "T" not in (state(run.proc.pid), state(child)), 5, "both to continue")
         assert run.paused_s > 0 and alive(child)
     finally:
-        background.stop_all()
+        background._stop(run)
         background._runs.pop("sleeper", None)
         background.JOBS.pop("sleeper", None)
         if child_pid.exists() and child_pid.read_text():
