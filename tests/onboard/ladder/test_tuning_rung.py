@@ -28,7 +28,8 @@ from titan_core.tuning import flags as flag_table
 from onboard.rungs.tuning_classify import CLASSES
 from titan_core.tuning.profile_breakdown import CATEGORIES
 
-pytestmark = pytest.mark.slow
+# whole_machine: the rung times its changes, and the climbs beside it would be its noise
+pytestmark = [pytest.mark.slow, pytest.mark.whole_machine]
 MODULE = "onboard.rungs.tuning_rung"
 tuning = importlib.import_module(MODULE)
 

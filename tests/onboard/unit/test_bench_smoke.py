@@ -18,7 +18,8 @@ from timing_checks import check_comparison
 ROOT = Path(__file__).resolve().parents[3]
 SHORT = ["--max-rounds", "3", "--min-rounds", "2"]
 
-pytestmark = pytest.mark.slow  # about 25 s together on 2 busy cores
+# about 25 s together on 2 busy cores; whole_machine: the benches time things, the climbs would be their noise
+pytestmark = [pytest.mark.slow, pytest.mark.whole_machine]
 
 
 def _run(bench: str, *args: str) -> dict:
