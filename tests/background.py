@@ -52,6 +52,19 @@ def _idle_class() -> None:
         os.nice(19)
 
 
+def _own_temp(base: Path) -> dict[str, str]:
+    """The environment with temporary and cache folders of the climb's own.
+
+    A climb that holds a lock the suite's process then needs stops the suite for as long as the climb
+    is held back: paused, for the 600 s of a lock timeout (inductor's precompiled-header lock lives in
+    the temporary folder, not in TORCHINDUCTOR_CACHE_DIR: the per-block inductor test timed out on it
+    behind a paused climb), or preempted in the idle class. So nothing on disk that has a lock is shared."""
+    own = {"TMPDIR": base / "tmp", "TORCHINDUCTOR_CACHE_DIR": base / "inductor-cache", "MPLCONFIGDIR": base / "mpl"}
+    for folder in own.values():
+        folder.mkdir()
+    return {**os.environ, **{k: str(v) for k, v in own.items()}}
+
+
 @dataclass(frozen=True)
 class Job:
     test: str
@@ -141,6 +154,7 @@ def start(name: str, *, shared: bool) -> Run:
             stdout=out,
             stderr=err,
             text=True,
+            env=_own_temp(base),
             start_new_session=True,
             preexec_fn=_idle_class if shared else None,
         )

@@ -133,6 +133,10 @@ def test_pausing_a_climb_stops_every_process_of_it_and_resuming_continues_them(t
         background.resume(run)
         wait_for(lambda: "T" not in (state(run.proc.pid), state(child)), 5, "both to continue")
         assert run.paused_s > 0 and alive(child)
+        # nothing with a lock is shared with the suite: a paused climb's lock would stop it
+        env = dict(kv.split("=", 1) for kv in Path(f"/proc/{child}/environ").read_text().split("\0") if "=" in kv)
+        for name in ("TMPDIR", "TORCHINDUCTOR_CACHE_DIR", "MPLCONFIGDIR"):
+            assert Path(env[name]).is_relative_to(run.base), name
     finally:
         background._stop(run)
         background._runs.pop("sleeper", None)
