@@ -112,7 +112,7 @@ class Run:
     """When its test began to wait for it: from then on a shared climb has the machine (but for the
     climbs whose tests come after)."""
     paused_at: float | None = None
-    """When `pause_all` stopped it (None while it runs)."""
+    """When `pause` stopped it (None while it runs)."""
     paused_s: float = 0.0
     """How long it was stopped in all, for tests that wanted the whole machine."""
     ended: float | None = None
