@@ -71,23 +71,30 @@ class Job:
     """The node id of the test that asserts on the climb (pytest's, from the repository root)."""
     what: str
     """What runs, as a hang guard's failure names it."""
-    argv: Callable[[Path], list]
-    """The command, given the job's folder (a temporary folder of this session)."""
+    argv: Callable[[Path, bool], list]
+    """The command, given the job's folder (a temporary folder of this session) and whether it is shared."""
     hang_guard_s: float
     """Its hang guard on an idle machine (hang_guard.HangGuard's base)."""
+
+
+def demo_timing(shared: bool) -> str:
+    """The timing profile the demo climbs with: beside the rest of the suite, a keep/choose decision
+    times the other tests' noise, and the shipped protocol's rounds (each comparison up to 30-60 s)
+    buy wall time and no truer answer, so it climbs with `quick`; alone, it is `make demo`'s own run."""
+    return "quick" if shared else "shipped"
 
 
 JOBS = {
     "port": Job(
         "tests/onboard/ladder/test_port_ladder.py::test_a_port_climbs_the_ladder_and_its_recipe_reproduces_the_gates",
         "the port's climb (port_climb.py)",
-        lambda base: [sys.executable, LADDER_TESTS / "port_climb.py", base],
+        lambda base, shared: [sys.executable, LADDER_TESTS / "port_climb.py", base],
         600,
     ),
     "demo": Job(
         "tests/onboard/ladder/test_demo.py::test_demo_climbs_every_built_rung_and_prints_the_ladder",
         "onboard demo",
-        lambda base: [Path(sys.executable).parent / "onboard", "demo", "--dir", base / "demo"],
+        lambda base, shared: [Path(sys.executable).parent / "onboard", "demo", "--dir", base / "demo", "--timing", demo_timing(shared)],
         600,
     ),
 }
@@ -150,7 +157,7 @@ def start(name: str, *, shared: bool) -> Run:
         proc = subprocess.Popen(
             # a session killed outright (SIGTERM from a timeout, SIGKILL) runs no sessionfinish: the
             # climb would live on and load the machine for minutes
-            with_parent_death_signal([str(a) for a in job.argv(base)]),
+            with_parent_death_signal([str(a) for a in job.argv(base, shared)]),
             stdout=out,
             stderr=err,
             text=True,

@@ -351,6 +351,12 @@ def demo_cmd(
     preset: str = typer.Option(
         "llama3_debug", "--preset", help="llama3_debug (a dense LLM) | flux_debug (a FLUX diffusion transformer)."
     ),
+    timing: str = typer.Option(
+        "shipped",
+        "--timing",
+        help="shipped (the checklists' timing protocol) | quick (each keep/choose decision after a few rounds: "
+        "whether the rungs pass, not which choice is fastest; the ledger and report say so).",
+    ),
     json_out: bool = JSON_OPTION,
 ):
     """new-model for a built-in debug model, next-step up the whole ladder, status, report."""
@@ -358,7 +364,7 @@ def demo_cmd(
     def body(out: Out) -> int:
         from onboard.cli.demo import run_demo
 
-        result = run_demo(dir, device=device, out=out, preset=preset)
+        result = run_demo(dir, device=device, out=out, preset=preset, timing=timing)
         if out.json:
             out.emit(result)
         return result["exit_code"]

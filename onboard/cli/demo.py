@@ -12,6 +12,7 @@ from onboard.workspace.scaffold import plan_workspace, write_workspace
 from onboard.cli.views import ladder_table, show_outcome, status_dict
 from onboard.workspace.layout import Workspace
 from onboard.engine.ledger import Status
+from onboard.rungs import harness
 from onboard.errors import BadInput
 
 NAME = "llama3_debug"
@@ -24,12 +25,21 @@ PRESETS = {"llama3_debug": "llama3/debugmodel", "flux_debug": "flux/debugmodel"}
 THREADS_WHY = "one intra-op thread: steady on a small CPU shared with other work"
 
 
-def run_demo(base: Path, *, device: str, out, preset: str = NAME) -> dict:
+def run_demo(base: Path, *, device: str, out, preset: str = NAME, timing: str = harness.SHIPPED) -> dict:
     """new-model (replacing an earlier demo workspace), next-step until the ladder stops
     (complete up to the last built rung, or a failed gate), then status and report.
-    `preset`: a PRESETS name (BadInput for another)."""
+    `preset`: a PRESETS name; `timing`: a harness.TIMING_PROFILES name (BadInput for another)."""
     if preset not in PRESETS:
         raise BadInput(f"unknown demo preset '{preset}'; presets: {', '.join(PRESETS)}")
+    if timing not in harness.TIMING_PROFILES:
+        raise BadInput(f"unknown timing profile '{timing}'; profiles: {', '.join(harness.TIMING_PROFILES)}")
+    if timing != harness.SHIPPED:
+        out.log(f"demo: keep/choose decisions timed with the {timing} profile ({harness.TIMING_PROFILES[timing]})")
+    with harness.timing_profile_of(timing):
+        return _climb(base, device=device, out=out, preset=preset)
+
+
+def _climb(base: Path, *, device: str, out, preset: str) -> dict:
     name, source = preset, PRESETS[preset]
     t0 = time.perf_counter()
     plan = plan_workspace(name, base, preset=source, device=device, force=True, threads=(1, THREADS_WHY))

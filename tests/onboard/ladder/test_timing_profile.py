@@ -57,6 +57,14 @@ def test_an_unknown_profile_is_refused_and_an_error_inside_restores_the_profile(
     assert harness.timing_profile() == "shipped"
 
 
+
+def test_the_demo_refuses_an_unknown_profile_before_it_writes_anything(tmp_path):
+    out = CliRunner().invoke(app, ["demo", "--timing", "fast", "--dir", str(tmp_path)])
+    assert out.exit_code == 2 and "unknown timing profile 'fast'" in out.output and "quick" in out.output
+    assert not (tmp_path / "onboarding").exists()
+    assert harness.timing_profile() == "shipped"
+
+
 class TimingRung(FakeRung):
     """A fake rung that times with `harness.param(TIMES_AS, "timing")` and says what it got."""
 
