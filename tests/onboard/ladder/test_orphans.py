@@ -97,7 +97,7 @@ def test_a_background_climb_dies_with_a_session_killed_outright():
         sys.path.insert(0, {str(tests)!r})
         import background
         sleeper = [sys.executable, "-c", "import time; time.sleep(120)"]
-        background.JOBS["sleeper"] = background.Job("none", "a sleeper", lambda base: sleeper, 60)
+        background.JOBS["sleeper"] = background.Job("none", "a sleeper", lambda base, shared: sleeper, 60)
         print(background.start("sleeper", shared=True).proc.pid, flush=True)
         time.sleep(120)
     """)
@@ -123,7 +123,7 @@ def test_pausing_a_climb_stops_every_process_of_it_and_resuming_continues_them(t
         f"p = subprocess.Popen([sys.executable, '-c', {rank!r}]); "
         f"pathlib.Path({str(child_pid)!r}).write_text(str(p.pid)); time.sleep(120)"
     )
-    background.JOBS["sleeper"] = background.Job("none", "a sleeper", lambda base: [sys.executable, "-c", climb], 60)
+    background.JOBS["sleeper"] = background.Job("none", "a sleeper", lambda base, shared: [sys.executable, "-c", climb], 60)
     run = background.start("sleeper", shared=False)
     try:
         child = wait_for(lambda: child_pid.exists() and child_pid.read_text() and int(child_pid.read_text()), 30,
