@@ -120,6 +120,8 @@ OWN_ARGUMENTS: dict[str, dict[str, Any]] = {
     "dots1": {"n_routed_experts": 4, "n_shared_experts": 1},
     "dbrx": {"attn_config": {"rope_theta": 10000.0, "clip_qkv": 8.0}},
     "lfm2_moe": {"layer_types": ["conv", "full_attention"]},
+    # Mamba-2's SSM heads times their width must be the expanded width (2 x 64), which its validator checks
+    "mamba2": {"num_heads": 8, "head_dim": 16},
     # Flint's default mlp_only_layers makes both tiny layers dense: keep layer 0 dense, layer 1 MoE
     "flint": {"mlp_only_layers": [0]},
     # unreleased classes whose modeling reads what their defaults leave None: the RoPE of each

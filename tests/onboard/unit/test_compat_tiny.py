@@ -157,6 +157,16 @@ def test_learned_positions_cover_the_parity_sequence():
     assert tiny_config("blenderbot")["max_position_embeddings"] >= 512 + 2
 
 
+@pytest.mark.parametrize("model_type", ["mamba", "mamba2", "rwkv"])
+def test_a_stack_with_no_attention_builds_tiny(model_type):
+    # Mamba-2's validator wants its SSM heads x head width = 2 x hidden, which the role sizes alone break
+    cfg = tiny_config(model_type)
+    model = built(cfg)
+    assert model.attention_free and 0 < n_params(model) < MAX_PARAMS and len(model.layers) == 2
+    if model_type == "mamba2":
+        assert cfg["num_heads"] * cfg["head_dim"] == 2 * cfg["hidden_size"]
+
+
 @pytest.mark.parametrize("model_type", ["dots1", "dbrx", "lfm2_moe", "qwen4_exp", "cohere_compass_text", "dory"])
 def test_a_class_whose_defaults_cannot_build_its_model_gets_what_a_released_config_sets(model_type):
     # transformers' own class, from the tiny config: its defaults alone leave a None its model reads

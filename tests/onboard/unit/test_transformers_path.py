@@ -267,11 +267,11 @@ def test_new_model_offers_both_paths_for_an_unknown_model_type(tmp_path):
 
 
 def test_what_the_path_cannot_run_is_refused_with_the_reason():
-    """A config without attention sizes (xLSTM) is not a decoder stack: an AdapterError naming why,
-    not wrong numbers or an AttributeError."""
+    """A config without the sizes of a stack of layers (BLT: byte-level, its sizes per sub-model) is
+    refused with an AdapterError naming why, not wrong numbers or an AttributeError. (One with no
+    attention sizes, Mamba, is a stack: test_transformers_stacks.py runs it.)"""
     from titan_core.models.common.mapping_errors import AdapterError
     from titan_core.models.transformers import ADAPTER
 
-    xlstm = transformers.xLSTMConfig(hidden_size=64, num_blocks=2, vocab_size=256).to_dict()
-    with pytest.raises(AdapterError, match="xLSTMConfig has no num_attention_heads"):
-        ADAPTER.args_from_hf(xlstm)
+    with pytest.raises(AdapterError, match="BltConfig has no hidden_size, num_hidden_layers: "):
+        ADAPTER.args_from_hf(transformers.BltConfig().to_dict())

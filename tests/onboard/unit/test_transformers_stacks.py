@@ -104,6 +104,38 @@ def test_a_hybrid_runs_kernels_in_its_attention_layers_and_the_others_as_written
     assert same_logits(model, ref) < 1e-5
 
 
+
+@pytest.mark.parametrize("make", [
+    lambda: transformers.MambaConfig(hidden_size=64, num_hidden_layers=2, vocab_size=256, state_size=8,
+                                     use_mambapy=False, use_cache=False),
+    lambda: transformers.RwkvConfig(hidden_size=64, num_hidden_layers=2, vocab_size=256, context_length=64,
+                                    attention_hidden_size=64, intermediate_size=128),
+], ids=["mamba", "rwkv"])  # fmt: skip
+def test_a_stack_with_no_attention_runs_as_written_and_counts_its_own_flops(make):
+    config = make()
+    model = ours(config)
+    assert model.attention_free and model.args.n_heads == 1 and model.args.head_dim == 64  # a placeholder
+    assert not model.attention_sites.paths and list(model.attention_sites.own) == [0, 1]
+    assert len(model.notes) == 1 and "kernels.attention does not apply" in model.notes[0]
+    ref = theirs(model, config)
+    assert same_logits(model, ref) < 1e-5
+    # 6 per weight a token multiplies by: every parameter but the untied input embedding
+    embedding = model.hf.get_input_embeddings().weight
+    weights = sum(p.numel() for p in model.parameters()) - (0 if embedding is model.output_weight else embedding.numel())
+    assert model.flops_per_token(32) == 6.0 * weights
+    full = tokens(33)
+    _, ce = model.loss(full[:, :-1], full[:, 1:])
+    ce.backward()
+    assert math.isfinite(ce.item()) and all(p.grad is not None for p in model.parameters() if p.requires_grad)
+
+
+def test_an_attending_stack_keeps_the_estimate_from_its_sizes():
+    from titan_core.models.common.stats import flops_per_token
+
+    model = ours(transformers.LlamaConfig(**SMALL, num_hidden_layers=2))
+    assert not model.attention_free and model.flops_per_token(32) == flops_per_token(model.args, 32)
+
+
 def test_attention_computed_inline_gets_transformers_masks():
     # MPT computes attention in its own forward, from the mask transformers builds: causal only with one
     config = transformers.MptConfig(d_model=64, n_heads=4, n_layers=2, vocab_size=256, max_seq_len=256)

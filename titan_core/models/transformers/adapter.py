@@ -59,6 +59,11 @@ def _first(c, *names, default=None):
     return default
 
 
+def attention_free(c) -> bool:
+    """Whether a (text) config sizes no attention at all: Mamba, RWKV, xLSTM (no `num_attention_heads`)."""
+    return _attr(c, "num_attention_heads") is None
+
+
 def predicted_vocab(c) -> int:
     """The tokens a (text) config's model predicts, which the data must not pass: `vocab_size`, or a
     padded head's `unpadded_vocab_size` where that is smaller (Inkling cuts its logits to it)."""
@@ -83,14 +88,17 @@ def args_from_config(c, hf_cfg: dict[str, Any]) -> TransformerArgs:
     """TransformerArgs from a transformers config object (the config of the model the path builds:
     a composite's text config, `causal_lm_parts`)."""
     t = causal_lm_parts(c)[1]
-    needed = ("hidden_size", "num_attention_heads", "num_hidden_layers", "vocab_size")
+    needed = ("hidden_size", "num_hidden_layers", "vocab_size")
     missing = [k for k in needed if _attr(t, k) is None]
-    if missing:  # a byte-level, recurrent or otherwise non-transformer config: said, not an AttributeError
+    if missing:  # a byte-level or otherwise unsized config: said, not an AttributeError
         raise AdapterError(
             f"{type(t).__name__} has no {', '.join(missing)}: the transformers path runs decoder "
-            "stacks of attention layers, which these sizes describe"
+            "stacks of layers, which these sizes describe"
         )
-    dim, heads = _attr(t, "hidden_size"), _attr(t, "num_attention_heads")
+    no_attention = attention_free(t)
+    # Mamba, RWKV, xLSTM: one placeholder head of full width keeps the args valid; the model counts
+    # its FLOPs from its own modules (TransformersCausalLM.flops_per_token)
+    dim, heads = _attr(t, "hidden_size"), 1 if no_attention else _attr(t, "num_attention_heads")
     window, global_every = _windows(t)
     n_experts = _first(t, "num_experts", "num_local_experts", "n_routed_experts", default=0) or 0
     sparse_step = _first(t, "decoder_sparse_step", default=1) or 1
@@ -98,8 +106,8 @@ def args_from_config(c, hf_cfg: dict[str, Any]) -> TransformerArgs:
         dim=dim,
         n_layers=_attr(t, "num_hidden_layers"),
         n_heads=heads,
-        n_kv_heads=_first(t, "num_key_value_heads", default=heads),
-        head_dim=_first(t, "head_dim", default=dim // heads),
+        n_kv_heads=1 if no_attention else _first(t, "num_key_value_heads", default=heads),
+        head_dim=dim if no_attention else _first(t, "head_dim", default=dim // heads),
         vocab_size=predicted_vocab(t),
         ffn_hidden_dim=_first(t, "intermediate_size", default=4 * dim),
         norm_eps=float(_first(t, "rms_norm_eps", "layer_norm_eps", "norm_eps", default=1e-6)),

@@ -57,7 +57,8 @@ from titan_core.kernels.hf_attention import MASKED_CORE, MODULE_CORE, makes_own_
 from titan_core.models.common.args import TransformerArgs
 from titan_core.models.common.attention import NaiveAttention, SDPAttention
 from titan_core.models.common.layers import CrossEntropyHead, softcap
-from titan_core.models.transformers.adapter import hf_config_for
+from titan_core.models.common.stats import flops_per_token
+from titan_core.models.transformers.adapter import attention_free, hf_config_for
 from titan_core.models.transformers.experts import install_experts
 from titan_core.models.transformers.hf_classes import causal_lm_parts, config_object, require_transformers, text_config
 from titan_core.models.transformers.stack import (
@@ -166,6 +167,8 @@ class TransformersCausalLM(nn.Module):
         blocks = [b for _, stack in stacks for b in stack]
         object.__setattr__(self, "_layers", nn.ModuleDict({str(i): b for i, b in enumerate(blocks)}))
         self.base_prefix = self.stack_prefixes[0]
+        self.attention_free = attention_free(text)
+        """The config sizes no attention (Mamba, RWKV, xLSTM): the args' one head is a placeholder."""
         self.attention_sites = attention_sites(blocks)
         """Which modules of each layer run a titan_core attention core, and the layers none does (`Sites`)."""
         if self.attention_sites.own or self.attention_sites.masked:  # they read the masks transformers builds
@@ -229,6 +232,19 @@ class TransformersCausalLM(nn.Module):
     @property
     def output_weight(self) -> torch.Tensor:
         return self.hf.get_output_embeddings().weight
+
+    def flops_per_token(self, seq_len: int) -> float:
+        """Training FLOPs per token. A stack that attends: the args' estimate (`stats.flops_per_token`: its
+        weights as the shared decoder of these sizes holds them, and the attention scores). An attention-free
+        one: 6 per weight of its own modules that a token multiplies by (an untied input embedding is a
+        lookup); the recurrence's elementwise work beside them is not counted."""
+        if not self.attention_free:
+            return flops_per_token(self.args, seq_len)
+        params = sum(p.numel() for p in self.parameters())
+        embedding = self.hf.get_input_embeddings().weight
+        if embedding is not self.output_weight:
+            params -= embedding.numel()
+        return 6.0 * params
 
     def attention_cores(self) -> Iterator[nn.Module]:
         for i, paths in self.attention_sites.paths.items():
