@@ -27,8 +27,11 @@ def flops_per_token(args: TransformerArgs, seq_len: int) -> float:
     execute even under a causal or windowed mask.
     """
     counts = param_counts(args)
-    matmul_params = counts["active"]
-    if not args.tie_embeddings:
-        matmul_params -= counts["embedding"]
     attn = 12 * args.n_layers * args.n_heads * args.head_dim * seq_len
-    return 6.0 * matmul_params + attn
+    return weight_flops(counts["active"], counts["embedding"], tied=args.tie_embeddings) + attn
+
+
+def weight_flops(active: int, embedding: int, *, tied: bool) -> float:
+    """Forward + backward FLOPs per token of the weights: 6 per active parameter a token multiplies by;
+    an untied input embedding of `embedding` parameters is a lookup, a tied one is the output head too."""
+    return 6.0 * (active - (0 if tied else embedding))

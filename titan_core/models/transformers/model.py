@@ -57,7 +57,8 @@ from titan_core.kernels.hf_attention import MASKED_CORE, MODULE_CORE, makes_own_
 from titan_core.models.common.args import TransformerArgs
 from titan_core.models.common.attention import NaiveAttention, SDPAttention
 from titan_core.models.common.layers import CrossEntropyHead, softcap
-from titan_core.models.common.stats import flops_per_token
+from titan_core.models.common.param_counts import count_params
+from titan_core.models.common.stats import flops_per_token, weight_flops
 from titan_core.models.transformers.adapter import attention_free, hf_config_for
 from titan_core.models.transformers.experts import install_experts
 from titan_core.models.transformers.hf_classes import causal_lm_parts, config_object, require_transformers, text_config
@@ -240,11 +241,8 @@ class TransformersCausalLM(nn.Module):
         lookup); the recurrence's elementwise work beside them is not counted."""
         if not self.attention_free:
             return flops_per_token(self.args, seq_len)
-        params = sum(p.numel() for p in self.parameters())
         embedding = self.hf.get_input_embeddings().weight
-        if embedding is not self.output_weight:
-            params -= embedding.numel()
-        return 6.0 * params
+        return weight_flops(count_params(self).active, embedding.numel(), tied=embedding is self.output_weight)
 
     def attention_cores(self) -> Iterator[nn.Module]:
         for i, paths in self.attention_sites.paths.items():
