@@ -14,7 +14,14 @@ from onboard.errors import BadInput
 from titan_core.models.transformers.hf_classes import require_transformers
 
 ROLES: dict[str, tuple[int, tuple[str, ...]]] = {
-    "hidden": (64, ("hidden_size", "n_embd", "d_model", "n_embed", "emb_dim", "embedding_dim", "word_embed_proj_dim")),
+    "hidden": (
+        64,
+        (
+            *("hidden_size", "n_embd", "d_model", "n_embed", "emb_dim", "embedding_dim", "word_embed_proj_dim"),
+            # a vision or audio adapter's widths, which its validators tie to the hidden sizes (Dots3)
+            *("adapter_in_dim", "adapter_input_size", "adapter_out_dim"),
+        ),
+    ),
     "layers": (
         2,
         (
@@ -76,6 +83,10 @@ ROLES: dict[str, tuple[int, tuple[str, ...]]] = {
     "mamba_head_dim": (16, ("mamba_d_head", "mamba_head_dim")),
     "indexer": (2, ("index_n_heads", "indexer_n_heads", "indexer_kv_heads")),
     "indexer_dim": (16, ("index_head_dim", "indexer_head_dim")),
+    # how many keys (or key blocks) the indexer keeps per query: below the parity rung's 512 tokens,
+    # so the selection really drops keys (at 2048 it would keep every one and prove nothing)
+    "index_budget": (32, ("index_topk", "indexer_budget")),
+    "index_blocks": (2, ("index_topk_blocks",)),
     # a model whose first layers are dense keeps one dense layer (DeepSeek-V3's first_k_dense_replace
     # is 3: of 2 tiny layers none would be MoE); Gemma-3n's last layers reuse earlier layers' keys
     "dense_prefix": (1, ("first_k_dense_replace", "num_dense_layers")),
@@ -303,6 +314,7 @@ def tiny_arguments(cls, default: dict[str, Any]) -> dict[str, Any]:
     kw.update(_proportional(fields, default, kw))
     kw.update({k: v for k, v in FLAGS.items() if k in fields})
     kw.update(_layer_lists(fields, default, kw))
+    kw.update(_per_layer_overrides(default, kw))
     kw.update(_special_tokens(default))
     kw.update({k: 0.0 for k, v in default.items() if k in fields and _is_dropout(k) and isinstance(v, float) and v > 0})
     return kw
@@ -334,21 +346,55 @@ def _layer_lists(fields: set[str], default: dict[str, Any], kw: dict[str, Any]) 
     """Per-layer lists (`layer_types`, `mlp_layer_types`, ...: one entry per layer of the default)
     cut to one layer of each kind, in their order, sizes among them shrunk; the layer count follows
     (at least the tiny one, at most MAX_LAYERS)."""
+    layers_arg, n, lists = _per_layer_lists(fields, default, kw)
+    if not lists:
+        return {}
+    keep = _kept_layers(n, lists)
+    # a size given per layer (Gemma-3n's intermediate_size) shrinks entry by entry
+    tiny = lambda k, x: SIZES[k] if k in SIZES and _shrinks(x, SIZES[k], False) else x  # noqa: E731
+    return {layers_arg: len(keep), **{k: [tiny(k, v[i]) for i in keep] for k, v in lists.items()}}
+
+
+def _per_layer_lists(fields: set[str], default: dict[str, Any], kw: dict[str, Any]):
+    """(the layer-count argument, the default's layer count, {argument: its per-layer list}); the
+    lists are {} where the count does not shrink or no list has one entry per layer."""
     layers_arg = next((n for n in ROLES["layers"][1] if n in kw), None)
     n = default.get(layers_arg) if layers_arg else None
     if not isinstance(n, int) or n <= ROLES["layers"][0]:
-        return {}
-    lists = {k: v for k, v in default.items() if k in fields and isinstance(v, list) and len(v) == n}
-    if not lists:
-        return {}
+        return layers_arg, n, {}
+    return layers_arg, n, {k: v for k, v in default.items() if k in fields and isinstance(v, list) and len(v) == n}
+
+
+def _kept_layers(n: int, lists: dict[str, list]) -> list[int]:
+    """The default's layer indices the tiny config keeps: the first of each kind (its entries across
+    `lists`), topped up with the first others to the tiny count, in order."""
     kinds = [tuple(_hashable(lists[k][i]) for k in lists) for i in range(n)]
     keep = [i for i, kind in enumerate(kinds) if kind not in kinds[:i]][:MAX_LAYERS]
     while len(keep) < ROLES["layers"][0]:
         keep.append(next(i for i in range(n) if i not in keep))
-    keep.sort()
-    # a size given per layer (Gemma-3n's intermediate_size) shrinks entry by entry
-    tiny = lambda k, x: SIZES[k] if k in SIZES and _shrinks(x, SIZES[k], False) else x  # noqa: E731
-    return {layers_arg: len(keep), **{k: [tiny(k, v[i]) for i in keep] for k, v in lists.items()}}
+    return sorted(keep)
+
+
+def _per_layer_overrides(default: dict[str, Any], kw: dict[str, Any]) -> dict[str, Any]:
+    """A table of per-layer overrides (Dots3's `per_layer_config`: {layer index: the sizes that differ
+    in that layer}, its sliding-window layers' 64 heads of 256) kept for the layers the tiny config
+    keeps, renumbered, each size the tiny config's own (so the layer stays valid against the tiny
+    widths: the class's per-layer code runs, at the tiny sizes)."""
+    table = default.get("per_layer_config")
+    if not isinstance(table, dict) or not table:
+        return {}
+    fields = set(kw) | {k for k, v in default.items() if isinstance(v, list)}
+    layers_arg, n, lists = _per_layer_lists(fields, default, kw)
+    keep = _kept_layers(n, lists) if lists else range(kw.get(layers_arg, n) if layers_arg else 0)
+    entries = {int(k): v for k, v in table.items()}
+
+    def tiny(name: str, value: Any) -> Any:
+        if name in kw:
+            return kw[name]
+        return SIZES[name] if name in SIZES and _shrinks(value, SIZES[name], False) else value
+
+    out = {new: {k: tiny(k, v) for k, v in entries[old].items()} for new, old in enumerate(keep) if old in entries}
+    return {"per_layer_config": out}
 
 
 def _hashable(value: Any) -> Any:

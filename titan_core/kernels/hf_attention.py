@@ -14,10 +14,13 @@ Each call is translated to the core contract (titan_core/models/common/attention
 `segment_ids` (a keyword the caller passes down the model's forward) -> packed documents,
 `softcap` -> softcap (the naive reference and flex cap scores; sdpa, tokamax and splash refuse),
 `s_aux` / `sinks` -> attention sinks, `position_bias` -> an additive score bias (the naive
-reference only; the others refuse), and so is a mask the module makes of its own (`makes_own_mask`).
+reference only; the others refuse), and so is a mask the module makes of its own (`makes_own_mask`)
+and the keys a sparse-attention indexer chose (`indices`, DeepSeek-V3.2's kin).
 What a kernel cannot honour is refused with the reason (KernelRefusesModel), never dropped:
 an attention-score soft-cap, sinks or a score bias it cannot apply, dropout while training, a
-non-causal module, keys that are not one per query position (DeepSeek-V4's compressed entries). The padding mask transformers builds is not read: the
+non-causal module, keys that are not one per query position with no mask of the module's own
+over them (DeepSeek-V4 masks its compressed entries itself: the naive core runs that mask alone),
+a sparse selection it does not read (`block_indices`). The padding mask transformers builds is not read: the
 kernels mask causally (and by window and document) themselves, and titan_core's data marks
 untrained tokens in the labels, not with padding masks. No mask is built for these names
 either (they are not in transformers' mask interface, so it skips mask creation), but for
@@ -54,6 +57,13 @@ MASKED_CORE = "titan_masked"
 """`titan` for a model that also computes attention inline in some layers (BLOOM, MPT, a hybrid's
 older blocks): the same cores, and transformers builds its eager (additive) masks for those layers."""
 NAIVE_ONLY = {"s_aux": "sinks", "sinks": "sinks", "position_bias": "bias"}
+SELECTED_KEYS = "indices"
+"""The keyword a sparse-attention layer (DeepSeek-V3.2, GLM-MoE-DSA, Dots3 and their kin) hands the
+keys its indexer chose for each query in ([b, s, k]) where the implementation is not eager or sdpa
+(a sparse kernel reads them; the eager path folds them into the mask instead): `titan` adds them
+as a score bias (`selected_keys_bias`), which the naive core applies and the others refuse."""
+SELECTED_BLOCKS = ("block_indices",)
+"""Sparse selections by key block (MiniMax-M3's indexer), which no core reads: refused (`call_core`), never dropped."""
 """Keywords transformers passes that change what attention computes, which only the naive reference
 implements -> its own keyword: attention sinks (GPT-OSS `s_aux`), an additive position bias (Inkling)."""
 
@@ -74,9 +84,19 @@ def forward_source(cls: type) -> str:
         return ""
 
 
+REBOUND_MASK = re.compile(r"^\s*attention_mask = (?!(?:\w*encoder\w*|None)\b)", re.M)
+"""The module's forward binds `attention_mask` anew before the call: the mask it hands on is the
+given one narrowed by the model itself (a sparse-attention indexer's selection: DeepSeek-V3.2's
+`attention_mask & ~index_mask`, Qwen4-Exp's chosen blocks, GLM-5-Next's top-k mask), which the
+kernels' own causal masking would drop. An assignment, not a keyword argument (transformers' files are
+formatted: ` = ` binds, `=` passes); an encoder's mask taken for cross-attention does not count."""
+
+
 def makes_own_mask(cls: type) -> bool:
-    """Whether `cls.forward` hands the attention interface a mask of its own making (OWN_MASK)."""
-    return OWN_MASK.search(forward_source(cls)) is not None
+    """Whether `cls.forward` hands the attention interface a mask of its own making (OWN_MASK,
+    REBOUND_MASK)."""
+    src = forward_source(cls)
+    return OWN_MASK.search(src) is not None or REBOUND_MASK.search(src) is not None
 
 
 UNMASKED_CALL = re.compile(r"attention_interface\(\s*self,\s*\w+,\s*\w+,\s*\w+,\s*None\b")
@@ -129,16 +149,26 @@ def call_core(
     where = type(module).__name__
     if not is_causal_attention(module):
         raise KernelRefusesModel(f"kernels.attention={name}: {where} is not causal; titan_core's kernels are")
+    whole_mask = False
     if key.shape[-2] != query.shape[-2]:
-        raise KernelRefusesModel(
-            f"kernels.attention={name}: {where} attends {key.shape[-2]} keys from {query.shape[-2]} queries "
-            "(compressed or memory entries beside the sequence); titan_core's kernels attend one key per position"
-        )
+        whole_mask = _mask_covers(module, kwargs.get("position_bias"), key.shape[-2]) and kwargs.get("segment_ids") is None
+        if not whole_mask:
+            raise KernelRefusesModel(
+                f"kernels.attention={name}: {where} attends {key.shape[-2]} keys from {query.shape[-2]} queries "
+                "(compressed or memory entries beside the sequence) with no mask of its own over them; titan_core's "
+                "kernels mask by position, one key per query position"
+            )
     if dropout and module.training:
         raise KernelRefusesModel(
             f"kernels.attention={name}: {where} asks for attention dropout {dropout}; no titan_core kernel "
             "applies dropout (set the attention dropout to 0 in config.json: attention_dropout, attn_pdrop, ...)"
         )
+    for selection in (SELECTED_KEYS, *SELECTED_BLOCKS):  # `titan` turns chosen keys into a bias first
+        if kwargs.get(selection) is not None:
+            raise KernelRefusesModel(
+                f"kernels.attention={name}: {where} hands its attention `{selection}` (what its sparse-attention "
+                "indexer chose for each query), which this kernel does not read: the selection would be lost"
+            )
     extra = {"softcap": float(softcap)} if softcap else {}  # a core that cannot cap refuses it
     for key_name, ours in NAIVE_ONLY.items():
         if kwargs.get(key_name) is not None:
@@ -150,6 +180,8 @@ def call_core(
             extra[ours] = kwargs[key_name]
     scale = float(scaling) if scaling is not None else query.shape[-1] ** -0.5
     window = int(sliding_window) if sliding_window else None
+    if whole_mask:  # the module's mask says which key each query sees, the extra entries included
+        extra["causal"], window = False, None
     segment_ids = kwargs.get("segment_ids")
     out = core(query, key, value, scale=scale, window=window, segment_ids=segment_ids, **extra)
     return out.transpose(1, 2).contiguous()
@@ -169,8 +201,9 @@ def module_core_attention(module, query, key, value, attention_mask, **kwargs):
             attention_mask = torch.zeros_like(attention_mask, dtype=query.dtype).masked_fill(
                 ~attention_mask, torch.finfo(query.dtype).min
             )
-        bias = kwargs.get("position_bias")
-        kwargs["position_bias"] = attention_mask if bias is None else bias + attention_mask
+        _add_bias(kwargs, attention_mask)
+    if kwargs.get(SELECTED_KEYS) is not None:
+        _add_bias(kwargs, selected_keys_bias(kwargs.pop(SELECTED_KEYS), key.shape[-2], query.dtype))
     core = getattr(module, "core", None)
     upstream = getattr(module, "upstream_attention", None)  # set at build: no source lookup under compile
     if core is None and upstream is not None:
@@ -190,6 +223,28 @@ def module_core_attention(module, query, key, value, attention_mask, **kwargs):
             f"module; {type(module).__name__} holds none (use titan_sdpa, titan_naive, ... with a plain model)"
         )
     return call_core(core, module, query, key, value, **kwargs), None
+
+
+def _mask_covers(module: nn.Module, bias, n_keys: int) -> bool:
+    """Whether the score bias holds the module's own mask over all `n_keys` keys (DeepSeek-V4 masks its
+    compressed entries beside the sequence's keys per query): then it is the whole mask, and a core
+    that adds it (the naive one) masks nothing by position."""
+    return getattr(module, "makes_own_mask", False) and torch.is_tensor(bias) and bias.shape[-1] == n_keys
+
+
+def _add_bias(kwargs: dict, bias: torch.Tensor) -> None:
+    have = kwargs.get("position_bias")
+    kwargs["position_bias"] = bias if have is None else have + bias
+
+
+def selected_keys_bias(indices: torch.Tensor, n_keys: int, dtype: torch.dtype) -> torch.Tensor:
+    """The additive score bias [b, 1, s, n_keys] of a sparse-attention selection: 0 at the keys
+    `indices` ([b, s, k], key positions; -1 for none) chooses for each query, the dtype's lowest
+    value at every other key (what transformers' eager path puts in the mask)."""
+    at = torch.where(indices >= 0, indices, n_keys).long()  # a -1 lands in a spare column, dropped
+    keep = torch.zeros((*indices.shape[:-1], n_keys + 1), dtype=torch.bool, device=indices.device)
+    keep = keep.scatter(-1, at, True)[..., :n_keys]
+    return torch.zeros(keep.shape, dtype=dtype, device=indices.device).masked_fill(~keep, torch.finfo(dtype).min)[:, None]
 
 
 def _fixed(cls: type[nn.Module]) -> Callable:

@@ -72,6 +72,24 @@ def test_a_size_given_per_layer_shrinks_entry_by_entry_and_is_read_as_its_larges
     assert args.ffn_hidden_dim == 128
 
 
+def test_a_table_of_per_layer_sizes_keeps_the_kept_layers_at_the_tiny_sizes():
+    # Dots3's per_layer_config gives its sliding-window layers 64 heads of 256 and latent ranks of 1024
+    # (39M parameters in one tiny layer before): each kept layer's entry takes the tiny sizes
+    cfg = tiny_config("dots3_note_text")
+    assert "sliding_attention" in cfg["layer_types"]
+    model = built(cfg)
+    assert 0 < n_params(model) < 1_000_000
+    composite = tiny_config("dots3_note")  # its vision and audio adapters' widths follow the text's hidden size
+    assert composite["text_config"]["hidden_size"] == composite["vision_config"]["adapter_out_dim"] == 64
+
+
+def test_a_sparse_attention_indexer_keeps_fewer_keys_than_parity_runs():
+    # at the class's 2048 keys per query the selection drops none of the parity rung's 512
+    for model_type in ("deepseek_v32", "glm_moe_dsa", "dots3_note_text"):
+        assert tiny_config(model_type)["index_topk"] == 32
+    assert tiny_config("qwen4_exp_text")["indexer_budget"] == 32
+
+
 def test_a_model_whose_first_layers_are_dense_keeps_an_moe_layer():
     cfg = tiny_config("deepseek_v3")
     assert (cfg["first_k_dense_replace"], cfg["num_hidden_layers"], cfg["n_routed_experts"]) == (1, 2, 4)

@@ -325,14 +325,66 @@ def test_a_block_that_gets_transformers_masks_compiles_without_a_break():
     assert report and graph_breaks_total(report) == 0, report
 
 
-def test_keys_that_are_not_one_per_position_are_refused_with_the_reason():
-    # DeepSeek-V4's attention puts compressed entries beside the sequence's keys
+@pytest.mark.parametrize("model_type", ["deepseek_v32", "qwen4_exp_text"])
+def test_the_keys_a_sparse_attention_indexer_chooses_are_the_keys_attended(model_type):
+    # DeepSeek-V3.2 hands its indexer's top keys to a sparse kernel as `indices` (the eager path
+    # folds them into the mask instead); Qwen4-Exp narrows the mask itself. The tiny config keeps 32
+    # keys of the 64 here: a core that masked causally alone would attend to all of them
+    from onboard.compat.tiny import tiny_config
+
+    cfg = tiny_config(model_type)
+    config = transformers.AutoConfig.for_model(**cfg)
+    model = ours(config)
+    assert {type(c) for c in model.attention_cores()} == {NaiveAttention}
+    toks = tokens(64)
+    ref = theirs(model, config)
+    assert same_logits(model, ref, toks) < 1e-5
+    # the selection changes what attention computes at this length: keeping every key differs
+    budget = next(k for k in ("index_topk", "indexer_budget") if k in cfg)
+    wide = transformers.AutoConfig.for_model(**{**cfg, budget: 64})
+    assert same_logits(model, theirs(model, wide), toks) > 1e-3
+    apply_swaps(model, ["attention.sdpa"])
+    with pytest.raises(KernelUnavailable, match="passes `position_bias`.*kernels.attention=naive"):
+        model.loss(toks[:, :-1], toks[:, 1:])
+
+
+def test_a_selection_of_key_blocks_no_core_reads_is_refused_not_dropped():
+    # MiniMax-M3's sparse layers hand their indexer's chosen key blocks as `block_indices` (the
+    # class's default makes every layer full attention; a released config sets which are sparse)
     from onboard.compat.tiny import tiny_config
     from titan_core.kernels.attention import KernelRefusesModel
 
-    model = ours(transformers.AutoConfig.for_model(**tiny_config("deepseek_v4")))
-    with pytest.raises(KernelRefusesModel, match=r"attends \d+ keys from 24 queries \(compressed or memory entries"):
+    cfg = {**tiny_config("minimax_m3_vl_text"), "layer_types": ["minimax_m3_sparse", "full_attention"]}
+    model = ours(transformers.AutoConfig.for_model(**cfg))
+    with pytest.raises(KernelRefusesModel, match="`block_indices`.*the selection would be lost"):
         model.loss(tokens(), tokens())
+
+
+def test_keys_beside_the_sequence_run_under_the_modules_own_mask_in_the_naive_core_only():
+    # DeepSeek-V4's attention puts compressed entries beside the sequence's keys and extends its mask
+    # over them: that mask, not positions, says which key each query sees
+    from onboard.compat.tiny import tiny_config
+    from titan_core.kernels.attention import KernelRefusesModel
+
+    config = transformers.AutoConfig.for_model(**tiny_config("deepseek_v4"))
+    model = ours(config)
+    assert {type(c) for c in model.attention_cores()} == {NaiveAttention}
+    assert same_logits(model, theirs(model, config), tokens(64)) < 1e-5
+    apply_swaps(model, ["attention.sdpa"])  # its sinks and its mask: only the naive core adds them
+    with pytest.raises(KernelRefusesModel, match="passes `(s_aux|position_bias)`.*kernels.attention=naive"):
+        model.loss(tokens(), tokens())
+
+
+def test_keys_beside_the_sequence_with_no_mask_over_them_are_refused_with_the_reason():
+    from titan_core.kernels.attention import KernelRefusesModel
+    from titan_core.kernels.hf_attention import call_core
+
+    class Memory(torch.nn.Module):  # keys of a memory the module holds, and no mask of its own
+        is_causal = True
+
+    q, kv = torch.randn(1, 2, 8, 16), torch.randn(1, 2, 12, 16)
+    with pytest.raises(KernelRefusesModel, match=r"attends 12 keys from 8 queries .* with no mask of its own"):
+        call_core(NaiveAttention(), Memory(), q, kv, kv)
 
 
 def test_a_decoder_self_attention_that_masks_causally_through_the_mask_runs_on_the_kernels():

@@ -105,9 +105,11 @@ class NaiveAttention(nn.Module):
         scores = cap_scores((q @ k.transpose(-2, -1)) * scale, softcap)
         if bias is not None:
             scores = scores + bias
-        mask = attention_mask(q.shape[2], window=window, segment_ids=segment_ids, device=q.device, causal=causal)
+        if causal or window or segment_ids is not None:  # else the bias is the whole mask (keys may outnumber queries)
+            mask = attention_mask(q.shape[2], window=window, segment_ids=segment_ids, device=q.device, causal=causal)
+            scores = scores.masked_fill(~mask, float("-inf"))
         # softmax in fp32 at least: fp64 stays fp64 (a plain path run in fp64 as the exact reference)
-        scores = scores.masked_fill(~mask, float("-inf")).to(torch.promote_types(scores.dtype, torch.float32))
+        scores = scores.to(torch.promote_types(scores.dtype, torch.float32))
         if sinks is None:
             return torch.softmax(scores, dim=-1).to(q.dtype) @ v
         sink = (sinks.reshape(1, -1, 1, 1) if sinks.dim() == 1 else sinks).float()
