@@ -133,6 +133,11 @@ OWN_ARGUMENTS: dict[str, dict[str, Any]] = {
     "lfm2_moe": {"layer_types": ["conv", "full_attention"]},
     # Mamba-2's SSM heads times their width must be the expanded width (2 x 64), which its validator checks
     "mamba2": {"num_heads": 8, "head_dim": 16},
+    # Zamba's hybrid layers share one transformer block, which transformers ties across them: it
+    # takes two of them (one of each kind would leave the tie nothing to tie to)
+    "zamba": {"num_hidden_layers": 3, "layers_block_type": ["linear_attention", "hybrid", "hybrid"]},
+    # X-MOD runs a per-language adapter and refuses a forward until a language is chosen
+    "xmod": {"default_language": "en_XX"},
     # Flint's default mlp_only_layers makes both tiny layers dense: keep layer 0 dense, layer 1 MoE
     "flint": {"mlp_only_layers": [0]},
     # unreleased classes whose modeling reads what their defaults leave None: the RoPE of each

@@ -89,12 +89,10 @@ def layer_windows(config) -> list[int]:
 
 
 def n_experts(config) -> int:
-    c = _text_config(config)
-    for key in ("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts"):
-        value = getattr(c, key, None)
-        if isinstance(value, int) and value > 0:
-            return value
-    return 0
+    """The routed experts of each upstream MoE layer (0: no experts to exercise)."""
+    from titan_core.models.transformers.adapter import routed_experts  # lazy: beside transformers, an extra
+
+    return routed_experts(_text_config(config))
 
 
 def router_rows(config, experts: int) -> list[int]:

@@ -87,6 +87,20 @@ def perturb_constants(model: nn.Module, seed: int) -> None:
     for p in model.parameters():
         if p.numel() > 1 and bool((p == p.flatten()[0]).all()):
             p.add_(torch.randn(p.shape, generator=gen, dtype=p.dtype) * 0.1)
+    # an integer table into the module's own weight rows that init leaves constant (DeepSeek-V4's
+    # hash routing, token id -> experts, zeros until a checkpoint fills it) sends every token to the
+    # same rows: each entry gets distinct random rows, as a checkpoint's table spreads them
+    for module in model.modules():
+        rows = getattr(module, "weight", None)
+        if not (isinstance(rows, torch.Tensor) and rows.dim() == 2):
+            continue
+        for name, table in module.named_buffers(recurse=False):
+            if name in module._non_persistent_buffers_set:  # not in the checkpoint the native model loads
+                continue
+            if table.dim() == 2 and not table.is_floating_point() and table.dtype != torch.bool \
+                    and table.numel() > 1 and table.shape[1] <= rows.shape[0] and bool((table == table.flatten()[0]).all()):
+                picks = torch.rand(table.shape[0], rows.shape[0], generator=gen).argsort(dim=1)[:, : table.shape[1]]
+                table.copy_(picks.to(table.dtype))
 
 
 def build_upstream(

@@ -30,6 +30,9 @@ def test_declared_features_come_from_the_upstream_config():
     moe = _declared(tf.Qwen3MoeConfig(**SMALL, num_experts=4, num_experts_per_tok=2))
     assert set(moe) == {"experts"} and moe["experts"].config == {"n_experts": 4, "top_k": 2, "router_rows": [4]}
     assert _declared(tf.LlamaConfig(**SMALL)) == {}
+    # Doge sizes 16384 experts by default and builds them only with is_moe: no MoE layer, no experts feature
+    assert "experts" not in _declared(tf.DogeConfig(**SMALL, num_experts=4))
+    assert "experts" in _declared(tf.DogeConfig(**SMALL, num_experts=4, is_moe=True))
 
 
 def test_sequence_grows_to_twice_the_largest_window_and_padding_goes_at_the_end():
@@ -172,3 +175,18 @@ def test_an_expert_starved_off_the_mean_direction_is_aimed_at_a_token():
         hf(input_ids=tokens)
     features.record_probe(declared, probe, "features", params())
     assert declared["experts"].exercised, declared["experts"].how
+
+
+def test_a_routing_table_init_leaves_constant_spreads_tokens_over_the_experts_when_seeded():
+    # DeepSeek-V4's hash layers route token id -> experts by a table transformers inits to zeros
+    # (a checkpoint fills it): seeded as it is, every token would go to expert 0 and the others idle
+    from onboard.compat.tiny import tiny_config
+
+    hf = build_upstream(tiny_config("deepseek_v4"), seed=0).model
+    gate = next(m for m in hf.modules() if hasattr(m, "tid2eid"))
+    table, experts = gate.tid2eid, gate.weight.shape[0]
+    assert table.shape[1] > 1 and int(table.min()) >= 0 and int(table.max()) < experts
+    assert all(len(set(row.tolist())) == table.shape[1] for row in table)  # each token: distinct experts
+    assert torch.bincount(table.flatten(), minlength=experts).min() > 0
+    assert torch.equal(build_upstream(tiny_config("deepseek_v4"), seed=0).model.state_dict()[
+        next(k for k in hf.state_dict() if k.endswith("tid2eid"))], table)  # seeded: the same table each time

@@ -59,6 +59,19 @@ def _first(c, *names, default=None):
     return default
 
 
+EXPERT_COUNT_KEYS = ("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts")
+"""What transformers' configs call the number of routed experts."""
+
+
+def routed_experts(c) -> int:
+    """The routed experts each MoE layer of the text config `c` holds; 0 for a dense model, and for a
+    config that sizes experts its model does not build (Doge's `is_moe = False`: dense MLPs)."""
+    if _attr(c, "is_moe") is False:
+        return 0
+    n = _first(c, *EXPERT_COUNT_KEYS, default=0)
+    return n if isinstance(n, int) and not isinstance(n, bool) and n > 0 else 0
+
+
 def attention_free(c) -> bool:
     """Whether a (text) config sizes no attention at all: Mamba, RWKV, xLSTM (no `num_attention_heads`)."""
     return _attr(c, "num_attention_heads") is None
@@ -100,7 +113,7 @@ def args_from_config(c, hf_cfg: dict[str, Any]) -> TransformerArgs:
     # its FLOPs from its own modules (TransformersCausalLM.flops_per_token)
     dim, heads = _attr(t, "hidden_size"), 1 if no_attention else _attr(t, "num_attention_heads")
     window, global_every = _windows(t)
-    n_experts = _first(t, "num_experts", "num_local_experts", "n_routed_experts", default=0) or 0
+    n_experts = routed_experts(t)
     sparse_step = _first(t, "decoder_sparse_step", default=1) or 1
     kw: dict[str, Any] = dict(
         dim=dim,
