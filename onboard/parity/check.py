@@ -23,7 +23,7 @@ from titan_core.models.transformers.adapter import predicted_vocab
 
 from onboard.parity import criteria
 from onboard.parity.compare import compare_grads, round_trip
-from onboard.parity import features
+from onboard.parity import feature_pass, features
 from onboard.parity.localise import OutputRecorder, Row, compare_outputs, localise, module_pairs, parameter_sources
 from onboard.parity.native import (
     PortError, WorkspaceError, build_native, load_adapter, load_converted, native_args, native_hf_config,
@@ -149,7 +149,7 @@ def _run(root, res, m, weights_dir, batch, seq_len, seed, attn_implementation) -
             raise
 
     compare("weights" if weights_dir is not None else "seeded")
-    how = features.prepare_feature_pass(hf, declared, tokens, params)
+    how = feature_pass.prepare_feature_pass(hf, declared, tokens, params)
     if how is not None:
         load_converted(native, _port(adapter.from_hf, "adapter.from_hf", hf.state_dict()))
         compare("features", how)

@@ -21,7 +21,7 @@ Scores are read from inside the upstream's own eager attention (its module's
 `eager_attention_forward`, wrapped for the forward), pre-cap logits from the output
 embedding's forward hook, routing from the routers' outputs.
 
-The features pass scales, in the upstream checkpoint, the weights that feed a cap: the
+The features pass (onboard/parity/feature_pass.py) scales, in the upstream checkpoint, the weights that feed a cap: the
 attention's QK-norm weights, or its q/k projections when it has no QK-norm (scores grow as
 the square of the factor); the final norm's weight for the final cap (the output head when
 there is no final norm and the head is untied). The factors are found by measuring: each
@@ -34,8 +34,6 @@ checkpoint through the adapter, and every criterion applies to both passes.
 
 from __future__ import annotations
 
-import math
-import re
 import sys
 from dataclasses import dataclass, field
 from typing import Any
@@ -228,6 +226,18 @@ class Probe:
                 found[name] = mod
         return found
 
+    def choosers(self) -> dict[str, nn.Module]:
+        """The `gate`/`router` modules `routers` misses, neither one nor above one (Zaya's router
+        scores through an MLP of its own, with a row more for a skip expert): counted from the
+        experts their output names (an integer tensor), where it names them."""
+        if not self.features["experts"].config.get("n_experts"):
+            return {}
+        found = self.routers()
+        return {
+            name: mod for name, mod in self.model.named_modules()
+            if name.rpartition(".")[2] in ROUTER_NAMES and not any(f == name or f.startswith(name + ".") for f in found)
+        }  # fmt: skip
+
     def __enter__(self):
         if self.features["attention_softcap"].declared:
             self._wrap_eager_attention()
@@ -240,6 +250,8 @@ class Probe:
             parent = name.rpartition(".")[0]
             if parent and parent.rpartition(".")[2] in ROUTER_NAMES:
                 self._count_from_parent(name, self.model.get_submodule(parent))
+        for name, mod in self.choosers().items():
+            self._undo.append(mod.register_forward_hook(self._count(name, chosen_only=True)).remove)
         return self
 
     def _count_from_parent(self, name: str, parent: nn.Module) -> None:
@@ -269,7 +281,7 @@ class Probe:
             undo()
         self._undo = []
 
-    def _count(self, name: str):
+    def _count(self, name: str, *, chosen_only: bool = False):
         e, k = self.features["experts"].config["n_experts"], self.features["experts"].config["top_k"]
 
         def hook(_module, args, out):
@@ -278,6 +290,8 @@ class Probe:
                 self.router_inputs[name] = given.detach().reshape(-1, given.shape[-1])
             outs = out if isinstance(out, (tuple, list)) else (out,)
             idx = next((t for t in outs if torch.is_tensor(t) and not t.is_floating_point()), None)
+            if idx is None and chosen_only:
+                return
             if idx is None:  # a plain linear router: its logits, top-k of the routed experts' as upstream routes
                 logits = next(t for t in outs if torch.is_tensor(t))
                 idx = logits.reshape(-1, logits.shape[-1])[:, :e].topk(int(k or 1), dim=-1).indices
@@ -349,7 +363,7 @@ def record_probe(features: dict[str, Feature], probe: Probe, pass_name: str, par
             f"every expert got >= {low} tokens in the {pass_name} pass{how}" if f.exercised
             else f"an expert of {where} got {low} tokens in the {pass_name} pass{how}" if where
             else "no router output found (a module named gate or router, or a child of one, with "
-                 "[n_experts, hidden] weights)"
+                 "[n_experts, hidden] weights or an output naming the chosen experts)"
         ))  # fmt: skip
 
 
@@ -364,129 +378,3 @@ def idle(features: dict[str, Feature]) -> list[str]:
 
 def exercised(features: dict[str, Feature]) -> bool:
     return not idle(features)
-
-
-# ---- the features pass: scaling the upstream weights that feed each cap ----------------------
-def _attention_keys(sd: dict[str, torch.Tensor]) -> tuple[list[str], int]:
-    """(keys to scale, power of the factor in the scores): QK-norm weights, else q/k projections."""
-    norms = [k for k in sd if re.search(r"\.(q_norm|k_norm)\.weight$", k)]
-    if norms:
-        return norms, 2
-    return [k for k in sd if re.search(r"\.(q_proj|k_proj)\.(weight|bias)$", k)], 2
-
-
-FINAL_NORM_NAMES = ("norm", "final_layernorm", "final_norm")
-"""What the norm before the head is called; preferred over other norms outside the layers (Gemma-3n's
-per_layer_projection_norm, which normalises the per-layer inputs, comes after `model.norm`)."""
-
-
-def _final_keys(model: nn.Module, sd: dict[str, torch.Tensor]) -> list[str]:
-    norms = [k for k in sd if k.endswith("norm.weight") and not re.search(r"\.\d+\.", k)]
-    final = [k for k in norms if k.removesuffix(".weight").rpartition(".")[2] in FINAL_NORM_NAMES]
-    if final or norms:
-        return (final or norms)[-1:]
-    head = model.get_output_embeddings().weight
-    if head is model.get_input_embeddings().weight:
-        return []  # a tied head: scaling it would scale the embedding too
-    return [k for k, v in sd.items() if v.data_ptr() == head.data_ptr()]
-
-
-@torch.no_grad()
-def _scale(model: nn.Module, keys: list[str], factor: float) -> None:
-    params = dict(model.named_parameters(remove_duplicate=False))
-    for key in keys:
-        params[key].mul_(factor)
-
-
-@torch.no_grad()
-def _balance_routers(model: nn.Module, features: dict[str, Feature], tokens, params) -> int:
-    """Project every router's weight off the mean direction of its inputs, then aim each expert still
-    starved at a token (`_aim_starved`), until every expert gets tokens; returns the rounds spent.
-    Hidden states of random tokens share a large common component after a few layers, and routing on
-    it sends every token to the same experts."""
-    need = int(params["feature_min_tokens_per_expert"])
-    for rounds in range(int(params["feature_search_rounds"])):
-        with Probe(model, features, sample=True) as probe:
-            model(input_ids=tokens, use_cache=False)
-        if probe.min_tokens_per_expert()[0] >= need:
-            return rounds
-        routers = probe.routers()
-        for name, x in probe.router_inputs.items():
-            mean = x.float().mean(0)
-            if float(mean.norm()) == 0.0:
-                continue
-            u = (mean / mean.norm()).to(routers[name].weight.dtype)
-            w = routers[name].weight
-            w.sub_((w @ u)[:, None] * u[None, :])
-            if rounds:  # the mean direction is off already: aim each starved expert at a token of its own
-                _aim_starved(w, x.float() - mean, probe.expert_counts.get(name), need)
-    return int(params["feature_search_rounds"])
-
-
-def _aim_starved(w: torch.Tensor, centred: torch.Tensor, counts: torch.Tensor | None, need: int) -> None:
-    """Point the router row of each expert that got under `need` tokens along the (centred) input of
-    the token it came closest to winning, three times as long as the longest row: it then wins that
-    token and those like it. Laguna's sigmoid router left one of 4 experts without a token in 1024,
-    with or without the mean direction."""
-    if counts is None:
-        return
-    e = counts.numel()
-    scores = centred @ w[:e].float().T
-    length = float(w[:e].float().norm(dim=1).max()) * 3
-    for j in (counts < need).nonzero().flatten().tolist():
-        margin = scores[:, j] - scores.max(dim=-1).values
-        d = centred[int(margin.argmax())]
-        if float(d.norm()) > 0:
-            w[j] = (d / d.norm() * length).to(w.dtype)
-
-
-def prepare_feature_pass(model: nn.Module, features: dict[str, Feature], tokens, params) -> str | None:
-    """Scale the upstream weights in place until every unexercised soft-cap clips; say how.
-
-    None when no feature needs a second pass. Each round runs one upstream forward; the
-    scale of a cap's keys is multiplied by (cap / q)^(1/power), q the target quantile of
-    the values that cap sees, until the clipped fraction reaches the minimum.
-    """
-    # a cap whose values could not be read (no eager attention upstream) cannot be searched for
-    todo = [
-        n
-        for n in ("attention_softcap", "final_softcap")
-        if features[n].declared and not features[n].exercised and features[n].value is not None
-    ]
-    sd = model.state_dict()
-    keys = {"attention_softcap": _attention_keys(sd), "final_softcap": (_final_keys(model, sd), 1)}
-    for n in todo:
-        if not keys[n][0]:
-            why = "no weights found to scale (q/k projections or QK-norm; the final norm, or an untied head)"
-            features[n].how = _then(features[n].how, why)
-    todo = [n for n in todo if keys[n][0]]
-    balance = features["experts"].declared and not features["experts"].exercised and features["experts"].value == 0
-    if not todo and not balance:
-        return None
-    how = []
-    if balance:
-        rounds = _balance_routers(model, features, tokens, params)
-        how.append(f"router weights projected off their inputs' mean direction, starved experts aimed at a "
-                   f"token ({rounds} rounds)")  # fmt: skip
-    need, target = float(params["feature_softcap_clipped_min"]), float(params["feature_softcap_clipped_target"])
-    max_scale = float(params["feature_max_scale"])
-    scale = {n: 1.0 for n in todo}
-    for _ in range(int(params["feature_search_rounds"])):
-        with torch.no_grad(), Probe(model, features, sample=True) as probe:
-            model(input_ids=tokens[:1], use_cache=False)  # one sequence is enough to set a scale
-        stats = {"attention_softcap": probe.attention, "final_softcap": probe.final}
-        todo = [n for n in todo if (stats[n].fraction or 0.0) < need and scale[n] < max_scale]
-        if not todo:
-            break
-        for n in todo:
-            q, (k, power) = stats[n].quantile(1 - target), keys[n]
-            cap = float(features[n].config["cap"])
-            gain = (cap / q) ** (1 / power) if q and math.isfinite(q) and q > 0 else 10.0
-            gain = min(max(gain, 1.01), max_scale / scale[n])
-            _scale(model, k, gain)
-            scale[n] *= gain
-    for n, factor in scale.items():
-        k = keys[n][0]
-        what = k[0] if n == "final_softcap" else "QK-norm weights" if "norm" in k[0] else "q/k projections"
-        how.append(f"{what} x{factor:.3g}")
-    return ", ".join(how)

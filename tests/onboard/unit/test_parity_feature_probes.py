@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from onboard.parity import features
+from onboard.parity import feature_pass, features
 from onboard.parity.criteria import params
 from onboard.parity.upstream import build_upstream
 
@@ -66,7 +66,7 @@ def test_probe_reads_the_scores_inside_the_upstream_attention_and_restores_it():
     assert probe.attention.total == 2 * (sum(min(i + 1, 64) for i in range(128)) + 128 * 129 // 2)
     features.record_probe(declared, probe, "seeded", params())
     assert not declared["attention_softcap"].exercised and declared["attention_softcap"].value == 0.0
-    how = features.prepare_feature_pass(hf, declared, tokens, params())
+    how = feature_pass.prepare_feature_pass(hf, declared, tokens, params())
     assert "q/k projections x" in how
     with torch.no_grad(), features.Probe(hf, declared) as probe:
         hf(input_ids=tokens)
@@ -94,7 +94,7 @@ def test_collapsed_routing_is_rebalanced_until_every_expert_gets_tokens():
         hf(input_ids=tokens)
     features.record_probe(declared, probe, "seeded", params())
     assert declared["experts"].value == 0 and not declared["experts"].exercised
-    how = features.prepare_feature_pass(hf, declared, tokens, params())
+    how = feature_pass.prepare_feature_pass(hf, declared, tokens, params())
     assert "projected off their inputs' mean direction" in how
     with torch.no_grad(), features.Probe(hf, declared) as probe:
         hf(input_ids=tokens)
@@ -169,7 +169,7 @@ def test_an_expert_starved_off_the_mean_direction_is_aimed_at_a_token():
         hf(input_ids=tokens)
     features.record_probe(declared, probe, "seeded", params())
     assert declared["experts"].value == 0
-    how = features.prepare_feature_pass(hf, declared, tokens, params())
+    how = feature_pass.prepare_feature_pass(hf, declared, tokens, params())
     assert "starved experts aimed at a token" in how
     with torch.no_grad(), features.Probe(hf, declared) as probe:
         hf(input_ids=tokens)
@@ -190,3 +190,20 @@ def test_a_routing_table_init_leaves_constant_spreads_tokens_over_the_experts_wh
     assert torch.bincount(table.flatten(), minlength=experts).min() > 0
     assert torch.equal(build_upstream(tiny_config("deepseek_v4"), seed=0).model.state_dict()[
         next(k for k in hf.state_dict() if k.endswith("tid2eid"))], table)  # seeded: the same table each time
+
+
+def test_a_router_that_names_its_chosen_experts_is_counted_from_them():
+    # Zaya's router scores through an MLP of its own (and one row more, a skip expert): no weight of
+    # [n_experts, hidden] to find, but its output names the experts each token goes to
+    from onboard.compat.tiny import tiny_config
+
+    hf = build_upstream(tiny_config("zaya"), seed=0).model
+    declared = features.declare(hf.config)
+    probe = features.Probe(hf, declared)
+    assert not probe.routers() and probe.choosers()
+    tokens = torch.randint(0, 256, (1, 64), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad(), probe:
+        hf(input_ids=tokens)
+    e, k = declared["experts"].config["n_experts"], declared["experts"].config["top_k"]
+    assert set(probe.expert_counts) == set(probe.choosers())
+    assert all(c.shape == (e,) and int(c.sum()) == 64 * k for c in probe.expert_counts.values())

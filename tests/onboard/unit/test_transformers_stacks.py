@@ -343,6 +343,9 @@ def test_the_keys_a_sparse_attention_indexer_chooses_are_the_keys_attended(model
     budget = next(k for k in ("index_topk", "indexer_budget") if k in cfg)
     wide = transformers.AutoConfig.for_model(**{**cfg, budget: 64})
     assert same_logits(model, theirs(model, wide), toks) > 1e-3
+    # mixed precision reads the dtypes of the class built once more: the masks stay built after it
+    assert model.params_kept_fp32(torch.bfloat16) is not None and model.hf.config._attn_implementation == "titan_masked"
+    assert same_logits(model, ref, toks) < 1e-5
     apply_swaps(model, ["attention.sdpa"])
     with pytest.raises(KernelUnavailable, match="passes `position_bias`.*kernels.attention=naive"):
         model.loss(toks[:, :-1], toks[:, 1:])

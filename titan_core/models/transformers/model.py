@@ -282,8 +282,7 @@ class TransformersCausalLM(nn.Module):
         left = [n for n, t in own.items() if _never_written(t)]
         if not left:
             return
-        cls, config = self._recipe
-        fresh = _build_hf(cls, config)
+        fresh = self._rebuilt(torch.float32)
         values = {**dict(fresh.named_parameters()), **dict(fresh.named_buffers())}
         missing = [n for n in left if n not in values]
         if missing:
@@ -292,14 +291,24 @@ class TransformersCausalLM(nn.Module):
             for n in left:
                 own[n].copy_(values[n])
 
+    def _rebuilt(self, dtype: torch.dtype) -> nn.Module:
+        """transformers' model built once more from this one's class and config (for values and dtypes
+        only). The config is this model's own object: the attention implementation chosen for it
+        (`titan_masked`, where layers read transformers' masks) is kept, as building resets it."""
+        cls, config = self._recipe
+        chosen = config._attn_implementation
+        try:
+            return _build_hf(cls, config, dtype=dtype)
+        finally:
+            config._attn_implementation = chosen
+
     def _dtypes_built_under(self, dtype: torch.dtype) -> dict[str, torch.dtype]:
         """{parameter or buffer name: its dtype} of the class built on meta under default dtype
         `dtype`: what transformers' own model of that dtype holds each tensor in."""
         cache = self.__dict__.setdefault("_built_dtypes", {})
         if dtype not in cache:
-            cls, config = self._recipe
             with torch.device("meta"):
-                probe = _build_hf(cls, config, dtype=dtype)
+                probe = self._rebuilt(dtype)
             cache[dtype] = {n: t.dtype for n, t in [*probe.named_parameters(), *probe.named_buffers()]}
         return cache[dtype]
 
