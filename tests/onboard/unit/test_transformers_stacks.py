@@ -129,6 +129,20 @@ def test_a_stack_with_no_attention_runs_as_written_and_counts_its_own_flops(make
     assert math.isfinite(ce.item()) and all(p.grad is not None for p in model.parameters() if p.requires_grad)
 
 
+def test_states_kept_in_fp32_reach_a_head_of_the_compute_dtype_cast_as_the_class_casts_them():
+    # Mamba keeps its residual stream in fp32 (residual_in_fp32): under bf16 mixed precision its final
+    # states meet a bf16 head, and MambaForCausalLM casts them to the head's dtype first
+    config = transformers.MambaConfig(hidden_size=64, num_hidden_layers=2, vocab_size=256, state_size=8,
+                                      use_mambapy=False, use_cache=False)  # fmt: skip
+    model = ours(config)
+    ref = theirs(model, config).to(torch.bfloat16)
+    model = model.to(torch.bfloat16)
+    full = tokens(33)
+    _, ce = model.loss(full[:, :-1], full[:, 1:])
+    want = ref(input_ids=full, labels=full, use_cache=False).loss
+    assert abs(ce.item() - want.item()) <= 1e-2 * want.item()
+
+
 def test_an_attending_stack_keeps_the_estimate_from_its_sizes():
     from titan_core.models.common.stats import flops_per_token
 

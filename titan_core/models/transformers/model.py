@@ -368,7 +368,10 @@ class TransformersCausalLM(nn.Module):
         """(hidden states, weight) whose product is the causal-LM class's logits: a head bias is
         one more weight column against a constant 1 feature ([h, 1] @ [W, b]^T = h W^T + b), so every
         loss head, fused_ce included, computes it without knowing there is one."""
-        h, w = self._head_input(h), self.output_weight
+        w = self.output_weight
+        # a class that keeps its residual stream in fp32 (Mamba's residual_in_fp32) hands fp32 states
+        # to a head of the compute dtype under mixed precision: it casts them to the head's dtype first
+        h = self._head_input(h.to(w.dtype) if h.dtype != w.dtype and h.is_floating_point() else h)
         if self.head_bias:
             bias = self.hf.get_output_embeddings().bias
             ones = torch.ones(*h.shape[:-1], 1, dtype=h.dtype, device=h.device)
