@@ -8,7 +8,8 @@ a second pass ("features") with weights scaled until every soft-cap clips. Decla
 
 - attention soft-cap, `attn_logit_softcapping`: at least feature_softcap_clipped_min of
   the unmasked scores are clipped;
-- final soft-cap, `final_logit_softcapping`: the same, of the pre-cap logits;
+- final soft-cap, `final_logit_softcapping` (or another name for it: adapter.FINAL_CAP_KEYS): the
+  same, of the pre-cap logits;
 - sliding window, `sliding_window` (the layers `layer_types` windows, all without it):
   seq_len >= feature_window_seq_factor x the largest window (parity's seq_len grows to it);
 - experts, `num_experts` / `num_local_experts` / `n_routed_experts`: every expert of every
@@ -105,7 +106,9 @@ def router_rows(config, experts: int) -> list[int]:
 def declare(config) -> dict[str, Feature]:
     """Every feature parity knows, with whether the upstream config declares it."""
     c = _text_config(config)
-    attn_cap, final_cap = getattr(c, "attn_logit_softcapping", None), getattr(c, "final_logit_softcapping", None)
+    from titan_core.models.transformers.adapter import final_logit_cap  # lazy: beside transformers, an extra
+
+    attn_cap, final_cap = getattr(c, "attn_logit_softcapping", None), final_logit_cap(c)
     windows = layer_windows(config)
     experts = n_experts(config)
     pad = getattr(c, "pad_token_id", None)

@@ -143,6 +143,18 @@ def test_states_kept_in_fp32_reach_a_head_of_the_compute_dtype_cast_as_the_class
     assert abs(ce.item() - want.item()) <= 1e-2 * want.item()
 
 
+def test_a_logit_soft_cap_under_another_name_is_applied_by_the_head():
+    # xLSTM calls it output_logit_soft_cap (30): without it the logits of trained weights run free
+    from onboard.compat.tiny import tiny_config
+
+    config = transformers.AutoConfig.for_model(**tiny_config("xlstm"))
+    model = ours(config)
+    assert model.final_softcap == 30.0
+    with torch.no_grad():
+        model.output_weight.mul_(200.0)  # logits well past the cap, where dropping it would show
+    assert same_logits(model, theirs(model, config)) < 1e-5
+
+
 def test_an_attending_stack_keeps_the_estimate_from_its_sizes():
     from titan_core.models.common.stats import flops_per_token
 

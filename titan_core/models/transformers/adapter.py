@@ -63,6 +63,16 @@ EXPERT_COUNT_KEYS = ("num_experts", "num_local_experts", "n_routed_experts", "mo
 """What transformers' configs call the number of routed experts."""
 
 
+FINAL_CAP_KEYS = ("final_logit_softcapping", "logits_soft_cap", "output_logit_soft_cap")
+"""What configs call the soft-cap of the output logits: Gemma-2's, RecurrentGemma's, xLSTM's."""
+
+
+def final_logit_cap(c) -> float | None:
+    """The soft-cap the causal-LM class applies to its logits (cap * tanh(logits / cap)), or None."""
+    cap = _first(c, *FINAL_CAP_KEYS)
+    return float(cap) if cap else None
+
+
 def routed_experts(c) -> int:
     """The routed experts each MoE layer of the text config `c` holds; 0 for a dense model, and for a
     config that sizes experts its model does not build (Doge's `is_moe = False`: dense MLPs)."""
@@ -129,7 +139,7 @@ def args_from_config(c, hf_cfg: dict[str, Any]) -> TransformerArgs:
         tie_embeddings=bool(getattr(t, "tie_word_embeddings", False)),
         sliding_window=window,
         global_every=global_every,
-        final_softcap=_first(t, "final_logit_softcapping"),
+        final_softcap=final_logit_cap(t),
         init_std=float(_first(t, "initializer_range", default=0.02)),
         extra={HF_CONFIG_KEY: dict(hf_cfg)},
     )

@@ -18,7 +18,7 @@ expects of a model (titan_core/models/common/decoder.py):
 - `loss(tokens, labels, positions=, segment_ids=) -> (loss, ce)`: the final hidden states
   of transformers' base model and the output-embedding weight go to `loss_head` (swappable:
   `kernels.loss = "fused_ce"` never builds the full logits), with what the causal-LM class
-  does to its logits applied there too: `final_logit_softcapping` (Gemma-2) as the head's
+  does to its logits applied there too: `final_logit_softcapping` (Gemma-2; adapter.FINAL_CAP_KEYS) as the head's
   soft-cap, `logits_scaling` (Granite, divides) and `logit_scale` (Cohere, multiplies) on
   the hidden states (the same product, one rounding apart; Inkling's `logits_mup_width_multiplier`
   divides too), a head bias as one more weight column, a learned per-token logit scale (Dory) on
@@ -59,7 +59,7 @@ from titan_core.models.common.attention import NaiveAttention, SDPAttention
 from titan_core.models.common.layers import CrossEntropyHead, softcap
 from titan_core.models.common.param_counts import count_params
 from titan_core.models.common.stats import flops_per_token, weight_flops
-from titan_core.models.transformers.adapter import attention_free, hf_config_for
+from titan_core.models.transformers.adapter import attention_free, final_logit_cap, hf_config_for
 from titan_core.models.transformers.experts import install_experts
 from titan_core.models.transformers.hf_classes import causal_lm_parts, config_object, require_transformers, text_config
 from titan_core.models.transformers.stack import (
@@ -220,8 +220,7 @@ class TransformersCausalLM(nn.Module):
         """The head's first rows the causal-LM class keeps (Inkling cuts its logits to `unpadded_vocab_size`
         of a padded head), or None: every row is a token's."""
         self.logits_multiplier = float(getattr(hf, "logit_scale", None) or 1.0)
-        # Gemma-2's name for it, and RecurrentGemma's
-        self.final_softcap = getattr(text, "final_logit_softcapping", None) or getattr(text, "logits_soft_cap", None)
+        self.final_softcap = final_logit_cap(text)
         self.loss_head = CrossEntropyHead(self.final_softcap)
 
     # ---- structure -------------------------------------------------------------------
