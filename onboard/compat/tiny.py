@@ -136,6 +136,9 @@ OWN_ARGUMENTS: dict[str, dict[str, Any]] = {
     # Zamba's hybrid layers share one transformer block, which transformers ties across them: it
     # takes two of them (one of each kind would leave the tie nothing to tie to)
     "zamba": {"num_hidden_layers": 3, "layers_block_type": ["linear_attention", "hybrid", "hybrid"]},
+    # Moshi's text model hands its audio vocabulary to its depth decoder's config, which wants an int
+    # (the class leaves it None without an audio encoder config)
+    "moshi": {"audio_vocab_size": 256},
     # X-MOD runs a per-language adapter and refuses a forward until a language is chosen
     "xmod": {"default_language": "en_XX"},
     # Flint's default mlp_only_layers makes both tiny layers dense: keep layer 0 dense, layer 1 MoE

@@ -185,11 +185,11 @@ def test_a_stack_with_no_attention_builds_tiny(model_type):
         assert cfg["num_heads"] * cfg["head_dim"] == 2 * cfg["hidden_size"]
 
 
-@pytest.mark.parametrize("model_type", ["dots1", "dbrx", "lfm2_moe", "qwen4_exp", "cohere_compass_text", "dory", "zamba", "xmod"])
+@pytest.mark.parametrize("model_type", ["dots1", "dbrx", "lfm2_moe", "qwen4_exp", "cohere_compass_text", "dory", "zamba", "xmod", "moshi"])
 def test_a_class_whose_defaults_cannot_build_its_model_gets_what_a_released_config_sets(model_type):
     # transformers' own class, from the tiny config: its defaults alone leave a None its model reads
     # (dots1's experts, DBRX's rope_theta, LFM2-MoE's layer kinds, the indexer's budget, Zamba's
-    # second shared-transformer layer, X-MOD's language)
+    # second shared-transformer layer, X-MOD's language, Moshi's audio vocabulary)
     import transformers
 
     cfg = tiny_config(model_type)
