@@ -386,8 +386,9 @@ def _kept_layers(n: int, lists: dict[str, list]) -> list[int]:
 def _per_layer_overrides(default: dict[str, Any], kw: dict[str, Any]) -> dict[str, Any]:
     """A table of per-layer overrides (Dots3's `per_layer_config`: {layer index: the sizes that differ
     in that layer}, its sliding-window layers' 64 heads of 256) kept for the layers the tiny config
-    keeps, renumbered, each size the tiny config's own (so the layer stays valid against the tiny
-    widths: the class's per-layer code runs, at the tiny sizes)."""
+    keeps, renumbered, each size the tiny config's own, or a whole multiple of it where the layer is
+    that many times the class's default (so the layer stays valid against the tiny widths, and a
+    wider layer stays wider: the class's per-layer code runs, at tiny sizes)."""
     table = default.get("per_layer_config")
     if not isinstance(table, dict) or not table:
         return {}
@@ -397,8 +398,10 @@ def _per_layer_overrides(default: dict[str, Any], kw: dict[str, Any]) -> dict[st
     entries = {int(k): v for k, v in table.items()}
 
     def tiny(name: str, value: Any) -> Any:
-        if name in kw:
-            return kw[name]
+        if name in kw:  # a layer wider by a whole factor stays that much wider (Gemma-4's global heads: 2x)
+            base = default.get(name)
+            whole = isinstance(base, int) and isinstance(value, int) and 0 < base < value and value % base == 0
+            return kw[name] * (value // base) if whole else kw[name]
         return SIZES[name] if name in SIZES and _shrinks(value, SIZES[name], False) else value
 
     out = {new: {k: tiny(k, v) for k, v in entries[old].items()} for new, old in enumerate(keep) if old in entries}

@@ -79,6 +79,9 @@ def test_a_table_of_per_layer_sizes_keeps_the_kept_layers_at_the_tiny_sizes():
     assert "sliding_attention" in cfg["layer_types"]
     model = built(cfg)
     assert 0 < n_params(model) < 1_000_000
+    # a layer a whole factor wider than the class's default stays that much wider: Gemma-4's global heads
+    gemma4 = tiny_config("gemma4_text")
+    assert list(gemma4["per_layer_config"].values()) == [{"head_dim": 2 * gemma4["head_dim"]}]
     composite = tiny_config("dots3_note")  # its vision and audio adapters' widths follow the text's hidden size
     assert composite["text_config"]["hidden_size"] == composite["vision_config"]["adapter_out_dim"] == 64
 
