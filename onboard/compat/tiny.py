@@ -40,8 +40,8 @@ ROLES: dict[str, tuple[int, tuple[str, ...]]] = {
     ),
     "kv_heads": (2, ("num_key_value_heads", "num_kv_heads", "n_kv_heads", "multi_query_group_num")),
     "head_dim": (16, ("head_dim", "kv_channels", "d_head", "dim_head", "attention_head_size", "attention_head_dim")),
-    "global_head_dim": (32, ("global_head_dim",)),
-    "rotary_dim": (8, ("rotary_dim",)),  # partial rotary (GPT-J, CodeGen): half the tiny head  # Gemma-4's full-attention layers: wider than the others
+    "global_head_dim": (32, ("global_head_dim",)),  # Gemma-4's full-attention layers: wider than the others
+    "rotary_dim": (8, ("rotary_dim",)),  # partial rotary (GPT-J, CodeGen): half the tiny head
     "ffn": (
         128,
         (

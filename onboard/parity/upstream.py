@@ -97,10 +97,15 @@ def perturb_constants(model: nn.Module, seed: int) -> None:
         for name, table in module.named_buffers(recurse=False):
             if name in module._non_persistent_buffers_set:  # not in the checkpoint the native model loads
                 continue
-            if table.dim() == 2 and not table.is_floating_point() and table.dtype != torch.bool \
-                    and table.numel() > 1 and table.shape[1] <= rows.shape[0] and bool((table == table.flatten()[0]).all()):
+            if _constant_index_table(table, rows.shape[0]):
                 picks = torch.rand(table.shape[0], rows.shape[0], generator=gen).argsort(dim=1)[:, : table.shape[1]]
                 table.copy_(picks.to(table.dtype))
+
+
+def _constant_index_table(t: torch.Tensor, n_rows: int) -> bool:
+    """A 2-D integer tensor of one value throughout, whose rows could each pick that many of `n_rows`."""
+    integer = not t.is_floating_point() and t.dtype != torch.bool
+    return integer and t.dim() == 2 and t.numel() > 1 and t.shape[1] <= n_rows and bool((t == t.flatten()[0]).all())
 
 
 def build_upstream(

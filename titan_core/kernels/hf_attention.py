@@ -57,6 +57,8 @@ MASKED_CORE = "titan_masked"
 """`titan` for a model that also computes attention inline in some layers (BLOOM, MPT, a hybrid's
 older blocks): the same cores, and transformers builds its eager (additive) masks for those layers."""
 NAIVE_ONLY = {"s_aux": "sinks", "sinks": "sinks", "position_bias": "bias"}
+"""Keywords transformers passes that change what attention computes, which only the naive reference
+implements -> its own keyword: attention sinks (GPT-OSS `s_aux`), an additive position bias (Inkling)."""
 SELECTED_KEYS = "indices"
 """The keyword a sparse-attention layer (DeepSeek-V3.2, GLM-MoE-DSA, Dots3 and their kin) hands the
 keys its indexer chose for each query in ([b, s, k]) where the implementation is not eager or sdpa
@@ -64,8 +66,6 @@ keys its indexer chose for each query in ([b, s, k]) where the implementation is
 as a score bias (`selected_keys_bias`), which the naive core applies and the others refuse."""
 SELECTED_BLOCKS = ("block_indices",)
 """Sparse selections by key block (MiniMax-M3's indexer), which no core reads: refused (`call_core`), never dropped."""
-"""Keywords transformers passes that change what attention computes, which only the naive reference
-implements -> its own keyword: attention sinks (GPT-OSS `s_aux`), an additive position bias (Inkling)."""
 
 
 OWN_MASK = re.compile(r"(?<!\w)attention_mask=(?!(?:attention_mask|causal_mask|None|\w*encoder\w*|\w*cross\w*)\b)\w+")
@@ -151,7 +151,8 @@ def call_core(
         raise KernelRefusesModel(f"kernels.attention={name}: {where} is not causal; titan_core's kernels are")
     whole_mask = False
     if key.shape[-2] != query.shape[-2]:
-        whole_mask = _mask_covers(module, kwargs.get("position_bias"), key.shape[-2]) and kwargs.get("segment_ids") is None
+        whole_mask = _mask_covers(module, kwargs.get("position_bias"), key.shape[-2])
+        whole_mask = whole_mask and kwargs.get("segment_ids") is None  # documents are positions too
         if not whole_mask:
             raise KernelRefusesModel(
                 f"kernels.attention={name}: {where} attends {key.shape[-2]} keys from {query.shape[-2]} queries "
