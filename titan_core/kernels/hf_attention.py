@@ -151,13 +151,15 @@ def call_core(
         raise KernelRefusesModel(f"kernels.attention={name}: {where} is not causal; titan_core's kernels are")
     whole_mask = False
     if key.shape[-2] != query.shape[-2]:
-        whole_mask = _mask_covers(module, kwargs.get("position_bias"), key.shape[-2])
-        whole_mask = whole_mask and kwargs.get("segment_ids") is None  # documents are positions too
-        if not whole_mask:
+        covered = _mask_covers(module, kwargs.get("position_bias"), key.shape[-2])
+        whole_mask = covered and kwargs.get("segment_ids") is None
+        if not whole_mask:  # packed documents are separated by position, which these keys have none of
+            why = ("in packed documents (segment_ids), which its own mask does not separate" if covered
+                   else "with no mask of its own over them")  # fmt: skip
             raise KernelRefusesModel(
                 f"kernels.attention={name}: {where} attends {key.shape[-2]} keys from {query.shape[-2]} queries "
-                "(compressed or memory entries beside the sequence) with no mask of its own over them; titan_core's "
-                "kernels mask by position, one key per query position"
+                f"(compressed or memory entries beside the sequence) {why}; titan_core's kernels mask by position, "
+                "one key per query position"
             )
     if dropout and module.training:
         raise KernelRefusesModel(

@@ -399,6 +399,11 @@ def test_keys_beside_the_sequence_run_under_the_modules_own_mask_in_the_naive_co
     model = ours(config)
     assert {type(c) for c in model.attention_cores()} == {NaiveAttention}
     assert same_logits(model, theirs(model, config), tokens(64)) < 1e-5
+    # packed documents are told apart by position, which the compressed entries have none of
+    toks = tokens(64)
+    documents = (torch.arange(64) >= 32).long().expand(2, 64)
+    with pytest.raises(KernelRefusesModel, match=r"in packed documents \(segment_ids\), which its own mask"):
+        model.loss(toks, toks, segment_ids=documents)
     apply_swaps(model, ["attention.sdpa"])  # its sinks and its mask: only the naive core adds them
     with pytest.raises(KernelRefusesModel, match="passes `(s_aux|position_bias)`.*kernels.attention=naive"):
         model.loss(tokens(), tokens())
