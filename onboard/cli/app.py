@@ -357,6 +357,12 @@ def demo_cmd(
         help="shipped (the checklists' timing protocol) | quick (each keep/choose decision after a few rounds: "
         "whether the rungs pass, not which choice is fastest; the ledger and report say so).",
     ),
+    precision: str = typer.Option(
+        "fp32",
+        "--precision",
+        help="fp32 | bf16: the precision the demo's recipe starts in (bf16: training.dtype and "
+        "mixed_precision_param bfloat16, as a recipe that trains in bf16; every gate then judges with bf16's bounds).",
+    ),
     json_out: bool = JSON_OPTION,
 ):
     """new-model for a built-in debug model, next-step up the whole ladder, status, report."""
@@ -364,7 +370,7 @@ def demo_cmd(
     def body(out: Out) -> int:
         from onboard.cli.demo import run_demo
 
-        result = run_demo(dir, device=device, out=out, preset=preset, timing=timing)
+        result = run_demo(dir, device=device, out=out, preset=preset, timing=timing, precision=precision)
         if out.json:
             out.emit(result)
         return result["exit_code"]

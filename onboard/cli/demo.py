@@ -14,6 +14,9 @@ from onboard.workspace.layout import Workspace
 from onboard.engine.ledger import Status
 from onboard.rungs import harness
 from onboard.errors import BadInput
+from onboard.engine.gates import PRECISIONS
+from onboard.engine.recipe_edit import apply_edits
+from onboard.rungs.contract import RecipeEdit
 
 NAME = "llama3_debug"
 PRESET = "llama3/debugmodel"
@@ -25,26 +28,40 @@ PRESETS = {"llama3_debug": "llama3/debugmodel", "flux_debug": "flux/debugmodel"}
 THREADS_WHY = "one intra-op thread: steady on a small CPU shared with other work"
 
 
-def run_demo(base: Path, *, device: str, out, preset: str = NAME, timing: str = harness.SHIPPED) -> dict:
+BF16 = [
+    RecipeEdit("training.dtype", "bfloat16", "onboard demo --precision bf16: the model computes in bf16"),
+    RecipeEdit("training.mixed_precision_param", "bfloat16", "onboard demo --precision bf16: parameters are bf16"),
+]
+"""The recipe edits of `--precision bf16`: a recipe that trains in bf16 from the start."""
+
+
+def run_demo(base: Path, *, device: str, out, preset: str = NAME, timing: str = harness.SHIPPED,
+             precision: str = "fp32") -> dict:  # fmt: skip
     """new-model (replacing an earlier demo workspace), next-step until the ladder stops
     (complete up to the last built rung, or a failed gate), then status and report.
-    `preset`: a PRESETS name; `timing`: a harness.TIMING_PROFILES name (BadInput for another)."""
+    `preset`: a PRESETS name; `timing`: a harness.TIMING_PROFILES name; `precision`: fp32 | bf16,
+    the recipe's precision at the start (BadInput for another)."""
     if preset not in PRESETS:
         raise BadInput(f"unknown demo preset '{preset}'; presets: {', '.join(PRESETS)}")
+    if precision not in PRECISIONS:
+        raise BadInput(f"unknown precision '{precision}'; precisions: {', '.join(PRECISIONS)}")
     if timing not in harness.TIMING_PROFILES:
         raise BadInput(f"unknown timing profile '{timing}'; profiles: {', '.join(harness.TIMING_PROFILES)}")
     if timing != harness.SHIPPED:
         out.log(f"demo: keep/choose decisions timed with the {timing} profile ({harness.TIMING_PROFILES[timing]})")
     with harness.timing_profile_of(timing):
-        return _climb(base, device=device, out=out, preset=preset)
+        return _climb(base, device=device, out=out, preset=preset, precision=precision)
 
 
-def _climb(base: Path, *, device: str, out, preset: str) -> dict:
+def _climb(base: Path, *, device: str, out, preset: str, precision: str) -> dict:
     name, source = preset, PRESETS[preset]
     t0 = time.perf_counter()
     plan = plan_workspace(name, base, preset=source, device=device, force=True, threads=(1, THREADS_WHY))
     root = write_workspace(plan, force=True)
     out.log(f"demo: created {root} from --preset {source}")
+    if precision == "bf16":
+        apply_edits(root / "recipe.toml", BF16)
+        out.log("demo: the recipe trains in bf16 (training.dtype, mixed_precision_param)")
     ws = Workspace.load(base, name)
     specs = default_specs()
     steps = []

@@ -82,8 +82,8 @@ def fmt(value: Any) -> str:
 def fmt_threshold(c: dict) -> str:
     if c.get("comparator") == "is_true":
         return "is true"
-    ref = f" ({c['threshold_ref']})" if c.get("threshold_ref") else ""
-    return f"{c.get('comparator', '?')} {fmt(c.get('threshold'))}{ref}"
+    ref = "; ".join(filter(None, (c.get("threshold_ref"), c.get("precision") and f"{c['precision']} bound")))
+    return f"{c.get('comparator', '?')} {fmt(c.get('threshold'))}" + (f" ({ref})" if ref else "")
 
 
 def key_numbers(rung: str, entry: Entry | None) -> dict[str, Any]:
@@ -161,7 +161,7 @@ def state_dict(s: RungState) -> dict:
         "waived_criteria": [c["name"] for c in criteria if c.get("waived")],
         "recorded_status": last.status if last else None,
         "invalid_criteria": [
-            {k: c.get(k) for k in ("name", "metric", "value", "comparator", "threshold", "threshold_ref", "hint")}
+            {k: c.get(k) for k in ("name", "metric", "value", "comparator", "threshold", "threshold_ref", "precision", "bound_why", "hint")}
             for c in criteria
             if s.status == Status.INVALID and not c.get("ok")
         ],

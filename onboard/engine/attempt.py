@@ -43,6 +43,7 @@ from onboard.errors import (
     describe_os_error,
 )
 from onboard.rungs.contract import Measurements, RecipeEdit, RungContext, RungResult
+from onboard.rungs.gated_runs import settle_runs
 from onboard.rungs.harness import timing_record
 
 if TYPE_CHECKING:
@@ -165,7 +166,7 @@ def run_attempt(run: AttemptInputs) -> StepOutcome:
         return _interrupted(run, entry, e)
     _end(entry)
     if isinstance(outcome, RungResult):
-        outcome = _take(run, entry, outcome, attempt_dir)
+        outcome = _take(run, entry, outcome, attempt_dir, ctx.runs)
     if isinstance(outcome, RungResult) and outcome.not_applicable:
         failure = None
         entry.status, entry.not_applicable_reason = Status.NOT_APPLICABLE, str(outcome.not_applicable)
@@ -244,8 +245,10 @@ def _end(entry: Entry) -> None:
     entry.duration_s = round((parse_iso(entry.ended) - parse_iso(entry.started)).total_seconds(), 3)
 
 
-def _take(run: AttemptInputs, entry: Entry, result: RungResult, attempt_dir: Path) -> RungResult | Failure:
-    """Record what the rung returned; a failure where the files it read cannot be fingerprinted."""
+def _take(run: AttemptInputs, entry: Entry, result: RungResult, attempt_dir: Path,
+          runs: list[dict]) -> RungResult | Failure:  # fmt: skip
+    """Record what the rung returned, with whether every gated run it recorded ran whole (`runs`: the
+    rung's `ctx.runs`); a failure where the files it read cannot be fingerprinted."""
     try:
         files_read = run.ws.hashes(result.files_read)
     except OSError as e:
@@ -253,8 +256,11 @@ def _take(run: AttemptInputs, entry: Entry, result: RungResult, attempt_dir: Pat
         return Failure(error, _write_error(run.ws, attempt_dir), os_error=True)
     entry.command = result.command or run.base_command
     entry.files_read = files_read
+    settle_runs(result.measurements, runs)
     entry.measurements = result.measurements.as_metrics()
     entry.details = {**result.details, **timing_record(run.checklist)}  # the timing profile it decided with
+    if runs:
+        entry.details["gated_runs"] = runs
     entry.environment["device"] = str(result.details.get("device", run.ws.device))
     return result
 

@@ -73,7 +73,8 @@ def describe(c: dict) -> str:
     if c["comparator"] == "is_true":
         bound = "true"
     else:
-        ref = f" ({c['threshold_ref']})" if c.get("threshold_ref") else ""
+        ref = "; ".join(filter(None, (c.get("threshold_ref"), c.get("precision") and f"the {c['precision']} bound")))
+        ref = f" ({ref})" if ref else ""
         threshold = f"a threshold that is unavailable ({c['hint']})" if c["threshold"] is None else repr(c["threshold"])
         bound = f"{c['comparator']} {threshold}{ref}"
     return f"{c['name']}: {c['metric']} = {value}, needs {bound}"

@@ -18,6 +18,21 @@ A checklist:
 A threshold reference is `measurements.<metric>` (this attempt), `evidence.<rung>.<metric>`
 (a passed earlier rung) or a bare metric name (this attempt). A criterion whose metric or
 threshold is missing fails: nothing passes by being unmeasured.
+
+A bound belongs to a precision. A criterion that compares two runs of the recipe gives one
+threshold per precision, each with the reason it is that number, and is judged with the one
+of the precision the attempt's runs computed in (its `precision` measurement):
+
+      - name: step1_loss
+        metric: step1_loss_rel_err
+        comparator: "<="
+        threshold: {fp32: 1.0e-5, bf16: evidence.eager.bf16_rounding_bound}
+        bound_why:
+          fp32: "fp32 rounding (DESIGN section 5)"
+          bf16: "2x this recipe's own bf16 rounding at step 1, measured by the eager rung"
+
+An attempt that did not record its precision fails such a criterion; the result names the
+precision and the reason of the bound it used.
 """
 
 from __future__ import annotations
@@ -44,6 +59,11 @@ COMPARATORS = {
 }
 
 
+PRECISIONS = ("fp32", "bf16")
+"""The precisions a recipe computes in (onboard.rungs.harness.precision): every per-precision
+threshold names both."""
+
+
 class ChecklistError(ValueError):
     """A malformed checklist file: a bug in the shipped data, never the user's input."""
 
@@ -54,7 +74,25 @@ class Criterion:
     metric: str
     comparator: str
     threshold: Any
+    """A number or reference; or {precision: number or reference} (`per_precision`)."""
     hint: str
+    bound_why: dict[str, str] = field(default_factory=dict)
+    """{precision: why the bound is that number}, for a per-precision threshold."""
+
+    @property
+    def per_precision(self) -> bool:
+        return isinstance(self.threshold, dict)
+
+    def bound(self, precision: str | None) -> tuple[Any, str | None, str | None]:
+        """(threshold, why, problem) for a run in `precision`: the one threshold, or the precision's own."""
+        if not self.per_precision:
+            return self.threshold, None, None
+        if precision not in self.threshold:
+            return None, None, (
+                f"the bound depends on the precision and the attempt recorded {precision!r} "
+                f"(one of {', '.join(PRECISIONS)} expected)"
+            )
+        return self.threshold[precision], self.bound_why.get(precision), None
 
 
 @dataclass(frozen=True)
@@ -93,13 +131,16 @@ def parse_checklist(data: Any, source: str) -> Checklist:
             raise ChecklistError(f"{where}: missing {', '.join(missing)}")
         if item["comparator"] not in COMPARATORS:
             raise ChecklistError(f"{where}: comparator '{item['comparator']}' not in {', '.join(COMPARATORS)}")
-        threshold = item.get("threshold")
-        if item["comparator"] != "is_true" and not isinstance(threshold, (int, float, str)):
+        threshold, bound_why = item.get("threshold"), item.get("bound_why") or {}
+        if isinstance(threshold, dict):
+            _check_per_precision(where, item["name"], threshold, bound_why)
+        elif item["comparator"] != "is_true" and not isinstance(threshold, (int, float, str)):
             raise ChecklistError(f"{where}: '{item['name']}' needs a threshold (number or reference)")
         if item["name"] in seen:
             raise ChecklistError(f"{where}: duplicate criterion name '{item['name']}'")
         seen.add(item["name"])
-        criteria.append(Criterion(item["name"], item["metric"], item["comparator"], threshold, item["hint"].strip()))
+        criteria.append(Criterion(item["name"], item["metric"], item["comparator"], threshold, item["hint"].strip(),
+                                  {k: " ".join(str(v).split()) for k, v in bound_why.items()}))  # fmt: skip
     if not criteria:
         raise ChecklistError(f"{source}: no criteria (a gate with nothing to check would pass vacuously)")
     human = tuple(str(h) for h in (data.get("human") or []))
@@ -107,6 +148,16 @@ def parse_checklist(data: Any, source: str) -> Checklist:
     if not isinstance(params, dict):
         raise ChecklistError(f"{source}: params must be a mapping of name -> value")
     return Checklist(str(data["rung"]), str(data.get("title", data["rung"])), tuple(criteria), human, dict(params))
+
+
+def _check_per_precision(where: str, name: str, threshold: dict, bound_why: Any) -> None:
+    """A per-precision threshold names every precision, each with a number or reference and its reason."""
+    if set(threshold) != set(PRECISIONS):
+        raise ChecklistError(f"{where}: '{name}' threshold per precision must name exactly {', '.join(PRECISIONS)}")
+    if any(not isinstance(v, (int, float, str)) or isinstance(v, bool) for v in threshold.values()):
+        raise ChecklistError(f"{where}: '{name}' threshold per precision: each must be a number or reference")
+    if not isinstance(bound_why, dict) or set(bound_why) != set(PRECISIONS):
+        raise ChecklistError(f"{where}: '{name}' needs bound_why for each of {', '.join(PRECISIONS)}")
 
 
 def load_checklist(rung: str, path: Path | None = None) -> Checklist:
@@ -176,7 +227,8 @@ def evaluate(
     evidence: dict | None = None,
     waivers: dict[str, dict] | None = None,
 ) -> list[dict]:
-    """One result per criterion: {name, metric, comparator, value, threshold, threshold_ref, ok, raw_ok, hint, waived, why}.
+    """One result per criterion: {name, metric, comparator, value, threshold, threshold_ref, precision,
+    bound_why, ok, raw_ok, hint, waived, why} (precision and bound_why: None unless the bound is per precision).
 
     `measurements`: a rung's declared Measurements, or the flat dict a ledger entry recorded
     (its `as_metrics()`). `waivers` maps criterion name -> waiver record; a waived criterion is
@@ -188,9 +240,14 @@ def evaluate(
     results = []
     for c in checklist.criteria:
         hint = c.hint
-        threshold, problem = (
-            (None, None) if c.comparator == "is_true" else resolve_threshold(c.threshold, measurements, evidence)
-        )
+        precision = measurements.get("precision") if c.per_precision else None
+        spec, bound_why, problem = c.bound(precision)
+        if problem is None:
+            threshold, problem = (
+                (None, None) if c.comparator == "is_true" else resolve_threshold(spec, measurements, evidence)
+            )
+        else:
+            threshold = None
         if c.metric not in measurements or measurements[c.metric] is None:
             value, raw_ok, hint = None, False, f"rung did not measure {c.metric}"
         elif problem:
@@ -208,7 +265,9 @@ def evaluate(
                 "comparator": c.comparator,
                 "value": value,
                 "threshold": threshold,
-                "threshold_ref": c.threshold if isinstance(c.threshold, str) else None,
+                "threshold_ref": spec if isinstance(spec, str) else None,
+                "precision": precision,
+                "bound_why": bound_why,
                 "ok": raw_ok or waiver is not None,
                 "raw_ok": raw_ok,
                 "hint": hint,

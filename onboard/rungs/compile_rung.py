@@ -8,7 +8,9 @@ graphs it made and why it broke (`titan_core.compile.explain_blocks`). Measured:
 
 - graph breaks per compiled module, with dynamo's reasons (the gate requires 0);
 - step-1 loss against the eager rung's evidence, relative error (the eager rung ran the
-  same recipe unsharded, and the simple_fsdp rung showed its sharded step equals it);
+  same recipe unsharded, and the simple_fsdp rung showed its sharded step equals it), in the
+  recipe's own precision and judged by that precision's bound;
+- that the compiled run did every planned step with a finite loss and grad norm;
 - compile time (dynamo + backend, paid on the first step), steady step time and peak
   memory, beside the eager rung's.
 
@@ -107,6 +109,7 @@ def run(ctx: RungContext) -> RungResult:
     breaks, per_module = break_report(explain(trainer))
     m = CompileMeasurements(
         **breaks, backend=cfg.compile.backend, fullgraph=cfg.compile.fullgraph, compile_time_s=compile_s,
+        precision=harness.precision(cfg.training),
         moe_experts=moe or (cfg.kernels.moe if args.n_experts else None), moe_why=moe_why, flags=" ".join(flags),
     )  # fmt: skip
     measure_run(m, ctx, result.metrics)

@@ -43,6 +43,9 @@ class RungContext:
     """Measurements of the passed earlier rungs, {rung: measurements}, e.g. evidence["eager"]["step1_loss"]."""
     log: Callable[[str], None]
     """Prints a progress line to the person waiting (stderr; silent under --json)."""
+    runs: list[dict] = field(default_factory=list)
+    """Every gated training run of the attempt, as `gated_runs.record_run` saw it: {run, steps_planned,
+    steps_run, problem}. The engine turns them into `runs_whole` (gated_runs.runs_verdict)."""
 
 
 @dataclass(frozen=True)

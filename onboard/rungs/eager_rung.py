@@ -15,6 +15,7 @@ a twin the full model is the one trained), so the ledger always holds the full m
 
 from __future__ import annotations
 
+import copy
 import math
 from dataclasses import dataclass
 
@@ -22,6 +23,7 @@ import titan_core.train
 from titan_core.models.flux.config import flux_of_args
 from onboard.rungs import harness
 from onboard.rungs.contract import ABSENT, RungContext, RungResult
+from onboard.rungs.gated_runs import record_run
 
 RUNG = "eager"
 reads_recipe_key = harness.reads_all_but_mode
@@ -63,6 +65,17 @@ class EagerMeasurements(harness.SteadyRun):
     """|step1_loss - expected_step1_loss| / expected_step1_loss (fraction): how far a fresh model starts from it."""
     num_params: int = ABSENT
     """Parameters of the model trained (the twin's when the gates run on a twin)."""
+    # a bf16 recipe's own rounding (`bf16_rounding`): the scale of every later bf16 bound
+    fp32_step1_loss_repr: str = ABSENT
+    """Step-1 loss of the same recipe, weights and batch computed in fp32 (repr; a bf16 recipe only)."""
+    fp32_step1_grad_norm_repr: str = ABSENT
+    """Step-1 grad norm of that fp32 step (repr; a bf16 recipe only)."""
+    bf16_rounding: float = ABSENT
+    """How far bf16 moves this recipe's step 1 from fp32's: the larger of the loss's and the grad
+    norm's relative error against the fp32 step (fraction; a bf16 recipe only)."""
+    bf16_rounding_bound: float = ABSENT
+    """The bound of a bf16 run compared with another of the same recipe: params.bf16_rounding_factor x
+    bf16_rounding, never below params.bf16_rounding_floor (fraction; a bf16 recipe only)."""
     # the full model of config.json on the meta device (onboard/rungs/full_model.py)
     full_model_built_on_meta: bool = ABSENT
     """The full-size model builds on meta through the recipe's [model] section and the adapter."""
@@ -145,6 +158,33 @@ def measure(rows: list[dict], args, num_params: int, *, steps: int) -> dict:
     }
 
 
+def bf16_rounding(ctx: RungContext, cfg, bf16_row: dict) -> dict:
+    """The bf16 recipe's own rounding at step 1: the same step (weights, batch) in fp32, and the bound
+    every later comparison of two bf16 runs of this recipe is judged by (checklists: threshold per
+    precision). Two bf16 computations of one step each sit about this far from the fp32 value, so
+    they differ by up to twice it; what differs by more changed the model, not its rounding."""
+    from titan_core.measure.numerics import rel  # lazy: loads torch; onboard status imports the rungs
+
+    ref = copy.deepcopy(cfg)
+    t = ref.training
+    t.steps, t.dtype, t.mixed_precision_param, t.mixed_precision_reduce = 1, "float32", "float32", "float32"
+    ref.metrics.output_dir = str(ctx.attempt_dir / "fp32-reference")
+    ctx.log("eager: the recipe computes in bf16; the same step 1 in fp32 measures its own rounding")
+    row = titan_core.train.run(ref).metrics[:1]
+    if record_run(ctx, "eager: fp32 reference step", row, 1):
+        return {}
+    fp32 = row[0]
+    rounding = max(rel(bf16_row["loss"], fp32["loss"]), rel(bf16_row["grad_norm"], fp32["grad_norm"]))
+    bound = max(harness.param(RUNG, "bf16_rounding_floor"), harness.param(RUNG, "bf16_rounding_factor") * rounding)
+    ctx.log(f"eager: bf16 moves step 1 by {rounding:.2e} from fp32: bf16 runs of this recipe are compared within {bound:.2e}")
+    return {
+        "fp32_step1_loss_repr": repr(fp32["loss"]),
+        "fp32_step1_grad_norm_repr": repr(fp32["grad_norm"]),
+        "bf16_rounding": rounding,
+        "bf16_rounding_bound": bound,
+    }
+
+
 def run(ctx: RungContext) -> RungResult:
     from onboard.rungs import full_model  # lazy: loads torch; onboard status imports the rungs
 
@@ -160,7 +200,11 @@ def run(ctx: RungContext) -> RungResult:
     rows = result.metrics
     if not rows:
         raise RuntimeError("training ran no step")
-    measurements = EagerMeasurements(**measure(rows, args, result.num_params, steps=t.steps))
+    record_run(ctx, "eager", rows, t.steps)
+    measurements = EagerMeasurements(**measure(rows, args, result.num_params, steps=t.steps),
+                                     precision=harness.precision(t))  # fmt: skip
+    if measurements.precision == "bf16" and all(math.isfinite(rows[0][k]) for k in ("loss", "grad_norm")):
+        measurements.update(bf16_rounding(ctx, cfg, rows[0]))
     ctx.log(
         f"eager: loss {rows[0]['loss']:.4f} -> {rows[-1]['loss']:.4f} over {len(rows)} steps, "
         f"{measurements.tokens_per_s:,.0f} tokens/s"

@@ -144,7 +144,7 @@ def run(ctx: RungContext) -> RungResult:
     moe, moe_why = harness.capture_moe(base, args)
     plan = Plan(ctx, base, moe)
     m = GraphTrainerMeasurements(moe_experts=moe or (base.kernels.moe if args.n_experts else None), moe_why=moe_why,
-                                 flags=" ".join(plan.flags))  # fmt: skip
+                                 flags=" ".join(plan.flags), precision=harness.precision(base.training))  # fmt: skip
     ctx.log(
         f"graph_trainer: capture the whole step of {args.n_layers} blocks"
         + ("; MoE experts: kernels.moe = dense (the recipe's loop syncs the host; measurements.moe_why)" if moe else "")

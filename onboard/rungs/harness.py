@@ -22,8 +22,9 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from onboard.engine.gates import load_checklist
-from onboard.rungs.contract import ABSENT, Measurements, RungContext
+from onboard.engine.gates import PRECISIONS, ChecklistError, load_checklist, resolve_threshold
+from onboard.rungs.contract import ABSENT, RungContext
+from onboard.rungs.gated_runs import GatedRuns, record_run
 from titan_core.config import load_config
 from titan_core.config.loader import check_ranges, get_key, set_key
 from titan_core.measure.run_stats import RunStats
@@ -43,13 +44,32 @@ def checklist(rung: str):
     return load_checklist(rung)
 
 
-def param(rung: str, name: str) -> Any:
+def param(rung: str, name: str, precision: str | None = None) -> Any:
     """One of the `params:` of checklists/<rung>.yaml: every number a rung runs with to decide its gate;
-    `timing` with this process's timing profile applied (`use_timing_profile`)."""
+    `timing` with this process's timing profile applied (`use_timing_profile`); a param given per
+    precision ({fp32: ..., bf16: ...}) as the value of `precision` (the recipe's: `precision`)."""
     value = checklist(rung).param(name)
     if name == "timing":
         value = {**value, **TIMING_PROFILES[_timing_profile]}
+    if isinstance(value, dict) and set(value) == set(PRECISIONS):
+        if precision not in value:
+            raise ChecklistError(f"checklists/{rung}.yaml: params.{name} is per precision; asked for {precision!r}")
+        value = value[precision]
     return value
+
+
+def bound(rung: str, criterion: str, precision: str, evidence: dict) -> float:
+    """The bound of `criterion` (checklists/<rung>.yaml) for a run in `precision`, resolved against the
+    passed rungs' `evidence`: for a rung that decides by its own gate's number before the gate runs
+    (tuning keeps a change only within the bound its final recipe is judged by)."""
+    c = checklist(rung).criterion(criterion)
+    if c is None:
+        raise ChecklistError(f"checklists/{rung}.yaml: no criterion '{criterion}'")
+    spec, _, problem = c.bound(precision)
+    value, problem = (None, problem) if problem else resolve_threshold(spec, {}, evidence)
+    if problem:
+        raise RuntimeError(f"{rung}: the bound of {criterion} in {precision} is unavailable: {problem}")
+    return float(value)
 
 
 # ---- the timing profile ----------------------------------------------------------------------
@@ -247,6 +267,14 @@ def model_args(cfg):
     return resolve_model_args(cfg.model)
 
 
+def precision(training) -> str:
+    """"fp32" or "bf16": the precision the recipe's runs compute in, which picks the bound of every
+    criterion that compares two of its runs (onboard.engine.gates, per-precision thresholds). bf16 as
+    soon as any of the recipe's dtypes is bf16 (compute, gathered params, or the gradient reduce)."""
+    dtypes = (training.dtype, training.mixed_precision_param, training.mixed_precision_reduce)
+    return "bf16" if "bfloat16" in dtypes else "fp32"
+
+
 def compute_dtype(training):
     """The dtype the recipe computes in: it decides which kernels can run (e.g. grouped_mm)."""
     import torch  # lazy: torch; onboard status imports the rungs
@@ -348,8 +376,8 @@ def build_trainer(cfg):
 
 
 def train(ctx: RungContext, cfg, label: str):
-    """(trainer, result) of one in-process run of `cfg` (announced, overrides included); a run that a
-    non-finite loss stopped says so in the log and in `result.stopped`."""
+    """(trainer, result) of one in-process run of `cfg` (announced, overrides included), recorded as
+    a gated run (`record_run`): one that stopped early or logged a non-finite value says so."""
     announce(ctx, cfg, label)
     with process_threads():
         trainer = build_trainer(cfg)
@@ -359,12 +387,27 @@ def train(ctx: RungContext, cfg, label: str):
         raise RuntimeError(f"{label}: training ran no step")
     if result.stopped:
         ctx.log(f"{label}: {result.stopped}")
+    record_run(ctx, label, result.metrics, cfg.training.steps)
     return trainer, result
+
+
+def train_recipe(ctx: RungContext, edits, *, steps: int, label: str):
+    """(trainer, result) of the recipe as `edits` (a rung's RecipeEdits) would leave it, in the recipe's
+    own execution mode, for `steps` on the gate's batch, recorded as a gated run: what the user takes
+    away, run as a whole before the gate lets the edits in."""
+    cfg = job_config(ctx)
+    written = recipe(ctx)
+    cfg.compile.enable, cfg.graph_trainer.enable = written.compile.enable, written.graph_trainer.enable
+    for e in edits:
+        set_key(cfg, e.key, e.value)
+    cfg.training.steps = steps
+    cfg.metrics.output_dir = str(ctx.attempt_dir / "recipe")
+    return train(ctx, cfg, label)
 
 
 # ---- measurements ----------------------------------------------------------------------------
 @dataclass(kw_only=True)
-class SteadyRun(Measurements):
+class SteadyRun(GatedRuns):
     """The speed and memory of one run's steady window (`run_stats`: titan_core.measure.run_stats.RunStats)."""
 
     steady_from: int = ABSENT

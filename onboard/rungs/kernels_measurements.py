@@ -6,11 +6,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from onboard.rungs.contract import ABSENT, Measurements, flattened
+from onboard.rungs.contract import ABSENT, flattened
+from onboard.rungs.gated_runs import GatedRuns
 
 
 @dataclass(kw_only=True)
-class KernelsMeasurements(Measurements):
+class KernelsMeasurements(GatedRuns):
     """The kernels rung's measurements: counts and worst errors over every kernel that applies, one
     group of numbers per kernel flag, and the setting they were measured in."""
 
@@ -69,3 +70,8 @@ class KernelsMeasurements(Measurements):
     """The recipe's execution mode: eager, compile or graph_trainer."""
     proposed_recipe_edits: list[str] = ABSENT
     """The recipe edits the keep rule picked, each as "key=value" (written only if the gate passes)."""
+    recipe_steps_run: int = ABSENT
+    """Steps the recipe as the rung leaves it (its edits applied, its execution mode and precision)
+    logged in its one whole run (params.recipe_steps planned; runs_whole judges it)."""
+    recipe_loss_curve: list[float] = ABSENT
+    """That run's loss per step."""

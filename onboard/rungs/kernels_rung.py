@@ -424,8 +424,13 @@ def run(ctx: RungContext) -> RungResult:
         edits, decisions = decide(rows, bench.cfg.kernels, captured=bench.captured, contest=bench.contest)
     proposed = [f"{e.key}={e.value}" for e in edits]  # written only if the gate passes
     m = KernelsMeasurements(
-        **totals(rows), per_kernel=per_flag(rows), **bench.setting(), proposed_recipe_edits=proposed
+        **totals(rows), per_kernel=per_flag(rows), **bench.setting(), proposed_recipe_edits=proposed,
+        precision=harness.precision(bench.cfg.training),
     )
+    # the kernels were proved in fp32, one by one; the recipe they leave runs whole in its own precision
+    _, whole = harness.train_recipe(ctx, edits, steps=harness.param(RUNG, "recipe_steps"),
+                                    label=f"kernels: the recipe with its kernels ({bench.mode}, {m.precision})")
+    m.update(recipe_steps_run=len(whole.metrics), recipe_loss_curve=[r["loss"] for r in whole.metrics])
     for e in edits:
         ctx.log(f"kernels: recipe keeps {e.key} = {e.value!r} ({e.why}) if the gate passes")
     return RungResult(

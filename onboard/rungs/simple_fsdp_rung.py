@@ -31,6 +31,7 @@ import titan_core.train
 from onboard.errors import BadInput
 from onboard.rungs import harness
 from onboard.rungs.contract import ABSENT, RecipeEdit, RungContext, RungResult
+from onboard.rungs.gated_runs import record_run
 from onboard.rungs.harness import resolved_device_type
 from titan_core.measure.timing import Comparison, TimingProtocol, compare, compare_samples
 from titan_core.runtime import launcher
@@ -192,8 +193,9 @@ def _baseline(ctx: RungContext, base, world: int, why: str | None) -> tuple[floa
         return float(ev["step1_loss_repr"]), float(ev["step1_grad_norm_repr"])
     cfg = baseline_config(base, ctx.attempt_dir / "baseline", world=world)
     ctx.log(f"simple_fsdp: baseline = 1 process, grad_accum {world}, fp32, 1 step ({why})")
-    row = titan_core.train.run(cfg).metrics[0]
-    return row["loss"], row["grad_norm"]
+    rows = titan_core.train.run(cfg).metrics
+    record_run(ctx, "simple_fsdp: baseline step", rows, 1)
+    return rows[0]["loss"], rows[0]["grad_norm"]
 
 
 def measure(fp32: list[dict], bf16: list[dict], fsdp2: list[dict], *, baseline: tuple[float, float],
@@ -299,7 +301,10 @@ def sharded_runs(ctx: RungContext, base, world: int) -> dict[str, tuple[list[dic
 
     def sharded(name: str, mode: str, param_dtype: str, label: str, required: bool = True):
         cfg = sharded_config(base, ctx.attempt_dir / name, world=world, mode=mode, param_dtype=param_dtype)
-        return _world(ctx, cfg, world, label, required=required)
+        rows, failure = _world(ctx, cfg, world, label, required=required)
+        if required:  # FSDP2 is timed beside SimpleFSDP, never gated
+            record_run(ctx, f"simple_fsdp: {label}", rows, cfg.training.steps)
+        return rows, failure
 
     runs = {
         "fp32": sharded("fp32", "simple_fsdp", FP32, "SimpleFSDP fp32"),
@@ -362,7 +367,8 @@ def time_precisions(ctx: RungContext, base) -> Comparison:
 def recipe_choices(ctx: RungContext, base, m: dict, timing=None) -> tuple[list, dict]:
     """(recipe edits, measurements) for the two levers this rung measured.
 
-    Mixed precision: bf16 parameters are chosen only when they are `faster` than fp32 by the
+    Mixed precision: a recipe whose parameters are bf16 (training.dtype) gathers them in bf16, untimed.
+    Otherwise bf16 parameters are chosen only when they are `faster` than fp32 by the
     timing protocol (`time_precisions`, or `timing` given; the checklist asks a clear margin,
     as bf16 changes the numerics) and the bf16 loss curve passed the checklist's bound; fp32
     when slower; when indistinguishable the recipe's value stands (`harness.settle`): fp32 on a
@@ -378,6 +384,9 @@ def recipe_choices(ctx: RungContext, base, m: dict, timing=None) -> tuple[list, 
     cmp = None
     if not curve_ok:
         want, why = FP32, f"simple_fsdp rung: bf16's loss curve left fp32's by more than {bound:g}; fp32"
+    elif recipe.training.dtype == "bfloat16":
+        # the parameters themselves are bf16: gathering them "in fp32" would only double the bytes moved
+        want, why = "bfloat16", "simple_fsdp rung: the recipe's parameters are bf16 (training.dtype): gathered as they are"
     else:
         cmp = timing if timing is not None else time_precisions(ctx, base)
         ctx.log(f"simple_fsdp: {cmp.describe('bf16 params', 'fp32')}")

@@ -40,6 +40,7 @@ from onboard.rungs.execution_mode import recipe_mode
 from onboard.rungs.tuning_measurements import TuningMeasurements
 from onboard.rungs.tuning_runs import Runs
 from titan_core.config.loader import get_key, load_toml, with_keys
+from titan_core.measure.run_stats import not_whole
 from titan_core.measure.timing import TimingProtocol
 from titan_core.memory.estimate import format_bytes
 from titan_core.runtime.launcher import cpu_count
@@ -53,8 +54,15 @@ UNTUNED = "untuned"
 MEASUREMENTS = TuningMeasurements
 
 
-def param(name: str) -> Any:
-    return harness.param(RUNG, name)
+def param(name: str, precision: str | None = None) -> Any:
+    return harness.param(RUNG, name, precision)
+
+
+def rounding_rel(ctx: RungContext, cfg) -> float:
+    """Where rounding ends for a change of this recipe: the bound its final recipe is judged by
+    (criterion final_step1_loss) in the recipe's precision, so no change is kept that the gate would
+    then fail, and a bf16 recipe is not held to fp32's rounding."""
+    return harness.bound(RUNG, "final_step1_loss", harness.precision(cfg.training), ctx.evidence)
 
 
 def protocol():
@@ -122,14 +130,14 @@ class Tuner:
         from onboard.rungs.tuning_classify import classify  # lazy: loads torch; onboard status imports the rungs
 
         ref = self.matched(against, against_cfg, cfg.training.batch_size * cfg.training.grad_accum)
-        return classify(self.runs.step1[label], self.runs.step1[ref], rounding_rel=param("rounding_rel")), ref
+        return classify(self.runs.step1[label], self.runs.step1[ref], rounding_rel=rounding_rel(self.ctx, cfg)), ref
 
     def curve_check(self, label: str, cfg, ref: str, ref_cfg):
         from onboard.rungs.tuning_classify import curve_check  # lazy: loads torch; onboard status imports the rungs
 
         steps = param("curve_steps")
         return curve_check(self.runs.curve(label, cfg, steps), self.runs.curve(ref, ref_cfg, steps),
-                           tolerance=param("curve_rel"))  # fmt: skip
+                           tolerance=param("curve_rel", harness.precision(cfg.training)))  # fmt: skip
 
     def record(self, step: str, label: str, values: dict, cls, ref: str, cmp, curve, kept: bool, why: str,
                timed_against: str | None = None) -> dict:  # fmt: skip
@@ -319,7 +327,7 @@ def final_check(tuner: Tuner) -> dict:
     runs, final, cfg = tuner.runs, tuner.holder, tuner.cfg
     rows = cfg.training.batch_size * cfg.training.grad_accum
     ref = tuner.matched(UNTUNED, tuner.base, rows)
-    cls = classify(runs.step1[final], runs.step1[ref], rounding_rel=param("rounding_rel"))
+    cls = classify(runs.step1[final], runs.step1[ref], rounding_rel=rounding_rel(tuner.ctx, cfg))
     b = tuner.base.training
     why = "the untuned recipe itself"
     if ref != UNTUNED:
@@ -331,12 +339,11 @@ def final_check(tuner: Tuner) -> dict:
         _, result = harness.train(tuner.ctx, whole, "tuning: the final recipe, run whole")
     rows_run = result.metrics
     curve = [r["loss"] for r in rows_run]
-    finite = all(math.isfinite(r["loss"]) and math.isfinite(r["grad_norm"]) for r in rows_run)
     return {
         "label": final, "baseline": ref, "baseline_why": why, "classification": cls.to_dict(),
         "step1": runs.step1[final].to_dict(), "baseline_step1": runs.step1[ref].to_dict(),
         "steps_planned": whole.training.steps, "steps_run": len(rows_run),
-        "whole": finite and len(rows_run) == whole.training.steps and result.stopped is None,
+        "whole": not_whole(rows_run, whole.training.steps) is None,
         "stopped": result.stopped, "loss_curve": curve, "rows": rows_run,
         "metrics_file": tuner.ctx.workspace.key_for(tuner.ctx.attempt_dir / "final" / "metrics.jsonl"),
     }  # fmt: skip
@@ -413,6 +420,7 @@ def summarise(tuner: Tuner, final: dict, batch: dict, prof: dict) -> TuningMeasu
         "profile_trace": prof.get("trace"),
         "timing_protocol": vars(tuner.proto),
         "device_kind": tuner.kind,
+        "precision": harness.precision(tuner.cfg.training),
     })  # fmt: skip
     if final["rows"]:
         m.update(harness.run_stats(final["rows"]))

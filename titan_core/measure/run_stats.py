@@ -8,6 +8,7 @@ because they pay for allocator warm-up, lazy initialisation and compilation.
 
 from __future__ import annotations
 
+import math
 import statistics
 from dataclasses import asdict, dataclass, field
 
@@ -61,3 +62,15 @@ class RunStats:
         d = asdict(self)
         d.pop("steps")
         return d
+
+
+def not_whole(rows: list[dict], planned: int) -> str | None:
+    """Why a run that planned `planned` steps did not finish them with a finite loss and grad norm at
+    every step, naming the step and the quantity; None when it did."""
+    for row in rows:
+        for key, what in (("loss", "loss"), ("grad_norm", "grad norm")):
+            if not math.isfinite(row[key]):
+                return f"the {what} at step {row['step']} is {row[key]!r} ({len(rows)} of {planned} planned steps logged)"
+    if len(rows) < planned:
+        return f"the run stopped after step {len(rows)} of {planned} planned, every logged value finite"
+    return None

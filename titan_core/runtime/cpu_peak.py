@@ -25,7 +25,12 @@ from pathlib import Path
 import torch
 
 N = 1024
-"""Matmul size of the probe: large enough to be compute-bound on a CPU, small enough to take ~10 ms."""
+"""Largest matmul size of the probe: compute-bound on a CPU, ~10 ms in fp32 here."""
+MIN_N = 128
+PRODUCT_S = 0.01
+"""The probe's products grow from MIN_N until one takes this long (or N is reached): a dtype the CPU
+has no instructions for (bf16 here runs ~100x slower than fp32) is probed at a size that still
+takes ~10 ms a product, not ~10 s (a fixed 1024 made every bf16 run's first step wait minutes)."""
 
 
 def cache_path() -> Path:
@@ -47,10 +52,21 @@ def cache_key(dtype: torch.dtype) -> str:
     return f"{_cpu_model()} | threads={torch.get_num_threads()} | {dtype} | torch {torch.__version__}"
 
 
+def probe_operands(dtype: torch.dtype) -> tuple[int, torch.Tensor, torch.Tensor]:
+    """(n, a, b): the probe's n x n operands, n doubled from MIN_N until one product takes PRODUCT_S or n is N."""
+    n = MIN_N
+    while True:
+        a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
+        t0 = time.perf_counter()
+        a @ b  # warm-up (thread pool, allocator), and the size's cost
+        if n >= N or time.perf_counter() - t0 >= PRODUCT_S:
+            return n, a, b
+        n *= 2
+
+
 def probe(dtype: torch.dtype = torch.float32, *, rounds: int = 5, trials: int = 8) -> float:
     """Best matmul FLOP/s over `rounds` rounds of `trials` timed products (each round after a pause)."""
-    a, b = torch.randn(N, N, dtype=dtype), torch.randn(N, N, dtype=dtype)
-    a @ b  # warm-up: thread pool and allocator
+    n, a, b = probe_operands(dtype)
     best = float("inf")
     for r in range(rounds):
         if r:
@@ -59,7 +75,7 @@ def probe(dtype: torch.dtype = torch.float32, *, rounds: int = 5, trials: int = 
             t0 = time.perf_counter()
             a @ b
             best = min(best, time.perf_counter() - t0)
-    return 2 * N**3 / best
+    return 2 * n**3 / best
 
 
 def _read() -> dict:

@@ -11,7 +11,7 @@ The loop does not wait for the device at every step: it queues each step's work 
 the values (loss, grad norm, and the step's time from `measure/step_clock.py`) only after a
 step the log prints, the last one, a checkpoint's and the profiler's window (`_reads_after`),
 so on an accelerator the next steps are queued while the current one runs. Every step still
-gets its full row, filled in at that read; a non-finite loss stops the run there, naming
+gets its full row, filled in at that read; a non-finite loss or grad norm stops the run there, naming
 its own step. `train_step()` is one step waited for, for callers that time single steps.
 """
 
@@ -67,8 +67,8 @@ class TrainResult:
     """What of the model runs otherwise than through titan_core's kernels, a line each (the model's
     `notes`: e.g. the transformers path's layers that have no attention module)."""
     stopped: str | None = None
-    """Why the run stopped before `training.steps`: a non-finite loss, named with its step, the
-    loss and the last finite grad norm (`diverged_message`). None: it ran every step."""
+    """Why the run stopped before `training.steps`: a non-finite loss or grad norm, named with its step,
+    the quantity and the last finite grad norm (`diverged_message`). None: it ran every step."""
 
     @property
     def stats(self) -> RunStats:
@@ -283,10 +283,11 @@ class Trainer:
                 self.logger.log(row)
                 if math.isfinite(row["grad_norm"]):
                     last_norm = (row["step"], row["grad_norm"])
-                if not math.isfinite(row["loss"]):
-                    # nothing useful follows a non-finite loss; every rank holds the same all-reduced
-                    # loss and reads at the same steps, so every rank stops here
-                    return diverged_message(row["step"], row["loss"], last_norm)
+                if not (math.isfinite(row["loss"]) and math.isfinite(row["grad_norm"])):
+                    # nothing useful follows a non-finite loss or grad norm (clipping by a NaN norm makes
+                    # every weight NaN); every rank holds the same all-reduced values and reads at the
+                    # same steps, so every rank stops here
+                    return diverged_message(row["step"], row["loss"], last_norm, row["grad_norm"])
             self.checkpointer.maybe_save(
                 self.step,
                 model=self.model,
@@ -328,13 +329,16 @@ class Trainer:
         )
 
 
-def diverged_message(step: int, loss: float, last_norm: tuple[int, float] | None) -> str:
-    """One line for a run stopped by a non-finite loss: the step, the loss, the last finite grad norm."""
+def diverged_message(step: int, loss: float, last_norm: tuple[int, float] | None, grad_norm: float = 0.0) -> str:
+    """One line for a run stopped by a non-finite loss or grad norm: the step, the quantity, the last finite grad norm."""
     if last_norm is None:
         norm = "no step had a finite grad norm"
     else:
         norm = f"the last finite grad norm was {last_norm[1]:.6g} (step {last_norm[0]})"
+    what = f"the loss at step {step} is {loss!r}"
+    if math.isfinite(loss):
+        what = f"the grad norm at step {step} is {grad_norm!r} (loss {loss!r})"
     return (
-        f"training diverged: the loss at step {step} is {loss!r}, so the run stopped there; {norm}; "
+        f"training diverged: {what}, so the run stopped there; {norm}; "
         "the usual cause is a learning rate too high for the model (optimizer.lr)"
     )

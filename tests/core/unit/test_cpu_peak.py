@@ -44,3 +44,13 @@ def test_a_corrupt_or_unwritable_cache_falls_back_to_the_probe(fresh, monkeypatc
 def test_the_real_probe_measures_a_plausible_rate():
     rate = cpu_peak.probe(torch.float32, rounds=2, trials=2)
     assert 1e8 < rate < 1e14
+
+
+def test_the_probe_grows_its_products_only_while_they_are_fast(monkeypatch):
+    """A dtype the CPU runs slowly (bf16 here, ~100x fp32) is probed at a size that takes ~PRODUCT_S
+    a product, so a bf16 run's first step does not wait minutes for its MFU denominator."""
+    monkeypatch.setattr(cpu_peak, "PRODUCT_S", 0.0)  # every product "slow": the smallest size
+    assert cpu_peak.probe_operands(torch.float32)[0] == cpu_peak.MIN_N
+    monkeypatch.setattr(cpu_peak, "PRODUCT_S", float("inf"))  # every product "fast": up to N
+    n, a, b = cpu_peak.probe_operands(torch.bfloat16)
+    assert n == cpu_peak.N and a.shape == b.shape == (n, n) and a.dtype == torch.bfloat16

@@ -14,7 +14,6 @@ import background
 import pytest
 from hang_guard import Load, hang_guard, stretch
 from onboard.rungs import harness
-from onboard.engine.gates import load_checklist
 from onboard.engine.ladder import default_specs
 from titan_core.measure.numerics import rel
 
@@ -54,6 +53,7 @@ def test_demo_climbs_every_built_rung_and_prints_the_ladder(tmp_path):
     rungs = [e["rung"] for e in ledger["attempts"]]
     assert sorted(set(rungs), key=rungs.index) == built  # first reached in ladder order, every one
     assert_sharded_step_is_the_eager_evidence(ledger)
+    assert_every_rung_ran_whole_and_names_its_bounds_precision(ledger)
     for rung in built:
         assert f"## {rung}: passed" in (ws / "REPORT.md").read_text()
     # 300 s is the demo's budget on a machine with a core per runnable process when it starts (its
@@ -91,6 +91,22 @@ def assert_sharded_step_is_the_eager_evidence(ledger: dict) -> None:
     assert set(first["simple_fsdp"]["files_read"]) == {"recipe.toml", "config.json", "adapter.py"}
 
 
+def assert_every_rung_ran_whole_and_names_its_bounds_precision(ledger: dict) -> None:
+    """Every training rung's runs did every planned step finite, and each comparison of two runs of
+    the recipe was judged by the bound of the precision the recipe held then (bf16 when the noise
+    let simple_fsdp keep bf16 params: then the eager rung's own bf16 bound, test_bf16_ladder.py)."""
+    for e in ledger["attempts"]:
+        if e["rung"] == "parity":
+            continue
+        m = e["measurements"]
+        assert m["runs_whole"] is True and m["runs_recorded"] >= 1, (e["rung"], m.get("runs_not_whole"))
+        for c in e["criteria"]:
+            if c["name"] in ("step1_loss", "final_step1_loss") and e["rung"] in ("compile", "tuning"):
+                assert c["precision"] == m["precision"] and c["bound_why"], (e["rung"], c)
+                bf16 = m["precision"] == "bf16"
+                assert c["threshold_ref"] == ("evidence.eager.bf16_rounding_bound" if bf16 else None), c
+
+
 def assert_train_reproduces_the_verified_step(ws: Path, ledger: dict, out: Path) -> None:
     """`onboard train` with the final recipe runs the combination the gates verified: its step-1
     loss is the record of the tuning rung's whole run of the final recipe (or, before tuning, of
@@ -99,7 +115,8 @@ def assert_train_reproduces_the_verified_step(ws: Path, ledger: dict, out: Path)
     recipe = tomllib.loads((ws / "recipe.toml").read_text())
     latest = {e["rung"]: e for e in ledger["attempts"]}
     compiled = recipe.get("compile", {}).get("enable")
-    tolerance = load_checklist("compile").criterion("step1_loss").threshold if compiled else 0.0
+    judged = next(c for c in latest["compile"]["criteria"] if c["name"] == "step1_loss")
+    tolerance = judged["threshold"] if compiled else 0.0  # the bound the compile gate judged this recipe by
     if (latest.get("tuning") or {}).get("measurements", {}).get("step1_loss_repr"):
         reference = float(latest["tuning"]["measurements"]["step1_loss_repr"])
     elif compiled:

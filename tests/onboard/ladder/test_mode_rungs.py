@@ -11,7 +11,9 @@ from onboard.engine.gates import evaluate, gate_passed, load_checklist
 from onboard.rungs import compile_rung
 from onboard.rungs import harness
 from onboard.rungs import eager_rung as eager, graph_trainer_rung as graph_trainer
-from onboard.rungs.contract import RungContext
+from onboard.engine.recipe_edit import apply_edits
+from onboard.rungs.contract import RecipeEdit, RungContext
+from onboard.rungs.gated_runs import settle_runs
 from titan_core.measure.timing import TimingProtocol
 
 pytestmark = pytest.mark.slow
@@ -21,7 +23,9 @@ def run_rung(module, ws, tmp_path, evidence):
     attempt = tmp_path / "runs" / module.RUNG / f"attempt-{len(list(tmp_path.glob('runs/*/*'))) + 1}"
     attempt.mkdir(parents=True)
     lines = []
-    result = module.run(RungContext(workspace=ws, attempt_dir=attempt, evidence=evidence, log=lines.append))
+    ctx = RungContext(workspace=ws, attempt_dir=attempt, evidence=evidence, log=lines.append)
+    result = module.run(ctx)
+    settle_runs(result.measurements, ctx.runs)  # as the engine does
     criteria = evaluate(load_checklist(module.RUNG), result.measurements, evidence, {})
     return result, {c["name"]: c for c in criteria}, lines
 
@@ -169,3 +173,25 @@ def test_a_run_with_its_own_threads_does_not_leave_them_to_the_next(narrow_ws, t
     cfg.device.threads = before + 1
     harness.train(ctx, cfg, "test")
     assert torch.get_num_threads() == before
+
+
+def test_a_recipe_that_goes_nan_at_step_2_fails_the_compile_gate_naming_the_step_and_the_quantity(narrow_ws, tmp_path):
+    """bf16 params + compile + dense MoE, with a learning rate that blows the weights up after step 1:
+    step 1 is sane (its loss equals eager's), step 2 is not. The run stops there and the gate fails on
+    `every_run_whole`, naming the run, the step and the quantity, where it once checked graph breaks and
+    the step-1 loss only and passed a recipe that could not train."""
+    ws = on_aot_eager(narrow_ws("qwen3_moe"))
+    apply_edits(ws.recipe_path, [
+        RecipeEdit("training.mixed_precision_param", "bfloat16", "test: bf16 params"),
+        RecipeEdit("kernels.moe", "dense", "test: the capture-friendly experts"),
+        RecipeEdit("optimizer.lr", 1e30, "test: weights of 1e30 after one step overflow bf16 products"),
+    ])  # fmt: skip
+    eager_result, eager_criteria, _ = run_rung(eager, ws, tmp_path, {})
+    assert not eager_criteria["every_run_whole"]["ok"] and not eager_criteria["all_finite"]["ok"]
+    result, criteria, lines = run_rung(compile_rung, ws, tmp_path, {"eager": eager_result.measurements})
+    m = result.measurements
+    assert m["precision"] == "bf16" and m["steps_run"] == 2 and criteria["step1_loss"]["ok"]
+    assert failed(criteria) == ["every_run_whole"]
+    (broken,) = m["runs_not_whole"]
+    assert broken.startswith("compile: the ") and " at step 2 is " in broken and "2 of 20 planned" in broken, broken
+    assert any("not whole" in line and "step 2" in line for line in lines)

@@ -9,8 +9,8 @@ step come from: eager computes them in Python doubles and passes them to each op
 Scalar; here the host computes the very same doubles (`adamw_step_scalars`) and feeds
 them to the graph as 0-dim fp32 tensors, which the kernels read as exactly the value
 the Scalar path would have used for fp32 parameters. Constants (betas, eps) stay baked
-into the graph. (bf16 parameters are not bit-identical: eager's fused addcdiv/addcmul
-round once in fp32 opmath where the decomposed ops round each step in bf16.)
+into the graph. bf16 parameters too: the one fused op whose decomposition would round
+differently (addcdiv, one rounding in fp32 "opmath") is written in fp32 and rounded once.
 """
 
 from __future__ import annotations
@@ -92,8 +92,10 @@ def adamw_update(
         m = torch.lerp(m, g, 1 - h.beta1)
         v = torch.addcmul(v * h.beta2, g, g, value=1 - h.beta2)
         denom = (torch.sqrt(v) / bc2_sqrt) + h.eps
-        # addcdiv(p, m, denom, value=s) computes p + (s * m) / denom; the same three roundings
-        p = p + (neg_step_size * m) / denom
+        # addcdiv(p, m, denom, value=s) computes p + (s * m) / denom in fp32 ("opmath") and rounds
+        # once to p's dtype: for fp32 the casts are no-ops and the same three roundings remain; for
+        # bf16 parameters the decomposed ops would round each step in bf16
+        p = (p.float() + (neg_step_size * m.float()) / denom.float()).to(p.dtype)
         new_p.append(p)
         new_m.append(m)
         new_v.append(v)
