@@ -91,6 +91,12 @@ JOBS = {
         lambda base, shared: [sys.executable, LADDER_TESTS / "port_climb.py", base],
         600,
     ),
+    "bf16": Job(
+        "tests/onboard/ladder/test_bf16_ladder.py::test_a_bf16_recipe_climbs_every_rung_judged_by_bf16s_bounds",
+        "the bf16 recipe's climb (bf16_climb.py)",
+        lambda base, shared: [sys.executable, LADDER_TESTS / "bf16_climb.py", base],
+        600,
+    ),
     "demo": Job(
         "tests/onboard/ladder/test_demo.py::test_demo_climbs_every_built_rung_and_prints_the_ladder",
         "onboard demo",

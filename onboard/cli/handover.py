@@ -43,11 +43,15 @@ def plan_cmd(
     target: str = typer.Option(..., "--target", help="KIND[:COUNT]: v5e v5p v6e v7x h100 h200 b200 mi300x cpu."),
     seq: int = typer.Option(4096, "--seq", help="Tokens per sequence on the target."),
     efficiency: Optional[float] = typer.Option(None, "--efficiency", help="Fraction of peak the FLOPs reach (0.5)."),
+    check: bool = typer.Option(
+        False, "--check", help="Then run the written recipe for 2 steps on the twin on this CPU: finite or not."
+    ),
     dir: Path = DIR_OPTION,
     json_out: bool = JSON_OPTION,
 ):
     """Plan the full model on a target: memory per device, mesh, batch, memory policy, a predicted
-    step time; writes recipe.<kind>-<count>.toml and prints the torchrun line. Exit 1 when nothing fits."""
+    step time, the recipe's levers re-decided for the target; writes recipe.<kind>-<count>.seq<seq>.toml
+    and prints the torchrun line. Exit 1 when nothing fits, or when --check finds the recipe does not run."""
 
     def body(out: Out) -> int:
         from onboard.sizing.workspace_plan import plan_lines, plan_result
@@ -55,12 +59,21 @@ def plan_cmd(
 
         ws = Workspace.load(check_dir(dir), name)
         result = plan_result(ws, target, seq=seq, efficiency=efficiency)
+        for warning in result["warnings"]:  # on stderr under --json too: the JSON holds them as well
+            print(f"warning: {warning}", file=sys.stderr)
+        if check and result["recipe"]:
+            from onboard.sizing.plan_check import check_plan_recipe
+
+            out.log(f"checking {Path(result['recipe']).name} on this CPU ...")
+            result["check"] = check_plan_recipe(ws, Path(result["recipe"]))
         if out.json:
             out.emit(result)
         else:
             for line in plan_lines(result):
                 out.print(line, markup=False, soft_wrap=True)
-        return 0 if result["recipe"] else EXIT_FAILED
+        if not result["recipe"] or not result.get("check", {"ok": True})["ok"]:
+            return EXIT_FAILED
+        return 0
 
     run_command(json_out, body)
 

@@ -20,10 +20,13 @@ from titan_core.config import ConfigError
 from titan_core.measure.numerics import max_abs, rel_l2, rounding_check, worst_unexcused
 from titan_core.models.registry import DIFFUSION_FAMILIES
 from titan_core.models.transformers.adapter import predicted_vocab
+from titan_core.config.hf_config import read_hf_config
+from titan_core.models.transformers.hf_classes import config_object
 
 from onboard.parity import criteria
 from onboard.parity.compare import compare_grads, round_trip
 from onboard.parity import feature_pass, features
+from onboard.parity.init_check import compare_init, init_stats
 from onboard.parity.localise import OutputRecorder, Row, compare_outputs, localise, module_pairs, parameter_sources
 from onboard.parity.native import (
     PortError, WorkspaceError, build_native, load_adapter, load_converted, native_args, native_hf_config,
@@ -31,8 +34,8 @@ from onboard.parity.native import (
 )  # fmt: skip
 from onboard.parity.diffusion import run_flow
 from onboard.parity.results import results_path, write_results
-from onboard.parity.upstream import build_upstream
-from onboard.workspace.layout import TWIN
+from onboard.parity.upstream import build_upstream, seeded_init
+from onboard.workspace.layout import HF_CONFIG, TWIN
 
 LIST_CAP = 40  # keep results readable when everything is missing
 
@@ -99,7 +102,9 @@ def _run(root, res, m, weights_dir, batch, seq_len, seed, attn_implementation) -
             weights_dir = None
     if ws.family in DIFFUSION_FAMILIES:
         return run_flow(ws, cfg, res, m, root=root, weights_dir=weights_dir, batch=batch, seed=seed)
-    upstream = build_upstream(cfg, weights_dir=weights_dir, seed=seed, attn_implementation=attn_implementation)
+    params = criteria.params()
+    upstream = build_upstream(cfg, weights_dir=weights_dir, seed=seed, attn_implementation=attn_implementation,
+                              init_keep_below=int(params["init_min_elements"]))  # fmt: skip
     hf = upstream.model
     res.update(upstream_class=type(hf).__name__, weights=upstream.source, weights_check=upstream.loading)
     m.update(upstream.counts())
@@ -109,6 +114,7 @@ def _run(root, res, m, weights_dir, batch, seq_len, seed, attn_implementation) -
     # a seed the upstream init never uses: a native weight the adapter fails to load must not
     # start equal to its upstream counterpart by coincidence of generators (it did, seed for seed)
     native = build_native(ws, native_args(ws, adapter, cfg), seed=seed + 1000)
+    _init_parity(res, m, upstream, native, adapter, cfg, seed, params)
 
     # 1. state dict: HF -> native (into the model) -> HF, exactly
     load = load_converted(native, _port(adapter.from_hf, "adapter.from_hf", upstream.checkpoint))
@@ -125,7 +131,6 @@ def _run(root, res, m, weights_dir, batch, seq_len, seed, attn_implementation) -
     }
 
     # 2. the inputs: long enough for every window, with pad ids when the config has one
-    params = criteria.params()
     declared = features.declare(hf.config)
     seq_len = features.seq_len_for(declared, seq_len, params)
     m["seq_len"] = seq_len
@@ -153,6 +158,10 @@ def _run(root, res, m, weights_dir, batch, seq_len, seed, attn_implementation) -
     if how is not None:
         load_converted(native, _port(adapter.from_hf, "adapter.from_hf", hf.state_dict()))
         compare("features", how)
+    if ws.hf_config_path is not None and ws.hf_config_path.name == TWIN:
+        # a feature the full model declares counts as exercised only where the twin holds it too
+        full = read_hf_config(ws.hf_config_path.with_name(HF_CONFIG))
+        features.not_held(declared, config_object(full), f"the twin ({TWIN})")
     _combine(res, m, passes, declared)
 
 
@@ -167,7 +176,8 @@ def _compare(record, hf, native, adapter, tokens, labels, pairs, declared, param
         with torch.no_grad():
             native_logits = _port(native, "native forward", tokens)
         with features.Probe(hf, declared) as probe:
-            hf_logits = hf(input_ids=tokens, use_cache=False).logits
+            hf_out = hf(input_ids=tokens, use_cache=False)
+            hf_logits = hf_out.logits
     features.record_probe(declared, probe, name, params, f" ({how})" if how else "")
     # a features pass may scale the logits up to a soft-cap (30 and more); their rounding scales with
     # them, so the largest difference is read in units of their RMS where that is above 1
@@ -180,14 +190,15 @@ def _compare(record, hf, native, adapter, tokens, labels, pairs, declared, param
     rows = compare_outputs(nrec, urec, pairs) + [logits_row]
     loc = _localise(pm, rows, pairs, native, nrec, urec)
 
-    # cross-entropy only: the aux loss is a training choice
-    _, native_ce = _port(native.loss, "native loss", tokens, labels)
+    # cross-entropy compared here and differentiated below; the MoE load-balancing term beside it
+    native_loss, native_ce = _port(native.loss, "native loss", tokens, labels)
     hf_ce = F.cross_entropy(hf_logits.flatten(0, 1).float(), labels.flatten())
     pm.update(
         loss_abs_diff=abs(native_ce.item() - hf_ce.item()),
         native_loss_repr=repr(native_ce.item()),
         upstream_loss_repr=repr(hf_ce.item()),
     )
+    pm.update(_aux_parity(hf, hf_out, native_loss.item(), native_ce.item(), hf_ce.item()))
     native_ce.backward()
     hf_ce.backward()
     grads = compare_grads(
@@ -207,6 +218,55 @@ def _compare(record, hf, native, adapter, tokens, labels, pairs, declared, param
         "diagnosis": _embedding_diagnosis(hf, grads, tokens, declared),
     }
     record.update(localisation=loc, grads=grad_detail)
+
+
+def _upstream_aux(hf, out) -> tuple[float, str]:
+    """(upstream's weighted load-balancing term, how it was read): `router_aux_loss_coef * aux_loss`
+    of the forward's output, which transformers adds to the loss when the config sets
+    output_router_logits; 0.0 when the forward computed no aux_loss. NaN when it did but names
+    no coefficient (nothing passes by being unmeasured)."""
+    aux = getattr(out, "aux_loss", None)
+    if aux is None:
+        return 0.0, "upstream computed no aux_loss (no experts, or output_router_logits off): its term is 0"
+    coef = getattr(hf, "router_aux_loss_coef", None)
+    if coef is None:
+        coef = getattr(hf.config.get_text_config(), "router_aux_loss_coef", None)
+    if coef is None:
+        return math.nan, "upstream computed an aux_loss but has no router_aux_loss_coef to weigh it with"
+    aux = float(aux.detach())
+    return float(coef) * aux, f"router_aux_loss_coef {coef!r} x aux_loss {aux!r}"
+
+
+def _aux_parity(hf, out, native_loss: float, native_ce: float, hf_ce: float) -> dict[str, Any]:
+    """The MoE load-balancing term, native against upstream, as each adds it to its training loss.
+
+    The native term is read as its `loss - ce` (the model contract: `loss()` returns both), a
+    difference of two fp32 numbers that carries up to half an fp32 ulp of the loss; so, as
+    logits_max_abs does with large logits, the difference is read in units of the loss where that
+    is above 1 (aux_loss_abs_diff; the plain one as aux_loss_abs_diff_raw)."""
+    theirs, how = _upstream_aux(hf, out)
+    ours = native_loss - native_ce
+    raw = abs(ours - theirs) if math.isfinite(theirs) else math.nan
+    return {
+        "aux_loss_abs_diff": raw / max(1.0, abs(hf_ce)),
+        "aux_loss_abs_diff_raw": raw,
+        "native_aux_loss_repr": repr(ours),
+        "upstream_aux_loss_repr": repr(theirs),
+        "upstream_aux_how": how,
+    }
+
+
+def _init_parity(res, m, upstream, native, adapter, cfg, seed: int, params) -> None:
+    """Init parity (init_check.py): the native model as its init_weights left it, mapped to HF names,
+    against upstream's own init (taken before parity perturbs it; built again when weights were loaded)."""
+    keep = int(params["init_min_elements"])
+    theirs = upstream.init if upstream.init is not None else seeded_init(cfg, seed=seed, keep_below=keep)
+    ours = init_stats(_port(adapter.to_hf, "adapter.to_hf (init)", native.state_dict()), None, keep_below=keep)
+    report = compare_init(ours, theirs, params)
+    m.update(init_tensors_compared=report["init_tensors_compared"],
+             init_tensors_differing=report["init_tensors_differing"])  # fmt: skip
+    res["init"] = {"upstream": f"transformers' own init, seed={seed}", "native": f"init_weights(seed={seed + 1000})",
+                   "differing": _cap(report["differing"]), "not_judged": _cap(report["not_judged"])}  # fmt: skip
 
 
 def _fp64_check(hf, grads, tokens, labels, params) -> dict[str, dict]:
@@ -235,7 +295,7 @@ def _fp64_check(hf, grads, tokens, labels, params) -> dict[str, dict]:
         return {"": {"error": f"{type(e).__name__}: {e}"}}
 
 
-WORST_OF = ("logits_rel_l2", "logits_max_abs", "loss_abs_diff", "grad_max_rel_l2")
+WORST_OF = ("logits_rel_l2", "logits_max_abs", "loss_abs_diff", "aux_loss_abs_diff", "grad_max_rel_l2")
 
 
 def _worst(values) -> float:
@@ -245,7 +305,8 @@ def _worst(values) -> float:
 def _combine(res, m, passes: list[dict], declared) -> None:
     """The flat measurements the checklist evaluates: each comparison's worst over the passes."""
     first = passes[0]["measurements"]
-    m.update({k: first[k] for k in ("native_loss_repr", "upstream_loss_repr", "modules_compared")})
+    m.update({k: first[k] for k in ("native_loss_repr", "upstream_loss_repr", "modules_compared",
+                                    "native_aux_loss_repr", "upstream_aux_loss_repr")})  # fmt: skip
     for key in WORST_OF:
         m[key] = _worst(p["measurements"][key] for p in passes)
     m["grad_max_rel_l2_raw"] = _worst(p["measurements"].get("grad_max_rel_l2_raw", p["measurements"]["grad_max_rel_l2"])

@@ -30,6 +30,14 @@ from onboard.parity.native import build_native, load_adapter, load_converted, na
 from onboard.parity.upstream import Upstream, UpstreamError, perturb_constants, weight_files
 
 
+NO_UPSTREAM_INIT = (
+    "not compared: diffusers' FluxTransformer2DModel defines no init of its own (its layers keep torch's "
+    "defaults), so there is no upstream init to match; the native flux init is the DiT/Flux training one "
+    "(normal(0, init_std), zero biases, zero modulation and output projection)"
+)
+"""Why init parity (onboard/parity/init_check.py) does not apply to a flux workspace."""
+
+
 def _require_diffusers():
     try:
         from diffusers import FluxTransformer2DModel  # lazy: the [diffusers] extra; absence becomes UpstreamError
@@ -128,7 +136,7 @@ def run_flow(ws, cfg, res, m, *, root: Path, weights_dir, batch: int, seed: int)
     pairs = {k: v for k, v in module_pairs(native, hf, parameter_sources(upstream.checkpoint, adapter.from_hf)).items()
              if k in linears}  # fmt: skip
     with OutputRecorder(native, list(pairs)) as nrec, OutputRecorder(hf, list(pairs.values())) as urec:
-        native_loss, _ = native.loss(b.tokens, b.labels, **b.loss_kwargs())
+        native_loss, native_flow = native.loss(b.tokens, b.labels, **b.loss_kwargs())
         pred = native(noisy, timesteps=inp["timesteps"], text=inp["text"], pooled=inp["pooled"], guidance=inp.get("guidance"))
         theirs = hf(noisy, encoder_hidden_states=inp["text"], pooled_projections=inp["pooled"], timestep=inp["timesteps"],
                     img_ids=img_ids, txt_ids=txt_ids, guidance=inp.get("guidance"), return_dict=False)[0]  # fmt: skip
@@ -136,6 +144,11 @@ def run_flow(ws, cfg, res, m, *, root: Path, weights_dir, batch: int, seed: int)
     m.update(logits_rel_l2=rel_l2(pred, theirs), logits_max_abs=max_abs(pred, theirs))
     m.update(loss_abs_diff=abs(native_loss.item() - their_loss.item()), native_loss_repr=repr(native_loss.item()),
              upstream_loss_repr=repr(their_loss.item()))  # fmt: skip
+    # diffusers' flux adds no auxiliary term: the native loss must not either (its loss - flow loss is 0)
+    aux = native_loss.item() - native_flow.item()
+    m.update(aux_loss_abs_diff=abs(aux), native_aux_loss_repr=repr(aux), upstream_aux_loss_repr=repr(0.0))
+    m.update(init_tensors_compared=0, init_tensors_differing=0)
+    res["init"] = {"note": NO_UPSTREAM_INIT}
     rows = compare_outputs(nrec, urec, pairs)
     tol = criteria.threshold("logits_rel_l2")
     first, why = localise(rows, nrec, urec, pairs, tol)

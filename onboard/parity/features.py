@@ -374,6 +374,19 @@ def _then(earlier: str, now: str) -> str:
     return f"{earlier}; then {now}" if earlier else now
 
 
+def not_held(features: dict[str, Feature], full_config, holder: str) -> list[str]:
+    """Where parity ran a twin: each feature the full model's config (`full_config`) declares and the
+    twin's (`features`, declared from what the twin holds) does not, marked declared and exercised by
+    no pass, since the twin dropped it. Returns their names."""
+    dropped = []
+    for name, f in declare(full_config).items():
+        if f.declared and not features[name].declared:
+            how = f"the full model's config.json declares it, {holder} does not hold it: no parity pass ran it"
+            features[name] = Feature(name, f.label, True, False, how=how, config=f.config)
+            dropped.append(name)
+    return dropped
+
+
 def idle(features: dict[str, Feature]) -> list[str]:
     """The declared features no parity pass had active, each as "name (how)"."""
     return [f"{name} ({f.how})" if f.how else name for name, f in features.items() if f.declared and not f.exercised]

@@ -14,6 +14,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+from onboard.parity import criteria
+
 RESULTS_ENV = "ONBOARD_PARITY_RESULTS"
 """Path the results JSON is written to (set by the rung to its attempt folder)."""
 WEIGHTS_ENV = "ONBOARD_PARITY_WEIGHTS"
@@ -89,6 +91,16 @@ def failure_summary(results: dict[str, Any]) -> str:
         lines.append(f"worst gradient{where}: {worst[0]['param']} rel L2 {worst[0]['rel_l2']:.3g}")
     if grads.get("diagnosis"):
         lines.append(grads["diagnosis"])
+    init = (results.get("init") or {}).get("differing") or []
+    if init:
+        shown = "; ".join(f"{d['tensor']}: {d['why']}" for d in init[:3])
+        lines.append(f"init differs from upstream's own: {shown}{' ...' if len(init) > 3 else ''}")
+    m = results.get("measurements") or {}
+    aux = m.get("aux_loss_abs_diff")
+    if isinstance(aux, float) and not aux <= criteria.threshold("aux_loss_abs_diff"):  # NaN included
+        how = next((p["measurements"].get("upstream_aux_how") for p in results.get("passes", [])), None)
+        lines.append(f"MoE load-balancing term: native {m.get('native_aux_loss_repr')}, upstream "
+                     f"{m.get('upstream_aux_loss_repr')}" + (f" ({how})" if how else ""))  # fmt: skip
     declared = (results.get("features") or {}).items()
     idle = [f"{name}: {f['how']}" for name, f in declared if f["declared"] and not f["exercised"]]
     if idle:

@@ -23,6 +23,8 @@ from torch import nn
 from titan_core.config import ConfigError
 from titan_core.models.transformers.hf_classes import causal_lm_parts
 
+from onboard.parity.init_check import TensorStats, init_stats
+
 
 class UpstreamError(ConfigError):
     """The upstream model cannot be built from this input (bad input, exit 2): a ConfigError, the
@@ -40,6 +42,9 @@ class Upstream:
     """What loading the weights found: files, and the checkpoint tensors the upstream class
     expects but did not get (`missing`), got but does not use (`unexpected`) or got with
     another shape (`mismatched`), after the class's own ignorable patterns; all empty when seeded."""
+    init: dict[str, TensorStats] | None = None
+    """Each parameter's init as transformers' `_init_weights` left it (init_check.TensorStats), taken
+    before `perturb_constants`; None when the model came from a weights folder (`seeded_init`)."""
 
     def counts(self) -> dict[str, int]:
         """The measurements: how many tensors are missing, unused, mis-shaped (0 for a seeded init)."""
@@ -108,20 +113,46 @@ def _constant_index_table(t: torch.Tensor, n_rows: int) -> bool:
     return integer and t.dim() == 2 and t.numel() > 1 and t.shape[1] <= n_rows and bool((t == t.flatten()[0]).all())
 
 
+def _seeded(config, seed: int, attn_implementation: str) -> nn.Module:
+    """transformers' causal LM of `config` as its own init leaves it under `seed`, fp32."""
+    with torch.random.fork_rng(devices=[]):  # HF init draws from the global generator; leave it as found
+        torch.manual_seed(seed)
+        return causal_lm(config, attn_implementation=attn_implementation, dtype=torch.float32)
+
+
+def _own_init(model: nn.Module, keep_below: int) -> dict[str, TensorStats]:
+    names = {n for n, _ in model.named_parameters(remove_duplicate=False)}
+    return init_stats(model.state_dict(), names, keep_below=keep_below)
+
+
+def seeded_init(cfg: dict[str, Any], *, seed: int = 0, keep_below: int = 0) -> dict[str, TensorStats]:
+    """Upstream's own init of `cfg` under `seed`, summarised per parameter (the model built for it
+    is dropped): what init parity compares with when parity itself runs on loaded weights."""
+    return _own_init(_seeded(hf_config_object(cfg), seed, "eager"), keep_below)
+
+
 def build_upstream(
-    cfg: dict[str, Any], *, weights_dir: Path | None = None, seed: int = 0, attn_implementation: str = "eager"
+    cfg: dict[str, Any],
+    *,
+    weights_dir: Path | None = None,
+    seed: int = 0,
+    attn_implementation: str = "eager",
+    init_keep_below: int = 0,
 ) -> Upstream:
-    """The HF causal-LM for `cfg`, fp32 on CPU, in eval mode, seeded or from `weights_dir`."""
+    """The HF causal-LM for `cfg`, fp32 on CPU, in eval mode, seeded or from `weights_dir`.
+
+    Seeded, `init` summarises its own init before the constants are perturbed (keeping the
+    values of tensors under `init_keep_below` elements, for init_check's pools)."""
     config = hf_config_object(cfg)
     try:
         loading: dict[str, Any] = {}
+        init = None
         if weights_dir is not None:
             model, loading = _load_weights(Path(weights_dir), config, attn_implementation)
             source = str(weights_dir)
         else:
-            with torch.random.fork_rng(devices=[]):  # HF init draws from the global generator; leave it as found
-                torch.manual_seed(seed)
-                model = causal_lm(config, attn_implementation=attn_implementation, dtype=torch.float32)
+            model = _seeded(config, seed, attn_implementation)
+            init = _own_init(model, init_keep_below)
             perturb_constants(model, seed)
             source = f"seed={seed}"
     except ValueError as e:  # transformers raises ValueError for configs it cannot map to a causal LM
@@ -130,7 +161,7 @@ def build_upstream(
         kind = cfg["model_type"]
         raise UpstreamError(f"transformers cannot build a causal LM for model_type '{kind}': {e}") from None
     model = model.float().eval()
-    return Upstream(model=model, checkpoint=model.state_dict(), source=source, loading=loading)
+    return Upstream(model=model, checkpoint=model.state_dict(), source=source, loading=loading, init=init)
 
 
 def weight_files(weights_dir: Path, *, stem: str = "model") -> list[Path]:

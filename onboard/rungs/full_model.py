@@ -7,8 +7,9 @@ config.json all the same, on the meta device, so no byte of it is allocated:
 - it builds: the recipe's [model] section with config.json as its architecture, through the
   workspace adapter and (a port) model.py, as `onboard train` would build it there (the
   recipe's size overrides left out: they shape the model the rungs train, not config.json's);
-- its size: parameters in total and active per token (titan_core's count_params), and the
-  training FLOPs per token at the recipe's sequence length;
+- its size: parameters in total and active per token (titan_core's count_params: of the routed
+  experts only the top_k a token reaches, whichever class holds them), and the training FLOPs
+  per token at the recipe's sequence length;
 - its names: every state-dict tensor through the adapter's `to_hf`, name and shape, against
   the upstream transformers class built on meta from the same config.json when the rungs run
   a twin; without a twin (parity then compares this very model with the upstream class) and
@@ -18,7 +19,9 @@ config.json all the same, on the meta device, so no byte of it is allocated:
   one tensor under two names (titan_core/models/common/tied.py): its alias is compared as
   tied on both sides, or, absent from one side, not at all;
 - its checkpoint, with `--weights`: every tensor's name, shape and dtype from the
-  safetensors headers alone (onboard/sizing/weights_headers.py), against the model on meta.
+  safetensors headers alone (onboard/sizing/weights_headers.py), against the model on meta;
+  on the transformers path a checkpoint as the Hub ships it is read as transformers' own
+  loading reads it (Mixtral's per-expert tensors stacked, an old inv_freq ignored).
 
 Counts of problems are what the checklist judges (0 each); a checkpoint not given has none
 to find, and the measurements say it was not given.

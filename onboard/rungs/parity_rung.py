@@ -58,6 +58,20 @@ class ParityMeasurements(Measurements):
     """The native cross-entropy of the first pass, as its repr."""
     upstream_loss_repr: str = ABSENT
     """Upstream's cross-entropy of the first pass, as its repr."""
+    aux_loss_abs_diff: float = ABSENT
+    """|native MoE load-balancing term - upstream's| as each adds it to its training loss (native:
+    loss - CE; upstream: router_aux_loss_coef x aux_loss where output_router_logits turns it on, else
+    0), in units of the loss where that is above 1; worst over the passes (each keeps the _raw one)."""
+    native_aux_loss_repr: str = ABSENT
+    """The native load-balancing term (loss - CE) of the first pass, as its repr."""
+    upstream_aux_loss_repr: str = ABSENT
+    """Upstream's weighted load-balancing term of the first pass, as its repr (0.0 when it adds none)."""
+    init_tensors_compared: int = ABSENT
+    """Tensors (or pools of small ones over the layers) whose fresh native init was compared with
+    upstream's own init (onboard/parity/init_check.py; count)."""
+    init_tensors_differing: int = ABSENT
+    """Of those, how many differ: a constant upstream tensor not that constant natively, or a std or
+    mean outside the checklist's bounds (count; results.json init.differing names them)."""
     grad_max_rel_l2: float = ABSENT
     """Worst relative L2 error of a parameter's gradient, native vs upstream (fp32), over the gradients
     the fp64 check did not excuse as rounding (grads_excused_as_rounding)."""

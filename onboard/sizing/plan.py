@@ -447,7 +447,7 @@ def plan_training(
     if chosen is not None and shape.moe_layers and moe_kernel(kernels, target, chosen.policy) != kernels.moe:
         notes.append(
             f"kernels.moe = {moe_kernel(kernels, target, chosen.policy)}: a captured step needs static-shape "
-            f"experts (the recipe's is {kernels.moe}); verify it on the target"
+            f"experts (an eager step's would be {kernels.moe}); verify it on the target"
         )
     tp = chosen.sharding.tp if chosen else 1
     return Plan(

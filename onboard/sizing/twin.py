@@ -5,32 +5,34 @@
 
 The twin is the HF config dict itself with the sizes shrunk, so the same model_type, the
 same upstream class and the same adapter read it, and every key that is not a size stays
-as written: head_dim, the GQA ratio (query heads per key/value head), QK-norm, biases, the
-RoPE type, theta and scaling, the norm epsilon, soft-caps, tied embeddings, MoE top-k, the
-router's normalisation, the load-balancing coefficient, the expert layout.
+as written: head_dim, QK-norm, biases, the RoPE type, theta and scaling, the norm epsilon,
+soft-caps, tied embeddings, MoE top-k, the router's normalisation, the load-balancing
+coefficient, the expert layout.
 
 What shrinks, and to what (the debug models' cost, so eager and parity run in seconds on
 a CPU):
-- layers: the fewest that hold one full period of the layer pattern (sliding/full
-  alternation, RoPE-skip layers, MoE every k-th layer) after the leading dense layers, and
-  every kind of layer the full model has; at least MIN_LAYERS;
-- heads: one key/value head (more only to reach the width), query heads = the GQA ratio;
+- layers (onboard/sizing/twin_layers.py): the first ones holding one full period of the layer
+  pattern (sliding/full alternation, RoPE-skip layers, MoE every k-th layer) after the leading
+  dense layers, at least MIN_LAYERS, then the first layer of each kind those miss (a pattern
+  that is not periodic); per-layer lists (layer_types, mlp_only_layers, no_rope_layers) are
+  rewritten for the layers kept;
+- heads (onboard/sizing/twin_heads.py): MHA stays MHA, MQA keeps its one key/value head, GQA
+  keeps at least 2 key/value heads and its ratio where HEADS_WIDTH allows (32:8 -> 8:2);
 - hidden_size: WIDTH, or query heads x head_dim where the config derives head_dim from it
-  (no explicit head_dim) and a multiple of the query heads where its class demands that;
+  (no head_dim, or head_dim null) and a multiple of the query heads where its class demands that;
 - intermediate sizes (dense, expert, shared expert): scaled with hidden_size;
 - vocab_size: VOCAB (token ids past it are moved to the same distance from its end);
 - a sliding window longer than WINDOW: WINDOW, so a short run's sequence crosses it;
-- experts: at most max(EXPERTS, 2 x top-k) (or `experts`), top-k kept and below the count;
-- per-layer lists (layer_types, mlp_only_layers, no_rope_layers): their first `layers` entries.
+- experts: at most max(EXPERTS, 2 x top-k) (or `experts`), top-k kept and below the count.
 
 The result is checked by reading it back through the adapter: the structural fields must
-equal the full model's and the twin's layers must be the full model's first layers, kind
-for kind; anything else is a TwinError naming the field.
+equal the full model's, the heads must be the ones derived and each twin layer must have
+the kind of the full model's layer it stands for; anything else is a TwinError naming the
+field. The table's rows of what was kept are read from the twin itself.
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -38,12 +40,14 @@ from titan_core.models.common.args import TransformerArgs
 from titan_core.models.flux.config import flux_of_args
 
 from onboard.sizing.flux_twin import derive_flux_twin
+from onboard.sizing.twin_heads import WIDTH, HeadsError, kind, twin_heads
+from onboard.sizing.twin_layers import (
+    describe_layers, kinds_label, layer_kinds, pattern_layers, select_layers, select_lists,
+)  # fmt: skip
 
-MIN_LAYERS = 2
-WIDTH = 256
 VOCAB = 2048
 WINDOW = 64
-"""The debug models' shapes (titan_core/models/*/flavors.py): dim 256, vocab 2048, window 64."""
+"""The debug models' shapes (titan_core/models/*/flavors.py): vocab 2048, window 64 (WIDTH: dim 256)."""
 MULTIPLE = 16
 """Intermediate widths are rounded to a multiple of this (matmul-friendly, never below it)."""
 EXPERTS = 16
@@ -63,8 +67,6 @@ HF_KEYS = {
     "ffn_hidden_dim": "intermediate_size", "sliding_window": "sliding_window", "n_experts": "num_experts",
     "moe_hidden_dim": "moe_intermediate_size", "shared_expert_hidden_dim": "shared_expert_intermediate_size",
 }  # fmt: skip
-PER_LAYER_LISTS = ("layer_types", "mlp_only_layers", "no_rope_layers")
-"""Lists of one entry per layer (or of layer indices, mlp_only_layers) cut to the twin's layers."""
 
 
 class TwinError(ValueError):
@@ -88,6 +90,8 @@ class Twin:
     """What shrank and what was kept, one row each."""
     full_args: TransformerArgs | None = None
     args: TransformerArgs | None = None
+    layers: list[int] = field(default_factory=list)
+    """The full model's layers the twin's stand for, in order (twin layer p is full layer layers[p])."""
 
     def table(self) -> str:
         """The rows as an aligned text table: field, full, twin, why."""
@@ -115,37 +119,6 @@ def _show(v: Any) -> str:
     return "-" if v is None else str(v)
 
 
-def layer_kind(a: TransformerArgs, i: int) -> tuple[bool, bool, bool]:
-    """(MoE, rotates q and k, attends globally) of layer i: what the twin must reproduce."""
-    return a.layer_is_moe(i), a.layer_uses_rope(i), a.layer_window(i) is None
-
-
-def pattern_layers(a: TransformerArgs) -> tuple[int, str]:
-    """(fewest layers holding the pattern, why): the leading dense layers of an MoE model, one
-    full period of the periodic patterns, and at least one layer of every kind the model has."""
-    periods = []
-    if a.sliding_window and a.global_every:
-        periods.append(("sliding/full", a.global_every))
-    if a.rope_skip_every:
-        periods.append(("RoPE skip", a.rope_skip_every))
-    if a.n_experts and a.moe_every > 1:
-        periods.append(("MoE", a.moe_every))
-    period = math.lcm(*(p for _, p in periods)) if periods else 1
-    prefix = 0
-    while a.n_experts and prefix < a.n_layers and not a.layer_is_moe(prefix):
-        prefix += 1
-    if prefix == a.n_layers:
-        prefix = 0  # no MoE layer at all: nothing leads
-    n = min(a.n_layers, max(MIN_LAYERS, prefix + period))
-    kinds = {layer_kind(a, i) for i in range(a.n_layers)}
-    while n < a.n_layers and {layer_kind(a, i) for i in range(n)} != kinds:
-        n += 1
-    parts = [f"{name} every {p}" for name, p in periods] or ["every layer alike"]
-    if prefix:
-        parts.insert(0, f"{prefix} dense layer(s) first")
-    return n, "one full period of the layer pattern (" + ", ".join(parts) + f"), at least {MIN_LAYERS}"
-
-
 def _round(x: float, multiple: int = MULTIPLE) -> int:
     return max(multiple, int(round(x / multiple)) * multiple)
 
@@ -159,8 +132,8 @@ def derive_twin(
     experts: int | None = None,
 ) -> Twin:
     """The twin of the HF config `cfg` as `adapter` (a family's HFAdapter or a workspace's)
-    reads it; `layers`, `width` (hidden_size) and `experts` override the choices. TwinError
-    for a knob out of range or a twin the adapter reads back unfaithfully."""
+    reads it; `layers` (the first layers kept), `width` (hidden_size) and `experts` override the
+    choices. TwinError for a knob out of range or a twin the adapter reads back unfaithfully."""
     full, _ = adapter.args_from_hf(cfg)
     if flux_of_args(full) is not None:
         if experts is not None:
@@ -183,46 +156,11 @@ def derive_twin(
         if value != old:
             rows.append(TwinRow(key, old, value, why))
 
-    # layers
-    least, why_layers = pattern_layers(full)
-    n = least if layers is None else layers
-    if layers is not None and not least <= layers <= full.n_layers:
-        raise TwinError(
-            f"--twin-layers {layers}: must be between {least} ({why_layers}) and the model's {full.n_layers}"
-        )
-    put("n_layers", n, why_layers if layers is None else "--twin-layers")
-    _cut_lists(cfg, twin, n, full.n_layers, rows)
-
-    # heads and width
-    ratio = full.n_heads // full.n_kv_heads
-    hd = full.head_dim
-    derived_head_dim = names["head_dim"] not in cfg  # the class computes it as hidden_size // heads
-    width_free = bool(getattr(adapter, "width_free", lambda c: True)(cfg)) and not derived_head_dim
-    target = width if width is not None else WIDTH
-    if target < 1:
-        raise TwinError(f"--twin-width {width}: must be a positive integer")
-    kv = min(full.n_kv_heads, max(1, round(target / (ratio * hd))))
-    heads = kv * ratio
-    if derived_head_dim:
-        dim = heads * hd
-        if width is not None and width != dim:
-            raise TwinError(
-                f"--twin-width {width}: {cfg.get('model_type')} derives head_dim = hidden_size / num_attention_heads, "
-                f"so keeping head_dim {hd} and the GQA ratio {ratio} makes the width a multiple of {ratio * hd} "
-                f"(e.g. {dim})"
-            )
-        why_dim = f"query heads x head_dim ({heads} x {hd}): the config derives head_dim from it"
-    elif width_free:
-        dim = target
-        why_dim = "--twin-width" if width is not None else f"the debug models' width ({WIDTH})"
-    else:
-        dim = -(-target // heads) * heads
-        why_dim = f"a multiple of the {heads} query heads, which this config class requires"
-    if dim > full.dim:
-        dim, heads, kv, why_dim = full.dim, full.n_heads, full.n_kv_heads, "the full model is no wider"
-    put("n_heads", heads, f"GQA ratio {ratio} kept with {kv} key/value head(s)")
-    put("n_kv_heads", kv, f"the fewest that keep the GQA ratio {ratio} at this width")
-    put("dim", dim, why_dim)
+    kept = _layers(cfg, twin, full, layers, put, rows)
+    # the class computes head_dim as hidden_size // heads when the config gives none (absent or null)
+    derived = cfg.get(names["head_dim"]) is None
+    width_free = bool(getattr(adapter, "width_free", lambda c: True)(cfg)) and not derived
+    dim, heads = _heads_and_width(full, width, derived, width_free, put)
     scale = dim / full.dim
     put(
         "ffn_hidden_dim",
@@ -249,13 +187,71 @@ def derive_twin(
     tied = "; the output head stays tied to it" if full.tie_embeddings else ""
     put("vocab_size", vocab, f"the debug models' vocabulary ({VOCAB}){tied}")
     _move_token_ids(cfg, twin, full.vocab_size, vocab, rows)
-    if full.sliding_window and full.sliding_window > WINDOW:
+    window = full.sliding_window or _listed_window(cfg, names["sliding_window"])
+    if window and window > WINDOW:
         put("sliding_window", WINDOW, "a short run's sequence (128 to 512 tokens) must cross the window")
 
     args, _ = adapter.args_from_hf(twin)
-    _check_faithful(full, args, n)
-    rows += _kept_rows(full, ratio, args.n_experts)
-    return Twin(config=twin, rows=rows, full_args=full, args=args)
+    _check_faithful(full, cfg, args, twin, kept, heads)
+    rows += _kept_rows(full, cfg, args, twin)
+    return Twin(config=twin, rows=rows, full_args=full, args=args, layers=kept)
+
+
+def _layers(cfg: dict, twin: dict, full: TransformerArgs, layers: int | None, put, rows: list[TwinRow]) -> list[int]:
+    """Choose the full model's layers the twin keeps (onboard/sizing/twin_layers.py), write the layer
+    count and the per-layer lists into `twin`; the kept layers' indices."""
+    least, why_layers = pattern_layers(full)
+    if layers is not None and not least <= layers <= full.n_layers:
+        raise TwinError(
+            f"--twin-layers {layers}: must be between {least} ({why_layers}) and the model's {full.n_layers}"
+        )
+    n = least if layers is None else layers
+    kept = select_layers(full, cfg, n)
+    added = describe_layers(kept, n)
+    why = why_layers if layers is None else "--twin-layers"
+    put("n_layers", len(kept), why + (f"; {added}" if added else ""))
+    rows += [TwinRow(*r) for r in select_lists(cfg, twin, kept)]
+    mwl = cfg.get("max_window_layers")
+    if isinstance(mwl, int) and mwl >= full.n_layers and mwl != len(kept):
+        twin["max_window_layers"] = len(kept)  # "no layer from here on is windowed" keeps its meaning
+        rows.append(TwinRow("max_window_layers", mwl, len(kept), "still past the last layer"))
+    return kept
+
+
+def _heads_and_width(
+    full: TransformerArgs, width: int | None, derived: bool, width_free: bool, put
+) -> tuple[int, tuple[int, int]]:
+    """Put the twin's heads and hidden_size (onboard/sizing/twin_heads.py); (hidden_size, (query heads,
+    key/value heads))."""
+    if width is not None and width < 1:
+        raise TwinError(f"--twin-width {width}: must be a positive integer")
+    try:
+        heads = twin_heads(full, width=width, derived=derived)
+    except HeadsError as e:
+        raise TwinError(str(e)) from None
+    h, kv, hd = heads.n_heads, heads.n_kv_heads, full.head_dim
+    target = width if width is not None else WIDTH
+    if derived:
+        dim, why_dim = h * hd, f"query heads x head_dim ({h} x {hd}): the config derives head_dim from it"
+    elif width_free:
+        dim, why_dim = target, "--twin-width" if width is not None else f"the debug models' width ({WIDTH})"
+    else:
+        dim = -(-target // h) * h
+        why_dim = f"a multiple of the {h} query heads, which this config class requires"
+    if dim > full.dim:
+        dim, h, kv, why_dim = full.dim, full.n_heads, full.n_kv_heads, "the full model is no wider"
+    put("n_heads", h, heads.why)
+    put("n_kv_heads", kv, heads.why)
+    put("dim", dim, why_dim)
+    return dim, (h, kv)
+
+
+def _listed_window(cfg: dict, key: str) -> int | None:
+    """The window of the layers `layer_types` lists as sliding, where the args cannot say it (a
+    pattern that is not periodic reads as every layer global on the transformers path)."""
+    window = cfg.get(key)
+    types = cfg.get("layer_types")
+    return window if isinstance(window, int) and isinstance(types, list) and "sliding_attention" in types else None
 
 
 def _hf_names(adapter: Any, cfg: dict) -> dict[str, str]:
@@ -263,31 +259,6 @@ def _hf_names(adapter: Any, cfg: dict) -> dict[str, str]:
         return dict(adapter.hf_names(cfg))
     except (AttributeError, TypeError):  # a workspace adapter of module functions has none
         return {}
-
-
-def _cut_lists(cfg: dict, twin: dict, n: int, full_layers: int, rows: list[TwinRow]) -> None:
-    for key in PER_LAYER_LISTS:
-        value = cfg.get(key)
-        if not isinstance(value, list):
-            continue
-        if key == "mlp_only_layers":  # indices, not one entry per layer
-            cut = [i for i in value if isinstance(i, int) and i < n]
-        else:
-            cut = value[:n]
-        if cut != value:
-            twin[key] = cut
-            rows.append(TwinRow(key, _brief(value), _brief(cut), f"the first {n} layers' entries"))
-    mwl = cfg.get("max_window_layers")
-    if isinstance(mwl, int) and mwl >= full_layers and mwl != n:
-        twin["max_window_layers"] = n  # "no layer from here on is windowed" keeps its meaning
-        rows.append(TwinRow("max_window_layers", mwl, n, "still past the last layer"))
-
-
-def _brief(v: list) -> str:
-    if len(v) <= 6:
-        return str(v)
-    distinct = sorted({str(x) for x in v})
-    return f"{len(v)} entries ({', '.join(distinct[:3])}{', ...' if len(distinct) > 3 else ''})"
 
 
 def _move_token_ids(cfg: dict, twin: dict, full_vocab: int, vocab: int, rows: list[TwinRow]) -> None:
@@ -308,40 +279,49 @@ def _move_token_ids(cfg: dict, twin: dict, full_vocab: int, vocab: int, rows: li
             rows.append(TwinRow(key, value, moved, "kept at the same distance from the vocabulary's end"))
 
 
-def _check_faithful(full: TransformerArgs, twin: TransformerArgs, n: int) -> None:
+def _check_faithful(
+    full: TransformerArgs, cfg: dict, twin: TransformerArgs, twin_cfg: dict, kept: list[int], heads: tuple[int, int]
+) -> None:
+    """TwinError unless the twin reads back with the full model's structure: the KEPT fields, the
+    `heads` derived (of the full model's kind: MHA, MQA, GQA), and layer p of the kind of the full
+    model's layer kept[p]."""
     bad = [f for f in KEPT if getattr(full, f) != getattr(twin, f)]
-    if full.n_heads // full.n_kv_heads != twin.n_heads // twin.n_kv_heads:
-        bad.append("the GQA ratio")
+    if kind(full) != kind(twin) or (twin.n_heads, twin.n_kv_heads) != heads:
+        bad.append(f"attention heads ({kind(full)} {heads[0]}:{heads[1]})")
     if bool(full.shared_expert_hidden_dim) != bool(twin.shared_expert_hidden_dim):
         bad.append("the shared expert")
-    if twin.n_layers != n or [layer_kind(twin, i) for i in range(n)] != [layer_kind(full, i) for i in range(n)]:
+    full_kinds, twin_kinds = layer_kinds(full, cfg), layer_kinds(twin, twin_cfg)
+    if twin.n_layers != len(kept) or twin_kinds != [full_kinds[i] for i in kept]:
         bad.append("the layer pattern")
     scalar = lambda e: {k: v for k, v in e.items() if isinstance(v, (int, float, str, bool, type(None)))}  # noqa: E731
     if scalar(full.extra) != scalar(twin.extra):
         bad.append("args.extra")
-    if bad:
-        raise TwinError(
-            f"the twin config does not read back with the full model's {', '.join(bad)}: the adapter reads a "
-            "size key this derivation does not shrink; pass --no-twin, or shrink config.json by hand"
-        )
+    if not bad:
+        return
+    hint = "pass --no-twin, or shrink config.json by hand"
+    if "head_dim" in bad:  # the class derives head_dim from a width this derivation took as free
+        hint = (f"the config derives head_dim from hidden_size: --twin-width {twin.n_heads * full.head_dim} keeps "
+                f"head_dim {full.head_dim} with {twin.n_heads} query heads; or pass --no-twin")  # fmt: skip
+    raise TwinError(
+        f"the twin config does not read back with the full model's {', '.join(bad)}: the adapter reads a "
+        f"size key this derivation does not shrink; {hint}"
+    )
 
 
-def _kept_rows(full: TransformerArgs, ratio: int, twin_experts: int) -> list[TwinRow]:
-    """The structural features the twin keeps, one row each (the full and twin values are equal)."""
-    out = [
-        TwinRow("head_dim", full.head_dim, full.head_dim, "kept"),
-        TwinRow(
-            "GQA ratio", f"{full.n_heads}:{full.n_kv_heads}", f"{ratio}:1", f"kept ({ratio} query heads a kv head)"
-        ),
-    ]
-    rope = "llama3 scaling" if full.rope_scaling else "default"
-    out.append(TwinRow("RoPE", f"theta {full.rope_theta:g}, {rope}", "same", "kept"))
-    flags = [(f, getattr(full, f)) for f in ("qk_norm", "qkv_bias", "out_bias", "tie_embeddings", "norm_eps")]
-    if full.final_softcap:
-        flags.append(("final_softcap", full.final_softcap))
-    if full.n_experts:
-        flags += [("top_k", full.top_k), ("norm_topk_prob", full.norm_topk_prob)]
-        if twin_experts == full.n_experts:
-            flags.append(("n_experts", full.n_experts))
-    out += [TwinRow(name, value, value, "kept") for name, value in flags]
+def _kept_rows(full: TransformerArgs, cfg: dict, twin: TransformerArgs, twin_cfg: dict) -> list[TwinRow]:
+    """The structural features, one row each, the twin column read from the twin itself."""
+    hd = TwinRow("head_dim", full.head_dim, twin.head_dim, "kept")
+    ratio = f"{twin.n_heads // twin.n_kv_heads} query heads a key/value head"
+    out = [hd, TwinRow("GQA ratio", f"{full.n_heads}:{full.n_kv_heads}", f"{twin.n_heads}:{twin.n_kv_heads}",
+                       f"{kind(twin)}, {ratio}")]  # fmt: skip
+    full_kinds, twin_kinds = kinds_label(full, cfg), kinds_label(twin, twin_cfg)
+    if "," in full_kinds:
+        out.append(TwinRow("layer kinds", full_kinds, twin_kinds, "at least one layer of each kind"))
+    rope = lambda a: f"theta {a.rope_theta:g}, {'llama3 scaling' if a.rope_scaling else 'default'}"  # noqa: E731
+    out.append(TwinRow("RoPE", rope(full), "same" if rope(twin) == rope(full) else rope(twin), "kept"))
+    flags = ["qk_norm", "qkv_bias", "out_bias", "tie_embeddings", "norm_eps"]
+    flags += ["final_softcap"] if full.final_softcap else []
+    flags += ["top_k", "norm_topk_prob"] if full.n_experts else []
+    flags += ["n_experts"] if full.n_experts and twin.n_experts == full.n_experts else []
+    out += [TwinRow(f, getattr(full, f), getattr(twin, f), "kept") for f in flags]
     return out

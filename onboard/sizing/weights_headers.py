@@ -11,25 +11,29 @@ model's state dict on meta. It names:
 - wrong_shape: a native tensor whose mapped checkpoint shape differs from the model's;
 - wrong_dtype: a checkpoint tensor whose dtype is not the declared one: the `dtype`
   argument, else config.json's `dtype` / `torch_dtype` in the weights folder, else the
-  meta model's own dtype;
+  checkpoint's own (the floating dtype most of its elements are in, from the headers: a
+  config need not say), else the meta model's;
 - problems: file and index integrity (a truncated shard, a tensor the index places in
   another shard, a tensor in two shards).
+
+The adapter maps the checkpoint's names; one that offers `checkpoint_reader(model)` maps them
+through what it returns (the transformers path: transformers' own loading conversions of the
+model's class, so a checkpoint in the Hub's layout maps as `from_pretrained` maps it).
 
 The lists are complete (a checkpoint of another model can name thousands): cap them for
 display. Shapes are compared in the native layout, dtypes in the checkpoint's, so a model
 built in fp32 on meta checks a bf16 checkpoint against its declared bf16.
 
 Where the whole checkpoint does not map in one call, it is mapped one layer group at a
-time (names sharing the prefix up to their first number, `model.layers.7.`), and a group
-that fails is split into the tensors that map alone (renames) and the rest, which must map
-together; a single tensor whose removal lets the rest map is the extra one. So one bad
-tensor is named without hiding its layer; a group that still fails is reported whole,
-with the adapter's message.
+time and a bad tensor isolated (onboard/sizing/checkpoint_mapping.py): one bad tensor is
+named without hiding its layer; a set that still fails is reported whole, with the adapter's
+message.
 """
 
 from __future__ import annotations
 
-import re
+import math
+from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -37,7 +41,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from onboard.sizing.checkpoint_headers import read_checkpoint_headers, read_index
+from onboard.sizing.checkpoint_headers import CheckpointHeaders, read_checkpoint_headers, read_index
+from onboard.sizing.checkpoint_mapping import CheckpointMapping
 from titan_core.config.hf_config import read_hf_config
 from titan_core.memory.estimate import format_bytes
 from titan_core.models.common.hf_adapter import TOP_KEYS
@@ -45,7 +50,6 @@ from titan_core.models.common.hf_adapter import TOP_KEYS
 from onboard.parity.upstream import weight_files
 
 INDEX = "model.safetensors.index.json"
-_GROUP = re.compile(r"^(.*?\.\d+\.)")
 
 
 @dataclass
@@ -106,7 +110,7 @@ def check_checkpoint_headers(
         weight_map = read_index(index)
     headers = read_checkpoint_headers(files, weight_map)
     problems += headers.problems
-    expected, source = _expected_dtype(weights_dir, meta_model, dtype, problems)
+    expected, source = _expected_dtype(weights_dir, meta_model, dtype, headers, problems)
     report = HeaderReport(
         files=headers.files, tensors=len(headers.tensors), data_bytes=headers.nbytes, bytes_read=headers.bytes_read,
         dtype_expected=_name(expected), dtype_source=source, problems=problems,
@@ -114,13 +118,14 @@ def check_checkpoint_headers(
     own = meta_model.state_dict()
     hf = {name: t.meta() for name, t in headers.tensors.items()}
     head = _tied_head(hf, meta_model, report)
-    mapping = _Mapping(adapter, hf)
+    reader = _reader(adapter, meta_model)
+    mapping = CheckpointMapping(reader, hf, own)
     report.extra += mapping.unmapped
     for name in sorted(set(mapping.native) - set(own)):
         report.extra.append({"native": name, "hf": mapping.sources(name), "shape": list(mapping.native[name].shape),
                              "why": "the model has no such tensor"})  # fmt: skip
     for name in sorted(set(own) - set(mapping.native)):
-        hf_names = _hf_names(adapter, name, own[name])
+        hf_names = _hf_names(reader, name, own[name])
         report.missing.append({"native": name, "hf": hf_names, "shape": list(own[name].shape)})
     for name in sorted(set(own) & set(mapping.native)):
         got, want = tuple(mapping.native[name].shape), tuple(own[name].shape)
@@ -141,9 +146,16 @@ def _name(dt: torch.dtype | None) -> str | None:
     return None if dt is None else str(dt).removeprefix("torch.")
 
 
-def _expected_dtype(weights_dir: Path, meta_model: nn.Module, dtype, problems: list[str]):
-    """(dtype, where it came from): the argument, the folder's config.json, else the dtype
-    the meta model's parameters were built in."""
+def _reader(adapter: Any, meta_model: nn.Module) -> Any:
+    """What maps a checkpoint of `meta_model`: the adapter's `checkpoint_reader(model)` where it
+    has one, else the adapter itself."""
+    bind = getattr(adapter, "checkpoint_reader", None)
+    return bind(meta_model) if callable(bind) else adapter
+
+
+def _expected_dtype(weights_dir: Path, meta_model: nn.Module, dtype, headers: CheckpointHeaders, problems: list[str]):
+    """(dtype, where it came from): the argument, the folder's config.json, the checkpoint's own
+    (`_headers_dtype`), else the dtype the meta model's parameters were built in."""
     if dtype is not None:
         dt = _as_dtype(dtype, "the dtype argument", problems)
         if dt is not None:
@@ -156,8 +168,24 @@ def _expected_dtype(weights_dir: Path, meta_model: nn.Module, dtype, problems: l
             dt = _as_dtype(cfg[key], f"{config} {key}", problems)
             if dt is not None:
                 return dt, f"{config.name} {key}"
+    stored = _headers_dtype(headers)
+    if stored is not None:
+        return stored, "the checkpoint's headers (no declared dtype: the one most of its elements are in)"
     own = next((p.dtype for p in meta_model.parameters() if p.is_floating_point()), torch.float32)
     return own, "the model's parameters (no declared dtype)"
+
+
+def _headers_dtype(headers: CheckpointHeaders) -> torch.dtype | None:
+    """The floating dtype holding most of the checkpoint's elements (as transformers' `dtype="auto"`
+    takes the checkpoint's own where the config has none), or None without a floating tensor.
+    A tensor in another dtype is then the odd one out, named as a wrong dtype."""
+    elements: Counter[torch.dtype] = Counter()
+    for t in headers.tensors.values():
+        if t.torch_dtype is not None and t.torch_dtype.is_floating_point:
+            elements[t.torch_dtype] += math.prod(t.shape)
+    if not elements:
+        return None
+    return max(elements, key=lambda dt: (elements[dt], str(dt)))  # a tie: one fixed answer
 
 
 def _as_dtype(value, what: str, problems: list[str]) -> torch.dtype | None:
@@ -181,105 +209,6 @@ def _tied_head(hf: dict[str, torch.Tensor], meta_model: nn.Module, report: Heade
                                    "model": list(hf[emb].shape)})  # fmt: skip
     hf.pop(head)
     return head
-
-
-class _Mapping:
-    """The checkpoint's meta tensors through `adapter.from_hf`, with unmappable tensors
-    isolated and, on demand, which checkpoint tensors a native tensor came from."""
-
-    def __init__(self, adapter: Any, hf: dict[str, torch.Tensor]):
-        self.adapter, self.hf = adapter, hf
-        self.native: dict[str, torch.Tensor] = {}
-        self.unmapped: list[dict] = []
-        self._alone: dict[str, dict | None] = {}
-        self._groups: dict[str, list[str]] = {}
-        for name in hf:
-            m = _GROUP.match(name)
-            self._groups.setdefault(m.group(1) if m else "", []).append(name)
-        self._by_group: dict[str, set[str]] | None = None
-        try:
-            self.native = self._from_hf(hf)
-            return
-        except Exception:  # the adapter is workspace code: anything it raises is a mapping failure
-            pass
-        self._by_group = {}
-        for prefix, names in self._groups.items():
-            self._by_group[prefix] = set(self._map_group(names))
-
-    def _from_hf(self, sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        out = self.adapter.from_hf(sd)
-        if not isinstance(out, dict):
-            raise TypeError(f"from_hf returned {type(out).__name__}, not a dict")
-        return out
-
-    def _map_group(self, names: list[str]) -> dict[str, torch.Tensor]:
-        try:
-            out = self._from_hf({k: self.hf[k] for k in names})
-        except Exception as e:
-            out = self._split(names, e)
-        self.native.update(out)
-        return out
-
-    def _split(self, names: list[str], error: Exception) -> dict[str, torch.Tensor]:
-        out: dict[str, torch.Tensor] = {}
-        together = []
-        for k in names:
-            alone = self.alone(k)
-            if alone is None:
-                together.append(k)
-            else:
-                out.update(alone)
-        if not together:
-            return out
-        try:
-            return {**out, **self._from_hf({k: self.hf[k] for k in together})}
-        except Exception as e:
-            error = e
-        for k in together:  # one tensor whose removal lets the rest map is the extra one
-            rest = [n for n in together if n != k]
-            try:
-                mapped = self._from_hf({n: self.hf[n] for n in rest})
-            except Exception:
-                continue
-            self.unmapped.append({"native": None, "hf": [k], "shape": list(self.hf[k].shape), "why": _why(error)})
-            return {**out, **mapped}
-        self.unmapped.append({"native": None, "hf": sorted(together), "shape": None, "why": _why(error)})
-        return out
-
-    def alone(self, name: str) -> dict[str, torch.Tensor] | None:
-        """What one checkpoint tensor maps to by itself (None: it maps only with others)."""
-        if name not in self._alone:
-            try:
-                self._alone[name] = self._from_hf({name: self.hf[name]})
-            except Exception:
-                self._alone[name] = None
-        return self._alone[name]
-
-    def ignored(self, name: str) -> bool:
-        """A tensor the adapter drops (a derived buffer such as rotary_emb.inv_freq)."""
-        return self.alone(name) == {}
-
-    def sources(self, native: str) -> list[str]:
-        """The checkpoint tensors `native` came from: the one that maps to it alone, else
-        the tensors of its layer group that map only together."""
-        if self._by_group is None:
-            self._by_group = {p: set(self._from_group_quiet(n)) for p, n in self._groups.items()}
-        for prefix, produced in self._by_group.items():
-            if native in produced:
-                names = self._groups[prefix]
-                direct = [k for k in names if native in (self.alone(k) or {})]
-                return direct or sorted(k for k in names if self.alone(k) is None)
-        return []
-
-    def _from_group_quiet(self, names: list[str]) -> dict[str, torch.Tensor]:
-        try:
-            return self._from_hf({k: self.hf[k] for k in names})
-        except Exception:
-            return {}
-
-
-def _why(e: Exception) -> str:
-    return f"{type(e).__name__}: {e}"
 
 
 def _hf_names(adapter: Any, native: str, tensor: torch.Tensor) -> list[str]:

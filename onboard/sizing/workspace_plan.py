@@ -4,10 +4,12 @@ the machine it will train on, and the recipe to run it there.
 The arithmetic is onboard/sizing/plan.py (the memory model that refuses oversized runs, with each
 rank materialising only its shard, and a roofline step time). This module reads the
 workspace: the full model of config.json (not the twin the gates ran) built on meta through
-the recipe's [model] section, the kernels the ladder earned in recipe.toml, and writes
-`recipe.<kind>-<count>.toml`: recipe.toml with every flag the ladder earned, plus the
-planned model file, mesh, batch, sequence, precision and memory policy, each line with its
-reason, and the `torchrun` line that runs it. Nothing is allocated.
+the recipe's [model] section, the levers the ladder earned in recipe.toml (re-decided for the
+target where the twin's size or this machine earned them: onboard/sizing/plan_levers.py), and
+writes `recipe.<kind>-<count>.seq<seq>.toml`: recipe.toml with every flag the ladder earned,
+plus the planned model file, mesh, batch, sequence, precision, memory policy and execution
+mode, each line with its reason, and the `torchrun` line that runs it. Nothing is allocated.
+`onboard plan --check` then runs that recipe on the twin (onboard/sizing/plan_check.py).
 """
 
 from __future__ import annotations
@@ -23,11 +25,14 @@ from onboard.engine.recipe_edit import RecipeEditError, edit_text
 from onboard.errors import BadInput
 from onboard.rungs.contract import RecipeEdit
 from onboard.sizing.plan import EFFICIENCY, moe_kernel, parse_target, plan_training
+from onboard.sizing.plan_check import check_lines
+from onboard.sizing.plan_levers import Lever, merged, mode_levers, planning_kernels
 from onboard.workspace.fsutil import atomic_write_text
 from onboard.workspace.layout import HF_CONFIG, Workspace
 from titan_core.config import ConfigError, load_config
+from titan_core.config.hf_config import read_hf_config
 from titan_core.memory.budget import cpu_budget
-from titan_core.memory.estimate import ModelShape, TrainSetup, format_bytes
+from titan_core.memory.estimate import ModelShape, format_bytes
 from titan_core.models.common.param_counts import count_params
 from titan_core.models.common.stats import flops_per_token
 from titan_core.parallel.plans import TP_PLANS
@@ -72,20 +77,58 @@ def plan_workspace_target(ws: Workspace, target_spec: str, *, seq: int = DEFAULT
     shape = ModelShape.from_model(model, args)
     counts = count_params(model)
     tp_plan = full.family in TP_PLANS and not full.module_file
+    twin_args = resolve_model_args(cfg.model) if ws.twin_path is not None else None
+    kernels, levers = planning_kernels(cfg, args, target, twin_args=twin_args)
     plan = plan_training(
         shape, counts, lambda s: flops_per_token(args, s), target, seq_len=seq,
-        kernels=TrainSetup.from_config(cfg), tp_plan=tp_plan, efficiency=efficiency or EFFICIENCY,
+        kernels=kernels, tp_plan=tp_plan, efficiency=efficiency or EFFICIENCY,
     )  # fmt: skip
-    facts = {"family": full.family, "tp_plan": tp_plan, "layers": args.n_layers, "model": _model_file(ws)}
+    if plan.chosen is not None:
+        policy = plan.chosen.policy
+        levers = merged(levers + mode_levers(cfg, args, target, kernels, policy, moe_kernel(kernels, target, policy)))
+    facts = {"family": full.family, "tp_plan": tp_plan, "layers": args.n_layers, "model": _model_file(ws),
+             "levers": levers, "warnings": seq_warnings(ws, args, plan)}  # fmt: skip
     return plan, facts
+
+
+def max_positions(ws: Workspace, args) -> tuple[int, str] | None:
+    """(the longest sequence the model's config declares, where it says so); None when it declares none."""
+    if ws.hf_config_path is not None:
+        declared = read_hf_config(ws.hf_config_path).get("max_position_embeddings")
+        return (int(declared), f"{HF_CONFIG}'s max_position_embeddings") if isinstance(declared, int) else None
+    return args.max_seq_len, "the flavor's max_seq_len"
+
+
+def seq_warnings(ws: Workspace, args, plan) -> list[str]:
+    """A warning when the sequence asked for is longer than the model declares it handles (the plan only
+    ever shortens it)."""
+    limit = max_positions(ws, args)
+    if limit is None or plan.seq_len_asked <= limit[0]:
+        return []
+    planned = f" (the plan's recipe trains at seq {plan.seq_len})" if plan.seq_len != plan.seq_len_asked else ""
+    return [
+        f"--seq {plan.seq_len_asked} exceeds {limit[1]} ({limit[0]}){planned}: positions past it were never "
+        "trained, and RoPE scaling tuned for that length may not extend"
+    ]
 
 
 def _model_file(ws: Workspace) -> str:
     return HF_CONFIG if ws.hf_config_path is not None else "the recipe's flavor"
 
 
-def recipe_edits(ws: Workspace, plan) -> list[RecipeEdit]:
-    """The planned settings as recipe edits, each with its reason."""
+def recipe_name(plan) -> str:
+    """The plan recipe's file name: target and sequence, e.g. recipe.v7x-64.seq4096.toml."""
+    return f"recipe.{plan_stem(plan)}.toml"
+
+
+def plan_stem(plan) -> str:
+    """What names a plan's files and runs: `<kind>-<count>.seq<seq>` (the sequence the recipe trains at)."""
+    return f"{plan.target.name}.seq{plan.seq_len}"
+
+
+def recipe_edits(ws: Workspace, plan, levers: list[Lever]) -> list[RecipeEdit]:
+    """The planned settings as recipe edits, each with its reason; `levers`: the recipe's levers
+    re-decided for the target (those whose value changes are edits; graph_trainer.enable always)."""
     o, t = plan.chosen, plan.target
     where = f"plan for {t.kind}:{t.count}"
     s = o.sharding
@@ -130,23 +173,15 @@ def recipe_edits(ws: Workspace, plan) -> list[RecipeEdit]:
         RecipeEdit("parallelism.tp", s.tp, f"{where}: {s.name}"),
         RecipeEdit("parallelism.sequence_parallel", False, f"{where}: the memory model does not count it"),
     ]
-    captured = o.policy != "none"
-    e.append(RecipeEdit("graph_trainer.enable", captured, f"{where}: memory policy {o.policy}" + (
-        "" if captured else " (the eager step fits)")))  # fmt: skip
-    if captured:
+    e += [RecipeEdit(lv.key, lv.plan, f"{where}: {lv.why}") for lv in levers
+          if lv.changed or lv.key == "graph_trainer.enable"]  # fmt: skip
+    if o.policy != "none":
         e.append(RecipeEdit("graph_trainer.memory_policy", o.policy, f"{where}: the mildest policy that fits"))
         e.append(RecipeEdit("graph_trainer.split", plan.offload[0], f"{where}: {plan.offload[1]}"))
         e.append(RecipeEdit("graph_trainer.scan_layers", plan.scan[0], f"{where}: {plan.scan[1]}"))
-    moe = moe_kernel(_kernels(ws), t, o.policy)
-    if moe != _kernels(ws).moe:
-        e.append(RecipeEdit("kernels.moe", moe, f"{where}: a captured step needs static-shape experts"))
     e.append(RecipeEdit("device.type", t.device_type, where))
-    e.append(RecipeEdit("metrics.output_dir", f"runs/{t.name}", where))
+    e.append(RecipeEdit("metrics.output_dir", f"runs/{plan_stem(plan)}", where))
     return e
-
-
-def _kernels(ws: Workspace):
-    return TrainSetup.from_config(load_config(ws.recipe_path))
 
 
 def torchrun_line(ws: Workspace, plan, recipe: Path) -> str:
@@ -160,19 +195,21 @@ def torchrun_line(ws: Workspace, plan, recipe: Path) -> str:
     return f"cd {shlex.quote(str(ws.root))} && " + line.replace("HEAD_NODE:", "$HEAD_NODE:")
 
 
-def write_plan_recipe(ws: Workspace, plan) -> tuple[Path, str]:
-    """Write recipe.<kind>-<count>.toml (recipe.toml plus the planned edits); (path, torchrun line)."""
-    path = ws.root / f"recipe.{plan.target.name}.toml"
+def write_plan_recipe(ws: Workspace, plan, levers: list[Lever]) -> tuple[Path, str]:
+    """Write recipe.<kind>-<count>.seq<seq>.toml (recipe.toml plus the planned edits); (path, torchrun line)."""
+    path = ws.root / recipe_name(plan)
     text = ws.recipe_path.read_text()
     head = (
         f"# Planned by `onboard plan {ws.name} --target {plan.target.kind}:{plan.target.count} --seq "
         f"{plan.seq_len_asked}`: recipe.toml (every flag\n"
-        "# the ladder earned) with the planned model, mesh, batch and memory policy. A prediction: no gate ran it.\n"
+        "# the ladder earned) with the planned model, mesh, batch and memory policy. A prediction: no gate ran it\n"
+        "# on the target (`--check` runs it 2 steps on the twin here). Levers earned only on the twin or this\n"
+        "# machine are decided again for the target, each with its reason.\n"
         "# The plan assumes each rank materialises only its shard; titan_core's trainer today builds the whole fp32\n"
         "# model on every rank first, and its memory check refuses a model too large for that.\n"
     )
     try:
-        text = edit_text(text, recipe_edits(ws, plan))
+        text = edit_text(text, recipe_edits(ws, plan, levers))
     except RecipeEditError as e:
         raise BadInput(f"{ws.recipe_path}: the plan's settings cannot be written into it: {e}") from None
     atomic_write_text(path, head + text)
@@ -183,9 +220,10 @@ def plan_result(ws: Workspace, target_spec: str, *, seq: int = DEFAULT_SEQ, effi
     """Plan, write the recipe when something fits, and return what the command prints (JSON-ready)."""
     plan, facts = plan_workspace_target(ws, target_spec, seq=seq, efficiency=efficiency)
     result: dict[str, Any] = {"workspace": ws.name, "model": facts["model"], "runs_on_twin": ws.twin_path is not None,
-                              "tp_plan": facts["tp_plan"], **plan.to_dict()}  # fmt: skip
+                              "tp_plan": facts["tp_plan"], **plan.to_dict(), "warnings": facts["warnings"],
+                              "levers": [lv.to_dict() for lv in facts["levers"]]}  # fmt: skip
     if plan.chosen is not None:
-        path, line = write_plan_recipe(ws, plan)
+        path, line = write_plan_recipe(ws, plan, facts["levers"])
         result.update(recipe=str(path), torchrun=line)
     else:
         result.update(recipe=None, torchrun=None)
@@ -241,8 +279,24 @@ def plan_lines(r: dict) -> list[str]:
             f"scan over layers: {'recommended' if r['scan_needed'] else 'not needed'} ({r['scan_why']})",
             f"PREDICTED step time {p['step_time_s']:.3f} s, MFU {p['mfu']:.0%}, {p['tokens_per_s']:,.0f} tokens/s over "
             f"{t['count']} devices (roofline: {p['how']})",
+            *_lever_lines(r["levers"]),
             f"recipe: {r['recipe']}",
             f"run it: {r['torchrun']}",
         ]
     lines += ["", *[f"note: {n}" for n in r["notes"]]]
+    if "check" in r:
+        lines += ["", *check_lines(r["check"])]
+    return lines
+
+
+def _lever_lines(levers: list[dict]) -> list[str]:
+    """The recipe's levers as the plan decided them for the target, a line each."""
+    if not levers:
+        return []
+    lines = ["levers re-decided for the target (the ladder earned them here, on this machine or the twin):"]
+    for lv in levers:
+        if lv["changed"]:
+            lines.append(f"  {lv['key']}: {lv['recipe']!r} -> {lv['plan']!r} ({lv['why']})")
+        else:
+            lines.append(f"  {lv['key']}: {lv['plan']!r} kept ({lv['why']})")
     return lines

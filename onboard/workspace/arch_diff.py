@@ -13,9 +13,13 @@ models on the meta device (no memory, no weights) and compares one decoder layer
 
 Each layer is reduced to the same few features (norm placement, QK-norm width, the
 attention and MLP projections and their biases, MoE with shared expert and its gate,
-parameterised modules nobody recognised); every feature that differs becomes one line for
-the README and one `TODO(port)` in model.py. Module names are a convention, not a contract: the lines say
-where to look, and the parity gate remains what proves the port.
+parameterised modules nobody recognised, and what each norm computes); every feature that
+differs becomes one line for the README and one `TODO(port)` in model.py. What names and shapes
+cannot show is found by what the code does (arch_semantics.py): the norm type, the RoPE layout,
+the embedding's padding_idx, a config key the family reads with a meaning of its own; from the
+config's keys alone when transformers cannot build the upstream class. Module names are a
+convention, not a contract: the lines say where to look, and the parity gate remains what
+proves the port.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ import torch
 from torch import nn
 
 from onboard.parity.upstream import UpstreamError, causal_lm, hf_config_object
+from onboard.workspace import arch_semantics as sem
 from titan_core.models import build_meta, get_family
 from titan_core.models.common.hf_adapter import AdapterError
 
@@ -110,8 +115,9 @@ def _members(module: nn.Module | None, skip: tuple[str, ...] = ()) -> list[str]:
     return sorted(NATIVE_TO_HF.get(n, n) for n in names)
 
 
-def layer_features(layer: nn.Module, n_heads: int, head_dim: int) -> dict[str, Any]:
-    """The comparable structure of one decoder layer (HF or native naming)."""
+def layer_features(layer: nn.Module, n_heads: int, head_dim: int, dim: int = 0) -> dict[str, Any]:
+    """The comparable structure of one decoder layer (HF or native naming); `dim`: the hidden
+    width, for a norm that holds no weight saying it."""
     children = dict(layer.named_children())
     norms = [n for n, m in children.items() if "norm" in type(m).__name__.lower() or n.endswith("norm")]
     attn_name = next((n for n in children if "attn" in n or n == "attention"), None)
@@ -144,6 +150,7 @@ def layer_features(layer: nn.Module, n_heads: int, head_dim: int) -> dict[str, A
     return {
         "norms": placed,
         "unplaced_norms": unplaced,
+        "norm_kinds": sem.layer_norm_kinds(layer, norms, dim),
         "attn_name": attn_name,
         "attn_members": _members(attn, skip=QK_NORM_NAMES),
         "qk_norm": qk,
@@ -167,6 +174,11 @@ QK_NORM = {
 }
 
 
+def _kinds(features: dict) -> list[str]:
+    """The norm types a layer's norms are (those the probe could run), sorted."""
+    return sorted({k for k in features["norm_kinds"].values() if k})
+
+
 def _named(parent: str | None, members: list[str]) -> str:
     return ", ".join(f"`{parent}.{m}`" for m in members) or "none"
 
@@ -183,6 +195,10 @@ def compare(up: dict, nat: dict, *, cls: str, family: str) -> list[str]:
             f"norm placement: {cls} has {_places(up)}; the {family} Block has {_places(nat)}: apply the "
             "norms where upstream does in model.py's Block (and map their weights in adapter.py)"
         )
+    up_kinds, nat_kinds = _kinds(up), _kinds(nat)
+    if up_kinds and nat_kinds and up_kinds != nat_kinds:
+        where = ", ".join(f"`{n}`" for n, k in up["norm_kinds"].items() if k)
+        out.append(sem.norm_line(" / ".join(up_kinds), " / ".join(nat_kinds), cls=cls, family=family, where=where))
     if up["qk_norm"] != nat["qk_norm"]:
         fix = (
             "the shared Attention normalises [head_dim] only, so model.py needs its own q/k norm"
@@ -257,38 +273,81 @@ def _layers(model: nn.Module) -> list[nn.Module]:
 
 
 def _native(cfg: dict, family: str):
-    """The family's model on meta with the args its adapter reads (or its debugmodel flavor)."""
+    """The family's model on meta with the args its adapter reads (or its debugmodel flavor), and
+    the config keys the adapter read (none when it could not read them)."""
     fam = get_family(family)
     try:
-        args, _ = fam.adapter.args_from_hf(cfg)
-        return build_meta(family, args), args
+        args, used = fam.adapter.args_from_hf(cfg)
+        return build_meta(family, args), args, used
     except (AdapterError, TypeError, ValueError):
         args = fam.flavors.get("debugmodel") or next(iter(fam.flavors.values()))
-        return build_meta(family, args), args
+        return build_meta(family, args), args, set()
+
+
+def _native_norm(native: nn.Module, args) -> str | None:
+    """The norm type of the family's layers (its first layer's norms), e.g. 'RMSNorm'."""
+    nat_layers = _layers(native)
+    if not nat_layers:
+        return None
+    return " / ".join(_kinds(layer_features(nat_layers[0], args.n_heads, args.head_dim, args.dim))) or None
+
+
+def _keys_only(cfg: dict, family: str, native: nn.Module, args, used: set[str]) -> list[str]:
+    """What the config's keys say differs, for a config transformers cannot build."""
+    model_type = str(cfg.get("model_type"))
+    lines = []
+    up_norm, nat_norm = sem.config_norm_kind(cfg), _native_norm(native, args)
+    if up_norm and nat_norm and not nat_norm.startswith(up_norm):
+        keys = ", ".join(f"`{k}`" for k in (*sem.NORM_TYPE_KEYS, *sem.LAYER_NORM_EPS_KEYS) if k in cfg)
+        lines.append(sem.norm_line(up_norm, nat_norm, cls=model_type, family=family, where=f"by config.json's {keys}"))
+    layout, evidence = sem.rope_layout(cfg, None)
+    if layout == "interleaved":
+        lines.append(sem.rope_line(evidence, family=family))
+    pad = sem.padding_line(cfg, None, native, cls=model_type, family=family)
+    lines += [pad] if pad else []
+    return lines + sem.meaning_lines(cfg, get_family(family).adapter, used, family=family, upstream_norms=None)
+
+
+def _model_level(cfg, family, model, native, up_layers, head_dim, used) -> list[str]:
+    """What differs in the whole model rather than in one layer: RoPE, padding_idx, keys' meanings."""
+    lines = []
+    layout, evidence = sem.rope_layout(cfg, model)
+    if layout == "interleaved":
+        lines.append(sem.rope_line(evidence, family=family))
+    pad = sem.padding_line(cfg, model, native, cls=type(model).__name__, family=family)
+    lines += [pad] if pad else []
+    norms = sem.attention_norms(up_layers[0] if up_layers else None, head_dim)
+    return lines + sem.meaning_lines(cfg, get_family(family).adapter, used, family=family, upstream_norms=norms)
 
 
 def architecture_differences(cfg: dict, family: str) -> ArchDiff:
-    """The structural differences between the upstream class of `cfg` and `family`, layer by layer."""
+    """The differences between the upstream class of `cfg` and `family`, layer by layer, then the
+    model-wide ones; from the config's keys alone when the upstream class cannot be built."""
+    native, args, used = _native(cfg, family)
     try:
         model, n_heads, head_dim = _upstream(cfg)
     except UpstreamError as e:
-        return ArchDiff(note=f"structure not compared: {e}")
+        return ArchDiff(differences=_keys_only(cfg, family, native, args, used), note=f"structure not compared: {e}")
     except (ValueError, TypeError, KeyError, AttributeError, AssertionError, IndexError) as e:
         # transformers' own modeling code refusing this config: said in the README and by new-model, not hidden
-        return ArchDiff(note=f"structure not compared: transformers cannot build {cfg.get('model_type')}: {e}")
-    native, args = _native(cfg, family)
+        note = f"structure not compared: transformers cannot build {cfg.get('model_type')}: {e}"
+        return ArchDiff(differences=_keys_only(cfg, family, native, args, used), note=note)
     up_layers, nat_layers = _layers(model), _layers(native)
+    model_lines = _model_level(cfg, family, model, native, up_layers, head_dim, used)
     cls = type(up_layers[0]).__name__ if up_layers else type(model).__name__
     if not up_layers:
-        return ArchDiff(note=f"structure not compared: {type(model).__name__} has no `layers` list", upstream_class=cls)
+        note = f"structure not compared: {type(model).__name__} has no `layers` list"
+        return ArchDiff(differences=model_lines, note=note, upstream_class=cls)
+    dim = model.config.hidden_size
     found: dict[str, list[int]] = {}
     for i, up in enumerate(up_layers):
         nat = nat_layers[min(i, len(nat_layers) - 1)]
-        up_f, nat_f = layer_features(up, n_heads, head_dim), layer_features(nat, args.n_heads, args.head_dim)
+        up_f = layer_features(up, n_heads, head_dim, dim)
+        nat_f = layer_features(nat, args.n_heads, args.head_dim, args.dim)
         for line in compare(up_f, nat_f, cls=cls, family=family):
             found.setdefault(line, []).append(i)
     lines = [
         line if len(layers) == len(up_layers) else f"{line} (layers {', '.join(map(str, layers))})"
         for line, layers in found.items()
     ]
-    return ArchDiff(differences=lines, upstream_class=cls)
+    return ArchDiff(differences=lines + model_lines, upstream_class=cls)

@@ -38,6 +38,8 @@ CRITERION_SECTIONS = {
     "state_dict_round_trip": "State-dict round trip",
     "loss_abs_diff": "Loss and gradients",
     "grad_max_rel_l2": "Loss and gradients",
+    "aux_loss": "MoE",
+    "init_matches_upstream": "Init",
     "pytest_passed": "Running the test by hand",
 }
 EAGER_SECTIONS = {

@@ -315,20 +315,17 @@ def test_moe_aux_loss_coef_follows_output_router_logits():
 
 
 def test_moe_layer_aux_loss_matches_hf_formula():
-    """One layer's load-balancing loss equals HF's load_balancing_loss_func on that layer.
-
-    (With several MoE layers HF pools routing statistics over all layers before taking
-    the product, while the native loss sums per-layer losses: equal only for one layer.)
-    """
+    """One layer's load-balancing loss equals HF's load_balancing_loss_func on that layer
+    (several layers: tests/core/unit/test_moe_aux_loss.py)."""
     from transformers.models.qwen3_moe.modeling_qwen3_moe import load_balancing_loss_func
 
-    from titan_core.models.common.moe import MoE, load_balancing_loss
+    from titan_core.models.common.moe import MoE, load_balancing_loss, routing_stats
 
     moe = MoE(64, 32, 4, 2)
     torch.nn.init.normal_(moe.router.gate.weight, std=0.5)
     x = torch.randn(256, 64, generator=torch.Generator().manual_seed(3))
     probs, _, experts = moe.router(x)
-    native = load_balancing_loss(probs, experts, 4)
+    native = load_balancing_loss(routing_stats(probs, experts, 4), 1)
     ref = load_balancing_loss_func((moe.router.gate(x),), 4, 2)
     torch.testing.assert_close(native, ref, rtol=1e-6, atol=0)
 

@@ -215,15 +215,15 @@ def test_moe_layer_matches_reference(norm_topk_prob, shared):
             se = moe.shared_expert
             ref = ref + (F.silu(flat @ se.w1.weight.T) * (flat @ se.w3.weight.T)) @ se.w2.weight.T
         routed = torch.zeros(flat.shape[0], 8).scatter(1, experts, 1.0)
-        ref_aux = 8 * (routed.mean(0) * probs.mean(0)).sum()
+        ref_aux = torch.stack((routed.mean(0), probs.mean(0)))  # the layer's routing statistics
     assert rel_err(out.reshape(-1, 32), ref) <= 1e-5
     torch.testing.assert_close(aux, ref_aux, rtol=1e-5, atol=0)
 
 
 def test_balanced_routing_aux_loss_is_top_k():
     """Switch loss = top_k when tokens and probabilities are spread evenly."""
-    from titan_core.models.common.moe import load_balancing_loss
+    from titan_core.models.common.moe import load_balancing_loss, routing_stats
 
     probs = torch.full((8, 4), 0.25)
     experts = torch.tensor([[0, 1], [2, 3]] * 4)
-    assert load_balancing_loss(probs, experts, 4).item() == pytest.approx(2.0)
+    assert load_balancing_loss(routing_stats(probs, experts, 4), 1).item() == pytest.approx(2.0)

@@ -140,6 +140,7 @@ def test_measurements_judged_by_the_checklist(tmp_path):
     bf16 = rows([7.0 - 0.1 * i + 0.01 for i in range(n)])
     m = simple_fsdp.measure(fp32, bf16, rows([7.0] * n), baseline=(7.0, 3.0), eager_evidence=None, steps=n)
     m["world_size"] = 2
+    m["runs_whole"] = True  # the engine's, from the runs the rung recorded (gated_runs.settle_runs)
     results = {r["name"]: r for r in evaluate(load_checklist("simple_fsdp"), m)}
     assert not results["step1_grad_norm"]["ok"] and results["step1_grad_norm"]["value"] == 1.0
     assert "Partial" in results["step1_grad_norm"]["hint"]
@@ -148,7 +149,8 @@ def test_measurements_judged_by_the_checklist(tmp_path):
     assert m["fsdp2_step1_loss_rel_err"] == 0.0 and m["fsdp2_over_simple_fsdp_step_time"] == 1.0
     m = simple_fsdp.measure(rows([7.0] * n, norm=3.0), bf16, [], baseline=(7.0, 3.0), eager_evidence=None, steps=n)
     assert m["fsdp2_step_time_median_s"] is None  # FSDP2 failed: recorded, not judged
-    assert gate_passed(evaluate(load_checklist("simple_fsdp"), {**m, "world_size": 2, "bf16_loss_curve_max_rel": 0}))
+    assert gate_passed(evaluate(load_checklist("simple_fsdp"), {**m, "world_size": 2, "bf16_loss_curve_max_rel": 0,
+                                                                "runs_whole": True}))  # fmt: skip
 
 
 def test_every_criterion_names_a_metric_the_rung_measures():
@@ -157,6 +159,7 @@ def test_every_criterion_names_a_metric_the_rung_measures():
         rows([7.0] * n), rows([7.0] * n), [], baseline=(7.0, 3.0), eager_evidence=EVIDENCE["eager"], steps=n
     )
     measured = set(m) | {"world_size", "global_batch_size", "batch_size_per_rank", "baseline", "baseline_why"}
+    measured |= {"runs_whole"}  # set by the engine from the runs the rung recorded (gated_runs.settle_runs)
     assert {c.metric for c in load_checklist("simple_fsdp").criteria} <= measured
 
 

@@ -44,7 +44,7 @@ def replace_block(root, new_block: str, imports: str = "") -> None:
     text = path.read_text()
     start, end = text.index("class Block(nn.Module):"), text.index("class Model(nn.Module):")
     text = text[:start] + new_block.strip("\n") + "\n\n\n" + text[end:]
-    anchor = "from titan_core.models.common.moe import MoE\n"
+    anchor = "from titan_core.models.common.moe import MoE, load_balancing_loss\n"
     path.write_text(text.replace(anchor, anchor + imports, 1))
 
 
@@ -100,7 +100,7 @@ class SharedGateMoE(MoE):
         probs, weights, experts = self.router(flat)
         out = self.experts(flat, weights, experts)
         out = out + torch.sigmoid(self.shared_expert_gate(flat)) * self.shared_expert(flat)
-        return out.reshape(shape), load_balancing_loss(probs, experts, self.n_experts)
+        return out.reshape(shape), routing_stats(probs, experts, self.n_experts)
 '''
 
 
@@ -114,7 +114,7 @@ def qwen2_moe_port(tmp_path):
     add_adapter_methods(root, QWEN2_MOE_ADAPTER)
     edit_file(root, "model.py", "self.moe = MoE(", "self.moe = SharedGateMoE(")
     edit_file(root, "model.py", "\n\nclass Block(nn.Module):", QWEN2_MOE_CLASS + "\n\nclass Block(nn.Module):")
-    edit_file(root, "model.py", "import MoE\n", "import MoE, load_balancing_loss\n")
+    edit_file(root, "model.py", "import MoE, load_balancing_loss\n", "import MoE, load_balancing_loss, routing_stats\n")
     fast_recipe(root)
     return root, config
 
@@ -201,7 +201,9 @@ def test_export_writes_the_recipe_overrides_into_config_json_or_refuses(tmp_path
     exported = json.loads((tmp_path / "hf" / "config.json").read_text())
     written = json.loads((root / "config.json").read_text())
     assert (exported["num_hidden_layers"], exported["layer_types"]) == (1, ["full_attention"])
-    rewritten = ("num_hidden_layers", "layer_types", "max_window_layers", "dtype")  # the family's hf_config(args)
+    # the family's hf_config(args); initializer_range is the init_std override (the std the weights were drawn with)
+    rewritten = ("num_hidden_layers", "layer_types", "max_window_layers", "dtype", "initializer_range")
+    assert exported["initializer_range"] == 0.01
     assert {k: v for k, v in exported.items() if k not in rewritten} == {
         k: v for k, v in written.items() if k not in rewritten
     }

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 from typer.testing import CliRunner
 
 from onboard.workspace.arch_diff import architecture_differences
@@ -116,3 +117,84 @@ def test_without_transformers_it_degrades_with_a_clear_line(monkeypatch):
     monkeypatch.setitem(sys.modules, "transformers", None)  # `import transformers` now raises ImportError
     diff = architecture_differences({"model_type": "olmo2", **NARROW}, "llama3")
     assert diff.differences == [] and "pip install 'titan-onboard[hf]'" in diff.note
+
+
+# ---- what names and shapes cannot show (arch_semantics.py) -----------------------------------
+def todos(plan) -> list[str]:
+    return [line for line in plan.files["model.py"].splitlines() if line.startswith("# TODO(port): architecture:")]
+
+
+@pytest.mark.hf
+def test_layernorm_with_bias_is_named_although_names_and_shapes_match(tmp_path):
+    plan = port_plan(tmp_path, hf_config("stablelm"))  # nn.LayerNorm(bias=True), llama's norm names
+    assert plan.family == "llama3"
+    [norm] = [d for d in plan.arch_differences if d.startswith("norm type:")]
+    assert "(`input_layernorm`, `post_attention_layernorm`) are LayerNorm with bias" in norm
+    assert "the llama3 family's are RMSNorm" in norm and "bias mapped" in norm
+    assert any("norm type: StableLmDecoderLayer" in t for t in todos(plan))
+
+
+@pytest.mark.hf
+def test_cohere_on_glimmer_norm_type_interleaved_rope_and_use_qk_norm(tmp_path):
+    """Cohere: LayerNorm without bias, RoPE on adjacent pairs, and `use_qk_norm`, which glimmer reads
+    as its own per-head RMSNorm while Cohere builds a LayerNorm with a weight per head."""
+    plan = port_plan(tmp_path, hf_config("cohere", use_qk_norm=True))
+    assert plan.family == "glimmer"
+    diffs = plan.arch_differences
+    assert any(d.startswith("norm type: CohereDecoderLayer's norms (`input_layernorm`) are LayerNorm;") for d in diffs)
+    [rope] = [d for d in diffs if d.startswith("RoPE layout:")]
+    assert "modeling_cohere.rotate_half([0, 1, 2, 3]) = [-1.0, 0.0, -3.0, 2.0]" in rope and "half-split" in rope
+    [key] = [d for d in diffs if d.startswith("config key `use_qk_norm` = True: the glimmer family reads it as")]
+    assert "`q_norm` (CohereLayerNorm, weight [4, 16], LayerNorm)" in key
+    assert len([t for t in todos(plan) if "RoPE layout" in t or "`use_qk_norm`" in t or "norm type" in t]) == 3
+
+
+@pytest.mark.hf
+def test_padding_idx_from_the_upstream_embedding(tmp_path):
+    with_pad = architecture_differences(hf_config("llama", pad_token_id=0), "llama3").differences
+    [pad] = with_pad
+    assert pad.startswith("embedding padding_idx: LlamaForCausalLM's embedding has padding_idx = 0 (pad_token_id)")
+    assert "the llama3 family's tok_embeddings has none" in pad
+
+
+@pytest.mark.hf
+def test_glimmer_config_itself_is_not_told_about_its_own_key(tmp_path):
+    from titan_core.models import get_family, resolve_args
+    from onboard.workspace import arch_semantics
+
+    cfg = get_family("glimmer").adapter.hf_config(resolve_args("glimmer", "debugmodel"))
+    adapter = get_family("glimmer").adapter
+    assert cfg["use_qk_norm"] is True
+    assert arch_semantics.meaning_lines(cfg, adapter, set(cfg), family="glimmer", upstream_norms=None) == []
+
+
+def test_keys_alone_say_it_when_transformers_lacks_the_model_type():
+    """A remote-code model (no class in transformers): the config's keys still show a layer norm,
+    an interleaved RoPE, a pad id and glimmer's `use_qk_norm`."""
+    cfg = {"model_type": "mymodel", **{k: v for k, v in NARROW.items() if v is not None},
+           "layer_norm_eps": 1e-5, "rope_interleave": True, "pad_token_id": 3, "use_qk_norm": True}  # fmt: skip
+    diff = architecture_differences(cfg, "glimmer")
+    assert diff.note.startswith("structure not compared:")
+    [norm, rope, pad, key] = diff.differences
+    assert norm.startswith("norm type: mymodel's norms (by config.json's `layer_norm_eps`) are LayerNorm")
+    assert rope.startswith("RoPE layout: config.json sets rope_interleave = True")
+    assert pad.startswith("embedding padding_idx: pad_token_id = 3")
+    assert key.startswith("config key `use_qk_norm` = True: the glimmer family reads it as") and "holds" not in key
+    said = ("layer_norm_eps", "rope_interleave", "pad_token_id", "use_qk_norm")
+    plain = {k: v for k, v in cfg.items() if k not in said}
+    assert architecture_differences(plain, "glimmer").differences == []
+
+
+def test_norm_kind_by_what_the_module_computes():
+    from torch import nn
+
+    from onboard.workspace.arch_semantics import norm_kind
+    from titan_core.models.common.layers import RMSNorm
+
+    class L2(nn.Module):
+        def forward(self, x):
+            return x / x.norm(dim=-1, keepdim=True)
+
+    with torch.device("meta"):  # as arch_diff builds them
+        mods = [nn.LayerNorm(8), nn.LayerNorm(8, bias=False), RMSNorm(8, 1e-6), L2()]
+    assert [norm_kind(m, 8) for m in mods] == ["LayerNorm with bias", "LayerNorm", "RMSNorm", "L2Norm"]

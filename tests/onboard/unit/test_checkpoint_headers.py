@@ -257,16 +257,29 @@ def test_moe_expert_missing_from_per_expert_layout_names_the_layer(tmp_path):
     assert not report.wrong_shape and not report.wrong_dtype
 
 
-def test_dtype_is_the_declared_one_else_the_models(tmp_path):
+def test_dtype_is_the_declared_one_else_the_checkpoints_own(tmp_path):
+    # bf16 tensors, a config.json without torch_dtype, a meta model built in fp32: the headers say bf16
     folder = write_real(tmp_path / "w", hf_state_dict("qwen3"), shards=2, torch_dtype=None)
-    undeclared = check(folder, "qwen3")  # bf16 tensors, nothing declared, a meta model built in fp32
-    assert undeclared.dtype_expected == "float32" and undeclared.dtype_source.startswith("the model's parameters")
-    assert_only(undeclared, "wrong_dtype")
-    assert len(undeclared.wrong_dtype) == undeclared.tensors
+    (folder / "config.json").write_text(json.dumps({"model_type": "qwen3"}))
+    undeclared = check(folder, "qwen3")
+    assert undeclared.ok, undeclared.to_dict()
+    assert undeclared.dtype_expected == "bfloat16" and undeclared.dtype_source.startswith("the checkpoint's headers")
+    # one tensor in another dtype is still named: the odd one out of the checkpoint's own
+    sd = hf_state_dict("qwen3")
+    sd["model.norm.weight"] = sd["model.norm.weight"].float()
+    odd = check(write_real(tmp_path / "odd", sd, torch_dtype=None), "qwen3")
+    assert_only(odd, "wrong_dtype")
+    assert [(w["hf"], w["dtype"], w["expected"]) for w in odd.wrong_dtype] == [
+        (["model.norm.weight"], "float32", "bfloat16")
+    ]
+    # a declared dtype the tensors are not in fails every tensor, as before
+    declared = check(write_real(tmp_path / "fp32", hf_state_dict("qwen3"), torch_dtype="float32"), "qwen3")
+    assert_only(declared, "wrong_dtype")
+    assert len(declared.wrong_dtype) == declared.tensors and declared.dtype_source == "config.json torch_dtype"
     fam = get_family("qwen3")
     meta = build_meta("qwen3", fam.flavors["debugmodel"])
-    told = check_checkpoint_headers(folder, meta, fam.adapter, dtype="bfloat16")
-    assert told.ok and told.dtype_source == "argument"
+    told = check_checkpoint_headers(folder, meta, fam.adapter, dtype="float16")
+    assert told.dtype_source == "argument" and len(told.wrong_dtype) == told.tensors
 
 
 def test_file_and_index_faults_are_problems(tmp_path):

@@ -21,6 +21,7 @@ from onboard.sizing.twin_setup import apply_twin
 from onboard.workspace.layout import Workspace
 from real_size_configs import PUBLISHED
 from test_checkpoint_headers import hf_state_dict, meta_specs, write_fake, write_real
+from test_hub_checkpoints import TINY_MIXTRAL, config_dict, mixtral_hub_checkpoint, write_hub
 
 pytest.importorskip("transformers", reason="the probe compares with the upstream class")
 pytestmark = pytest.mark.hf
@@ -86,3 +87,19 @@ def test_a_full_model_that_does_not_build_fails_its_criterion(tmp_path):
     assert m["full_model_built_on_meta"] is False and "hidden_act 'gelu'" in details["full_model"]["error"]
     criteria = {c["name"]: c["ok"] for c in evaluate(load_checklist("eager"), m, {}, {})}
     assert criteria["full_model_built_on_meta"] is False and criteria["full_model_keys_match_upstream"] is False
+
+
+def test_transformers_path_reads_a_hub_layout_checkpoint_and_counts_top_k(tmp_path):
+    """Mixtral on the transformers path: per-expert Hub tensors, an old inv_freq, no torch_dtype in config.json."""
+    c = TINY_MIXTRAL
+    sd = mixtral_hub_checkpoint(c)
+    sd["model.layers.0.self_attn.rotary_emb.inv_freq"] = torch.ones(4)
+    weights = write_hub(tmp_path / "w", sd, c)
+    (tmp_path / "config.json").write_text(json.dumps(config_dict(c)))
+    m, details, ok, _ = probe(tmp_path, "mix", hf_config=tmp_path / "config.json", weights=weights, path="transformers")
+    assert m["full_model_checkpoint_problems"] == 0 and ok["full_model_checkpoint_matches"], details
+    assert details["checkpoint"]["dtype_source"].startswith("the checkpoint's headers")
+    d, i, e, k = c.hidden_size, c.intermediate_size, c.num_local_experts, c.num_experts_per_tok
+    total = sum(v.numel() for name, v in sd.items() if not name.endswith("inv_freq"))
+    assert m["full_model_params_total"] == total
+    assert m["full_model_params_active"] == total - c.num_hidden_layers * (e - k) * 3 * d * i

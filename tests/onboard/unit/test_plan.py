@@ -160,8 +160,8 @@ def test_onboard_plan_writes_the_target_recipe_and_torchrun(tmp_path):
     assert result.exit_code == 0, result.stderr
     out = json.loads(result.stdout)
     assert out["chosen"]["sharding"] == "TP 8 x FSDP 8" and out["runs_on_twin"] is True
-    assert out["recipe"] == str(root / "recipe.h100-64.toml")
-    cfg = load_config(root / "recipe.h100-64.toml")
+    assert out["recipe"] == str(root / "recipe.h100-64.seq4096.toml")
+    cfg = load_config(root / "recipe.h100-64.seq4096.toml")
     assert cfg.model.hf_config == str(root / "config.json")  # the full model, not the twin the gates ran
     p = cfg.parallelism
     assert (p.data_parallel, p.dp_shard, p.dp_replicate, p.tp) == ("simple_fsdp", 8, 1, 8)
@@ -170,12 +170,16 @@ def test_onboard_plan_writes_the_target_recipe_and_torchrun(tmp_path):
         "default",
         True,
     )
-    assert (cfg.training.batch_size, cfg.training.seq_len, cfg.device.type) == (1, 4096, "cuda")
+    # the recipe's plain loss (kept by a CPU timing at the twin's vocabulary) is planned as fused_ce: without
+    # [tokens, 128256] fp32 logits a second sequence fits (test_llama3_70b_on_h100_64_by_hand: not with plain)
+    assert (cfg.training.batch_size, cfg.training.seq_len, cfg.device.type) == (2, 4096, "cuda")
+    levers = {lv["key"]: lv["plan"] for lv in out["levers"]}
+    assert cfg.kernels.loss == levers["kernels.loss"] == "fused_ce"
     assert (cfg.training.dtype, cfg.training.mixed_precision_param) == ("float32", "bfloat16")
     assert load_config(root / "recipe.toml").model.hf_config.endswith("twin.json")  # recipe.toml untouched
     cd, _, line = out["torchrun"].partition(" && ")
     argv = shlex.split(line)
     args = get_args_parser().parse_args(argv[1:])
-    assert (args.nnodes, args.nproc_per_node) == ("8", "8") and argv[-1] == "recipe.h100-64.toml"
+    assert (args.nnodes, args.nproc_per_node) == ("8", "8") and argv[-1] == "recipe.h100-64.seq4096.toml"
     text = runner.invoke(app, ["plan", "l70", "--dir", str(tmp_path), "--target", "h100:64"])
     assert text.exit_code == 0 and "PREDICTED step time" in text.stdout and "TP 8 x FSDP 8" in text.stdout

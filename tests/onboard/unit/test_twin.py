@@ -24,7 +24,8 @@ from real_size_configs import PUBLISHED
 from titan_core.models import get_family
 from titan_core.models.common.param_counts import count_params
 from titan_core.models.registry import build_meta
-from onboard.sizing.twin import KEPT, TwinError, derive_twin, layer_kind, pattern_layers
+from onboard.sizing.twin import KEPT, TwinError, derive_twin
+from onboard.sizing.twin_layers import layer_kind, pattern_layers
 
 REAL = ["Llama-3.1-8B", "Llama-3.1-70B", "Qwen3-8B", "Qwen3-235B-A22B", "Mistral-7B-v0.1", "Qwen2.5-7B", "Llama-3.2-1B"]
 
@@ -40,8 +41,13 @@ def test_twin_keeps_every_structural_feature(name):
     full, small = twin.full_args, twin.args
     for f in KEPT:
         assert getattr(small, f) == getattr(full, f), f
-    assert small.n_heads // small.n_kv_heads == full.n_heads // full.n_kv_heads  # the GQA ratio
-    assert small.n_kv_heads == 1 and small.n_layers == 2 and small.vocab_size == 2048
+    # GQA stays GQA with 2 key/value heads, its ratio kept or (past 1024 query wide) shrunk, as its row says
+    ratio, kept_ratio = full.n_heads // full.n_kv_heads, small.n_heads // small.n_kv_heads
+    heads_row = next(r for r in twin.rows if r.field == "num_attention_heads")
+    assert small.n_kv_heads == 2 and 2 <= kept_ratio <= ratio
+    assert (kept_ratio == ratio) == ("kept" in heads_row.why)
+    assert (kept_ratio < ratio) == ("--twin-width" in heads_row.why)
+    assert small.n_layers == 2 and small.vocab_size == 2048
     assert small.dim < full.dim and small.ffn_hidden_dim < full.ffn_hidden_dim
     assert twin.config["model_type"] == cfg["model_type"] and twin.config["architectures"] == cfg["architectures"]
     # only sizes (and ids that point past the vocabulary) change; every other key is kept as written
@@ -59,7 +65,9 @@ def test_twin_table_of_qwen3_235b():
     _, _, twin = twin_of("Qwen3-235B-A22B")
     rows = {r.field: r for r in twin.rows}
     assert (rows["num_hidden_layers"].full, rows["num_hidden_layers"].twin) == (94, 2)
-    assert (rows["num_attention_heads"].twin, rows["num_key_value_heads"].twin) == (16, 1)  # GQA 64:4 -> 16:1
+    assert (rows["num_attention_heads"].twin, rows["num_key_value_heads"].twin) == (6, 2)  # GQA 64:4 -> 6:2
+    assert "GQA ratio 16 shrunk to 3" in rows["num_key_value_heads"].why and "--twin-width 4096 keeps it" in rows[
+        "num_key_value_heads"].why  # fmt: skip
     assert (rows["moe_intermediate_size"].full, rows["moe_intermediate_size"].twin) == (1536, 96)  # x 256/4096
     assert (rows["num_experts"].full, rows["num_experts"].twin, rows["top_k"].twin) == (128, 16, 8)  # 2 x top-8
     assert rows["bos_token_id"].twin == 2048 - (151936 - 151643)
@@ -70,12 +78,14 @@ def test_twin_table_of_qwen3_235b():
 def test_width_rules_follow_the_config_class():
     # Llama derives head_dim from hidden_size: the width is heads x head_dim, the knob must agree
     _, _, llama = twin_of("Llama-3.1-70B")
-    assert (llama.args.dim, llama.args.n_heads, llama.args.head_dim) == (1024, 8, 128)
-    with pytest.raises(TwinError, match="multiple of 1024"):
+    assert (llama.args.dim, llama.args.n_heads, llama.args.head_dim) == (768, 6, 128)  # 64:8 as 6:2
+    with pytest.raises(TwinError, match=r"--twin-width 1000: .* head_dim 128.* e\.g\. --twin-width 768, 2048$"):
         twin_of("Llama-3.1-70B", width=1000)
+    _, _, wide = twin_of("Llama-3.1-70B", width=2048)  # the width that keeps the ratio 8
+    assert (wide.args.dim, wide.args.n_heads, wide.args.n_kv_heads) == (2048, 16, 2)
     # Qwen3 has an explicit head_dim: the width is free
     _, _, qwen = twin_of("Qwen3-8B", width=384)
-    assert (qwen.args.dim, qwen.args.head_dim, qwen.args.n_heads) == (384, 128, 4)
+    assert (qwen.args.dim, qwen.args.head_dim, qwen.args.n_heads, qwen.args.n_kv_heads) == (384, 128, 8, 2)
 
 
 def test_layer_pattern_periods_are_kept():

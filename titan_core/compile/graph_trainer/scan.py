@@ -11,10 +11,11 @@ outputs stay per layer, so the traced op count stops growing with depth.
 
 Two block loops are scanned. The native decoder's `hidden()` loops `for block in
 self.layers.values()`: while tracing, that one call is pointed at a single callable that
-runs the whole scan; the summed auxiliary loss rides in the loop carry, so it is added in
-the same order as the unrolled loop. A model whose blocks sit in an `nn.ModuleList` that
-its own forward iterates (the transformers path: `LlamaModel.forward` loops over
-`self.layers[:n]`) has that list's contents replaced, while tracing, by one module that
+runs the whole scan; each layer's auxiliary output (a MoE layer's routing statistics) leaves
+the loop stacked and is summed after it in layer order, as the unrolled loop adds it. A
+model whose blocks sit in an `nn.ModuleList` that its own forward iterates (the
+transformers path: `LlamaModel.forward` loops over `self.layers[:n]`) has that list's
+contents replaced, while tracing, by one module that
 runs the scan with whatever keywords the loop passes (masks, rotary tables, positions:
 their tensors enter the scan as loop-invariant inputs). transformers' blocks hold their
 index (`layer_idx`) for the KV cache; that is no structural difference when the index is
@@ -117,16 +118,21 @@ def scan_blocks(
     n = len(names)
     extra = [cos, sin] + ([segment_ids] if segment_ids is not None else [])
 
-    def body(h, aux, *rest):
+    def body(h, *rest):
         weights, (c, s, *seg) = rest[:n], rest[n:]
         if wrap is not None:
             weights = [wrap(j, w) for j, w in enumerate(weights)]
         out, layer_aux = torch.func.functional_call(
             template, dict(zip(names, weights)), (h, c, s, seg[0] if seg else None)
         )
-        return [out, aux + layer_aux]
+        return [out, layer_aux]
 
-    h, aux = scan_op(body, [h, h.new_zeros((), dtype=torch.float32)], stacked, extra)
+    # each layer's aux (a MoE layer's routing statistics, of a shape only the block knows) is a
+    # per-layer output, summed after the loop in layer order as the unrolled loop sums it
+    h, per_layer = scan_op(body, [h], stacked, extra)
+    aux = h.new_zeros((), dtype=torch.float32)
+    for layer_aux in per_layer.unbind(0):
+        aux = aux + layer_aux
     return h, aux
 
 

@@ -8,8 +8,6 @@ output, loss_head.
 
 from __future__ import annotations
 
-import math
-
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -17,7 +15,7 @@ from torch import nn
 from titan_core.models.common.args import TransformerArgs
 from titan_core.models.common.attention import Attention
 from titan_core.models.common.layers import CrossEntropyHead, FeedForward, RMSNorm, rope_cos_sin, rope_inv_freq, softcap
-from titan_core.models.common.moe import MoE
+from titan_core.models.common.moe import MoE, load_balancing_loss
 
 
 class Block(nn.Module):
@@ -57,7 +55,7 @@ class Block(nn.Module):
             self.feed_forward = FeedForward(args.dim, args.ffn_hidden_dim)
 
     def forward(self, x, cos, sin, segment_ids=None):
-        """Returns (x, auxiliary loss of this block)."""
+        """Returns (x, this block's routing statistics: moe.routing_stats, a 0 scalar when dense)."""
         x = x + self.attention(self.attention_norm(x), cos, sin, segment_ids)
         h = self.ffn_norm(x)
         if hasattr(self, "moe"):
@@ -89,30 +87,28 @@ class Transformer(nn.Module):
     def init_weights(self, seed: int | None = None) -> None:
         """Initialise every parameter in place (after `to_empty` on the target device).
 
-        Residual-output projections are scaled down with depth so the residual stream's
-        variance does not grow with the number of layers; logits start near zero, which
-        puts the step-1 loss near ln(vocab).
+        As transformers' `_init_weights` initialises the upstream classes, which parity's init
+        check compares with (onboard/parity/init_check.py): every projection, embedding and
+        expert normal(0, init_std = the config's initializer_range), norm weights 1, biases 0.
+        No depth scaling of the residual-output projections: upstream has none. Logits start
+        near zero, which puts the step-1 loss near ln(vocab).
         """
         gen = None
         if seed is not None:
             gen = torch.Generator(device=self.tok_embeddings.weight.device).manual_seed(seed)
-        std = self.args.init_std
-        out_std = std / math.sqrt(2 * self.args.n_layers)
         for name, p in self.named_parameters():
             owner, _, leaf = name.rpartition(".")
-            if owner.rpartition(".")[2].endswith("norm"):
-                p.fill_(1.0)
-            elif leaf == "bias":
+            if leaf == "bias":  # before the norm rule: a LayerNorm's bias is 0, not 1
                 p.zero_()
-            elif name.endswith(("wo.weight", "w2.weight", "experts.w2")):
-                p.normal_(0.0, out_std, generator=gen)
+            elif owner.rpartition(".")[2].endswith("norm"):
+                p.fill_(1.0)
             else:
-                p.normal_(0.0, std, generator=gen)
+                p.normal_(0.0, self.args.init_std, generator=gen)
         self.inv_freq.copy_(rope_inv_freq(self.args.head_dim, self.args.rope_theta, self.args.rope_scaling))
 
     # ---- forward -------------------------------------------------------------------
     def hidden(self, tokens, *, positions=None, segment_ids=None):
-        """Final-normed hidden states [batch, seq, dim] and the summed auxiliary loss."""
+        """Final-normed hidden states [batch, seq, dim] and the MoE layers' routing statistics, summed."""
         h = self.tok_embeddings(tokens)
         if positions is None:
             positions = torch.arange(tokens.shape[1], device=tokens.device).expand(tokens.shape[0], -1)
@@ -132,6 +128,8 @@ class Transformer(nn.Module):
         """Training loss: cross-entropy plus the weighted load-balancing loss. Returns (loss, ce)."""
         h, aux = self.hidden(tokens, positions=positions, segment_ids=segment_ids)
         ce = self.loss_head(h, self.output_weight, labels)
-        if self.args.aux_loss_coef:
-            return ce + self.args.aux_loss_coef * aux, ce
+        # one loss over all MoE layers' tokens, as transformers computes it (moe.load_balancing_loss)
+        n_moe = sum(self.args.layer_is_moe(i) for i in range(self.args.n_layers))
+        if self.args.aux_loss_coef and n_moe:
+            return ce + self.args.aux_loss_coef * load_balancing_loss(aux, n_moe), ce
         return ce, ce

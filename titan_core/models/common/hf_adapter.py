@@ -66,6 +66,9 @@ class HFAdapter:
 
     hf_model_types: tuple[str, ...] = ()
     hf_architecture: str = "LlamaForCausalLM"
+    key_meanings: dict[str, str] = {}
+    """Config keys this family reads with a meaning of its own, {key: what the family builds from it}:
+    a config of another model_type may mean something else by the same key (a port is told so)."""
 
     # ---- state dicts ----------------------------------------------------------------
     def layer_keys(self) -> dict[str, str]:
@@ -123,12 +126,12 @@ class HFAdapter:
         sd = without_tied_head(sd, tie_embeddings, HF_TIE)
         for key, value in sd.items():
             m = re.match(r"model\.layers\.(\d+)\.(.+)", key)
-            if m:
+            if key.endswith("rotary_emb.inv_freq"):
+                continue  # a derived buffer some checkpoints carry (older ones once per layer)
+            elif m:
                 pending.setdefault(int(m.group(1)), {})[m.group(2)] = value
             elif key in top_inverse:
                 out[top_inverse[key]] = value
-            elif key.endswith("rotary_emb.inv_freq"):
-                continue  # a derived buffer some checkpoints carry
             else:
                 raise AdapterError(f"no native name for HF key '{key}'")
         for i, entries in sorted(pending.items()):
@@ -176,6 +179,7 @@ class HFAdapter:
             norm_eps=take("rms_norm_eps", 1e-6),
             max_seq_len=take("max_position_embeddings", 2048),
             tie_embeddings=take("tie_word_embeddings"),
+            init_std=take("initializer_range", 0.02),  # the std of upstream's own init (parity's init check)
         )
         if kw["tie_embeddings"] is None:  # absent: what the config class of this model_type defaults to
             kw["tie_embeddings"] = tie_default(cfg.get("model_type"), self.hf_model_types)
@@ -263,6 +267,7 @@ class HFAdapter:
             "tie_word_embeddings": args.tie_embeddings,
             "rope_parameters": rope,
             "hidden_act": "silu",
+            "initializer_range": args.init_std,
         }
 
     def unconsumed_keys(self, cfg: dict[str, Any]) -> list[str]:

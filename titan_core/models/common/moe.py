@@ -89,7 +89,9 @@ class MoE(nn.Module):
 
     Tokens are flattened to [tokens, dim] for routing. The shared expert (a FeedForward of
     `shared_hidden_dim`) is added to every token unscaled; a model that scales it per token
-    (Qwen2-MoE: by a sigmoid of a Linear(dim, 1)) needs its own MoE. `aux` is this layer's load-balancing loss.
+    (Qwen2-MoE: by a sigmoid of a Linear(dim, 1)) needs its own MoE. `aux` is this layer's
+    `routing_stats`: the model sums them over its MoE layers and turns the sum into the
+    load-balancing loss once (`load_balancing_loss`), as transformers pools every layer's tokens.
     """
 
     def __init__(
@@ -109,21 +111,38 @@ class MoE(nn.Module):
         self.shared_expert = FeedForward(dim, shared_hidden_dim) if shared_hidden_dim else None
 
     def forward(self, x: torch.Tensor):
-        """Returns (output, load-balancing loss of this layer)."""
+        """Returns (output, routing statistics of this layer: `routing_stats`)."""
         shape = x.shape
         flat = x.reshape(-1, shape[-1])
         probs, weights, experts = self.router(flat)
         out = self.experts(flat, weights, experts)
         if self.shared_expert is not None:
             out = out + self.shared_expert(flat)
-        return out.reshape(shape), load_balancing_loss(probs, experts, self.n_experts)
+        return out.reshape(shape), routing_stats(probs, experts, self.n_experts)
 
 
-def load_balancing_loss(probs: torch.Tensor, experts: torch.Tensor, n_experts: int) -> torch.Tensor:
-    """Switch-style auxiliary loss: n_experts * sum_e (fraction routed to e) * (mean prob of e).
+def routing_stats(probs: torch.Tensor, experts: torch.Tensor, n_experts: int) -> torch.Tensor:
+    """One MoE layer's share of the load-balancing loss: [2, n_experts] fp32.
 
-    Equals top_k when routing is perfectly uniform; grows as routing collapses.
+    Row 0: the fraction of the layer's tokens routed to each expert (its top-k slots counted,
+    so the row sums to top_k); row 1: each expert's mean router probability. A per-token mean
+    per layer: the model adds the layers' rows and `load_balancing_loss` divides by their count,
+    which is the mean over all layers' tokens that transformers takes (every layer routes the
+    same tokens).
     """
     routed = F.one_hot(experts, n_experts).float().sum(dim=1)  # [tokens, experts]
-    fraction = routed.mean(dim=0)
-    return n_experts * (fraction * probs.mean(dim=0)).sum()
+    return torch.stack((routed.mean(dim=0), probs.float().mean(dim=0)))
+
+
+def load_balancing_loss(stats: torch.Tensor, n_layers: int) -> torch.Tensor:
+    """Switch-style auxiliary loss over every MoE layer at once, as transformers'
+    `load_balancing_loss_func` (Mixtral, Qwen-MoE) computes it without an attention mask:
+    n_experts * sum_e (fraction routed to e) * (mean probability of e), both means over the
+    tokens of all `n_layers` layers, `stats` the sum of their `routing_stats`.
+
+    Not a sum of per-layer losses (that is about n_layers times larger). Equals top_k when
+    routing is perfectly uniform; grows as routing collapses. Unweighted: the model multiplies
+    by aux_loss_coef (router_aux_loss_coef) where the config turns the loss on.
+    """
+    fraction, prob = stats / n_layers
+    return stats.shape[-1] * (fraction * prob).sum()

@@ -14,6 +14,11 @@ from titan_core.models.common.hf_adapter import AdapterError, HFAdapter, layer_t
 class GlimmerAdapter(HFAdapter):
     hf_model_types = ("glimmer",)
     hf_architecture = "GlimmerForCausalLM"
+    key_meanings = {
+        "use_qk_norm": "an RMSNorm with a learned [head_dim] weight on each head of q and of k, before RoPE, "
+        "on every layer (titan_core's Attention q_norm / k_norm); Llama-4 means an L2 norm without weight "
+        "after RoPE on its RoPE layers, Cohere a LayerNorm with a weight per head",
+    }
 
     def hf_names(self, cfg):
         names = {"sliding_window": "sliding_window", "rope_skip_every": "no_rope_layer_interval"}

@@ -3,8 +3,11 @@
 Each MoE layer has a softmax router over n_experts choosing top_k per token (optionally
 renormalising the kept weights), experts behind one swappable module
 (`layers.N.moe.experts`, reference = a plain per-expert loop), an optional always-on
-shared expert, and a load-balancing auxiliary loss weighted by aux_loss_coef. Layers
-listed in dense_layers, or off the moe_every stride, keep a dense SwiGLU MLP.
+shared expert, and a load-balancing auxiliary loss weighted by aux_loss_coef: one loss over
+every MoE layer's tokens, as transformers' load_balancing_loss_func computes it (moe.py),
+added only where the config's output_router_logits turns it on (the adapter sets the
+coefficient to 0 otherwise). Layers listed in dense_layers, or off the moe_every stride,
+keep a dense SwiGLU MLP.
 """
 
 from titan_core.models.common.args import TransformerArgs

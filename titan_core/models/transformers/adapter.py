@@ -20,6 +20,7 @@ from titan_core.models.common.args import TransformerArgs
 from titan_core.models.common.mapping_errors import AdapterError
 from titan_core.models.common.hf_adapter import window_pattern
 from titan_core.models.common.tied import HF_TIE, Tie, same_tensor, with_tied_head
+from titan_core.models.transformers.checkpoint_layout import CheckpointLayout
 from titan_core.models.transformers.hf_classes import causal_lm_parts, config_object, text_config_key
 
 HF_CONFIG_KEY = "hf_config"
@@ -207,7 +208,15 @@ class TransformersAdapter:
         return args_from_config(config_object(cfg), cfg), set(cfg)
 
     def from_hf(self, sd: dict[str, torch.Tensor], **_: Any) -> dict[str, torch.Tensor]:
+        """The same dict: HF's in-memory names are the model's (a checkpoint in the Hub's own
+        layout is read through `checkpoint_reader`)."""
         return dict(sd)
+
+    def checkpoint_reader(self, model) -> CheckpointLayout:
+        """The adapter a checkpoint of `model` (this path's model) is read through: transformers'
+        own loading conversions of its class, so a checkpoint as the Hub ships it (Mixtral's
+        per-expert w1/w2/w3, an old rotary inv_freq) maps as `from_pretrained` maps it."""
+        return CheckpointLayout(model.hf)
 
     def to_hf(self, sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """The same dict; a tied head (deduplicated away, as `named_parameters` does) is emitted

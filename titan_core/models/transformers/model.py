@@ -259,7 +259,9 @@ class TransformersCausalLM(nn.Module):
         for t in [*self.parameters(), *self.buffers()]:
             if hasattr(t, "_is_hf_initialized"):
                 del t._is_hf_initialized
-        self.retie()
+        # untied while initialising, tied after, as transformers' own init_weights does: a tied head then
+        # holds what the embedding's init drew (XLM, Youtu init the two differently; the head's won before)
+        self.untie()
         if device.type != "meta":
             for t in [*self.parameters(), *self.buffers()]:
                 t.data.fill_(_unset(t.dtype))
@@ -343,6 +345,12 @@ class TransformersCausalLM(nn.Module):
     def retie(self) -> None:
         """Re-make tied parameters (`to_empty` gives each module a parameter of its own)."""
         self.hf.tie_weights()
+
+    def untie(self) -> None:
+        """Give a tied output head a parameter of its own again (`retie` shares it once more)."""
+        head, emb = self.hf.get_output_embeddings(), self.hf.get_input_embeddings()
+        if head is not None and emb is not None and head.weight is emb.weight:
+            head.weight = nn.Parameter(torch.empty_like(emb.weight), requires_grad=emb.weight.requires_grad)
 
     # ---- forward -----------------------------------------------------------------------
     def hidden(self, tokens, *, positions=None, segment_ids=None) -> torch.Tensor:

@@ -1,0 +1,147 @@
+"""What a twin keeps that parity needs (onboard/sizing/twin_heads.py, twin_layers.py): the heads'
+layout (at least 2 key/value heads, the GQA ratio where it fits), one layer of each kind of a
+pattern that is not periodic, a working twin of a config whose head_dim is null, and features
+counted as exercised only where the twin holds them (onboard/parity/features.py `not_held`).
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from onboard.cli.app import app
+from onboard.sizing.twin import TwinError, derive_twin
+from onboard.sizing.twin_layers import layer_kinds
+from real_size_configs import PUBLISHED
+from titan_core.models import get_family
+
+LLAMA = get_family("llama3").adapter
+MIXTRAL = {
+    "architectures": ["MixtralForCausalLM"], "model_type": "mixtral", "hidden_size": 4096, "head_dim": None,
+    "intermediate_size": 14336, "num_attention_heads": 32, "num_key_value_heads": 8, "num_hidden_layers": 32,
+    "num_local_experts": 8, "num_experts_per_tok": 2, "max_position_embeddings": 32768, "rms_norm_eps": 1e-05,
+    "rope_theta": 1000000.0, "sliding_window": None, "tie_word_embeddings": False, "vocab_size": 32000,
+    "bos_token_id": 1, "eos_token_id": 2, "hidden_act": "silu",
+}  # fmt: skip
+"""Mixtral-8x7B's config.json (architecture keys), head_dim null as its file has it."""
+
+
+def llama(heads: int, kv: int) -> dict:
+    """Llama-3.1-8B's config.json with another head layout (head_dim derived: 4096 / heads)."""
+    return {**PUBLISHED["Llama-3.1-8B"][2], "num_attention_heads": heads, "num_key_value_heads": kv}
+
+
+@pytest.mark.parametrize(
+    "cfg, heads, kv, dim",
+    [
+        (llama(32, 8), 8, 2, 1024),  # GQA 4: kept, with 2 key/value heads
+        (PUBLISHED["Qwen3-0.6B"][2], 4, 2, 256),  # GQA 2 (16:8), width free
+        (llama(32, 32), 2, 2, 256),  # MHA stays MHA
+        (llama(32, 1), 3, 1, 384),  # MQA keeps its one key/value head; 32 query heads of 128 shrink to 3
+        (PUBLISHED["Llama-3.1-70B"][2], 6, 2, 768),  # GQA 8 of 128 passes 1024: 3, the row names what keeps it
+    ],
+    ids=["32:8", "16:8", "MHA", "MQA", "64:8"],
+)
+def test_heads_keep_their_layout_and_the_gqa_ratio_where_it_fits(cfg, heads, kv, dim):
+    family = "qwen3" if cfg["model_type"] == "qwen3" else "llama3"
+    twin = derive_twin(cfg, get_family(family).adapter)
+    a, full = twin.args, twin.full_args
+    assert (a.n_heads, a.n_kv_heads, a.dim, a.head_dim) == (heads, kv, dim, full.head_dim)
+    rows = {r.field: r for r in twin.rows}
+    assert rows["GQA ratio"].twin == f"{heads}:{kv}" and rows["GQA ratio"].full == f"{full.n_heads}:{full.n_kv_heads}"
+    why = rows["num_key_value_heads"].why if "num_key_value_heads" in rows else rows["num_attention_heads"].why
+    ratio = full.n_heads // full.n_kv_heads
+    if full.n_kv_heads == full.n_heads:
+        assert why.startswith("MHA kept")
+    elif full.n_kv_heads == 1:
+        assert why.startswith("MQA kept")
+    elif heads // kv == ratio:
+        assert f"GQA ratio {ratio} kept with 2 key/value heads" in why
+    else:
+        assert f"GQA ratio {ratio} shrunk to 3" in why and f"--twin-width {2 * ratio * full.head_dim} keeps it" in why
+        kept = derive_twin(cfg, get_family(family).adapter, width=2 * ratio * full.head_dim).args
+        assert (kept.n_heads // kept.n_kv_heads, kept.n_kv_heads) == (ratio, 2)
+
+
+def test_a_dense_layer_listed_deep_in_an_moe_model_is_kept():
+    # Qwen3-30B-A3B with two dense layers at 5 and 17 (no period): the first 2 layers are MoE
+    cfg = {**PUBLISHED["Qwen3-30B-A3B"][2], "mlp_only_layers": [5, 17]}
+    twin = derive_twin(cfg, get_family("qwen3_moe").adapter)
+    assert twin.layers == [0, 1, 5] and twin.config["mlp_only_layers"] == [2]
+    assert [twin.args.layer_is_moe(i) for i in range(3)] == [True, True, False]
+    full_kinds = layer_kinds(twin.full_args, cfg)
+    assert layer_kinds(twin.args, twin.config) == [full_kinds[i] for i in twin.layers]
+    rows = {r.field: r for r in twin.rows}
+    assert rows["num_hidden_layers"].twin == 3 and "layers 5 added" in rows["num_hidden_layers"].why
+    assert (rows["layer kinds"].full, rows["layer kinds"].twin) == ("MoE x46, dense x2", "MoE x2, dense x1")
+
+
+@pytest.mark.hf
+def test_sliding_layers_listed_one_by_one_are_held_by_the_twin():
+    pytest.importorskip("transformers", reason="the transformers path reads the config through its class")
+    from onboard.parity import features
+    from titan_core.models.transformers.hf_classes import config_object
+
+    types = ["full_attention"] * 28
+    for i in (3, 9, 20):  # not periodic: the args read every layer as global
+        types[i] = "sliding_attention"
+    cfg = {**PUBLISHED["Qwen2.5-7B"][2], "layer_types": types, "use_sliding_window": True, "sliding_window": 4096}
+    twin = derive_twin(cfg, get_family("transformers").adapter)
+    assert twin.layers == [0, 1, 3]
+    assert twin.config["layer_types"] == ["full_attention", "full_attention", "sliding_attention"]
+    assert twin.config["sliding_window"] == 64  # a 512-token parity sequence crosses it
+    rows = {r.field: r for r in twin.rows}
+    assert rows["layer kinds"].twin == "full_attention x2, sliding_attention x1"
+    # parity declares features from what the twin holds: its one sliding layer
+    held = features.declare(config_object(twin.config))
+    assert held["sliding_window"].declared and held["sliding_window"].config == {"window": 64}
+    assert features.not_held(held, config_object(cfg), "the twin") == []
+    # a twin cut to its first layers (as before) holds no sliding layer: the feature is declared, never exercised
+    cut = {**twin.config, "layer_types": types[:3], "num_hidden_layers": 3}
+    dropped = features.declare(config_object(cut))
+    assert not dropped["sliding_window"].declared
+    assert features.not_held(dropped, config_object(cfg), "the twin (twin.json)") == ["sliding_window"]
+    assert not features.exercised(dropped)
+    assert features.idle(dropped) == [
+        "sliding_window (the full model's config.json declares it, the twin (twin.json) does not hold it: no parity "
+        "pass ran it)"
+    ]
+
+
+def test_a_null_head_dim_gets_a_working_twin_by_default():
+    # the port path reads Mixtral with its closest family's adapter; head_dim null means hidden_size / heads
+    twin = derive_twin(MIXTRAL, LLAMA)
+    assert (twin.args.n_heads, twin.args.n_kv_heads, twin.args.head_dim, twin.args.dim) == (8, 2, 128, 1024)
+    assert twin.config["head_dim"] is None and twin.config["hidden_size"] == 1024
+    # a width the heads cannot split is refused, naming the widths that work
+    with pytest.raises(TwinError, match=r"^--twin-width 1000: .*e\.g\. --twin-width 1024$"):
+        derive_twin(MIXTRAL, LLAMA, width=1000)
+    assert derive_twin(MIXTRAL, LLAMA, width=512).args.n_heads == 4  # 4:2, the row says what keeps 4
+
+
+class DerivingAdapter:
+    """A workspace adapter that derives head_dim from hidden_size whatever the config says."""
+
+    def args_from_hf(self, cfg):
+        args, used = LLAMA.args_from_hf({**cfg, "head_dim": None})
+        return args, used
+
+
+def test_a_twin_the_adapter_reads_with_another_head_dim_names_the_width_that_fixes_it():
+    cfg = {**PUBLISHED["Llama-3.1-8B"][2], "head_dim": 128}  # explicit, so the derivation takes the width as free
+    with pytest.raises(TwinError, match=r"head_dim.*--twin-width 1024 keeps head_dim 128"):
+        derive_twin(cfg, DerivingAdapter(), width=256)
+    assert derive_twin(cfg, DerivingAdapter(), width=1024).args.head_dim == 128
+
+
+def test_new_model_refuses_an_unsplittable_width_in_one_line(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps(MIXTRAL))
+    argv = ["new-model", "mx", "--hf-config", str(tmp_path / "config.json"), "--dir", str(tmp_path), "--device", "cpu",
+            "--path", "port", "--twin-width", "1000"]  # fmt: skip
+    result = CliRunner().invoke(app, argv)
+    assert result.exit_code == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "--twin-width 1024" in lines[0], result.stderr
+    assert not (tmp_path / "onboarding" / "mx").exists()
