@@ -180,7 +180,8 @@ def test_status_and_report_commands_recheck_against_the_shipped_checklist(tmp_pa
               "ended": "2026-01-01T00:00:05+00:00", "files_read": {}, "criteria": [],
               "measurements": {"all_finite": True, "step1_loss": 7.6, "last_loss": 7.0,
                                "step1_loss_rel_to_expected": 0.4, "full_model_built_on_meta": True,
-                               "full_model_key_mismatches": 0, "full_model_checkpoint_problems": 0}}  # fmt: skip
+                               "full_model_key_mismatches": 0, "full_model_checkpoint_problems": 0,
+                               "runs_whole": True}}  # fmt: skip
     tamper(ws, lambda d: d["attempts"].append(forged))
     status = onboard("status", "m", "--dir", tmp_path, "--json")
     assert status.exit_code == 0
