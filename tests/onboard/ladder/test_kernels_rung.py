@@ -28,6 +28,7 @@ from onboard.engine.gates import evaluate, gate_passed, load_checklist, parse_ch
 from onboard.engine.ladder import RUNGS, RungSpec, ladder_states, next_step
 from onboard.report.write import write_report
 from onboard.rungs import kernels_rung as kernels
+from onboard.rungs.gated_runs import settle_runs
 from onboard.rungs.contract import RecipeEdit, RungContext
 from onboard.workspace.scaffold import plan_workspace, write_workspace
 from onboard.cli.views import show_outcome
@@ -80,7 +81,10 @@ def run_rung(ws: Workspace, tmp_path: Path, lines: list | None = None):
     attempt = tmp_path / "attempt"
     attempt.mkdir(exist_ok=True)
     log = lines.append if lines is not None else (lambda line: None)
-    return kernels.run(RungContext(workspace=ws, attempt_dir=attempt, evidence={}, log=log))
+    ctx = RungContext(workspace=ws, attempt_dir=attempt, evidence={}, log=log)
+    result = kernels.run(ctx)
+    settle_runs(result.measurements, ctx.runs)  # as the engine does
+    return result
 
 
 def timing(w: float, wo: float) -> dict:
@@ -317,9 +321,10 @@ def test_a_port_builds_its_models_from_its_own_model_file(tmp_path):
     assert gate_passed(evaluate(load_checklist("kernels"), result.measurements))
     # two models per comparison and two per timing (one more pair per head-to-head contest), every
     # one of them from the port's model.py
-    # one more, on the meta device, to ask which swaps the port's modules can take
+    # one more, on the meta device, to ask which swaps the port's modules can take, and one for the
+    # recipe's whole run with the kernels kept
     contests = sum(len(d.get("contests", [])) for d in result.details["decisions"].values())
-    assert len(counter.read_text()) == 1 + 4 * result.measurements["kernels_compared"] + 2 * contests
+    assert len(counter.read_text()) == 1 + 4 * result.measurements["kernels_compared"] + 2 * contests + 1
     assert result.details["path"] == "port" and "model.py" in {p.name for p in result.files_read}
 
 
