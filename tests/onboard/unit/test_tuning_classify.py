@@ -66,6 +66,10 @@ def with_values(cfg, **values):
 def test_a_change_of_summation_order_only_rounds(base, change, against):
     cfg, _ = base
     c = classify(step1(with_values(cfg, **change)), step1(with_values(cfg, **against)), rounding_rel=ROUNDING)
+    if c.cls == "bit_identical":  # since the init follows upstream's (no depth scaling), the debug model's
+        # 8 rows as one micro-batch and as 4 x 2 give equal step-1 numbers: a rounding of zero
+        assert "grad_accum" in str(against) and (c.loss_rel, c.grad_norm_rel) == (0.0, 0.0), c
+        return
     assert c.cls == "rounding", c
     assert 0 < max(c.loss_rel, c.grad_norm_rel) <= ROUNDING and not c.rejected
     assert "within 1e-05" in c.why
