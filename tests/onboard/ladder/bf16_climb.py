@@ -13,34 +13,20 @@ ladder is complete or a step does not pass. Each step's outcome is a JSON line o
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
 from narrow import narrow_workspace
+from port_climb import STEPS_FILE, climb_workspace
 
 from onboard.cli.demo import BF16
-from onboard.engine.ladder import default_specs, next_step
 from onboard.engine.recipe_edit import apply_edits
-from onboard.rungs import harness
-from onboard.workspace.layout import Workspace
-
-STEPS_FILE = "climb.jsonl"
-ACCEPTED = ("passed", "not_applicable")
 
 
 def climb(base: Path) -> Path:
     ws = narrow_workspace(base, "llama3", "bf16")
     apply_edits(ws.recipe_path, BF16)
-    specs = default_specs()
-    built = [s for s in specs if s.built]
-    with harness.timing_profile_of("quick"), (base / STEPS_FILE).open("w") as steps:
-        for _ in range(3 * len(built)):
-            out = next_step(Workspace.load(base, ws.name), specs=specs)
-            steps.write(json.dumps(out.to_json(), default=str) + "\n")
-            steps.flush()
-            if str(out.status) not in ACCEPTED:  # complete, or a step that did not pass
-                break
+    climb_workspace(base, ws.name)
     return ws.root
 
 

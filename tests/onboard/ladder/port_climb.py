@@ -32,16 +32,22 @@ def climb(base: Path) -> Path:
     if "batch_size = 4 " not in recipe.read_text():
         raise SystemExit(f"the port's recipe has no 'batch_size = 4 ' to raise any more: {recipe}")
     recipe.write_text(recipe.read_text().replace("batch_size = 4 ", "batch_size = 32 ", 1))
+    climb_workspace(base, root.name)
+    return root
+
+
+def climb_workspace(base: Path, name: str) -> None:
+    """`next_step` with the quick timing profile until the ladder is complete or a step does not pass,
+    each outcome a JSON line of BASE/climb.jsonl (the background climbs' shared loop)."""
     specs = default_specs()
     built = [s for s in specs if s.built]
     with harness.timing_profile_of("quick"), (base / STEPS_FILE).open("w") as steps:
         for _ in range(3 * len(built)):
-            out = next_step(Workspace.load(base, root.name), specs=specs)
+            out = next_step(Workspace.load(base, name), specs=specs)
             steps.write(json.dumps(out.to_json(), default=str) + "\n")
             steps.flush()
             if str(out.status) not in ACCEPTED:  # complete, or a step that did not pass
                 break
-    return root
 
 
 if __name__ == "__main__":
