@@ -49,10 +49,26 @@ def _host_processes(ws: Workspace, recipe: dict) -> tuple[int, str]:
     return 2, "two processes (no sharded run on record)"
 
 
+def per_rank_batch(recipe: dict, ranks: int) -> tuple[int | None, str]:
+    """(training.batch_size each of `ranks` data-parallel ranks gets, why), so that together they
+    run the recipe's global batch: the batch every gate verified (eager ran it on one process, the
+    simple_fsdp rung split it over its ranks). titan_core's batch_size is per rank, so a
+    multi-process line that did not set it would train `ranks` times the rows. None when the
+    global batch does not split over the ranks."""
+    b = get_key(recipe, "training.batch_size", None)
+    if not isinstance(b, int) or b < 1:
+        return None, "the recipe has no training.batch_size"
+    if b % ranks:
+        return None, (f"training.batch_size = {b} (the global batch the gates verified) does not split over "
+                      f"{ranks} ranks: choose a process count that divides it")  # fmt: skip
+    return b // ranks, f"{b // ranks} rows per rank x {ranks} ranks = the global batch of {b} the gates verified"
+
+
 def _torchrun(ws: Workspace, recipe: dict, per_node: int) -> tuple[str, str]:
     """The multi-host line and how its node count was filled in."""
     par = recipe.get("parallelism") if isinstance(recipe.get("parallelism"), dict) else {}
     degrees = [par.get(k, d) for k, d in (("dp_replicate", 1), ("dp_shard", -1), ("tp", 1))]
+    batch_flag: list[str] = []
     if all(isinstance(d, int) and d > 0 for d in degrees):
         world = degrees[0] * degrees[1] * degrees[2]
         if world % per_node:
@@ -61,12 +77,17 @@ def _torchrun(ws: Workspace, recipe: dict, per_node: int) -> tuple[str, str]:
                 f"hosts of {per_node}; set the degrees to a multiple of {per_node}"
             )
         nnodes, how = str(world // per_node), f"dp_replicate x dp_shard x tp = {world} processes, {per_node} per host"
+        rows, why = per_rank_batch(recipe, degrees[0] * degrees[1])  # tp ranks share their data-parallel rank's rows
+        batch_flag = [f"--training.batch_size={rows}"] if rows else []
+        how += f"; {why}"
     else:
         nnodes, how = "$NNODES", "a degree fills from the world size (-1): set NNODES to the number of hosts"
+        how += ("; set --training.batch_size to the recipe's batch_size / the data-parallel ranks, so that "
+                "together they run the global batch the gates verified")  # fmt: skip
     line = shlex.join([
         "torchrun", f"--nnodes={nnodes}", f"--nproc-per-node={per_node}", "--rdzv-backend=c10d",
         f"--rdzv-endpoint=$HEAD_NODE:{RDZV_PORT}", f"--rdzv-id={ws.name}", "-m", "titan_core.train",
-        "--config", "recipe.toml",
+        "--config", "recipe.toml", *batch_flag,
     ])  # fmt: skip
     # shlex quotes the $ placeholders; they are meant for the user's shell
     line = line.replace("'--nnodes=$NNODES'", "--nnodes=$NNODES").replace(
@@ -85,6 +106,11 @@ def recipe_view(ws: Workspace) -> dict:
     config = shlex.quote(str(ws.recipe_path))
     per_node, why = _host_processes(ws, recipe)
     many, how = _torchrun(ws, recipe, per_node)
+    rows, rows_why = per_rank_batch(recipe, per_node)
+    this_host = f"onboard train --config {config} --nproc {per_node}"
+    if per_node > 1:
+        this_host += f" --training.batch_size={rows}" if rows else ""
+        why += f"; {rows_why}"
     return {
         "workspace": ws.name,
         "recipe": str(ws.recipe_path),
@@ -92,10 +118,11 @@ def recipe_view(ws: Workspace) -> dict:
         "earned": earned_settings(ws, recipe),
         "commands": {
             "one_process": f"onboard train --config {config}",
-            "this_host": f"onboard train --config {config} --nproc {per_node}",
+            "this_host": this_host,
             "many_hosts": many,
         },
         "this_host_why": why,
+        "per_rank_batch_size": rows if per_node > 1 else None,
         "many_hosts_how": how,
         "many_hosts_note": (
             "run the same line on every host; HEAD_NODE is the address of the host that serves the "

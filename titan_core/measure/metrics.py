@@ -125,8 +125,11 @@ class MetricsLogger:
     leaves no folder and no file. `rows` keeps this run's rows as logged (floats as floats).
     """
 
-    def __init__(self, output_dir: Path, *, log_freq: int = 1, use_rich: bool = True, enabled: bool = True):
+    def __init__(self, output_dir: Path, *, log_freq: int = 1, use_rich: bool = True, enabled: bool = True,
+                 console: bool = True):
         self.enabled = enabled
+        # a quiet run (a rung's own Trainer) still writes its file: the ledger names it as evidence
+        self.console_on = console
         self.log_freq = max(log_freq, 1)
         self.use_rich = use_rich
         self.console = Console(stderr=True, highlight=False)
@@ -160,7 +163,7 @@ class MetricsLogger:
             return
         self._file.write(encode_row(row) + "\n")
         self._file.flush()
-        if self.prints(row["step"]):
+        if self.console_on and self.prints(row["step"]):
             cells = [_fmt(k, row[k], f) for k, _, f in COLUMNS]
             if self.use_rich:
                 self.console.print("  ".join(f"[bold]{name}[/] {c}" for (_, name, _), c in zip(COLUMNS, cells)))

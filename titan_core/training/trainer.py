@@ -159,7 +159,8 @@ class Trainer:
         self.checkpointer = Checkpointer.from_config(cfg)
         self.profiler = StepProfiler(cfg.profiler, self._under_output(cfg.profiler.folder), self.rank)
         self.logger = MetricsLogger(
-            self.out_dir, log_freq=cfg.metrics.log_freq, use_rich=cfg.metrics.rich, enabled=self.rank == 0 and not quiet
+            self.out_dir, log_freq=cfg.metrics.log_freq, use_rich=cfg.metrics.rich, enabled=self.rank == 0,
+            console=not quiet,
         )
         self.num_params = built_params
         # a model that counts its own FLOPs (flux: per image token) knows better than the decoder formula
@@ -321,7 +322,7 @@ class Trainer:
             swaps=self.swaps,
             resumed_from=self.resumed_from,
             output_dir=str(self.out_dir),
-            summary=self.logger.summary_table() if self.logger.enabled else None,
+            summary=self.logger.summary_table() if self.logger.enabled and self.logger.console_on else None,
             world_size=self.world_size,
             data_parallel=self.cfg.parallelism.data_parallel,
             model_notes=self.model_notes,

@@ -19,6 +19,7 @@ from bf16_climb import STEPS_FILE
 from test_demo import assert_train_reproduces_the_verified_step
 
 from onboard.engine.ladder import default_specs
+from ledger_paths import assert_every_named_path_exists
 
 pytestmark = pytest.mark.slow
 
@@ -39,6 +40,7 @@ def test_a_bf16_recipe_climbs_every_rung_judged_by_bf16s_bounds(tmp_path):
         )  # fmt: skip
     assert steps[-1]["status"] == "complete"
     assert len(steps) <= 2 * len([s for s in default_specs() if s.built]), [s["rung"] for s in steps]
+    assert_every_named_path_exists(root)
     ledger = json.loads((root / "ladder.json").read_text())
     latest = {e["rung"]: e for e in ledger["attempts"]}
     eager = latest["eager"]["measurements"]

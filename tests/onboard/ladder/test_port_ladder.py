@@ -30,6 +30,7 @@ from typer.testing import CliRunner
 from onboard.cli.app import app
 from onboard.engine.ladder import default_specs, ladder_states
 from onboard.workspace.layout import Workspace
+from ledger_paths import assert_every_named_path_exists
 
 pytestmark = [pytest.mark.slow, pytest.mark.hf]
 
@@ -59,6 +60,9 @@ def test_a_port_climbs_the_ladder_and_its_recipe_reproduces_the_gates(tmp_path):
         )
         seen.append(out["rung"])
     assert out["status"] == "complete" and sorted(set(seen), key=seen.index) == built
+    # no flip: a climb reaches the top in at most twice as many next-step calls as there are rungs
+    assert len(steps) <= 2 * len(built), [s["rung"] for s in steps]
+    assert_every_named_path_exists(root)
     states = {s.rung: s for s in ladder_states(Workspace.load(base, root.name), specs)}
     assert {r: states[r].status for r in built} == {r: "passed" for r in built}
 

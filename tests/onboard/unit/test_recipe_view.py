@@ -61,7 +61,9 @@ def test_commands_fill_the_torchrun_line_from_the_recipe(tmp_path):
     ws = workspace_with_an_earned_edit(tmp_path)
     got = view(tmp_path)
     assert got["commands"]["one_process"] == f"onboard train --config {ws.recipe_path}"
-    assert got["commands"]["this_host"].endswith("--nproc 2")  # no sharded run on record, no GPU here
+    # no sharded run on record, no GPU here: two processes, each given half the global batch the gates ran
+    assert got["commands"]["this_host"].endswith("--nproc 2 --training.batch_size=2")
+    assert got["per_rank_batch_size"] == 2 and "global batch of 4" in got["this_host_why"]
     args = parse_torchrun(got["commands"]["many_hosts"])  # a degree fills: the node count is the user's
     assert (args.nnodes, args.nproc_per_node, args.rdzv_backend, args.module) == ("4", "2", "c10d", True)
     assert (args.training_script, args.training_script_args) == ("titan_core.train", ["--config", "recipe.toml"])
@@ -69,6 +71,12 @@ def test_commands_fill_the_torchrun_line_from_the_recipe(tmp_path):
     ws.recipe_path.write_text(ws.recipe_path.read_text() + "\n[parallelism]\ndp_replicate = 2\ndp_shard = 4\n")
     got = view(tmp_path)
     assert "--nnodes=4 " in got["commands"]["many_hosts"] and "8 processes, 2 per host" in got["many_hosts_how"]
+    # 8 data-parallel ranks cannot share a global batch of 4: no per-rank flag, and the note says why
+    assert "batch_size" not in got["commands"]["many_hosts"] and "does not split over 8 ranks" in got["many_hosts_how"]
+    ws.recipe_path.write_text(ws.recipe_path.read_text().replace("dp_shard = 4", "dp_shard = 1\ntp = 2"))
+    args = parse_torchrun(view(tmp_path)["commands"]["many_hosts"])  # tp ranks share their replica's rows
+    assert args.training_script_args == ["--config", "recipe.toml", "--training.batch_size=2"]
+    ws.recipe_path.write_text(ws.recipe_path.read_text().replace("dp_shard = 1\ntp = 2", "dp_shard = 4"))
     ws.recipe_path.write_text(
         ws.recipe_path.read_text().replace("dp_replicate = 2\ndp_shard = 4", "dp_replicate = 1\ndp_shard = 3")
     )
