@@ -61,6 +61,15 @@ def entry(cmp: Comparison, candidate: str, baseline: str, **context) -> dict:
             **cmp.to_dict()}  # fmt: skip
 
 
+def speedup_interval(c: dict) -> list[float] | None:
+    """[low, high] of an entry's speed-up (baseline time / candidate time); None when its interval
+    is not finite (a `not measured` comparison may have none to invert)."""
+    lo, hi = c.get("ci_low"), c.get("ci_high")
+    if not all(isinstance(v, (int, float)) and 0 < v < float("inf") for v in (lo, hi)):
+        return None
+    return [1 / hi, 1 / lo]
+
+
 def start(benchmark: str, protocol: TimingProtocol, **fields) -> dict:
     """A report to fill in: `comparisons` takes `entry(...)`s; `emit` finishes and prints it."""
     return {"benchmark": benchmark, "timing_protocol": asdict(protocol), "load_avg_1m": {"start": load()},

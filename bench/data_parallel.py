@@ -19,7 +19,9 @@ steady window (titan_core.measure.run_stats). Prints JSON, with the protocol's s
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
+import math
 import os
 import sys
 import tempfile
@@ -79,7 +81,11 @@ def worker(opts) -> None:
     from titan_core.measure.run_stats import RunStats
     from titan_core.measure.timing import compare
 
-    protocol = _report.protocol_from(opts)
+    # every rank times the same rounds, so the other ranks are "other processes" on the cores and a
+    # retry one rank decides alone would desynchronise the collectives: the machine is not judged here
+    protocol = dataclasses.replace(
+        _report.protocol_from(opts), max_foreign_cores=math.inf, max_load_change=math.inf, retries_when_disturbed=0
+    )
     modes = opts.mode.split(",")
     steps = max(opts.steps, 2 + protocol.warmup + protocol.max_rounds) if len(modes) == 2 else opts.steps
     trainers = {m: _trainer(opts, m, steps) for m in modes}  # the first one made the process group: close it last

@@ -105,7 +105,8 @@ def _interleaved(shape: str, modes: list[str], device: str, dtype: str, protocol
 
     p = TimingProtocol.from_dict(protocol)
     modes = ["eager"] + [m for m in modes if m != "eager"]
-    steps = 1 + len(modes) * (p.warmup + p.max_rounds)  # enough for the lr schedule of the most-stepped (eager)
+    # enough for the lr schedule of the most-stepped (eager), a disturbed comparison's retries included
+    steps = 1 + len(modes) * (p.warmup + p.max_rounds) * (1 + p.retries_when_disturbed)
     trainers = {}
     for mode in modes:
         t = Trainer(_cfg(shape, mode, steps, device, dtype), quiet=True)

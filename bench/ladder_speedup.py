@@ -183,8 +183,8 @@ def main() -> None:
         # each side's median over all its timed samples; the ratios are the paired estimates, which a
         # machine whose load drifts between comparisons leaves trustworthy where these medians are not
         report["tokens_per_s"] = {name: 1 / statistics.median(times) for name, times in pooled.items()}
-        report["ratios"] = {f"{c['candidate']}_vs_{c['baseline']}": {"throughput": c["speedup"], "interval": [
-            1 / c["ci_high"], 1 / c["ci_low"]], "outcome": c["outcome"]} for c in report["comparisons"]}  # fmt: skip
+        report["ratios"] = {f"{c['candidate']}_vs_{c['baseline']}": {"throughput": c["speedup"], "interval":
+            _report.speedup_interval(c), "outcome": c["outcome"]} for c in report["comparisons"]}  # fmt: skip
     finally:
         distributed.teardown(state)
     _report.emit(report, opts.out)

@@ -1,5 +1,5 @@
 """The `onboard` command line: new-model, next-step, status, list, report, waive, train, demo, skill
-(recipe, plan and compat live in onboard/cli/handover.py, on the same app).
+(recipe, plan and compat live in onboard/cli/handover.py, export in onboard/cli/export_cmd.py, on the same app).
 
 Every command takes --json: then stdout carries one JSON document and nothing else
 (progress goes to stderr, and is silent). Exit codes (DESIGN section 4): 0 passed / done,
@@ -402,6 +402,7 @@ def skill_install_cmd(
 
 # the commands around the ladder's result (recipe, plan, compat), on the same app
 from onboard.cli import handover as cli_handover  # noqa: E402,F401
+from onboard.cli import export_cmd as cli_export  # noqa: E402,F401  # `onboard export`
 
 
 def main() -> None:

@@ -11,6 +11,7 @@ from rich.text import Text
 
 from onboard.engine.ladder import RungState, current_state, entry_error, last_built
 from onboard.engine.ledger import ACCEPTED, Entry, Status
+from onboard.rungs.decision import headline
 
 STATUS_STYLE = {
     Status.PASSED: "bold green",
@@ -24,7 +25,8 @@ STATUS_STYLE = {
     Status.NOT_BUILT: "dim italic",
 }
 # The numbers worth a glance per rung in the ladder table: (metric, label, format).
-# Rungs not listed show their first criteria's metrics.
+# Rungs not listed show their first criteria's metrics. No speed figure here: a rung's speed is the
+# figure its decisions rest on (`decisions_of`, decision.headline), never a ratio of runs timed apart.
 KEY_METRICS = {
     "eager": (("step1_loss", "step-1 loss", "{:.4f}"), ("tokens_per_s", "tok/s", "{:,.0f}"), ("mfu", "MFU", "{:.1%}")),
     "parity": (
@@ -32,16 +34,11 @@ KEY_METRICS = {
         ("loss_abs_diff", "loss", "{:.1e}"),
         ("grad_max_rel_l2", "grads", "{:.1e}"),
     ),
-    "compile": (
-        ("graph_breaks", "breaks", "{:d}"),
-        ("step1_loss_rel_err", "step-1 loss", "{:.1e}"),
-        ("speedup_vs_eager_ci", "vs eager", None),
-    ),
+    "compile": (("graph_breaks", "breaks", "{:d}"), ("step1_loss_rel_err", "step-1 loss", "{:.1e}")),
     "graph_trainer": (
         ("graphs_per_step", "graphs/step", "{:d}"),
         ("host_syncs", "syncs", "{:d}"),
         ("bit_identical", "bit-identical", None),
-        ("speedup_vs_eager_ci", "vs eager", None),
     ),
     "kernels": (
         ("kernels_compared", "compared", "{:d}"),
@@ -51,7 +48,6 @@ KEY_METRICS = {
     "tuning": (
         ("changes_kept", "kept", "{:d}"),
         ("batch_size", "batch", "{:d}"),
-        ("tokens_per_s_vs_eager", "tok/s vs eager", "{:.2f}x"),
         ("profile_biggest", "biggest", None),
     ),
 }
@@ -94,6 +90,30 @@ def key_numbers(rung: str, entry: Entry | None) -> dict[str, Any]:
     return {n: m[n] for n in names if n in m}
 
 
+DECISION_KEYS = ("rung", "lever", "holder", "candidate", "value", "verdict", "figure")
+"""What a Decision record must hold to be shown (a hand edit may have dropped some)."""
+
+
+def decision_records(details: dict) -> list[dict]:
+    """The Decision records (decision.Decision.to_dict) in a rung's `details.decisions`; [] when it
+    has none, or an older ledger's other shape there; a record a hand edit broke is left out."""
+    found = details.get("decisions") if isinstance(details, dict) else None
+    if not isinstance(found, list):
+        return []
+    return [d for d in found if isinstance(d, dict) and all(k in d for k in DECISION_KEYS)]
+
+
+def decisions_of(entry: Entry | None) -> list[dict]:
+    """The Decision records of a rung's latest entry (`decision_records`)."""
+    return decision_records(entry.details) if entry is not None else []
+
+
+def headline_of(entry: Entry | None) -> str | None:
+    """The rung's headline: the figures its decisions rest on (decision.headline); None without decisions."""
+    decisions = decisions_of(entry)
+    return headline(decisions) if decisions else None
+
+
 def key_numbers_text(rung: str, entry: Entry | None) -> str:
     formats = {k: (label, f) for k, label, f in KEY_METRICS.get(rung, ())}
     parts = []
@@ -103,7 +123,8 @@ def key_numbers_text(rung: str, entry: Entry | None) -> str:
             parts.append(f"{label} {f.format(value) if f else fmt(value)}")
         except (TypeError, ValueError):  # a non-numeric value ("nan" stored as text): show it as is
             parts.append(f"{label} {fmt(value)}")
-    return ", ".join(parts)
+    said = headline_of(entry)
+    return ", ".join(parts) + (f"; {said}" if said and parts else said or "")
 
 
 def criteria_table(criteria: list[dict], title: str | None = None) -> Table:
@@ -156,6 +177,8 @@ def state_dict(s: RungState) -> dict:
         "last_started": last.started if last else None,
         "last_ended": last.ended if last else None,
         "key_measurements": key_numbers(s.rung, s.latest),
+        "headline": headline_of(s.latest),  # the figures the decisions rest on; None: the rung decided nothing
+        "decisions": decisions_of(s.latest),
         "timing_profile": last.details.get("timing_profile") if last else None,  # harness.TIMING_PROFILES
         "failed_criteria": [c["name"] for c in criteria if not c.get("ok")],
         "waived_criteria": [c["name"] for c in criteria if c.get("waived")],

@@ -43,7 +43,9 @@ from typing import Any
 
 from titan_core.config.loader import MISSING, ConfigError, apply_overrides, from_dict, get_key, to_dict
 
+from onboard.cli.views import decision_records
 from onboard.engine.ledger import Status, parse_iso
+from onboard.rungs.decision import KEPT
 
 OTHER_RUNS = ("eager_", "baseline_")
 """Measurement prefixes that repeat another run's number beside a rung's own."""
@@ -51,6 +53,13 @@ TIMED = (Status.PASSED, Status.STALE)
 """States whose entries stand for what the ladder holds; stale ones are marked on their bar."""
 BASELINE = "eager"
 TRAIN_STEP = "train step"
+OWN_RUN_RUNGS = ("simple_fsdp", "compile", "graph_trainer")
+"""Rungs whose bar in the table of timed runs says what their own run was, whatever they decided."""
+
+
+def decision_name(d: dict) -> str:
+    """A Decision in a few words: the lever and the change, e.g. "training.batch_size 4 -> 8"."""
+    return f"{d['lever']} {d['holder']} -> {d['candidate']}"
 
 
 @dataclass(frozen=True)
@@ -68,6 +77,12 @@ class Record:
     @property
     def details(self) -> dict:
         return self.entry.get("details") or {}
+
+    @property
+    def decisions(self) -> list[dict]:
+        """The rung's Decision records (onboard.rungs.decision, `details.decisions`); [] for a rung
+        that recorded none, or an older ledger's other shape under that key."""
+        return decision_records(self.details)
 
 
 def records(states) -> list[Record]:
@@ -141,7 +156,8 @@ def recipe_mode(recs: list[Record]) -> str | None:
 
 
 def _kernels_change(rec: Record) -> tuple[str, bool]:
-    decisions = rec.details.get("decisions") or {}
+    old = rec.details.get("decisions")  # a ledger from before field_choices kept the per-field dict there
+    decisions = rec.details.get("field_choices") or (old if isinstance(old, dict) else {})
     kept = [f"kernels.{f}={d['value']}" for f, d in decisions.items() if d.get("edit")]
     if kept:
         return "kept " + ", ".join(kept), True
@@ -174,6 +190,9 @@ def _change(rec: Record, mode: str | None) -> tuple[str, bool | None]:
         if mode is None:
             return f"{what}; execution mode not chosen yet", None
         return f"{what}; interleaved timing chose {mode} for the recipe", mode == rec.rung
+    if rec.decisions and rec.rung not in OWN_RUN_RUNGS:
+        kept = [decision_name(d) for d in rec.decisions if d["verdict"] == KEPT]
+        return ("kept " + ", ".join(kept), True) if kept else (f"no change kept ({len(rec.decisions)} decided)", False)
     if rec.rung == "kernels":
         return _kernels_change(rec)
     edits = (rec.entry.get("recipe_edit") or {}).get("edits") or []

@@ -1,29 +1,35 @@
-"""The speed part of REPORT.md: the summary's step-time table and the waterfall's numbers in words.
+"""The speed part of REPORT.md: the summary's decisions and step-time table, and the waterfall's
+numbers in words.
 
-Two kinds of number, never mixed: each rung's interleaved timing (the timing protocol, with an
-interval: what the ladder decided by, onboard.report.steps) and the step times of runs timed
-apart (no interval, labelled so).
+Two kinds of number, never mixed: the figures the rungs decided by (each candidate timed
+interleaved against the recipe it would change, with an interval: onboard.rungs.decision, and
+the waterfall's onboard.report.steps), and the step times of runs timed apart (no interval,
+labelled so). Only the first is ever bold: the summary's headline is the kept decisions' figures
+(`decision_lines`), in the very text `onboard status` prints (decision.headline).
 """
 
 from __future__ import annotations
 
-from onboard.report.facts import Bar
+from onboard.report.facts import TIMED, Bar, Record, decision_name
 from onboard.report.pictures import bar_kind, fmt_seconds
 from onboard.report.steps import Factor, Step, step_text
 from onboard.report.tables import table
+from onboard.rungs.decision import KEPT, headline
 from titan_core.memory.estimate import format_bytes
 
 
 TIMED_APART = (
     "The step times above are two runs timed minutes apart: on a shared machine load moves them as much as a "
-    "change can. What the ladder kept was decided by interleaved timings, which the waterfall shows."
+    "change can, so their ratio is not a decision. What the ladder kept was decided by the interleaved "
+    "figures at the top of this summary, which the waterfall shows."
 )
 
 
 WATERFALL_TEXT = (
     "The waterfall (top): each rung's speed-up over the recipe before it, as the rung's own interleaved timing "
     "measured it (the two candidates' steps alternated, so the machine's load falls on both), with its interval "
-    "and outcome. Bottom: the speed-ups the ladder kept, multiplied along; the interval is the product of "
+    "and outcome; for a rung that recorded decisions, its kept decisions' figures (those of the summary). "
+    "Bottom: the speed-ups the ladder kept, multiplied along; the interval is the product of "
     "theirs, and by the union bound it holds with at least the confidence shown (1 minus the sum of the "
     "intervals' miss rates), if the changes compose. Hatched bars, *timed apart: no interval*, are the ratio of "
     "two runs timed minutes apart (no interleaved record in the ledger): nothing bounds them, and a product "
@@ -45,6 +51,10 @@ def _ratio(a, b) -> str:
     return f"{a / b:.2f}x" if a and b else ""
 
 
+def _apart(ratio: str) -> str:
+    return f"{ratio} (timed apart, not a decision)" if ratio else ""
+
+
 def factor_cell(f: Factor | None, kind: str = "", *, bold: bool = False) -> str:
     """A speed-up with its interval and outcome, or what stands instead of one (`kind`: the step's)."""
     if f is None:
@@ -63,10 +73,46 @@ def factor_cell(f: Factor | None, kind: str = "", *, bold: bool = False) -> str:
 def _protocol_row(steps: list[Step]) -> list[str]:
     final = steps[-1].cumulative if steps else None
     kept = [s.label for s in steps if s.kind == "kept"]
+    name = "kept figures multiplied"
     if final is None:
-        return ["speed-up (timing protocol)", "", "", "not known: a kept change has no timing recorded"]
-    what = f"the kept rungs' speed-ups multiplied ({', '.join(kept)})" if kept else "no rung kept a change"
-    return ["speed-up (timing protocol)", "1x", "", f"{factor_cell(final, bold=True)}: {what}"]
+        return [name, "", "", "not known: a kept change has no timing recorded"]
+    what = f"the kept rungs' speed-ups multiplied, if the changes compose ({', '.join(kept)})" if kept else (
+        "no rung kept a change")  # fmt: skip
+    return [name, "1x", "", f"{factor_cell(final)}: {what}"]
+
+
+def decision_figure(d: dict) -> str:
+    """The figure a Decision rests on, as decision.headline writes it (so the summary and `status` agree)."""
+    return headline([d]).rsplit(": ", 1)[1].rsplit(" ", 1)[0]
+
+
+def kept_decisions(recs: list[Record]) -> list[tuple[Record, dict]]:
+    """(rung record, Decision) of every kept decision of a rung whose latest entry stands (passed or stale)."""
+    return [(r, d) for r in recs if r.status in TIMED for d in r.decisions if d["verdict"] == KEPT]
+
+
+def decision_lines(recs: list[Record]) -> list[str]:
+    """The summary's headline: each kept decision with the figure that decided it, in bold."""
+    kept = kept_decisions(recs)
+    if not kept:
+        if any(r.decisions for r in recs if r.status in TIMED):
+            return ["**No rung kept a change**: each candidate was timed against the recipe it would change, and "
+                    "the recipe holds what it held (each rung's decisions are in its section below).", ""]  # fmt: skip
+        return ["Decisions: none recorded yet (no keep/choose rung has passed, or the ledger predates decision "
+                "records).", ""]  # fmt: skip
+    lines = ["What the ladder kept, each by the figure that decided it (the change timed interleaved against the "
+             "recipe it would change; speed-up with its interval):", ""]  # fmt: skip
+    for rec, d in kept:
+        stale = " (stale)" if rec.status != "passed" else ""
+        if d.get("figure") == "speed" and d.get("ci") and isinstance(d.get("confidence"), float):
+            rounds = f", {d['rounds']} interleaved rounds" if isinstance(d.get("rounds"), int) else ""
+            how = f" kept ({d['confidence']:.0%} interval{rounds})"
+        elif d.get("figure") == "memory":
+            how = " kept (measured peaks)"
+        else:
+            how = f" kept, untimed: {d['why']}"
+        lines.append(f"- {rec.rung}{stale}: {decision_name(d)}: **{decision_figure(d)}**{how}")
+    return lines + [""]
 
 
 def speed_table(bars: list[Bar], facts: dict, cpu: bool, steps: list[Step]) -> list[str]:
@@ -78,9 +124,11 @@ def speed_table(bars: list[Bar], facts: dict, cpu: bool, steps: list[Step]) -> l
             "step time",
             fmt_seconds(b.step_time_s),
             fmt_seconds(f.step_time_s),
-            f"**{facts['speedup']:.2f}x** speed-up (two runs timed apart: no interval)" if "speedup" in facts else "",
+            f"{facts['speedup']:.2f}x (two runs timed apart: no interval, not a decision)"
+            if "speedup" in facts
+            else "",
         ],
-        ["tokens/s", _tokens(b.tokens_per_s), _tokens(f.tokens_per_s), _ratio(f.tokens_per_s, b.tokens_per_s)],
+        ["tokens/s", _tokens(b.tokens_per_s), _tokens(f.tokens_per_s), _apart(_ratio(f.tokens_per_s, b.tokens_per_s))],
         ["MFU", *mfu, "on CPU against the matmul peak measured here: indicative" if cpu else ""],
         [
             "peak memory",

@@ -5,6 +5,11 @@ the recipe before / time per token with the change; at one batch, the step-time 
 from the interleaved comparison (titan_core.measure.timing.Comparison: `ratio` candidate /
 baseline, `ci_low`/`ci_high` at `confidence`, `outcome`) its ledger entry recorded:
 
+- a rung that recorded Decisions (`details.decisions`, onboard.rungs.decision; every keep/choose
+  rung does now): the kept decisions' figures multiplied, each timed against the recipe the one
+  before left, so the bar is the figure `status` and the summary print; none kept: the one timed
+  decision's figure, not kept. graph_trainer's execution-mode Decision is then the mode's bar, and
+  compile (which decides nothing) gets none. The records below are those of older ledgers:
 - simple_fsdp: bf16 parameters against fp32 (`measurements.mixed_precision_timing`);
 - compile and graph_trainer: each mode against eager, as the graph_trainer rung's execution-mode
   choice timed them (`details.execution_mode.execution_mode_vs_eager`): the compile rung times no
@@ -36,10 +41,12 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from onboard.report.facts import BASELINE, TIMED, Record, _num, recipe_mode
+from onboard.report.facts import BASELINE, TIMED, Record, _num, decision_name, recipe_mode
 from onboard.engine.ledger import Status
+from onboard.rungs.decision import KEPT
 
 TIMED_APART = "timed apart: no interval"
+MODE_ELSEWHERE = "the execution mode is the graph_trainer rung's decision (its bar)"
 NO_CHANGE = "no change kept"
 MODE_RUNGS = ("compile", "graph_trainer")
 
@@ -139,6 +146,40 @@ def _simple_fsdp(rec: Record, _: dict) -> tuple[Factor | None, bool | None, str]
     return factor, kept, f"{what}: {'bf16 kept' if kept else 'fp32 stays'}"
 
 
+def decision_factor(d: dict) -> Factor | None:
+    """The speed-up a Decision record holds (candidate over holder) with its interval; None when it
+    has none (decided untimed, or by memory)."""
+    speedup = _num(d.get("speedup"))
+    if speedup is None or speedup <= 0:
+        return None
+    ci, conf = d.get("ci"), _num(d.get("confidence"))
+    lo, hi = (_num(ci[0]), _num(ci[1])) if isinstance(ci, list) and len(ci) == 2 else (None, None)
+    outcome = d.get("outcome") if isinstance(d.get("outcome"), str) else None
+    rounds = f", {d['rounds']} interleaved rounds" if isinstance(d.get("rounds"), int) else ", interleaved"
+    how = f"{decision_name(d)}{rounds}"
+    if lo is None or hi is None or lo <= 0 or conf is None or not 0 < conf < 1:
+        return Factor(speedup, outcome=outcome, how=how)
+    return Factor(speedup, lo, hi, 1 - conf, outcome, True, how)
+
+
+def _decided(rec: Record) -> tuple[Factor | None, bool | None, str]:
+    """A rung that recorded Decisions: its bar is the kept decisions' figures multiplied (each was
+    timed against the recipe the one before left); with none kept, the one timed decision's figure
+    (the change it did not keep), if there is exactly one."""
+    kept = [d for d in rec.decisions if d["verdict"] == KEPT]
+    if kept:
+        factors = [decision_factor(d) for d in kept]
+        what = "kept " + ", ".join(decision_name(d) for d in kept)
+        if any(f is None for f in factors):
+            return None, True, what + ": a kept decision has no speed figure"
+        return product(factors, how="; ".join(f.how for f in factors)), True, what
+    timed = [(d, f) for d in rec.decisions if (f := decision_factor(d)) is not None]
+    if len(timed) == 1:
+        d, f = timed[0]
+        return f, False, f"{decision_name(d)}: {d['verdict']}; {d['holder']} stands"
+    return None, False, f"no change kept ({len(rec.decisions)} decided)"
+
+
 def _mode(rec: Record, ctx: dict) -> tuple[Factor | None, bool | None, str]:
     mode, record = ctx["mode"], ctx["mode_record"]
     timing = (record.get("execution_mode_vs_eager") or {}).get(rec.rung)
@@ -177,7 +218,8 @@ def _kernel_field(m: dict, field: str, d: dict) -> Factor | None:
 
 
 def _kernels(rec: Record, _: dict) -> tuple[Factor | None, bool | None, str]:
-    decisions = rec.details.get("decisions") or {}
+    old = rec.details.get("decisions")  # a ledger from before field_choices kept the per-field dict there
+    decisions = rec.details.get("field_choices") or (old if isinstance(old, dict) else {})
     edited = {f: d for f, d in decisions.items() if isinstance(d, dict) and d.get("edit")}
     if not edited:
         return None, False, "no kernel change kept"
@@ -270,15 +312,29 @@ def _context(recs: list[Record]) -> dict:
         "mode": recipe_mode(recs),
         "mode_record": record if isinstance(record, dict) else {},
         "eager_step_s": eager.m.get("step_time_median_s") if eager else None,
+        # graph_trainer recorded the execution mode's Decision: its bar is that decision, compile's none
+        "mode_decided": bool(gt and any(d["lever"] == "execution_mode" for d in gt.decisions)),
     }
 
 
-def _kind(rec: Record, factor: Factor | None, kept: bool | None) -> str:
+def _kind(rec: Record, factor: Factor | None, kept: bool | None, ctx: dict) -> str:
     if rec.rung == BASELINE:
         return "baseline"
-    if rec.rung not in PER_RUNG and factor is None:
+    if rec.rung not in PER_RUNG and factor is None and not rec.decisions:
+        return "not timed"
+    if rec.rung == "compile" and ctx["mode_decided"] and not rec.decisions:
         return "not timed"
     return "not decided" if kept is None else "kept" if kept else "not kept"
+
+
+def _step(rec: Record, ctx: dict) -> tuple[Factor | None, bool | None, str]:
+    """(speed-up over the recipe before, kept, what) of one rung: its Decisions where it recorded
+    them, else what its older record holds (PER_RUNG)."""
+    if rec.decisions:
+        return _decided(rec)
+    if rec.rung == "compile" and ctx["mode_decided"]:
+        return None, None, MODE_ELSEWHERE
+    return PER_RUNG[rec.rung](rec, ctx) if rec.rung in PER_RUNG else (None, None, "")
 
 
 def waterfall_steps(recs: list[Record]) -> list[Step]:
@@ -290,11 +346,11 @@ def waterfall_steps(recs: list[Record]) -> list[Step]:
     ctx, cum = _context(recs), ONE
     steps = []
     for rec in timed:
-        factor, kept, what = PER_RUNG[rec.rung](rec, ctx) if rec.rung in PER_RUNG else (None, None, "")
-        kind = _kind(rec, factor, kept)
+        factor, kept, what = _step(rec, ctx)
+        kind = _kind(rec, factor, kept, ctx)
         if kind == "baseline":
             factor, what = ONE, "the eager run everything is measured from"
-        elif kind == "not timed":
+        elif kind == "not timed" and what != MODE_ELSEWHERE:
             what = "correctness only: times nothing" if rec.rung == "parity" else "times nothing the recipe keeps"
         if kind == "kept" and cum is not None:
             cum = product([cum, factor]) if factor is not None else None

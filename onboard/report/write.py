@@ -33,7 +33,8 @@ from onboard.report.facts import (
 )
 from onboard.report.html import render
 from onboard.report.tables import table
-from onboard.report.speed_section import speed_table, waterfall_lines
+from onboard.report.speed_section import decision_lines, kept_decisions, speed_table, waterfall_lines
+from onboard.rungs.decision import headline
 from onboard.report.steps import Step, waterfall_steps
 from onboard.report.pictures import (
     Picture,
@@ -43,7 +44,7 @@ from onboard.report.pictures import (
     draw_waterfall,
     write_picture,
 )
-from onboard.cli.views import fmt, fmt_threshold, ladder_message, shown_criteria
+from onboard.cli.views import decision_records, fmt, fmt_threshold, ladder_message, shown_criteria
 from onboard.workspace.layout import REPORT, Workspace
 
 HTML = "report.html"
@@ -118,6 +119,17 @@ def _evidence(ws: Workspace, entry: dict, status: str) -> list[str]:
     return lines
 
 
+def _decisions(entry: dict) -> list[str]:
+    """The rung's decisions: its headline (what `onboard status` prints), then one row per lever decided."""
+    decisions = decision_records(entry.get("details") or {})
+    if not decisions:
+        return []
+    rows = [[f"`{d['lever']}`", f"`{json.dumps(d['holder'])}`", f"`{json.dumps(d['candidate'])}`",
+             f"`{json.dumps(d['value'])}`", d["verdict"], d.get("why", "")] for d in decisions]  # fmt: skip
+    lines = ["", f"Decisions (headline: {headline(decisions)}):", ""]
+    return lines + table(["lever", "holder", "candidate", "holds now", "verdict", "why"], rows)
+
+
 CURVES = (("loss_curve", "Loss by step"), ("grad_norm_curve", "Grad norm by step"))
 
 
@@ -162,6 +174,7 @@ def _rung_section(ws: Workspace, state, spec: RungSpec) -> list[str]:
         lines += ["", f"Recipe edits (`{edit['file']}`, sha256 {before} -> {after}):", ""]
         rows = [[f"`{e['key']}`", f"`{json.dumps(e['value'])}`", e["why"]] for e in edit["edits"]]
         lines += table(["key", "value", "why"], rows)
+    lines += _decisions(entry)
     measurements = entry.get("measurements") or {}
     if measurements:
         lines += ["", *table(["measurement", "value"], [[k, fmt(v)] for k, v in measurements.items()])]
@@ -209,6 +222,9 @@ def _summary(ws: Workspace, recs: list[Record], states, bars: list[Bar], steps: 
              "rungs_accepted": accepted, "rungs_built": built, "waivers": len(waivers)}  # fmt: skip
     lines += _twin_lines(ws, eager)
     facts["model"] = ws.model_label()
+    lines += decision_lines(recs)
+    facts["kept_decisions"] = [d for _, d in kept_decisions(recs)]
+    facts["headlines"] = {r.rung: headline(r.decisions) for r in recs if r.decisions}
     speed = speedup(bars)
     if speed is None:
         lines += ["Step time: no passed eager run yet, so no baseline to compare with.", ""]

@@ -1,25 +1,35 @@
-"""Which execution mode the recipe trains in, chosen by the timing protocol among those that passed.
+"""Which execution mode the recipe trains in: the recipe's own mode (the holder) stands unless
+another mode that passed is faster than it by the timing protocol.
 
 Called by the graph_trainer rung, the last execution-mode rung, once its own checks hold.
-The candidates are eager, per-block compile (when the compile rung passed) and the Graph
-Trainer with the recipe's `[graph_trainer]` settings. Each is built as its own Trainer in
-this process and warmed by one step (compile, capture); then each mode's steps are timed
-interleaved against eager's (`titan_core.measure.timing.compare`, the checklist's `params.timing`).
-A mode is chosen only when it is `faster` than eager; when both are, the Graph Trainer must
-also be `faster` than per-block compile head to head. Otherwise the simpler mode stays
-(eager < compile < graph_trainer). On a re-run the recipe's mode (an earlier attempt's proven
-choice) stands unless this attempt finds the new choice faster than it (`_current_stands`). The choice comes back as recipe edits, which the engine
-writes only when the gate passed.
+The modes are eager, per-block compile (when the compile rung passed) and the Graph Trainer
+with the recipe's `[graph_trainer]` settings. Each is built as its own Trainer in this process
+and warmed by one step (compile, capture). The holder is the recipe's mode (eager when that
+mode is not among those that passed); every other mode's steps are timed interleaved against
+the holder's (`titan_core.measure.timing.compare`, the checklist's `params.timing`). A mode
+replaces the holder only when it is `faster` than it (`decision.decide`: an interval wholly on
+its side). When two are, they meet head to head and the later one (eager < compile <
+graph_trainer) is taken only when `faster` than the earlier one. Anything else (slower,
+indistinguishable, not measured) leaves the holder standing, so a re-run cannot flip the mode
+on noise, and a reversal of a mode an earlier rung wrote names that rung (`reverses`).
+
+The lever's one Decision (`execution_mode`) comes back in the record beside the recipe edits,
+which the engine writes only when the gate passed.
 """
 
 from __future__ import annotations
 
-from onboard.rungs import harness
+import dataclasses
+
+from onboard.rungs import decision, harness
 from onboard.rungs.contract import RecipeEdit, RungContext
 from titan_core.measure.timing import TimingProtocol, compare
 
 MODES = ("eager", "compile", "graph_trainer")
-"""Simplest first: a tie keeps the earlier one."""
+"""Simplest first: of two modes that beat the holder, the later must also beat the earlier."""
+LEVER = "execution_mode"
+MODE_KEYS = {"compile": "compile.enable", "graph_trainer": "graph_trainer.enable"}
+"""The recipe key that switches each mode on (eager: neither)."""
 
 
 def recipe_mode(cfg) -> str:
@@ -27,6 +37,14 @@ def recipe_mode(cfg) -> str:
     if cfg.graph_trainer.enable:
         return "graph_trainer"
     return "compile" if cfg.compile.enable else "eager"
+
+
+def mode_set_by(ledger, mode: str) -> str | None:
+    """The rung that put `mode` in the recipe (its recorded edit of the mode's key), or None."""
+    if mode in MODE_KEYS:
+        return decision.holder_set_by(ledger, MODE_KEYS[mode])
+    # eager: the rung that last switched a mode off
+    return decision.holder_set_by(ledger, "graph_trainer.enable") or decision.holder_set_by(ledger, "compile.enable")
 
 
 def _trainer(base, out, mode: str, moe: str | None):
@@ -43,57 +61,69 @@ def _trainer(base, out, mode: str, moe: str | None):
     return trainer
 
 
-def _current_stands(
-    current: str, choice: str, modes: list[str], vs_eager: dict, head_to_head, faster: list[str]
-) -> bool:
-    """Whether the recipe's `current` mode (an earlier attempt's proven choice, on a re-run) is
-    kept over this attempt's `choice`: it is, unless the protocol found `choice` faster than
-    it, so re-verification never flips the mode on noise (the rule of `harness.settle`)."""
-    if current == choice or current not in modes or current == "eager":
-        return False  # from eager, `choice` was found faster than it
-    if choice == "eager":
-        return vs_eager[current].outcome != "slower"  # eager wins back only from a slower mode
-    if head_to_head is not None:  # both beat eager; was the choice faster than the current head to head?
-        a = faster[1]
-        return not (head_to_head.outcome == ("faster" if choice == a else "slower"))
-    return vs_eager[current].outcome == "faster"  # both beat eager but untimed head to head: keep it
+def _faster(cmp) -> bool:
+    # a non-finite interval is not measured, whatever its outcome says (decision.outcome_of)
+    return decision.outcome_of(cmp.to_dict()) == "faster"
+
+
+def mode_decision(rung: str, holder: str, vs_holder: dict, head_to_head, *, set_by: str | None) -> decision.Decision:
+    """The lever's Decision from the comparisons of each other mode against the holder (`vs_holder`,
+    mode -> Comparison) and, when two beat it, of the later against the earlier (`head_to_head`)."""
+    beat = [m for m in MODES if m in vs_holder and _faster(vs_holder[m])]
+    if len(beat) == 2 and head_to_head is not None:
+        winner = beat[1] if _faster(head_to_head) else beat[0]
+    elif beat:
+        winner = beat[0]
+    else:  # the holder stands: the record is of the closest challenger (the largest estimate)
+        def estimate(m):
+            speedup, _ = decision.speed_figure(vs_holder[m].to_dict())
+            return speedup if speedup is not None else 0.0
+
+        winner = max((m for m in MODES if m in vs_holder), key=estimate)
+    d = decision.decide(rung, LEVER, holder=holder, candidate=winner, comparison=vs_holder[winner].to_dict(),
+                        set_by=set_by)  # fmt: skip
+    notes = [vs_holder[m].describe(m, holder) for m in vs_holder if m != winner]
+    if head_to_head is not None and len(beat) == 2:
+        notes.append(f"head to head {head_to_head.describe(beat[1], beat[0])}: {winner}, "
+                     + ("faster" if winner == beat[1] else "the simpler, as the later was not faster"))  # fmt: skip
+    return dataclasses.replace(d, why=d.why + "".join(f"; {n}" for n in notes))
 
 
 def choose(ctx: RungContext, base, *, rung: str, moe: str | None, modes: list[str]) -> tuple[list[RecipeEdit], dict]:
-    """(recipe edits, record) for the fastest of `modes` (eager always among them) by the protocol."""
+    """(recipe edits, record) of the execution mode among `modes` (eager always among them): the
+    recipe's mode unless another is faster than it by the protocol. The record's `decisions` is
+    the lever's Decision (to_dict), for the rung's details."""
     proto = TimingProtocol.from_dict(harness.param(rung, "timing"))
-    current = recipe_mode(harness.recipe(ctx))
-    ctx.log(
-        f"{rung}: choosing the execution mode among {', '.join(modes)} (interleaved steps, {proto.confidence:.0%} interval)"
-    )
+    recipe = harness.recipe(ctx)
+    current = recipe_mode(recipe)
+    holder = current if current in modes else "eager"
+    others = [m for m in modes if m != holder]
+    ctx.log(f"{rung}: the recipe's mode {holder} against {', '.join(others)} (interleaved steps, "
+            f"{proto.confidence:.0%} interval); it stands unless one is faster")  # fmt: skip
     trainers = {}
     try:
         with harness.process_threads(), harness.quiet_mesh_pickling():
             for mode in modes:
                 trainers[mode] = _trainer(base, ctx.attempt_dir, mode, moe)
             sample = {m: (lambda t=t: t.train_step()["step_time_s"]) for m, t in trainers.items()}
-            vs_eager = {m: compare(sample[m], sample["eager"], proto) for m in modes if m != "eager"}
-            for m, c in vs_eager.items():
-                ctx.log(f"{rung}: {c.describe(m, 'eager')}")
-            faster = [m for m in modes if m in vs_eager and vs_eager[m].outcome == "faster"]
-            choice = faster[0] if faster else "eager"
+            vs_holder = {m: compare(sample[m], sample[holder], proto) for m in others}
+            for m, c in vs_holder.items():
+                ctx.log(f"{rung}: {c.describe(m, holder)}")
+            beat = [m for m in MODES if m in vs_holder and _faster(vs_holder[m])]
             head_to_head = None
-            if len(faster) == 2:
-                head_to_head = compare(sample[faster[1]], sample[faster[0]], proto)
-                ctx.log(f"{rung}: {head_to_head.describe(faster[1], faster[0])}")
-                choice = faster[1] if head_to_head.outcome == "faster" else faster[0]
+            if len(beat) == 2:
+                head_to_head = compare(sample[beat[1]], sample[beat[0]], proto)
+                ctx.log(f"{rung}: {head_to_head.describe(beat[1], beat[0])}")
     finally:
         for t in trainers.values():
             t.close()
-    why = (f"{rung} rung: {vs_eager[choice].describe(choice, 'eager')}" if choice != "eager"
-           else "no execution mode was faster than eager by the timing protocol: eager, the simplest")  # fmt: skip
-    if head_to_head is not None:
-        why += f"; head to head {head_to_head.describe(faster[1], faster[0])}"
-    if _current_stands(current, choice, modes, vs_eager, head_to_head, faster):
-        why = f"{rung} rung: {current}, the recipe's mode, stands: not beaten by the timing protocol ({why})"
-        choice = current
+    d = mode_decision(rung, holder, vs_holder, head_to_head, set_by=mode_set_by(ctx.workspace.ledger, holder))
+    if holder != current:
+        said = f"the recipe's {current} is not among the modes that passed, so eager held"
+        d = dataclasses.replace(d, why=f"{said}; {d.why}")
+    choice = d.value
+    why = f"{rung} rung: {d.why}"
     wanted = {"compile.enable": choice == "compile", "graph_trainer.enable": choice == "graph_trainer"}
-    recipe = harness.recipe(ctx)
     have = {"compile.enable": recipe.compile.enable, "graph_trainer.enable": recipe.graph_trainer.enable}
     edits = [RecipeEdit(k, v, why) for k, v in wanted.items() if have[k] != v]
     if choice != "eager" and moe and recipe.kernels.moe != moe:
@@ -103,9 +133,11 @@ def choose(ctx: RungContext, base, *, rung: str, moe: str | None, modes: list[st
     record = {
         "execution_mode": choice,
         "execution_mode_was": current,
+        "execution_mode_holder": holder,
         "execution_mode_why": why,
         "execution_mode_candidates": list(modes),
-        "execution_mode_vs_eager": {m: c.to_dict() for m, c in vs_eager.items()},
+        "execution_mode_vs_holder": {m: c.to_dict() for m, c in vs_holder.items()},
         "execution_mode_head_to_head": head_to_head.to_dict() if head_to_head else None,
+        "decisions": [d.to_dict()],
     }
     return edits, record

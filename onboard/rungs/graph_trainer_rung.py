@@ -351,6 +351,7 @@ def choose_mode(plan: Plan, m: GraphTrainerMeasurements, details: dict) -> list[
         f"kept the recipe's {gt.memory_policy!r}: saved activations per policy {saved} bytes; at the gate's "
         "batch no memory budget binds, so recomputing would only cost time"
     )
+    details["decisions"] = record.pop("decisions")  # the lever's Decision: status and the report print it
     details["execution_mode"] = record
     ctx.log(f"graph_trainer: the recipe's execution mode: {record['execution_mode']} ({record['execution_mode_why']})")
     return edits

@@ -76,7 +76,17 @@ def bound(rung: str, criterion: str, precision: str, evidence: dict) -> float:
 SHIPPED = "shipped"
 TIMING_PROFILES: dict[str, dict[str, Any]] = {
     SHIPPED: {},
-    "quick": {"warmup": 1, "min_rounds": 2, "max_rounds": 3, "max_seconds": 2.0},
+    # quick runs where background work is expected (tests, `onboard compat` beside other jobs), and its
+    # decisions are recorded as quick and decide nothing a person relies on: the machine is not judged
+    "quick": {
+        "warmup": 1,
+        "min_rounds": 2,
+        "max_rounds": 3,
+        "max_seconds": 2.0,
+        "max_foreign_cores": float("inf"),
+        "max_load_change": float("inf"),
+        "retries_when_disturbed": 0,
+    },
 }
 """The timing protocols a process's rungs may time their keep/choose decisions with, by name: what
 each sets over the checklists' `params.timing`. `shipped` (the default) is the checklists' own
@@ -145,19 +155,6 @@ def reads_all_but_mode(key: str) -> bool:
 def reads_all_but_tuning(key: str) -> bool:
     """`reads_recipe_key` of a rung that runs the recipe's own mode: every key but TUNING_KEYS."""
     return key not in TUNING_KEYS
-
-
-def settle(outcome: str, *, current: Any, candidate: Any, plain: Any) -> Any:
-    """The value a keep/choose decision writes, from the timing protocol's `outcome` of
-    `candidate` against `plain`: the candidate when `faster`, the plain value when `slower`,
-    and the recipe's `current` value when `indistinguishable` (the default on a fresh recipe,
-    an earlier attempt's proven choice on a re-run), so re-verification never flips a choice
-    on noise and two rungs cannot send the ladder round and round."""
-    if outcome == "faster":
-        return candidate
-    if outcome == "slower":
-        return plain
-    return current if current in (candidate, plain) else plain
 
 
 def recipe(ctx: RungContext):

@@ -4,6 +4,11 @@ plain path computes, and which of the two steps faster.
     applicable_kernels(args, device=, dtype=, model=) -> {"kernels.moe=grouped_mm": None | "why not", ...}
     compare_kernel(family, args, "kernels.loss=fused_ce")  -> KernelComparison (loss, logits, grads)
     measure_kernel(family, args, "kernels.loss=fused_ce")  -> the timing protocol's answer and peak memory
+                                                              of a bare model's forward + backward
+    step_peak(family, args, "loss", "fused_ce")            -> (peak bytes of one fp32 forward + backward, why not)
+
+The kernels rung times its keep decisions on the recipe's whole training steps
+(onboard.rungs.kernels_steps), not with `measure_kernel`; it measures each side's peak with `step_peak`.
 
 Each flag is compared with the plain path of its field (REFERENCE): the model built twice
 from the same weights, once with the kernel's swap and once with the reference's. Errors
@@ -360,6 +365,31 @@ def _step_peak(model, b: Batch, device: torch.device) -> int:
 
 #: choices whose work runs in JAX: their buffers live in JAX's allocator, which torch cannot see
 JAX_BACKED = {"tokamax", "splash"}
+
+
+def jax_backed(kernels: Kernels) -> list[str]:
+    """The "field=choice" of `kernels` that run in JAX (an empty list: torch sees every buffer)."""
+    return [f"{f}={getattr(kernels, f)}" for f in ("attention", "moe") if getattr(kernels, f) in JAX_BACKED]
+
+
+def step_peak(
+    family: str, args: TransformerArgs, field_name: str, choice: str, *, batch: int = 2, seq_len: int = 64,
+    device: torch.device | str = "cpu", base: Kernels | None = None, packed: bool = True,
+    build_meta_model: Callable[[], nn.Module] | None = None,
+) -> tuple[int | None, str | None]:  # fmt: skip
+    """(peak bytes, None) of one fp32 forward + backward of the model with kernels.<field_name> =
+    `choice` (the rest of `base` kept), measured as `_step_peak` measures it, so two choices
+    measured here are measured alike; (None, why) when the model runs a JAX-backed kernel in any
+    field: JAX allocates outside torch, so a torch peak would look smaller than the step's."""
+    kernels = kernels_for(field_name, choice, base)
+    jax = jax_backed(kernels)
+    if jax:
+        return None, f"{', '.join(jax)} allocates in JAX, outside torch: its peak cannot be seen"
+    device = torch.device(device)
+    model = build_model_with(family, args, kernels, device, torch.float32, build_meta_model=build_meta_model,
+                             field_name=field_name)  # fmt: skip
+    b = make_batch(args, batch=batch, seq_len=seq_len, seed=0, device=device, packed=packed)
+    return _step_peak(model, b, device), None
 
 
 def measure_kernel(

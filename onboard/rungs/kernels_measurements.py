@@ -47,9 +47,12 @@ class KernelsMeasurements(GatedRuns):
     worst_kernel: str | None = ABSENT
     """The kernel flag with the worst error of any kind."""
     per_kernel: dict[str, Any] = flattened()
-    """Per kernel flag, under its short name (loss_fused_ce, attention_sdpa, ...): <short>_max_rel_err,
-    <short>_time_ratio (with / without, x), <short>_time_ratio_ci, <short>_timing (the protocol's
-    outcome), <short>_memory_saving (fraction of peak), <short>_kept; or <short>_not_applicable (why)."""
+    """Per kernel flag, under its short name (loss_fused_ce, attention_sdpa, ...): <short>_max_rel_err
+    (against the plain path, fp32); for a kernel timed as a candidate, against the value the recipe
+    held (<short>_timed_against): <short>_time_ratio (its whole step's time / the holder's, x),
+    <short>_time_ratio_ci, <short>_timing (the protocol's outcome), <short>_memory_saving (fraction of
+    the holder's fp32 step peak; None: not measured); <short>_kept (the recipe holds it after this
+    rung); or <short>_not_applicable (why)."""
     compare_dtype: str = ABSENT
     """dtype of the comparison (float32)."""
     compare_batch_size: int = ABSENT
@@ -59,15 +62,17 @@ class KernelsMeasurements(GatedRuns):
     """Why that shape (the recipe's, or capped at params.compare_max_tokens)."""
     measure_batch_size: int = ABSENT
     measure_seq_len: int = ABSENT
-    """Rows and tokens per row of the timed step (the recipe's)."""
+    """Rows and tokens per row of the timed whole training steps (the recipe's)."""
     timing_protocol: dict = ABSENT
-    """The timing protocol every keep decision used (checklist params.timing)."""
+    """The timing protocol every keep decision's whole steps were timed with (checklist params.timing)."""
     recipe_dtype: str = ABSENT
     """The dtype the recipe computes in: it decides which kernels can run."""
     captured: bool = ABSENT
     """The recipe trains in a captured mode (compile or graph_trainer): each kernel is checked there too."""
     execution_mode: str = ABSENT
     """The recipe's execution mode: eager, compile or graph_trainer."""
+    whole_step_trainers: int = ABSENT
+    """Trainers of the recipe (one kernels value each) built to time whole steps (count)."""
     proposed_recipe_edits: list[str] = ABSENT
     """The recipe edits the keep rule picked, each as "key=value" (written only if the gate passes)."""
     recipe_steps_run: int = ABSENT

@@ -1,4 +1,5 @@
-"""Rung 6, `kernels`: each fused kernel equals the plain PyTorch path it replaces (DESIGN sections 5 and 6).
+"""Rung 6, `kernels`: each fused kernel equals the plain PyTorch path it replaces (DESIGN sections 5 and 6),
+and the recipe holds, per field, the value whole training steps earned.
 
 For every kernel flag titan_core knows (`onboard.rungs.kernel_compare.KERNEL_FLAGS`) the rung asks
 whether it applies to this model on this device (`applicable_kernels`; one that does not is
@@ -10,36 +11,37 @@ recorded as not_applicable with the reason, never skipped). For each that applie
    are on both sides;
 2. checks it in the recipe's execution mode (`onboard.rungs.kernel_modes.mode_check`): no graph
    break under per-block compile, no host sync and a clean capture under the Graph Trainer;
-   a kernel that fails there is not kept, with that reason;
-3. times one training step (forward + backward) with and without it at the recipe's batch
-   through the one timing protocol (`measure_kernel`, titan_core.measure.timing, settings in the
-   checklist's `params.timing`): interleaved, with an interval, `faster` / `slower` /
-   `indistinguishable`; and measures each side's peak memory.
+   a kernel that fails there is no candidate, with that reason.
 
-The checklist judges the worst errors over all kernels. The keep rule then picks, per field
-(loss, attention, moe), what the recipe should run; a field whose pick differs from the recipe
-becomes a `RecipeEdit`, which the engine writes only when the gate passed.
+The checklist judges the worst errors over all kernels. Then, per field (loss, attention, moe),
+the keep rule (`kernels_decide`) sets each candidate against the value the recipe holds: whole
+training steps of the recipe, optimizer included, in its own execution mode and precision
+(`kernels_steps.WholeSteps`), timed interleaved through the one timing protocol (the
+checklist's `params.timing`), and each side's fp32 step peak (`kernel_compare.step_peak`). Every
+decision is a `decision.Decision` in `details["decisions"]`; each field's choice is in
+`details["field_choices"]`; a field whose value changes becomes a `RecipeEdit`, which the engine
+writes only when the gate passed.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from onboard.engine.gates import check_value
-from onboard.rungs import harness
-from onboard.rungs.contract import RecipeEdit, RungContext, RungResult
-from onboard.rungs.kernels_measurements import KernelsMeasurements
+from onboard.rungs import harness, kernels_steps
+from onboard.rungs.contract import RungContext, RungResult
 from onboard.rungs.execution_mode import recipe_mode
+from onboard.rungs.kernels_decide import MemoryRule, all_decisions, decide_all, field_inputs, mark_rows
+from onboard.rungs.kernels_measurements import KernelsMeasurements
 from titan_core.measure.timing import TimingProtocol
-from titan_core.memory.estimate import format_bytes
 
 RUNG = "kernels"
 reads_recipe_key = harness.reads_all_but_tuning
 CAPTURE_UNSAFE = {"moe": "loop"}
 """Plain paths a captured step (torch.compile, Graph Trainer) cannot run: the expert loop reads the
-routing on the host. Under capture the keep rule never falls back to them; the recipe keeps its value."""
+routing on the host. Under capture they are no candidate; a recipe holding a kernel keeps it."""
 ERROR_METRICS = {
     "loss_rel_err": "worst_loss_rel_err",
     "logits_rel_err": "worst_logits_rel_err",
@@ -84,98 +86,6 @@ def within_tolerance(errors: dict[str, float], criteria: dict[str, Any]) -> bool
     return all(check_value(c, errors.get(name), c.threshold)[0] for name, c in criteria.items())
 
 
-def keep_decision(*, passed: bool, timing: dict, peak_with: int | None, peak_without: int | None,
-                  speed: str = "") -> dict[str, Any]:  # fmt: skip
-    """Whether the recipe keeps a kernel: it passes, and it is `faster` than the plain path by the
-    timing protocol, or it saves at least `params.min_memory_saving_percent` of the step's peak memory.
-
-    `indistinguishable` keeps the plain path, the simpler choice. The saving is judged in
-    whole bytes (100 x (without - with) >= pct x without) so the edge is exact; an unknown
-    peak (None) cannot claim a saving. `speed`: the protocol's one-line description.
-    """
-    pct = harness.param(RUNG, "min_memory_saving_percent")
-    faster = timing["outcome"] == "faster"
-    known = peak_with is not None and peak_without is not None and peak_without > 0
-    saving = 1 - peak_with / peak_without if known else None
-    saves = known and 100 * (peak_without - peak_with) >= pct * peak_without
-    kept = passed and (faster or saves)
-    speed = (
-        speed
-        or f"{timing['outcome']} (time ratio {timing['ratio']:.2f}, CI {timing['ci_low']:.2f}-{timing['ci_high']:.2f})"
-    )
-    if saving is not None:
-        memory = f"{saving:.0%} less peak memory" if saving >= 0 else f"{-saving:.0%} more peak memory"
-    else:
-        memory = "no peak memory without it to save from" if peak_without == 0 else "peak memory not measured"
-    if not passed:
-        reason = "it does not equal the plain path within the checklist's tolerance"
-    elif faster:
-        reason = f"faster ({speed}; {memory})"
-    elif saves:
-        reason = f"saves >= {pct}% peak memory ({memory}; {speed})"
-    else:
-        reason = f"not faster ({speed}) and saves < {pct}% peak memory ({memory}): the plain path is simpler"
-    return {
-        "kept": kept,
-        "outcome": timing["outcome"],
-        "memory_saving": saving,
-        "time_ratio": timing["ratio"],
-        "time_ratio_ci": [timing["ci_low"], timing["ci_high"]],
-        "reason": reason,
-        "why": f"{'kept' if kept else 'not kept'}: {reason}",
-    }
-
-
-Contest = Callable[[str, str], dict]
-"""(challenger, holder) -> measure_kernel's answer for the challenger against the holder."""
-
-
-def choose(field_name: str, rows: dict[str, dict], current: str, *, reference: str,
-           captured: bool = False, contest: Contest | None = None) -> tuple[str, str, list[dict]]:  # fmt: skip
-    """(value, why, contests) for one kernels field; `current` is the recipe's value.
-
-    `rows`: {choice: {"kept": bool, "ran": bool, "outcome": str | None, "max_rel_err": float,
-    "reason": str}} of the field's compared kernels, in KERNEL_FLAGS order (simplest first);
-    `ran`: it matched and runs in the recipe's execution mode. The recipe's value is the
-    incumbent: only measured evidence moves the field, so a re-run on noise never flips it.
-
-    - Kernels kept: the incumbent holds if it is one of them, else the simplest kept kernel;
-      a later kept one takes the field only by being `faster` head to head (`contest`).
-    - None kept: the incumbent stays if it is the plain path, or the library's default
-      (attention = sdpa) that ran and was not `slower` than the plain path; else the plain
-      path, except that under capture a plain path the step cannot run (CAPTURE_UNSAFE) is
-      never chosen.
-    """
-    from titan_core.kernels import DEFAULTS  # lazy: loads torch; onboard status imports the rungs
-
-    kept = [choice for choice, r in rows.items() if r["kept"]]
-    contests: list[dict] = []
-    if kept:
-        order = ([current] if current in kept else []) + [c for c in kept if c != current]
-        best = order[0]
-        for challenger in order[1:]:
-            if contest is None:
-                break
-            result = contest(challenger, best)
-            won = result["timing"]["outcome"] == "faster"
-            contests.append({"challenger": challenger, "holder": best, "won": won, "timing": result["timing"],
-                             "describe": result.get("describe", "")})  # fmt: skip
-            best = challenger if won else best
-        r = rows[best]
-        others = f"; held against {len(kept) - 1} other kept kernel(s) head to head" if len(kept) > 1 else ""
-        return best, (f"kernels rung: matches {field_name}={reference} (fp32 rel err {r['max_rel_err']:.1e}); "
-                      f"{r['reason']}{others}"), contests  # fmt: skip
-    r = rows.get(current) or {}
-    if current != reference and current == DEFAULTS.get(field_name) and r.get("ran") and r.get("outcome") != "slower":
-        return current, (f"kernels rung: no {field_name} kernel was faster; the recipe's {current}, the library "
-                         f"default, matched and is not slower than {reference}: it stays"), []  # fmt: skip
-    if captured and CAPTURE_UNSAFE.get(field_name) == reference and current != reference:
-        return current, f"kernels rung: no {field_name} kernel kept, but a captured step cannot run {reference}", []
-    pct = harness.param(RUNG, "min_memory_saving_percent")
-    return reference, (f"kernels rung: no {field_name} kernel both matched and was faster or saved "
-                       f">= {pct}% peak memory; the plain path"), []  # fmt: skip
-
-
 def _errors(cmp) -> dict[str, float]:
     return {"loss_rel_err": cmp.loss_rel_err, "logits_rel_err": cmp.logits_rel_err,
             "max_grad_rel_err": cmp.max_grad_rel_err}  # fmt: skip
@@ -186,16 +96,15 @@ def _finite(x: float) -> float:
     return math.inf if math.isnan(x) else x
 
 
-def _one_kernel(ctx, flag, *, build, timing_kw, criteria, mode_kw) -> dict:
-    """Compare one applicable kernel with its plain path, check it in the recipe's execution mode,
-    then time it; a kernel that raises is a failed row."""
-    # lazy: loads torch; onboard status imports the rungs
-    from onboard.rungs.kernel_compare import compare_kernel, measure_kernel
+def _one_kernel(ctx, flag, *, build, criteria, mode_kw) -> dict:
+    """Compare one applicable kernel with its plain path, then check it in the recipe's execution mode;
+    a kernel that raises is a failed row. One that passes both is `eligible`: the keep rule times it."""
+    from onboard.rungs.kernel_compare import compare_kernel  # lazy: loads torch; onboard status imports the rungs
     from onboard.rungs.kernel_modes import mode_check  # lazy: loads torch; onboard status imports the rungs
     from titan_core.config.swaps import SwapNotApplicable  # lazy: loads torch; onboard status imports the rungs
     from titan_core.kernels import KernelRefusesModel  # lazy: loads torch; onboard status imports the rungs
 
-    row: dict[str, Any] = {"status": "compared"}
+    row: dict[str, Any] = {"status": "compared", "eligible": False}
     try:
         cmp = compare_kernel(flag=flag, **build)
     except (KernelRefusesModel, SwapNotApplicable) as e:
@@ -220,36 +129,19 @@ def _one_kernel(ctx, flag, *, build, timing_kw, criteria, mode_kw) -> dict:
         f"grads {cmp.max_grad_rel_err:.1e} ({cmp.worst_param}){excused}" + ("" if row["passed"] else " -- FAILS")
     )
     if not row["passed"]:
-        row.update(kept=False, reason="it does not equal the plain path within the checklist's tolerance")
-        row["why"] = f"not kept: {row['reason']}"
-        return row  # a wrong kernel is never kept: timing it would only cost time
+        row["reason"] = "it does not equal the plain path within the checklist's tolerance"
+        return row  # a wrong kernel is never held: timing it would only cost time
     try:
         check = mode_check(flag=flag, **mode_kw)
-    except Exception as e:  # noqa: BLE001 -- it cannot even be traced in the recipe's mode: not kept, said why
-        check = {
-            "mode": mode_kw["mode"],
-            "ok": False,
-            "reason": f"{flag} fails in {mode_kw['mode']}: {type(e).__name__}: {e}",
-        }
+    except Exception as e:  # noqa: BLE001 -- it cannot even be traced in the recipe's mode: no candidate, said why
+        mode = mode_kw.get("mode")
+        check = {"mode": mode, "ok": False, "reason": f"{flag} fails in {mode}: {type(e).__name__}: {e}"}
     row["mode_check"] = check
     if not check["ok"]:
         ctx.log(f"kernels: {check['reason']}")
-        row.update(kept=False, reason=f"it does not run in the recipe's execution mode: {check['reason']}")
-        row["why"] = f"not kept: {row['reason']}"
+        row["reason"] = f"it does not run in the recipe's execution mode: {check['reason']}"
         return row
-    try:
-        timing = measure_kernel(flag=flag, **timing_kw)
-    except Exception as e:  # noqa: BLE001 -- it cannot run the recipe's step: a failure, not a warning
-        ctx.log(f"kernels: {flag} raised {type(e).__name__} in the timed step: {e}")
-        return {**row, "status": "raised", "error": f"timed step: {type(e).__name__}: {e}", "kept": False}
-    w, wo = timing["with_kernel"], timing["with_reference"]
-    decision = keep_decision(passed=True, timing=timing["timing"], peak_with=w["peak_memory_bytes"],
-                             peak_without=wo["peak_memory_bytes"], speed=timing.get("describe", ""))  # fmt: skip
-    row.update(step_time_s=w["step_time_s"], reference_step_time_s=wo["step_time_s"], timing=timing["timing"],
-               peak_memory_bytes=w["peak_memory_bytes"], reference_peak_memory_bytes=wo["peak_memory_bytes"],
-               **decision)  # fmt: skip
-    peaks = f"{format_bytes(w['peak_memory_bytes'])} vs {format_bytes(wo['peak_memory_bytes'])}"
-    ctx.log(f"kernels: {flag}: peak {peaks}: {decision['why']}")
+    row["eligible"] = True
     return row
 
 
@@ -284,7 +176,8 @@ def totals(rows: dict[str, dict]) -> dict[str, Any]:
 
 
 def per_flag(rows: dict[str, dict]) -> dict[str, Any]:
-    """Each flag's numbers under its short name: loss_fused_ce_max_rel_err, attention_sdpa_kept, ..."""
+    """Each flag's numbers under its short name: loss_fused_ce_max_rel_err, attention_sdpa_kept, ...;
+    `_kept`: the recipe holds that value after this rung."""
     m: dict[str, Any] = {}
     for flag, r in rows.items():
         short = flag.removeprefix("kernels.").replace("=", "_")
@@ -293,50 +186,21 @@ def per_flag(rows: dict[str, dict]) -> dict[str, Any]:
             continue
         if "loss_rel_err" in r:
             m[f"{short}_max_rel_err"] = max(_finite(r[n]) for n in ERROR_METRICS)
-        if "time_ratio" in r:
+        if "time_ratio" in r:  # whole steps against the value the recipe held (`_timed_against`)
             m[f"{short}_time_ratio"] = r["time_ratio"]
             m[f"{short}_time_ratio_ci"] = r["time_ratio_ci"]
             m[f"{short}_timing"] = r["outcome"]
+            m[f"{short}_timed_against"] = r["timed_against"]
             m[f"{short}_memory_saving"] = r["memory_saving"]
-        m[f"{short}_kept"] = bool(r.get("kept"))
+        m[f"{short}_kept"] = bool(r.get("kept"))  # the recipe holds it after this rung
     return m
-
-
-def decide(rows: dict[str, dict], current, *, captured: bool,
-           contest: Contest | None = None) -> tuple[list[RecipeEdit], dict[str, dict]]:  # fmt: skip
-    """(recipe edits, decision per field) from the per-flag rows; `current` is the recipe's Kernels section.
-
-    `contest(field, challenger, holder)` times two kept kernels of one field head to head."""
-    # lazy: loads torch; onboard status imports the rungs
-    from onboard.rungs.kernel_compare import REFERENCE, parse_flag
-
-    by_field: dict[str, dict[str, dict]] = {}
-    for flag, r in rows.items():
-        if r["status"] != "not_applicable":
-            field_name, choice = parse_flag(flag)
-            by_field.setdefault(field_name, {})[choice] = {
-                "kept": bool(r.get("kept")), "ran": "timing" in r, "outcome": r.get("outcome"),
-                "max_rel_err": max(_finite(r.get(n, math.inf)) for n in ERROR_METRICS), "reason": r.get("reason", ""),
-            }  # fmt: skip
-    edits, decisions = [], {}
-    for field_name, reference in REFERENCE.items():
-        now = getattr(current, field_name)
-        if field_name not in by_field:
-            decisions[field_name] = {"value": now, "edit": False, "why": "no kernel of this field applies here"}
-            continue
-        field_contest = (lambda a, b, f=field_name: contest(f, a, b)) if contest else None
-        value, why, contests = choose(field_name, by_field[field_name], now, reference=reference,
-                                      captured=captured, contest=field_contest)  # fmt: skip
-        decisions[field_name] = {"value": value, "was": now, "edit": value != now, "why": why, "contests": contests}
-        if value != now:
-            edits.append(RecipeEdit(f"kernels.{field_name}", value, why))
-    return edits, decisions
 
 
 @dataclass
 class Bench:
     """Where and how the rung compares and times each kernel: the gate's recipe on this device, in
-    the recipe's execution mode, fp32 comparison at `compare_shape`, timing at the recipe's batch."""
+    the recipe's execution mode, fp32 comparison and peaks at `compare_shape`, whole steps at the
+    recipe's batch."""
 
     ctx: RungContext
     cfg: Any
@@ -352,6 +216,8 @@ class Bench:
     """(batch, seq_len, why) of the fp32 comparison."""
     proto: Any
     """The timing protocol (params.timing)."""
+    peaks: dict = field(default_factory=dict)
+    """{(field, value): (peak bytes or None, why not measured)}: each measured once per attempt."""
 
     @classmethod
     def of(cls, ctx: RungContext) -> "Bench":
@@ -383,8 +249,8 @@ class Bench:
         return applicable_kernels(harness.model_args(self.cfg), device=self.device_type, dtype=self.dtype,
                                   captured=self.captured, model=self.builder() if self.builder else None)  # fmt: skip
 
-    def kwargs(self) -> tuple[dict, dict, dict]:
-        """(build, timing, mode-check) keyword arguments of `_one_kernel`."""
+    def kwargs(self) -> tuple[dict, dict]:
+        """(build, mode-check) keyword arguments of `_one_kernel`."""
         cfg, t = self.cfg, self.cfg.training
         cb, cs, _ = self.compare
         common = dict(family=cfg.model.family, args=harness.model_args(cfg), device=self.device, base=cfg.kernels,
@@ -393,17 +259,39 @@ class Bench:
         rounding = dict(grad_tolerance=grads.threshold if grads else None,
                         rounding_factor=harness.param(RUNG, "grad_rounding_factor"))  # fmt: skip
         return (dict(common, batch=cb, seq_len=cs, **rounding),
-                dict(common, batch=t.batch_size, seq_len=t.seq_len, protocol=self.proto),
                 dict(common, mode=self.mode, batch=cb, seq_len=cs, packed=cfg.data.source == "text",
                      max_norm=t.max_norm))  # fmt: skip
 
-    def contest(self, field_name: str, challenger: str, holder: str) -> dict:
-        """`decide`'s head-to-head timing of two kept kernels of one field."""
-        from onboard.rungs.kernel_compare import measure_kernel  # lazy: loads torch; onboard status imports the rungs
+    def peak(self, field_name: str, value: str) -> tuple[int | None, str | None]:
+        """The keep rule's `Peak`: one fp32 forward + backward at the comparison's shape
+        (kernel_compare.step_peak), the same way for every value of every field."""
+        from onboard.rungs.kernel_compare import step_peak  # lazy: loads torch; onboard status imports the rungs
 
-        out = measure_kernel(flag=f"kernels.{field_name}={challenger}", against=holder, **self.kwargs()[1])
-        self.ctx.log(f"kernels: head to head: {out['describe']}")
-        return out
+        if (field_name, value) not in self.peaks:
+            cb, cs, _ = self.compare
+            self.peaks[field_name, value] = step_peak(
+                self.cfg.model.family, harness.model_args(self.cfg), field_name, value, batch=cb, seq_len=cs,
+                device=self.device, base=self.cfg.kernels, build_meta_model=self.builder,
+            )  # fmt: skip
+        return self.peaks[field_name, value]
+
+    def plain_runs(self, field_name: str) -> str | None:
+        """None when the field's plain path runs in the recipe's execution mode, else why not."""
+        # lazy: loads torch; onboard status imports the rungs
+        from onboard.rungs.kernel_compare import REFERENCE
+        from onboard.rungs.kernel_modes import mode_check  # lazy: as above
+
+        plain = REFERENCE[field_name]
+        if not self.captured:
+            return None
+        if CAPTURE_UNSAFE.get(field_name) == plain:
+            return f"a captured step cannot run {field_name}={plain}"
+        flag = f"kernels.{field_name}={plain}"
+        try:
+            check = mode_check(flag=flag, **self.kwargs()[1])
+        except Exception as e:  # noqa: BLE001 -- it cannot be traced in the recipe's mode: no candidate, said why
+            return f"{flag} fails in {self.mode}: {type(e).__name__}: {e}"
+        return None if check["ok"] else check["reason"]
 
     def setting(self) -> dict[str, Any]:
         """The measurements that say where the kernels were compared and timed."""
@@ -415,17 +303,25 @@ class Bench:
 
 
 def run(ctx: RungContext) -> RungResult:
-    """Compare and time every applicable kernel; the keep rule's picks come back as recipe edits."""
+    """Compare every applicable kernel, then decide each field against the value the recipe holds on
+    whole steps; the fields that change come back as recipe edits."""
+    from onboard.rungs.kernel_compare import REFERENCE  # lazy: loads torch; onboard status imports the rungs
+
     bench = Bench.of(ctx)
     applicable = bench.applicable()
     announce(bench, applicable)
     with harness.process_threads(bench.cfg.device.threads):
         rows = compare_all(bench, applicable)
-        edits, decisions = decide(rows, bench.cfg.kernels, captured=bench.captured, contest=bench.contest)
+        inputs = field_inputs(rows, bench.cfg.kernels, REFERENCE, ledger=ctx.workspace.ledger,
+                              plain_runs=bench.plain_runs)  # fmt: skip
+        with kernels_steps.WholeSteps(ctx, bench.proto) as steps:
+            edits, choices = decide_all(inputs, time=steps.compare, peak=bench.peak, rule=MemoryRule.of_checklist())
+    mark_rows(rows, choices)
+    tell(ctx, choices)
     proposed = [f"{e.key}={e.value}" for e in edits]  # written only if the gate passes
     m = KernelsMeasurements(
         **totals(rows), per_kernel=per_flag(rows), **bench.setting(), proposed_recipe_edits=proposed,
-        precision=harness.precision(bench.cfg.training),
+        precision=harness.precision(bench.cfg.training), whole_step_trainers=steps.built,
     )
     # the kernels were proved in fp32, one by one; the recipe they leave runs whole in its own precision
     _, whole = harness.train_recipe(ctx, edits, steps=harness.param(RUNG, "recipe_steps"),
@@ -440,7 +336,10 @@ def run(ctx: RungContext) -> RungResult:
         details={
             "device": bench.device_type,
             "kernels": rows,
-            "decisions": decisions,
+            "decisions": all_decisions(choices),
+            "field_choices": {f: c.to_dict() for f, c in choices.items()},
+            # each side's fp32 step peak, all measured alike (None: a JAX-backed side, not measured)
+            "peaks": {f"{f}={v}": p for (f, v), (p, _) in bench.peaks.items()},
             "path": ctx.workspace.path_kind,
             "model_file": bench.cfg.model.module_file or None,
         },  # fmt: skip
@@ -448,26 +347,34 @@ def run(ctx: RungContext) -> RungResult:
     )
 
 
+def tell(ctx: RungContext, choices: dict) -> None:
+    """One line per decision, then what the recipe holds per field: "kept" only of a value it holds."""
+    for f, c in choices.items():
+        for d in c.decisions:
+            ctx.log(f"kernels: {d.verdict}: {d.why}")
+        if not c.edit:
+            ctx.log(f"kernels: kernels.{f} = {c.value!r} kept: {c.why.removeprefix('kernels rung: ')}")
+
+
 def announce(bench: Bench, applicable: dict[str, str | None]) -> None:
     t, (cb, cs, _), proto = bench.cfg.training, bench.compare, bench.proto
     n_apply = sum(reason is None for reason in applicable.values())
     bench.ctx.log(
         f"kernels: {n_apply} of {len(applicable)} kernel flags apply on {bench.device_type}, judged in the recipe's "
-        f"execution mode ({bench.mode}); fp32 comparison at "
-        f"{cb} x {cs} tokens, timing at {t.batch_size} x {t.seq_len} (interleaved, {proto.min_rounds}-"
+        f"execution mode ({bench.mode}); fp32 comparison at {cb} x {cs} tokens, whole training steps of the "
+        f"recipe at {t.batch_size} x {t.seq_len} against the value it holds (interleaved, {proto.min_rounds}-"
         f"{proto.max_rounds} rounds, {proto.confidence:.0%} interval)"
     )
 
 
 def compare_all(bench: Bench, applicable: dict[str, str | None]) -> dict[str, dict]:
-    """{flag: row}: each kernel that applies compared, checked and timed (`_one_kernel`), the others with why not."""
-    build, timing_kw, mode_kw = bench.kwargs()
+    """{flag: row}: each kernel that applies compared and checked (`_one_kernel`), the others with why not."""
+    build, mode_kw = bench.kwargs()
     rows: dict[str, dict] = {}
     for flag, reason in applicable.items():
         if reason is not None:
             rows[flag] = {"status": "not_applicable", "reason": reason}
             bench.ctx.log(f"kernels: {flag} not applicable: {reason}")
             continue
-        rows[flag] = _one_kernel(bench.ctx, flag, build=build, timing_kw=timing_kw, criteria=tolerances(),
-                                 mode_kw=mode_kw)  # fmt: skip
+        rows[flag] = _one_kernel(bench.ctx, flag, build=build, criteria=tolerances(), mode_kw=mode_kw)
     return rows

@@ -31,6 +31,7 @@ import titan_core.train
 from onboard.errors import BadInput
 from onboard.rungs import harness
 from onboard.rungs.contract import ABSENT, RecipeEdit, RungContext, RungResult
+from onboard.rungs.decision import HELD, KEPT, NOT_ELIGIBLE, Decision, decide, holder_set_by
 from onboard.rungs.gated_runs import record_run
 from onboard.rungs.harness import resolved_device_type
 from titan_core.measure.timing import Comparison, TimingProtocol, compare, compare_samples
@@ -39,6 +40,8 @@ from titan_core.runtime import launcher
 RUNG = "simple_fsdp"
 reads_recipe_key = harness.reads_all_but_mode
 FP32 = "float32"
+BF16 = "bfloat16"
+PRECISION_LEVER = "training.mixed_precision_param"
 RUNS = ("fp32", "bf16", "fsdp2")
 """The three sharded runs, each in runs/.../<name>/."""
 
@@ -97,11 +100,12 @@ class SimpleFsdpMeasurements(harness.SteadyRun):
     eager_step1_grad_norm_rel_err: float = ABSENT
     """The sharded step-1 grad norm against the eager evidence (fraction)."""
     mixed_precision_choice: str = ABSENT
-    """training.mixed_precision_param the recipe keeps: float32 or bfloat16 (`recipe_choices`)."""
+    """training.mixed_precision_param the recipe keeps: float32 or bfloat16 (`precision_decision`)."""
     mixed_precision_why: str = ABSENT
-    """Why: the bf16 curve's bound, or the timing protocol's verdict."""
+    """Why: the lever's Decision in one line (details.decisions holds it whole)."""
     mixed_precision_timing: dict | None = ABSENT
-    """bf16 against fp32 params, one process, interleaved steps (Comparison.to_dict); None: not timed."""
+    """The candidate precision's params against the holder's (the recipe's), one process, interleaved
+    steps (Comparison.to_dict, ratio candidate / holder); None: decided untimed."""
     data_parallel_choice: str = ABSENT
     """parallelism.data_parallel the recipe keeps (SimpleFSDP: the path the later rungs verify)."""
     data_parallel_why: str = ABSENT
@@ -268,7 +272,7 @@ def run(ctx: RungContext) -> RungResult:
             else ", FSDP2 failed"
         )
     )
-    edits, choices = recipe_choices(ctx, base, m)
+    edits, choices, decisions = recipe_choices(ctx, base, m)
     m.update(choices)
     return RungResult(
         measurements=m,
@@ -278,6 +282,7 @@ def run(ctx: RungContext) -> RungResult:
             "device": resolved_device_type(base.device.type),
             "world_size": world,
             "gate_overrides": overrides,
+            "decisions": decisions,
             **run_details(ctx, runs, world),
         },  # fmt: skip
         recipe_edits=edits,
@@ -342,14 +347,15 @@ def run_details(ctx: RungContext, runs: dict[str, tuple[list[dict], str | None]]
     return details
 
 
-def time_precisions(ctx: RungContext, base) -> Comparison:
-    """bf16 parameters against fp32, one process, the two Trainers' steps interleaved (the timing
-    protocol, `params.timing`): the speed the recipe's own run would see, paired so that the
-    machine's drift between two separate runs cannot decide it."""
+def time_precisions(ctx: RungContext, base, *, candidate: str = BF16, holder: str = FP32) -> Comparison:
+    """`candidate` parameters against the `holder` precision, one process, the two Trainers' steps
+    interleaved (the timing protocol, `params.timing`): the speed the recipe's own run would see,
+    paired so that the machine's drift between two separate runs cannot decide it. The ratio is
+    candidate / holder."""
     trainers = {}
     try:
         with harness.process_threads():
-            for dtype in (FP32, "bfloat16"):
+            for dtype in (holder, candidate):
                 cfg = copy.deepcopy(base)
                 cfg.training.steps, cfg.training.mixed_precision_param = 10_000, dtype
                 cfg.training.dtype = cfg.training.mixed_precision_reduce = FP32
@@ -358,52 +364,72 @@ def time_precisions(ctx: RungContext, base) -> Comparison:
                 trainers[dtype].train_step()  # warm-up outside the timed rounds
             proto = TimingProtocol.from_dict(harness.param(RUNG, "timing"))
             step = {k: (lambda t=t: t.train_step()["step_time_s"]) for k, t in trainers.items()}
-            return compare(step["bfloat16"], step[FP32], proto)
+            return compare(step[candidate], step[holder], proto)
     finally:
         for t in trainers.values():
             t.close()
 
 
-def recipe_choices(ctx: RungContext, base, m: dict, timing=None) -> tuple[list, dict]:
-    """(recipe edits, measurements) for the two levers this rung measured.
+def _untimed(holder: str, candidate: str, value: str, verdict: str, why: str) -> Decision:
+    return Decision(rung=RUNG, lever=PRECISION_LEVER, holder=holder, candidate=candidate, value=value,
+                    verdict=verdict, figure="none", why=why)  # fmt: skip
 
-    Mixed precision: a recipe whose parameters are bf16 (training.dtype) gathers them in bf16, untimed.
-    Otherwise bf16 parameters are chosen only when they are `faster` than fp32 by the
-    timing protocol (`time_precisions`, or `timing` given; the checklist asks a clear margin,
-    as bf16 changes the numerics) and the bf16 loss curve passed the checklist's bound; fp32
-    when slower; when indistinguishable the recipe's value stands (`harness.settle`): fp32 on a
-    fresh recipe (on a CPU bf16 usually loses), an earlier attempt's proven bf16 on a re-run. Data
-    parallel: SimpleFSDP stays, whatever FSDP2 measured: it is the path the compile and
-    graph_trainer rungs verify (the Graph Trainer captures SimpleFSDP's parametrization), so a
-    recipe with FSDP2 would hold a combination no later gate ran.
+
+def precision_decision(ctx: RungContext, base, m: dict, timing=None) -> tuple[Decision, Comparison | None]:
+    """(the Decision of training.mixed_precision_param, the comparison it rests on or None).
+
+    The holder is the recipe's value, the candidate the other of fp32 / bf16. A recipe whose
+    parameters are bf16 (training.dtype) gathers them in bf16, untimed. A bf16 loss curve beyond
+    the checklist's bound makes bf16 not eligible, untimed. Otherwise the candidate is timed
+    against the holder (`time_precisions`, or `timing` given) and takes the lever only when
+    `faster` (`decision.decide`; the checklist asks a clear margin, as the precision changes the
+    numerics): indistinguishable, slower or not measured leave the holder standing."""
+    recipe = harness.recipe(ctx)
+    holder = recipe.training.mixed_precision_param
+    candidate = FP32 if holder == BF16 else BF16
+    bound = next(c.threshold for c in harness.checklist(RUNG).criteria if c.metric == "bf16_loss_curve_max_rel")
+    if not m["bf16_loss_curve_max_rel"] <= bound:  # nan too: a curve that is not a number is not within
+        left = f"bf16's loss curve left fp32's by more than {bound:g}"
+        if holder == BF16:
+            return _untimed(holder, FP32, FP32, KEPT, f"{left}: bf16 params are not eligible; float32, untimed"), None
+        said = f"{left}: bf16 params are not eligible; {holder} stands"
+        return _untimed(holder, BF16, holder, NOT_ELIGIBLE, said), None
+    if recipe.training.dtype == BF16:
+        # the parameters themselves are bf16: gathering them "in fp32" would only double the bytes moved
+        said = "the recipe's parameters are bf16 (training.dtype): gathered as they are, untimed"
+        if holder == BF16:
+            return _untimed(holder, FP32, BF16, HELD, f"{said}; float32 not eligible"), None
+        return _untimed(holder, BF16, BF16, KEPT, said), None
+    cmp = timing if timing is not None else time_precisions(ctx, base, candidate=candidate, holder=holder)
+    set_by = holder_set_by(ctx.workspace.ledger, PRECISION_LEVER)
+    d = decide(RUNG, PRECISION_LEVER, holder=holder, candidate=candidate, comparison=cmp.to_dict(), set_by=set_by,
+               what=f"{candidate} params")  # fmt: skip
+    return d, cmp
+
+
+def recipe_choices(ctx: RungContext, base, m: dict, timing=None) -> tuple[list, dict, list[dict]]:
+    """(recipe edits, measurements, decisions) for the two levers this rung measured.
+
+    Mixed precision: `precision_decision`; its Decision is the rung's one record of the lever
+    (details.decisions). Data parallel: SimpleFSDP stays, whatever FSDP2 measured: it is the path
+    the compile and graph_trainer rungs verify (the Graph Trainer captures SimpleFSDP's
+    parametrization), so a recipe with FSDP2 would hold a combination no later gate ran; not a
+    decision between two timed candidates, so no Decision.
     """
     recipe = harness.recipe(ctx)
-    current = recipe.training.mixed_precision_param
-    bound = next(c.threshold for c in harness.checklist(RUNG).criteria if c.metric == "bf16_loss_curve_max_rel")
-    curve_ok = m["bf16_loss_curve_max_rel"] <= bound
-    cmp = None
-    if not curve_ok:
-        want, why = FP32, f"simple_fsdp rung: bf16's loss curve left fp32's by more than {bound:g}; fp32"
-    elif recipe.training.dtype == "bfloat16":
-        # the parameters themselves are bf16: gathering them "in fp32" would only double the bytes moved
-        want, why = "bfloat16", "simple_fsdp rung: the recipe's parameters are bf16 (training.dtype): gathered as they are"
-    else:
-        cmp = timing if timing is not None else time_precisions(ctx, base)
-        ctx.log(f"simple_fsdp: {cmp.describe('bf16 params', 'fp32')}")
-        want = harness.settle(cmp.outcome, current=current, candidate="bfloat16", plain=FP32)
-        why = f"simple_fsdp rung: {cmp.describe('bf16 params', 'fp32')}"
-        if cmp.outcome == "indistinguishable" and want != FP32:
-            why += f"; the recipe's {want} stands (an earlier attempt found it faster)"
+    d, cmp = precision_decision(ctx, base, m, timing)
+    ctx.log(f"simple_fsdp: {d.why}")
+    why = f"simple_fsdp rung: {d.why}"
     edits = []
-    if recipe.training.mixed_precision_param != want:
-        edits.append(RecipeEdit("training.mixed_precision_param", want, why))
+    if recipe.training.mixed_precision_param != d.value:
+        edits.append(RecipeEdit(PRECISION_LEVER, d.value, why))
     return edits, {
-        "mixed_precision_choice": want,
+        "mixed_precision_choice": d.value,
         "mixed_precision_why": why,
-        "mixed_precision_timing": cmp.to_dict() if cmp is not None else None,  # the report's waterfall reads it
+        "mixed_precision_timing": cmp.to_dict() if cmp is not None else None,
         "data_parallel_choice": recipe.parallelism.data_parallel,
         "data_parallel_why": (
             "SimpleFSDP stays: the compile and graph_trainer rungs verify it (FSDP2 measured beside it: "
             f"{m.get('fsdp2_vs_simple_fsdp') or 'failed'})"
         ),
-    }
+    }, [d.to_dict()]

@@ -95,7 +95,8 @@ class TuningMeasurements(harness.BesideEager):
     eager_tokens_per_s: float | None = ABSENT
     """The eager rung's throughput (tokens per second)."""
     tokens_per_s_vs_eager: float | None = ABSENT
-    """The final run's throughput over eager's (x): the fair ratio once the batch changed."""
+    """The final run's throughput over eager's (x), once the batch changed: two runs timed apart, so
+    no interval and not a decision (details.decisions holds what the rung decided by)."""
     proposed_recipe_edits: list[str] = ABSENT
     """The recipe edits, each as "key=value" (written only if the gate passes)."""
     flags: list[str] = ABSENT

@@ -22,8 +22,10 @@ Every change is first classified on step 1 against the recipe it would change (`
 bit_identical, rounding, diverged; diverged is rejected untimed), then timed against it per token
 by the one timing protocol (`params.timing`); it is kept only when `faster`, and a rounding change
 only with a loss curve over `params.curve_steps` within `params.curve_rel` of the recipe's.
-`indistinguishable` keeps the recipe as it is. Then the final recipe (every kept change together)
-is classified against the untuned recipe on the same rows, run once as a whole through
+`indistinguishable` (or not measured) keeps the recipe as it is. Each change records its Decision
+(`tuning_decisions.change_decision`: the change against the recipe it would change; the batch
+search's chain, `tuning_batch`) in details.decisions, the figures `status` and REPORT.md print.
+Then the final recipe (every kept change together) is classified against the untuned recipe on the same rows, run once as a whole through
 `Trainer.train`, and profiled for a few steps (`profile_breakdown`: time per category, top ops,
 trace). The kept values come back as recipe edits, written by the engine only when the gate passed.
 """
@@ -37,6 +39,8 @@ from typing import Any
 from onboard.rungs import harness
 from onboard.rungs.contract import RecipeEdit, RungContext, RungResult
 from onboard.rungs.execution_mode import recipe_mode
+from onboard.rungs.tuning_batch import BatchTrials, max_doublings
+from onboard.rungs.tuning_decisions import change_decision, keep_rule
 from onboard.rungs.tuning_measurements import TuningMeasurements
 from onboard.rungs.tuning_runs import Runs
 from titan_core.config.loader import get_key, load_toml, with_keys
@@ -45,7 +49,7 @@ from titan_core.measure.timing import TimingProtocol
 from titan_core.memory.estimate import format_bytes
 from titan_core.runtime.launcher import cpu_count
 from titan_core.tuning import flags as flag_table
-from titan_core.tuning.batch_search import BatchShape, Probe, search
+from titan_core.tuning.batch_search import search
 
 RUNG = "tuning"
 TUNED_KEYS = tuple(sorted(harness.TUNING_KEYS))
@@ -91,17 +95,6 @@ def memory_budget(device) -> tuple[int | None, str]:
     return (budget.bytes, budget.source) if budget else (None, f"no memory budget is known for {device.type}")
 
 
-def keep_rule(cls, cmp, curve) -> tuple[bool, str]:
-    """(kept, why) of one change from its class, its timing (None: not timed) and its curve check."""
-    if cls.rejected:
-        return False, f"rejected: {cls.why}"
-    if cmp is None or cmp.outcome != "faster":
-        return False, f"not faster, the recipe stays ({cmp.outcome if cmp else 'not timed'})"
-    if cls.cls == "rounding" and (curve is None or not curve.ok):
-        return False, f"faster but a rounding change, and its {curve.describe() if curve else 'curve was not run'}"
-    return True, f"faster, {cls.cls.replace('_', '-')}" + (f"; {curve.describe()}" if curve else "")
-
-
 class Tuner:
     """The recipe holding each field as the steps go (`holder`), and every change tried (`changes`)."""
 
@@ -113,6 +106,8 @@ class Tuner:
         self.changes: list[dict] = []
         self.notes: list[dict] = []
         """What was not tried, and why (not applicable here, needs a fresh process, ...)."""
+        self.decisions: list[dict] = []
+        """Each change's Decision (to_dict), in the order tried: the rung's details.decisions."""
         runs.probe(UNTUNED, base)
 
     def matched(self, label: str, cfg, rows: int) -> str:
@@ -142,6 +137,11 @@ class Tuner:
     def record(self, step: str, label: str, values: dict, cls, ref: str, cmp, curve, kept: bool, why: str,
                timed_against: str | None = None) -> dict:  # fmt: skip
         against = timed_against or self.holder
+        if step != "batch":  # the batch search's Decisions are its chain's (BatchTrials.decisions)
+            d = change_decision(self.ctx.workspace.ledger, step=step, label=label, values=values,
+                                holder_cfg=self.runs.cfgs.get(against, self.cfg), holder_label=against, cls=cls,
+                                cmp=cmp, kept=kept, why=why)  # fmt: skip
+            self.decisions.append(d.to_dict())
         row = {
             "step": step, "change": label, "values": values, "against": against, "classified_against": ref,
             "class": cls.cls, "classification": cls.to_dict(), "peak_mem_bytes": self.runs.peak.get(label),
@@ -207,14 +207,17 @@ class Tuner:
                         fixed_global=fixed_global, tokens_per_row=seq, reject=trials.reject,
                         grid_end=f"{cap} tokens per micro-batch, params.batch_max_tokens")  # fmt: skip
         self.ctx.log(f"tuning: batch: {result.why}")
+        kept, why = False, ""
         if result.chosen != trials.start:
-            self.settle_batch(trials, result, fixed_global)
+            kept, why = self.settle_batch(trials, result, fixed_global)
+        self.decisions += trials.decisions(result, kept, why)
         self.runs.keep_only(self.holder)
         return {**result.to_dict(), "budget_source": budget_source, "process_held_bytes": held,
                 "fixed_global_batch": fixed_global}  # fmt: skip
 
-    def settle_batch(self, trials: BatchTrials, result, fixed_global: bool) -> None:
-        """Record the batch the search chose; it holds if the keep rule keeps it (its curve checked if rounding)."""
+    def settle_batch(self, trials: BatchTrials, result, fixed_global: bool) -> tuple[bool, str]:
+        """Record the batch the search chose; it holds if the keep rule keeps it (its curve checked if
+        rounding). (kept, why)."""
         chosen, start = result.chosen, trials.start
         label, cfg = trials.labels[chosen], trials.cfg_of(chosen)
         cls, ref = trials.classes[chosen]
@@ -231,6 +234,7 @@ class Tuner:
         self.record("batch", label, values, cls, ref, cmp, curve, kept, why, timed_against=trials.against[chosen])
         if kept:
             self.holder, self.cfg = label, cfg
+        return kept, why
 
     # ---- 3. flags -----------------------------------------------------------------------------
     def flags(self, cores: int) -> list[dict]:
@@ -250,63 +254,6 @@ class Tuner:
         self.ctx.log(f"tuning: flags: {len(rows)} declared for {self.kind}, tried here: {', '.join(tried) or 'none'} "
                      "(details.flags says why each other one was not)")  # fmt: skip
         return rows
-
-
-def max_doublings(batch_size: int, seq_len: int, cap_tokens: int) -> int:
-    """Doublings of the batch that keep a micro-batch within `cap_tokens`: an absolute end, so a
-    second visit from a raised batch cannot go on for ever."""
-    n = 0
-    while batch_size * 2 ** (n + 1) * seq_len <= cap_tokens:
-        n += 1
-    return n
-
-
-class BatchTrials:
-    """The batch search's callbacks (titan_core.tuning.batch_search.search) on the tuner's runs: each
-    shape probed, classified against the starting batch on the same rows, timed against the holder."""
-
-    def __init__(self, tuner: Tuner):
-        self.tuner = tuner
-        self.start_label, self.start_cfg = tuner.holder, tuner.cfg
-        self.start = BatchShape(tuner.cfg.training.batch_size, tuner.cfg.training.grad_accum)
-        self.labels = {self.start: self.start_label}
-        self.classes: dict = {}  # shape -> (Classification, the label it was judged against)
-        self.holding = [self.start]  # the search's holder, for what stays alive
-        self.timings: dict = {}  # shape -> its Comparison against the batch it challenged
-        self.against: dict = {}  # shape -> the label of that batch
-
-    def cfg_of(self, shape):
-        values = {"training.batch_size": shape.batch_size, "training.grad_accum": shape.grad_accum}
-        return with_keys(self.start_cfg, values)
-
-    def measure(self, shape):
-        import torch  # lazy: torch; onboard status imports the rungs
-
-        runs, label = self.tuner.runs, self.labels.setdefault(shape, f"batch={shape.label()}")
-        try:
-            probe = runs.probe(label, self.cfg_of(shape))
-        except torch.OutOfMemoryError as e:  # the device refused it: memory binds (batch_search)
-            raise MemoryError(str(e).splitlines()[0]) from None
-        if shape != self.start:  # on the same rows as the starting batch, accumulated
-            self.classes[shape] = self.tuner.classify(label, self.cfg_of(shape), self.start_label, self.start_cfg)
-            runs.keep_only(self.start_label, self.labels[self.holding[-1]], label)
-        return Probe(probe["peak_bytes"], probe["step_time_s"],
-                     {"class": self.classes[shape][0].cls} if shape in self.classes else {})  # fmt: skip
-
-    def reject(self, shape, probe):
-        return self.classes[shape][0].why if self.classes[shape][0].rejected else None
-
-    def compare(self, candidate, holder):
-        runs, name, against = self.tuner.runs, self.labels[candidate], self.labels[holder]
-        cmp = self.timings[candidate] = runs.compare(name, against, self.tuner.proto)
-        self.against[candidate] = against
-        self.tuner.ctx.log(f"tuning: batch: {cmp.describe(name, against)} (per token); peak "
-                           f"{format_bytes(runs.peak[name])}")  # fmt: skip
-        if cmp.outcome == "faster":
-            self.holding.append(candidate)
-        # the start stays too: it holds the field again if the chosen batch's curve check fails
-        runs.keep_only(self.start_label, self.labels[self.holding[-1]])
-        return cmp
 
 
 def tpu_flags_rendered(base) -> dict:
@@ -480,6 +427,7 @@ def run(ctx: RungContext) -> RungResult:
         command=harness.next_step_command(ctx),
         details={
             "device": str(runs.device),
+            "decisions": tuner.decisions,
             "changes": tuner.changes,
             "not_tried": tuner.notes,
             "batch": batch,

@@ -218,6 +218,9 @@ RECIPE_RELATIVE_PATHS = (
     "data.cache_dir",
     "metrics.output_dir",
     "checkpoint.export_hf",
+    "checkpoint.initial_hf",
+    "data.tokenizer_path",
+    "validation.path",
 )
 
 

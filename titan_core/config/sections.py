@@ -104,12 +104,20 @@ class Training:
 
 @dataclass(kw_only=True)
 class Data:
-    source: Literal["synthetic", "text"] = "synthetic"
-    """synthetic: seeded random tokens; text: local files through a local tokenizer."""
+    source: Literal["synthetic", "text", "dataset"] = "synthetic"
+    """synthetic: seeded random tokens; text: local .txt files; dataset: local JSONL/JSON/Parquet/text files through the `datasets` library."""
     path: str = ""
-    """File or folder of .txt files (source = text; relative: to the recipe's folder)."""
-    tokenizer: Literal["byte", "bpe"] = "byte"
-    """byte: 256 byte ids + specials; bpe: a `tokenizers` BPE trained on `path` and cached."""
+    """File or folder of .txt files (source = text), or a file, folder or glob of data files (source = dataset); relative: to the recipe's folder."""
+    field: str = "text"
+    """The column holding each document's text (source = dataset, format = text)."""
+    format: Literal["text", "chat"] = "text"
+    """text: documents packed to seq_len; chat: a `messages` column through the chat template, loss on assistant tokens only."""
+    chat_template: str = ""
+    """A Jinja chat template that replaces the tokenizer's own (format = chat); empty: the tokenizer's."""
+    tokenizer: Literal["byte", "bpe", "hf"] = "byte"
+    """byte: 256 byte ids + specials; bpe: a `tokenizers` BPE trained on `path` and cached; hf: the model's own tokenizer.json (`tokenizer_path`)."""
+    tokenizer_path: str = ""
+    """tokenizer = hf: a tokenizer.json, or a folder holding one (and tokenizer_config.json); relative: to the recipe's folder."""
     bpe_vocab_size: int = 2048
     """Vocabulary size of the locally trained BPE tokenizer."""
     cache_dir: str = ".cache/titan_core"
@@ -220,7 +228,11 @@ class Checkpoint:
     resume: bool = True
     """Resume from the latest checkpoint in `folder` if one exists."""
     export_hf: str = ""
-    """When set, write the final weights as HF safetensors into this folder (relative: to the recipe's folder)."""
+    """When set, write the final weights in save_pretrained layout (config.json, sharded safetensors and their index, the tokenizer) into this folder (relative: to the recipe's folder)."""
+    export_shard_mb: int = checked(5000, AT_LEAST_1)
+    """Largest safetensors shard of an export, in MB (>= 1)."""
+    initial_hf: str = ""
+    """A Hugging Face model folder (config.json + model.safetensors or its sharded index) whose weights the run starts from; a resume from the run's own checkpoint takes precedence (relative: to the recipe's folder)."""
 
 
 @dataclass(kw_only=True)
@@ -231,6 +243,20 @@ class Metrics:
     """Print a metrics row every N steps (>= 1; metrics.jsonl gets every step)."""
     rich: bool = True
     """Print metrics as a rich table (off: plain lines)."""
+    tensorboard: bool = False
+    """Also write every logged scalar as TensorBoard events under output_dir/tensorboard (needs the tensorboard package)."""
+
+
+@dataclass(kw_only=True)
+class Validation:
+    enable: bool = False
+    """Compute a held-out loss (and perplexity) every `freq` steps, without gradients."""
+    path: str = ""
+    """The held-out data (as data.path; read with the data section's source, tokenizer and format); relative: to the recipe's folder."""
+    freq: int = checked(100, AT_LEAST_1)
+    """Validate every N steps and at the last step (>= 1)."""
+    steps: int = checked(10, AT_LEAST_1)
+    """Batches per validation (>= 1); fewer when the held-out set ends first."""
 
 
 @dataclass(kw_only=True)
@@ -274,6 +300,7 @@ class JobConfig:
     kernels: Kernels = field(default_factory=Kernels)
     checkpoint: Checkpoint = field(default_factory=Checkpoint)
     metrics: Metrics = field(default_factory=Metrics)
+    validation: Validation = field(default_factory=Validation)
     profiler: Profiler = field(default_factory=Profiler)
     device: Device = field(default_factory=Device)
     tpu: Tpu = field(default_factory=Tpu)

@@ -1,7 +1,7 @@
 """Synthetic data and `build_data_loader`, the loader `cfg.data` describes.
 
 The loader contract (global row indexing, resumable state) is in base.py; text.py reads
-local text files.
+local text files; dataset.py streams data files through `datasets`.
 """
 
 from __future__ import annotations
@@ -69,6 +69,15 @@ def build_data_loader(
         return FlowLoader(flux=flux, seed=cfg.training.seed, **kw)
     if cfg.data.source == "synthetic":
         return SyntheticLoader(vocab_size=vocab_size, seed=cfg.training.seed, **kw)
+    if cfg.data.format == "chat" and cfg.data.source != "dataset":
+        raise ConfigError(
+            f"data.format = 'chat' reads a 'messages' column of data files: it needs data.source = 'dataset', "
+            f"not '{cfg.data.source}'"
+        )
     if cfg.data.source == "text":
         return TextLoader(cfg.data, vocab_size=vocab_size, **kw)
-    raise ConfigError(f"data.source '{cfg.data.source}' is not one of synthetic, text")
+    if cfg.data.source == "dataset":
+        from titan_core.data.dataset import DatasetLoader  # import-time cost: `datasets` loads only for this source
+
+        return DatasetLoader(cfg.data, vocab_size=vocab_size, **kw)
+    raise ConfigError(f"data.source '{cfg.data.source}' is not one of synthetic, text, dataset")

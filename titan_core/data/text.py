@@ -2,20 +2,13 @@
 
 A *document* is a paragraph: text separated from the next by a blank line (a file with
 no blank line is one document). Paragraphs rather than whole files so that even a single
-file yields many documents to pack. Each document is tokenised as BOS + text + EOS.
+file yields many documents to pack. Each document is tokenised as [BOS] + text + EOS.
 
-Packed (`data.pack_documents = true`): documents are concatenated into one stream and
-row g is `stream[g*S : g*S + S + 1]` (rows overlap by one token, so every token is a
-target exactly once). Within a row, `segment_ids` count documents from 0 and
-`positions` restart at 0 where a document starts (and at the row start: a document
-continued from the previous row cannot see its beginning anyway). The label of the last
-token of a document, whose next token belongs to the next document, is -100.
-
-Not packed: each document is cut into rows of its own (same overlap), the last one
-padded with EOS whose labels are -100; positions and segment ids are None.
+The row layouts (packed with segment ids, or each document cut into padded rows of its
+own) are packing.py's, which the streaming dataset loader (dataset.py) shares.
 
 The corpus is read and tokenised in memory: this loader is meant for small local
-corpora (tests, demos, short check runs), not for pre-training sets.
+corpora (tests, demos, short check runs); data.source = 'dataset' streams large ones.
 """
 
 from __future__ import annotations
@@ -28,7 +21,8 @@ import torch
 
 from titan_core.config.loader import ConfigError
 from titan_core.config.sections import Data
-from titan_core.data.base import IGNORE_INDEX, RowLoader
+from titan_core.data.base import RowLoader
+from titan_core.data.packing import document_pieces, document_tokens, packed_row, padded_row
 from titan_core.data.tokenizer import build_tokenizer, corpus_key
 
 _PARAGRAPH_BREAK = re.compile(r"\n[ \t]*\n")
@@ -82,6 +76,7 @@ class TextLoader(RowLoader):
             cache_dir=data.cache_dir,
             file_texts=texts,
             docs=docs,
+            tokenizer_path=data.tokenizer_path,
         )
         self.packed = data.pack_documents
         self.num_documents = len(docs)
@@ -103,8 +98,9 @@ class TextLoader(RowLoader):
     def _build_stream(self, docs: list[str], vocab_size: int) -> None:
         tok = self.tokenizer
         encoded = tok.encode_batch(docs) if hasattr(tok, "encode_batch") else [tok.encode(d) for d in docs]
-        lengths = torch.tensor([len(ids) + 2 for ids in encoded])
-        flat = [i for ids in encoded for i in (tok.bos_id, *ids, tok.eos_id)]
+        encoded = [document_tokens(tok, ids) for ids in encoded]
+        lengths = torch.tensor([len(ids) for ids in encoded])
+        flat = [i for ids in encoded for i in ids]
         self.stream = torch.tensor(flat, dtype=torch.int64)
         biggest = int(self.stream.max())
         if biggest >= vocab_size:
@@ -116,11 +112,10 @@ class TextLoader(RowLoader):
         if self.packed:
             self.num_rows = max(0, (len(flat) - 1) // S)
         else:
-            # Chunk j of a document starts at start + j*S and must hold at least one (input, target) pair.
             self.chunks = [
-                (int(s), int(e))
+                piece
                 for a, b in zip(self.doc_starts.tolist(), self.doc_ends.tolist())
-                for s, e in ((c, min(c + S + 1, b)) for c in range(a, b - 1, S))
+                for piece in document_pieces(a, b, S)
             ]
             self.num_rows = len(self.chunks)
 
@@ -129,22 +124,8 @@ class TextLoader(RowLoader):
         g %= self.num_rows  # wrap into the next epoch, same order
         if not self.packed:
             s, e = self.chunks[g]
-            full = torch.full((S + 1,), self.tokenizer.eos_id, dtype=torch.int64)
-            full[: e - s] = self.stream[s:e]
-            labels = full[1:].clone()
-            labels[e - s - 1 :] = IGNORE_INDEX
-            return full[:-1], labels, None, None
-        seq = self.stream[g * S : g * S + S + 1]
-        docs = self.doc_ids[g * S : g * S + S + 1]
-        labels = torch.where(docs[1:] == docs[:-1], seq[1:], IGNORE_INDEX)
-        # Doc ids increase by one per document in the stream, so subtracting the first
-        # one numbers the row's documents 0, 1, 2, ...
-        segment_ids = docs[:-1] - docs[0]
-        idx = torch.arange(S)
-        starts = torch.ones(S, dtype=torch.bool)
-        starts[1:] = docs[1:S] != docs[: S - 1]
-        positions = idx - torch.cummax(torch.where(starts, idx, 0), 0).values
-        return seq[:-1].clone(), labels, positions, segment_ids
+            return padded_row(self.stream[s:e], S, self.tokenizer.eos_id)
+        return packed_row(self.stream[g * S : g * S + S + 1], self.doc_ids[g * S : g * S + S + 1])
 
     def _identity(self) -> dict[str, Any]:
         return self._identity_dict

@@ -1,7 +1,7 @@
-"""Tokenizers that need no download: raw bytes, or a byte-level BPE trained on the corpus.
+"""Tokenizers: raw bytes, a byte-level BPE trained on the corpus, or the model's own (hf_tokenizer.py).
 
-Both expose the same small surface (`encode`, `decode`, `bos_id`, `eos_id`,
-`vocab_size`) so the text loader does not care which one it holds.
+All expose the same small surface (`encode`, `decode`, `bos_id`, `eos_id`, `add_bos`,
+`vocab_size`) so the loaders do not care which one they hold.
 """
 
 from __future__ import annotations
@@ -23,7 +23,9 @@ class ByteTokenizer:
 
     bos_id = 256
     eos_id = 257
+    add_bos = True
     vocab_size = 258
+    key = "byte"
     from_cache = False  # nothing to train or cache; kept for a uniform surface
 
     def encode(self, text: str) -> list[int]:
@@ -44,6 +46,8 @@ class BpeTokenizer:
         self.bos_id = tok.token_to_id(BOS_TOKEN)
         self.eos_id = tok.token_to_id(EOS_TOKEN)
         self.vocab_size = tok.get_vocab_size()
+        self.add_bos = True
+        self.key = path.stem  # the corpus digest it was trained on
 
     def encode(self, text: str) -> list[int]:
         return self._tok.encode(text).ids
@@ -109,12 +113,21 @@ def build_tokenizer(
     kind: str,
     *,
     model_vocab_size: int,
-    bpe_vocab_size: int,
-    cache_dir: str | Path,
-    file_texts: list[str],
-    docs: list[str],
-) -> ByteTokenizer | BpeTokenizer:
-    """The tokenizer named by `data.tokenizer`, checked to emit only ids below the model's vocab."""
+    bpe_vocab_size: int = 0,
+    cache_dir: str | Path = "",
+    file_texts: list[str] | None = None,
+    docs: list[str] | None = None,
+    tokenizer_path: str = "",
+):
+    """The tokenizer named by `data.tokenizer`, checked to emit only ids below the model's vocab.
+
+    `file_texts` / `docs`: the whole corpus, which a BPE is trained on (None: a streamed
+    corpus, which cannot train one). `tokenizer_path`: the hf tokenizer's file or folder.
+    """
+    if kind == "hf":
+        from titan_core.data.hf_tokenizer import load_hf_tokenizer
+
+        return load_hf_tokenizer(tokenizer_path, model_vocab_size=model_vocab_size)
     if kind == "byte":
         tok = ByteTokenizer()
         if tok.vocab_size > model_vocab_size:
@@ -124,6 +137,11 @@ def build_tokenizer(
             )
         return tok
     if kind == "bpe":
+        if file_texts is None or docs is None:
+            raise ConfigError(
+                "data.tokenizer = 'bpe' is trained on the whole corpus in memory, which a streamed data.source = "
+                "'dataset' never holds: use data.tokenizer = 'hf' (the model's own tokenizer) or 'byte'"
+            )
         # Checked before training: no point spending the time on a tokenizer we must reject.
         if bpe_vocab_size > model_vocab_size:
             raise ConfigError(
@@ -136,4 +154,4 @@ def build_tokenizer(
                 f"the BPE tokenizer at {tok.path} has {tok.vocab_size} ids but the model's vocab_size is {model_vocab_size}"
             )
         return tok
-    raise ConfigError(f"data.tokenizer '{kind}' is not one of byte, bpe")
+    raise ConfigError(f"data.tokenizer '{kind}' is not one of byte, bpe, hf")

@@ -13,10 +13,18 @@ The file's conventions (`read_metrics` is the one reader that applies them):
   an older version) reads the same way: a row for step s supersedes the earlier rows with
   step >= s.
 - Only rank 0 writes (the Trainer enables the logger there alone).
+- A step after which the trainer validated also carries `val_loss`, `val_ppl` and `val_tokens`
+  (titan_core/training/validate.py); the console line of such a step shows them, whatever
+  `log_freq` says.
+
+With `tensorboard` on, every numeric column of every row also goes to TensorBoard event files
+under output_dir/tensorboard (`torch.utils.tensorboard.SummaryWriter`, tag = the column's key),
+rank 0 only, flushed when the logger closes.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import math
 import os
@@ -25,6 +33,8 @@ from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
+
+from titan_core.config.loader import ConfigError
 
 COLUMNS = [
     ("step", "step", "{:d}"),
@@ -36,9 +46,18 @@ COLUMNS = [
     ("peak_mem_bytes", "peak MiB", "{:,.0f}"),
     ("step_time_s", "step s", "{:.3f}"),
 ]
+VAL_COLUMNS = [
+    ("val_loss", "val loss", "{:.4f}"),
+    ("val_ppl", "val ppl", "{:.2f}"),
+]
+"""Shown after COLUMNS on the rows that have them (the steps a validation followed)."""
+TENSORBOARD_DIR = "tensorboard"
+"""The event files' folder under output_dir."""
 
 
 def _fmt(key: str, value, fmt: str) -> str:
+    if value is None:  # a summary-table cell of a step without that column
+        return ""
     if key == "peak_mem_bytes":
         value = value / 2**20
     if key == "mfu":
@@ -118,24 +137,48 @@ def _rewrite(path: Path, rows: list[dict]) -> None:
         raise
 
 
+def _scalars(row: dict) -> dict[str, float]:
+    """The row's numeric columns (the step and the `_repr` spellings are not scalars to plot)."""
+    return {
+        k: float(v)
+        for k, v in row.items()
+        if k != "step" and not k.endswith("_repr") and isinstance(v, (int, float)) and not isinstance(v, bool)
+    }
+
+
+def require_tensorboard() -> None:
+    """ConfigError unless the tensorboard package is importable (metrics.tensorboard = true needs it)."""
+    if importlib.util.find_spec("tensorboard") is None:
+        raise ConfigError(
+            "metrics.tensorboard = true needs the tensorboard package, which is not installed: "
+            "pip install 'titan-onboard[tb]' (or pip install tensorboard)"
+        )
+
+
 class MetricsLogger:
     """Writes every step to metrics.jsonl and prints every `log_freq`-th step.
 
     Nothing is created until `start` (or the first `log`): a run refused before it trains
     leaves no folder and no file. `rows` keeps this run's rows as logged (floats as floats).
+    `tensorboard`: also write each row's scalars as TensorBoard events (ConfigError here, on
+    every rank, when the package is missing).
     """
 
     def __init__(self, output_dir: Path, *, log_freq: int = 1, use_rich: bool = True, enabled: bool = True,
-                 console: bool = True):
+                 console: bool = True, tensorboard: bool = False):
         self.enabled = enabled
-        # a quiet run (a rung's own Trainer) still writes its file: the ledger names it as evidence
+        # a quiet run (a caller's own Trainer, no console) still writes its file: callers cite it as the run's record
         self.console_on = console
         self.log_freq = max(log_freq, 1)
         self.use_rich = use_rich
         self.console = Console(stderr=True, highlight=False)
         self.rows: list[dict] = []
         self.path = Path(output_dir) / "metrics.jsonl"
+        self.tensorboard = tensorboard
+        if tensorboard:
+            require_tensorboard()  # every rank: a rank that alone failed would leave the others waiting
         self._file = None
+        self._writer = None
         self._started = False
 
     def start(self, after_step: int = 0) -> None:
@@ -149,6 +192,12 @@ class MetricsLogger:
             kept = [r for r in read_metrics(self.path) if r["step"] <= after_step] if after_step > 0 else []
             _rewrite(self.path, kept)
         self._file = self.path.open("a")
+        if self.tensorboard:
+            from torch.utils.tensorboard import SummaryWriter  # import-time cost: tensorboard loads only when asked for
+
+            # purge_step: TensorBoard hides an earlier run's events from the step this run starts at, as
+            # metrics.jsonl drops its superseded rows (a fresh run's folder may hold an old run's files)
+            self._writer = SummaryWriter(str(self.path.parent / TENSORBOARD_DIR), purge_step=after_step + 1)
 
     def prints(self, step: int) -> bool:
         """Whether the console shows `step` (the first and every log_freq-th); the same on every rank."""
@@ -163,21 +212,29 @@ class MetricsLogger:
             return
         self._file.write(encode_row(row) + "\n")
         self._file.flush()
-        if self.console_on and self.prints(row["step"]):
-            cells = [_fmt(k, row[k], f) for k, _, f in COLUMNS]
+        if self._writer is not None:
+            for key, value in _scalars(row).items():
+                self._writer.add_scalar(key, value, row["step"])
+        if self.console_on and (self.prints(row["step"]) or "val_loss" in row):
+            shown = COLUMNS + [c for c in VAL_COLUMNS if c[0] in row]
+            cells = [_fmt(k, row[k], f) for k, _, f in shown]
             if self.use_rich:
-                self.console.print("  ".join(f"[bold]{name}[/] {c}" for (_, name, _), c in zip(COLUMNS, cells)))
+                self.console.print("  ".join(f"[bold]{name}[/] {c}" for (_, name, _), c in zip(shown, cells)))
             else:
-                self.console.print("  ".join(f"{name}={c}" for (_, name, _), c in zip(COLUMNS, cells)))
+                self.console.print("  ".join(f"{name}={c}" for (_, name, _), c in zip(shown, cells)))
 
     def summary_table(self) -> Table:
         table = Table(title="training metrics")
-        for _, name, _ in COLUMNS:
+        shown = COLUMNS + [c for c in VAL_COLUMNS if any(c[0] in r for r in self.rows)]
+        for _, name, _ in shown:
             table.add_column(name, justify="right")
         for row in self.rows:
-            table.add_row(*[_fmt(k, row[k], f) for k, _, f in COLUMNS])
+            table.add_row(*[_fmt(k, row.get(k), f) for k, _, f in shown])
         return table
 
     def close(self) -> None:
         if self._file is not None and not self._file.closed:
             self._file.close()
+        if self._writer is not None:
+            self._writer.close()  # flushes the events still buffered
+            self._writer = None

@@ -13,7 +13,16 @@ a batch size, a flag) and every benchmark ratio goes through `compare`:
   a cap (`max_rounds`, `max_seconds`) is reached;
 - the outcome is `slower` or `faster` only when the interval excludes 1 *and* the
   estimate is beyond `min_effect`; otherwise `indistinguishable`, and the caller keeps
-  the simpler choice.
+  the simpler choice;
+- the machine is watched around the whole comparison (`cpu_load`): when another process
+  held more than `max_foreign_cores` of our cores on average, or the 1-minute load average
+  moved by more than `max_load_change` (beyond what our own threads explain), the whole
+  comparison runs again (`retries_when_disturbed`); disturbed still, its outcome is
+  `not measured`, with the figure and its limit in `not_measured_why`;
+- an interval that is not finite (or rests on fewer than 2 rounds) is `not measured` too.
+
+`not measured` never decides: a caller treats every outcome but `faster` and `slower` as
+"what the recipe holds stands".
 
 `ratio` is always candidate time / baseline time: above 1 the candidate is slower.
 `compare_samples` applies the same statistics to two runs timed apart (unpaired), for
@@ -23,12 +32,17 @@ putting one run's step times beside another's; it says `paired: false` and is wi
 from __future__ import annotations
 
 import math
-import os
 import statistics
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from functools import lru_cache
+
+from titan_core.measure import cpu_load
+from titan_core.measure.cpu_load import LoadSnapshot
+
+NOT_MEASURED = "not measured"
+"""The outcome of a comparison no figure of which may decide (see the module docstring)."""
 
 
 @dataclass(frozen=True)
@@ -49,12 +63,28 @@ class TimingProtocol:
     """Two-sided confidence of the interval."""
     min_effect: float = 0.02
     """A ratio within 1 x/÷ (1 + this) is `indistinguishable` however narrow its interval."""
+    max_foreign_cores: float = 0.5
+    """The most cores' worth of CPU other processes may hold on our cores, on average over the
+    comparison (`cpu_load.foreign_cores`). Half a core: on a machine of a few cores that is
+    enough to land on one side's steps more than the other's and skew a paired ratio by more
+    than `min_effect`. inf: never judged."""
+    max_load_change: float = 1.0
+    """The most the 1-minute load average may move between the comparison's start and end, less
+    the rise this process's own threads explain (`cpu_load.load_rise_own_bound`): one more
+    runnable job than when it began. inf: never judged."""
+    retries_when_disturbed: int = 1
+    """How many times a disturbed comparison runs again, whole, before it is `not measured`."""
 
     def __post_init__(self):
         if self.min_rounds < 2 or self.max_rounds < self.min_rounds or self.warmup < 0:
             raise ValueError(f"timing protocol needs 2 <= min_rounds <= max_rounds and warmup >= 0: {self}")
         if not (0 < self.confidence < 1) or self.ci_half_width <= 0 or self.min_effect < 0:
             raise ValueError(f"timing protocol needs 0 < confidence < 1, ci_half_width > 0, min_effect >= 0: {self}")
+        if not (self.max_foreign_cores >= 0 and self.max_load_change >= 0 and self.retries_when_disturbed >= 0):
+            raise ValueError(
+                f"timing protocol needs max_foreign_cores >= 0, max_load_change >= 0 (inf: not judged) and "
+                f"retries_when_disturbed >= 0: {self}"
+            )
 
     @classmethod
     def from_dict(cls, values: dict | None) -> "TimingProtocol":
@@ -77,11 +107,14 @@ class Comparison:
     """The answer of the protocol: the ratio candidate / baseline, its interval, and the outcome."""
 
     outcome: str
-    """faster | slower | indistinguishable (the candidate, against the baseline)."""
+    """faster | slower | indistinguishable (the candidate, against the baseline) | not measured
+    (no figure here may decide: `not_measured_why`)."""
     ratio: float
     """Candidate time / baseline time (geometric mean of the paired ratios)."""
     ci_low: float
+    """Low end of the ratio's interval at `confidence` (0.0 when the interval is not finite)."""
     ci_high: float
+    """High end (inf when the interval is not finite)."""
     confidence: float
     rounds: int
     """Kept rounds (pairs) the answer rests on."""
@@ -93,6 +126,14 @@ class Comparison:
     load_before: float | None = None
     """The machine's 1-minute load average when measuring began (None where the OS has none)."""
     load_after: float | None = None
+    """The 1-minute load average when measuring ended."""
+    foreign_cores: float | None = None
+    """Cores' worth of CPU other processes held on our cores during the (last) attempt, on average;
+    None where it was not measured (no /proc/stat, a window too short to resolve, unpaired runs)."""
+    not_measured_why: str | None = None
+    """Why the outcome is `not measured`: the figure and the protocol's limit it broke."""
+    attempts: int = 1
+    """Comparisons run for this answer, retries of a disturbed one included."""
     candidate_times_s: list[float] = field(default_factory=list)
     baseline_times_s: list[float] = field(default_factory=list)
 
@@ -101,9 +142,22 @@ class Comparison:
         """Baseline time / candidate time: above 1 the candidate is faster."""
         return 1.0 / self.ratio
 
+    @property
+    def finite(self) -> bool:
+        """Whether the ratio and its interval are finite, positive numbers (a figure at all)."""
+        return all(math.isfinite(v) and v > 0 for v in (self.ratio, self.ci_low, self.ci_high))
+
     def describe(self, candidate: str = "candidate", baseline: str = "baseline") -> str:
-        """One line with the interval, e.g. 'fused_ce is 1.42x faster than plain (99% CI 1.35-1.50x, 12 rounds)'."""
+        """One line with the interval, e.g. 'fused_ce is 1.42x faster than plain (99% CI 1.35-1.50x, 12 rounds)';
+        for `not measured`, why, and a finite interval only as one that decides nothing."""
         pct = f"{self.confidence:.0%}"
+        if self.outcome == NOT_MEASURED:
+            why = self.not_measured_why or "no figure may decide"
+            line = f"{candidate} against {baseline} was not measured: {why} ({self.rounds} rounds{self._how()})"
+            if self.finite:
+                interval = f"{pct} CI {self.ci_low:.2f}-{self.ci_high:.2f}"
+                line += f"; its time ratio {self.ratio:.2f} ({interval}) decides nothing"
+            return line
         if self.outcome == "faster":
             lo, hi = 1 / self.ci_high, 1 / self.ci_low
             head = f"{candidate} is {1 / self.ratio:.2f}x faster than {baseline}"
@@ -117,7 +171,10 @@ class Comparison:
         return f"{head} ({pct} CI {lo:.2f}-{hi:.2f}x, {self.rounds} rounds{self._how()})"
 
     def short(self) -> str:
-        """A table cell: speed-up of the candidate with its interval, e.g. '1.29x (1.21-1.38)', or '~1 (0.93-1.08)'."""
+        """A table cell: speed-up of the candidate with its interval, e.g. '1.29x (1.21-1.38)', or '~1 (0.93-1.08)';
+        'not measured (why)' when no figure may decide."""
+        if self.outcome == NOT_MEASURED:
+            return f"not measured ({self.not_measured_why or 'no figure may decide'})"
         lo, hi = 1 / self.ci_high, 1 / self.ci_low
         head = "~1" if self.outcome == "indistinguishable" else f"{self.speedup:.2f}x"
         return f"{head} ({lo:.2f}-{hi:.2f})"
@@ -128,6 +185,10 @@ class Comparison:
             parts.append(f"stopped at {self.stopped}")
         if self.load_before is not None:
             parts.append(f"load {self.load_before:.1f}")
+        if self.foreign_cores is not None:
+            parts.append(f"other processes {self.foreign_cores:.2f} cores")
+        if self.attempts > 1:
+            parts.append(f"attempt {self.attempts}")
         return "".join(f", {p}" for p in parts)
 
     def to_dict(self, *, with_samples: bool = False) -> dict:
@@ -186,31 +247,53 @@ def _outcome(mean: float, lo: float, hi: float, protocol: TimingProtocol) -> str
     return "indistinguishable"
 
 
-def _load() -> float | None:
-    try:
-        return os.getloadavg()[0]
-    except (OSError, AttributeError):
-        return None
+def _exp(x: float) -> float:
+    """exp that saturates at inf instead of raising (a 2-round t interval can reach e^700)."""
+    return math.exp(x) if x < 709.0 else math.inf
 
 
-def _result(mean, lo, hi, cand, base, protocol, stopped, *, paired, load_before=None) -> Comparison:
-    """The Comparison of a log-ratio estimate `mean` with its interval [lo, hi]."""
-    return Comparison(
+def _result(mean, lo, hi, cand, base, protocol, stopped, *, paired, **machine) -> Comparison:
+    """The Comparison of a log-ratio estimate `mean` with its interval [lo, hi]; `not measured` when
+    the interval is not finite or rests on fewer than 2 rounds. `machine`: load_before, load_after,
+    foreign_cores, attempts."""
+    rounds = min(len(cand), len(base))
+    c = Comparison(
         outcome=_outcome(mean, lo, hi, protocol),
-        ratio=math.exp(mean),
-        ci_low=math.exp(lo),
-        ci_high=math.exp(hi),
+        ratio=_exp(mean),
+        ci_low=_exp(lo),
+        ci_high=_exp(hi),
         confidence=protocol.confidence,
-        rounds=min(len(cand), len(base)),
+        rounds=rounds,
         stopped=stopped,
         candidate_median_s=statistics.median(cand),
         baseline_median_s=statistics.median(base),
         paired=paired,
-        load_before=load_before,
-        load_after=_load() if paired else None,
         candidate_times_s=list(cand),
         baseline_times_s=list(base),
+        **machine,
     )
+    if rounds < 2:
+        c.outcome, c.not_measured_why = NOT_MEASURED, f"{rounds} kept round(s): an interval needs at least 2"
+    elif not c.finite:
+        c.outcome, c.not_measured_why = NOT_MEASURED, f"the interval ({c.ci_low:.3g}-{c.ci_high:.3g}) is not finite"
+    return c
+
+
+def _disturbance(before: LoadSnapshot, after: LoadSnapshot, foreign: float | None, p: TimingProtocol) -> str | None:
+    """What disturbed a comparison between the two snapshots, against the protocol's limits; None: nothing."""
+    why = []
+    if foreign is not None and foreign > p.max_foreign_cores:
+        why.append(f"another process held {foreign:.2f} cores on average (limit {p.max_foreign_cores:g})")
+    if before.load_1m is not None and after.load_1m is not None:
+        change = after.load_1m - before.load_1m
+        beyond_own = change - cpu_load.load_rise_own_bound(before, after)
+        if beyond_own > p.max_load_change:
+            why.append(f"the 1-minute load average rose {before.load_1m:.2f} -> {after.load_1m:.2f}, {beyond_own:.2f} "
+                       f"more than this process's own threads explain (limit {p.max_load_change:g})")  # fmt: skip
+        elif change < -p.max_load_change:
+            why.append(f"the 1-minute load average fell {before.load_1m:.2f} -> {after.load_1m:.2f} "
+                       f"(limit {p.max_load_change:g})")  # fmt: skip
+    return "; ".join(why) or None
 
 
 def compare(
@@ -219,15 +302,36 @@ def compare(
     protocol: TimingProtocol | None = None,
     *,
     clock: Callable[[], float] = time.perf_counter,
+    probe: Callable[[], LoadSnapshot] = cpu_load.snapshot,
 ) -> Comparison:
     """Time `candidate` against `baseline` interleaved until the ratio is known well enough.
 
     Each callable runs one sample (e.g. one training step, synchronised) and returns its
     duration in seconds (`timed` makes one from a function). `clock` measures only the
-    wall-clock cap, so a test can script both the samples and the time.
+    wall-clock cap, so a test can script both the samples and the time; `probe` snapshots the
+    machine around each attempt (`cpu_load.snapshot`), so a test can script its load too.
     """
     p = protocol or TimingProtocol()
-    load_before = _load()
+    for attempt in range(1, p.retries_when_disturbed + 2):
+        before = probe()
+        estimate = _rounds(candidate, baseline, p, clock)
+        after = probe()
+        foreign = cpu_load.foreign_cores(before, after)
+        disturbed = _disturbance(before, after, foreign, p)
+        if disturbed is None:
+            break
+    mean, lo, hi, cand, base, stopped = estimate
+    c = _result(mean, lo, hi, cand, base, p, stopped, paired=True, load_before=before.load_1m,
+                load_after=after.load_1m, foreign_cores=foreign, attempts=attempt)  # fmt: skip
+    if disturbed is not None:
+        every = f", as in each of the {attempt} attempts" if attempt > 1 else ""
+        c.outcome = NOT_MEASURED
+        c.not_measured_why = "; ".join(w for w in (disturbed + every, c.not_measured_why) if w)
+    return c
+
+
+def _rounds(candidate, baseline, p: TimingProtocol, clock) -> tuple:
+    """One comparison's interleaved rounds: (mean, low, high, candidate times, baseline times, stopped)."""
     start = clock()
     cand: list[float] = []
     base: list[float] = []
@@ -255,7 +359,7 @@ def compare(
         if clock() - start > p.max_seconds and len(logs) >= 2:
             stopped = "max_seconds"
             break
-    return _result(*_interval(logs, p.confidence), cand, base, p, stopped, paired=True, load_before=load_before)
+    return (*_interval(logs, p.confidence), cand, base, stopped)
 
 
 def compare_samples(
@@ -263,7 +367,8 @@ def compare_samples(
 ) -> Comparison | None:
     """The same answer for two runs timed apart: Welch's interval on the mean log times.
 
-    None when either side has fewer than two samples (no interval can be had).
+    None when either side has fewer than two samples (no interval can be had); `not measured`
+    when the interval is not finite. The machine was not watched: no load, no retry.
     """
     p = protocol or TimingProtocol()
     a = [math.log(t) for t in candidate_times if t > 0]

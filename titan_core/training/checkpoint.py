@@ -1,4 +1,4 @@
-"""Checkpoints in torch.distributed.checkpoint (DCP) format, and HF safetensors export.
+"""Checkpoints in torch.distributed.checkpoint (DCP) format.
 
 One code path for every world size: model and optimizer state go through
 `get_/set_model_state_dict` and `get_/set_optimizer_state_dict`, so DTensor-sharded
@@ -18,19 +18,20 @@ Resuming on another world size works: DCP reshards model and optimizer DTensors 
 mesh, a rank without a saved entry of its own takes rank 0's, and the data position
 carries over when the global batch (batch_size x data-parallel ranks) is unchanged,
 because loaders address rows by global batch index (see titan_core/data/loader.py).
+
+Hugging Face weights live beside it: the initial load in hf_load.py, the export in hf_export.py
+(`export_hf` is importable from here too, where callers have always found it).
 """
 
 from __future__ import annotations
 
 import contextlib
 import io
-import json
 import os
 import random
 import re
 import shutil
 import warnings
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -38,21 +39,17 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import (
-    StateDictOptions,
     get_model_state_dict,
     get_optimizer_state_dict,
     set_model_state_dict,
     set_optimizer_state_dict,
 )
 
-from titan_core.config.hf_config import read_hf_config
 from titan_core.config.loader import ConfigError
 from titan_core.config.sections import JobConfig
-from titan_core.config.sections import Model as ModelConfig
-from titan_core.training.model_builder import args_from_hf_config, model_adapter
-from titan_core.models.common.hf_adapter import AdapterError
-from titan_core.models.common.tied import stored_once
-from titan_core.models.registry import get_family
+from titan_core.training.hf_export import export_hf
+
+__all__ = ["Checkpointer", "export_hf", "rng_state", "set_rng_state"]
 
 _STEP_DIR = re.compile(r"step-(\d+)")
 
@@ -235,76 +232,13 @@ def _restore_loader(loader, state: dict[str, Any], path: Path) -> None:
     loader.load_state_dict({**state, **{k: mine[k] for k in layout}})
 
 
-def export_hf(model, family_name: str, args, out_dir: str | Path, *, model_cfg: ModelConfig | None = None) -> Path:
-    """Write `model.safetensors` + `config.json` in the HF layout; returns `out_dir`.
-
-    With `model_cfg` (the recipe's [model] section) the export goes through the recipe's
-    model: its adapter (`adapter_file`'s, else the family's) maps the weights, and config.json
-    is the recipe's `hf_config` with every field kept (model_type, architectures, a port's
-    own keys), [model.overrides] written into it, dtype that of the exported tensors; a recipe
-    without `hf_config`, or whose adapter says `exports_whole_config` (the transformers path:
-    its `hf_config(args)` is that config.json with the overrides in, under any key), gets the
-    adapter's `hf_config(args)`. Without `model_cfg`: the family's.
-    Gathers sharded parameters first; under a process group only rank 0 writes.
-    """
-    try:
-        from safetensors.torch import save_file  # optional extra [hf]
-    except ImportError:
-        raise ConfigError("exporting HF weights needs safetensors: pip install titan-onboard[hf]") from None
-    adapter = model_adapter(model_cfg) if model_cfg is not None else get_family(family_name).adapter
-    out = Path(out_dir)
+def load_model_weights(path: str | Path, model) -> None:
+    """Only the model's weights from the checkpoint folder `path` (`folder/step-N`), e.g. to export
+    them; DCP reshards them to however `model` is laid out (plain tensors in one process)."""
+    path = Path(path)
+    if not (path / ".metadata").is_file():
+        raise ConfigError(f"{path} is not a complete checkpoint (no DCP .metadata in it)")
+    state: dict[str, Any] = {"model": get_model_state_dict(model)}
     with _single_process_ok():
-        sd = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-    if _rank() == 0:
-        tensors: dict[str, torch.Tensor] = {}
-        storages: set[int] = set()
-        try:
-            hf_sd = adapter.to_hf(sd)
-            config = _export_config(adapter, model_cfg, args)
-        except AdapterError as e:
-            raise ConfigError(f"cannot export HF weights: {e}") from None
-        # A tied head comes back from the adapter as the embedding tensor itself; like
-        # save_pretrained, store each tensor once: the exported config re-ties the head.
-        hf_sd = stored_once(hf_sd)
-        for name, value in hf_sd.items():
-            t = value.detach().to("cpu").contiguous()
-            # safetensors refuses tensors sharing storage (e.g. views an adapter split off one tensor).
-            if t.untyped_storage().data_ptr() in storages:
-                t = t.clone()
-            storages.add(t.untyped_storage().data_ptr())
-            tensors[name] = t
-        dtypes = {t.dtype for t in tensors.values()}
-        config.pop("torch_dtype", None)  # transformers 4's name for dtype; the export says its own
-        if len(dtypes) == 1:
-            config["dtype"] = str(dtypes.pop()).removeprefix("torch.")
-        out.mkdir(parents=True, exist_ok=True)
-        save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
-        (out / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
-    _barrier()
-    return out
-
-
-def _export_config(adapter, model_cfg: ModelConfig | None, args) -> dict[str, Any]:
-    """The HF config of an export (see `export_hf`). A recipe's [model.overrides] are written
-    through the adapter's `hf_config(args)` into the keys config.json already has; the result
-    must read back as the trained args, else the export would describe another model."""
-    if model_cfg is None or not model_cfg.hf_config:
-        if not callable(getattr(adapter, "hf_config", None)):
-            raise ConfigError("the adapter has no hf_config(args) and the recipe names no model.hf_config to export")
-        return adapter.hf_config(args)
-    if getattr(adapter, "exports_whole_config", False):
-        return adapter.hf_config(args)  # the recipe's config.json itself, its overrides written in
-    config = read_hf_config(model_cfg.hf_config)
-    if not model_cfg.overrides:
-        return config  # the trained args are this config's, by construction
-    try:
-        mapped = adapter.hf_config(args) if callable(getattr(adapter, "hf_config", None)) else {}
-    except AdapterError:
-        mapped = {}  # a port's family may not export its shape; the read-back check below decides
-    config.update({k: v for k, v in mapped.items() if k in config and k not in ("model_type", "architectures")})
-    if replace(args_from_hf_config(adapter, config), init_std=args.init_std) != args:  # init is no architecture
-        raise ConfigError(
-            f"cannot export HF weights: the recipe's [model.overrides] {sorted(model_cfg.overrides)} change the "
-            f"architecture in a way {model_cfg.hf_config} cannot be rewritten to say; export without them"
-        )
-    return config
+        dcp.load(state, checkpoint_id=path)
+    set_model_state_dict(model, state["model"])

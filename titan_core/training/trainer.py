@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 import os
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -26,12 +27,14 @@ import torch
 import torch.distributed as dist
 
 from titan_core.runtime import devices, distributed
-from titan_core.training.checkpoint import Checkpointer, export_hf
+from titan_core.training.checkpoint import Checkpointer
+from titan_core.training.hf_export import check_export_target, export_hf, tokenizer_files
+from titan_core.training.hf_load import initial_weights, weights_line
 from titan_core.compile import execution
 from titan_core.config.dtypes import DTYPES
 from titan_core.config.sections import JobConfig
 from titan_core.config.swaps import apply_swaps
-from titan_core.data import build_data_loader
+from titan_core.data import build_data_loader, report_data
 from titan_core.kernels import swaps_for
 from titan_core.memory.preflight import check_memory
 from titan_core.measure.metrics import MetricsLogger
@@ -45,6 +48,7 @@ from titan_core.measure.profiler import StepProfiler
 from titan_core.measure.run_stats import RunStats
 from titan_core.measure.step_clock import Lap, start_lap
 from titan_core.training.token_mean import global_valid_tokens, micro_batch_term
+from titan_core.training.validate import Validator
 
 
 @dataclass
@@ -56,6 +60,9 @@ class TrainResult:
     device: str
     swaps: dict[str, str] = field(default_factory=dict)
     resumed_from: int | None = None
+    weights_from: str = ""
+    """Where the weights came from, as the log said: "resumed from step K", "loaded initial weights from
+    DIR (...)" (checkpoint.initial_hf), or "" (initialised from the seed)."""
     output_dir: str = ""
     summary: object = None
     """A rich Table of every step (None when logging was off)."""
@@ -69,6 +76,9 @@ class TrainResult:
     stopped: str | None = None
     """Why the run stopped before `training.steps`: a non-finite loss or grad norm, named with its step,
     the quantity and the last finite grad norm (`diverged_message`). None: it ran every step."""
+    data: dict = field(default_factory=dict)
+    """This rank's data report of a streamed source (titan_core/data/dataset.py `report`: rows read,
+    documents, bad rows by reason); {} for the other sources."""
 
     @property
     def stats(self) -> RunStats:
@@ -126,6 +136,10 @@ class Trainer:
         self.out_dir = Path(cfg.metrics.output_dir)
 
         self.family, self.args, model = build_model_from_config(cfg.model)
+        # checkpoint.initial_hf's header check runs on meta: a checkpoint that does not fit stops the run here
+        initial = initial_weights(cfg, model)
+        if cfg.checkpoint.export_hf:  # a folder the export may not replace is refused before training, not after
+            check_export_target(self._under_output(cfg.checkpoint.export_hf))
         built_params = sum(p.numel() for p in model.parameters())  # the recipe's model (a port's own layers too)
         self.model_notes = list(getattr(model, "notes", ()))
         self.swaps = apply_swaps(model, swaps_for(cfg.kernels))
@@ -143,6 +157,7 @@ class Trainer:
             dp_rank, self.dp_world = dp_coordinates(self.mesh)
             self.dp_group = dp_group(self.mesh)
         self.model = model
+        loaded = initial.load(model) if initial is not None else None  # each rank reads its own shards
         # execution modes (titan_core/compile): per-block compile now, the Graph Trainer over the optimizer
         self.compiled_modules = execution.apply_per_block_compile(model, cfg) if cfg.compile.enable else []
 
@@ -156,11 +171,14 @@ class Trainer:
         self.data = build_data_loader(
             cfg, vocab_size=self.args.vocab_size, dp_rank=dp_rank, dp_world=self.dp_world, flux=flux_of(model)
         )
+        # the held-out loss of [validation]; a held-out set with no batch is refused here, before step 1
+        self.validator = Validator(cfg, vocab_size=self.args.vocab_size, dp_rank=dp_rank, dp_world=self.dp_world,
+                                   dp_group=self.dp_group, device=self.device, flux=flux_of(model))  # fmt: skip
         self.checkpointer = Checkpointer.from_config(cfg)
         self.profiler = StepProfiler(cfg.profiler, self._under_output(cfg.profiler.folder), self.rank)
         self.logger = MetricsLogger(
             self.out_dir, log_freq=cfg.metrics.log_freq, use_rich=cfg.metrics.rich, enabled=self.rank == 0,
-            console=not quiet,
+            console=not quiet, tensorboard=cfg.metrics.tensorboard,
         )
         self.num_params = built_params
         # a model that counts its own FLOPs (flux: per image token) knows better than the decoder formula
@@ -174,6 +192,9 @@ class Trainer:
                 model=self.model, optimizer=self.optimizer, lr_scheduler=self.lr_scheduler, data_loader=self.data
             )
             self.step = self.resumed_from or 0
+        self.weights_from = weights_line(cfg, loaded, self.resumed_from)
+        if self.weights_from and self.rank == 0 and not quiet:
+            print(self.weights_from, file=sys.stderr)
 
     def close(self, *, together: bool = False) -> None:
         """Release the process group if this trainer created it (idempotent); `together`: every
@@ -277,10 +298,12 @@ class Trainer:
             queued.append(self._launch())
             rows = self._rows(queued) if self._reads_after(self.step) else None
             self.profiler.after_step(self.step)
+            self.validator.maybe_run(self.model, self.step)  # every rank: a sharded forward gathers
             if rows is None:
                 continue
             queued = []
             for row in rows:
+                row |= self.validator.columns(row["step"])  # val_loss, val_ppl, val_tokens after a validation
                 self.logger.log(row)
                 if math.isfinite(row["grad_norm"]):
                     last_norm = (row["step"], row["grad_norm"])
@@ -308,7 +331,8 @@ class Trainer:
             stopped = self._steps()
             if self.cfg.checkpoint.export_hf and stopped is None:  # every rank: gathering is collective
                 out = self._under_output(self.cfg.checkpoint.export_hf)
-                export_hf(self.model, self.family, self.args, out, model_cfg=self.cfg.model)
+                export_hf(self.model, self.family, self.args, out, model_cfg=self.cfg.model,
+                          shard_mb=self.cfg.checkpoint.export_shard_mb, tokenizer=tokenizer_files(self.cfg.data))
             completed = True
         finally:
             self.profiler.close()
@@ -321,12 +345,14 @@ class Trainer:
             device=str(self.device),
             swaps=self.swaps,
             resumed_from=self.resumed_from,
+            weights_from=self.weights_from,
             output_dir=str(self.out_dir),
             summary=self.logger.summary_table() if self.logger.enabled and self.logger.console_on else None,
             world_size=self.world_size,
             data_parallel=self.cfg.parallelism.data_parallel,
             model_notes=self.model_notes,
             stopped=stopped,
+            data=report_data(self.data),
         )
 
 

@@ -14,7 +14,8 @@ would reach below 1. Each larger batch is
    previous batch stays;
 3. timed against the batch holding the field, per token, by the caller's `compare` (the one
    timing protocol): `faster` takes the field and the search goes on; `slower` or
-   `indistinguishable` means throughput stopped improving, and the smaller batch stays.
+   `indistinguishable` means throughput stopped improving, and the smaller batch stays;
+   `not measured` (a disturbed machine, no finite interval) decides nothing: it stays too.
 
 The budget is a number the caller passes in (the device's free memory, or a test's), so the
 memory stop can be made to bind anywhere. Every batch tried is recorded with its peak memory
@@ -76,7 +77,8 @@ class Tried:
     """Measured peak memory (None: not run, its prediction was over the budget)."""
     tokens_per_s: float | None
     outcome: str
-    """start | faster | slower | indistinguishable | over_memory | predicted_over_memory | out_of_memory | rejected."""
+    """start | faster | slower | indistinguishable | not measured | over_memory | predicted_over_memory |
+    out_of_memory | rejected."""
     predicted_peak_bytes: int | None = None
     comparison: dict | None = None
     """The timing protocol's answer against the batch that held the field (Comparison.to_dict())."""
@@ -216,7 +218,8 @@ def search(
         tried.append(Tried(shape, probe.peak_bytes, tps, cmp.outcome, predicted_peak_bytes=guess,
                            comparison=cmp.to_dict(), describe=line, extra=probe.extra))  # fmt: skip
         if cmp.outcome != "faster":
-            return done("throughput", f"throughput stopped improving: {line}; {holder.label()} stays", holder)
+            said = "no figure could decide" if cmp.outcome == "not measured" else "throughput stopped improving"
+            return done("throughput", f"{said}: {line}; {holder.label()} stays", holder)
         holder = shape
     end = grid_end or f"{max_doublings} doublings"
     return done(

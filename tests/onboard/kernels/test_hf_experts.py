@@ -114,7 +114,7 @@ def _rows(ctx_log, flag, build):
     from onboard.rungs import kernels_rung as kernels
 
     ctx = type("Ctx", (), {"log": staticmethod(ctx_log.append)})()
-    return kernels._one_kernel(ctx, flag, build=build, timing_kw={}, criteria=kernels.tolerances(), mode_kw={})
+    return kernels._one_kernel(ctx, flag, build=build, criteria=kernels.tolerances(), mode_kw={})
 
 
 def test_unusual_experts_stay_transformers_own_and_a_kernel_is_refused():

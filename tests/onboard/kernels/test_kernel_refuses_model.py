@@ -26,7 +26,7 @@ def test_sdpa_refuses_softcapped_gemma2_and_the_rung_says_not_applicable():
     logged = []
     ctx = type("Ctx", (), {"log": staticmethod(logged.append)})()
     row = kernels._one_kernel(
-        ctx, "kernels.attention=sdpa", build=build, timing_kw={}, criteria=kernels.tolerances(), mode_kw={}
+        ctx, "kernels.attention=sdpa", build=build, criteria=kernels.tolerances(), mode_kw={}
     )
     assert row["status"] == "not_applicable" and "soft-cap" in row["reason"]
     m = kernels.summarise(
@@ -55,5 +55,5 @@ def test_a_missing_extra_still_counts_as_raised(monkeypatch):
 
     monkeypatch.setattr(kc, "compare_kernel", boom)
     ctx = type("Ctx", (), {"log": staticmethod(lambda s: None)})()
-    row = kernels._one_kernel(ctx, "kernels.attention=tokamax", build={}, timing_kw={}, criteria={}, mode_kw={})
+    row = kernels._one_kernel(ctx, "kernels.attention=tokamax", build={}, criteria={}, mode_kw={})
     assert row["status"] == "raised" and "needs jax" in row["error"]

@@ -13,6 +13,8 @@ import tomllib
 import background
 import pytest
 from hang_guard import Load, hang_guard, stretch
+from headlines import check_headlines
+from ledger_paths import assert_every_named_path_exists
 from onboard.rungs import harness
 from onboard.engine.ladder import default_specs
 from titan_core.measure.numerics import rel
@@ -56,6 +58,10 @@ def test_demo_climbs_every_built_rung_and_prints_the_ladder(tmp_path):
     assert_every_rung_ran_whole_and_names_its_bounds_precision(ledger)
     for rung in built:
         assert f"## {rung}: passed" in (ws / "REPORT.md").read_text()
+    check_headlines(ws)  # REPORT.md's and status's headline figures are the ledger's decision figures
+    assert_every_named_path_exists(ws)  # every metrics file, log and trace the ledger points to is on disk
+    # no flip: the climb reached the top in at most twice as many next-step calls as there are rungs
+    assert len(ledger["attempts"]) <= 2 * len(built), [e["rung"] for e in ledger["attempts"]]
     # 300 s is the demo's budget on a machine with a core per runnable process when it starts (its
     # own ranks load it up to that); how much slower a loaded one runs it is not the load average's
     # ratio (1,669 s at load 8 on 2 cores), so there the scaled hang guard is the only bound; nor is

@@ -1,5 +1,7 @@
-"""The execution-mode choice of the graph_trainer rung: the timing protocol decides, a tie keeps
-the simpler mode, and the choice comes back as recipe edits of exactly the keys that change."""
+"""The execution-mode choice of the graph_trainer rung: the recipe's mode (the holder) stands unless
+another mode is faster than it by the timing protocol, and the choice comes back as recipe edits of
+exactly the keys that change, with the lever's one Decision. (Scripted comparisons, the holder
+rule in detail: tests/onboard/unit/test_lever_decisions.py.)"""
 
 from __future__ import annotations
 
@@ -41,13 +43,18 @@ def choose(debug_ws, tmp_path, monkeypatch, times: dict[str, float], moe=None):
 def test_a_faster_mode_is_chosen_and_written(debug_ws, tmp_path, monkeypatch):
     edits, record = choose(debug_ws, tmp_path, monkeypatch, {"eager": 0.2, "compile": 0.1, "graph_trainer": 0.3})
     assert record["execution_mode"] == "compile" and edits == {"compile.enable": True}
-    assert "faster than eager" in record["execution_mode_why"] and "CI" in record["execution_mode_why"]
+    assert "execution_mode=compile is faster than execution_mode=eager: 2.00x" in record["execution_mode_why"]
+    (d,) = record["decisions"]
+    assert (d["lever"], d["holder"], d["candidate"], d["value"], d["verdict"]) == (
+        "execution_mode", "eager", "compile", "compile", "kept")
+    assert "graph_trainer is 1.50x slower than eager" in d["why"]  # the other mode's comparison beside it
 
 
 def test_a_tie_keeps_eager_and_edits_nothing(debug_ws, tmp_path, monkeypatch):
     edits, record = choose(debug_ws, tmp_path, monkeypatch, {"eager": 0.2, "compile": 0.2, "graph_trainer": 0.201})
     assert record["execution_mode"] == "eager" and edits == {}
-    assert {c["outcome"] for c in record["execution_mode_vs_eager"].values()} == {"indistinguishable"}
+    assert {c["outcome"] for c in record["execution_mode_vs_holder"].values()} == {"indistinguishable"}
+    assert record["decisions"][0]["verdict"] == "indistinguishable" and record["decisions"][0]["value"] == "eager"
 
 
 @pytest.mark.parametrize("graph, chosen", [(0.05, "graph_trainer"), (0.1, "compile")])
@@ -105,20 +112,7 @@ def test_a_re_run_keeps_the_recipes_mode_unless_beaten(debug_ws, tmp_path, monke
         assert edits == {}
     else:
         assert edits == {"compile.enable": False, **({"graph_trainer.enable": True} if kept == "graph_trainer" else {})}
-    if times["compile"] == times["eager"]:  # the protocol chose eager; the recipe's compile was kept over it
-        assert "compile, the recipe's mode, stands" in record["execution_mode_why"]
-
-
-@pytest.mark.parametrize(
-    "outcome, current, written",
-    [
-        ("faster", "float32", "bfloat16"),
-        ("slower", "bfloat16", "float32"),
-        ("indistinguishable", "float32", "float32"),
-        ("indistinguishable", "bfloat16", "bfloat16"),
-    ],
-)
-def test_settle_keeps_the_recipes_value_when_the_protocol_cannot_tell(outcome, current, written):
-    assert harness.settle(outcome, current=current, candidate="bfloat16", plain="float32") == written
-    # a value that is neither side (a hand edit of something else): the plain one
-    assert harness.settle("indistinguishable", current="float16", candidate="bfloat16", plain="float32") == "float32"
+    (d,) = record["decisions"]
+    assert d["holder"] == "compile" and d["value"] == kept
+    if kept == "compile":  # nothing beat the holder: it stands, and the record says so
+        assert d["verdict"] in ("indistinguishable", "held") and "; compile stands" in d["why"]

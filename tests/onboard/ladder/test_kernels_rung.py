@@ -1,13 +1,13 @@
 """The kernels rung: real comparisons on narrowed llama3, glimmer and qwen3_moe debug workspaces,
-the keep rule on synthetic numbers (its edges included, timings through the one timing protocol), a broken kernel failing the gate by name,
-and the engine writing the kept kernels into recipe.toml only on a pass, making the earlier rungs
-that train with the recipe's kernels re-verify (parity, which reads only [model], keeps its evidence),
-while a hand edit makes every rung stale.
+a broken kernel failing the gate by name, and the engine writing the kept kernels into recipe.toml
+only on a pass, making the earlier rungs that train with the recipe's kernels re-verify (parity,
+which reads only [model], keeps its evidence), while a hand edit makes every rung stale. The keep
+rule itself, on scripted numbers, is tests/onboard/unit/test_kernels_keep_rule.py.
 
 To stay fast on a 2-core machine each preset's config.json is narrowed (every feature kept: GQA,
 sliding windows, soft-cap, tied weights, experts; one or two layers of width 64, vocab 256), the
-recipe runs 4 x 32 tokens on one intra-op thread, and tests that are not about timing replace
-`measure_kernel` with scripted numbers.
+recipe runs 4 x 32 tokens on one intra-op thread, and tests that are not about timing replace the
+whole-step timing (kernels_steps.WholeSteps) with scripted numbers.
 """
 
 from __future__ import annotations
@@ -28,6 +28,8 @@ from onboard.engine.gates import evaluate, gate_passed, load_checklist, parse_ch
 from onboard.engine.ladder import RUNGS, RungSpec, ladder_states, next_step
 from onboard.report.write import write_report
 from onboard.rungs import kernels_rung as kernels
+from onboard.rungs import kernels_steps
+from onboard.rungs.decision import KEPT
 from onboard.rungs.gated_runs import settle_runs
 from onboard.rungs.contract import RecipeEdit, RungContext
 from onboard.workspace.scaffold import plan_workspace, write_workspace
@@ -35,8 +37,7 @@ from onboard.cli.views import show_outcome
 from onboard.workspace.layout import Workspace
 from titan_core.measure.timing import compare
 from titan_core.kernels.fused_ce import FusedCrossEntropyHead
-from titan_core.kernels import DEFAULTS
-from onboard.rungs.kernel_compare import KERNEL_FLAGS, REFERENCE, parse_flag
+from onboard.rungs.kernel_compare import KERNEL_FLAGS, parse_flag
 from titan_core.models.common.attention import SDPAttention
 
 HAS_JAX = all(importlib.util.find_spec(m) for m in ("jax", "tokamax"))
@@ -92,133 +93,54 @@ def timing(w: float, wo: float) -> dict:
     return compare(lambda: w, lambda: wo, kernels.protocol()).to_dict()
 
 
-def scripted_measure(monkeypatch, times: dict[str, tuple[float, float]]) -> None:
-    """measure_kernel -> (step time with, without) per flag; default: slower, same memory (never kept)."""
+def scripted_steps(monkeypatch, times: dict[tuple[str, str, str], tuple[float, float]]) -> None:
+    """Whole steps -> (candidate's step time, the other side's) per (field, candidate, against);
+    default: the candidate slower (never taken by speed, nor by memory)."""
 
-    def measure(family=None, args=None, flag=None, against=None, **kw):
-        w, wo = times.get(flag, (2.0, 1.0))
-        field_name, _ = parse_flag(flag)
-        return {"flag": flag, "reference": f"kernels.{field_name}={against or REFERENCE[field_name]}",
-                "timing": timing(w, wo), "describe": f"scripted {w} vs {wo}",
-                "with_kernel": {"step_time_s": w, "peak_memory_bytes": 1000},
-                "with_reference": {"step_time_s": wo, "peak_memory_bytes": 1000}}  # fmt: skip
+    class Scripted:
+        def __init__(self, ctx, proto):
+            self.built, self.trainers, self.mode = 0, {}, "scripted"
 
-    monkeypatch.setattr("onboard.rungs.kernel_compare.measure_kernel", measure)
+        def compare(self, field_name, candidate, against):
+            w, wo = times.get((field_name, candidate, against), (2.0, 1.0))
+            return {**timing(w, wo), "describe": f"scripted {w} vs {wo}"}
+
+        def close(self):
+            pass
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            pass
+
+    monkeypatch.setattr(kernels_steps, "WholeSteps", Scripted)
 
 
 def assert_decisions_follow_the_rule(result) -> None:
-    """Recompute every keep decision and every field's pick from the numbers the rung recorded."""
-    rows, decisions = result.details["kernels"], result.details["decisions"]
-    by_field: dict[str, dict] = {}
+    """Recompute every field's value from the decisions the rung recorded: the recipe holds a
+    candidate only with a kept decision, and every row's `kept` says what the recipe holds."""
+    rows, choices = result.details["kernels"], result.details["field_choices"]
+    decisions = result.details["decisions"]
+    edits = {e.key: e.value for e in result.recipe_edits}
+    for field_name, choice in choices.items():
+        mine = [d for d in decisions if d["lever"] == f"kernels.{field_name}"]
+        kept = {d["candidate"] for d in mine if d["verdict"] == KEPT}
+        assert kept <= {choice["value"]}, (field_name, kept, choice)
+        assert choice["edit"] == (choice["value"] != choice["was"]) and (not choice["edit"] or kept)
+        assert edits.get(f"kernels.{field_name}") == (choice["value"] if choice["edit"] else None)
+        assert all(d["value"] == choice["value"] and d["rung"] == "kernels" for d in mine)
+        for d in mine:  # a speed decision keeps only on `faster`, and its interval says so
+            if d["figure"] == "speed" and d["verdict"] == KEPT:
+                assert d["outcome"] == "faster" and d["ci"][0] > 1
+        for c in choice["contests"]:
+            check_comparison(c["timing"], kernels.protocol().min_effect)
     for flag, r in rows.items():
         if r["status"] == "not_applicable":
             continue
-        assert r["status"] == "compared", r
-        d = kernels.keep_decision(
-            passed=r["passed"],
-            timing=r["timing"],
-            peak_with=r["peak_memory_bytes"],
-            peak_without=r["reference_peak_memory_bytes"],
-        )
-        assert d["kept"] == r["kept"] and d["outcome"] == r["outcome"] == r["timing"]["outcome"], flag
-        assert d["kept"] == (r["timing"]["outcome"] == "faster" or r["reason"].startswith("saves")), flag
-        field_name, choice = parse_flag(flag)
-        by_field.setdefault(field_name, {})[choice] = r
-    edits = {e.key: e.value for e in result.recipe_edits}
-    for field_name, decision in decisions.items():
-        kept = [c for c, r in by_field.get(field_name, {}).items() if r["kept"]]
-        if field_name not in by_field:
-            assert not decision["edit"]
-            continue
-        # the incumbent (else the simplest kept kernel) holds the field until a later one wins head to
-        # head; none kept: the plain path, or the library default when it ran and was not slower
-        was, rows_was = decision["was"], by_field.get(field_name, {}).get(decision["was"], {})
-        default_stays = was == DEFAULTS[field_name] and "timing" in rows_was and rows_was.get("outcome") != "slower"
-        expected = (was if was in kept else kept[0]) if kept else (was if default_stays else REFERENCE[field_name])
-        for c in decision["contests"]:  # the challenger wins only on a `faster` that its interval supports
-            assert c["holder"] == expected and c["won"] == (c["timing"]["outcome"] == "faster")
-            check_comparison(c["timing"], kernels.protocol().min_effect)
-            expected = c["challenger"] if c["won"] else expected
-        assert decision["value"] == expected, (field_name, decision)
-        assert decision["edit"] == (expected != decision["was"])
-        assert edits.get(f"kernels.{field_name}") == (expected if decision["edit"] else None)
-
-
-# ---- the keep rule ---------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize(
-    "time_with, peak_with, peak_without, kept",
-    [
-        (1.0, 100, 100, False),  # exactly as fast: indistinguishable keeps the plain path
-        (1.01, 100, 100, False),  # within the protocol's minimum effect: indistinguishable
-        (0.9, 100, 100, True),  # faster beyond the minimum effect, and the interval says so
-        (1.5, 80, 100, True),  # slower, exactly 20% less peak memory
-        (1.5, 81, 100, False),  # slower, 19%
-        (1.5, None, 100, False),  # an unmeasured peak cannot claim a saving
-        (1.5, 0, 0, False),  # nothing to save from
-        (0.5, None, None, True),  # faster: memory does not matter
-    ],
-)
-def test_keep_decision_edges(time_with, peak_with, peak_without, kept):
-    t = timing(time_with, 1.0)
-    d = kernels.keep_decision(passed=True, timing=t, peak_with=peak_with, peak_without=peak_without)
-    assert d["kept"] is kept and d["why"].startswith("kept" if kept else "not kept")
-    assert "CI" in d["why"]  # the interval is always shown, never a bare ratio
-    assert kernels.keep_decision(passed=False, timing=timing(0.1, 1.0), peak_with=1, peak_without=100)["kept"] is False
-
-
-def test_keep_decision_on_noise_keeps_the_plain_path():
-    import random
-
-    rng = random.Random(0)
-    noisy = compare(lambda: rng.lognormvariate(0, 0.2), lambda: rng.lognormvariate(0, 0.2), kernels.protocol())
-    d = kernels.keep_decision(passed=True, timing=noisy.to_dict(), peak_with=100, peak_without=100)
-    assert noisy.outcome == "indistinguishable" and d["kept"] is False
-
-
-def test_choose_simplest_kept_unless_beaten_head_to_head_and_never_loop_under_capture():
-    rows = {
-        "sdpa": {"kept": True, "max_rel_err": 1e-7, "reason": "faster"},
-        "tokamax": {"kept": True, "max_rel_err": 2e-7, "reason": "faster"},
-        "flex": {"kept": False, "max_rel_err": 1.0, "reason": "wrong"},
-    }
-    calls = []
-
-    def contest(outcome):
-        def run(challenger, holder):
-            calls.append((challenger, holder))
-            return {"timing": {"outcome": outcome}, "describe": outcome}
-
-        return run
-
-    value, why, contests = kernels.choose("attention", rows, "sdpa", reference="naive", contest=contest("faster"))
-    assert value == "tokamax" and calls == [("tokamax", "sdpa")] and contests[0]["won"] and "head to head" in why
-    value, _, contests = kernels.choose(
-        "attention", rows, "sdpa", reference="naive", contest=contest("indistinguishable")
-    )
-    assert value == "sdpa" and not contests[0]["won"]  # a tie keeps the simpler kernel
-    calls.clear()  # the recipe's value is the incumbent: the others must beat it
-    value, _, _ = kernels.choose("attention", rows, "tokamax", reference="naive", contest=contest("indistinguishable"))
-    assert value == "tokamax" and calls == [("sdpa", "tokamax")]
-    none = {"dense": {**rows["flex"]}}
-    assert kernels.choose("moe", none, "dense", reference="loop")[0] == "loop"
-    value, why, _ = kernels.choose("moe", none, "dense", reference="loop", captured=True)
-    assert value == "dense" and "captured step cannot run loop" in why
-
-
-def test_none_kept_keeps_the_library_default_unless_it_is_slower():
-    """sdpa indistinguishable from naive: the recipe's sdpa stays (a re-run on noise never flips it);
-    sdpa slower: the plain path; a recipe already on the plain path stays there."""
-    row = {"kept": False, "ran": True, "max_rel_err": 1e-7, "reason": "not faster"}
-    tie = {"sdpa": {**row, "outcome": "indistinguishable"}}
-    value, why, _ = kernels.choose("attention", tie, "sdpa", reference="naive")
-    assert value == "sdpa" and "library default" in why
-    assert kernels.choose("attention", {"sdpa": {**row, "outcome": "slower"}}, "sdpa", reference="naive")[0] == "naive"
-    assert kernels.choose("attention", {"sdpa": {**row, "ran": False}}, "sdpa", reference="naive")[0] == "naive"
-    assert kernels.choose("attention", tie, "naive", reference="naive")[0] == "naive"
-    tok = {"tokamax": {**row, "outcome": "indistinguishable"}}  # not the default: the plain path, the simpler
-    assert kernels.choose("attention", tok, "tokamax", reference="naive")[0] == "naive"
+        field_name, value = parse_flag(flag)
+        assert r["kept"] == (choices[field_name]["value"] == value), flag
+        assert r["why"].startswith("kept" if r["kept"] else "not kept"), flag
 
 
 def test_compare_shape_caps_tokens_and_says_so():
@@ -263,12 +185,19 @@ def test_rung_passes_on_narrowed_debug_workspaces(tmp_path, family):
         assert all(f"{f[8:].replace('=', '_')}_not_applicable" in m for f in MOE_FLAGS)
     assert m["kernels_compared"] == len(compared) and m["kernels_raised"] == 0
     assert (m["compare_batch_size"], m["compare_seq_len"], m["compare_dtype"]) == (4, 32, "float32")
-    for f in compared:  # the recorded step times are the timing's medians; its outcome follows from its interval
-        t = rows[f]["timing"]
+    choices = result.details["field_choices"]
+    timed = [f for f in compared if "timing" in rows[f]]
+    for f in timed:  # whole steps against the recipe's value; the outcome follows from the interval
+        t, (field_name, _) = rows[f]["timing"], parse_flag(f)
+        assert rows[f]["timed_against"] == choices[field_name]["was"]
         assert rows[f]["step_time_s"] == t["candidate_median_s"]
-        assert rows[f]["reference_step_time_s"] == t["baseline_median_s"]
+        assert rows[f]["holder_step_time_s"] == t["baseline_median_s"]
         check_comparison(t, kernels.protocol().min_effect)
-    assert all(rows[f]["timing"]["rounds"] >= kernels.protocol().min_rounds for f in compared)
+        assert t["rounds"] >= kernels.protocol().min_rounds
+    # every kernel that passed was timed, except the one the recipe holds (never against itself)
+    held = {f"kernels.{f}={c['was']}" for f, c in choices.items()}
+    assert set(timed) == {f for f in compared if rows[f]["eligible"] and f not in held}
+    assert m["whole_step_trainers"] >= 2
     assert_decisions_follow_the_rule(result)
     assert {p.name for p in result.files_read} == {"recipe.toml", "config.json", "adapter.py"}
     assert sum(line.startswith("kernels: kernels.") for line in lines) >= len(KERNEL_FLAGS)
@@ -278,7 +207,7 @@ def test_rung_passes_on_narrowed_debug_workspaces(tmp_path, family):
 def test_a_broken_kernel_fails_the_gate_and_is_named(tmp_path, monkeypatch):
     right = SDPAttention.forward
     monkeypatch.setattr(SDPAttention, "forward", lambda self, *a, **k: right(self, *a, **k) * (1 + 1e-3))
-    scripted_measure(monkeypatch, {"kernels.attention=sdpa": (0.1, 1.0)})  # fast, but wrong: never kept
+    scripted_steps(monkeypatch, {("attention", "sdpa", "naive"): (0.1, 1.0)})  # fast, but wrong: never held
     ws = narrowed_workspace(tmp_path, "llama3")
     result = run_rung(ws, tmp_path)
     m, row = result.measurements, result.details["kernels"]["kernels.attention=sdpa"]
@@ -288,7 +217,9 @@ def test_a_broken_kernel_fails_the_gate_and_is_named(tmp_path, monkeypatch):
     assert m["worst_logits_rel_err"] > 1e-4 and m["worst_grad_param"]
     assert "worst_logits_kernel" in failed["logits"]["hint"] and "worst_grad_param" in failed["grads"]["hint"]
     assert row["passed"] is False and row["kept"] is False and "step_time_s" not in row
-    assert result.details["decisions"]["attention"]["value"] != "sdpa"
+    attention = result.details["field_choices"]["attention"]
+    assert (attention["was"], attention["value"]) == ("sdpa", "naive")  # the plain path, for that reason
+    assert "fp32" in attention["why"] and "not by timing" in attention["why"]
 
 
 @pytest.mark.slow
@@ -297,7 +228,7 @@ def test_a_kernel_that_raises_fails_every_kernel_ran(tmp_path, monkeypatch):
         raise RuntimeError("kernel exploded")
 
     monkeypatch.setattr(FusedCrossEntropyHead, "forward", boom)
-    scripted_measure(monkeypatch, {})
+    scripted_steps(monkeypatch, {})
     result = run_rung(narrowed_workspace(tmp_path, "llama3"), tmp_path)
     m = result.measurements
     failed = {r["name"] for r in evaluate(load_checklist("kernels"), m) if not r["ok"]}
@@ -319,12 +250,12 @@ def test_a_port_builds_its_models_from_its_own_model_file(tmp_path):
         )
     result = run_rung(ws, tmp_path)
     assert gate_passed(evaluate(load_checklist("kernels"), result.measurements))
-    # two models per comparison and two per timing (one more pair per head-to-head contest), every
-    # one of them from the port's model.py
-    # one more, on the meta device, to ask which swaps the port's modules can take, and one for the
-    # recipe's whole run with the kernels kept
-    contests = sum(len(d.get("contests", [])) for d in result.details["decisions"].values())
-    assert len(counter.read_text()) == 1 + 4 * result.measurements["kernels_compared"] + 2 * contests + 1
+    # two models per comparison, one per step peak measured, one per whole-step trainer, every one of
+    # them from the port's model.py; one more, on the meta device, to ask which swaps the port's
+    # modules can take, and one for the recipe's whole run with the kernels kept
+    m = result.measurements
+    peaks = sum(p is not None for p in result.details["peaks"].values())
+    assert len(counter.read_text()) == 1 + 2 * m["kernels_compared"] + peaks + m["whole_step_trainers"] + 1
     assert result.details["path"] == "port" and "model.py" in {p.name for p in result.files_read}
 
 
@@ -358,7 +289,7 @@ def test_engine_edits_the_recipe_only_on_a_pass_and_re_verifies_the_rungs_that_r
     for rung in ("eager", "parity", "simple_fsdp"):
         assert next_step(Workspace.load(tmp_path, ws.name), specs=sp).status == "passed"
     # fused_ce "faster" would be kept, but a broken sdpa fails the gate: nothing is written
-    scripted_measure(monkeypatch, {"kernels.loss=fused_ce": (0.5, 1.0), "kernels.attention=sdpa": (0.5, 1.0)})
+    scripted_steps(monkeypatch, {("loss", "fused_ce", "plain"): (0.5, 1.0)})
     right = SDPAttention.forward
     monkeypatch.setattr(SDPAttention, "forward", lambda self, *a, **k: right(self, *a, **k) * (1 + 1e-3))
     before = ws.recipe_path.read_bytes()
@@ -426,13 +357,13 @@ def test_a_kernel_is_judged_in_the_recipes_execution_mode(tmp_path, monkeypatch)
         return right(self, hidden, weight, labels)
 
     monkeypatch.setattr(FusedCrossEntropyHead, "forward", breaking)
-    scripted_measure(monkeypatch, {"kernels.loss=fused_ce": (0.5, 1.0)})
+    scripted_steps(monkeypatch, {("loss", "fused_ce", "plain"): (0.5, 1.0)})
     result = run_rung(ws, tmp_path)
     row = result.details["kernels"]["kernels.loss=fused_ce"]
     assert result.measurements["execution_mode"] == "compile" and row["passed"] is True
     assert row["kept"] is False and "execution mode" in row["reason"] and "graph-breaks" in row["reason"]
     assert row["mode_check"]["graph_breaks"] >= 1 and "step_time_s" not in row  # never timed
-    assert result.details["decisions"]["loss"]["value"] == "plain"
+    assert result.details["field_choices"]["loss"]["value"] == "plain"
 
 
 @pytest.mark.slow
@@ -443,10 +374,10 @@ def test_grouped_mm_in_fp32_is_rejected_under_compile_with_the_reason(tmp_path, 
     ws = narrowed_workspace(tmp_path, "qwen3_moe")
     with open(ws.recipe_path, "a") as f:
         f.write("\n[compile]\nenable = true\n")
-    scripted_measure(monkeypatch, {"kernels.moe=grouped_mm": (0.5, 1.0)})  # "faster": only the mode stops it
+    scripted_steps(monkeypatch, {("moe", "grouped_mm", "loop"): (0.5, 1.0)})  # "faster": only the mode stops it
     result = run_rung(ws, tmp_path)
     row = result.details["kernels"]["kernels.moe=grouped_mm"]
     assert result.measurements["execution_mode"] == "compile"
     assert row["status"] == "not_applicable" and "bf16 only under torch.compile" in row["reason"], row
     assert "step_time_s" not in row and not row.get("kept")
-    assert result.details["decisions"]["moe"]["value"] != "grouped_mm"
+    assert result.details["field_choices"]["moe"]["value"] != "grouped_mm"

@@ -170,14 +170,15 @@ def test_bf16_is_kept_only_when_faster_and_on_the_fp32_curve(debug_ws, tmp_path)
     faster = compare(lambda: 0.1, lambda: 0.2)  # bf16 steps, fp32 steps: noiseless, twice as fast
     tie = compare(lambda: 0.2, lambda: 0.2)
     m = {"bf16_loss_curve_max_rel": 0.001, "fsdp2_vs_simple_fsdp": "FSDP2 is 1.4x faster (...)"}
-    edits, choice = simple_fsdp.recipe_choices(ctx, None, m, timing=faster)
+    edits, choice, (d,) = simple_fsdp.recipe_choices(ctx, None, m, timing=faster)
     assert [(e.key, e.value) for e in edits] == [("training.mixed_precision_param", "bfloat16")]
-    assert "faster" in choice["mixed_precision_why"] and "CI" in choice["mixed_precision_why"]
-    edits, choice = simple_fsdp.recipe_choices(ctx, None, {**m, "bf16_loss_curve_max_rel": 0.5}, timing=faster)
+    assert "is faster than training.mixed_precision_param=float32: 2.00x" in choice["mixed_precision_why"]
+    assert (d["verdict"], d["speedup"]) == ("kept", 2.0)
+    edits, choice, _ = simple_fsdp.recipe_choices(ctx, None, {**m, "bf16_loss_curve_max_rel": 0.5}, timing=faster)
     assert (
         edits == [] and choice["mixed_precision_choice"] == "float32" and "loss curve" in choice["mixed_precision_why"]
     )
-    edits, choice = simple_fsdp.recipe_choices(ctx, None, m, timing=tie)  # indistinguishable: fp32, the simpler
+    edits, choice, _ = simple_fsdp.recipe_choices(ctx, None, m, timing=tie)  # indistinguishable: fp32 stands
     assert edits == [] and choice["mixed_precision_choice"] == "float32"
     assert choice["data_parallel_choice"] == "simple_fsdp" and "FSDP2" in choice["data_parallel_why"]
 

@@ -160,6 +160,10 @@ def test_the_engine_writes_the_kept_batch_is_proved_by_its_own_gate_and_a_hand_e
     assert [e["key"] for e in first.entry["recipe_edit"]["edits"]] == ["training.batch_size"]
     assert first.entry["details"]["timing_profile"] == "quick"  # not to be read as the shipped protocol's
     assert first.entry["measurements"]["flags"] == ["--training.batch_size=8"]  # what its final run had on top
+    # one Decision per change tried: the batch's chain, each against the batch it challenged
+    found = first.entry["details"]["decisions"]
+    batch = [(d["holder"], d["candidate"], d["verdict"]) for d in found if d["lever"] == "training.batch_size"]
+    assert batch[0] == ("4", "8", "kept") and [d["verdict"] for d in found].count("kept") == 1, found
     assert "batch_size = 8  # tuning rung (batch): batch=8 is 2.00x faster than untuned" in ws.recipe_path.read_text()
     states = {s.rung: s.status for s in ladder_states(Workspace.load(base, ws.name), specs)}
     # tuning's own gate proved its edit (harness.TUNING_KEYS): eager's evidence stands
@@ -198,6 +202,10 @@ def test_a_faster_rounding_batch_whose_curve_drifts_is_not_kept(narrow_ws, tmp_p
     # loss curve is not within a tolerance of 0 of the recipe's, so the recipe's batch stays
     assert (change["change"], change["class"], change["kept"]) == ("batch=16", "rounding", False)
     assert change["classified_against"] == "untuned@16rows" and change["curve"]["ok"] is False
+    # the chain's Decisions: 8 against 4, 16 against 8, both faster, neither eligible once 16's curve left
+    batch = {d["candidate"]: d for d in result.details["decisions"] if d["lever"] == "training.batch_size"}
+    assert (batch["8"]["holder"], batch["16"]["holder"]) == ("4", "8")
+    assert {batch[k]["verdict"] for k in ("8", "16")} == {"not eligible"} and "was not kept" in batch["8"]["why"]
     assert change["why"].startswith("faster but a rounding change, and its loss curve over 10 steps")
     assert m["batch_size"] == 4 and result.recipe_edits == [] and m["final_recipe"] == "untuned"
     assert gate_passed(evaluate(load_checklist("tuning"), m, {})) and m["profiled"]

@@ -18,7 +18,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-import onboard.sizing.checkpoint_headers as ch
+import titan_core.weights.st_headers as ch
 from onboard.parity.upstream import UpstreamError
 from onboard.sizing.weights_headers import check_checkpoint_headers
 from titan_core.models.registry import build_meta, get_family

@@ -62,8 +62,8 @@ def test_report_writes_the_pictures_the_summary_and_a_self_contained_html(demo_w
         "**cpu**",
         "5,573,888 parameters",
         "final recipe (compile rung)",
-        "| step time | 211 ms | 171 ms | **1.23x** speed-up (two runs timed apart: no interval) |",
-        "| tokens/s | 2,429 | 2,988 | 1.23x |",
+        "| step time | 211 ms | 171 ms | 1.23x (two runs timed apart: no interval, not a decision) |",
+        "| tokens/s | 2,429 | 2,988 | 1.23x (timed apart, not a decision) |",
         "| MFU | 36.5% | 44.9% |",
         "| peak memory | 553 MiB | 670 MiB |",
         "Not like-for-like",
@@ -84,7 +84,9 @@ def test_report_writes_the_pictures_the_summary_and_a_self_contained_html(demo_w
     by = latest(attempts())
     compile_cell = factor_cell(waterfall_steps(recs(attempts()))[3].factor)
     assert compile_cell == "1.22x (1.14-1.31, 99%) faster"
-    assert "| speed-up (timing protocol) | 1x |  | **1.22x** (1.14-1.31, 99%) faster: " in summary
+    assert "| kept figures multiplied | 1x |  | 1.22x (1.14-1.31, 99%) faster: " in summary
+    # a ledger older than decision records: nothing is bold that is not a decision, and it says so
+    assert "Decisions: none recorded yet" in summary and "x**" not in summary
     pictures = report.split("## Pictures", 1)[1].split("\n## ", 1)[0]
     assert f"| 3 | compile | compile mode vs eager: compile chosen | kept | {compile_cell} |" in pictures
     assert "*timed apart: no interval*" in pictures and "union bound" in pictures

@@ -1,0 +1,217 @@
+"""The machine's load in view of every comparison: a disturbed one is retried, then `not measured`;
+an interval that is not finite is `not measured` too; the /proc probe sees other processes' CPU
+and not this process's own (nor its descendants')."""
+
+from __future__ import annotations
+
+import math
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from timing_checks import check_comparison
+
+from titan_core.measure import cpu_load
+from titan_core.measure.cpu_load import LoadSnapshot
+from titan_core.measure.timing import NOT_MEASURED, TimingProtocol, _result, compare, compare_samples
+
+
+def _window(foreign: float, load=(0.5, 0.5), own_cores: float = 1.0, wall: float = 10.0) -> list[LoadSnapshot]:
+    """The probe's two snapshots around one comparison on a 4-core machine where other processes
+    held `foreign` cores and this one `own_cores`, on average over `wall` seconds."""
+    before = LoadSnapshot(wall_s=100.0, busy_s=500.0, cores=4, tick_s=0.01, own_s=20.0, load_1m=load[0])
+    after = LoadSnapshot(wall_s=100.0 + wall, busy_s=500.0 + (foreign + own_cores) * wall, cores=4, tick_s=0.01,
+                         own_s=20.0 + own_cores * wall, load_1m=load[1])  # fmt: skip
+    return [before, after]
+
+
+def _probe(*windows: list[LoadSnapshot]):
+    """A scripted probe: the snapshots of `windows` in order; a call past them fails the test."""
+    return iter([s for w in windows for s in w]).__next__
+
+
+def _samplers(seed: int = 0, cand: float = 0.2, base: float = 0.1):
+    rng = random.Random(seed)
+    return (lambda: cand * math.exp(rng.gauss(0, 0.02))), (lambda: base * math.exp(rng.gauss(0, 0.02)))
+
+
+def test_another_process_on_the_cores_is_retried_once_then_not_measured():
+    c = compare(*_samplers(), TimingProtocol(), probe=_probe(_window(0.8), _window(0.8)))
+    assert c.outcome == NOT_MEASURED and c.attempts == 2 and c.foreign_cores == pytest.approx(0.8)
+    assert c.not_measured_why.startswith("another process held 0.80 cores on average (limit 0.5)")
+    assert "each of the 2 attempts" in c.not_measured_why
+    text = c.describe("A", "B")
+    assert text.startswith("A against B was not measured: another process held 0.80 cores") and "decides nothing" in text
+    assert c.short().startswith("not measured (another process held 0.80 cores")
+    d = c.to_dict()
+    assert d["outcome"] == NOT_MEASURED and d["attempts"] == 2 and d["foreign_cores"] == pytest.approx(0.8)
+    assert d["not_measured_why"] == c.not_measured_why
+    check_comparison(c, TimingProtocol().min_effect)
+
+
+def test_a_disturbed_comparison_quiet_on_its_retry_decides():
+    c = compare(*_samplers(), TimingProtocol(), probe=_probe(_window(0.8), _window(0.1)))
+    assert c.outcome == "slower" and c.attempts == 2 and c.not_measured_why is None
+    assert c.foreign_cores == pytest.approx(0.1) and 1.9 < c.ratio < 2.1
+    assert "attempt 2" in c.describe() and "other processes 0.10 cores" in c.describe()
+
+
+def test_without_retries_a_disturbed_comparison_is_not_measured_at_once():
+    c = compare(*_samplers(), TimingProtocol(retries_when_disturbed=0), probe=_probe(_window(2.0)))
+    assert c.outcome == NOT_MEASURED and c.attempts == 1 and "each of" not in c.not_measured_why
+
+
+def test_a_load_average_that_moved_is_not_measured():
+    rose = compare(*_samplers(), TimingProtocol(), probe=_probe(*[_window(0.0, load=(0.5, 2.5), own_cores=0.1)] * 2))
+    assert rose.outcome == NOT_MEASURED and rose.attempts == 2
+    assert rose.not_measured_why.startswith("the 1-minute load average rose 0.50 -> 2.50") and "(limit 1)" in rose.not_measured_why
+    fell = compare(*_samplers(), TimingProtocol(), probe=_probe(*[_window(0.0, load=(3.0, 1.5))] * 2))
+    assert fell.outcome == NOT_MEASURED and "fell 3.00 -> 1.50 (limit 1)" in fell.not_measured_why
+    assert (rose.load_before, rose.load_after) == (0.5, 2.5)
+
+
+def test_a_load_rise_this_process_own_threads_explain_is_no_disturbance():
+    # 8 busy threads for 30 s pull the 1-minute average up by up to 8 x (1 - e^(-35/60)) = 3.5
+    c = compare(*_samplers(), TimingProtocol(), probe=_probe(_window(0.0, load=(0.2, 3.0), own_cores=8.0, wall=30.0)))
+    assert c.outcome == "slower" and c.attempts == 1
+    assert cpu_load.load_rise_own_bound(*_window(0.0, own_cores=8.0, wall=30.0)) == pytest.approx(
+        8 * (1 - math.exp(-35 / 60))
+    )
+
+
+def test_both_figures_over_their_limits_are_both_said():
+    c = compare(*_samplers(), TimingProtocol(retries_when_disturbed=0), probe=_probe(_window(1.5, load=(0.0, 3.0))))
+    assert "another process held 1.50 cores" in c.not_measured_why and "load average rose" in c.not_measured_why
+
+
+def test_unlimited_limits_never_judge_the_machine():
+    quiet = TimingProtocol(max_foreign_cores=math.inf, max_load_change=math.inf, retries_when_disturbed=0)
+    c = compare(*_samplers(), quiet, probe=_probe(_window(3.0, load=(0.0, 9.0))))
+    assert c.outcome == "slower" and c.foreign_cores == pytest.approx(3.0) and c.attempts == 1
+
+
+def test_an_interval_that_is_not_finite_is_not_measured():
+    # two rounds whose ratios differ by e^40: the t interval on 1 degree of freedom overflows exp
+    ratios = iter([math.exp(20), math.exp(-20)])
+    c = compare(lambda: next(ratios), lambda: 1.0, TimingProtocol(warmup=0, min_rounds=2, max_rounds=2),
+                probe=_probe(_window(0.0)))  # fmt: skip
+    assert c.rounds == 2 and (c.ci_low, c.ci_high) == (0.0, math.inf) and not c.finite
+    assert c.outcome == NOT_MEASURED and c.not_measured_why == "the interval (0-inf) is not finite"
+    assert "CI" not in c.describe() and c.short() == "not measured (the interval (0-inf) is not finite)"
+    check_comparison(c, TimingProtocol().min_effect)
+    unpaired = compare_samples([1e-300, 1e300], [1.0, 1.0])
+    assert unpaired.outcome == NOT_MEASURED and "not finite" in unpaired.not_measured_why
+    assert unpaired.foreign_cores is None and unpaired.attempts == 1
+
+
+def test_one_round_has_no_interval_and_is_not_measured():
+    # compare always keeps 2 rounds at least; the rule is the result's, for whatever builds one
+    c = _result(0.1, -math.inf, math.inf, [0.11], [0.1], TimingProtocol(), "max_seconds", paired=True)
+    assert c.outcome == NOT_MEASURED and c.not_measured_why == "1 kept round(s): an interval needs at least 2"
+    assert c.short().startswith("not measured") and "CI" not in c.describe()
+
+
+def test_a_not_measured_answer_must_say_why():
+    c = compare(*_samplers(), TimingProtocol(retries_when_disturbed=0), probe=_probe(_window(2.0)))
+    with pytest.raises(AssertionError):
+        check_comparison({**c.to_dict(), "not_measured_why": None}, TimingProtocol().min_effect)
+
+
+def test_the_disturbance_limits_are_checked():
+    for bad in ({"max_foreign_cores": -0.1}, {"max_load_change": -1.0}, {"retries_when_disturbed": -1},
+                {"max_foreign_cores": math.nan}):  # fmt: skip
+        with pytest.raises(ValueError, match="max_foreign_cores >= 0"):
+            TimingProtocol(**bad)
+    p = TimingProtocol.from_dict({"max_foreign_cores": math.inf, "retries_when_disturbed": 0})
+    assert p.max_foreign_cores == math.inf and p.max_load_change == 1.0
+
+
+# ---- the probe --------------------------------------------------------------------------------
+def test_foreign_cores_needs_proc_stat_and_a_window_its_ticks_resolve():
+    before, after = _window(0.7)
+    assert cpu_load.foreign_cores(before, after) == pytest.approx(0.7)
+    no_stat = LoadSnapshot(wall_s=110.0, busy_s=None, cores=0, tick_s=0.01, own_s=30.0, load_1m=None)
+    assert cpu_load.foreign_cores(before, no_stat) is None
+    # 4 cores of 10 ms ticks: a window under 0.8 s cannot tell 0.1 core from nothing
+    short = LoadSnapshot(wall_s=100.5, busy_s=501.0, cores=4, tick_s=0.01, own_s=20.0, load_1m=0.5)
+    assert cpu_load.min_window_s(short) == pytest.approx(0.8) and cpu_load.foreign_cores(before, short) is None
+    # own CPU counted ahead of the machine's ticks reads as no one else, never as a negative
+    ahead = LoadSnapshot(wall_s=110.0, busy_s=505.0, cores=4, tick_s=0.01, own_s=30.0, load_1m=0.5)
+    assert cpu_load.foreign_cores(before, ahead) == 0.0
+
+
+def test_proc_stat_busy_time_counts_only_our_cores():
+    stat = (
+        "cpu  1000 0 500 9000 100 0 0 0 0 0\n"
+        "cpu0 100 10 50 900 40 5 5 2 30 0\n"  # busy: all but idle and iowait; guest is inside user
+        "cpu1 200 0 100 800 0 0 0 0 0 0\n"
+        "cpu2 999 0 0 0 0 0 0 0 0 0\n"
+        "intr 12345\n"
+    )
+    assert cpu_load.busy_ticks(stat, {0, 1}) == (100 + 10 + 50 + 5 + 5 + 2 + 200 + 100, 2)
+    assert cpu_load.busy_ticks(stat, None) == (172 + 300 + 999, 3)
+    assert cpu_load.busy_ticks("cpu  1 2 3 4\n", None) is None
+
+
+def _fake_proc(root: Path, procs: dict[int, tuple[int, int]], children_files: bool) -> None:
+    """A /proc with `procs` {pid: (ppid, ticks)}, each one's ticks split over utime..cstime."""
+    for pid, (ppid, ticks) in procs.items():
+        d = root / str(pid)
+        (d / "task" / str(pid)).mkdir(parents=True)
+        rest = ["S", str(ppid)] + ["0"] * 9 + [str(ticks - 3), "1", "1", "1"] + ["0"] * 5
+        (d / "stat").write_text(f"{pid} (a (weird) name) " + " ".join(rest) + "\n")
+        if children_files:
+            kids = [str(p) for p, (pp, _) in procs.items() if pp == pid]
+            (d / "task" / str(pid) / "children").write_text(" ".join(kids) + (" " if kids else ""))
+
+
+@pytest.mark.parametrize("children_files", [True, False])
+def test_live_descendants_are_this_process_own_work(tmp_path, children_files):
+    me = 4242
+    procs = {1: (0, 10_000), me: (1, 500), 5000: (me, 300), 5001: (5000, 40), 5002: (1, 7777), 5003: (5002, 9)}
+    _fake_proc(tmp_path, procs, children_files)
+    assert cpu_load.descendant_ticks(me, tmp_path) == 300 + 40  # not itself, not its siblings' tree
+    assert cpu_load.descendant_ticks(5001, tmp_path) == 0
+
+
+def test_this_process_own_cpu_is_its_own():
+    before = cpu_load.snapshot()
+    t0 = time.process_time()
+    while time.process_time() - t0 < 0.2:
+        pass
+    after = cpu_load.snapshot()
+    assert after.own_s - before.own_s >= 0.2 and after.wall_s > before.wall_s
+
+
+@pytest.mark.skipif(not Path("/proc/stat").exists(), reason="the machine has no /proc/stat (not Linux)")
+def test_the_real_probe_sees_a_busy_process_that_is_not_ours():
+    # this thread and the busy loop share one core, so the probe counts one core (its ticks resolve
+    # a 1.5 s window on any machine); the loop starts through a parent that exits at once, so it is
+    # no descendant of this process
+    mine = os.sched_getaffinity(0)
+    core = min(mine)
+    # the loop holds none of the pipe the parent's pid comes back through, so the parent's end ends the read
+    spawn = (
+        "import os, subprocess, sys; "
+        "p = subprocess.Popen([sys.executable, '-c', 'while True: pass'], stdin=subprocess.DEVNULL, "
+        "stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, "
+        f"preexec_fn=lambda: os.sched_setaffinity(0, {{{core}}})); print(p.pid)"
+    )
+    pid = int(subprocess.run([sys.executable, "-c", spawn], capture_output=True, text=True, check=True).stdout)
+    try:
+        os.sched_setaffinity(0, {core})
+        time.sleep(0.2)  # its interpreter starting up
+        before = cpu_load.snapshot()
+        time.sleep(1.5)
+        after = cpu_load.snapshot()
+    finally:
+        os.kill(pid, signal.SIGKILL)
+        os.sched_setaffinity(0, mine)
+    foreign = cpu_load.foreign_cores(before, after)
+    assert after.cores == 1 and after.load_1m is not None
+    assert foreign is not None and math.isfinite(foreign) and foreign > 0.5, (foreign, before, after)

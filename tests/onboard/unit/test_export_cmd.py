@@ -1,0 +1,80 @@
+"""`onboard export NAME --to DIR [--from CHECKPOINT]`: the workspace's newest checkpoint (or the one named,
+or its checkpoint.initial_hf weights) exported as the run's own export writes it; an existing DIR only
+with --force (kept as .bak); nothing to export is bad input that says to train first."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from typer.testing import CliRunner
+
+from onboard.cli.app import app
+
+transformers = pytest.importorskip("transformers")
+pytestmark = pytest.mark.hf
+runner = CliRunner()
+
+
+def onboard(*args):
+    return runner.invoke(app, [str(a) for a in args])
+
+
+@pytest.fixture
+def ws(tmp_path):
+    """A workspace made from a tiny transformers Llama, its weights saved beside it."""
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                                      intermediate_size=128, vocab_size=256, max_position_embeddings=256)  # fmt: skip
+    transformers.LlamaForCausalLM(config).save_pretrained(tmp_path / "llama")
+    made = onboard("new-model", "tiny", "--hf-config", tmp_path / "llama" / "config.json", "--device", "cpu",
+                   "--dir", tmp_path)  # fmt: skip
+    assert made.exit_code == 0, made.stderr
+    return tmp_path
+
+
+def _recipe(ws):
+    return ws / "onboarding" / "tiny" / "recipe.toml"
+
+
+def test_nothing_to_export_says_train_first(ws):
+    result = onboard("export", "tiny", "--to", ws / "out", "--dir", ws)
+    assert result.exit_code == 2
+    assert "no checkpoint to export" in result.stderr and "train first: onboard train --config" in result.stderr
+    assert not (ws / "out").exists()
+
+
+def test_initial_weights_export_and_force_keeps_a_backup(ws):
+    with open(_recipe(ws), "a") as f:
+        f.write(f'\n[checkpoint]\ninitial_hf = "{ws / "llama"}"\n')
+    result = onboard("export", "tiny", "--to", ws / "out", "--dir", ws, "--json")
+    assert result.exit_code == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert report["from"] == f"checkpoint.initial_hf {ws / 'llama'}"
+    assert report["files"] == ["config.json", "model.safetensors"]
+    got, want = load_file(ws / "out" / "model.safetensors"), load_file(ws / "llama" / "model.safetensors")
+    assert sorted(got) == sorted(want) and all(torch.equal(got[k], want[k]) for k in want)
+    again = onboard("export", "tiny", "--to", ws / "out", "--dir", ws)
+    assert again.exit_code == 2 and "exists: pass --force" in again.stderr
+    forced = onboard("export", "tiny", "--to", ws / "out", "--dir", ws, "--force", "--json")
+    assert forced.exit_code == 0, forced.stderr
+    assert json.loads(forced.stdout)["backup"] == str(ws / "out.bak")
+    assert (ws / "out.bak" / "model.safetensors").is_file()
+
+
+def test_the_newest_checkpoint_exports_as_the_run_itself_did(ws):
+    trained = onboard("train", "--config", _recipe(ws), "--training.steps=2", "--training.batch_size=2",
+                      "--training.seq_len=32", "--checkpoint.enable",
+                      f"--checkpoint.export_hf={ws / 'run_export'}")  # fmt: skip
+    assert trained.exit_code == 0, trained.stderr
+    result = onboard("export", "tiny", "--to", ws / "out", "--dir", ws, "--json")
+    assert result.exit_code == 0, result.stderr
+    assert json.loads(result.stdout)["from"].endswith("step-2")
+    got, want = load_file(ws / "out" / "model.safetensors"), load_file(ws / "run_export" / "model.safetensors")
+    assert sorted(got) == sorted(want) and all(torch.equal(got[k], want[k]) for k in want)
+    config = json.loads((ws / "out" / "config.json").read_text())
+    assert config == json.loads((ws / "run_export" / "config.json").read_text())
+    bad = onboard("export", "tiny", "--to", ws / "out2", "--from", ws / "nowhere", "--dir", ws)
+    assert bad.exit_code == 2 and "--from" in bad.stderr

@@ -1,0 +1,349 @@
+"""HF export in the `save_pretrained` layout, gathered one tensor at a time and published atomically.
+
+`export_hf(model, family, args, out_dir)` writes `config.json` (`_export_config`), the weights as
+`model.safetensors`, or as `model-0000k-of-0000n.safetensors` shards of at most `shard_mb` MB
+(10^6 bytes, as transformers counts) with `model.safetensors.index.json` (metadata.total_size,
+weight_map), and the tokenizer files it is given.
+
+The adapter's `to_hf` runs first on meta tensors of the model's state dict: an HF tensor that is a
+native tensor renamed, or a view of one (a transpose, one expert of a stack), is made from that
+one native tensor, gathered alone (`full_tensor()` of one DTensor: a collective every rank joins,
+in the same order) and dropped once written; the others (a concatenation of several) are made by
+`to_hf` on real tensors one layer group at a time. Only rank 0 keeps what it gathers, so its
+peak host memory is about one shard plus one layer group, never the whole model.
+
+Everything is written into a dot-folder beside the target and renamed into place at the end, so
+a partial export never looks complete; an existing target is moved to `<target>.bak` first.
+Which existing target may be replaced is `replace`'s choice: "own" (the trainer's: only an
+earlier export of this module, which marks its safetensors with `exported_by`, or an empty
+folder), "force" (anything), "never".
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+from dataclasses import replace as dc_replace
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.tensor import DTensor
+
+from titan_core.config.hf_config import read_hf_config
+from titan_core.config.loader import ConfigError
+from titan_core.config.sections import Data
+from titan_core.config.sections import Model as ModelConfig
+from titan_core.models.common.hf_adapter import AdapterError
+from titan_core.models.common.tied import stored_once
+from titan_core.models.registry import get_family
+from titan_core.training.model_builder import args_from_hf_config, model_adapter
+from titan_core.weights.header_check import INDEX, SINGLE
+from titan_core.weights.st_headers import read_header
+
+MB = 10**6
+MARK = {"format": "pt", "exported_by": "titan_core"}
+"""The safetensors metadata of every exported file: transformers reads "format"; "exported_by"
+tells an earlier export (which replace="own" may replace) from a folder of someone else's."""
+TOKENIZER_FILES = ("tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja")
+"""Copied from beside the tokenizer.json, where present."""
+_GROUP = re.compile(r"^(.*?\.\d+\.)")
+Replace = Literal["own", "force", "never"]
+
+
+def _on() -> bool:
+    return dist.is_available() and dist.is_initialized()
+
+
+def _rank() -> int:
+    return dist.get_rank() if _on() else 0
+
+
+def tokenizer_files(data: Data) -> list[tuple[Path, str]]:
+    """(source, name in the export) of the run's own tokenizer (data.tokenizer = "hf"): its
+    tokenizer.json and the config files beside it; [] for another tokenizer."""
+    if data.tokenizer != "hf" or not data.tokenizer_path:
+        return []
+    path = Path(data.tokenizer_path)
+    folder = path if path.is_dir() else path.parent
+    main = path if path.is_file() else folder / "tokenizer.json"
+    out = [(main, "tokenizer.json")] if main.is_file() else []
+    return out + [(folder / n, n) for n in TOKENIZER_FILES if (folder / n).is_file()]
+
+
+def is_export(folder: Path) -> bool:
+    """Whether `folder` holds an export written here (its weights carry MARK's `exported_by`)."""
+    try:
+        if (folder / SINGLE).is_file():
+            first = folder / SINGLE
+        else:
+            weight_map = json.loads((folder / INDEX).read_text(encoding="utf-8"))["weight_map"]
+            first = folder / sorted(set(weight_map.values()))[0]
+        return read_header(first).metadata.get("exported_by") == MARK["exported_by"]
+    except Exception:  # unreadable or not a checkpoint: not ours
+        return False
+
+
+def check_export_target(out: Path, replace: Replace = "own") -> None:
+    """ConfigError when `out` exists and `replace` does not allow replacing it (module docstring)."""
+    out = Path(out)
+    if not out.exists() and not out.is_symlink():
+        return
+    if not out.is_dir():
+        raise ConfigError(f"the export folder {out} exists and is not a folder")
+    if replace == "force" or (replace == "own" and (is_export(out) or not any(out.iterdir()))):
+        return
+    why = "it exists" if replace == "never" else "it exists and holds no earlier export of this trainer"
+    raise ConfigError(f"will not write the export into {out}: {why}; choose another folder or move it away")
+
+
+def export_hf(
+    model: nn.Module,
+    family_name: str,
+    args,
+    out_dir: str | Path,
+    *,
+    model_cfg: ModelConfig | None = None,
+    shard_mb: int = 5000,
+    tokenizer: list[tuple[Path, str]] = (),
+    replace: Replace = "own",
+) -> Path:
+    """Export `model` into `out_dir` (module docstring); returns `out_dir`. Collective under a process group.
+
+    With `model_cfg` (the recipe's [model] section) the export goes through the recipe's
+    model: its adapter (`adapter_file`'s, else the family's) maps the weights, and config.json
+    is the recipe's `hf_config` with every field kept (model_type, architectures, a port's
+    own keys), [model.overrides] written into it, dtype that of the exported tensors; a recipe
+    without `hf_config`, or whose adapter says `exports_whole_config` (the transformers path:
+    its `hf_config(args)` is that config.json with the overrides in, under any key), gets the
+    adapter's `hf_config(args)`. Without `model_cfg`: the family's.
+    """
+    try:
+        from safetensors.torch import save_file  # noqa: F401  # optional extra [hf]: refused before any collective
+    except ImportError:
+        raise ConfigError("exporting HF weights needs safetensors: pip install titan-onboard[hf]") from None
+    adapter = model_adapter(model_cfg) if model_cfg is not None else get_family(family_name).adapter
+    out = Path(out_dir)
+    check_export_target(out, replace)
+    own = dict(model.state_dict(keep_vars=True))
+    meta = _meta(own)
+    try:  # every rank: pure functions, so a refusal is every rank's before any collective
+        hf_meta = stored_once(adapter.to_hf(meta))
+        config = _export_config(adapter, model_cfg, args)
+        direct, groups = _plan(adapter, meta, hf_meta)
+    except AdapterError as e:
+        raise ConfigError(f"cannot export HF weights: {e}") from None
+    tmp = out.with_name(f".{out.name}.partial")
+    writer = _ShardWriter(tmp, shard_mb * MB) if _rank() == 0 else None
+    failure: Exception | None = None
+    if writer is not None:  # debris of an earlier interrupted export goes first
+        failure = _attempt(lambda: (shutil.rmtree(tmp, ignore_errors=True), tmp.mkdir(parents=True)))
+    try:
+        with torch.no_grad():
+            for native, outputs in direct.items():
+                full = _gather(own[native])
+                if writer is not None and failure is None:
+                    failure = _attempt(lambda: [writer.add(h, _strided(full, v)) for h, v in outputs])
+                del full
+            for natives, names in groups:
+                fulls = {n: _gather(own[n]) for n in natives}
+                if writer is not None and failure is None:
+                    failure = _attempt(lambda: _write_group(writer, adapter, fulls, names))
+                del fulls
+        if writer is not None and failure is None:
+            failure = _attempt(lambda: _finish(writer, config, tokenizer, tmp, out))
+    finally:
+        if writer is not None and tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)  # not published: nothing partial is left behind
+    _agree(failure)
+    return out
+
+
+def _attempt(fn) -> Exception | None:
+    """Run rank 0's writing step; its error, kept so every rank still joins the gathers that follow."""
+    try:
+        fn()
+    except Exception as e:  # noqa: BLE001 -- reported to every rank by _agree
+        return e
+    return None
+
+
+def _agree(failure: Exception | None) -> None:
+    """Raise rank 0's export error on every rank (the others raise what it was, in words)."""
+    if not _on():
+        if failure is not None:
+            raise failure
+        return
+    box = [None if failure is None else (isinstance(failure, ConfigError), f"{type(failure).__name__}: {failure}")]
+    dist.broadcast_object_list(box, src=0)
+    if failure is not None:
+        raise failure
+    if box[0] is not None:
+        config_error, what = box[0]
+        raise (ConfigError if config_error else RuntimeError)(f"rank 0 could not write the export: {what}")
+
+
+def _meta(own: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Meta tensors of the state dict's global shapes and dtypes; a tensor under two names (a tied
+    head) stays one meta tensor under both, as the adapters' tie rules expect."""
+    made: dict[int, torch.Tensor] = {}
+    out = {}
+    for name, t in own.items():
+        if id(t) not in made:
+            made[id(t)] = torch.empty(tuple(t.shape), dtype=t.dtype, device="meta")
+        out[name] = made[id(t)]
+    return out
+
+
+def _plan(adapter, meta: dict[str, torch.Tensor], hf_meta: dict[str, torch.Tensor]):
+    """({native: [(hf name, meta view)]} of the HF tensors made from one native tensor,
+    [(natives, hf names)] of those `to_hf` makes from a layer group, or from everything)."""
+    first = {}
+    for name, t in meta.items():
+        first.setdefault(id(t), name)
+    direct: dict[str, list[tuple[str, torch.Tensor]]] = {}
+    pending = []
+    for h, t in hf_meta.items():
+        src = first.get(id(t)) or (first.get(id(t._base)) if t._base is not None else None)
+        if src is not None:
+            direct.setdefault(src, []).append((h, t))
+        else:
+            pending.append(h)
+    ordered = {n: direct[n] for n in meta if n in direct}  # the model's order: embedding, layers, head
+    if not pending:
+        return ordered, []
+    prefixes: dict[str, list[str]] = {}
+    for name in meta:
+        m = _GROUP.match(name)
+        prefixes.setdefault(m.group(1) if m else "", []).append(name)
+    owner: dict[str, str] = {}
+    for prefix, names in prefixes.items():
+        try:
+            made = adapter.to_hf({n: meta[n] for n in names})
+        except Exception:  # an adapter that maps only the whole model: the fallback group below
+            continue
+        for h in made:
+            owner.setdefault(h, prefix)
+    groups: dict[str, tuple[list[str], list[str]]] = {}
+    for h in pending:
+        prefix = owner.get(h)
+        key = "*" if prefix is None else prefix
+        groups.setdefault(key, (list(meta) if prefix is None else prefixes[prefix], []))[1].append(h)
+    return ordered, list(groups.values())
+
+
+def _gather(t: torch.Tensor) -> torch.Tensor | None:
+    """The full tensor of `t` on rank 0's host (None elsewhere); a collective for a DTensor."""
+    full = t.full_tensor() if isinstance(t, DTensor) else t
+    return full.detach().to("cpu") if _rank() == 0 else None
+
+
+def _owned(t: torch.Tensor) -> torch.Tensor:
+    """`t` contiguous and alone in its storage (safetensors refuses tensors sharing one)."""
+    t = t.detach().contiguous()
+    return t if t.untyped_storage().nbytes() == t.nbytes else t.clone()
+
+
+def _strided(full: torch.Tensor, view: torch.Tensor) -> torch.Tensor:
+    """The HF tensor that meta `view` is of its native source, taken from the real `full`."""
+    return _owned(full.contiguous().as_strided(tuple(view.shape), view.stride(), view.storage_offset()))
+
+
+def _write_group(writer: _ShardWriter, adapter, fulls: dict[str, torch.Tensor], names: list[str]) -> None:
+    made = adapter.to_hf(fulls)
+    for h in names:
+        writer.add(h, _owned(made[h]))
+
+
+def _finish(writer: _ShardWriter, config: dict, tokenizer, tmp: Path, out: Path) -> None:
+    writer.finish()
+    config = dict(config)
+    config.pop("torch_dtype", None)  # transformers 4's name for dtype; the export says its own
+    if len(writer.dtypes) == 1:
+        config["dtype"] = str(next(iter(writer.dtypes))).removeprefix("torch.")
+    (tmp / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    for src, name in tokenizer:
+        shutil.copyfile(src, tmp / name)
+    _publish(tmp, out)
+
+
+def _publish(tmp: Path, out: Path) -> None:
+    """Move the finished export into place; an existing target becomes `<target>.bak`."""
+    if out.exists():
+        bak = out.with_name(out.name + ".bak")
+        shutil.rmtree(bak, ignore_errors=True)
+        os.replace(out, bak)
+    os.replace(tmp, out)
+
+
+class _ShardWriter:
+    """Tensors into safetensors files of at most `limit` bytes each (a bigger tensor gets its own)."""
+
+    def __init__(self, folder: Path, limit: int):
+        self.folder, self.limit = folder, limit
+        self.current: dict[str, torch.Tensor] = {}
+        self.size = 0
+        self.written: list[tuple[Path, list[str]]] = []
+        self.total = 0
+        self.dtypes: set[torch.dtype] = set()
+
+    def add(self, name: str, t: torch.Tensor) -> None:
+        n = t.numel() * t.element_size()
+        if self.current and self.size + n > self.limit:
+            self._flush()
+        self.current[name] = t
+        self.size += n
+        self.total += n
+        self.dtypes.add(t.dtype)
+
+    def _flush(self) -> None:
+        from safetensors.torch import save_file  # the [hf] extra (checked by export_hf)
+
+        path = self.folder / f".shard-{len(self.written) + 1}.safetensors"
+        save_file(self.current, str(path), metadata=MARK)
+        self.written.append((path, list(self.current)))
+        self.current, self.size = {}, 0
+
+    def finish(self) -> None:
+        """Name the files as save_pretrained does, and write the index when there are several."""
+        if self.current or not self.written:
+            self._flush()
+        n = len(self.written)
+        weight_map = {}
+        for k, (path, names) in enumerate(self.written, start=1):
+            final = SINGLE if n == 1 else f"model-{k:05d}-of-{n:05d}.safetensors"
+            os.replace(path, self.folder / final)
+            weight_map.update({name: final for name in names})
+        if n > 1:
+            index = {"metadata": {"total_size": self.total}, "weight_map": dict(sorted(weight_map.items()))}
+            (self.folder / INDEX).write_text(json.dumps(index, indent=2) + "\n")
+
+
+def _export_config(adapter, model_cfg: ModelConfig | None, args) -> dict[str, Any]:
+    """The HF config of an export (see `export_hf`). A recipe's [model.overrides] are written
+    through the adapter's `hf_config(args)` into the keys config.json already has; the result
+    must read back as the trained args, else the export would describe another model."""
+    if model_cfg is None or not model_cfg.hf_config:
+        if not callable(getattr(adapter, "hf_config", None)):
+            raise ConfigError("the adapter has no hf_config(args) and the recipe names no model.hf_config to export")
+        return adapter.hf_config(args)
+    if getattr(adapter, "exports_whole_config", False):
+        return adapter.hf_config(args)  # the recipe's config.json itself, its overrides written in
+    config = read_hf_config(model_cfg.hf_config)
+    if not model_cfg.overrides:
+        return config  # the trained args are this config's, by construction
+    try:
+        mapped = adapter.hf_config(args) if callable(getattr(adapter, "hf_config", None)) else {}
+    except AdapterError:
+        mapped = {}  # a port's family may not export its shape; the read-back check below decides
+    config.update({k: v for k, v in mapped.items() if k in config and k not in ("model_type", "architectures")})
+    if dc_replace(args_from_hf_config(adapter, config), init_std=args.init_std) != args:  # init is no architecture
+        raise ConfigError(
+            f"cannot export HF weights: the recipe's [model.overrides] {sorted(model_cfg.overrides)} change the "
+            f"architecture in a way {model_cfg.hf_config} cannot be rewritten to say; export without them"
+        )
+    return config
