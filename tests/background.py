@@ -1,4 +1,4 @@
-"""The suite's two whole-ladder climbs, run in the background from the start of the session.
+"""The suite's whole-ladder climbs, run in the background from the start of the session.
 
 `onboard demo` (test_demo.py) and the port's climb (test_port_ladder.py, port_climb.py) are
 minutes of mostly one-thread work each, and the rest of the suite leaves a core idle for much of
@@ -37,6 +37,9 @@ from hang_guard import HangGuard, Load
 from titan_core.runtime.die_with_parent import with_parent_death_signal
 
 LADDER_TESTS = Path(__file__).resolve().parent / "onboard" / "ladder"
+REPO = Path(__file__).resolve().parent.parent
+
+
 def _idle_class() -> None:
     """Put this (child) process in SCHED_IDLE; its ranks and parity's pytest inherit it.
 
@@ -96,6 +99,13 @@ JOBS = {
         "the bf16 recipe's climb (bf16_climb.py)",
         lambda base, shared: [sys.executable, LADDER_TESTS / "bf16_climb.py", base],
         600,
+    ),
+    "twice": Job(
+        "tests/onboard/ladder/test_climb_twice.py::test_the_demo_model_climbed_twice_ends_with_the_same_levers_or_says_why",
+        "the demo model climbed in two workspaces (bench/climb_twice.py)",
+        lambda base, shared: [sys.executable, REPO / "bench" / "climb_twice.py", "--preset", "llama3/debugmodel",
+                              "--dir", base / "twice", "--timing", demo_timing(shared)],  # fmt: skip
+        900,
     ),
     "demo": Job(
         "tests/onboard/ladder/test_demo.py::test_demo_climbs_every_built_rung_and_prints_the_ladder",

@@ -31,7 +31,9 @@ def new_model(
     preset: Optional[str] = typer.Option(
         None, "--preset", help="FAMILY[/FLAVOR] of titan_core, e.g. llama3/debugmodel."
     ),
-    weights: Optional[Path] = typer.Option(None, "--weights", help="Folder of HF safetensors for parity."),
+    weights: Optional[Path] = typer.Option(
+        None, "--weights", help="Folder of HF safetensors: parity's weights and the recipe's checkpoint.initial_hf."
+    ),
     path: Optional[str] = typer.Option(
         None,
         "--path",
@@ -363,14 +365,21 @@ def demo_cmd(
         help="fp32 | bf16: the precision the demo's recipe starts in (bf16: training.dtype and "
         "mixed_precision_param bfloat16, as a recipe that trains in bf16; every gate then judges with bf16's bounds).",
     ),
+    no_train: bool = typer.Option(
+        False,
+        "--no-train",
+        help="Stop after the ladder: skip training a pretrained checkpoint on JSONL data with the proved recipe.",
+    ),
     json_out: bool = JSON_OPTION,
 ):
-    """new-model for a built-in debug model, next-step up the whole ladder, status, report."""
+    """new-model for a built-in debug model, next-step up the whole ladder, status, report; then the
+    proved recipe trains a pretrained checkpoint on JSONL data, validates, exports and reloads it."""
 
     def body(out: Out) -> int:
         from onboard.cli.demo import run_demo
 
-        result = run_demo(dir, device=device, out=out, preset=preset, timing=timing, precision=precision)
+        result = run_demo(dir, device=device, out=out, preset=preset, timing=timing, precision=precision,
+                          train=not no_train)  # fmt: skip
         if out.json:
             out.emit(result)
         return result["exit_code"]

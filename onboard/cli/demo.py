@@ -22,6 +22,8 @@ NAME = "llama3_debug"
 PRESET = "llama3/debugmodel"
 PRESETS = {"llama3_debug": "llama3/debugmodel", "flux_debug": "flux/debugmodel"}
 """The demo's presets: workspace name -> the preset it is made from."""
+TRAIN_PRESETS = ("llama3_debug",)
+"""The presets the train stage runs for (a language model: an HF checkpoint, a tokenizer, text)."""
 # Measured on the 2-core machine with other jobs running: 20 eager steps took 54 s with two
 # threads and 14 s with one (spinning OpenMP threads fight over the cores); idle, one thread
 # costs a second or two. The demo should take the same time wherever it runs.
@@ -36,9 +38,11 @@ BF16 = [
 
 
 def run_demo(base: Path, *, device: str, out, preset: str = NAME, timing: str = harness.SHIPPED,
-             precision: str = "fp32") -> dict:  # fmt: skip
+             precision: str = "fp32", train: bool = True) -> dict:  # fmt: skip
     """new-model (replacing an earlier demo workspace), next-step until the ladder stops
-    (complete up to the last built rung, or a failed gate), then status and report.
+    (complete up to the last built rung, or a failed gate), then status and report; then, for a
+    language model whose ladder completed and unless `train` is off, the proved recipe trains a
+    pretrained checkpoint on JSONL data (onboard/cli/demo_train.py).
     `preset`: a PRESETS name; `timing`: a harness.TIMING_PROFILES name; `precision`: fp32 | bf16,
     the recipe's precision at the start (BadInput for another)."""
     if preset not in PRESETS:
@@ -50,7 +54,16 @@ def run_demo(base: Path, *, device: str, out, preset: str = NAME, timing: str = 
     if timing != harness.SHIPPED:
         out.log(f"demo: keep/choose decisions timed with the {timing} profile ({harness.TIMING_PROFILES[timing]})")
     with harness.timing_profile_of(timing):
-        return _climb(base, device=device, out=out, preset=preset, precision=precision)
+        result = _climb(base, device=device, out=out, preset=preset, precision=precision)
+    if not train or result["exit_code"] != 0:
+        return result
+    if preset not in TRAIN_PRESETS:
+        out.log(f"demo: no train stage for {preset}: it shows a language model's checkpoint, tokenizer and text data")
+        return result
+    from onboard.cli.demo_train import run_train_stage  # lazy: the stage's modules load when it runs
+
+    stage = run_train_stage(Workspace.load(base, preset), base, out=out)
+    return {**result, "train": stage, "exit_code": stage["exit_code"]}
 
 
 def _climb(base: Path, *, device: str, out, preset: str, precision: str) -> dict:

@@ -46,7 +46,7 @@ def export_workspace(ws, to: Path, *, source: Path | None = None, force: bool = 
     from titan_core.training.checkpoint import load_model_weights  # lazy: as above
     from titan_core.training.hf_export import export_hf, tokenizer_files  # lazy: as above
     from titan_core.training.hf_load import initial_weights  # lazy: as above
-    from titan_core.training.model_builder import build_model_from_config  # lazy: as above
+    from titan_core.training.model_builder import build_model_from_config, materialize_on_cpu  # lazy: as above
 
     to = Path(to)
     if (to.exists() or to.is_symlink()) and not force:
@@ -64,9 +64,7 @@ def export_workspace(ws, to: Path, *, source: Path | None = None, force: bool = 
                 f"checkpoint.initial_hf; train first: onboard train --config {ws.recipe_path}"
             )
         initial = initial_weights(cfg, model)  # the header check, on meta, before anything is allocated
-    model.to_empty(device="cpu")
-    model.init_weights(seed=cfg.training.seed)  # every tensor is then overwritten; ties and buffers made
-    model = model.to(DTYPES[cfg.training.dtype])
+    model = materialize_on_cpu(model, cfg.training.seed, DTYPES[cfg.training.dtype])
     if checkpoint is not None:
         log(f"loading {checkpoint}")
         load_model_weights(checkpoint, model)

@@ -1,5 +1,6 @@
-"""`onboard recipe NAME`: the recipe a workspace hands over, what the ladder earned in it, and
-the exact commands that run it on one process, on this host, and on many hosts.
+"""`onboard recipe NAME`: the recipe a workspace hands over, what the ladder earned in it, the
+exact commands that run it on one process, on this host, and on many hosts, and the one that
+continues training the user's checkpoint on the user's data with it (`continue_training`).
 
 Earned settings come from the ledger, not from the file's comments: each recipe edit a passed
 rung made (`recipe_edit` of its entry), shown when the recipe still holds that value; one a
@@ -9,8 +10,10 @@ until the ladder re-verifies it (`status` then shows the stale rungs).
 
 from __future__ import annotations
 
+import re
 import shlex
 import tomllib
+from pathlib import Path
 
 from onboard.errors import BadInput
 from onboard.workspace.layout import Workspace
@@ -96,6 +99,59 @@ def _torchrun(ws: Workspace, recipe: dict, per_node: int) -> tuple[str, str]:
     return f"cd {shlex.quote(str(ws.root))} && {line}", how
 
 
+FILL_IN = {
+    "$DATA": "your training data: JSONL, JSON, Parquet or text files (a file, folder or glob; data.field: the column)",
+    "$VALID_DATA": "held-out data in the same form, for the validation loss every validation.freq steps",
+    "$STEPS": "optimizer steps to train (the recipe's training.steps is the gates' short run)",
+    "$EXPORT_DIR": "where the trained model is written in save_pretrained layout (sharded safetensors, tokenizer)",
+}
+"""The placeholders of the continue-training line, each with what to put there (shell variables, so the
+line runs once they are set)."""
+
+
+def _checkpoint(ws: Workspace, recipe: dict) -> tuple[str | None, str]:
+    """(the checkpoint the user's model continues from, where it comes from); None when the workspace has none."""
+    named = get_key(recipe, "checkpoint.initial_hf", None)
+    if isinstance(named, str) and named:
+        path = Path(named) if Path(named).is_absolute() else ws.recipe_path.parent / named  # as the loader anchors it
+        return str(path.resolve()), "the recipe's checkpoint.initial_hf"
+    if ws.weights_dir is not None:
+        return str(ws.weights_dir), "new-model --weights (the recipe leaves it out: see its comment)"
+    return None, "no checkpoint: new-model had no --weights and the recipe names no checkpoint.initial_hf"
+
+
+def continue_training(ws: Workspace, recipe: dict, per_node: int, rows: int | None) -> dict:
+    """The command that continues training the user's checkpoint on the user's data with the proved
+    recipe: titan_core's entry point under torchrun on this host, the checkpoint as checkpoint.initial_hf
+    (overrides, so the recipe file stays the one the gates proved), the model's own tokenizer, a
+    datasets source, validation, checkpoints to resume from, and the export. With a twin the full model of
+    config.json replaces the twin the gates trained. Placeholders: FILL_IN."""
+    folder, source = _checkpoint(ws, recipe)
+    ckpt = folder or "$CHECKPOINT"
+    tokenizer = folder if folder and (Path(folder) / "tokenizer.json").is_file() else "$TOKENIZER"
+    fill = dict(FILL_IN)
+    if folder is None:
+        fill["$CHECKPOINT"] = "a Hugging Face model folder: config.json and model.safetensors (or its sharded index)"
+    if tokenizer == "$TOKENIZER":
+        fill["$TOKENIZER"] = "the model's tokenizer.json, or a folder holding it with tokenizer_config.json"
+    argv = ["torchrun", f"--nproc-per-node={per_node}", "-m", "titan_core.train", "--config", str(ws.recipe_path)]
+    if per_node > 1 and rows:
+        argv.append(f"--training.batch_size={rows}")
+    notes = []
+    if ws.twin_path is not None and ws.hf_config_path is not None:
+        argv.append(f"--model.hf_config={ws.hf_config_path}")
+        notes.append("the gates trained a twin; this line trains the full model of config.json, on a host it fits")
+    argv += [
+        f"--checkpoint.initial_hf={ckpt}", "--data.source=dataset", "--data.path=$DATA", "--data.tokenizer=hf",
+        f"--data.tokenizer_path={tokenizer}", "--training.steps=$STEPS", "--validation.enable=true",
+        "--validation.path=$VALID_DATA", "--checkpoint.enable=true", "--checkpoint.export_hf=$EXPORT_DIR",
+    ]  # fmt: skip
+    line = shlex.join(argv)
+    for name in fill:  # shlex quotes the $ placeholders; they are meant for the user's shell
+        line = re.sub(rf"'([^' ]*){re.escape(name)}([^' ]*)'", rf"\1{name}\2", line)
+    return {"command": line, "checkpoint": folder, "checkpoint_from": source, "fill_in": fill, "notes": notes}
+
+
 def recipe_view(ws: Workspace) -> dict:
     """Everything `onboard recipe` prints, as one JSON-ready dict."""
     text = ws.recipe_path.read_text(encoding="utf-8")
@@ -128,6 +184,7 @@ def recipe_view(ws: Workspace) -> dict:
             "run the same line on every host; HEAD_NODE is the address of the host that serves the "
             "rendezvous. Relative paths in the recipe resolve against its folder"
         ),
+        "continue_training": continue_training(ws, recipe, per_node, rows),
     }
 
 
@@ -148,4 +205,8 @@ def recipe_lines(view: dict) -> list[str]:
         f"  many hosts:   {c['many_hosts']}",
         f"                # {view['many_hosts_how']}; {view['many_hosts_note']}",
     ]
+    go = view["continue_training"]
+    lines += ["", f"continue training the checkpoint on your data ({go['checkpoint_from']}):", f"  {go['command']}"]
+    lines += [f"  # {note}" for note in go["notes"]]
+    lines += [f"  #   {name}: {what}" for name, what in go["fill_in"].items()]
     return lines

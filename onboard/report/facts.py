@@ -39,6 +39,7 @@ import copy
 import dataclasses
 import math
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from titan_core.config.loader import MISSING, ConfigError, apply_overrides, from_dict, get_key, to_dict
@@ -46,6 +47,7 @@ from titan_core.config.loader import MISSING, ConfigError, apply_overrides, from
 from onboard.cli.views import decision_records
 from onboard.engine.ledger import Status, parse_iso
 from onboard.rungs.decision import KEPT
+from titan_core.measure.metrics import read_metrics
 
 OTHER_RUNS = ("eager_", "baseline_")
 """Measurement prefixes that repeat another run's number beside a rung's own."""
@@ -323,6 +325,64 @@ def loss_series(recs: list[Record]) -> list[Series]:
             base = rec.rung == BASELINE and key == "loss_curve"
             out.append(Series(rec.rung, key, label, [_float(v) for v in values], base))
     return sorted(out, key=lambda s: not s.baseline)
+
+
+@dataclass(frozen=True)
+class ValSeries:
+    """The held-out loss of one run, at the steps it was measured (titan_core/training/validate.py)."""
+
+    rung: str
+    run: str
+    """Which of the rung's runs: "" for its own (`details.metrics_file`), else the name its details give it."""
+    label: str
+    steps: list[int]
+    values: list[float]
+    """`val_loss` of each step in `steps` (nan where it was not finite)."""
+    file: str
+    """The metrics file it was read from, as the ledger names it (relative: to the workspace)."""
+
+    @property
+    def gid(self) -> str:
+        """The drawn line's id in the loss picture: `val_loss:<rung>` (`val_loss:<rung>:<run>` for another run)."""
+        return f"val_loss:{self.rung}" + (f":{self.run}" if self.run else "")
+
+
+def metrics_files(rec: Record) -> list[tuple[str, str]]:
+    """(run, file) of every metrics file the rung's details name: `metrics_file` (its own run, ""),
+    `runs.<name>.metrics_file` (simple_fsdp) and `metrics_files.<name>` (graph_trainer)."""
+    d = rec.details
+    out = [("", d["metrics_file"])] if isinstance(d.get("metrics_file"), str) else []
+    runs = d.get("runs") if isinstance(d.get("runs"), dict) else {}
+    for name, run in runs.items():
+        if isinstance(run, dict) and isinstance(run.get("metrics_file"), str):
+            out.append((name, run["metrics_file"]))
+    named = d.get("metrics_files") if isinstance(d.get("metrics_files"), dict) else {}
+    out += [(name, f) for name, f in named.items() if isinstance(f, str)]
+    return out
+
+
+def val_loss_series(recs: list[Record], root: Path) -> list[ValSeries]:
+    """The validation loss of every run whose metrics file has validation rows (`val_loss`), in
+    ladder order; `root`: the workspace, which relative file names are under.
+
+    The metrics files are read by titan_core's one reader (read_metrics: one current row per step,
+    non-finite floats restored). A file that is gone (a run folder deleted) or unreadable gives no
+    series: the training curve beside it comes from the ledger and is drawn all the same."""
+    out = []
+    for rec in recs:
+        for run, file in metrics_files(rec):
+            path = Path(file) if Path(file).is_absolute() else Path(root) / file
+            try:
+                rows = [r for r in read_metrics(path) if "val_loss" in r]
+            except (OSError, ValueError):
+                continue
+            if not rows:
+                continue
+            status = "" if rec.status == Status.PASSED else f", {rec.status}"
+            label = f"{rec.rung}{' ' + run if run else ''} validation ({len(rows)} evals{status})"
+            values = [_float(r["val_loss"]) for r in rows]
+            out.append(ValSeries(rec.rung, run, label, [r["step"] for r in rows], values, file))
+    return out
 
 
 # ---- parity ----------------------------------------------------------------------------------

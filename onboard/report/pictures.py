@@ -16,7 +16,7 @@ import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 
-from onboard.report.facts import BASELINE, Bar, MemoryBar, ParityPoints, PolicyBar, Series
+from onboard.report.facts import BASELINE, Bar, MemoryBar, ParityPoints, PolicyBar, Series, ValSeries
 from onboard.report.steps import TIMED_APART, Factor, Step
 from onboard.workspace.fsutil import atomic_write_bytes
 from titan_core.memory.estimate import format_bytes
@@ -220,26 +220,40 @@ def draw_waterfall(steps: list[Step]):
 
 
 # ---- loss curves -----------------------------------------------------------------------------
-def draw_loss(series: list[Series]):
+VAL_STYLE = dict(linestyle="--", linewidth=1.0, marker="D", markersize=5, markeredgecolor="black", zorder=3)
+"""A validation curve: dashed, a diamond at each step it was measured (training curves: solid)."""
+
+
+def draw_loss(series: list[Series], val: list[ValSeries] = ()):
     """Every rung's loss curve over the eager baseline (top), and each one's relative
-    difference from it per step (bottom, symlog: exact equality draws at 0)."""
+    difference from it per step (bottom, symlog: exact equality draws at 0). `val`: the held-out
+    loss of the runs that validated, drawn in the top panel at the steps it was measured, each
+    in the colour of its rung's training curve."""
     from matplotlib.ticker import MaxNLocator  # lazy: matplotlib, only once a picture is drawn
 
     fig = _figure(9, 7.5)
     ax, ax_d = fig.subplots(2, 1, sharex=True, height_ratios=(3, 2))
     base = next((s for s in series if s.baseline), None)
+    colors = {}
     for s in series:
         steps = list(range(1, len(s.values) + 1))
         style = dict(color="black", linewidth=2.6, zorder=1) if s.baseline else dict(linewidth=1.1, marker=".")
-        ax.plot(steps, s.values, label=s.label, gid=f"loss:{s.rung}:{s.key}", **style)
+        (line,) = ax.plot(steps, s.values, label=s.label, gid=f"loss:{s.rung}:{s.key}", **style)
+        colors.setdefault(s.rung, line.get_color())
         if base is not None and not s.baseline:
             n = min(len(s.values), len(base.values))
             diff = [abs(a - b) / abs(b) if b else math.inf for a, b in zip(s.values[:n], base.values[:n])]
             ax_d.plot(steps[:n], diff, label=s.label, marker=".", linewidth=1, gid=f"diff:{s.rung}:{s.key}")
+    for v in val:
+        # the rung's own run shares its training curve's colour; its other runs take the next ones
+        color = colors.get(v.rung) if not v.run else None
+        ax.plot(v.steps, v.values, label=v.label, gid=v.gid, **({"color": color} if color else {}), **VAL_STYLE)
     ax.set_gid("loss")
     ax_d.set_gid("loss-diff")
     ax.set_ylabel("loss")
-    ax.set_title("Loss by step, every rung's run over the eager baseline (black)", fontsize=11)
+    title = "Loss by step, every rung's run over the eager baseline (black)"
+    title += "; validation loss dashed, a diamond per evaluation" if val else ""
+    ax.set_title(title, fontsize=11)
     ax.legend(fontsize=7, ncols=2)
     ax_d.set_yscale("symlog", linthresh=1e-8)
     ax_d.set_ylabel("|loss - eager| / eager")

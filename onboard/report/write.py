@@ -23,12 +23,14 @@ from onboard.parity.results import read_results
 from onboard.report.facts import (
     Bar,
     Record,
+    ValSeries,
     loss_series,
     memory_bars,
     parity_points,
     policy_bars,
     records,
     speedup,
+    val_loss_series,
     waterfall_bars,
 )
 from onboard.report.html import render
@@ -276,7 +278,7 @@ def _parity_results(ws: Workspace, rec: Record) -> tuple[dict | None, str]:
     return None, f"parity attempt {rec.entry.get('attempt')} left no results.json"
 
 
-def _draw_pictures(ws: Workspace, recs: list[Record], steps: list[Step]) -> list[Picture]:
+def _draw_pictures(ws: Workspace, recs: list[Record], steps: list[Step], val: list[ValSeries]) -> list[Picture]:
     """Draw and write every picture there is data for; one with none is removed (it would show old data)."""
     parity = next((r for r in recs if r.rung == "parity"), None)
     points, parity_why = None, "the parity rung has not run"
@@ -297,7 +299,7 @@ def _draw_pictures(ws: Workspace, recs: list[Record], steps: list[Step]) -> list
         (
             LOSS,
             "Loss curves over the eager baseline",
-            (lambda: draw_loss(series)) if series else None,
+            (lambda: draw_loss(series, val)) if series else None,
             "no rung recorded a loss curve",
         ),
         (PARITY, "Parity along the model", (lambda: draw_parity(points)) if points else None, parity_why),
@@ -319,12 +321,25 @@ def _draw_pictures(ws: Workspace, recs: list[Record], steps: list[Step]) -> list
     return pictures
 
 
-def _pictures_section(pictures: list[Picture], bars: list[Bar], steps: list[Step]) -> list[str]:
+def _val_lines(val: list[ValSeries]) -> list[str]:
+    """Under the loss picture: each validated run's held-out loss, the numbers the dashed curves draw."""
+    if not val:
+        return []
+    lines = ["Validation loss (dashed in the picture), by step:", ""]
+    for v in val:
+        points = ", ".join(f"{step}: {value:.4f}" for step, value in zip(v.steps, v.values))
+        lines.append(f"- {v.rung}{' ' + v.run if v.run else ''} (`{v.file}`): {points}")
+    return lines + [""]
+
+
+def _pictures_section(pictures: list[Picture], bars: list[Bar], steps: list[Step], val: list[ValSeries]) -> list[str]:
     lines = ["## Pictures", ""]
     for pic in pictures:
         lines += [f"![{pic.title}]({pic.name})" if pic.path else f"*{pic.title}: not drawn: {pic.why}.*", ""]
         if pic.name == WATERFALL and steps:
             lines += waterfall_lines(bars, steps)
+        if pic.name == LOSS and pic.path:
+            lines += _val_lines(val)
     return lines
 
 
@@ -370,7 +385,10 @@ def write_report_files(ws: Workspace, specs: list[RungSpec] | None = None) -> Re
     bars = waterfall_bars(recs, ws.ledger.attempts, recipe)
     steps = waterfall_steps(recs) if bars else []
     summary, facts = _summary(ws, recs, states, bars, steps)
-    pictures = _draw_pictures(ws, recs, steps)
+    val = val_loss_series(recs, ws.root)
+    facts["validation"] = [{"rung": v.rung, "run": v.run, "file": v.file, "steps": v.steps, "val_loss": v.values}
+                           for v in val]  # fmt: skip
+    pictures = _draw_pictures(ws, recs, steps, val)
     lines = [
         f"# Onboarding report: {ws.name}",
         "",
@@ -379,7 +397,7 @@ def write_report_files(ws: Workspace, specs: list[RungSpec] | None = None) -> Re
         "",
         *summary,
         *_waivers(ws),
-        *_pictures_section(pictures, bars, steps),
+        *_pictures_section(pictures, bars, steps, val),
         "## Ladder",
         "",
         *table(

@@ -148,11 +148,12 @@ def decide_memory(rung: str, lever: str, *, holder: Any, candidate: Any, peak_ho
                         verdict=NOT_MEASURED, figure="memory",
                         why=f"peak memory of {what} against {lever}={holder} was not measured; {holder} stands")  # fmt: skip
     saving = 1 - peak_candidate / peak_holder
+    edge = round(saving, 9)  # a saving of exactly the edge (0.12 against 0.10 + 0.02) is at it, not below
     if holder_earned:
-        keep = saving > -(min_saving - margin)
+        keep = edge > -round(min_saving - margin, 9)
         rule = f"the holder is dropped once it saves less than {min_saving - margin:.0%}"
     else:
-        keep = saving >= min_saving + margin
+        keep = edge >= round(min_saving + margin, 9)
         rule = f"needs >= {min_saving + margin:.0%} ({min_saving:.0%} + margin {margin:.0%})"
     verdict, value = (KEPT, candidate) if keep else (HELD, holder)
     said = f"{saving:.1%} less peak memory" if saving >= 0 else f"{-saving:.1%} more peak memory"
@@ -163,7 +164,8 @@ def decide_memory(rung: str, lever: str, *, holder: Any, candidate: Any, peak_ho
 
 def headline(decisions: list[dict]) -> str:
     """The figures a rung's decisions rest on, as `status` and REPORT.md print them, e.g.
-    "compile: 1.48x (1.31-1.67) kept; kernels.attention=tokamax: 0.91x (0.85-0.97) held"."""
+    "compile: 1.48x (1.31-1.67) kept; kernels.attention=tokamax: 0.91x (0.85-0.97) held"; a decision
+    taken without timing (figure "none") says "untimed", one whose timing failed "not measured"."""
     parts = []
     for d in decisions or ():
         name = d["lever"] if d["lever"] == "execution_mode" else f"{d['lever']}={d['candidate']}"
@@ -171,9 +173,12 @@ def headline(decisions: list[dict]) -> str:
             fig = f"{d['speedup']:.2f}x ({d['ci'][0]:.2f}-{d['ci'][1]:.2f})"
         elif d.get("figure") == "memory" and d.get("memory_saving") is not None:
             fig = f"{d['memory_saving']:.0%} memory saved"
+        elif d.get("figure") == "none":  # decided without timing (a correctness check, an unusable holder)
+            fig = "untimed"
         else:
             fig = "not measured"
-        parts.append(f"{name} {d['candidate'] if d['lever'] == 'execution_mode' else ''}".strip() + f": {fig} {d['verdict']}")
+        said = fig if fig == d["verdict"] else f"{fig} {d['verdict']}"  # "not measured", not twice
+        parts.append(f"{name} {d['candidate'] if d['lever'] == 'execution_mode' else ''}".strip() + f": {said}")
     return "; ".join(parts)
 
 

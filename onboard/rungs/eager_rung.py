@@ -6,6 +6,10 @@ batch, through titan_core's public `train.run`, and measures what the checklist 
 baseline every later rung compares with: step-1 loss and grad norm as exact repr floats,
 and the steady-state step times, tokens/s, MFU and peak memory.
 
+When the recipe starts from a checkpoint (`checkpoint.initial_hf`, which new-model writes for
+--weights), step 1's loss must also equal transformers' loss of that checkpoint on the same batch
+(onboard/rungs/eager_from_weights.py), and that loss is the step-1 loss to expect.
+
 When the gates run on a twin, the full model of config.json is checked here too, on the
 meta device (onboard/rungs/full_model.py): it builds, its parameter counts and FLOPs, its
 state-dict names and shapes against the upstream class, and with --weights every
@@ -21,7 +25,7 @@ from dataclasses import dataclass
 
 import titan_core.train
 from titan_core.models.flux.config import flux_of_args
-from onboard.rungs import harness
+from onboard.rungs import eager_from_weights, harness
 from onboard.rungs.contract import ABSENT, RungContext, RungResult
 from onboard.rungs.gated_runs import record_run
 
@@ -76,6 +80,17 @@ class EagerMeasurements(harness.SteadyRun):
     bf16_rounding_bound: float = ABSENT
     """The bound of a bf16 run compared with another of the same recipe: params.bf16_rounding_factor x
     bf16_rounding, never below params.bf16_rounding_floor (fraction; a bf16 recipe only)."""
+    # a recipe that starts from checkpoint.initial_hf (onboard/rungs/eager_from_weights.py)
+    step1_loss_reference: str = ABSENT
+    """What step 1 was compared with: transformers' loss of checkpoint.initial_hf on the same batch, or none."""
+    step1_loss_vs_transformers_rel_err: float = ABSENT
+    """|ours - transformers'| / transformers' step-1 loss of the checkpoint on the same batch, both fp32 (a bf16
+    recipe's fp32 step; fraction); 0.0 without initial_hf (nothing to compare), inf when transformers' loss
+    could not be computed (details.step1_vs_transformers.why_not_compared)."""
+    step1_loss_compared_repr: str = ABSENT
+    """Our fp32 step-1 loss that was compared (repr; with initial_hf)."""
+    step1_loss_transformers_repr: str = ABSENT
+    """transformers' loss of the checkpoint on the same batch, fp32 (repr; with initial_hf)."""
     # the full model of config.json on the meta device (onboard/rungs/full_model.py)
     full_model_built_on_meta: bool = ABSENT
     """The full-size model builds on meta through the recipe's [model] section and the adapter."""
@@ -211,11 +226,15 @@ def run(ctx: RungContext) -> RungResult:
     )
     if result.stopped:  # the gate judges the short, non-finite curve; the line says where it broke
         ctx.log(f"eager: {result.stopped}")
+    # a run from checkpoint.initial_hf: its step 1 against transformers' loss of the same checkpoint
+    from_weights, weights_details = eager_from_weights.step1_vs_transformers(ctx, cfg, args, measurements)
+    measurements.update(from_weights)
     full, full_details = full_model.probe(ctx, cfg)  # the full-size model, on meta (a twin trained above)
     measurements.update(full)
+    files = harness.files_read(ctx, cfg) + [p.resolve() for p in eager_from_weights.checkpoint_files(cfg)]
     return RungResult(
         measurements=measurements,
-        files_read=harness.files_read(ctx, cfg),
+        files_read=list(dict.fromkeys(files)),
         command=harness.next_step_command(ctx),
         details={
             "device": result.device,
@@ -232,6 +251,7 @@ def run(ctx: RungContext) -> RungResult:
             "stopped": result.stopped,
             "reproduce": harness.train_command(ctx, ["--data.repeat_batch=true", f"--training.steps={t.steps}"]),
             "model": ctx.workspace.model_label(),
+            **weights_details,
             **full_details,
         },
     )

@@ -31,6 +31,7 @@ from onboard.workspace.layout import (
     HF_CONFIG, LEDGER, TWIN, name_lock, recover_locked, temp_prefix, validate_name, workspaces_dir,
 )  # fmt: skip
 from onboard.workspace.arch_diff import architecture_differences
+from onboard.workspace.initial_weights import initial_hf
 from titan_core.config import ConfigError
 from titan_core.config.hf_config import read_hf_config_text
 from titan_core.models import FAMILY_NAMES, family_for_hf_model_type, get_family, resolve_args
@@ -379,6 +380,7 @@ def render(plan: Plan) -> dict[str, str]:
     env.filters["comment"] = _comment
     adapter_cls = type(get_family(plan.family).adapter)
     has_test_parity = (templates / "test_parity.py.j2").is_file()
+    start, start_why = initial_hf(plan.name, plan.weights, plan.family, plan.twin, plan.hf_config)
     context = dict(
         name=plan.name, family=plan.family, flavor=plan.flavor, path_kind=plan.path_kind,
         model_type=plan.model_type, source=plan.source, device=plan.device,
@@ -394,6 +396,7 @@ def render(plan: Plan) -> dict[str, str]:
         twin=plan.twin is not None, twin_file=TWIN, twin_rows=(plan.twin or {}).get("rows", []),
         twin_summary=(plan.twin or {}).get("summary", ""), twin_reason=(plan.twin or {}).get("reason", ""),
         diffusion=plan.family in DIFFUSION_FAMILIES, image_tokens=_image_tokens(plan),
+        initial_hf=start, initial_hf_why=start_why,
     )  # fmt: skip
     names = ["recipe.toml", "adapter.py", "README.md"]
     if has_test_parity:

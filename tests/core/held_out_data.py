@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from tiny_flags import tiny_run_flags
 from titan_core.config import load_config
 
 VOCAB = 512
@@ -39,17 +40,8 @@ def make_cfg(root: Path, *extra: str, steps: int = 5, freq: int = 2, val_steps: 
         None,
         [
             TINY_MODEL,
-            f"--training.batch_size={batch_size}",
-            "--training.seq_len=32",
-            f"--training.steps={steps}",
-            "--training.deterministic",
-            "--device.type=cpu",
-            "--device.threads=1",
-            "--optimizer.lr=3e-3",
-            "--lr_scheduler.warmup_steps=1",
+            *tiny_run_flags(out or root / "out", steps=steps, batch_size=batch_size),
             "--parallelism.data_parallel=none",
-            "--metrics.rich=false",
-            f"--metrics.output_dir={out or root / 'out'}",
             "--data.source=text",
             f"--data.path={root / 'train.txt'}",
             "--validation.enable",

@@ -12,7 +12,10 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from tiny_flags import tiny_run_flags
 from titan_core.config import load_config
+from titan_core.training import generate
+from titan_core.training.generate import greedy
 
 SIZES = dict(
     hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, intermediate_size=768,
@@ -40,29 +43,32 @@ def tiny_cfg(ckpt: Path, out: Path, *extra: str, steps: int = 1, batch_size: int
             "--model.family=llama3",
             f"--model.hf_config={ckpt / 'config.json'}",
             f"--checkpoint.initial_hf={ckpt}",
-            f"--training.batch_size={batch_size}",
-            f"--training.seq_len={SEQ_LEN}",
-            f"--training.steps={steps}",
-            "--training.deterministic",
-            "--device.type=cpu",
-            "--device.threads=1",
-            "--optimizer.lr=3e-3",
-            "--lr_scheduler.warmup_steps=1",
-            "--metrics.rich=false",
-            f"--metrics.output_dir={out}",
+            *tiny_run_flags(out, steps=steps, batch_size=batch_size, seq_len=SEQ_LEN),
             *extra,
         ],
     )
 
 
-def hf_loss(folder: Path, tokens: torch.Tensor, labels: torch.Tensor) -> float:
-    """transformers' LlamaForCausalLM of `folder`: the token-mean cross-entropy of `labels`."""
+def hf_loss(folder: Path, tokens: torch.Tensor, labels: torch.Tensor, segment_ids: torch.Tensor | None = None) -> float:
+    """transformers' LlamaForCausalLM of `folder`: the token-mean cross-entropy of `labels`.
+
+    With `segment_ids` (packed rows of documents, titan_core/data/packing.py) each document is its own
+    forward, so its positions start at 0 and it attends only to itself, as titan_core's packed step does."""
     import transformers
 
     model = transformers.LlamaForCausalLM.from_pretrained(folder, dtype=torch.float32)
     with torch.no_grad():
-        logits = model(tokens).logits
-    return F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(), ignore_index=-100).item()
+        if segment_ids is None:
+            logits = model(tokens).logits
+            return F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(), ignore_index=-100).item()
+        total, count = 0.0, 0
+        for row, lab, seg in zip(tokens, labels, segment_ids):
+            for doc in seg.unique():
+                mine = seg == doc
+                logits = model(row[mine][None]).logits[0].float()
+                total += F.cross_entropy(logits, lab[mine], ignore_index=-100, reduction="sum").item()
+                count += int((lab[mine] != -100).sum())
+    return total / count
 
 
 PROMPT = [[5, 17, 42, 99, 3, 250]]
@@ -70,20 +76,9 @@ PROMPT = [[5, 17, 42, 99, 3, 250]]
 
 def titan_greedy(model, n: int = 10, prompt=PROMPT) -> list[int]:
     """`n` greedy tokens of a titan_core model after `prompt` (its forward gives logits)."""
-    ids = torch.tensor(prompt)
-    with torch.no_grad():
-        for _ in range(n):
-            nxt = model(ids)[:, -1].argmax(-1, keepdim=True)
-            ids = torch.cat([ids, nxt], dim=1)
-    return ids[0, len(prompt[0]) :].tolist()
+    return greedy(model, prompt[0], n)
 
 
 def hf_greedy(folder: Path, n: int = 10, prompt=PROMPT) -> list[int]:
     """`n` greedy tokens of the export in `folder`, through AutoModelForCausalLM.generate."""
-    import transformers
-
-    model = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
-    ids = torch.tensor(prompt)
-    out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, min_new_tokens=n,
-                         do_sample=False, pad_token_id=0)  # fmt: skip
-    return out[0, len(prompt[0]) :].tolist()
+    return generate.hf_greedy(folder, prompt[0], n)

@@ -70,7 +70,9 @@ def corpus_key(texts: list[str], vocab_size: int) -> str:
     return h.hexdigest()[:24]
 
 
-def _train_bpe(docs: list[str], vocab_size: int):
+def train_bpe(docs: list[str], vocab_size: int):
+    """A byte-level BPE `tokenizers.Tokenizer` of at most `vocab_size` entries trained on `docs`,
+    with BOS_TOKEN and EOS_TOKEN among its special tokens."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers  # import-time cost: BPE only
 
     tok = Tokenizer(models.BPE())
@@ -101,7 +103,7 @@ def load_or_train_bpe(file_texts: list[str], docs: list[str], vocab_size: int, c
     path = Path(cache_dir) / f"bpe-{corpus_key(file_texts, vocab_size)}.json"
     if path.is_file():
         return BpeTokenizer(Tokenizer.from_file(str(path)), from_cache=True, path=path)
-    tok = _train_bpe(docs, vocab_size)
+    tok = train_bpe(docs, vocab_size)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(f".tmp{os.getpid()}")
     tok.save(str(tmp))

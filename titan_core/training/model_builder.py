@@ -119,3 +119,12 @@ def build_meta_model(cfg: ModelConfig, args: TransformerArgs) -> nn.Module:
 def build_model_from_config(cfg: ModelConfig) -> tuple[str, TransformerArgs, nn.Module]:
     args = resolve_model_args(cfg)
     return cfg.family, args, build_meta_model(cfg, args)
+
+
+def materialize_on_cpu(model: nn.Module, seed: int, dtype: torch.dtype) -> nn.Module:
+    """A meta model made real on the CPU in one process, ready for a checkpoint to overwrite every
+    parameter: initialised first because buffers (rope tables) and tied weights are made there,
+    then cast to the dtype the checkpoint was stored in."""
+    model.to_empty(device="cpu")
+    model.init_weights(seed=seed)
+    return model.to(dtype)

@@ -9,11 +9,16 @@ from __future__ import annotations
 
 import math
 import shutil
+import sys
 from pathlib import Path
 
 import torch
 
-from titan_core.config import load_config
+if str(Path(__file__).parents[1]) not in sys.path:  # the rank workers put only tests/core/dist on their path
+    sys.path.insert(0, str(Path(__file__).parents[1]))
+from tiny_flags import tiny_run_flags  # noqa: E402
+
+from titan_core.config import load_config  # noqa: E402
 from titan_core.data import IGNORE_INDEX, Batch
 from titan_core.models import FAMILY_NAMES, build_meta, resolve_args
 from titan_core.measure.numerics import curve_max_rel
@@ -48,16 +53,7 @@ def tiny_cfg(family: str, out: Path, *extra: str, batch_size: int = GLOBAL_BATCH
         [
             f"--model.family={family}",
             overrides(family),
-            f"--training.batch_size={batch_size}",
-            f"--training.seq_len={SEQ_LEN}",
-            f"--training.steps={steps}",
-            "--training.deterministic",
-            "--device.type=cpu",
-            "--device.threads=1",
-            "--optimizer.lr=3e-3",
-            "--lr_scheduler.warmup_steps=1",
-            "--metrics.rich=false",
-            f"--metrics.output_dir={out}",
+            *tiny_run_flags(out, steps=steps, batch_size=batch_size, seq_len=SEQ_LEN),
             *extra,
         ],
     )
@@ -82,10 +78,8 @@ def flux_cfg(out: Path, *extra: str, batch_size: int = GLOBAL_BATCH, steps: int 
         None,
         [
             "--model.family=flux", "--model.flavor=debugmodel", f"--model.overrides={FLUX_SMALL}",
-            f"--training.batch_size={batch_size}", "--training.seq_len=16", f"--training.steps={steps}",
-            "--training.deterministic", "--device.type=cpu", "--device.threads=1", "--optimizer.lr=3e-3",
-            "--lr_scheduler.warmup_steps=1", "--data.repeat_batch=true", "--metrics.rich=false",
-            f"--metrics.output_dir={out}", *extra,
+            *tiny_run_flags(out, steps=steps, batch_size=batch_size, seq_len=16), "--data.repeat_batch=true",
+            *extra,
         ],
     )  # fmt: skip
 

@@ -8,6 +8,7 @@ import time
 
 import pytest
 from _cases import max_rel, overrides
+from tiny_flags import tiny_run_flags
 from hang_guard import HangGuard
 
 from titan_core.config import load_config
@@ -16,17 +17,10 @@ from titan_core.train import main
 
 pytestmark = pytest.mark.whole_machine  # its ranks meet at every collective: the background climbs pause
 
-TINY = [
-    overrides("llama3"),
-    "--training.batch_size=2",
-    "--training.seq_len=32",
-    "--training.deterministic",
-    "--device.type=cpu",
-    "--device.threads=1",
-    "--optimizer.lr=3e-3",
-    "--lr_scheduler.warmup_steps=1",
-    "--metrics.rich=false",
-]
+
+def tiny(out, steps: int) -> list[str]:
+    return [overrides("llama3"), *tiny_run_flags(out, steps=steps, batch_size=2)]
+
 
 FAULTY = '''
 import os, time
@@ -60,7 +54,7 @@ def _faulty(tmp_path, mode):
 
 def test_run_world_trains_on_two_processes(tmp_path, reference):
     """The entry a ladder rung uses: N processes, rank 0's metrics back."""
-    cfg = load_config(None, [*TINY, "--training.steps=5", f"--metrics.output_dir={tmp_path}"])
+    cfg = load_config(None, tiny(tmp_path, 5))
     guard = HangGuard("run_world on 2 ranks", 240)
     world = run_world(cfg, 2, timeout_s=guard.timeout_s)
     guard.fail_if(world.launch.exit_code == EXIT_TIMEOUT, world.launch.failure)
@@ -74,8 +68,7 @@ def test_run_world_trains_on_two_processes(tmp_path, reference):
 
 def test_a_rank_that_raises_is_named_with_its_output(tmp_path, capfd):
     t0 = time.monotonic()
-    code = main(["--nproc", "2", *TINY, "--training.steps=4", f"--model.module_file={_faulty(tmp_path, 'raise')}",
-                 f"--metrics.output_dir={tmp_path}"])  # fmt: skip
+    code = main(["--nproc", "2", *tiny(tmp_path, 4), f"--model.module_file={_faulty(tmp_path, 'raise')}"])
     elapsed = time.monotonic() - t0
     err = capfd.readouterr().err
     assert code == 1
@@ -91,8 +84,8 @@ def test_a_rank_that_raises_is_named_with_its_output(tmp_path, capfd):
 
 def test_a_hung_rank_ends_in_a_collective_timeout(tmp_path, capfd):
     t0 = time.monotonic()
-    code = main(["--nproc", "2", *TINY, "--training.steps=4", f"--model.module_file={_faulty(tmp_path, 'hang')}",
-                 "--parallelism.timeout_s=4", f"--metrics.output_dir={tmp_path}"])  # fmt: skip
+    code = main(["--nproc", "2", *tiny(tmp_path, 4), f"--model.module_file={_faulty(tmp_path, 'hang')}",
+                 "--parallelism.timeout_s=4"])  # fmt: skip
     elapsed = time.monotonic() - t0
     err = capfd.readouterr().err
     assert code == 1

@@ -133,7 +133,7 @@ def test_bpe_is_trained_once_then_loaded_from_cache(corpus, tmp_path, monkeypatc
     def no_training(*a, **k):
         raise AssertionError("the BPE was retrained although it is cached")
 
-    monkeypatch.setattr(tokenizer_mod, "_train_bpe", no_training)
+    monkeypatch.setattr(tokenizer_mod, "train_bpe", no_training)
     second = build_data_loader(cfg, vocab_size=512)
     assert second.tokenizer.from_cache and second.tokenizer.path == first.tokenizer.path
     assert os.stat(second.tokenizer.path).st_mtime_ns == mtime

@@ -12,11 +12,13 @@ import tomllib
 
 import background
 import pytest
+from demo_train_checks import check_train_stage
 from hang_guard import Load, hang_guard, stretch
 from headlines import check_headlines
 from ledger_paths import assert_every_named_path_exists
 from onboard.rungs import harness
 from onboard.engine.ladder import default_specs
+from onboard.engine.ledger import json_safe
 from titan_core.measure.numerics import rel
 
 ONBOARD = Path(sys.executable).parent / "onboard"
@@ -47,7 +49,7 @@ def test_demo_climbs_every_built_rung_and_prints_the_ladder(tmp_path):
     timed = [e for e in ledger["attempts"] if "timing" in harness.checklist(e["rung"]).params]
     assert {e["rung"] for e in timed} == {"simple_fsdp", "graph_trainer", "kernels", "tuning"}
     for e in timed:
-        protocol = {**harness.checklist(e["rung"]).params["timing"], **harness.TIMING_PROFILES[profile]}
+        protocol = json_safe({**harness.checklist(e["rung"]).params["timing"], **harness.TIMING_PROFILES[profile]})
         assert (e["details"]["timing_profile"], e["details"]["timing_protocol"]) == (profile, protocol), e["rung"]
     if profile != harness.SHIPPED:
         assert f"timed with the {profile} profile" in demo.stderr.read_text()  # its log (the result holds its tail)
@@ -60,6 +62,8 @@ def test_demo_climbs_every_built_rung_and_prints_the_ladder(tmp_path):
         assert f"## {rung}: passed" in (ws / "REPORT.md").read_text()
     check_headlines(ws)  # REPORT.md's and status's headline figures are the ledger's decision figures
     assert_every_named_path_exists(ws)  # every metrics file, log and trace the ledger points to is on disk
+    # after the ladder, the proved recipe trained "your" checkpoint on "your" data and its export reloads
+    check_train_stage(demo.base / "demo", out)
     # no flip: the climb reached the top in at most twice as many next-step calls as there are rungs
     assert len(ledger["attempts"]) <= 2 * len(built), [e["rung"] for e in ledger["attempts"]]
     # 300 s is the demo's budget on a machine with a core per runnable process when it starts (its

@@ -179,7 +179,8 @@ def test_status_and_report_commands_recheck_against_the_shipped_checklist(tmp_pa
     forged = {"rung": "eager", "attempt": 1, "status": "passed", "started": "2026-01-01T00:00:00+00:00",
               "ended": "2026-01-01T00:00:05+00:00", "files_read": {}, "criteria": [],
               "measurements": {"all_finite": True, "step1_loss": 7.6, "last_loss": 7.0,
-                               "step1_loss_rel_to_expected": 0.4, "full_model_built_on_meta": True,
+                               "step1_loss_rel_to_expected": 0.4, "step1_loss_vs_transformers_rel_err": 0.0,
+                               "full_model_built_on_meta": True,
                                "full_model_key_mismatches": 0, "full_model_checkpoint_problems": 0,
                                "runs_whole": True}}  # fmt: skip
     tamper(ws, lambda d: d["attempts"].append(forged))

@@ -146,3 +146,14 @@ def test_no_kept_decision_says_so_in_bold_and_nothing_else_is(demo_ws):  # noqa:
     summary = report.split("## Summary", 1)[1].split("\n## ", 1)[0]
     assert "**No rung kept a change**" in summary and "x**" not in summary
     headlines.check_headlines(ws.root)
+
+
+def test_a_decision_taken_without_timing_reads_untimed_and_a_failed_timing_not_measured():
+    from onboard.rungs.decision import Decision, NOT_ELIGIBLE
+
+    untimed = Decision(rung="kernels", lever="kernels.attention", holder="sdpa", candidate="flash", value="sdpa",
+                       verdict=NOT_ELIGIBLE, figure="none", why="flash raised: never timed").to_dict()  # fmt: skip
+    failed = decide("kernels", "kernels.loss", holder="plain", candidate="fused_ce",
+                    comparison={"outcome": "not measured", "ratio": float("nan"), "ci_low": 0.0, "ci_high": float("inf")}).to_dict()  # fmt: skip
+    assert headline([untimed]) == "kernels.attention=flash: untimed not eligible"
+    assert headline([failed]) == "kernels.loss=fused_ce: not measured"

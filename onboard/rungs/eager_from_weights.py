@@ -1,0 +1,170 @@
+"""A part of the eager rung: a recipe that starts from a checkpoint (`checkpoint.initial_hf`).
+
+Not a rung (no RUNG). When the recipe names a Hugging Face checkpoint, every run of it starts
+from those weights, loaded per rank by titan_core (titan_core/training/hf_load.py). The eager
+rung then also checks that the load is the checkpoint transformers reads: step 1's loss of the
+recipe's run equals transformers' loss of the same folder (`from_pretrained`, fp32, CPU, eager
+attention: onboard/parity/upstream.py, the parity rung's loader) on the same batch, within the
+checklist's bound (checklists/eager.yaml, step1_loss_vs_transformers).
+
+The batch is the run's own first step: the recipe's data loader (titan_core.data.build_data_loader)
+for the eager rung's one process (data-parallel rank 0 of 1), `grad_accum` micro-batches, the loss
+their global token mean, as the trainer logs it (titan_core/training/token_mean.py), plus the MoE
+load-balancing term upstream adds as transformers does (router_aux_loss_coef x aux_loss). A
+packed batch (segment ids) is scored one document at a time, positions from 0, which is what
+attention kept inside each document computes.
+
+The comparison is in fp32: an fp32 recipe's step 1 itself, and for a bf16 recipe the fp32 step
+the eager rung runs anyway to measure its rounding (eager_rung.bf16_rounding), from the same
+weights and batch.
+
+Without initial_hf there is nothing to compare: the relative error is recorded as 0.0 and
+`step1_loss_reference` says so (a fresh init is judged by step1_loss_near_expected).
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+from onboard.rungs import harness
+from onboard.rungs.contract import RungContext
+
+CRITERION = "step1_loss_vs_transformers"
+NOT_GIVEN = "none: the recipe has no checkpoint.initial_hf (a fresh init, judged by step1_loss_near_expected)"
+
+
+def checkpoint_files(cfg) -> list[Path]:
+    """The files of checkpoint.initial_hf that a run reads (config.json, the index, the shards): their
+    change makes the rung's evidence stale, wherever the folder is."""
+    if not cfg.checkpoint.initial_hf:
+        return []
+    folder = Path(cfg.checkpoint.initial_hf)
+    if not folder.is_dir():
+        return []
+    named = [folder / "config.json", folder / "model.safetensors.index.json"]
+    return [p for p in named if p.is_file()] + sorted(folder.glob("*.safetensors"))
+
+
+def _batches(cfg, args) -> list:
+    """The micro-batches of the run's first optimizer step, as its loader yields them on rank 0 of 1."""
+    from titan_core.data import build_data_loader  # lazy: loads torch; onboard status imports the rungs
+
+    loader = build_data_loader(cfg, vocab_size=args.vocab_size)
+    return [next(loader) for _ in range(cfg.training.grad_accum)]
+
+
+def _documents(batch):
+    """(row, token indices) of each document of a packed micro-batch, in order."""
+    import torch  # lazy: loads torch; onboard status imports the rungs
+
+    for r in range(batch.tokens.shape[0]):
+        seg = batch.segment_ids[r]
+        for s in torch.unique_consecutive(seg):
+            yield r, (seg == s).nonzero().flatten()
+
+
+def transformers_loss(cfg, args) -> tuple[float, dict[str, Any]]:
+    """(transformers' step-1 loss of checkpoint.initial_hf on the run's first step, how it was
+    computed). UpstreamError (a ConfigError) when transformers cannot build or load it."""
+    import torch  # lazy: loads torch; onboard status imports the rungs
+    import torch.nn.functional as F  # lazy: loads torch; onboard status imports the rungs
+
+    from onboard.parity.check import _upstream_aux  # lazy: loads torch; the parity rung's reading of the term
+    from onboard.parity.upstream import build_upstream  # lazy: as above
+    from titan_core.config.hf_config import read_hf_config  # lazy: loads torch; onboard status imports the rungs
+    from titan_core.data.base import IGNORE_INDEX  # lazy: loads torch; onboard status imports the rungs
+
+    folder = Path(cfg.checkpoint.initial_hf)
+    upstream = build_upstream(read_hf_config(folder / "config.json"), weights_dir=folder)
+    model = upstream.model
+    batches = _batches(cfg, args)
+    ce_sum, valid, aux_terms, aux_how = 0.0, 0, [], ""
+    with torch.no_grad():
+        for b in batches:
+            valid += int((b.labels != IGNORE_INDEX).sum())
+            if b.segment_ids is None:
+                out = model(input_ids=b.tokens, use_cache=False)
+                for r in range(b.tokens.shape[0]):  # a row at a time: float64 logits of one row, not the batch's
+                    ce_sum += F.cross_entropy(out.logits[r].double(), b.labels[r], ignore_index=IGNORE_INDEX,
+                                              reduction="sum").item()  # fmt: skip
+                aux, aux_how = _upstream_aux(model, out)
+            else:
+                aux = 0.0
+                for r, idx in _documents(b):
+                    out = model(input_ids=b.tokens[r, idx][None], position_ids=b.positions[r, idx][None],
+                                use_cache=False)  # fmt: skip
+                    ce_sum += F.cross_entropy(out.logits[0].double(), b.labels[r, idx], ignore_index=IGNORE_INDEX,
+                                              reduction="sum").item()  # fmt: skip
+                    if getattr(out, "aux_loss", None) is not None:
+                        # routing statistics pool every token of the row, which no document-wise forward sees
+                        aux, aux_how = math.nan, "packed documents through a load-balancing term: not comparable"
+            aux_terms.append(aux)
+    loss = ce_sum / max(valid, 1) + sum(aux_terms) / len(aux_terms)
+    t = cfg.training
+    how = {
+        "checkpoint": str(folder),
+        "model": type(model).__name__,
+        "batch": f"{t.grad_accum} micro-batch(es) of {t.batch_size} x {t.seq_len} tokens, the run's step 1 (rank 0)",
+        "packed": any(b.segment_ids is not None for b in batches),
+        "valid_tokens": valid,
+        "aux_term": aux_how or "none",
+        "upstream_loading": upstream.counts(),
+    }
+    return loss, how
+
+
+def step1_vs_transformers(ctx: RungContext, cfg, args, measurements) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(measurements, details) of the comparison (module docstring); `measurements` are the eager
+    rung's so far (step 1, and a bf16 recipe's fp32 step)."""
+    if not cfg.checkpoint.initial_hf:
+        return {"step1_loss_reference": NOT_GIVEN, "step1_loss_vs_transformers_rel_err": 0.0}, {}
+    from titan_core.measure.numerics import rel  # lazy: loads torch; onboard status imports the rungs
+    from titan_core.models.flux.config import flux_of_args  # lazy: loads torch; onboard status imports the rungs
+
+    bf16 = measurements.get("precision") == "bf16"
+    if bf16:
+        ours_repr = measurements.get("fp32_step1_loss_repr") or "nan"  # absent: the bf16 run itself was not finite
+        ours_from = "the fp32 step 1 of this bf16 recipe (same weights and batch; bf16_rounding)"
+    else:
+        ours_repr, ours_from = measurements["step1_loss_repr"], "the recipe's step 1"
+    ours = float(ours_repr)
+    bound = harness.bound("eager", CRITERION, "fp32", {})
+    detail: dict[str, Any] = {"ours": ours, "ours_from": ours_from, "precision": "fp32", "bound": bound}
+    ctx.log(f"eager: the run starts from {cfg.checkpoint.initial_hf}; transformers reads the same checkpoint")
+    theirs, why = math.nan, None
+    if flux_of_args(args) is not None:
+        why = "a flow model: transformers has no causal-LM loss of it to compare with"
+    else:
+        from titan_core.config import ConfigError  # lazy: as above
+
+        try:
+            theirs, how = transformers_loss(cfg, args)
+            detail.update(how)
+        except ConfigError as e:  # UpstreamError: no transformers, no class for the model_type, a load that failed
+            why = str(e)
+    err = rel(ours, theirs)  # NaN on either side: inf, a failure
+    detail.update(transformers=theirs, rel_err=err)
+    m: dict[str, Any] = {
+        "step1_loss_reference": (
+            f"transformers' loss of checkpoint.initial_hf ({cfg.checkpoint.initial_hf}) on the same batch"
+        ),
+        "step1_loss_vs_transformers_rel_err": err,
+        "step1_loss_compared_repr": repr(ours),
+        "step1_loss_transformers_repr": repr(theirs),
+    }
+    if why:
+        detail["why_not_compared"] = why
+        ctx.log(f"eager: transformers' loss of the checkpoint could not be computed: {why}")
+    elif math.isfinite(theirs):
+        # a trained checkpoint does not predict uniformly: what step 1 should be is transformers' loss of it
+        m.update(
+            expected_step1_loss=theirs,
+            expected_step1_loss_is="transformers' loss of checkpoint.initial_hf on the same batch",
+            step1_loss_rel_to_expected=rel(measurements["step1_loss"], theirs),
+        )
+    verdict = "within" if err <= bound else "NOT within"
+    ctx.log(f"eager: step-1 loss from the checkpoint: ours {ours!r} ({ours_from}), transformers {theirs!r}: "
+            f"relative error {err:.2e}, {verdict} the fp32 bound {bound:.0e}")  # fmt: skip
+    return m, {"step1_vs_transformers": detail}
