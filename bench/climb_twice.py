@@ -13,6 +13,9 @@ keys, each with the decisions that explain it (or none); and the verdict.
 
     python bench/climb_twice.py --hf-config phi3_tiny.json --path transformers --dir /tmp/twice
     python bench/climb_twice.py --preset llama3/debugmodel --dir /tmp/twice [--timing quick]
+
+`summarize` and `compare` also judge two workspaces climbed some other way (the suite compares
+the demo's climb with a second `onboard demo --no-train`: tests/onboard/ladder/test_climb_twice.py).
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ os.environ.setdefault("TORCH_DEVICE_BACKEND_AUTOLOAD", "0")
 from typer.testing import CliRunner  # noqa: E402
 
 from onboard.cli.app import app  # noqa: E402
-from onboard.engine.ladder import default_specs, next_step  # noqa: E402
+from onboard.engine.ladder import current_state, default_specs, ladder_states, next_step  # noqa: E402
 from onboard.rungs import harness  # noqa: E402
 from onboard.rungs.decision import INDISTINGUISHABLE, NOT_MEASURED  # noqa: E402
 from onboard.workspace.layout import Workspace  # noqa: E402
@@ -67,15 +70,23 @@ def climb(base: Path, name: str, scaffold: list[str], log) -> dict:
         log(f"{name}: call {len(calls)}: {last.rung} {last.status}")
         if str(last.status) not in ACCEPTED:
             break
-    ws = Workspace.load(base, name)
+    side = summarize(Workspace.load(base, name))
+    return {**side, "calls": len(calls), "steps": calls, "final_status": str(last.status),
+            "seconds": round(time.monotonic() - t0, 1)}  # fmt: skip
+
+
+def summarize(ws: Workspace) -> dict:
+    """A climbed workspace: its rung attempts (ledger entries), whether the ladder is complete,
+    the levers its recipe ended with and the latest decision about each lever."""
+    specs = default_specs()
     decisions = {}
     for entry in ws.ledger.attempts:
         for d in (entry.details or {}).get("decisions") or []:
             if isinstance(d, dict) and "lever" in d:
                 decisions[d["lever"]] = d  # the latest decision about each lever
-    return {"workspace": str(ws.root), "calls": len(calls), "steps": calls, "final_status": str(last.status),
-            "seconds": round(time.monotonic() - t0, 1), "levers": levers(ws.recipe_path),
-            "decisions": decisions}  # fmt: skip
+    complete = current_state(ladder_states(ws, specs)) is None
+    return {"workspace": str(ws.root), "attempts": len(ws.ledger.attempts), "complete": complete,
+            "levers": levers(ws.recipe_path), "decisions": decisions}  # fmt: skip
 
 
 def explained(key: str, sides: list[dict]) -> list[dict]:
@@ -87,6 +98,24 @@ def explained(key: str, sides: list[dict]) -> list[dict]:
             if covers and d.get("verdict") in (INDISTINGUISHABLE, NOT_MEASURED):
                 out.append({"workspace": side["workspace"], "lever": lever, "verdict": d["verdict"], "why": d.get("why")})
     return out
+
+
+def compare(sides: list[dict]) -> dict:
+    """Two `summarize`d workspaces side by side: the lever keys that differ, each with the decisions
+    that explain it; whether every difference is explained and each climb took at most twice the
+    built rungs in attempts and ended complete."""
+    keys = sorted(set(sides[0]["levers"]) | set(sides[1]["levers"]))
+    differ = [{"key": k, "values": [s["levers"].get(k) for s in sides], "explained_by": explained(k, sides)}
+              for k in keys if sides[0]["levers"].get(k) != sides[1]["levers"].get(k)]  # fmt: skip
+    bound = 2 * len([s for s in default_specs() if s.built])
+    return {
+        "call_bound": bound,
+        "sides": sides,
+        "differ": differ,
+        "same_levers": not differ,
+        "every_difference_explained": all(d["explained_by"] for d in differ),
+        "within_call_bound": all(s["attempts"] <= bound and s["complete"] for s in sides),
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -109,19 +138,7 @@ def main(argv: list[str] | None = None) -> int:
     with harness.timing_profile_of(a.timing):
         for name in ("first", "second"):
             sides.append(climb(a.dir, name, scaffold, lambda line: print(line, file=sys.stderr, flush=True)))
-    keys = sorted(set(sides[0]["levers"]) | set(sides[1]["levers"]))
-    differ = [{"key": k, "values": [s["levers"].get(k) for s in sides], "explained_by": explained(k, sides)}
-              for k in keys if sides[0]["levers"].get(k) != sides[1]["levers"].get(k)]  # fmt: skip
-    rungs = len([s for s in default_specs() if s.built])
-    report = {
-        "timing_profile": a.timing,
-        "call_bound": 2 * rungs,
-        "sides": sides,
-        "differ": differ,
-        "same_levers": not differ,
-        "every_difference_explained": all(d["explained_by"] for d in differ),
-        "within_call_bound": all(s["calls"] <= 2 * rungs and s["final_status"] == "complete" for s in sides),
-    }
+    report = {"timing_profile": a.timing, **compare(sides)}
     print(json.dumps(report, indent=1, default=str))
     return 0 if report["every_difference_explained"] and report["within_call_bound"] else 1
 

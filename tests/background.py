@@ -37,7 +37,6 @@ from hang_guard import HangGuard, Load
 from titan_core.runtime.die_with_parent import with_parent_death_signal
 
 LADDER_TESTS = Path(__file__).resolve().parent / "onboard" / "ladder"
-REPO = Path(__file__).resolve().parent.parent
 
 
 def _idle_class() -> None:
@@ -102,10 +101,10 @@ JOBS = {
     ),
     "twice": Job(
         "tests/onboard/ladder/test_climb_twice.py::test_the_demo_model_climbed_twice_ends_with_the_same_levers_or_says_why",
-        "the demo model climbed in two workspaces (bench/climb_twice.py)",
-        lambda base, shared: [sys.executable, REPO / "bench" / "climb_twice.py", "--preset", "llama3/debugmodel",
-                              "--dir", base / "twice", "--timing", demo_timing(shared)],  # fmt: skip
-        900,
+        "the demo's ladder climbed a second time (onboard demo --no-train)",
+        lambda base, shared: [Path(sys.executable).parent / "onboard", "demo", "--no-train", "--dir", base / "twice",
+                              "--timing", demo_timing(shared)],  # fmt: skip
+        600,
     ),
     "demo": Job(
         "tests/onboard/ladder/test_demo.py::test_demo_climbs_every_built_rung_and_prints_the_ladder",
