@@ -17,7 +17,8 @@ from onboard.errors import EXIT_FAILED, EXIT_INTERRUPTED
 @app.command("recipe")
 def recipe_cmd(name: str = typer.Argument(...), dir: Path = DIR_OPTION, json_out: bool = JSON_OPTION):
     """Print the workspace's recipe, what each rung earned in it, and the commands that run it
-    on one process, on this host and on many hosts (torchrun)."""
+    on one process, on this host and on many hosts (torchrun), and the one that continues training
+    the model from its checkpoint on your data (with validation and an HF export)."""
 
     def body(out: Out) -> int:
         from onboard.cli.recipe_view import recipe_lines, recipe_view
