@@ -37,7 +37,7 @@ import torch
 from rich.markup import escape
 
 from onboard.cli.export_cmd import find_checkpoint
-from onboard.cli.recipe_view import per_rank_batch
+from onboard.cli.recipe_view import per_rank_batch, world_of
 from onboard.errors import EXIT_FAILED
 from onboard.workspace.layout import Workspace
 from titan_core.config.dtypes import DTYPES
@@ -139,16 +139,6 @@ def write_pretrained(cfg, folder: Path, texts: list[str]) -> dict:
     return {"bytes": size, "tokenizer": tok, "files": sorted(p.name for p in folder.iterdir())}
 
 
-def _processes(recipe: dict) -> tuple[int, int]:
-    """(processes, data-parallel ranks) the recipe's parallelism names; (1, 1) when a degree fills
-    from the world size (one process then runs it)."""
-    par = recipe.get("parallelism") if isinstance(recipe.get("parallelism"), dict) else {}
-    degrees = [par.get(k, d) for k, d in (("dp_replicate", 1), ("dp_shard", -1), ("tp", 1))]
-    if not all(isinstance(d, int) and d > 0 for d in degrees):
-        return 1, 1
-    return degrees[0] * degrees[1] * degrees[2], degrees[0] * degrees[1]
-
-
 def overrides(files: dict[str, Path], shard_mb: int) -> list[str]:
     """The command-line overrides that point the proved recipe at the user's checkpoint and data."""
     return [
@@ -176,7 +166,7 @@ def train_command(ws: Workspace, extra: list[str]) -> list[str]:
     """`python -m titan_core.train --config RECIPE [--nproc N --training.batch_size=B] EXTRA`."""
     recipe = tomllib.loads(ws.recipe_path.read_text(encoding="utf-8"))
     argv = [sys.executable, "-m", "titan_core.train", "--config", str(ws.recipe_path)]
-    ranks, dp = _processes(recipe)
+    ranks, dp = world_of(recipe) or (1, 1)  # a degree that fills from the world size: one process runs it
     if ranks > 1:  # the recipe's global batch split over its data-parallel ranks, as `onboard recipe` says
         rows, why = per_rank_batch(recipe, dp)
         if rows is None:

@@ -67,20 +67,38 @@ def per_rank_batch(recipe: dict, ranks: int) -> tuple[int | None, str]:
     return b // ranks, f"{b // ranks} rows per rank x {ranks} ranks = the global batch of {b} the gates verified"
 
 
-def _torchrun(ws: Workspace, recipe: dict, per_node: int) -> tuple[str, str]:
-    """The multi-host line and how its node count was filled in."""
+def world_of(recipe: dict) -> tuple[int, int] | None:
+    """(processes, data-parallel ranks) the recipe's parallelism degrees name (dp_replicate x dp_shard
+    x tp, and without tp, whose ranks share their data-parallel rank's rows); None when a degree fills
+    from the world size (-1, dp_shard's default)."""
     par = recipe.get("parallelism") if isinstance(recipe.get("parallelism"), dict) else {}
     degrees = [par.get(k, d) for k, d in (("dp_replicate", 1), ("dp_shard", -1), ("tp", 1))]
+    if not all(isinstance(d, int) and d > 0 for d in degrees):
+        return None
+    return degrees[0] * degrees[1] * degrees[2], degrees[0] * degrees[1]
+
+
+def unquote_placeholders(line: str, names) -> str:
+    """`line` with the shell quoting shlex put around each word holding one of `names` ($HEAD_NODE,
+    $DATA, ...) taken off: they are meant for the user's shell to fill in."""
+    for name in names:
+        line = re.sub(rf"'([^' ]*){re.escape(name)}([^' ]*)'", rf"\1{name}\2", line)
+    return line
+
+
+def _torchrun(ws: Workspace, recipe: dict, per_node: int) -> tuple[str, str]:
+    """The multi-host line and how its node count was filled in."""
+    world_dp = world_of(recipe)
     batch_flag: list[str] = []
-    if all(isinstance(d, int) and d > 0 for d in degrees):
-        world = degrees[0] * degrees[1] * degrees[2]
+    if world_dp is not None:
+        world, dp = world_dp
         if world % per_node:
             raise BadInput(
                 f"{ws.recipe_path}: parallelism degrees multiply to {world} processes, which do not split into "
                 f"hosts of {per_node}; set the degrees to a multiple of {per_node}"
             )
         nnodes, how = str(world // per_node), f"dp_replicate x dp_shard x tp = {world} processes, {per_node} per host"
-        rows, why = per_rank_batch(recipe, degrees[0] * degrees[1])  # tp ranks share their data-parallel rank's rows
+        rows, why = per_rank_batch(recipe, dp)
         batch_flag = [f"--training.batch_size={rows}"] if rows else []
         how += f"; {why}"
     else:
@@ -92,10 +110,7 @@ def _torchrun(ws: Workspace, recipe: dict, per_node: int) -> tuple[str, str]:
         f"--rdzv-endpoint=$HEAD_NODE:{RDZV_PORT}", f"--rdzv-id={ws.name}", "-m", "titan_core.train",
         "--config", "recipe.toml", *batch_flag,
     ])  # fmt: skip
-    # shlex quotes the $ placeholders; they are meant for the user's shell
-    line = line.replace("'--nnodes=$NNODES'", "--nnodes=$NNODES").replace(
-        f"'--rdzv-endpoint=$HEAD_NODE:{RDZV_PORT}'", f"--rdzv-endpoint=$HEAD_NODE:{RDZV_PORT}"
-    )
+    line = unquote_placeholders(line, ("$NNODES", "$HEAD_NODE"))
     return f"cd {shlex.quote(str(ws.root))} && {line}", how
 
 
@@ -146,9 +161,7 @@ def continue_training(ws: Workspace, recipe: dict, per_node: int, rows: int | No
         f"--data.tokenizer_path={tokenizer}", "--training.steps=$STEPS", "--validation.enable=true",
         "--validation.path=$VALID_DATA", "--checkpoint.enable=true", "--checkpoint.export_hf=$EXPORT_DIR",
     ]  # fmt: skip
-    line = shlex.join(argv)
-    for name in fill:  # shlex quotes the $ placeholders; they are meant for the user's shell
-        line = re.sub(rf"'([^' ]*){re.escape(name)}([^' ]*)'", rf"\1{name}\2", line)
+    line = unquote_placeholders(shlex.join(argv), fill)
     return {"command": line, "checkpoint": folder, "checkpoint_from": source, "fill_in": fill, "notes": notes}
 
 

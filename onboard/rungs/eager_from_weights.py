@@ -36,15 +36,20 @@ NOT_GIVEN = "none: the recipe has no checkpoint.initial_hf (a fresh init, judged
 
 
 def checkpoint_files(cfg) -> list[Path]:
-    """The files of checkpoint.initial_hf that a run reads (config.json, the index, the shards): their
-    change makes the rung's evidence stale, wherever the folder is."""
+    """The files of checkpoint.initial_hf that a run reads (config.json, the index, the safetensors the
+    load reads: titan_core's `checkpoint_files`): their change makes the rung's evidence stale,
+    wherever the folder is. None without initial_hf, or for a folder the load refuses (the run failed)."""
     if not cfg.checkpoint.initial_hf:
         return []
+    from titan_core.config import ConfigError  # lazy: loads torch; onboard status imports the rungs
+    from titan_core.weights.header_check import INDEX, checkpoint_files as safetensors_of  # lazy: as above
+
     folder = Path(cfg.checkpoint.initial_hf)
-    if not folder.is_dir():
+    try:
+        shards = safetensors_of(folder)
+    except ConfigError:
         return []
-    named = [folder / "config.json", folder / "model.safetensors.index.json"]
-    return [p for p in named if p.is_file()] + sorted(folder.glob("*.safetensors"))
+    return [p for p in (folder / "config.json", folder / INDEX) if p.is_file()] + shards
 
 
 def _batches(cfg, args) -> list:
