@@ -18,8 +18,9 @@ $(STAMP): pyproject.toml constraints.txt
 
 install: $(STAMP)
 
+# --force: a second `make demo` keeps the first run's folders as <name>.backup-<time> in demo-run/
 demo: $(STAMP)
-	$(VENV)/bin/onboard demo --dir demo-run
+	$(VENV)/bin/onboard demo --dir demo-run --force
 
 test: $(STAMP)
 	$(PY) -m pytest -q -x --durations=15
@@ -30,13 +31,14 @@ test: $(STAMP)
 # (simple_fsdp's three 2-rank runs are the most of it), seconds for one that stops at eager.
 # Both tables are rewritten after every architecture: after a Ctrl-C (or a crash, or a session's end),
 # `make compat COMPAT_RESUME=1` keeps the rows COMPAT_RESULTS holds and probes only the others.
-# COMPAT_TYPES="llama qwen3" probes only those.
+# COMPAT_TYPES="llama qwen3" probes only those. A sweep does not replace the tables it finds without
+# COMPAT_RESUME=1 (go on from them) or COMPAT_FORCE=1 (start over; the old files kept as <name>.backup-<time>).
 COMPAT_TYPES ?=
 COMPAT_JOBS ?= 2
 COMPAT_RESULTS ?= docs/COMPATIBILITY.json
 compat: $(STAMP)
 	$(VENV)/bin/onboard compat $(COMPAT_TYPES) --jobs $(COMPAT_JOBS) --markdown docs/COMPATIBILITY.md \
-		--results $(COMPAT_RESULTS) $(if $(COMPAT_RESUME),--resume)
+		--results $(COMPAT_RESULTS) $(if $(COMPAT_RESUME),--resume) $(if $(COMPAT_FORCE),--force)
 
 clean:
 	rm -rf $(VENV) demo-run .pytest_cache

@@ -1,9 +1,11 @@
-"""The `onboard` command line: new-model, next-step, status, list, report, waive, train, demo, skill
-(recipe, plan and compat live in onboard/cli/handover.py, export in onboard/cli/export_cmd.py, on the same app).
+"""The `onboard` command line: new-model, next-step, status, list, report, waive, demo, skill
+(recipe, plan and compat live in onboard/cli/handover.py, export in onboard/cli/export_cmd.py, train in
+onboard/cli/train_cmd.py, on the same app).
 
 Every command takes --json: then stdout carries one JSON document and nothing else
 (progress goes to stderr, and is silent). Exit codes (DESIGN section 4): 0 passed / done,
-1 gate failed, 2 bad input (one line on stderr, nothing written), 130 interrupted. An OS
+1 gate failed, 2 bad input (one line on stderr, nothing written), 130 interrupted by Ctrl-C,
+143 by SIGTERM (temp folders removed, child processes stopped, no gate result recorded). An OS
 error is one line too, never a traceback: exit 2 where the input is at fault (a path, a
 name, a read-only target), 1 where the machine failed mid-run (disk full); see
 `onboard.errors.describe_os_error`. Under --json the same line is {"error", "exit_code"}.
@@ -20,7 +22,8 @@ import typer
 from rich.panel import Panel
 
 from onboard.cli.shared import DIR_OPTION, JSON_OPTION, Out, check_dir, run_command, app, skill_app
-from onboard.errors import EXIT_BAD_INPUT, BadInput, describe_os_error
+from onboard.errors import BadInput, describe_os_error
+from onboard.sanitize import markup_safe, visible
 
 
 # ---- new-model -----------------------------------------------------------------------------
@@ -42,7 +45,9 @@ def new_model(
     ),
     dir: Path = DIR_OPTION,
     device: str = typer.Option("auto", "--device", help="auto | cpu | cuda | tpu."),
-    force: bool = typer.Option(False, "--force", help="Replace an existing workspace of that name."),
+    force: bool = typer.Option(
+        False, "--force", help="Replace an existing workspace of that name, keeping it as NAME.backup-<time>."
+    ),
     twin: Optional[bool] = typer.Option(
         None, "--twin/--no-twin", help="Gates on a smaller twin of the model (default: when the full one does not fit)."
     ),
@@ -87,28 +92,34 @@ def new_model(
                 {"file": "twin.json", **{k: plan.twin[k] for k in ("summary", "reason", "rows")}} if plan.twin else None
             ),
             "twin_decision": choice.reason,
+            "backup": str(plan.backup) if plan.backup else None,
             "next": f"onboard next-step {name}" + ("" if Path(dir) == Path(".") else f" --dir {dir}"),
         }
         if out.json:
             out.emit(result)
             return 0
         out.print(
-            f"[bold green]created[/] {root}  ({plan.path_kind} path, family {plan.family}, model_type {plan.model_type})"
+            f"[bold green]created[/] {markup_safe(root)}  ({plan.path_kind} path, family {plan.family}, "
+            f"model_type {markup_safe(plan.model_type)})"
         )
         out.print("files: " + ", ".join(files))
+        if plan.backup:
+            out.print(f"the workspace it replaced is kept as {plan.backup}", markup=False, soft_wrap=True)
         if warning:
-            out.print(f"[bold yellow]warning:[/] {warning}", soft_wrap=True)
+            out.print(f"[bold yellow]warning:[/] {markup_safe(warning)}", soft_wrap=True)
         if choice.twin is not None:
             from onboard.sizing.twin_setup import twin_table
 
-            out.print(f"[bold]the gates run on a twin[/] (twin.json), because {choice.reason}", soft_wrap=True)
+            reason = markup_safe(choice.reason)
+            out.print(f"[bold]the gates run on a twin[/] (twin.json), because {reason}", soft_wrap=True)
             out.print(twin_table(choice.twin))
         if plan.unconsumed:
             out.print(
                 f"[bold yellow]config keys the {plan.family} family does not consume[/] (handle each or confirm it is irrelevant):"
             )
             for key in plan.unconsumed:
-                out.print(f"  {key} = {json.dumps(plan.hf_config[key])}", markup=False)
+                # the key as the config spells it, made visible; json.dumps escapes the value's own
+                out.print(f"  {visible(key)} = {json.dumps(plan.hf_config[key])}", markup=False)
         else:
             out.print(f"every architecture key of config.json is consumed by the {plan.family} family")
         if plan.arch_differences:
@@ -121,7 +132,7 @@ def new_model(
             out.print(f"no architecture differences from the {plan.family} family in the upstream modules")
         if plan.path_kind == "port":
             out.print(f"{len(plan.todos)} TODO(port) items in model.py")
-        out.print(f"next: [bold]{result['next']}[/]")
+        out.print(f"next: [bold]{markup_safe(result['next'])}[/]")
         return 0
 
     run_command(json_out, body)
@@ -141,7 +152,7 @@ def next_step_cmd(name: str = typer.Argument(...), dir: Path = DIR_OPTION, json_
         command = f"onboard next-step {name}" + ("" if Path(dir) == Path(".") else f" --dir {dir}")
         outcome = next_step(ws, log=out.log, base_command=command)
         if outcome.os_error:  # the machine failed, not the gate: one line, like any other OS error
-            print(f"error: {outcome.message}", file=sys.stderr)
+            print(f"error: {visible(outcome.message)}", file=sys.stderr)
         if out.json:
             out.emit(outcome.to_json())
         elif not outcome.os_error:
@@ -154,18 +165,23 @@ def next_step_cmd(name: str = typer.Argument(...), dir: Path = DIR_OPTION, json_
 # ---- status / list / report ------------------------------------------------------------------
 def _print_status(out: Out, ws, states) -> None:
     from onboard.cli.views import ladder_message, ladder_table
+    from onboard.engine.evidence import workspace_facts
 
     meta = ws.ledger.meta
+    facts, mismatches = workspace_facts(ws)  # the workspace's files, not ladder.json's word
     out.print(
         ladder_table(
             states,
-            title=f"{ws.name}: {meta.get('model_type')} ({meta.get('path')} path, family {meta.get('family')}, device {ws.device})",
+            title=markup_safe(f"{ws.name}: {facts['model_type']} ({meta.get('path')} path, family {facts['family']}, "
+                              f"device {ws.device})"),  # config strings
         )
     )
+    for line in mismatches:
+        out.print(markup_safe(line), style="yellow")
     waivers = list(ws.ledger.waivers().values())
     if waivers:
-        lines = "\n".join(
-            f"{w['rung']}/{w['criterion']}: {w['why']}  ({w.get('by')}, {w['time'][:19]})" for w in waivers
+        lines = "\n".join(  # the reasons are a person's text, shown as written (no markup)
+            markup_safe(f"{w['rung']}/{w['criterion']}: {w['why']}  ({w.get('by')}, {w['time'][:19]})") for w in waivers
         )
         out.print(Panel(lines, title="WAIVED CRITERIA", border_style="bold red", style="red"))
     out.print(ladder_message(states))
@@ -199,6 +215,7 @@ def list_cmd(dir: Path = DIR_OPTION, json_out: bool = JSON_OPTION):
         from rich.table import Table
         from rich.text import Text
 
+        from onboard.engine.evidence import workspace_facts
         from onboard.engine.ladder import default_specs, ladder_states
         from onboard.engine.ledger import ACCEPTED
         from onboard.cli.views import ladder_message
@@ -216,11 +233,12 @@ def list_cmd(dir: Path = DIR_OPTION, json_out: bool = JSON_OPTION):
                     {"workspace": root.name, "status": "unreadable", "ledger": str(root / LEDGER), "error": why}
                 )
                 continue
+            facts, _ = workspace_facts(ws)  # the workspace's files, not ladder.json's word
             rows.append(
                 {
                     "workspace": ws.name,
-                    "model_type": ws.ledger.meta.get("model_type"),
-                    "family": ws.ledger.meta.get("family"),
+                    "model_type": facts["model_type"],
+                    "family": facts["family"],
                     "path": ws.ledger.meta.get("path"),
                     "rungs": {s.rung: s.status for s in states},
                     "message": ladder_message(states),
@@ -232,17 +250,19 @@ def list_cmd(dir: Path = DIR_OPTION, json_out: bool = JSON_OPTION):
         if not rows:
             out.print(f"no workspaces under {Path(dir) / 'onboarding'}; create one with `onboard new-model`")
             return 0
-        table = Table(title=f"workspaces in {Path(dir).resolve() / 'onboarding'}")
+        table = Table(title=markup_safe(f"workspaces in {Path(dir).resolve() / 'onboarding'}"))
         for col in ("workspace", "model_type", "path", "passed", "status"):
             table.add_column(col)
         for r in rows:
             if "error" in r:  # Text, not markup: the message holds brackets (attempts[2])
-                table.add_row(r["workspace"], "", "", "", Text(f"unreadable ledger: {r['error']}", style="red"))
+                why = Text(visible(f"unreadable ledger: {r['error']}"), style="red")
+                table.add_row(r["workspace"], "", "", "", why)
                 continue
             passed = [k for k, v in r["rungs"].items() if v in ACCEPTED]
-            table.add_row(
-                r["workspace"], r["model_type"] or "", r["path"] or "", ", ".join(passed) or "-", r["message"]
-            )
+            table.add_row(  # model_type and path come from ladder.json: config strings
+                r["workspace"], *(markup_safe(v or "") for v in (r["model_type"], r["path"])), ", ".join(passed) or "-",
+                markup_safe(r["message"]),
+            )  # fmt: skip
         out.print(table)
         return 0
 
@@ -307,45 +327,14 @@ def waive_cmd(
         if out.json:
             out.emit({"workspace": name, "waiver": waiver})
         else:
-            out.print(f"[bold white on red]WAIVED[/] {rung}/{criterion}: {waiver['why']}")
+            out.print(f"[bold white on red]WAIVED[/] {rung}/{criterion}: {markup_safe(waiver['why'])}")
             out.print(f"recorded in {ws.ledger.path}; the next `onboard next-step {name}` counts it as ok-but-waived")
         return 0
 
     run_command(json_out, body)
 
 
-# ---- train / demo / skill ------------------------------------------------------------------------
-@app.command(
-    "train",
-    context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
-)
-def train_cmd(
-    ctx: typer.Context,
-    config: Path = typer.Option(..., "--config", help="Recipe TOML."),
-    nproc: int = typer.Option(1, "--nproc", help="Local processes (ranks) to start; >1 goes through the launcher."),
-):
-    """Train with a recipe, like `python -m titan_core.train --config RECIPE [--a.b=c ...]`."""
-    argv = ["--config", str(config), *ctx.args]  # the recipe's relative paths: titan_core's loader anchors them
-    if nproc < 1:
-        print(f"error: --nproc must be at least 1, got {nproc}", file=sys.stderr)
-        raise typer.Exit(EXIT_BAD_INPUT)
-    # titan_core reports its own config errors; an OS error (an output folder that cannot
-    # be written, a full disk) is one line here, as in every other command
-    try:
-        if nproc > 1:
-            from titan_core.runtime.launcher import launch
-
-            code = launch(argv, nproc)
-        else:
-            from titan_core.train import main as train_main
-
-            code = train_main(argv)
-    except OSError as e:
-        code, message = describe_os_error(e)
-        print(f"error: {message}", file=sys.stderr)
-    raise typer.Exit(code)
-
-
+# ---- demo / skill (train: onboard/cli/train_cmd.py) -----------------------------------------
 @app.command("demo")
 def demo_cmd(
     dir: Path = typer.Option(Path("demo-run"), "--dir", help="Folder for the demo workspace."),
@@ -370,6 +359,9 @@ def demo_cmd(
         "--no-train",
         help="Stop after the ladder: skip training a pretrained checkpoint on JSONL data with the proved recipe.",
     ),
+    force: bool = typer.Option(
+        False, "--force", help="Replace an earlier demo under --dir, keeping its folders as <name>.backup-<time>."
+    ),
     json_out: bool = JSON_OPTION,
 ):
     """new-model for a built-in debug model, next-step up the whole ladder, status, report; then the
@@ -379,7 +371,7 @@ def demo_cmd(
         from onboard.cli.demo import run_demo
 
         result = run_demo(dir, device=device, out=out, preset=preset, timing=timing, precision=precision,
-                          train=not no_train)  # fmt: skip
+                          train=not no_train, force=force)  # fmt: skip
         if out.json:
             out.emit(result)
         return result["exit_code"]
@@ -412,6 +404,7 @@ def skill_install_cmd(
 # the commands around the ladder's result (recipe, plan, compat), on the same app
 from onboard.cli import handover as cli_handover  # noqa: E402,F401
 from onboard.cli import export_cmd as cli_export  # noqa: E402,F401  # `onboard export`
+from onboard.cli import train_cmd as cli_train  # noqa: E402,F401  # `onboard train`
 
 
 def main() -> None:

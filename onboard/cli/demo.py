@@ -1,5 +1,11 @@
 """`onboard demo`: the whole loop on a built-in debug model (llama3's by default, or FLUX's with
-`--preset flux_debug`), end to end, in one command."""
+`--preset flux_debug`), end to end, in one command.
+
+An earlier demo under the same --dir (its workspace `onboarding/<preset>/`, its train stage's
+`demo/`) is a person's files like any other: the demo refuses to replace them without `--force`
+(exit 2, before anything runs), and with it moves each aside to `<name>.backup-<time>` when it
+replaces it, saying where. `make demo` passes `--force`, so running it again keeps the last run.
+"""
 
 from __future__ import annotations
 
@@ -8,9 +14,10 @@ from pathlib import Path
 
 from onboard.engine.ladder import RUNGS, default_specs, ladder_states, next_step
 from onboard.report.write import WATERFALL, write_report_files
-from onboard.workspace.scaffold import plan_workspace, write_workspace
+from onboard.workspace.fsutil import BACKUP_INFIX, backup_aside
+from onboard.workspace.scaffold import exists_refusal, plan_workspace, write_workspace
 from onboard.cli.views import ladder_table, show_outcome, status_dict
-from onboard.workspace.layout import Workspace
+from onboard.workspace.layout import Workspace, workspaces_dir
 from onboard.engine.ledger import Status
 from onboard.rungs import harness
 from onboard.errors import BadInput
@@ -38,9 +45,9 @@ BF16 = [
 
 
 def run_demo(base: Path, *, device: str, out, preset: str = NAME, timing: str = harness.SHIPPED,
-             precision: str = "fp32", train: bool = True) -> dict:  # fmt: skip
-    """new-model (replacing an earlier demo workspace), next-step until the ladder stops
-    (complete up to the last built rung, or a failed gate), then status and report; then, for a
+             precision: str = "fp32", train: bool = True, force: bool = False) -> dict:  # fmt: skip
+    """new-model (an earlier demo's workspace replaced only with `force`, and kept as a backup), next-step
+    until the ladder stops (complete up to the last built rung, or a failed gate), then status and report; then, for a
     language model whose ladder completed and unless `train` is off, the proved recipe trains a
     pretrained checkpoint on JSONL data (onboard/cli/demo_train.py).
     `preset`: a PRESETS name; `timing`: a harness.TIMING_PROFILES name; `precision`: fp32 | bf16,
@@ -51,10 +58,13 @@ def run_demo(base: Path, *, device: str, out, preset: str = NAME, timing: str = 
         raise BadInput(f"unknown precision '{precision}'; precisions: {', '.join(PRECISIONS)}")
     if timing not in harness.TIMING_PROFILES:
         raise BadInput(f"unknown timing profile '{timing}'; profiles: {', '.join(harness.TIMING_PROFILES)}")
+    stage_folder = _stage_folder(base) if train and preset in TRAIN_PRESETS else None
+    if not force:  # refused before anything runs, not after minutes of climbing
+        _refuse_replacing(workspaces_dir(base) / preset, stage_folder)
     if timing != harness.SHIPPED:
         out.log(f"demo: keep/choose decisions timed with the {timing} profile ({harness.TIMING_PROFILES[timing]})")
     with harness.timing_profile_of(timing):
-        result = _climb(base, device=device, out=out, preset=preset, precision=precision)
+        result = _climb(base, device=device, out=out, preset=preset, precision=precision, force=force)
     if not train or result["exit_code"] != 0:
         return result
     if preset not in TRAIN_PRESETS:
@@ -62,19 +72,49 @@ def run_demo(base: Path, *, device: str, out, preset: str = NAME, timing: str = 
         return result
     from onboard.cli.demo_train import run_train_stage  # lazy: the stage's modules load when it runs
 
+    stage_backup = None
+    if stage_folder is not None and (stage_folder.exists() or stage_folder.is_symlink()):
+        stage_backup = backup_aside(stage_folder)  # only with force: refused above otherwise
+        out.print(f"demo: the earlier demo's training is kept as {stage_backup}", markup=False, soft_wrap=True)
     stage = run_train_stage(Workspace.load(base, preset), base, out=out)
+    stage = {**stage, "backup": str(stage_backup) if stage_backup else None}
     return {**result, "train": stage, "exit_code": stage["exit_code"]}
 
 
-def _climb(base: Path, *, device: str, out, preset: str, precision: str) -> dict:
+def _stage_folder(base: Path) -> Path:
+    from onboard.cli.demo_train import FOLDER  # lazy: as in run_demo
+
+    return Path(base) / FOLDER
+
+
+def _refuse_replacing(workspace: Path, stage_folder: Path | None) -> None:
+    """BadInput naming the first of an earlier demo's folders this one would replace."""
+    if workspace.exists():
+        raise exists_refusal(workspace)
+    if stage_folder is not None and (stage_folder.exists() or stage_folder.is_symlink()):
+        raise BadInput(
+            f"{stage_folder} (an earlier demo's training) already exists; pass --force to replace it (the old one is "
+            f"then kept as {stage_folder.name}{BACKUP_INFIX}<time>)"
+        )
+
+
+def _climb(base: Path, *, device: str, out, preset: str, precision: str, force: bool = False) -> dict:
     name, source = preset, PRESETS[preset]
     t0 = time.perf_counter()
-    plan = plan_workspace(name, base, preset=source, device=device, force=True, threads=(1, THREADS_WHY))
-    root = write_workspace(plan, force=True)
+    plan = plan_workspace(name, base, preset=source, device=device, force=force, threads=(1, THREADS_WHY))
+    root = write_workspace(plan, force=force)
     out.log(f"demo: created {root} from --preset {source}")
+    if plan.backup:
+        out.print(f"demo: the earlier demo workspace is kept as {plan.backup}", markup=False, soft_wrap=True)
     if precision == "bf16":
         apply_edits(root / "recipe.toml", BF16)
         out.log("demo: the recipe trains in bf16 (training.dtype, mixed_precision_param)")
+    backup = str(plan.backup) if plan.backup else None
+    return {"workspace": str(root), "backup": backup, **_ladder(base, name, source, out=out, t0=t0)}
+
+
+def _ladder(base: Path, name: str, source: str, *, out, t0: float) -> dict:
+    """next-step until the ladder stops, then the report and the ladder table (the demo's long part)."""
     ws = Workspace.load(base, name)
     specs = default_specs()
     steps = []
@@ -98,7 +138,6 @@ def _climb(base: Path, *, device: str, out, preset: str, precision: str) -> dict
         f"waterfall: {report.where(WATERFALL)}\ndemo wall time: {wall:.1f} s"
     )
     return {
-        "workspace": str(root),
         "steps": [s.to_json() for s in steps],
         "status": status_dict(ws, states),
         "report": files["report"],

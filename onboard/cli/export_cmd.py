@@ -5,7 +5,7 @@ the same export `checkpoint.export_hf` writes at the end of a run (titan_core/tr
 The weights are the newest checkpoint under the recipe's checkpoint folder, or the one `--from`
 names (a `step-N` folder, or a checkpoint folder whose newest step is taken); with no checkpoint,
 the recipe's `checkpoint.initial_hf` weights; with neither, there is nothing to export: train first.
-An existing DIR is refused unless --force, which keeps it as DIR.bak. Registered on the app of
+An existing DIR is refused unless --force, which keeps it as DIR.backup-<UTC time>. Registered on the app of
 onboard/cli/shared.py; onboard/cli/app.py imports this module.
 """
 
@@ -18,6 +18,7 @@ import typer
 
 from onboard.cli.shared import DIR_OPTION, JSON_OPTION, Out, app, check_dir, run_command
 from onboard.errors import BadInput
+from onboard.workspace.fsutil import BACKUP_INFIX
 
 
 def find_checkpoint(cfg, source: Path | None) -> Path | None:
@@ -50,7 +51,7 @@ def export_workspace(ws, to: Path, *, source: Path | None = None, force: bool = 
 
     to = Path(to)
     if (to.exists() or to.is_symlink()) and not force:
-        raise BadInput(f"{to} exists: pass --force to replace it (the old one is then kept as {to.name}.bak)")
+        raise BadInput(f"{to} exists: pass --force to replace it (the old one is then kept as {to.name}{BACKUP_INFIX}<time>)")
     cfg = load_config(ws.recipe_path, [])
     family, args, model = build_model_from_config(cfg.model)
     checkpoint = find_checkpoint(cfg, source)
@@ -73,17 +74,18 @@ def export_workspace(ws, to: Path, *, source: Path | None = None, force: bool = 
         log(f"no checkpoint: exporting checkpoint.initial_hf {cfg.checkpoint.initial_hf}")
         initial.load(model)
         origin = f"checkpoint.initial_hf {cfg.checkpoint.initial_hf}"
+    earlier = set(to.parent.glob(f"{to.name}{BACKUP_INFIX}*"))
     out = export_hf(model, family, args, to, model_cfg=cfg.model, shard_mb=cfg.checkpoint.export_shard_mb,
                     tokenizer=tokenizer_files(cfg.data), replace="force" if force else "never")  # fmt: skip
     files = sorted(p.name for p in out.iterdir())
-    backup = to.with_name(to.name + ".bak")
+    backup = sorted(set(to.parent.glob(f"{to.name}{BACKUP_INFIX}*")) - earlier)  # the one this export made
     return {
         "workspace": ws.name,
         "to": str(out),
         "from": origin,
         "files": files,
         "bytes": sum((out / f).stat().st_size for f in files),
-        "backup": str(backup) if force and backup.exists() else None,
+        "backup": str(backup[-1]) if backup else None,
     }
 
 
@@ -96,7 +98,7 @@ def export_cmd(
     source: Optional[Path] = typer.Option(
         None, "--from", help="A checkpoint (step-N) or a folder of them (default: the newest of the recipe's)."
     ),
-    force: bool = typer.Option(False, "--force", help="Replace an existing --to folder, keeping it as <to>.bak."),
+    force: bool = typer.Option(False, "--force", help="Replace an existing --to folder, keeping it as <to>.backup-<time>."),
     dir: Path = DIR_OPTION,
     json_out: bool = JSON_OPTION,
 ):

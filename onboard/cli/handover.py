@@ -11,7 +11,8 @@ from typing import Optional
 import typer
 
 from onboard.cli.shared import DIR_OPTION, JSON_OPTION, Out, check_dir, run_command, app
-from onboard.errors import EXIT_FAILED, EXIT_INTERRUPTED
+from onboard.errors import EXIT_FAILED, EXIT_INTERRUPTED, BadInput
+from onboard.sanitize import visible
 
 
 @app.command("recipe")
@@ -47,21 +48,25 @@ def plan_cmd(
     check: bool = typer.Option(
         False, "--check", help="Then run the written recipe for 2 steps on the twin on this CPU: finite or not."
     ),
+    force: bool = typer.Option(
+        False, "--force", help="Replace a plan recipe edited since plan wrote it, keeping it as <name>.backup-<time>."
+    ),
     dir: Path = DIR_OPTION,
     json_out: bool = JSON_OPTION,
 ):
     """Plan the full model on a target: memory per device, mesh, batch, memory policy, a predicted
     step time, the recipe's levers re-decided for the target; writes recipe.<kind>-<count>.seq<seq>.toml
-    and prints the torchrun line. Exit 1 when nothing fits, or when --check finds the recipe does not run."""
+    (one edited since plan wrote it only with --force) and prints the torchrun line. Exit 1 when nothing
+    fits, or when --check finds the recipe does not run."""
 
     def body(out: Out) -> int:
         from onboard.sizing.workspace_plan import plan_lines, plan_result
         from onboard.workspace.layout import Workspace
 
         ws = Workspace.load(check_dir(dir), name)
-        result = plan_result(ws, target, seq=seq, efficiency=efficiency)
+        result = plan_result(ws, target, seq=seq, efficiency=efficiency, force=force)
         for warning in result["warnings"]:  # on stderr under --json too: the JSON holds them as well
-            print(f"warning: {warning}", file=sys.stderr)
+            print(f"warning: {visible(warning)}", file=sys.stderr)
         if check and result["recipe"]:
             from onboard.sizing.plan_check import check_plan_recipe
 
@@ -96,6 +101,9 @@ def compat_cmd(
     resume: bool = typer.Option(
         False, "--resume", help="Keep the rows the --results file holds; probe only the others."
     ),
+    force: bool = typer.Option(
+        False, "--force", help="Replace an existing --results / --markdown file, keeping it as <name>.backup-<time>."
+    ),
     timeout: float = typer.Option(
         900.0, "--timeout", help="Seconds one architecture's probe (its whole ladder) may take."
     ),
@@ -111,6 +119,10 @@ def compat_cmd(
         from onboard.compat import check_types, render_text, sweep_to_files
 
         named = [*(model_types or []), *(t for opt in types_opt or [] for t in opt.split(",") if t.strip())]
+        if (model_types or types_opt) and not any(t.strip() for t in named):
+            # names were given but none survived the split: that is no request for the hours-long full sweep
+            given = [*(f"MODEL_TYPE {t!r}" for t in model_types or []), *(f"--types {t!r}" for t in types_opt or [])]
+            raise BadInput(f"{', '.join(given)}: names no model_type (give one or more, e.g. --types llama,gpt2)")
         types = check_types([t.strip() for t in named]) if named else None
         # progress on stderr even under --json: a full sweep runs for hours
         result = sweep_to_files(
@@ -121,11 +133,15 @@ def compat_cmd(
             resume=resume,
             jobs=jobs,
             log=_line_to_stderr,
+            force=force,
         )
         if out.json:
             out.emit(result)
         else:
             sys.stdout.write(render_text(result))
+            for key in ("backup", "markdown_backup"):
+                if result[key]:
+                    print(f"the file this sweep replaced is kept as {result[key]}")
         if result["interrupted"]:
             print(
                 f"compat: interrupted; the tables hold the {len(result['rows']) + len(result['not_probed'])} "

@@ -1,4 +1,8 @@
-"""What status / next-step / list show: rich tables for people, plain dicts for --json."""
+"""What status / next-step / list show: rich tables for people, plain dicts for --json.
+
+A table cell or a line here may quote a config or a checkpoint (a measured module or tensor name,
+an error, a reason): each goes through onboard/sanitize.py (`markup_safe` for a str cell, which rich
+reads as markup; `visible` inside a Text); the dicts keep the strings as recorded."""
 
 from __future__ import annotations
 
@@ -9,9 +13,11 @@ from typing import Any
 from rich.table import Table
 from rich.text import Text
 
+from onboard.engine.evidence import workspace_facts
 from onboard.engine.ladder import RungState, current_state, entry_error, last_built
 from onboard.engine.ledger import ACCEPTED, Entry, Status
 from onboard.rungs.decision import headline
+from onboard.sanitize import markup_safe, visible
 
 STATUS_STYLE = {
     Status.PASSED: "bold green",
@@ -136,7 +142,7 @@ def criteria_table(criteria: list[dict], title: str | None = None) -> Table:
             ok = Text("WAIVED" + ("" if c.get("raw_ok") else " (failed)"), style="bold white on red")
         else:
             ok = Text("ok", style="bold green") if c["ok"] else Text("FAIL", style="bold red")
-        table.add_row(c["name"], fmt(c.get("value")), fmt_threshold(c), ok)
+        table.add_row(*(markup_safe(v) for v in (c["name"], fmt(c.get("value")), fmt_threshold(c))), ok)
     return table
 
 
@@ -153,7 +159,8 @@ def ladder_table(states: list[RungState], title: str | None = None) -> Table:
         note = s.reason or ""
         if waived:
             note = (note + "; " if note else "") + f"WAIVED: {', '.join(waived)}"
-        table.add_row(str(i), s.rung, Text(s.status + marker, style=style), str(s.attempts or ""), nums, note)
+        table.add_row(str(i), s.rung, Text(s.status + marker, style=style), str(s.attempts or ""), markup_safe(nums),
+                      markup_safe(note))  # fmt: skip
     return table
 
 
@@ -210,12 +217,14 @@ def ladder_message(states: list[RungState]) -> str:
 
 def status_dict(ws, states: list[RungState]) -> dict:
     meta = ws.ledger.meta
+    facts, mismatches = workspace_facts(ws)  # from recipe.toml and config.json, not ladder.json's word
     current = current_state(states)
     return {
         "workspace": ws.name,
         "root": str(ws.root),
-        "model_type": meta.get("model_type"),
-        "family": meta.get("family"),
+        "model_type": facts["model_type"],
+        "family": facts["family"],
+        "ledger_mismatches": mismatches,
         "path": meta.get("path"),
         "source": meta.get("source"),
         "device": ws.device,
@@ -231,22 +240,22 @@ def show_outcome(print_, outcome) -> None:
     """What a person sees after next-step: the criteria table, the error, the hints of
     failed criteria, the waivers, and one summary line. `print_` is a rich print."""
     if outcome.status == Status.COMPLETE:
-        print_(f"[bold green]{outcome.message}[/]")
+        print_(f"[bold green]{markup_safe(outcome.message)}[/]")
         return
     if outcome.criteria:
         print_(criteria_table(outcome.criteria, title=f"{outcome.rung} gate, attempt {outcome.attempt}"))
     error = entry_error(outcome.entry)
     if error:
-        print_(Text.assemble(("error: ", "bold red"), error))
+        print_(Text.assemble(("error: ", "bold red"), visible(error, keep_newlines=True)))
     for c in outcome.criteria:
         if not c["ok"]:
-            print_(Text.assemble((c["name"], "bold red"), ": ", c["hint"]))
+            print_(Text.assemble((visible(c["name"]), "bold red"), ": ", visible(c["hint"], keep_newlines=True)))
         elif c.get("waived"):
-            print_(Text.assemble(("WAIVED", "bold white on red"), f" {c['name']}: {c['why']}"))
+            print_(Text.assemble(("WAIVED", "bold white on red"), visible(f" {c['name']}: {c['why']}")))
     recipe_edit = outcome.entry.recipe_edit if outcome.entry else None
     for edit in (recipe_edit or {}).get("edits", []):  # what the passed gate wrote into the recipe
         value = json.dumps(edit["value"])  # the value as TOML shows it: strings quoted
-        print_(Text.assemble((f"{recipe_edit['file']}: ", "bold"), f"{edit['key']} = {value} ({edit['why']})"))
+        print_(Text.assemble((f"{recipe_edit['file']}: ", "bold"), visible(f"{edit['key']} = {value} ({edit['why']})")))
     style = STATUS_STYLE.get(outcome.status, "magenta")
     nxt = f"; next rung: {outcome.next_rung}" if outcome.status in ACCEPTED and outcome.next_rung else ""
-    print_(Text.assemble((outcome.message, style), nxt))
+    print_(Text.assemble((visible(outcome.message), style), nxt))

@@ -7,16 +7,18 @@ as not a causal LM, with what was measured, and is not counted as a failure of t
 that transformers' own forward cannot run on input ids alone (Gemma-4's assistant reads the key and
 value states of the model it drafts for) is not probed, with the error: no path could train it
 standalone, and it still counts against the table. A class that cannot even be built is left to
-the climb: the eager rung records the error."""
+the climb: the eager rung records the error. `new-model --path transformers` measures a user's
+config the same way (`not_causal_reason`) and refuses one that is not a causal LM (exit 2)."""
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import torch
 
-from onboard.compat.tiny import NotProbed
-from titan_core.models.transformers.hf_classes import causal_lm_parts, config_object
+from onboard.compat.tiny import FLAGS, NotProbed, tiny_config
+from titan_core.models.transformers.hf_classes import causal_lm_parts, config_object, quiet_transformers
 
 NOT_CAUSAL = "not a causal LM: "
 """How a not-probed reason of this kind begins (the tables count these apart)."""
@@ -60,3 +62,32 @@ def check_causal(cfg: dict[str, Any], *, seed: int = 0) -> None:
             f"{NOT_CAUSAL}{cls.__name__} changes its logits at earlier positions when the last token "
             f"changes ({moved:.2g} of their scale): it attends ahead, as an encoder or a permutation LM does"
         )
+
+
+def not_causal_reason(cfg: dict[str, Any]) -> str | None:
+    """Why the class of a user's `cfg` is not a causal LM (`check_causal`'s NOT_CAUSAL reason),
+    measured on the tiny config of its model_type carrying `cfg`'s own switches (every top-level
+    text or true/false value: an encoder's `is_decoder`, XLM's `causal`, XLNet's `attn_type`),
+    so a config that sets a class up as a decoder passes and one that does not is refused before
+    a workspace is made (the reason says how to set an encoder up as one); None when it is one,
+    or when no tiny config of it can be built (the eager rung then records what fails)."""
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING  # lazy: the [hf] extra
+
+    try:
+        tiny = tiny_config(cfg["model_type"])
+    except NotProbed:
+        return None
+    cls = CONFIG_MAPPING[cfg["model_type"]]
+    defaults = {f.name: f.default for f in dataclasses.fields(cls)} if dataclasses.is_dataclass(cls) else {}
+    # the probe sets the decoder switches on; here they are the user's (or the class's default)
+    tiny |= {k: cfg.get(k, defaults.get(k, False)) for k in FLAGS if k in tiny}
+    tiny |= {k: v for k, v in cfg.items() if isinstance(v, (str, bool)) and k != "model_type"}
+    try:
+        with quiet_transformers():  # its advice to set is_decoder: the refusal says it, on its one line
+            check_causal(tiny)
+    except NotProbed as e:
+        if not str(e).startswith(NOT_CAUSAL):
+            return None
+        switch = " (an encoder runs as a decoder with is_decoder = true in config.json)" if "is_decoder" in tiny else ""
+        return str(e) + switch
+    return None

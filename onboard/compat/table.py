@@ -1,5 +1,11 @@
 """The compat table as Markdown (docs/COMPATIBILITY.md) and for a terminal, and the files a
-sweep keeps it in (each rewritten atomically after every architecture)."""
+sweep keeps it in (each rewritten atomically after every architecture).
+
+A table file that exists already is a person's (a sweep of hours): a sweep replaces it only
+with `--force`, which first moves it to `<name>.backup-<time>` (`replaced_tables`). `--resume`
+goes on from the --results file instead, and so may rewrite it, and the Markdown, which is its
+rendering, unless the sweep names fewer model_types than the file holds: the rewritten table
+would drop the others, so that needs `--force` too."""
 
 from __future__ import annotations
 
@@ -9,7 +15,7 @@ from pathlib import Path
 from onboard.compat.climb import QUICK_TIMING
 from onboard.compat.tiny import causal_lm_types
 from onboard.errors import BadInput
-from onboard.workspace.fsutil import atomic_write_text
+from onboard.workspace.fsutil import BACKUP_INFIX, atomic_write_text
 
 MARKS = {"pass": "pass", "fail": "fail", "not_applicable": "n/a", "not_reached": "not reached"}
 EXPLAINED = ("fail", "not_applicable")
@@ -110,6 +116,46 @@ def check_destinations(*paths: Path | None) -> None:
             raise BadInput(f"{path} is a folder; give the file the table is written to")
         if not path.parent.is_dir():
             raise BadInput(f"{path}: the folder {path.parent} does not exist")
+
+
+def replaced_tables(
+    results: Path | None, markdown: Path | None, *, resume: bool, previous: dict | None, types: list[str]
+) -> list[tuple[str, Path, str]]:
+    """(JSON key of its backup, path, the one-line refusal) of each table file the sweep would replace:
+    without `resume` any that exists; with it the --results file only when `previous` (the table it
+    holds) has model_types outside `types`, which the rewritten table would drop; the Markdown unless
+    it is the rendering of the table resumed."""
+    replaced = []
+    if results is not None and results.exists() and not resume:
+        replaced.append(("backup", results, (
+            f"--results {results} already holds a table{_held(results)}; pass --resume to go on from its rows, or "
+            f"--force to start over (the old file is then kept as {results.name}{BACKUP_INFIX}<time>)"
+        )))  # fmt: skip
+    if results is not None and previous is not None:
+        dropped = [mt for mt in (*previous["rows"], *previous["not_probed"]) if mt not in types]
+        if dropped:
+            shown = ", ".join(dropped[:3]) + (", ..." if len(dropped) > 3 else "")
+            replaced.append(("backup", results, (
+                f"--resume: {results} holds {len(dropped)} model_types this sweep does not name ({shown}), which the "
+                "rewritten table would drop; name them too, or pass --force to rewrite it without them (the old file "
+                f"is then kept as {results.name}{BACKUP_INFIX}<time>)"
+            )))  # fmt: skip
+    if markdown is not None and markdown.exists() and previous is None:  # not the rendering of a table resumed
+        replaced.append(("markdown_backup", markdown, (
+            f"--markdown {markdown} already exists; pass --force to replace it (the old one is then kept as "
+            f"{markdown.name}{BACKUP_INFIX}<time>), or --resume with the --results file it renders to go on "
+            "from its rows"
+        )))  # fmt: skip
+    return replaced
+
+
+def _held(path: Path) -> str:
+    """` (N model_types)` of a compat results file, for the refusal; empty when it is not one."""
+    try:
+        table = json.loads(path.read_text())
+        return f" ({len(table['rows']) + len(table['not_probed'])} model_types)"
+    except (OSError, ValueError, KeyError, TypeError):
+        return ""
 
 
 def write_tables(result: dict, *, markdown: Path | None, results: Path | None, header: str) -> None:

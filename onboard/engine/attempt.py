@@ -5,10 +5,15 @@
 1. open: a fresh runs/<rung>/attempt-<N>/ and an `interrupted` placeholder entry, saved before
    the rung starts, so a hard kill leaves a valid ledger that says interrupted;
 2. call the rung, SIGTERM raising like Ctrl-C: bad input withdraws the attempt (nothing
-   recorded, exit 2); an interrupt records it interrupted; an OS error or a crash is a failure;
+   recorded, exit 2); an interrupt records it interrupted (exit 128 + the signal: 130 Ctrl-C,
+   143 SIGTERM), also where the rung took it for a failure of its own (a child process that the
+   same signal stopped); an OS error or a crash is a failure;
 3. take its result: the hashes of the files it read, its measurements (`as_metrics()`), details;
-4. judge: not_applicable with its reason, or the checklist evaluated with the waivers on the
-   record and the passed rungs' evidence; a passed gate's recipe edits are written then;
+   the measurements also go into the attempt folder (ledger.RUN_RECORD), the copy a passed entry
+   is checked against later;
+4. judge: not_applicable with its reason (only where the rung module's own `not_applicable`
+   rule agrees), or the checklist evaluated with the waivers on the record and the passed
+   rungs' evidence; a passed gate's recipe edits are written then;
 5. close: the entry replaces the placeholder and the ledger is saved.
 """
 
@@ -17,10 +22,7 @@ from __future__ import annotations
 import os
 import platform
 import shutil
-import signal
-import threading
 import traceback
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
@@ -30,7 +32,8 @@ from typing import TYPE_CHECKING, Any, Callable
 from titan_core.config.loader import ConfigError
 
 from onboard.engine.gates import Checklist, evaluate, gate_passed
-from onboard.engine.ledger import Entry, Ledger, Status, now_iso, parse_iso
+from onboard.engine.evidence import not_applicable_problem
+from onboard.engine.ledger import RUN_RECORD, Entry, Ledger, Status, duration_of, now_iso, run_record_text
 from onboard.engine.recipe_edit import RecipeEditError, apply_edits
 from onboard.errors import (
     EXIT_BAD_INPUT,
@@ -41,10 +44,15 @@ from onboard.errors import (
     EnvironmentFailed,
     Interrupted,
     describe_os_error,
+    interrupt_signal,
+    interrupted_exit_code,
+    signal_name,
+    signals_raise,
 )
 from onboard.rungs.contract import Measurements, RecipeEdit, RungContext, RungResult
 from onboard.rungs.gated_runs import settle_runs
 from onboard.rungs.harness import timing_record
+from onboard.workspace.fsutil import atomic_write_text
 
 if TYPE_CHECKING:
     from onboard.workspace.layout import Workspace
@@ -73,7 +81,7 @@ def entry_error(entry: Entry | None) -> str | None:
 
 @dataclass
 class StepOutcome:
-    """What next-step did; `exit_code` follows DESIGN section 4 (130 for interrupted)."""
+    """What next-step did; `exit_code` follows DESIGN section 4 (128 + the signal for interrupted)."""
 
     workspace: str
     status: Status
@@ -88,9 +96,13 @@ class StepOutcome:
     os_error: str | None = None
     """The OS error the attempt stopped on (disk full, a file it could not read): the
     attempt is recorded failed, and the CLI says this in one line instead of the criteria."""
+    signum: int | None = None
+    """The signal an interrupted attempt stopped on (SIGINT, SIGTERM): its exit code is 128 + it."""
 
     @property
     def exit_code(self) -> int:
+        if self.status == Status.INTERRUPTED and self.signum:
+            return interrupted_exit_code(self.signum)
         return EXIT_CODES.get(self.status, EXIT_BAD_INPUT)
 
     def to_json(self) -> dict:
@@ -161,9 +173,12 @@ def run_attempt(run: AttemptInputs) -> StepOutcome:
     entry, attempt_dir = _open(run)
     ctx = RungContext(workspace=run.ws, attempt_dir=attempt_dir, evidence=run.evidence, log=run.log)
     try:
-        outcome = _call_rung(run, entry, ctx)
+        with signals_raise() as received:
+            outcome = _call_rung(run, entry, ctx)
     except (KeyboardInterrupt, Interrupted) as e:
-        return _interrupted(run, entry, e)
+        return _interrupted(run, entry, interrupt_signal(e), type(e).__name__)
+    if received:  # the rung took the signal for a failure of its own (a child it stopped too): still interrupted
+        return _interrupted(run, entry, received[0], f"the rung ended on it as {_ended_as(outcome)}")
     _end(entry)
     if isinstance(outcome, RungResult):
         outcome = _take(run, entry, outcome, attempt_dir, ctx.runs)
@@ -213,15 +228,15 @@ def _open(run: AttemptInputs) -> tuple[Entry, Path]:
 def _call_rung(run: AttemptInputs, entry: Entry, ctx: RungContext) -> RungResult | Failure:
     """The rung's checked result, or the failure it ended in; bad input withdraws the attempt and raises."""
     try:
-        with sigterm_raises():
-            return _check_result(run.module.run(ctx))
+        return _check_result(run.module.run(ctx))
     except (BadInput, ConfigError) as e:
         # the recipe (or a file it names) is bad input, whichever rung found it: exit 2, nothing recorded
         run.ledger.remove(run.rung, entry.attempt)
         _record(run.ledger, f"{run.rung} attempt {entry.attempt} was withdrawn as bad input ({e})")
         _remove_attempt_dir(run.ws, ctx.attempt_dir)
-        if isinstance(e, ConfigError):
-            raise BadInput(f"{run.ws.recipe_path}: {e}") from None
+        if isinstance(e, ConfigError):  # the loader names the recipe when the error is in it
+            named = str(e).startswith(str(run.ws.recipe_path))
+            raise BadInput(str(e) if named else f"{run.ws.recipe_path}: {e}") from None
         raise
     except OSError as e:
         # the disk filled up, a file could not be read or written: the attempt could not finish,
@@ -231,18 +246,27 @@ def _call_rung(run: AttemptInputs, entry: Entry, ctx: RungContext) -> RungResult
         return Failure(f"{type(e).__name__}: {e}", _write_error(run.ws, ctx.attempt_dir))
 
 
-def _interrupted(run: AttemptInputs, entry: Entry, e: BaseException) -> StepOutcome:
+def _interrupted(run: AttemptInputs, entry: Entry, signum: int, how: str) -> StepOutcome:
+    """Record the attempt interrupted by `signum` (no gate result, whatever the rung measured); `how`:
+    the exception it arrived as, or what the rung made of it."""
+    entry.status = Status.INTERRUPTED
     entry.ended = now_iso()
-    entry.error = f"interrupted ({type(e).__name__}{': ' + str(e) if str(e) else ''})"
+    entry.error = f"interrupted by {signal_name(signum)} ({how})"
     run.ledger.replace(entry)
     _record(run.ledger, f"{run.rung} attempt {entry.attempt} was interrupted")
-    message = f"{run.rung} attempt {entry.attempt} interrupted"
-    return StepOutcome(run.ws.name, Status.INTERRUPTED, run.rung, entry.attempt, message=message, entry=entry)
+    message = f"{run.rung} attempt {entry.attempt} interrupted by {signal_name(signum)}"
+    return StepOutcome(run.ws.name, Status.INTERRUPTED, run.rung, entry.attempt, message=message, entry=entry,
+                       signum=signum)  # fmt: skip
+
+
+def _ended_as(outcome: "RungResult | Failure") -> str:
+    """What a rung that went on after a signal returned, in a few words (a failure's first line)."""
+    return (outcome.error.splitlines() or ["a failure"])[0] if isinstance(outcome, Failure) else "a result"
 
 
 def _end(entry: Entry) -> None:
     entry.ended = now_iso()
-    entry.duration_s = round((parse_iso(entry.ended) - parse_iso(entry.started)).total_seconds(), 3)
+    entry.duration_s = duration_of(entry.started, entry.ended)
 
 
 def _take(run: AttemptInputs, entry: Entry, result: RungResult, attempt_dir: Path,
@@ -262,6 +286,15 @@ def _take(run: AttemptInputs, entry: Entry, result: RungResult, attempt_dir: Pat
     if runs:
         entry.details["gated_runs"] = runs
     entry.environment["device"] = str(result.details.get("device", run.ws.device))
+    try:  # the attempt folder's own copy: a ledger entry without it is no evidence (evidence.check_entry)
+        atomic_write_text(attempt_dir / RUN_RECORD, run_record_text(entry))
+    except OSError as e:
+        error = f"{RUN_RECORD} could not be written: {type(e).__name__}: {e}"
+        return Failure(error, _write_error(run.ws, attempt_dir), os_error=True)
+    if result.not_applicable and (problem := not_applicable_problem(run.rung, run.module, run.ws)):
+        # the rung's word alone is not enough: status re-checks the same rule later
+        error = f"the rung returned not_applicable ({result.not_applicable}), but {problem}"
+        return Failure(error, _write_error(run.ws, attempt_dir, f"{error}\n"))
     return result
 
 
@@ -328,23 +361,6 @@ def environment(device: str) -> dict:
         except metadata.PackageNotFoundError:
             pass  # transformers is an optional extra
     return env
-
-
-@contextmanager
-def sigterm_raises():
-    """While inside, SIGTERM raises Interrupted in the main thread (like Ctrl-C does)."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def handler(signum, frame):
-        raise Interrupted(f"signal {signum}")
-
-    previous = signal.signal(signal.SIGTERM, handler)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
 
 
 def _check_result(result) -> RungResult:

@@ -10,20 +10,40 @@ measurements against the rung's checklist, with
   entry of each rung that had ended by then), which threshold references such as
   `evidence.eager.step1_loss` resolve against, exactly as the engine resolved them.
 
-A `not_applicable` entry must say why and carry no criteria. An entry that fails any of
-this is `invalid` (ladder.py): it shows with the failing criterion and its value, and it is
+A passed entry must also be what this workspace's own run wrote: its attempt folder
+runs/<rung>/attempt-<N>/ (no link out of the workspace) holds the engine's record of it
+(ledger.RUN_RECORD), with the same rung, attempt, times and measurements; a rung module may
+add its own check (`evidence_problem(ws, entry)`, e.g. parity: test_parity.py is still the
+template's). Its times must make sense (it ended after it started, and not in the future).
+
+A `not_applicable` entry must say why, carry no criteria, and its rung's own rule
+(`not_applicable(ws, recipe)` in the rung module, the one its run uses) must still say the rung
+does not apply: a rung without that rule applies to every model. An entry that fails any of
+this is `invalid` (ladder.py): it shows with the failing criterion or the reason, and it is
 the current rung for `next-step`, which re-runs it.
+
+What ladder.json says about the workspace itself is not believed either: `workspace_facts`
+reads the family and model_type from recipe.toml and config.json, naming any disagreement.
 """
 
 from __future__ import annotations
 
+import datetime as _dt
+import json
 from dataclasses import dataclass, field
-from typing import Callable
+from types import ModuleType
+from typing import TYPE_CHECKING, Any, Callable
 
-from onboard.engine.gates import Checklist, ChecklistError, evaluate
-from onboard.engine.ledger import Entry, Ledger, Status, parse_iso
+from onboard.engine.gates import ChecklistError, evaluate
+from onboard.engine.ledger import RUN_RECORD, Entry, Ledger, Status, parse_iso, run_record
+from onboard.errors import BadInput
+
+if TYPE_CHECKING:
+    from onboard.workspace.layout import Workspace
 
 INVALID = Status.INVALID
+CLOCK_SLACK = _dt.timedelta(minutes=5)
+"""How far past now a recorded time may lie before it counts as invented (clocks drift a little)."""
 
 
 @dataclass
@@ -80,14 +100,19 @@ def describe(c: dict) -> str:
     return f"{c['name']}: {c['metric']} = {value}, needs {bound}"
 
 
-def check_entry(entry: Entry, load_checklist: Callable[[], Checklist], ledger: Ledger) -> Verdict:
-    """Re-check one `passed` / `not_applicable` entry; Verdict.problem says why it is invalid."""
-    status = entry.status
+def check_entry(entry: Entry, spec: Any, ws: "Workspace") -> Verdict:
+    """Re-check one `passed` / `not_applicable` entry of `spec`'s rung (a ladder.RungSpec: its
+    `load_checklist()` and `load_module()`) in `ws`; Verdict.problem says why it is invalid."""
+    status, ledger = entry.status, ws.ledger
+    if problem := times_problem(entry):
+        return Verdict(f"ladder.json says {status}, but {problem}")
     if status == Status.NOT_APPLICABLE:
         if not str(entry.not_applicable_reason or "").strip():
             return Verdict("not_applicable with no reason recorded")
         if entry.criteria:
             return Verdict("not_applicable, yet it records criteria (a rung that does not apply evaluates none)")
+        if problem := not_applicable_problem(entry.rung, spec.load_module(), ws):
+            return Verdict(f"ladder.json says not_applicable, but {problem}")
         return Verdict(None)
     started, ended = _time(entry.started), _time(entry.ended)
     if started is None or ended is None:
@@ -95,7 +120,7 @@ def check_entry(entry: Entry, load_checklist: Callable[[], Checklist], ledger: L
     if entry.error:
         return Verdict(f"ladder.json says {status}, but it records an error: {entry.error}")
     try:
-        checklist = load_checklist()
+        checklist = spec.load_checklist()
     except ChecklistError as e:
         return Verdict(f"its checklist cannot be read: {e}")
     waivers = waivers_at(ledger, entry.rung, ended)
@@ -107,4 +132,100 @@ def check_entry(entry: Entry, load_checklist: Callable[[], Checklist], ledger: L
     if failed:
         fails = "; ".join(describe(c) for c in failed)
         return Verdict(f"ladder.json says {status}, but its measurements fail {fails}", criteria)
+    if problem := run_folder_problem(entry, ws):
+        return Verdict(f"ladder.json says {status}, but {problem}", criteria)
+    rung_check = getattr(spec.load_module(), "evidence_problem", None)
+    if callable(rung_check) and (problem := rung_check(ws, entry)):
+        return Verdict(f"ladder.json says {status}, but {problem}", criteria)
     return Verdict(None, criteria)
+
+
+def times_problem(entry: Entry, now: _dt.datetime | None = None) -> str | None:
+    """Why the entry's recorded times cannot be true (it ended before it started, or after now)."""
+    started, ended = _time(entry.started), _time(entry.ended)
+    now = now or _dt.datetime.now().astimezone()
+    if started is not None and ended is not None and ended < started:
+        return f"it ended ({entry.ended}) before it started ({entry.started})"
+    late = [t for t in (entry.started, entry.ended) if _time(t) is not None and _time(t) > now + CLOCK_SLACK]
+    if late:
+        return f"its time {late[-1]} lies in the future (now is {now.isoformat(timespec='seconds')})"
+    return None
+
+
+def not_applicable_rule(module: ModuleType | Any) -> Callable[..., str | None] | None:
+    """The rung module's `not_applicable(ws, recipe) -> reason | None`, or None where it has none."""
+    rule = getattr(module, "not_applicable", None)
+    return rule if callable(rule) else None
+
+
+def not_applicable_problem(rung: str, module: ModuleType | Any, ws: "Workspace") -> str | None:
+    """Why the rung is not shown to be not applicable to `ws` (its rule, recomputed now, says it
+    applies, or it has no rule); None where the rule gives a reason."""
+    rule = not_applicable_rule(module)
+    if rule is None:
+        return f"the {rung} rung has no not-applicable rule (it applies to every model)"
+    try:
+        reason = rule(ws, ws.recipe())
+    except BadInput as e:
+        return f"the {rung} rung's not-applicable rule cannot be recomputed: {e}"
+    if not str(reason or "").strip():
+        return f"the {rung} rung's own not-applicable rule says it applies to this workspace"
+    return None
+
+
+def run_folder_problem(entry: Entry, ws: "Workspace") -> str | None:
+    """Why `entry` is not what this workspace's own run of it recorded: its attempt folder is not
+    runs/<rung>/attempt-<N>/ inside the workspace, or that folder's RUN_RECORD is missing or says
+    otherwise; None when they agree."""
+    key = f"runs/{entry.rung}/attempt-{entry.attempt}"
+    folder = ws.root / key
+    if entry.attempt_dir != key:
+        return f"its attempt folder is recorded as {entry.attempt_dir!r}, not {key} (where the engine writes it)"
+    if folder.resolve() != folder:
+        return f"{folder} links outside the workspace; its evidence is another folder's"
+    path = folder / RUN_RECORD
+    try:
+        recorded = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return f"{path} is missing: no run of this workspace recorded it"
+    except (OSError, ValueError) as e:
+        return f"{path} cannot be read ({type(e).__name__}: {e})"
+    expected = run_record(entry)
+    if not isinstance(recorded, dict):
+        return f"{path} is not the record the engine writes"
+    for name, value in expected.items():
+        if recorded.get(name) != value:
+            return f"{path}, which its run wrote, disagrees on {_differing(name, value, recorded.get(name))}"
+    return None
+
+
+def _differing(name: str, ours: Any, theirs: Any) -> str:
+    """`measurements (score: 2.0 in ladder.json, 1.5 in the run folder)`: the first measurement (or
+    field) that differs."""
+    if name == "measurements" and isinstance(theirs, dict):
+        metric = next((k for k in sorted(set(ours) | set(theirs)) if ours.get(k) != theirs.get(k)), None)
+        if metric is not None:
+            here, there = ours.get(metric), theirs.get(metric)
+            return f"measurements ({metric}: {here!r} in ladder.json, {there!r} in the run folder)"
+    return f"{name} ({ours!r} in ladder.json, {theirs!r} in the run folder)"
+
+
+def workspace_facts(ws: "Workspace") -> tuple[dict[str, Any], list[str]]:
+    """({family, model_type}, mismatches): the model as the workspace's own files say it (recipe.toml's
+    [model] family, config.json's model_type), and one line for each that ladder.json's workspace
+    block says otherwise. Where a file cannot be read, ladder.json's value stands."""
+    meta = ws.ledger.meta
+    facts = {"family": ws.family, "model_type": meta.get("model_type")}
+    try:
+        config = json.loads((ws.root / "config.json").read_text(encoding="utf-8"))
+        if isinstance(config, dict) and isinstance(config.get("model_type"), str):
+            facts["model_type"] = config["model_type"]
+    except (OSError, ValueError):
+        pass  # status still shows something; the rungs report the broken file
+    where = {"family": "recipe.toml [model] family", "model_type": "config.json model_type"}
+    mismatches = [
+        f"ladder.json's workspace block says {key} {meta.get(key)!r}, but {where[key]} is {facts[key]!r}"
+        for key in ("family", "model_type")
+        if meta.get(key) is not None and meta.get(key) != facts[key]
+    ]
+    return facts, mismatches

@@ -8,7 +8,9 @@ State of a rung, from its latest attempt in ladder.json:
     stale           it passed (or was n/a), but a file it read changed, or an earlier rung
                     was re-verified after it: its evidence no longer describes the model
     invalid         the ledger says passed (or n/a), but the entry's recorded measurements
-                    do not satisfy its checklist, or it has none (onboard/engine/evidence.py)
+                    do not satisfy its checklist, or it has none, or they are not what the
+                    attempt folder's own record says, or its times cannot be true; n/a where
+                    the rung's own rule says it applies (onboard/engine/evidence.py)
     failed          latest attempt failed its gate
     interrupted     latest attempt was stopped (Ctrl-C, SIGTERM, a kill) before it finished
     running         latest attempt is in progress in a live process
@@ -117,7 +119,7 @@ def ladder_states(ws: Workspace, specs: list[RungSpec]) -> list[RungState]:
         if not spec.built or latest is None:
             states.append(RungState(spec.name, Status.PENDING if spec.built else NOT_BUILT, len(entries), latest))
         elif latest.status in ACCEPTED:
-            verdict = check_entry(latest, spec.load_checklist, ws.ledger)  # the ledger is evidence, not a claim
+            verdict = check_entry(latest, spec, ws)  # the ledger is evidence, not a claim
             status, reason = _accepted_status(ws, spec, latest, verdict, upstream)
             states.append(RungState(spec.name, status, len(entries), latest, reason, verdict.criteria))
             if verdict.problem is None and latest.ended:

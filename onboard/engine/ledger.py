@@ -14,6 +14,9 @@ when it is read (`shape_problem`): an entry whose shape the readers cannot trust
 a timestamp that does not parse, not an object) makes the whole ledger bad input, naming the
 entry and the field, so no reader ever guesses around it and no gate counts it as evidence.
 Whether a well-formed entry's measurements hold up is evidence.py's question, not this one.
+An entry's `duration_s` is recomputed from its `started` and `ended` whenever it is read, never
+taken from the file; the engine also writes each attempt's measurements into its own attempt
+folder (`RUN_RECORD`), which evidence.py compares with the entry.
 
 In memory each attempt is an `Entry` (typed fields, its `Status`); on disk it is the JSON
 object above, written by `Entry.to_dict` and read back by `Entry.from_dict`, so a ledger written
@@ -85,6 +88,14 @@ def json_safe(value: Any) -> Any:
     return value
 
 
+def duration_of(started: Any, ended: Any) -> float | None:
+    """Seconds from `started` to `ended` (ISO 8601), as `Entry.duration_s` holds it; None without both."""
+    try:
+        return round((parse_iso(ended) - parse_iso(started)).total_seconds(), 3)
+    except (TypeError, ValueError):  # absent, or naive beside aware: shape_problem names those
+        return None
+
+
 # ---- one attempt -------------------------------------------------------------------------
 _OPTIONAL = ("duration_s", "not_applicable_reason", "error", "recipe_edit")
 """Keys written only when set: an entry without them reads as it always has."""
@@ -127,6 +138,7 @@ class Entry(Mapping[str, Any]):
     details: dict[str, Any] = field(default_factory=dict)
     """The rung's extra facts for the report."""
     duration_s: float | None = None
+    """Seconds from started to ended, recomputed from those two when the entry is read (`duration_of`)."""
     not_applicable_reason: str | None = None
     error: str | None = None
     """The error that ended the attempt (with where its traceback is), one line."""
@@ -144,6 +156,7 @@ class Entry(Mapping[str, Any]):
         for key in ("environment", "files_read", "measurements", "criteria", "details"):
             if values.get(key) is None:  # a hand-written null reads as empty
                 values.pop(key, None)
+        values["duration_s"] = duration_of(values.get("started"), values.get("ended"))  # never the file's word
         return cls(**values, extra={k: v for k, v in data.items() if k not in known})
 
     def to_dict(self) -> dict[str, Any]:
@@ -341,6 +354,22 @@ class Ledger:
             if rung is None or w.get("rung") == rung:
                 out[(w["rung"], w["criterion"])] = w
         return out
+
+
+# ---- the attempt folder's own record ----------------------------------------------------------
+RUN_RECORD = "measurements.json"
+"""Written by the engine into runs/<rung>/attempt-<N>/ when the rung returns: a passed entry of
+ladder.json stands only where this file, in its own attempt folder, says the same (evidence.py)."""
+
+
+def run_record(entry: Entry) -> dict[str, Any]:
+    """What RUN_RECORD holds for `entry`, in the JSON form a reader gets back (`json_safe`, keys sorted)."""
+    record = {k: getattr(entry, k) for k in ("rung", "attempt", "started", "ended", "measurements")}
+    return json.loads(json.dumps(json_safe(record), allow_nan=False, sort_keys=True))
+
+
+def run_record_text(entry: Entry) -> str:
+    return json.dumps(run_record(entry), indent=2, sort_keys=True) + "\n"
 
 
 def _entry(e: Entry | Mapping[str, Any]) -> Entry:

@@ -11,30 +11,58 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 from pathlib import Path
 from typing import Any
 
+from onboard.environment import inherited
 from onboard.parity import criteria
 
 RESULTS_ENV = "ONBOARD_PARITY_RESULTS"
 """Path the results JSON is written to (set by the rung to its attempt folder)."""
 WEIGHTS_ENV = "ONBOARD_PARITY_WEIGHTS"
-"""Safetensors folder for the upstream weights; overrides the one new-model recorded."""
+"""Safetensors folder for the upstream weights in a by-hand run of test_parity.py; overrides the one
+new-model recorded. The parity rung never passes on an inherited one (onboard/environment.py)."""
 SCHEMA = 1
+MTIME_SLACK_S = 2.0
+"""How much older than the run's start a results file it wrote may look: some filesystems keep
+modification times to the second or coarser."""
 
 
 def results_path(workspace: Path) -> Path:
     """$ONBOARD_PARITY_RESULTS, else <workspace>/runs/parity/results.json (a by-hand run)."""
-    env = os.environ.get(RESULTS_ENV)
+    env = inherited().get(RESULTS_ENV)
     return Path(env) if env else workspace / "runs" / "parity" / "results.json"
 
 
 def write_results(path: Path, results: dict[str, Any]) -> None:
-    """Write atomically (temp file + rename) so a reader never sees half a file."""
+    """Write atomically (temp file + rename) so a reader never sees half a file. The ONBOARD_*
+    variables the run started with go in as `environment.overrides` (onboard/environment.py):
+    a by-hand run's ONBOARD_PARITY_WEIGHTS is on the record of what it compared."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps({"schema": SCHEMA, **results}, indent=2, default=str) + "\n")
+    record = {"schema": SCHEMA, **results, "environment": {"overrides": inherited()}}
+    tmp.write_text(json.dumps(record, indent=2, default=str) + "\n")
     os.replace(tmp, path)
+
+
+def written_by_this_run(path: Path, folder: Path, since: float) -> str | None:
+    """Why `path` is not a results file the test run that started at `since` (epoch seconds) wrote
+    into `folder` (the attempt folder): a link, a hard link to another file, a file outside the
+    folder, or one last written before the run; None when it is."""
+    try:
+        st = path.lstat()
+    except OSError as e:
+        return f"{path} cannot be read ({type(e).__name__}: {e})"
+    if stat.S_ISLNK(st.st_mode):
+        return f"{path} is a link to {os.readlink(path)}, not results this attempt's test wrote"
+    if path.resolve().parent != Path(folder).resolve():
+        return f"{path} lies outside this attempt's folder {folder}"
+    if not stat.S_ISREG(st.st_mode) or st.st_nlink > 1:
+        return f"{path} is not a file of its own (a hard link to another workspace's results?)"
+    if st.st_mtime < since - MTIME_SLACK_S:
+        return f"{path} was last written before this attempt's test started: results of another run"
+    return None
 
 
 def read_results(path: Path) -> dict[str, Any]:

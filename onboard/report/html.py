@@ -4,6 +4,10 @@ The page is REPORT.md itself (tables, the `<details>` blocks of each rung's evid
 rendered with markdown-it (CommonMark + tables, the parser rich already brings), with every
 picture REPORT.md names replaced by a `data:image/png;base64` URI: the file can be mailed
 or opened anywhere, nothing is fetched.
+
+REPORT.md quotes config and checkpoint strings (model_type, unconsumed keys, errors, reasons), so
+HTML in it is never passed through: it renders as text, and only the two tags the report's own
+layout writes (DETAILS_OPEN, DETAILS_CLOSE) are put back as tags.
 """
 
 from __future__ import annotations
@@ -30,10 +34,16 @@ def data_uri(png: bytes) -> str:
     return "data:image/png;base64," + base64.b64encode(png).decode("ascii")
 
 
+DETAILS_OPEN = "<details><summary>details</summary>"
+"""The line REPORT.md opens a folded block of a rung's details with (onboard/report/write.py)."""
+DETAILS_CLOSE = "</details>"
+
+
 def render(markdown: str, pictures: dict[str, Path], *, title: str) -> str:
     """The page for `markdown`; `pictures`: file name as REPORT.md links it -> the PNG to embed."""
-    # html on: REPORT.md folds each rung's details in <details> blocks
-    body = MarkdownIt("commonmark", {"html": True}).enable("table").render(markdown)
+    body = MarkdownIt("commonmark", {"html": False}).enable("table").render(markdown)
+    for tag in (DETAILS_OPEN, DETAILS_CLOSE):  # the layout's own lines, each a paragraph of its own
+        body = body.replace(f"<p>{html.escape(tag, quote=False)}</p>", tag)
     for name, path in pictures.items():
         body = body.replace(f'src="{html.escape(name)}"', f'src="{data_uri(path.read_bytes())}"')
     return (

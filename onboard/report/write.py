@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from onboard.errors import BadInput
-from onboard.engine.evidence import INVALID
+from onboard.engine.evidence import INVALID, workspace_facts
 from onboard.workspace.fsutil import atomic_write_text
 from onboard.engine.gates import ChecklistError
 from onboard.engine.ladder import NOT_BUILT, RungSpec, default_specs, ladder_states
@@ -33,7 +33,7 @@ from onboard.report.facts import (
     val_loss_series,
     waterfall_bars,
 )
-from onboard.report.html import render
+from onboard.report.html import DETAILS_CLOSE, DETAILS_OPEN, render
 from onboard.report.tables import table
 from onboard.report.speed_section import decision_lines, kept_decisions, speed_table, waterfall_lines
 from onboard.rungs.decision import headline
@@ -48,6 +48,7 @@ from onboard.report.pictures import (
 )
 from onboard.cli.views import decision_records, fmt, fmt_threshold, ladder_message, shown_criteria
 from onboard.workspace.layout import REPORT, Workspace
+from onboard.sanitize import html_safe, visible
 
 HTML = "report.html"
 WATERFALL, LOSS, PARITY, MEMORY = "waterfall.png", "loss_curves.png", "parity.png", "memory.png"
@@ -143,8 +144,8 @@ def _details(entry: dict) -> list[str]:
         if curve:
             lines += ["", f"{label}: " + ", ".join(f"{x:.4f}" if isinstance(x, float) else str(x) for x in curve)]
     if details:
-        lines += ["", "<details><summary>details</summary>", "", "```json"]
-        lines += [json.dumps(details, indent=2, default=str), "```", "", "</details>"]
+        lines += ["", DETAILS_OPEN, "", "```json"]
+        lines += [json.dumps(details, indent=2, default=str), "```", "", DETAILS_CLOSE]
     return lines
 
 
@@ -209,18 +210,19 @@ def _eager_env(recs: list[Record]) -> dict:
 def _summary(ws: Workspace, recs: list[Record], states, bars: list[Bar], steps: list[Step]) -> tuple[list[str], dict]:
     """The lines a person reads first, and the same facts for --json."""
     meta, env = ws.ledger.meta, _eager_env(recs)
+    model_facts, _ = workspace_facts(ws)  # the workspace's files, not ladder.json's word
     eager = next((r for r in recs if r.rung == "eager"), None)
     params = eager.m.get("num_params") if eager else None
     device = env.get("device") or ws.device
     accepted = sum(s.status in ACCEPTED for s in states)
     built = sum(s.status != NOT_BUILT for s in states)
-    model = f"`{meta.get('model_type')}` (family `{meta.get('family')}`, {meta.get('path')} path"
+    model = f"`{model_facts['model_type']}` (family `{model_facts['family']}`, {meta.get('path')} path"
     model += f", {params:,} parameters)" if isinstance(params, int) else ")"
     torch = f" (torch {env['torch']})" if env.get("torch") else ""
     lines = ["## Summary", "", f"**{ws.name}**: {model} on **{device}**{torch}; {accepted} of {built} built rungs "
              f"passed or do not apply; {ladder_message(states)}.", ""]  # fmt: skip
     waivers = list(ws.ledger.waivers().values())
-    facts = {"model_type": meta.get("model_type"), "device": device, "num_params": params,
+    facts = {"model_type": model_facts["model_type"], "device": device, "num_params": params,
              "rungs_accepted": accepted, "rungs_built": built, "waivers": len(waivers)}  # fmt: skip
     lines += _twin_lines(ws, eager)
     facts["model"] = ws.model_label()
@@ -377,6 +379,7 @@ def write_report_files(ws: Workspace, specs: list[RungSpec] | None = None) -> Re
     specs = specs or default_specs()
     states = ladder_states(ws, specs)
     meta = ws.ledger.meta
+    model_facts, mismatches = workspace_facts(ws)  # the workspace's files, not ladder.json's word
     recs = records(states)
     try:
         recipe = ws.recipe()
@@ -392,9 +395,11 @@ def write_report_files(ws: Workspace, specs: list[RungSpec] | None = None) -> Re
     lines = [
         f"# Onboarding report: {ws.name}",
         "",
-        f"`{meta.get('model_type')}` on the **{meta.get('path')}** path (family `{meta.get('family')}`), "
+        f"`{model_facts['model_type']}` on the **{meta.get('path')}** path (family `{model_facts['family']}`), "
         f"device `{ws.device}`; made with `{meta.get('source')}`. Generated {now_iso()[:19]}.",
         "",
+        *[f"**{html_safe(line)}**" for line in mismatches],  # ladder.json's text: no HTML of its own
+        *([""] if mismatches else []),
         *summary,
         *_waivers(ws),
         *_pictures_section(pictures, bars, steps, val),
@@ -418,7 +423,9 @@ def write_report_files(ws: Workspace, specs: list[RungSpec] | None = None) -> Re
     by_name = {s.name: s for s in specs}
     for state in states:
         lines += _rung_section(ws, state, by_name[state.rung])
-    text = "\n".join(lines).rstrip() + "\n"
+    # the ledger's strings (a config's, a checkpoint's) may hold control characters: REPORT.md is
+    # read in terminals too (cat, less -R), so none reaches the file as it is
+    text = visible("\n".join(lines).rstrip() + "\n", keep_newlines=True)
     html_path = ws.root / HTML
     shown = {p.name: p.path for p in pictures if p.path}
     atomic_write_text(html_path, render(text, shown, title=f"Onboarding report: {ws.name}"))

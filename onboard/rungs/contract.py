@@ -14,6 +14,14 @@ run depends on that recipe key. A recipe edit recorded by a later passed rung le
 rung's evidence standing only if it touched no key this rung reads; without the function a
 rung reads every key (any edit makes it re-verify).
 
+A rung that can be not applicable defines `not_applicable(ws, recipe: dict) -> str | None` (the
+reason, or None: it applies), cheap and free of model building, and its `run` returns
+`RungResult(not_applicable=not_applicable(ws, ws.recipe()))`: `onboard status` recomputes the
+same rule to check a not_applicable entry of ladder.json, and the engine records not_applicable
+only where the rule agrees. A rung without the function applies to every model. A rung may also
+define `evidence_problem(ws, entry) -> str | None`: why a passed entry of it no longer stands for
+this workspace beyond its measurements (parity: test_parity.py is no longer the template's).
+
 Each rung declares what it measures as a `Measurements` dataclass (one field per metric, its
 meaning and unit in the field's docstring) and returns one in `RungResult.measurements`. The
 checklists may judge only declared fields (tests/onboard/unit/test_measurement_declarations.py),

@@ -8,7 +8,7 @@ memory policy, the largest batch that fits, and a roofline step time. Prediction
 The memory model is titan_core/memory/estimate.py, the same code that refuses an oversized
 run before it allocates, with `materialise_sharded=True`: a planned run materialises each
 rank's shard, not the whole model per rank (the trainer today builds the whole fp32 model on
-every rank first; the plan says so, and that moment is what a 235B run must not have).
+every rank first; the plan says so where that moment would not fit one device, as for a 235B model).
 Training is fp32 master weights with bf16 compute (mixed precision), AdamW, on accelerators.
 
 Options, each sharding with each memory policy:
@@ -258,6 +258,19 @@ def _setup(base: TrainSetup, target: Target, s: Sharding, policy: str, seq_len: 
     )  # fmt: skip
 
 
+def materialise_note(shape: ModelShape, target: Target, setup: TrainSetup) -> str | None:
+    """The note that the plan's sharded materialisation matters, only when it does: when today's
+    trainer, which builds the whole fp32 model on every rank before sharding it, would not fit one
+    device (the memory model's own materialise term, unsharded)."""
+    whole = estimate_memory(shape, replace(setup, materialise_sharded=False)).materialise
+    if whole <= target.budget:
+        return None
+    return (
+        f"materialise_sharded: each rank materialises only its shard; today's trainer builds the whole fp32 "
+        f"model on every rank first, {format_bytes(whole)}, over one device's {format_bytes(target.budget)}"
+    )
+
+
 def _largest_batch(shape: ModelShape, setup: TrainSetup, budget: int) -> tuple[int, MemoryEstimate]:
     """The largest batch in [1, MAX_BATCH] that fits (the estimate grows with the batch), and its estimate."""
 
@@ -427,9 +440,8 @@ def plan_training(
         step = predict_step(
             chosen, target, fpt, seq, inactive_params=total - active, dense_moe=dense(chosen), efficiency=efficiency
         )
-    notes = [
-        "materialise_sharded: each rank materialises only its shard (today's trainer builds the whole fp32 "
-        "model on every rank first, which a model this size cannot survive)",
+    notes = [materialise_note(shape, target, opts[0].estimate.setup)] if opts else []
+    notes = [n for n in notes if n] + [
         "predictions: memory from titan_core.memory.estimate, step time a roofline bound; communication not modelled",
     ]
     if seq != seq_len:

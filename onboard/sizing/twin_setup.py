@@ -12,8 +12,9 @@ from __future__ import annotations
 
 from rich.table import Table
 
+from onboard.sanitize import markup_safe
 from onboard.sizing.fit import TwinChoice, choose_twin
-from onboard.workspace.scaffold import render
+from onboard.workspace.render import render
 from titan_core.models import get_family
 
 MODES = ("auto", "on", "off")
@@ -40,9 +41,9 @@ def apply_twin(plan, *, mode: str = "auto", layers: int | None = None, width: in
 
 def twin_table(twin):
     """The twin's table for the terminal: field, full, twin, why (rich)."""
-    table = Table(title=twin.summary())
+    table = Table(title=markup_safe(twin.summary()))
     for col in ("field", "full", "twin", "why"):
         table.add_column(col)
-    for row in twin.rows:
-        table.add_row(row.field, str(row.full), str(row.twin), row.why)
+    for row in twin.rows:  # cells quote the config (a layer pattern's names): shown, never read as markup
+        table.add_row(*(markup_safe(v) for v in (row.field, row.full, row.twin, row.why)))
     return table

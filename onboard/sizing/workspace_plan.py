@@ -10,11 +10,18 @@ writes `recipe.<kind>-<count>.seq<seq>.toml`: recipe.toml with every flag the la
 plus the planned model file, mesh, batch, sequence, precision, memory policy and execution
 mode, each line with its reason, and the `torchrun` line that runs it. Nothing is allocated.
 `onboard plan --check` then runs that recipe on the twin (onboard/sizing/plan_check.py).
+
+A person may edit the recipe a plan wrote (it is theirs to take to the cluster), so plan knows its
+own file by a stamp: its first line holds the sha256 of the rest as plan wrote it (`STAMP`). Plan
+rewrites the file when the stamp still matches (nothing in it changed since) and otherwise refuses
+without `--force`, which first moves the edited file to `<name>.backup-<time>` beside it. A file
+with no stamp (hand-made, or written before plans were stamped) counts as edited.
 """
 
 from __future__ import annotations
 
 import copy
+import hashlib
 import shlex
 from pathlib import Path
 from typing import Any
@@ -27,7 +34,7 @@ from onboard.rungs.contract import RecipeEdit
 from onboard.sizing.plan import EFFICIENCY, moe_kernel, parse_target, plan_training
 from onboard.sizing.plan_check import check_lines
 from onboard.sizing.plan_levers import Lever, merged, mode_levers, planning_kernels
-from onboard.workspace.fsutil import atomic_write_text
+from onboard.workspace.fsutil import BACKUP_INFIX, atomic_write_text, backup_aside
 from onboard.workspace.layout import HF_CONFIG, Workspace
 from titan_core.config import ConfigError, load_config
 from titan_core.config.hf_config import read_hf_config
@@ -40,7 +47,11 @@ from titan_core.runtime.cpu_peak import measured_cpu_peak
 from titan_core.training.model_builder import build_meta_model, resolve_model_args
 
 DEFAULT_SEQ = 4096
+POSITION_KEYS = ("max_position_embeddings", "n_positions", "n_ctx", "max_target_positions")
+"""The names transformers' configs give the longest sequence a model was trained for, most common first."""
 RDZV_PORT = 29500
+STAMP = "# onboard plan wrote this file; sha256 of the lines below as written: "
+"""The first line of a plan's recipe, the hex digest after it: how plan tells its own file from an edited one."""
 
 
 def _full_model(ws: Workspace, cfg):
@@ -92,10 +103,16 @@ def plan_workspace_target(ws: Workspace, target_spec: str, *, seq: int = DEFAULT
 
 
 def max_positions(ws: Workspace, args) -> tuple[int, str] | None:
-    """(the longest sequence the model's config declares, where it says so); None when it declares none."""
+    """(the longest sequence the model's config declares, where it says so); None when it declares none.
+    A config may name it otherwise (GPT-2's n_positions) or keep it in its text config (Gemma-3)."""
     if ws.hf_config_path is not None:
-        declared = read_hf_config(ws.hf_config_path).get("max_position_embeddings")
-        return (int(declared), f"{HF_CONFIG}'s max_position_embeddings") if isinstance(declared, int) else None
+        cfg = read_hf_config(ws.hf_config_path)
+        for where, table in (("", cfg), ("text_config.", cfg.get("text_config"))):
+            for key in POSITION_KEYS if isinstance(table, dict) else ():
+                declared = table.get(key)
+                if isinstance(declared, int) and not isinstance(declared, bool) and declared > 0:
+                    return declared, f"{HF_CONFIG}'s {where}{key}"
+        return None
     return args.max_seq_len, "the flavor's max_seq_len"
 
 
@@ -195,9 +212,36 @@ def torchrun_line(ws: Workspace, plan, recipe: Path) -> str:
     return f"cd {shlex.quote(str(ws.root))} && " + line.replace("HEAD_NODE:", "$HEAD_NODE:")
 
 
-def write_plan_recipe(ws: Workspace, plan, levers: list[Lever]) -> tuple[Path, str]:
-    """Write recipe.<kind>-<count>.seq<seq>.toml (recipe.toml plus the planned edits); (path, torchrun line)."""
+def stamped(text: str) -> str:
+    """`text` under its STAMP line."""
+    return f"{STAMP}{hashlib.sha256(text.encode()).hexdigest()}\n{text}"
+
+
+def edited_since_planned(path: Path) -> bool:
+    """Whether the file at `path` is not, byte for byte, what plan wrote there (its STAMP line no longer
+    matches the rest, or it has none); False when nothing is there."""
+    if not (path.exists() or path.is_symlink()):
+        return False
+    try:
+        first, _, rest = path.read_bytes().partition(b"\n")
+    except OSError:
+        return True  # unreadable (a folder, a dangling link): not a file plan wrote
+    digest = first.decode("utf-8", "replace").removeprefix(STAMP)
+    return not first.startswith(STAMP.encode()) or digest != hashlib.sha256(rest).hexdigest()
+
+
+def write_plan_recipe(
+    ws: Workspace, plan, levers: list[Lever], *, force: bool = False
+) -> tuple[Path, str, Path | None]:
+    """Write recipe.<kind>-<count>.seq<seq>.toml (recipe.toml plus the planned edits); (path, torchrun line,
+    where an edited file it replaced is kept). An edited one is BadInput without `force` (module docstring)."""
     path = ws.root / recipe_name(plan)
+    edited = edited_since_planned(path)
+    if edited and not force:
+        raise BadInput(
+            f"{path} was edited since `onboard plan` wrote it; pass --force to replace it (the edited one is then "
+            f"kept as {path.name}{BACKUP_INFIX}<time>)"
+        )
     text = ws.recipe_path.read_text()
     head = (
         f"# Planned by `onboard plan {ws.name} --target {plan.target.kind}:{plan.target.count} --seq "
@@ -212,21 +256,25 @@ def write_plan_recipe(ws: Workspace, plan, levers: list[Lever]) -> tuple[Path, s
         text = edit_text(text, recipe_edits(ws, plan, levers))
     except RecipeEditError as e:
         raise BadInput(f"{ws.recipe_path}: the plan's settings cannot be written into it: {e}") from None
-    atomic_write_text(path, head + text)
-    return path, torchrun_line(ws, plan, path)
+    backup = backup_aside(path) if edited else None
+    atomic_write_text(path, stamped(head + text))
+    return path, torchrun_line(ws, plan, path), backup
 
 
-def plan_result(ws: Workspace, target_spec: str, *, seq: int = DEFAULT_SEQ, efficiency: float | None = None) -> dict:
-    """Plan, write the recipe when something fits, and return what the command prints (JSON-ready)."""
+def plan_result(
+    ws: Workspace, target_spec: str, *, seq: int = DEFAULT_SEQ, efficiency: float | None = None, force: bool = False
+) -> dict:
+    """Plan, write the recipe when something fits (an edited one replaced only with `force`), and return what
+    the command prints (JSON-ready)."""
     plan, facts = plan_workspace_target(ws, target_spec, seq=seq, efficiency=efficiency)
     result: dict[str, Any] = {"workspace": ws.name, "model": facts["model"], "runs_on_twin": ws.twin_path is not None,
                               "tp_plan": facts["tp_plan"], **plan.to_dict(), "warnings": facts["warnings"],
                               "levers": [lv.to_dict() for lv in facts["levers"]]}  # fmt: skip
     if plan.chosen is not None:
-        path, line = write_plan_recipe(ws, plan, facts["levers"])
-        result.update(recipe=str(path), torchrun=line)
+        path, line, backup = write_plan_recipe(ws, plan, facts["levers"], force=force)
+        result.update(recipe=str(path), torchrun=line, backup=str(backup) if backup else None)
     else:
-        result.update(recipe=None, torchrun=None)
+        result.update(recipe=None, torchrun=None, backup=None)
     return result
 
 
@@ -281,6 +329,7 @@ def plan_lines(r: dict) -> list[str]:
             f"{t['count']} devices (roofline: {p['how']})",
             *_lever_lines(r["levers"]),
             f"recipe: {r['recipe']}",
+            *([f"the edited recipe it replaced is kept as {r['backup']}"] if r.get("backup") else []),
             f"run it: {r['torchrun']}",
         ]
     lines += ["", *[f"note: {n}" for n in r["notes"]]]

@@ -9,23 +9,11 @@ import tempfile
 import time
 from pathlib import Path
 
+from titan_core.runtime.files import BACKUP_INFIX, backup_aside, fsync_dir  # noqa: F401  (one copy, shared with the trainer)
+
 STALE_TMP_S = 30.0
 """A temp file of `atomic_write_text` this old is left by a writer that died: writing, fsyncing
 and renaming a ledger-sized file takes milliseconds, so no live writer is still at it."""
-
-
-def fsync_dir(path: Path) -> None:
-    """Make a rename inside `path` durable (a no-op where directories cannot be opened)."""
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass  # some filesystems refuse fsync on directories; the rename itself is still atomic
-    finally:
-        os.close(fd)
 
 
 def default_mode(kind: str = "file") -> int:
@@ -102,10 +90,13 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as e:
         # also on KeyboardInterrupt: leave no temp file behind, the old file stays intact
         if os.path.exists(tmp):
             os.unlink(tmp)
+        if isinstance(e, OSError) and e.errno is not None and e.filename is None:
+            # write() and fsync() name no file: a full disk's one-line message must say which
+            raise OSError(e.errno, e.strerror or str(e), str(path)) from e
         raise
     fsync_dir(path.parent)
 

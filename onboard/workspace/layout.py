@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Callable
 
 from onboard.errors import BadInput
-from onboard.workspace.fsutil import fsync_dir, sha256_file
+from onboard.workspace.fsutil import BACKUP_INFIX, backup_aside, fsync_dir, sha256_file
 from onboard.engine.ledger import Ledger, Status
 from onboard.workspace.lock import WorkspaceLock
 from titan_core.config import ConfigError
@@ -280,21 +280,26 @@ def _chain_reaches(edges: dict[str, set[str]], start: str | None, goal: str | No
 
 def list_workspaces(base: Path) -> list[Path]:
     """Folders under <base>/onboarding/ that hold a ladder.json, sorted by name; hidden ones
-    (new-model's temp folders `.NAME.new-*`, `.NAME.old-*`) are never listed, and what a
-    crashed new-model left is recovered first."""
+    (new-model's temp folders `.NAME.new-*`, `.NAME.old-*`) and the workspaces `--force`
+    replaced (`NAME.backup-*`) are never listed, and what a crashed new-model left is recovered first."""
     top = workspaces_dir(base)
     if not top.is_dir():
         return []
     for name in sorted({m.group(1) for p in top.iterdir() if (m := TEMP_FOLDER.fullmatch(p.name))}):
         recover(base, name)
-    return sorted(p for p in top.iterdir() if not p.name.startswith(".") and p.is_dir() and (p / LEDGER).is_file())
+    return sorted(
+        p
+        for p in top.iterdir()
+        if not p.name.startswith(".") and BACKUP_INFIX not in p.name and p.is_dir() and (p / LEDGER).is_file()
+    )
 
 
 # ---- what a crashed new-model leaves behind --------------------------------------------------
 # `new-model` builds a workspace in `.NAME.new-XXXX` (ladder.json written last: a temp folder
 # holding one is complete) and renames it to NAME; `--force` first renames the old workspace
-# to `.NAME.old-XXXX` and removes that once the new one is in place. All of it happens under
-# the per-name lock `onboarding/.NAME.lock`. A crash at any instant leaves one of:
+# to `.NAME.old-XXXX` and, once the new one is in place, that to `NAME.backup-<time>` (a
+# replaced workspace is kept, never removed). All of it happens under the per-name lock
+# `onboarding/.NAME.lock`. A crash at any instant leaves one of:
 #   NAME (old) + incomplete or complete .new     -> the new one is removed (nothing was replaced)
 #   no NAME    + .old (+ complete .new)          -> .old is renamed back: the command did not
 #                                                   finish, so the workspace is as before it (its
@@ -302,7 +307,9 @@ def list_workspaces(base: Path) -> list[Path]:
 #                                                   rebuilt; running the command again rebuilds the new)
 #   no NAME    + complete .new, no .old          -> .new is moved in (a first new-model that had
 #                                                   finished building: nothing to lose)
-#   NAME (new) + .old, whole or partly removed   -> .old is removed (the replacement was done)
+#   NAME (new) + .old                            -> .old becomes NAME.backup-<time> (the replacement
+#                                                   was done; an .old an earlier onboard had partly
+#                                                   removed is kept as it is too)
 # The rename of the new one to NAME is the commit point. Recovery runs on the next
 # Workspace.load, list_workspaces and new-model, under the same lock, so it never touches a
 # folder a live new-model is still writing; it prints one line to stderr saying what it did.
@@ -395,11 +402,13 @@ def recover_locked(top: Path, name: str) -> str | None:
             os.rename(new, root)
             done.append("moved in the workspace an interrupted `new-model` had finished building")
         fsync_dir(top)
-    stale = found["new"] + found["old"]
+    stale = found["new"]
     for path in stale:
         shutil.rmtree(path, ignore_errors=True)
     if stale:
         done.append(f"removed {', '.join(p.name for p in stale)}")
+    for path in found["old"]:  # a replaced workspace: kept, as the finished `--force` keeps it
+        done.append(f"kept the workspace `new-model --force` replaced as {backup_aside(path, named_for=root).name}")
     if not done:
         return None
     line = f"onboard: workspace {name}: " + "; ".join(done)

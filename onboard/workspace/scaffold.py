@@ -9,29 +9,24 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import secrets
 import shutil
 import tempfile
-import textwrap
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-import jinja2
-import tomli_w
 
 from onboard.errors import BadInput
-from onboard.workspace.fsutil import default_mode, fsync_dir
+from onboard.workspace.fsutil import BACKUP_INFIX, backup_aside, default_mode, fsync_dir
 from onboard.engine.ledger import Ledger, now_iso
 from onboard.workspace.lock import WorkspaceLock
-from onboard.workspace.resources import data_dir
 from onboard.workspace.layout import (
     HF_CONFIG, LEDGER, TWIN, name_lock, recover_locked, temp_prefix, validate_name, workspaces_dir,
 )  # fmt: skip
 from onboard.workspace.arch_diff import architecture_differences
-from onboard.workspace.initial_weights import initial_hf
+from onboard.workspace.render import render
 from titan_core.config import ConfigError
 from titan_core.config.hf_config import read_hf_config_text
 from titan_core.models import FAMILY_NAMES, family_for_hf_model_type, get_family, resolve_args
@@ -102,6 +97,8 @@ class Plan:
     twin: dict | None = None
     """The twin the gates run on (onboard/sizing/twin_setup.py): {config, rows, summary, reason}; None: the full model."""
     files: dict[str, str] = field(default_factory=dict)
+    backup: Path | None = None
+    """Where `--force` moved the workspace it replaced (`<NAME>.backup-<time>` beside it); None when none."""
 
     def meta(self) -> dict:
         """The `workspace` record of ladder.json."""
@@ -122,6 +119,12 @@ class Plan:
             "architecture_differences": self.arch_differences,
             "onboard_version": _version(),
         }
+
+
+def exists_refusal(root: Path) -> BadInput:
+    """The one line new-model (and the demo) refuse an existing workspace with."""
+    keep = f"{root.name}{BACKUP_INFIX}<time>"
+    return BadInput(f"workspace {root} already exists; pass --force to replace it (the old one is then kept as {keep})")
 
 
 def _version() -> str:
@@ -240,7 +243,7 @@ def plan_workspace(
         raise BadInput(f"--device must be one of {', '.join(DEVICES)}, got '{device}'")
     root = workspaces_dir(base) / name
     if root.exists() and not force:
-        raise BadInput(f"workspace {root} already exists; pass --force to replace it")
+        raise exists_refusal(root)
     weights_dir = read_weights(weights)
 
     flavor = None
@@ -296,6 +299,9 @@ def plan_workspace(
         where = Path(hf_config).resolve() if hf_config is not None else f"--preset {preset}"
         raise BadInput(f"{where}: {e}") from None
     except (AdapterError, TypeError, ValueError) as e:
+        where = Path(hf_config).resolve() if hf_config is not None else f"--preset {preset}"
+        if family in DIFFUSION_FAMILIES:  # no other path runs it: nothing else to advise
+            raise BadInput(f"{where}: {e}") from None
         if path_kind == "native":
             raise BadInput(
                 f"config.json of model_type '{model_type}' does not fit the {family} family ({e}); "
@@ -329,8 +335,15 @@ def _plan_transformers(name, root, cfg, text, *, model_type, source, device, wei
         text_cfg = config_object(cfg).get_text_config()
     except ConfigError as e:
         raise BadInput(f"--path transformers: {e}") from None
+    except ArchitectureError as e:  # a value no model can be built from: the line names the field
+        raise BadInput(f"{where}: {e}") from None
     except AdapterError as e:
         raise BadInput(f"{where}: --path transformers cannot run it: {e}") from None
+    from onboard.compat.causal import not_causal_reason  # lazy: onboard.compat imports this module
+
+    not_causal = not_causal_reason(cfg)  # an encoder, a permutation LM: measured on a tiny config of its class
+    if not_causal:
+        raise BadInput(f"{where}: --path transformers trains causal LMs; {model_type} is {not_causal}")
     summary = (
         f"dim {args.dim}, {args.n_layers} layers, {args.n_heads} heads ({args.n_kv_heads} kv), vocab {args.vocab_size}"
         + (f", {args.n_experts} experts top-{args.top_k}" if args.n_experts else "")
@@ -347,72 +360,7 @@ def _plan_transformers(name, root, cfg, text, *, model_type, source, device, wei
     )  # fmt: skip
 
 
-# ---- rendering and writing ---------------------------------------------------------------
-def _comment(text: str, prefix: str = "") -> str:
-    """`text` as wrapped `#` comment lines, continuation lines indented under the prefix."""
-    lines = textwrap.wrap(prefix + text, width=96, break_on_hyphens=False)
-    return "\n".join(("# " if i == 0 else "#   ") + line for i, line in enumerate(lines))
-
-
-def _toml_value(value: Any) -> str:
-    return tomli_w.dumps({"v": value}).split("=", 1)[1].strip()
-
-
-def _image_tokens(plan: Plan) -> int:
-    """A flux sample's image tokens (the recipe's seq_len); 0 for a language model."""
-    if plan.family not in DIFFUSION_FAMILIES:
-        return 0
-    cfg = plan.twin["config"] if plan.twin is not None else plan.hf_config  # the gates train the twin when there is one
-    return flux_config(get_family(plan.family).adapter.args_from_hf(cfg)[0]).image_tokens
-
-
-def render(plan: Plan) -> dict[str, str]:
-    """{file name: text} of every file of the workspace except ladder.json."""
-    templates = data_dir("templates")
-    env = jinja2.Environment(
-        loader=jinja2.FileSystemLoader(str(templates)),
-        undefined=jinja2.StrictUndefined,  # a template naming a missing variable is a bug, not blank text
-        keep_trailing_newline=True,
-        trim_blocks=True,
-        lstrip_blocks=True,
-    )
-    env.filters["toml"] = _toml_value
-    env.filters["comment"] = _comment
-    adapter_cls = type(get_family(plan.family).adapter)
-    has_test_parity = (templates / "test_parity.py.j2").is_file()
-    start, start_why = initial_hf(plan.name, plan.weights, plan.family, plan.twin, plan.hf_config)
-    context = dict(
-        name=plan.name, family=plan.family, flavor=plan.flavor, path_kind=plan.path_kind,
-        model_type=plan.model_type, source=plan.source, device=plan.device,
-        weights_dir=str(plan.weights) if plan.weights else "", has_weights=plan.weights is not None,
-        unconsumed=[(k, _value(plan.hf_config[k])) for k in plan.unconsumed], todos=plan.todos,
-        adapter_todos=plan.adapter_todos, closest_reason=plan.closest_reason, args_summary=plan.args_summary,
-        arch_differences=plan.arch_differences, arch_note=plan.arch_note or "",
-        adapter_module=adapter_cls.__module__, adapter_class=adapter_cls.__qualname__,
-        hf_architecture=(plan.hf_config.get("architectures") or [""])[0], hf_config_file=HF_CONFIG,
-        created=now_iso()[:19].replace("T", " "), has_test_parity=has_test_parity,
-        threads=plan.threads[0] if plan.threads else 0, threads_why=plan.threads[1] if plan.threads else "",
-        attention=plan.attention, attention_why=plan.attention_why,
-        twin=plan.twin is not None, twin_file=TWIN, twin_rows=(plan.twin or {}).get("rows", []),
-        twin_summary=(plan.twin or {}).get("summary", ""), twin_reason=(plan.twin or {}).get("reason", ""),
-        diffusion=plan.family in DIFFUSION_FAMILIES, image_tokens=_image_tokens(plan),
-        initial_hf=start, initial_hf_why=start_why,
-    )  # fmt: skip
-    names = ["recipe.toml", "adapter.py", "README.md"]
-    if has_test_parity:
-        names.append("test_parity.py")
-    if plan.path_kind == "port":
-        names.append("model.py")
-    files = {n: env.get_template(f"{n}.j2").render(**context) for n in names}
-    # optional template sections leave runs of blank lines; PEP 8 allows two at most
-    files = {n: re.sub(r"\n{4,}", "\n\n\n", t) if n.endswith(".py") else t for n, t in files.items()}
-    files[HF_CONFIG] = plan.hf_config_text
-    if plan.twin is not None:
-        files[TWIN] = json.dumps(plan.twin["config"], indent=2) + "\n"
-    files[".gitignore"] = "runs/\n.onboard.lock\n"
-    return files
-
-
+# ---- writing ---------------------------------------------------------------------------
 def write_workspace(plan: Plan, *, force: bool = False) -> Path:
     """Write the rendered files to a temp folder beside the destination, then rename it into place.
 
@@ -449,8 +397,8 @@ def _write_locked(plan: Plan, *, force: bool) -> None:
         fsync_dir(tmp)
         if plan.root.exists():
             if not force:
-                raise BadInput(f"workspace {plan.root} already exists; pass --force to replace it")
-            _replace(plan.root, tmp)
+                raise exists_refusal(plan.root)
+            plan.backup = _replace(plan.root, tmp)
         else:
             os.rename(tmp, plan.root)
             fsync_dir(parent)
@@ -467,12 +415,12 @@ def _write_synced(path: Path, text: str) -> None:
         os.fsync(f.fileno())
 
 
-def _replace(root: Path, new: Path) -> None:
-    """Swap a forced workspace in, under the old one's lock so no next-step is mid-run.
-
-    The old one is renamed aside, the new one renamed in (the commit point), then the old
-    one removed. A failure between the two renames puts the old one back; a crash there
-    leaves it for recovery to put back.
+def _replace(root: Path, new: Path) -> Path:
+    """Swap a forced workspace in, under the old one's lock so no next-step is mid-run; returns
+    where the old one is kept. It is renamed aside, the new one renamed in (the commit point),
+    then the old one renamed to `NAME.backup-<time>` (never deleted: a porter's edits, the
+    evidence). A failure between the two renames puts the old one back; a crash there or
+    after the commit point leaves it to recovery (onboard/workspace/layout.py).
     """
     lock = WorkspaceLock(root).acquire()
     old = root.parent / f"{temp_prefix(root.name, 'old')}{secrets.token_hex(4)}"
@@ -488,4 +436,4 @@ def _replace(root: Path, new: Path) -> None:
         fsync_dir(root.parent)
     finally:
         lock.release()
-    shutil.rmtree(old, ignore_errors=True)
+    return backup_aside(old, named_for=root)

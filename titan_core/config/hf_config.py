@@ -40,12 +40,17 @@ DIFFUSERS_MODEL_TYPES = {"FluxTransformer2DModel": "flux"}
 """A diffusers model config names its class (`_class_name`), not a model_type: the model_type it is read as."""
 
 
+MODEL_TYPE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+"""What a model_type may be: every architecture transformers and diffusers name fits it."""
+
+
 def read_hf_config_text(path: str | Path, *, require_model_type: bool = False) -> tuple[dict, str]:
     """(config dict, exact file text) from a config.json, or from a folder holding one.
 
     ConfigError for a missing file, malformed JSON, nesting deeper than MAX_DEPTH or a
     value that is not a JSON object;
-    with `require_model_type`, also when it names no architecture in `model_type`. A diffusers
+    with `require_model_type`, also when it names no architecture in `model_type`, or one that is
+    not a plain name (MODEL_TYPE_NAME). A diffusers
     config of a class in DIFFUSERS_MODEL_TYPES gets that model_type (the text is left as it is).
     """
     path = Path(path)
@@ -71,6 +76,12 @@ def read_hf_config_text(path: str | Path, *, require_model_type: bool = False) -
         raise ConfigError(
             f"{path} has no model_type; an HF config.json names its architecture there (a diffusers config "
             f"its _class_name, one of {', '.join(DIFFUSERS_MODEL_TYPES)})"
+        )
+    if require_model_type and not MODEL_TYPE_NAME.fullmatch(cfg["model_type"]):
+        # it is written into generated Python and TOML files: a quote or a newline in it would be code there
+        raise ConfigError(
+            f"{path}: model_type = {json.dumps(cfg['model_type'])} is not accepted; an architecture name is "
+            "letters, digits, '_', '-' and '.' (as transformers and diffusers spell theirs), at most 64 characters"
         )
     return cfg, text
 

@@ -7,6 +7,7 @@ import copy
 import dataclasses
 import difflib
 import inspect
+import math
 import tomllib
 import typing
 from pathlib import Path
@@ -32,9 +33,14 @@ def _field_types(cls) -> dict[str, Any]:
     return {f.name: hints[f.name] for f in dataclasses.fields(cls)}
 
 
-def _coerce(value: Any, tp: Any, where: str) -> Any:
-    """Convert `value` (from TOML or a command-line string) to the field type `tp`."""
+def _coerce(value: Any, tp: Any, where: str, typed: bool = False) -> Any:
+    """Convert `value` (from TOML or a command-line string) to the field type `tp`. `typed`: the
+    value came from TOML, which has its own booleans and numbers, so a quoted one is refused:
+    `enable = "false"` is a non-empty string, which any reader of the raw table takes as true."""
     origin = get_origin(tp)
+    if typed and tp in (bool, int, float) and isinstance(value, str):
+        kind = "true or false" if tp is bool else "an integer" if tp is int else "a number"
+        raise ConfigError(f"{where}: expected {kind}, got the string {value!r} (write it unquoted)")
     if origin is Literal:
         choices = get_args(tp)
         if value not in choices:
@@ -86,15 +92,16 @@ def _coerce(value: Any, tp: Any, where: str) -> Any:
     raise TypeError(f"unsupported config field type {tp} at {where}")
 
 
-def _apply_section(section_obj: Any, values: dict, section: str) -> None:
+def _apply_section(section_obj: Any, values: dict, section: str, typed: bool = False) -> None:
     types = _field_types(type(section_obj))
     for key, value in values.items():
         if key not in types:
             raise ConfigError(f"unknown key '{section}.{key}'{did_you_mean(key, list(types))}")
-        setattr(section_obj, key, _coerce(value, types[key], f"{section}.{key}"))
+        setattr(section_obj, key, _coerce(value, types[key], f"{section}.{key}", typed))
 
 
 def from_dict(data: dict) -> JobConfig:
+    """A JobConfig from a recipe's tables (TOML-typed values: a quoted boolean or number is refused)."""
     cfg = JobConfig()
     sections = _field_types(JobConfig)
     for section, values in data.items():
@@ -102,7 +109,7 @@ def from_dict(data: dict) -> JobConfig:
             raise ConfigError(f"unknown section '{section}'{did_you_mean(section, list(sections))}")
         if not isinstance(values, dict):
             raise ConfigError(f"section '{section}' must be a table, got {values!r}")
-        _apply_section(getattr(cfg, section), values, section)
+        _apply_section(getattr(cfg, section), values, section, typed=True)
     return cfg
 
 
@@ -177,6 +184,13 @@ def load_toml(path: str | Path) -> dict:
 
 def apply_overrides(cfg: JobConfig, overrides: list[str]) -> JobConfig:
     """Apply `--section.key=value` (or `--section.key value`) strings in order."""
+    _apply_overrides(cfg, overrides)
+    return cfg
+
+
+def _apply_overrides(cfg: JobConfig, overrides: list[str]) -> set[str]:
+    """apply_overrides' work; returns the dotted keys it set."""
+    done: set[str] = set()
     sections = _field_types(JobConfig)
     items = list(overrides)
     i = 0
@@ -200,8 +214,9 @@ def apply_overrides(cfg: JobConfig, overrides: list[str]) -> JobConfig:
             else:
                 raise ConfigError(f"override '{arg}' has no value (use --{dotted}=VALUE)")
         _apply_section(getattr(cfg, section), {key: value}, section)
+        done.add(f"{section}.{key}")
         i += 1
-    return cfg
+    return done
 
 
 # Paths a recipe names: its input files, the tokenizer cache and the output folders. Relative
@@ -225,27 +240,62 @@ RECIPE_RELATIVE_PATHS = (
 
 
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> JobConfig:
+    """The recipe at `path` (or the defaults), then `overrides`, range-checked. An error in the
+    recipe's own values names the file; one in an override names only the key."""
     cfg = JobConfig()
     if path:
-        cfg = from_dict(load_toml(path))
+        data = load_toml(path)  # its errors name the file already
+        try:
+            cfg = from_dict(data)
+        except ConfigError as e:
+            raise ConfigError(f"{path}: {e}") from None
         base = Path(path).resolve().parent
         for key in RECIPE_RELATIVE_PATHS:
             value, default = get_key(cfg, key), get_key(JobConfig(), key)
             if value and value != default and not Path(value).is_absolute():
                 set_key(cfg, key, str(base / value))
-    return check_ranges(apply_overrides(cfg, overrides or []))
+    overridden = _apply_overrides(cfg, overrides or [])
+    try:
+        return check_ranges(cfg)
+    except RangeError as e:
+        # a default is always in range, so a value no override set is the recipe's
+        raise ConfigError(f"{path}: {e}" if path and e.key not in overridden else str(e)) from None
+
+
+class RangeError(ConfigError):
+    """A resolved value outside its field's range; `key` is the field ("optimizer.lr")."""
+
+    def __init__(self, key: str, message: str):
+        super().__init__(message)
+        self.key = key
+
+
+def _finite(value: Any) -> bool:
+    """No NaN or infinity anywhere in `value` (a number, or a table or list of them)."""
+    if isinstance(value, float):
+        return math.isfinite(value)
+    if isinstance(value, dict):
+        return all(_finite(v) for v in value.values())
+    if isinstance(value, (list, tuple)):
+        return all(_finite(v) for v in value)
+    return True
 
 
 def check_ranges(cfg: JobConfig) -> JobConfig:
-    """Reject a value outside its field's declared range (sections.py, `checked`): the whole
-    config is checked once it is resolved, so an override may correct a recipe's value."""
+    """Reject a value outside its field's declared range (sections.py, `checked`), and NaN or
+    infinity in any field (no field means either): the whole config is checked once it is
+    resolved, so an override may correct a recipe's value."""
     for sec in dataclasses.fields(cfg):
         section = getattr(cfg, sec.name)
         for f in dataclasses.fields(section):
             accepted = f.metadata.get("range")
             value = getattr(section, f.name)
+            key = f"{sec.name}.{f.name}"
+            if not _finite(value):
+                rule = f"{accepted} (a finite number)" if accepted is not None else "made of finite numbers"
+                raise RangeError(key, f"{key} = {value!r} is out of range: it must be {rule}")
             if accepted is not None and not accepted.accepts(value):
-                raise ConfigError(f"{sec.name}.{f.name} = {value!r} is out of range: it must be {accepted}")
+                raise RangeError(key, f"{key} = {value!r} is out of range: it must be {accepted}")
     return cfg
 
 

@@ -6,11 +6,12 @@ in `loader.py` reads them back for `--help`-style listings, so keep them one sen
 A numeric field with a range is declared with `checked(default, RANGE)`: the range sits in
 the field's metadata, the loader rejects a value outside it (one line naming `section.key`,
 the value and the range; exit 2 from the entry points), and the field's docstring states the
-same range in the same words (`str(RANGE)`, e.g. ">= 1"). NaN is outside every range.
+same range in the same words (`str(RANGE)`, e.g. ">= 1"). NaN and infinity are outside every range.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -31,6 +32,8 @@ class Range:
     def accepts(self, value: Any) -> bool:
         if value in self.also:
             return True
+        if isinstance(value, float) and not math.isfinite(value):  # inf passes `>= lo` but is no learning rate
+            return False
         try:
             ok = value > self.lo if self.lo_open else value >= self.lo
             if self.hi is not None:

@@ -14,6 +14,11 @@ notices the closed connection) or after `parallelism.timeout_s`; the launcher gi
 them `grace_s` to exit, then terminates them. An optional `timeout_s` bounds the run.
 Exit code: 0, the failing rank's code (128 + signal when killed), 124 on timeout,
 2 for bad input found before anything starts.
+
+An interrupt of the launcher itself (Ctrl-C's KeyboardInterrupt, or whatever exception a
+SIGTERM handler of the caller raises) stops every rank and then goes on up to the caller:
+it is the caller's run that was interrupted, and a result with a nonzero code would read as
+a failed run. `launch` (the command line) turns a Ctrl-C into exit 130.
 """
 
 from __future__ import annotations
@@ -210,7 +215,7 @@ def _launch_once(
     pumps: list[threading.Thread] = []
     t0 = time.monotonic()
     exits: dict[int, tuple[float, int]] = {}
-    timed_out = interrupted = False
+    timed_out = False
     try:
         for r in range(nproc):
             # each rank in its own session (so _stop can end its whole group) and killed with
@@ -242,9 +247,7 @@ def _launch_once(
                 timed_out = True
                 break
             time.sleep(0.02)
-    except KeyboardInterrupt:
-        interrupted = True
-    finally:
+    finally:  # also on an interrupt, which then goes on up once the ranks are stopped
         running = [r for r in range(len(procs)) if r not in exits]
         _stop(procs, wait_s=2.0)
         for th in pumps:
@@ -253,8 +256,6 @@ def _launch_once(
     for r, p in enumerate(procs):
         exits.setdefault(r, (elapsed, p.returncode if p.returncode is not None else -signal.SIGKILL))
     tail_lists = [list(t) for t in tails]
-    if interrupted:
-        return LaunchResult(130, "interrupted: all ranks stopped", None, elapsed, tail_lists, log_dir)
     return _summarise(
         nproc, exits, running, tail_lists, elapsed, log_dir, timeout_s=timeout_s if timed_out else None, grace_s=grace_s
     )
@@ -327,9 +328,13 @@ def launch(argv: list[str], nproc: int, *, timeout_s: float | None = None) -> in
         sys.stdout.write(to_toml(cfg))
         return 0
     cmd = [sys.executable, "-m", "titan_core.train", *argv]
-    result = launch_command(
-        cmd, nproc, log_dir=Path(cfg.metrics.output_dir) / "logs", timeout_s=timeout_s, echo_rank0=True
-    )
+    try:
+        result = launch_command(
+            cmd, nproc, log_dir=Path(cfg.metrics.output_dir) / "logs", timeout_s=timeout_s, echo_rank0=True
+        )
+    except KeyboardInterrupt:
+        print("interrupted: all ranks stopped", file=sys.stderr)
+        return 130
     if result.failure:
         print(result.failure, file=sys.stderr)
     return result.exit_code

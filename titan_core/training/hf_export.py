@@ -13,7 +13,8 @@ in the same order) and dropped once written; the others (a concatenation of seve
 peak host memory is about one shard plus one layer group, never the whole model.
 
 Everything is written into a dot-folder beside the target and renamed into place at the end, so
-a partial export never looks complete; an existing target is moved to `<target>.bak` first.
+a partial export never looks complete; an existing target is first renamed to a dated backup
+beside it (`<target>.backup-<UTC time>`, titan_core/runtime/files.py), never deleted.
 Which existing target may be replaced is `replace`'s choice: "own" (the trainer's: only an
 earlier export of this module, which marks its safetensors with `exported_by`, or an empty
 folder), "force" (anything), "never".
@@ -41,6 +42,7 @@ from titan_core.config.sections import Model as ModelConfig
 from titan_core.models.common.hf_adapter import AdapterError
 from titan_core.models.common.tied import stored_once
 from titan_core.models.registry import get_family
+from titan_core.runtime.files import backup_aside
 from titan_core.training.model_builder import args_from_hf_config, model_adapter
 from titan_core.weights.header_check import INDEX, SINGLE
 from titan_core.weights.st_headers import read_header
@@ -271,13 +273,12 @@ def _finish(writer: _ShardWriter, config: dict, tokenizer, tmp: Path, out: Path)
     _publish(tmp, out)
 
 
-def _publish(tmp: Path, out: Path) -> None:
-    """Move the finished export into place; an existing target becomes `<target>.bak`."""
-    if out.exists():
-        bak = out.with_name(out.name + ".bak")
-        shutil.rmtree(bak, ignore_errors=True)
-        os.replace(out, bak)
+def _publish(tmp: Path, out: Path) -> Path | None:
+    """Move the finished export into place; an existing target is kept as a dated backup
+    (`<target>.backup-<UTC time>`, never deleted), whose path is returned."""
+    backup = backup_aside(out) if out.exists() or out.is_symlink() else None
     os.replace(tmp, out)
+    return backup
 
 
 class _ShardWriter:

@@ -108,7 +108,7 @@ def test_weights_and_config_round_trip_through_diffusers_names():
     [
         ({"_class_name": "SD3Transformer2DModel"}, "FluxTransformer2DModel"),
         ({"patch_size": 2}, "patch_size"),
-        ({"axes_dims_rope": [4, 4, 6]}, "sum to 14, not head_dim 16"),
+        ({"axes_dims_rope": [4, 4, 6]}, r"axes_dims_rope = \[4, 4, 6\] is not accepted; .* attention_head_dim = 16"),
         ({"out_channels": 16}, "out_channels"),
     ],
 )

@@ -191,11 +191,14 @@ def test_interrupted_export_leaves_no_complete_looking_target(tmp_path, ckpt, mo
         export()
     assert len(calls) == 2
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before  # the earlier export, untouched
-    # no partial folder, no .bak
+    # no partial folder, no backup
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith((".", "export"))] == ["export"]
     monkeypatch.setattr(safetensors.torch, "save_file", real)
-    export()  # replacing an earlier export keeps it as .bak
-    assert {p.name: p.read_bytes() for p in (tmp_path / "export.bak").iterdir()} == before
+    export()  # replacing an earlier export keeps it as a dated backup
+    [backup] = tmp_path.glob("export.backup-*")
+    assert {p.name: p.read_bytes() for p in backup.iterdir()} == before
+    export()  # and a second replacement keeps the first backup too: nothing is deleted
+    assert len(list(tmp_path.glob("export.backup-*"))) == 2 and backup.is_dir()
     with pytest.raises(ConfigError, match="it exists"):
         hf_export.export_hf(trainer.model, "llama3", trainer.args, out, model_cfg=trainer.cfg.model, replace="never")
 

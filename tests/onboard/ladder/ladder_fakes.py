@@ -60,10 +60,14 @@ class FakeRung:
         self.measurements = measurements if measurements is not None else {}
         self.files = files
         self.error = error
-        self.not_applicable = not_applicable
+        self.na_reason = not_applicable
         self.sleep = sleep
         self.ready = ready
         self.contexts = []
+
+    def not_applicable(self, ws, recipe):
+        """The rung's not-applicable rule (onboard.rungs.contract): the scripted reason, or None."""
+        return self.na_reason
 
     def run(self, ctx):
         self.contexts.append(ctx)
@@ -79,7 +83,7 @@ class FakeRung:
             measurements=Scripted(values=dict(self.measurements)),
             files_read=[ctx.workspace.root / f for f in self.files],
             command=f"fake {self.RUNG}",
-            not_applicable=self.not_applicable,
+            not_applicable=self.not_applicable(ctx.workspace, ctx.workspace.recipe()),
             details={"device": "cpu"},
         )
 

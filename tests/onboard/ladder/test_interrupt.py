@@ -45,7 +45,7 @@ def entries(ws):
     return json.loads((ws.root / "ladder.json").read_text())["attempts"]  # json.loads: the file must be valid
 
 
-def test_sigterm_mid_rung_records_interrupted_and_exits_130(debug_ws, tmp_path):
+def test_sigterm_mid_rung_records_interrupted_and_exits_143(debug_ws, tmp_path):
     proc = start_sleeping_rung(debug_ws, tmp_path)
     [placeholder] = entries(debug_ws)  # written before the rung started
     assert placeholder["status"] == "interrupted" and placeholder["ended"] is None
@@ -54,7 +54,7 @@ def test_sigterm_mid_rung_records_interrupted_and_exits_130(debug_ws, tmp_path):
     proc.send_signal(signal.SIGTERM)
     with hang_guard(30, "next-step after SIGTERM") as guard:
         out, err = proc.communicate(timeout=guard.timeout_s)
-    assert proc.returncode == 130, err
+    assert proc.returncode == 143, err  # 128 + SIGTERM
     assert out.strip() == "interrupted"
     [entry] = entries(debug_ws)
     assert entry["status"] == "interrupted" and "Interrupted" in entry["error"]

@@ -13,24 +13,12 @@ from pathlib import Path
 
 import pytest
 from hang_guard import HangGuard, hang_guard
+from processes import alive, pids_running, state
 
 from titan_core.runtime.die_with_parent import EXIT_PARENT_GONE, main as wrapper_main, supported
 
 pytestmark = pytest.mark.skipif(not supported(), reason="PR_SET_PDEATHSIG is Linux-only")
 ONBOARD = Path(sys.executable).parent / "onboard"
-
-
-def state(pid: int) -> str | None:
-    """The process's state letter (R, S, T for stopped, Z for a zombie: it has exited); None when gone."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(") ")[-1].split()[0]
-    except FileNotFoundError:
-        return None
-
-
-def alive(pid: int) -> bool:
-    return state(pid) not in (None, "Z")
 
 
 def wait_for(pred, timeout: float, what: str, *, guard: bool = False):
@@ -43,20 +31,6 @@ def wait_for(pred, timeout: float, what: str, *, guard: bool = False):
             return value
         time.sleep(0.05)
     pytest.fail(hang.message() if hang else f"timed out waiting for {what}")
-
-
-def pids_running(needle: str) -> list[int]:
-    """Processes (not this one) whose command line contains `needle`."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit() and int(entry.name) != os.getpid():
-            try:
-                cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-            except OSError:
-                continue
-            if needle in cmdline and alive(int(entry.name)):
-                found.append(int(entry.name))
-    return found
 
 
 def test_ranks_die_within_seconds_of_a_killed_launcher(tmp_path):

@@ -129,7 +129,9 @@ def test_existing_workspace_needs_force_and_is_left_untouched(tmp_path):
     result = onboard("new-model", "m", "--preset", "qwen3", "--dir", tmp_path, "--force")
     assert result.exit_code == 0, result.stderr
     assert "qwen3" in (ws / "adapter.py").read_text() and "porter" not in (ws / "adapter.py").read_text()
-    assert [p.name for p in (tmp_path / "onboarding").iterdir()] == ["m"]  # no temp folders left
+    names = sorted(p.name for p in (tmp_path / "onboarding").iterdir())
+    assert names[0] == "m" and len(names) == 2 and names[1].startswith("m.backup-")  # no temp folders left
+    assert (tmp_path / "onboarding" / names[1] / "adapter.py").read_text() == "# the porter's work\n"  # kept
 
 
 def test_new_model_json_lists_unconsumed_keys_everywhere(tmp_path):

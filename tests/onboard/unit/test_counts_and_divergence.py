@@ -78,7 +78,7 @@ def test_a_count_out_of_range_exits_2_with_one_line_and_writes_nothing(override,
 def test_an_override_may_correct_the_recipe_and_a_config_made_in_code_is_checked(tmp_path):
     recipe = tmp_path / "r.toml"
     recipe.write_text("[training]\nsteps = -5\n")
-    with pytest.raises(ConfigError, match=r"^training.steps = -5 is out of range: it must be >= 1$"):
+    with pytest.raises(ConfigError, match=r"^.*r\.toml: training.steps = -5 is out of range: it must be >= 1$"):
         load_config(recipe)
     assert load_config(recipe, ["--training.steps=3"]).training.steps == 3
     cfg = load_config(None, [*TINY, f"--metrics.output_dir={tmp_path / 'code'}"])

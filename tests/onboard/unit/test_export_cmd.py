@@ -1,6 +1,6 @@
 """`onboard export NAME --to DIR [--from CHECKPOINT]`: the workspace's newest checkpoint (or the one named,
 or its checkpoint.initial_hf weights) exported as the run's own export writes it; an existing DIR only
-with --force (kept as .bak); nothing to export is bad input that says to train first."""
+with --force (kept as a dated backup); nothing to export is bad input that says to train first."""
 
 from __future__ import annotations
 
@@ -58,10 +58,12 @@ def test_initial_weights_export_and_force_keeps_a_backup(ws):
     assert sorted(got) == sorted(want) and all(torch.equal(got[k], want[k]) for k in want)
     again = onboard("export", "tiny", "--to", ws / "out", "--dir", ws)
     assert again.exit_code == 2 and "exists: pass --force" in again.stderr
+    before = (ws / "out" / "model.safetensors").read_bytes()
     forced = onboard("export", "tiny", "--to", ws / "out", "--dir", ws, "--force", "--json")
     assert forced.exit_code == 0, forced.stderr
-    assert json.loads(forced.stdout)["backup"] == str(ws / "out.bak")
-    assert (ws / "out.bak" / "model.safetensors").is_file()
+    [backup] = ws.glob("out.backup-*")
+    assert json.loads(forced.stdout)["backup"] == str(backup)
+    assert (backup / "model.safetensors").read_bytes() == before
 
 
 def test_the_newest_checkpoint_exports_as_the_run_itself_did(ws):

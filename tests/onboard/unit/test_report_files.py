@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from onboard.engine.ladder import default_specs, ladder_states
-from onboard.engine.ledger import Ledger
+from onboard.engine.ledger import RUN_RECORD, Entry, Ledger, run_record_text
 from onboard.engine.recipe_edit import apply_edits
 from onboard.report.steps import waterfall_steps
 from onboard.report.speed_section import factor_cell
@@ -27,8 +27,9 @@ from test_report_pictures import attempts, latest, mode_timing, png_size, recs, 
 # ---- onboard report, end to end ------------------------------------------------------------------
 @pytest.fixture
 def demo_ws(tmp_path) -> Workspace:
-    """A scaffolded workspace holding the demo's ledger, its recipe edit applied and the
-    recorded file hashes made this workspace's own (so every rung reads passed, not stale)."""
+    """A scaffolded workspace holding the demo's ledger, its recipe edit applied, the recorded
+    file hashes made this workspace's own and each attempt's folder holding the record its run
+    wrote (so every rung reads passed, not stale or invalid)."""
     root = write_workspace(plan_workspace("llama3_debug", tmp_path, preset="llama3/debugmodel", device="cpu"))
     apply_edits(root / "recipe.toml", [RecipeEdit("compile.enable", True, "graph_trainer rung: compile is faster")])
     ws = Workspace.load(tmp_path, "llama3_debug")
@@ -38,8 +39,10 @@ def demo_ws(tmp_path) -> Workspace:
         e["files_read"] = ws.hashes(list(e["files_read"]))
         e["environment"]["device"] = "cpu" if e["rung"] != "parity" else "auto"
     (root / "ladder.json").write_text(json.dumps(data, indent=1))
+    for e in data["attempts"]:
+        (root / e["attempt_dir"]).mkdir(parents=True)
+        (root / e["attempt_dir"] / RUN_RECORD).write_text(run_record_text(Entry.from_dict(e)))
     parity = next(e for e in data["attempts"] if e["rung"] == "parity")
-    (root / parity["attempt_dir"]).mkdir(parents=True)
     (root / parity["attempt_dir"] / "results.json").write_text(json.dumps(FIXTURE["parity_results"]))
     return Workspace.load(tmp_path, "llama3_debug")
 

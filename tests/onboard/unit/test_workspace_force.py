@@ -1,6 +1,7 @@
 """Long names are refused before anything is made; `new-model --force` keeps the workspace
-findable at every instant: a crash between any two steps of the swap is recovered by the
-next command, with one line saying what it did, and temp folders are never listed."""
+findable at every instant and the replaced one as NAME.backup-<time>: a crash between any two
+steps of the swap is recovered by the next command, with one line saying what it did, and temp
+folders and backups are never listed."""
 
 import os
 import pickle
@@ -21,6 +22,7 @@ from onboard.errors import BadInput
 from onboard.engine.ledger import Ledger
 from onboard.workspace.lock import WorkspaceLock, holder
 from onboard.workspace.scaffold import plan_workspace, write_workspace
+from onboard.workspace.fsutil import BACKUP_INFIX
 from onboard.workspace.layout import LEDGER, MAX_NAME, Workspace, list_workspaces, name_lock, validate_name
 
 runner = CliRunner()
@@ -29,19 +31,19 @@ OLD_MARK = "# the porter's work\n"
 # A child that replaces workspace m with the pickled plan and dies (os._exit: no cleanup
 # runs, as in a kill) at one instant of the swap, chosen by patching the step after it.
 CHILD = r"""
-import os, pickle, shutil, sys, time
+import os, pickle, sys, time
 from pathlib import Path
 from onboard.workspace import scaffold
 
 plan_file, instant, force = sys.argv[1], sys.argv[2], sys.argv[3] == "force"
 plan = pickle.loads(Path(plan_file).read_bytes())
-real_rename, real_rmtree, renames = os.rename, shutil.rmtree, []
+real_rename, renames = os.rename, []
 
 def die():
     os._exit(9)
 
 def rename(src, dst):
-    if instant == "built" or (instant == "aside" and renames):
+    if instant == "built" or (instant == "aside" and renames) or (instant == "swapped" and len(renames) == 2):
         die()
     real_rename(src, dst)
     renames.append(dst)
@@ -50,15 +52,10 @@ def rename(src, dst):
         while not Path(plan_file + ".go").exists():
             time.sleep(0.01)
 
-def rmtree(path, *a, **kw):
-    if instant == "swapped" and ".old-" in str(path):
-        die()
-    real_rmtree(path, *a, **kw)
-
 def save(self):
     die()
 
-os.rename, shutil.rmtree = rename, rmtree
+os.rename = rename
 if instant == "building":
     scaffold.Ledger.save = save
 scaffold.write_workspace(plan, force=force)
@@ -72,6 +69,10 @@ def make(tmp_path, preset="llama3", force=False, name="m"):
 
 def entries(tmp_path) -> list[str]:
     return sorted(p.name for p in (tmp_path / "onboarding").iterdir())
+
+
+def backups(tmp_path, name="m") -> list[Path]:
+    return sorted((tmp_path / "onboarding").glob(f"{name}{BACKUP_INFIX}*"))
 
 
 def family_of(root: Path) -> str:
@@ -113,7 +114,9 @@ def test_the_longest_name_allowed_fits_every_path_of_a_forced_replace(tmp_path):
         validate_name(name + "n")
     make(tmp_path, name=name)
     make(tmp_path, preset="qwen3", force=True, name=name)
-    assert entries(tmp_path) == [name] and family_of(tmp_path / "onboarding" / name) == "qwen3"
+    [kept] = backups(tmp_path, name)
+    assert entries(tmp_path) == [name, kept.name] and family_of(tmp_path / "onboarding" / name) == "qwen3"
+    assert family_of(kept) == "llama3"
 
 
 # ---- listing -------------------------------------------------------------------------------
@@ -137,7 +140,7 @@ def test_temp_folders_are_never_listed(tmp_path, old_ws):
         ("building", "llama3", "removed .m.new-"),  # new one half written
         ("built", "llama3", "removed .m.new-"),  # new one complete, old one untouched
         ("aside", "llama3", "restored the workspace"),  # old one moved aside, new one not in yet
-        ("swapped", "qwen3", "removed .m.old-"),  # new one in place, old one not removed yet
+        ("swapped", "qwen3", "kept the workspace `new-model --force` replaced as m.backup-"),  # old one not kept yet
     ],
 )
 def test_a_crash_at_each_instant_is_recovered_by_the_next_status(tmp_path, old_ws, capsys, instant, survivor, said):
@@ -148,8 +151,12 @@ def test_a_crash_at_each_instant_is_recovered_by_the_next_status(tmp_path, old_w
     ws = Workspace.load(tmp_path, "m")
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("onboard: workspace m: ") and said in err[0], err
-    assert family_of(ws.root) == survivor and entries(tmp_path) == ["m"]
+    kept = backups(tmp_path)
+    assert family_of(ws.root) == survivor and entries(tmp_path) == ["m", *(p.name for p in kept)]
     assert ((ws.root / "adapter.py").read_text() == OLD_MARK) == (survivor == "llama3")
+    # a replaced workspace is never removed: after the commit point the old one is the backup
+    assert [(p / "adapter.py").read_text() for p in kept] == ([OLD_MARK] if survivor == "qwen3" else [])
+    assert [p.name for p in list_workspaces(tmp_path)] == ["m"]
     assert holder(ws.root) is None  # a lock file the dead swapper left names no live run
 
 
@@ -219,7 +226,9 @@ def test_a_status_during_a_live_swap_waits_for_it_and_finds_the_new_one(tmp_path
     assert time.monotonic() - start >= 0.25
     with hang_guard(30, "the swap to finish") as guard:
         assert child.wait(timeout=guard.timeout_s) == 0
-    assert family_of(ws.root) == "qwen3" and entries(tmp_path) == ["m"]
+    [kept] = backups(tmp_path)
+    assert family_of(ws.root) == "qwen3" and entries(tmp_path) == ["m", kept.name]
+    assert (kept / "adapter.py").read_text() == OLD_MARK
 
 
 # ---- an error (not a crash) between the renames ----------------------------------------------

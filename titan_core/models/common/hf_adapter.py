@@ -17,7 +17,7 @@ import torch
 from titan_core.models.common.args import TransformerArgs
 from titan_core.models.common.mapping_errors import AdapterError
 from titan_core.models.common.tied import HF_TIE, NATIVE_TIE, tie_default, with_tied_head, without_tied_head
-from titan_core.models.common.validate import check_args
+from titan_core.models.common.validate import check_args, check_hf_value, check_pad_id
 
 # native suffix -> HF suffix, per decoder layer
 LAYER_KEYS: dict[str, str] = {
@@ -155,7 +155,9 @@ class HFAdapter:
 
         `take("a.b")` reads key b of the dict under key a and records "a.b", so nested
         settings (rope parameters) are accounted for one by one. Keys the caller sees as
-        neither consumed nor neutral are what a port may be silently dropping.
+        neither consumed nor neutral are what a port may be silently dropping. Every value
+        read is checked against its rule (validate.HF_ACCEPTS: type, finiteness, range), so a
+        wrong one is refused as ArchitectureError naming the key before anything uses it.
         """
         used: set[str] = set()
 
@@ -165,6 +167,7 @@ class HFAdapter:
             name = child or key
             if isinstance(node, dict) and name in node:
                 used.add(key)
+                check_hf_value(key, node[name])
                 return node[name]
             return default
 
@@ -190,6 +193,8 @@ class HFAdapter:
         # zero or a fraction must be named as such, not surface as a TypeError there.
         names, width_free = self.hf_names(cfg), self.width_free(cfg)
         check_args(kw, names=names, width_free=width_free)
+        # not read into the args, but upstream's embedding takes it as its padding_idx
+        check_pad_id(cfg.get("pad_token_id"), kw["vocab_size"])
         act = take("hidden_act", "silu")
         if act != "silu":
             raise AdapterError(f"hidden_act '{act}' is not supported (the families use SwiGLU with silu)")

@@ -10,7 +10,11 @@ from typing import Any
 import torch
 
 from titan_core.models.common.args import TransformerArgs
-from titan_core.models.common.mapping_errors import AdapterError
+from titan_core.config.loader import ConfigError
+from titan_core.models.common.mapping_errors import AdapterError, ArchitectureError
+from titan_core.models.common.validate import (
+    BOOL, LAYERS_OR_0, MAX_LAYERS, MAX_WIDTH, POSITIONS, SIZE, Accepts, check_args, check_value, is_int, refusal,
+)  # fmt: skip
 from titan_core.models.flux.config import FluxConfig, flux_config
 
 _LIN = ("weight", "bias")
@@ -70,6 +74,46 @@ CONFIG_KEYS = {
 NEUTRAL = frozenset({"_class_name", "_diffusers_version", "_name_or_path", "model_type"})
 SAMPLE_KEYS = ("latent_height", "latent_width", "text_len")
 """Not in a diffusers config (they are the pipeline's): read from the config when given, else FluxConfig's."""
+ACCEPTS: dict[str, Accepts] = {
+    "in_channels": SIZE, "num_layers": LAYERS_OR_0, "num_single_layers": LAYERS_OR_0, "num_attention_heads": SIZE,
+    "attention_head_dim": SIZE, "joint_attention_dim": SIZE, "pooled_projection_dim": SIZE, "guidance_embeds": BOOL,
+    "latent_height": POSITIONS, "latent_width": POSITIONS, "text_len": POSITIONS,
+    "patch_size": Accepts("int", 1, 1, why="FLUX packs 2x2 patches into tokens itself"),
+}  # fmt: skip
+"""What each key of a diffusers FLUX config accepts (the bounds are validate.py's); null is
+refused (diffusers' class would be built with it), except for out_channels."""
+SUMMARY_NAMES = {
+    "dim": "num_attention_heads x attention_head_dim", "n_layers": "num_layers + num_single_layers",
+    "n_heads": "num_attention_heads", "head_dim": "attention_head_dim", "vocab_size": "in_channels",
+    "ffn_hidden_dim": "the MLP width (4 x num_attention_heads x attention_head_dim)",
+    "max_seq_len": "text_len + latent_height x latent_width",
+}  # fmt: skip
+"""The summary args' fields in the FLUX config's words, for a summary out of range."""
+
+
+def check_flux_config(cfg: dict[str, Any]) -> None:
+    """ArchitectureError naming the first key of the diffusers config `cfg` that no FLUX model
+    can be built from: a value of the wrong type or out of range (ACCEPTS), out_channels that
+    differ from in_channels, axes_dims_rope that are not three even widths summing to
+    attention_head_dim, no block at all."""
+    for key, accepts in ACCEPTS.items():
+        if key in cfg:
+            check_value(key, cfg[key], accepts, null_ok=False)
+    channels, out = cfg.get("in_channels", FluxConfig.in_channels), cfg.get("out_channels")
+    if out is not None and not (is_int(out) and out == channels):
+        why = f"null or in_channels = {channels} (the flow loss predicts the input's width)"
+        raise ArchitectureError(refusal("out_channels", out, why), ("out_channels",))
+    head_dim = cfg.get("attention_head_dim", FluxConfig.head_dim)
+    axes = cfg.get("axes_dims_rope", list(FluxConfig.axes_dims_rope))
+    widths = isinstance(axes, (list, tuple)) and len(axes) == 3
+    if not widths or not all(is_int(d) and 0 <= d <= MAX_WIDTH and d % 2 == 0 for d in axes) or sum(axes) != head_dim:
+        why = "three even integers (RoPE widths of the text, row and column axes) summing to attention_head_dim"
+        raise ArchitectureError(refusal("axes_dims_rope", axes, f"{why} = {head_dim}"), ("axes_dims_rope",))
+    blocks = cfg.get("num_layers", FluxConfig.n_double_layers)
+    blocks += cfg.get("num_single_layers", FluxConfig.n_single_layers)
+    if not 1 <= blocks <= MAX_LAYERS:
+        why = f"from 1 to {MAX_LAYERS} blocks (double- and single-stream together)"
+        raise ArchitectureError(refusal("num_layers + num_single_layers", blocks, why), ("num_layers",))
 
 
 class FluxAdapter:
@@ -119,25 +163,22 @@ class FluxAdapter:
         return self._rename(sd, table, "diffusers")
 
     def args_from_hf(self, cfg: dict[str, Any]) -> tuple[TransformerArgs, set[str]]:
-        """A diffusers FluxTransformer2DModel config -> (args, keys read). AdapterError for one
-        this family cannot build: another class, a patch size other than 1, out_channels that
-        differ from in_channels."""
+        """A diffusers FluxTransformer2DModel config -> (args, keys read). AdapterError for a
+        config of another class; ArchitectureError naming the key for one no FLUX model can be
+        built from (`check_flux_config`, then the summary's sizes in the config's words)."""
         cls = cfg.get("_class_name", self.hf_class)
         if cls != self.hf_class:
             raise AdapterError(f"the flux family reads a diffusers {self.hf_class} config, this one is {cls}")
-        if cfg.get("patch_size", 1) != 1:
-            raise AdapterError(f"patch_size {cfg['patch_size']}: FLUX packs 2x2 patches into tokens itself; 1 is read")
-        out = cfg.get("out_channels")
-        if out not in (None, cfg.get("in_channels", 64)):
-            raise AdapterError(f"out_channels {out} differs from in_channels: the flow loss predicts the input's width")
+        check_flux_config(cfg)
         values = {field: cfg[key] for key, field in CONFIG_KEYS.items() if key in cfg}
         values |= {k: cfg[k] for k in SAMPLE_KEYS if k in cfg}
         if "axes_dims_rope" in values:
             values["axes_dims_rope"] = tuple(values["axes_dims_rope"])
         try:
             args = FluxConfig(**values).to_args()
-        except Exception as e:  # a ConfigError (a size FLUX cannot build) or a bad value type
-            raise AdapterError(f"flux config: {e}") from None
+        except ConfigError as e:  # checked above already; said in the config's words all the same
+            raise ArchitectureError(f"flux config: {e}") from None
+        check_args(vars(args), names=SUMMARY_NAMES)
         used = set(CONFIG_KEYS) | set(SAMPLE_KEYS) | {"patch_size", "out_channels"} | NEUTRAL
         return args, used & set(cfg)
 

@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass, fields, replace
 
 from titan_core.config.loader import ConfigError
 from titan_core.models.common.args import TransformerArgs
+from titan_core.models.common.validate import BOOL, LAYERS_OR_0, POSITIONS, SCALE, SIZE, refusal
 
 EXTRA_KEY = "flux"
 SUMMARY_FIELDS = ("dim", "n_layers", "n_heads", "n_kv_heads", "head_dim", "vocab_size", "ffn_hidden_dim", "max_seq_len", "rope_theta")
@@ -64,11 +65,11 @@ class FluxConfig:
         return self.latent_height * self.latent_width
 
     def check(self) -> None:
-        """ConfigError naming the first field that cannot build a model."""
-        for f in ("in_channels", "n_heads", "head_dim", "joint_attention_dim", "pooled_projection_dim",
-                  "latent_height", "latent_width", "text_len"):  # fmt: skip
-            if getattr(self, f) < 1:
-                raise ConfigError(f"flux {f} must be >= 1, got {getattr(self, f)}")
+        """ConfigError naming the first field that cannot build a model (a diffusers config is
+        checked in its own words before it gets here: models/flux/adapter.py)."""
+        for f, accepts in ACCEPTS.items():
+            if not accepts.ok(getattr(self, f)):
+                raise ConfigError("flux " + refusal(f, getattr(self, f), accepts.text))
         if self.n_double_layers < 0 or self.n_single_layers < 0 or self.n_double_layers + self.n_single_layers < 1:
             raise ConfigError(
                 f"flux needs at least one block: n_double_layers={self.n_double_layers}, "
@@ -100,6 +101,15 @@ class FluxConfig:
             init_std=init_std,
             extra={EXTRA_KEY: table},
         )
+
+
+ACCEPTS = {
+    "in_channels": SIZE, "n_double_layers": LAYERS_OR_0, "n_single_layers": LAYERS_OR_0, "n_heads": SIZE,
+    "head_dim": SIZE, "mlp_ratio": SCALE, "joint_attention_dim": SIZE, "pooled_projection_dim": SIZE,
+    "guidance_embeds": BOOL, "rope_theta": SCALE, "latent_height": POSITIONS, "latent_width": POSITIONS,
+    "text_len": POSITIONS,
+}  # fmt: skip
+"""What each FluxConfig field accepts (the bounds are models/common/validate.py's)."""
 
 
 def _table_config(args: TransformerArgs) -> FluxConfig:

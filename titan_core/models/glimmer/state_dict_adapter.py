@@ -9,6 +9,8 @@ per-layer pattern as `layer_types` (sliding_attention / full_attention) and
 from __future__ import annotations
 
 from titan_core.models.common.hf_adapter import AdapterError, HFAdapter, layer_types, window_pattern
+from titan_core.models.common.mapping_errors import ArchitectureError
+from titan_core.models.common.validate import WINDOW, refusal
 
 
 class GlimmerAdapter(HFAdapter):
@@ -32,6 +34,8 @@ class GlimmerAdapter(HFAdapter):
             types = ["sliding_attention" if window else "full_attention"] * n_layers
         if len(types) != n_layers or set(types) - {"sliding_attention", "full_attention"}:
             raise AdapterError(f"layer_types must list sliding_attention/full_attention for {n_layers} layers")
+        if "sliding_attention" in types and window == 0:  # a window of no tokens, where layers slide
+            raise ArchitectureError(refusal("sliding_window", window, WINDOW.text), ("sliding_window",))
         if "sliding_attention" in types and not window:
             raise AdapterError("layer_types has sliding_attention layers but sliding_window is not set")
         sliding_window, global_every = window_pattern([window if t == "sliding_attention" else None for t in types])

@@ -19,6 +19,7 @@ import torch
 from titan_core.models.common.args import TransformerArgs
 from titan_core.models.common.mapping_errors import AdapterError
 from titan_core.models.common.hf_adapter import window_pattern
+from titan_core.models.common.validate import NATIVE_ACCEPTS, check_args, check_pad_id, check_value
 from titan_core.models.common.tied import HF_TIE, Tie, same_tensor, with_tied_head
 from titan_core.models.transformers.checkpoint_layout import CheckpointLayout
 from titan_core.models.transformers.hf_classes import causal_lm_parts, config_object, text_config_key
@@ -60,6 +61,8 @@ def _first(c, *names, default=None):
     return default
 
 
+NORM_EPS_KEYS = ("rms_norm_eps", "layer_norm_eps", "norm_eps")
+"""What transformers' configs call the epsilon of their norms."""
 EXPERT_COUNT_KEYS = ("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts")
 """What transformers' configs call the number of routed experts."""
 
@@ -123,9 +126,16 @@ def args_from_config(c, hf_cfg: dict[str, Any]) -> TransformerArgs:
     # Mamba, RWKV, xLSTM: one placeholder head of full width keeps the args valid; the model counts
     # its FLOPs from its own modules (TransformersCausalLM.flops_per_token)
     dim, heads = _attr(t, "hidden_size"), 1 if no_attention else _attr(t, "num_attention_heads")
+    # each value checked (validate.py) under the key it was read from, before it is divided or converted
+    prefix = "" if t is c else f"{text_config_key(c) or 'text_config'}."
+    names = {f: prefix + k for f, k in WRITE_BACK.items()} | {"rope_theta": f"{prefix}rope_parameters.rope_theta"}
+    names["norm_eps"] = prefix + next((k for k in NORM_EPS_KEYS if _attr(t, k) is not None), NORM_EPS_KEYS[0])
+    check_args({"dim": dim, "n_layers": _attr(t, "num_hidden_layers")}, names=names)  # no head rules before head_dim
+    check_value(names["n_heads"], heads, NATIVE_ACCEPTS["n_heads"])
     window, global_every = _windows(t)
     n_experts = routed_experts(t)
     sparse_step = _first(t, "decoder_sparse_step", default=1) or 1
+    positions = _attr(t, "max_position_embeddings")
     kw: dict[str, Any] = dict(
         dim=dim,
         n_layers=_attr(t, "num_hidden_layers"),
@@ -134,16 +144,21 @@ def args_from_config(c, hf_cfg: dict[str, Any]) -> TransformerArgs:
         head_dim=dim if no_attention else _first(t, "head_dim", default=dim // heads),
         vocab_size=predicted_vocab(t),
         ffn_hidden_dim=_first(t, "intermediate_size", default=4 * dim),
-        norm_eps=float(_first(t, "rms_norm_eps", "layer_norm_eps", "norm_eps", default=1e-6)),
-        rope_theta=float((getattr(t, "rope_parameters", None) or {}).get("rope_theta", 10000.0)),
-        max_seq_len=_first(t, "max_position_embeddings", default=2048),
+        norm_eps=_first(t, *NORM_EPS_KEYS, default=1e-6),
+        rope_theta=(getattr(t, "rope_parameters", None) or {}).get("rope_theta", 10000.0),
+        max_seq_len=positions if positions not in (None, -1) else 2048,  # -1: no limit (XLNet's relative positions)
         tie_embeddings=bool(getattr(t, "tie_word_embeddings", False)),
         sliding_window=window,
         global_every=global_every,
         final_softcap=final_logit_cap(t),
-        init_std=float(_first(t, "initializer_range", default=0.02)),
+        init_std=_first(t, "initializer_range", default=0.02),
         extra={HF_CONFIG_KEY: dict(hf_cfg)},
     )
+    check_args(kw, names=names)
+    vocab = _attr(t, "vocab_size")
+    if isinstance(vocab, int):  # the embedding's rows, which padding_idx indexes
+        check_pad_id(getattr(t, "pad_token_id", None), vocab, name=f"{prefix}pad_token_id")
+    kw.update({k: float(kw[k]) for k in ("norm_eps", "rope_theta", "init_std")})
     if n_experts:
         kw.update(
             n_experts=n_experts,

@@ -9,10 +9,13 @@ transformers' registry by `model_type`, and the model class from its causal-LM m
 
 from __future__ import annotations
 
-from typing import Any
+import contextlib
+import re
+from typing import Any, Iterator
 
 from titan_core.config.loader import ConfigError
-from titan_core.models.common.mapping_errors import AdapterError
+from titan_core.models.common.mapping_errors import AdapterError, ArchitectureError
+from titan_core.models.common.validate import refusal
 
 
 def require_transformers():
@@ -31,7 +34,9 @@ def config_object(cfg: dict[str, Any]):
     """transformers' config class for cfg['model_type'], filled from `cfg`.
 
     AdapterError (a config the path cannot run): no model_type, one transformers does not
-    know, one without a causal-LM class, or values the config class refuses.
+    know, one without a causal-LM class (an encoder-decoder's, T5's, is said to be one), or
+    values the config class refuses: ArchitectureError naming the field where its validation
+    names one.
     """
     require_transformers()  # then its registries, lazily: the [hf] extra
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING
@@ -43,11 +48,51 @@ def config_object(cfg: dict[str, Any]):
     if model_type not in CONFIG_MAPPING:
         raise AdapterError(f"transformers has no model_type '{model_type}' (a newer transformers may have it)")
     if model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
-        raise AdapterError(f"transformers has no causal-LM class for model_type '{model_type}'")
+        kind = " (an encoder-decoder model: the path trains causal LMs, a decoder predicting the next token)"
+        pair = kind if _encoder_decoder(CONFIG_MAPPING[model_type], cfg) else ""
+        raise AdapterError(f"transformers has no causal-LM class for model_type '{model_type}'{pair}")
+    cls = CONFIG_MAPPING[model_type]
     try:
-        return CONFIG_MAPPING[model_type].from_dict(dict(cfg))
-    except (ValueError, TypeError, KeyError) as e:
-        raise AdapterError(f"transformers' {CONFIG_MAPPING[model_type].__name__} refuses config.json: {e}") from None
+        with quiet_transformers():
+            return cls.from_dict(dict(cfg))
+    except Exception as e:  # noqa: BLE001 -- whatever it raises: huggingface_hub's strict errors are no ValueError
+        raise _refused(cls.__name__, cfg, e) from None
+
+
+@contextlib.contextmanager
+def quiet_transformers() -> Iterator[None]:
+    """transformers' warnings held back inside: what it says of a config it still reads (a token id
+    past the vocabulary) is checked and said by titan_core, on one line, or not at all."""
+    from transformers.utils import logging  # the [hf] extra
+
+    before = logging.get_verbosity()
+    logging.set_verbosity_error()
+    try:
+        yield
+    finally:
+        logging.set_verbosity(before)
+
+
+def _encoder_decoder(cls, cfg: dict[str, Any]) -> bool:
+    """Whether `cfg` (or, where it does not say, its config class's default) is an encoder-decoder's."""
+    if "is_encoder_decoder" in cfg:
+        return cfg["is_encoder_decoder"] is True
+    try:
+        return getattr(cls(), "is_encoder_decoder", False) is True
+    except Exception:  # noqa: BLE001 -- a class without usable defaults: nothing more to say about it
+        return False
+
+
+def _refused(cls: str, cfg: dict[str, Any], e: Exception) -> AdapterError:
+    """The error for a config class refusing `cfg`: one line naming the field where its
+    validation names one (`Validation error for field 'x'`, its cause after it)."""
+    field = re.match(r"Validation error for field '([^']+)'", str(e))
+    cause = e.__cause__ or e
+    said = " ".join(f"{type(cause).__name__}: {cause}".split())
+    if field and field[1] in cfg:
+        key = field[1]
+        return ArchitectureError(refusal(key, cfg[key], f"transformers' {cls} refuses it ({said})"), (key,))
+    return AdapterError(f"transformers' {cls} refuses config.json: {' '.join(str(e).split())}")
 
 
 def causal_lm_class(config) -> type:

@@ -1,0 +1,163 @@
+"""`onboard train --config RECIPE [--nproc N] [--json] [--section.key=value ...]`: train with a recipe,
+as `python -m titan_core.train` does, first saying how large the model is.
+
+Before the first step it prints the model's parameters, in total and active per token (a MoE
+model's token uses top_k of its routed experts), counted by titan_core's `count_params` on the
+recipe's model built on meta. With --json, stdout is one JSON document (`train_result`: the exit
+code, steps run, the final loss, the parameter counts, the run folder) and the run is silent; its
+errors still go to stderr. One process trains in this one; --nproc N > 1 goes through titan_core's
+launcher, which echoes rank 0 on stderr, and the JSON then reads the run's metrics.jsonl.
+Registered on the app of onboard/cli/shared.py; onboard/cli/app.py imports this module.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from contextlib import redirect_stdout
+from pathlib import Path
+
+import typer
+
+from onboard.cli.shared import JSON_OPTION, Out, app, run_command
+from onboard.errors import (
+    EXIT_BAD_INPUT, EXIT_INTERRUPTED, BadInput, Interrupted, describe_os_error, interrupt_signal,
+    interrupted_exit_code, signal_name, signals_raise,
+)  # fmt: skip
+
+
+def param_counts(cfg) -> dict[str, int]:
+    """{params_total, params_active} of the recipe's model, built on meta (no memory, seconds at 70B)."""
+    from titan_core.models.common.param_counts import count_params  # lazy: torch loads when a run starts
+    from titan_core.training.model_builder import build_model_from_config  # lazy: as above
+
+    counts = count_params(build_model_from_config(cfg.model)[2])
+    return {"params_total": counts.total, "params_active": counts.active}
+
+
+def counts_line(counts: dict[str, int]) -> str:
+    total, active = counts["params_total"], counts["params_active"]
+    if active == total:
+        return f"parameters: {total:,} (every one active per token)"
+    return f"parameters: {total:,} in total, {active:,} active per token ({active / total:.1%})"
+
+
+def _final_loss(rows: list[dict]) -> dict:
+    """The last row's loss: a float, or None with its repr when it is not finite (strict JSON)."""
+    if not rows:
+        return {"final_loss": None}
+    loss = rows[-1].get("loss")
+    if isinstance(loss, float) and math.isfinite(loss):
+        return {"final_loss": loss}
+    return {"final_loss": None, "final_loss_repr": rows[-1].get("loss_repr", repr(loss))}
+
+
+def train_result(cfg, argv: list[str], nproc: int) -> dict:
+    """Train (silently: stdout stays the JSON's) and say how it went; ConfigError for bad input."""
+    from titan_core.measure.metrics import file_stamp, read_metrics  # lazy: torch loads when a run starts
+
+    counts = param_counts(cfg)
+    run_dir = Path(cfg.metrics.output_dir).resolve()
+    metrics = run_dir / "metrics.jsonl"
+    result = {"exit_code": 0, "nproc": nproc, "run": str(run_dir), "metrics_file": str(metrics), **counts,
+              "steps_planned": cfg.training.steps}  # fmt: skip
+    if nproc == 1:
+        from titan_core.train import run  # lazy: torch loads when a run starts
+
+        with redirect_stdout(sys.stderr):  # a stray print of the run must not break the JSON
+            trained = run(cfg, quiet=True)
+        rows = trained.metrics
+        result.update(steps_run=len(rows), resumed_from=trained.resumed_from, stopped=trained.stopped)
+        if trained.stopped:
+            print(f"error: {trained.stopped}", file=sys.stderr)
+            result["exit_code"] = 1
+    else:
+        from titan_core.runtime.launcher import launch  # lazy: as above
+
+        before = file_stamp(metrics)
+        result["exit_code"] = launch(argv, nproc)
+        # a run that logged nothing leaves an earlier run's file as it was: none of its rows are this run's
+        rows = read_metrics(metrics) if file_stamp(metrics) not in (None, before) else []
+        # a resumed run's file starts with the rows before its checkpoint, which the ranks do not report
+        resumable = cfg.checkpoint.enable and cfg.checkpoint.resume
+        result.update(steps_run=None if resumable else len(rows), resumed_from=None, stopped=None)
+    result.update(last_step=rows[-1]["step"] if rows else None, **_final_loss(rows))
+    return result
+
+
+def _json_run(argv: list[str], nproc: int) -> None:
+    def body(out: Out) -> int:
+        from titan_core.config.loader import load_config  # lazy: the CLI starts without torch
+        from titan_core.runtime.argv import parse_argv  # lazy: as above
+
+        if nproc < 1:
+            raise BadInput(f"--nproc must be at least 1, got {nproc}")
+        config, print_config, overrides = parse_argv(argv)
+        if print_config:
+            raise BadInput("--print-config prints the recipe as TOML, not JSON: leave out one of them")
+        result = train_result(load_config(config, overrides), argv, nproc)
+        out.emit(result)
+        return result["exit_code"]
+
+    run_command(True, body)
+
+
+def _text_counts(argv: list[str]) -> None:
+    """Print the parameter counts before training; nothing where the recipe is bad input, which
+    the trainer then reports as it always has, or where only the recipe is printed."""
+    from titan_core.config.loader import ConfigError, load_config  # lazy: the CLI starts without torch
+    from titan_core.runtime.argv import parse_argv  # lazy: as above
+
+    try:
+        config, print_config, overrides = parse_argv(argv)
+        if print_config:
+            return
+        counts = param_counts(load_config(config, overrides))
+    except ConfigError:
+        return
+    print(counts_line(counts), flush=True)
+
+
+@app.command(
+    "train",
+    context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
+)
+def train_cmd(
+    ctx: typer.Context,
+    config: Path = typer.Option(..., "--config", help="Recipe TOML."),
+    nproc: int = typer.Option(1, "--nproc", help="Local processes (ranks) to start; >1 goes through the launcher."),
+    json_out: bool = JSON_OPTION,
+):
+    """Train with a recipe, like `python -m titan_core.train --config RECIPE [--a.b=c ...]`; prints the
+    model's parameters (total, active per token) first."""
+    argv = ["--config", str(config), *ctx.args]  # the recipe's relative paths: titan_core's loader anchors them
+    if json_out:
+        _json_run(argv, nproc)  # exits
+    if nproc < 1:
+        print(f"error: --nproc must be at least 1, got {nproc}", file=sys.stderr)
+        raise typer.Exit(EXIT_BAD_INPUT)
+    # titan_core reports its own config errors; an OS error (an output folder that cannot
+    # be written, a full disk) is one line here, as in every other command
+    # SIGTERM unwinds like Ctrl-C (the launcher stops its ranks, a checkpoint write finishes its
+    # cleanup): either ends as interrupted, exit 128 + the signal, as every other command
+    try:
+        with signals_raise() as received:
+            _text_counts(argv)
+            if nproc > 1:
+                from titan_core.runtime.launcher import launch  # lazy: torch loads when a run starts
+
+                code = launch(argv, nproc)
+            else:
+                from titan_core.train import main as train_main  # lazy: as above
+
+                code = train_main(argv)
+        if code == EXIT_INTERRUPTED and received:
+            code = interrupted_exit_code(received[0])
+    except (KeyboardInterrupt, Interrupted) as e:
+        signum = interrupt_signal(e)
+        print(f"interrupted by {signal_name(signum)}", file=sys.stderr)
+        code = interrupted_exit_code(signum)
+    except OSError as e:
+        code, message = describe_os_error(e)
+        print(f"error: {message}", file=sys.stderr)
+    raise typer.Exit(code)

@@ -1,0 +1,104 @@
+"""The workspace's files as text: new-model's templates rendered for one plan.
+
+Kept apart from the scaffold's decisions so that the parity rung can render test_parity.py again
+(onboard/parity/template_check.py) with exactly the environment new-model used.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import textwrap
+from typing import Any
+
+import jinja2
+import tomli_w
+
+from onboard.engine.ledger import now_iso
+from onboard.sanitize import visible
+from onboard.workspace.initial_weights import initial_hf
+from onboard.workspace.layout import HF_CONFIG, TWIN
+from onboard.workspace.resources import data_dir
+from titan_core.models import get_family
+from titan_core.models.flux.config import flux_config
+from titan_core.models.registry import DIFFUSION_FAMILIES
+
+
+def _comment(text: str, prefix: str = "") -> str:
+    """`text` as wrapped `#` comment lines, continuation lines indented under the prefix."""
+    lines = textwrap.wrap(prefix + text, width=96, break_on_hyphens=False)
+    return "\n".join(("# " if i == 0 else "#   ") + line for i, line in enumerate(lines))
+
+
+def _toml_value(value: Any) -> str:
+    return tomli_w.dumps({"v": value}).split("=", 1)[1].strip()
+
+
+def _image_tokens(plan) -> int:
+    """A flux sample's image tokens (the recipe's seq_len); 0 for a language model."""
+    if plan.family not in DIFFUSION_FAMILIES:
+        return 0
+    cfg = plan.twin["config"] if plan.twin is not None else plan.hf_config  # the gates train the twin when there is one
+    return flux_config(get_family(plan.family).adapter.args_from_hf(cfg)[0]).image_tokens
+
+
+def template_env() -> jinja2.Environment:
+    """The environment every workspace template renders in (the parity rung re-renders
+    test_parity.py with it to tell an edited test: onboard/parity/template_check.py)."""
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(str(data_dir("templates"))),
+        undefined=jinja2.StrictUndefined,  # a template naming a missing variable is a bug, not blank text
+        keep_trailing_newline=True,
+        trim_blocks=True,
+        lstrip_blocks=True,
+        # a config's strings land in comments and docstrings: a control character there would
+        # break the TOML (or end a comment line early) and drive a terminal that shows the file
+        finalize=lambda v: visible(v, keep_newlines=True) if isinstance(v, str) else v,
+    )
+    env.filters["toml"] = _toml_value
+    env.filters["comment"] = _comment
+    return env
+
+
+def render_file(env: jinja2.Environment, name: str, context: dict[str, Any]) -> str:
+    """templates/<name>.j2 rendered with `context`: the text of the workspace's file `name`."""
+    text = env.get_template(f"{name}.j2").render(**context)
+    # optional template sections leave runs of blank lines; PEP 8 allows two at most
+    return re.sub(r"\n{4,}", "\n\n\n", text) if name.endswith(".py") else text
+
+
+def render(plan) -> dict[str, str]:
+    """{file name: text} of every file of the workspace except ladder.json, for a scaffold.Plan."""
+    templates = data_dir("templates")
+    env = template_env()
+    adapter_cls = type(get_family(plan.family).adapter)
+    has_test_parity = (templates / "test_parity.py.j2").is_file()
+    start, start_why = initial_hf(plan.name, plan.weights, plan.family, plan.twin, plan.hf_config)
+    context = dict(
+        name=plan.name, family=plan.family, flavor=plan.flavor, path_kind=plan.path_kind,
+        model_type=visible(plan.model_type), source=plan.source, device=plan.device,  # one line, whatever it holds
+        weights_dir=str(plan.weights) if plan.weights else "", has_weights=plan.weights is not None,
+        unconsumed=[(visible(k), json.dumps(plan.hf_config[k], sort_keys=True)) for k in plan.unconsumed], todos=plan.todos,
+        adapter_todos=plan.adapter_todos, closest_reason=plan.closest_reason, args_summary=plan.args_summary,
+        arch_differences=plan.arch_differences, arch_note=plan.arch_note or "",
+        adapter_module=adapter_cls.__module__, adapter_class=adapter_cls.__qualname__,
+        hf_architecture=visible((plan.hf_config.get("architectures") or [""])[0]), hf_config_file=HF_CONFIG,
+        created=now_iso()[:19].replace("T", " "), has_test_parity=has_test_parity,
+        threads=plan.threads[0] if plan.threads else 0, threads_why=plan.threads[1] if plan.threads else "",
+        attention=plan.attention, attention_why=plan.attention_why,
+        twin=plan.twin is not None, twin_file=TWIN, twin_rows=(plan.twin or {}).get("rows", []),
+        twin_summary=(plan.twin or {}).get("summary", ""), twin_reason=(plan.twin or {}).get("reason", ""),
+        diffusion=plan.family in DIFFUSION_FAMILIES, image_tokens=_image_tokens(plan),
+        initial_hf=start, initial_hf_why=start_why,
+    )  # fmt: skip
+    names = ["recipe.toml", "adapter.py", "README.md"]
+    if has_test_parity:
+        names.append("test_parity.py")
+    if plan.path_kind == "port":
+        names.append("model.py")
+    files = {n: render_file(env, n, context) for n in names}
+    files[HF_CONFIG] = plan.hf_config_text
+    if plan.twin is not None:
+        files[TWIN] = json.dumps(plan.twin["config"], indent=2) + "\n"
+    files[".gitignore"] = "runs/\n.onboard.lock\n"
+    return files
