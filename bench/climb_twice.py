@@ -33,9 +33,12 @@ os.environ.setdefault("TORCH_DEVICE_BACKEND_AUTOLOAD", "0")
 from typer.testing import CliRunner  # noqa: E402
 
 from onboard.cli.app import app  # noqa: E402
-from onboard.engine.ladder import current_state, default_specs, ladder_states, next_step  # noqa: E402
-from onboard.rungs import harness  # noqa: E402
-from onboard.rungs.decision import INDISTINGUISHABLE, NOT_MEASURED  # noqa: E402
+from onboard.ladder.states import current_state, ladder_states
+from onboard.ladder.table import default_specs
+from onboard.engine.next_step import next_step  # noqa: E402
+from onboard.ladder import contract
+from onboard.rungs import timing_profiles# noqa: E402
+from onboard.ladder.decision import INDISTINGUISHABLE, NOT_MEASURED  # noqa: E402
 from onboard.workspace.layout import Workspace  # noqa: E402
 
 ACCEPTED = ("passed", "not_applicable")
@@ -57,7 +60,7 @@ def levers(recipe_path: Path) -> dict:
     return {k: v for k, v in values.items() if any(k == lever or k.startswith(lever + ".") for lever in LEVERS)}
 
 
-def climb(base: Path, name: str, scaffold: list[str], log) -> dict:
+def climb(base: Path, name: str, scaffold: list[str], log, timing: str) -> dict:
     result = CliRunner().invoke(app, ["new-model", name, "--dir", str(base), *scaffold])
     if result.exit_code != 0:
         raise SystemExit(f"new-model failed ({result.exit_code}): {result.output}")
@@ -65,7 +68,7 @@ def climb(base: Path, name: str, scaffold: list[str], log) -> dict:
     budget = 3 * len([s for s in specs if s.built])
     calls, t0, last = [], time.monotonic(), None
     for _ in range(budget):
-        last = next_step(Workspace.load(base, name), specs=specs)
+        last = next_step(Workspace.load(base, name), specs=specs, timing_profile=timing)
         calls.append({"rung": last.rung, "status": str(last.status)})
         log(f"{name}: call {len(calls)}: {last.rung} {last.status}")
         if str(last.status) not in ACCEPTED:
@@ -126,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--path", default="native", help="native | port | transformers")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--dir", type=Path, required=True, help="an empty folder for the two workspaces")
-    ap.add_argument("--timing", default=harness.SHIPPED, choices=sorted(harness.TIMING_PROFILES))
+    ap.add_argument("--timing", default=contract.SHIPPED, choices=sorted(timing_profiles.TIMING_PROFILES))
     a = ap.parse_args(argv)
     if a.dir.exists() and any(a.dir.iterdir()):
         print(f"error: {a.dir} is not empty (the two workspaces must be fresh)", file=sys.stderr)
@@ -135,9 +138,8 @@ def main(argv: list[str] | None = None) -> int:
     scaffold = ["--hf-config", str(a.hf_config)] if a.hf_config else ["--preset", a.preset]
     scaffold += ["--path", a.path, "--device", a.device]
     sides = []
-    with harness.timing_profile_of(a.timing):
-        for name in ("first", "second"):
-            sides.append(climb(a.dir, name, scaffold, lambda line: print(line, file=sys.stderr, flush=True)))
+    for name in ("first", "second"):
+        sides.append(climb(a.dir, name, scaffold, lambda line: print(line, file=sys.stderr, flush=True), a.timing))
     report = {"timing_profile": a.timing, **compare(sides)}
     print(json.dumps(report, indent=1, default=str))
     return 0 if report["every_difference_explained"] and report["within_call_bound"] else 1

@@ -80,7 +80,7 @@ def build_hf(ws_root: Path, recipe):
     """transformers' model for the workspace's config.json (the one config reader, as parity reads it), fp32, sdpa."""
     from transformers import AutoModelForCausalLM
 
-    from onboard.parity.upstream import hf_config_object
+    from onboard.upstream.hf_model import hf_config_object
     from titan_core.config.hf_config import read_hf_config
 
     config = hf_config_object(
@@ -116,7 +116,7 @@ def main() -> None:
 
     import tempfile
 
-    from onboard.rungs.harness import process_threads
+    from onboard.rungs.train_run import process_threads
     from titan_core.runtime import distributed
     from titan_core.config import load_config
 

@@ -63,9 +63,15 @@ def new_model(
         from onboard.workspace.scaffold import plan_workspace, write_workspace
         from onboard.sizing.twin_setup import apply_twin
 
+        def not_causal_reason(cfg):  # the transformers path's probe; compat loads only when it is asked
+            from onboard.compat.causal import not_causal_reason
+
+            return not_causal_reason(cfg)
+
         check_dir(dir)
         plan = plan_workspace(
-            name, dir, hf_config=hf_config, preset=preset, weights=weights, path=path, device=device, force=force
+            name, dir, hf_config=hf_config, preset=preset, weights=weights, path=path, device=device, force=force,
+            not_causal=not_causal_reason,
         )
         mode = "auto" if twin is None else "on" if twin else "off"
         choice = apply_twin(plan, mode=mode, layers=twin_layers, width=twin_width)
@@ -140,17 +146,25 @@ def new_model(
 
 # ---- next-step -----------------------------------------------------------------------------
 @app.command("next-step")
-def next_step_cmd(name: str = typer.Argument(...), dir: Path = DIR_OPTION, json_out: bool = JSON_OPTION):
+def next_step_cmd(
+    name: str = typer.Argument(...),
+    dir: Path = DIR_OPTION,
+    json_out: bool = JSON_OPTION,
+    timing: str = typer.Option("shipped", "--timing", hidden=True, help="Timing profile of keep/choose decisions."),
+):
     """Run the current rung's gate; record the evidence; exit 0 passed, 1 failed, 2 bad input."""
 
     def body(out: Out) -> int:
-        from onboard.engine.ladder import next_step
+        from onboard.engine.next_step import next_step
         from onboard.cli.views import show_outcome
+        from onboard.rungs.timing_profiles import TIMING_PROFILES
         from onboard.workspace.layout import Workspace
 
+        if timing not in TIMING_PROFILES:  # tests and compat time with "quick"; the attempt records it
+            raise BadInput(f"--timing: unknown timing profile '{timing}'; profiles: {', '.join(TIMING_PROFILES)}")
         ws = Workspace.load(check_dir(dir), name)
         command = f"onboard next-step {name}" + ("" if Path(dir) == Path(".") else f" --dir {dir}")
-        outcome = next_step(ws, log=out.log, base_command=command)
+        outcome = next_step(ws, log=out.log, base_command=command, timing_profile=timing)
         if outcome.os_error:  # the machine failed, not the gate: one line, like any other OS error
             print(f"error: {visible(outcome.message)}", file=sys.stderr)
         if out.json:
@@ -165,7 +179,7 @@ def next_step_cmd(name: str = typer.Argument(...), dir: Path = DIR_OPTION, json_
 # ---- status / list / report ------------------------------------------------------------------
 def _print_status(out: Out, ws, states) -> None:
     from onboard.cli.views import ladder_message, ladder_table
-    from onboard.engine.evidence import workspace_facts
+    from onboard.ladder.evidence import workspace_facts
 
     meta = ws.ledger.meta
     facts, mismatches = workspace_facts(ws)  # the workspace's files, not ladder.json's word
@@ -192,7 +206,8 @@ def status_cmd(name: str = typer.Argument(...), dir: Path = DIR_OPTION, json_out
     """The ladder table of one workspace: each rung's status, stale rungs and waivers."""
 
     def body(out: Out) -> int:
-        from onboard.engine.ladder import default_specs, ladder_states
+        from onboard.ladder.table import default_specs
+        from onboard.ladder.states import ladder_states
         from onboard.cli.views import status_dict
         from onboard.workspace.layout import Workspace
 
@@ -215,9 +230,10 @@ def list_cmd(dir: Path = DIR_OPTION, json_out: bool = JSON_OPTION):
         from rich.table import Table
         from rich.text import Text
 
-        from onboard.engine.evidence import workspace_facts
-        from onboard.engine.ladder import default_specs, ladder_states
-        from onboard.engine.ledger import ACCEPTED
+        from onboard.ladder.evidence import workspace_facts
+        from onboard.ladder.table import default_specs
+        from onboard.ladder.states import ladder_states
+        from onboard.workspace.ledger import ACCEPTED
         from onboard.cli.views import ladder_message
         from onboard.workspace.layout import LEDGER, Workspace, list_workspaces
 
@@ -302,9 +318,9 @@ def waive_cmd(
     """Waive one criterion of a rung, with a reason; shown in red in status and the report."""
 
     def body(out: Out) -> int:
-        from onboard.engine.gates import ChecklistError, load_checklist
-        from onboard.engine.ladder import RUNGS
-        from onboard.engine.ledger import Ledger
+        from onboard.ladder.gates import ChecklistError, load_checklist
+        from onboard.ladder.table import RUNGS
+        from onboard.workspace.ledger import Ledger
         from onboard.workspace.lock import WorkspaceLock
         from onboard.workspace.layout import Workspace
 

@@ -12,18 +12,21 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from onboard.engine.ladder import RUNGS, default_specs, ladder_states, next_step
+from onboard.ladder.table import RUNGS, default_specs
+from onboard.ladder.states import ladder_states
+from onboard.engine.next_step import next_step
 from onboard.report.write import WATERFALL, write_report_files
 from onboard.workspace.fsutil import BACKUP_INFIX, backup_aside
 from onboard.workspace.scaffold import exists_refusal, plan_workspace, write_workspace
 from onboard.cli.views import ladder_table, show_outcome, status_dict
 from onboard.workspace.layout import Workspace, workspaces_dir
-from onboard.engine.ledger import Status
-from onboard.rungs import harness
+from onboard.workspace.ledger import Status
+from onboard.ladder import contract
+from onboard.rungs import timing_profiles
 from onboard.errors import BadInput
-from onboard.engine.gates import PRECISIONS
-from onboard.engine.recipe_edit import apply_edits
-from onboard.rungs.contract import RecipeEdit
+from onboard.ladder.gates import PRECISIONS
+from onboard.ladder.recipe_edit import apply_edits
+from onboard.ladder.contract import RecipeEdit
 
 NAME = "llama3_debug"
 PRESET = "llama3/debugmodel"
@@ -44,27 +47,26 @@ BF16 = [
 """The recipe edits of `--precision bf16`: a recipe that trains in bf16 from the start."""
 
 
-def run_demo(base: Path, *, device: str, out, preset: str = NAME, timing: str = harness.SHIPPED,
+def run_demo(base: Path, *, device: str, out, preset: str = NAME, timing: str = contract.SHIPPED,
              precision: str = "fp32", train: bool = True, force: bool = False) -> dict:  # fmt: skip
     """new-model (an earlier demo's workspace replaced only with `force`, and kept as a backup), next-step
     until the ladder stops (complete up to the last built rung, or a failed gate), then status and report; then, for a
     language model whose ladder completed and unless `train` is off, the proved recipe trains a
     pretrained checkpoint on JSONL data (onboard/cli/demo_train.py).
-    `preset`: a PRESETS name; `timing`: a harness.TIMING_PROFILES name; `precision`: fp32 | bf16,
+    `preset`: a PRESETS name; `timing`: a timing_profiles.TIMING_PROFILES name; `precision`: fp32 | bf16,
     the recipe's precision at the start (BadInput for another)."""
     if preset not in PRESETS:
         raise BadInput(f"unknown demo preset '{preset}'; presets: {', '.join(PRESETS)}")
     if precision not in PRECISIONS:
         raise BadInput(f"unknown precision '{precision}'; precisions: {', '.join(PRECISIONS)}")
-    if timing not in harness.TIMING_PROFILES:
-        raise BadInput(f"unknown timing profile '{timing}'; profiles: {', '.join(harness.TIMING_PROFILES)}")
+    if timing not in timing_profiles.TIMING_PROFILES:
+        raise BadInput(f"unknown timing profile '{timing}'; profiles: {', '.join(timing_profiles.TIMING_PROFILES)}")
     stage_folder = _stage_folder(base) if train and preset in TRAIN_PRESETS else None
     if not force:  # refused before anything runs, not after minutes of climbing
         _refuse_replacing(workspaces_dir(base) / preset, stage_folder)
-    if timing != harness.SHIPPED:
-        out.log(f"demo: keep/choose decisions timed with the {timing} profile ({harness.TIMING_PROFILES[timing]})")
-    with harness.timing_profile_of(timing):
-        result = _climb(base, device=device, out=out, preset=preset, precision=precision, force=force)
+    if timing != contract.SHIPPED:
+        out.log(f"demo: keep/choose decisions timed with the {timing} profile ({timing_profiles.TIMING_PROFILES[timing]})")
+    result = _climb(base, device=device, out=out, preset=preset, precision=precision, force=force, timing=timing)
     if not train or result["exit_code"] != 0:
         return result
     if preset not in TRAIN_PRESETS:
@@ -98,7 +100,8 @@ def _refuse_replacing(workspace: Path, stage_folder: Path | None) -> None:
         )
 
 
-def _climb(base: Path, *, device: str, out, preset: str, precision: str, force: bool = False) -> dict:
+def _climb(base: Path, *, device: str, out, preset: str, precision: str, force: bool = False,
+           timing: str = contract.SHIPPED) -> dict:
     name, source = preset, PRESETS[preset]
     t0 = time.perf_counter()
     plan = plan_workspace(name, base, preset=source, device=device, force=force, threads=(1, THREADS_WHY))
@@ -110,10 +113,10 @@ def _climb(base: Path, *, device: str, out, preset: str, precision: str, force: 
         apply_edits(root / "recipe.toml", BF16)
         out.log("demo: the recipe trains in bf16 (training.dtype, mixed_precision_param)")
     backup = str(plan.backup) if plan.backup else None
-    return {"workspace": str(root), "backup": backup, **_ladder(base, name, source, out=out, t0=t0)}
+    return {"workspace": str(root), "backup": backup, **_ladder(base, name, source, out=out, t0=t0, timing=timing)}
 
 
-def _ladder(base: Path, name: str, source: str, *, out, t0: float) -> dict:
+def _ladder(base: Path, name: str, source: str, *, out, t0: float, timing: str) -> dict:
     """next-step until the ladder stops, then the report and the ladder table (the demo's long part)."""
     ws = Workspace.load(base, name)
     specs = default_specs()
@@ -121,7 +124,8 @@ def _ladder(base: Path, name: str, source: str, *, out, t0: float) -> dict:
     # each call advances one rung or stops; a rung's recipe edit can send the ladder back to
     # re-verify the rungs that read the edited keys, so allow a few climbs before giving up
     for _ in range(3 * len(RUNGS)):
-        outcome = next_step(ws, specs=specs, log=out.log, base_command=f"onboard next-step {name} --dir {base}")
+        outcome = next_step(ws, specs=specs, log=out.log, base_command=f"onboard next-step {name} --dir {base}",
+                            timing_profile=timing)
         steps.append(outcome)
         if outcome.status != Status.COMPLETE:
             show_outcome(out.print, outcome)

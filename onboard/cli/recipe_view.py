@@ -18,7 +18,7 @@ from pathlib import Path
 from onboard.errors import BadInput
 from onboard.workspace.layout import Workspace
 from titan_core.config.loader import get_key
-from onboard.engine.ledger import Status
+from onboard.workspace.ledger import Status
 
 RDZV_PORT = 29500
 

@@ -7,16 +7,16 @@ reads as markup; `visible` inside a Text); the dicts keep the strings as recorde
 from __future__ import annotations
 
 import json
-import math
 from typing import Any
 
 from rich.table import Table
 from rich.text import Text
 
-from onboard.engine.evidence import workspace_facts
-from onboard.engine.ladder import RungState, current_state, entry_error, last_built
-from onboard.engine.ledger import ACCEPTED, Entry, Status
-from onboard.rungs.decision import headline
+from onboard.ladder.evidence import workspace_facts
+from onboard.ladder.decision import decision_records, headline
+from onboard.ladder.gates import fmt, fmt_threshold
+from onboard.ladder.states import RungState, current_state, entry_error, ladder_message, shown_criteria
+from onboard.workspace.ledger import ACCEPTED, Entry, Status
 from onboard.sanitize import markup_safe, visible
 
 STATUS_STYLE = {
@@ -59,54 +59,12 @@ KEY_METRICS = {
 }
 
 
-def fmt(value: Any) -> str:
-    """Short human form of a measurement: 6 significant digits, ints with separators."""
-    if value is None:
-        return "not measured"
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, int):
-        return f"{value:,}"
-    if isinstance(value, float):
-        if not math.isfinite(value):
-            return repr(value)
-        if value != 0 and (abs(value) < 1e-3 or abs(value) >= 1e6):
-            return f"{value:.3e}"
-        return f"{value:.6g}"
-    if isinstance(value, (list, dict)):
-        text = str(value)
-        return text if len(text) <= 60 else text[:57] + "..."
-    return str(value)
-
-
-# A recorded criterion is sure to have a name and ok (ledger.shape_problem); the rest of
-# what evaluate() writes may be missing from a hand-edited entry, so it is read with get.
-def fmt_threshold(c: dict) -> str:
-    if c.get("comparator") == "is_true":
-        return "is true"
-    ref = "; ".join(filter(None, (c.get("threshold_ref"), c.get("precision") and f"{c['precision']} bound")))
-    return f"{c.get('comparator', '?')} {fmt(c.get('threshold'))}" + (f" ({ref})" if ref else "")
-
-
 def key_numbers(rung: str, entry: Entry | None) -> dict[str, Any]:
     if entry is None:
         return {}
     m = entry.measurements
     names = [k for k, _, _ in KEY_METRICS.get(rung, ())] or [c.get("metric") for c in entry.criteria[:3]]
     return {n: m[n] for n in names if n in m}
-
-
-DECISION_KEYS = ("rung", "lever", "holder", "candidate", "value", "verdict", "figure")
-"""What a Decision record must hold to be shown (a hand edit may have dropped some)."""
-
-
-def decision_records(details: dict) -> list[dict]:
-    """The Decision records (decision.Decision.to_dict) in a rung's `details.decisions`; [] when it
-    has none, or an older ledger's other shape there; a record a hand edit broke is left out."""
-    found = details.get("decisions") if isinstance(details, dict) else None
-    if not isinstance(found, list):
-        return []
-    return [d for d in found if isinstance(d, dict) and all(k in d for k in DECISION_KEYS)]
 
 
 def decisions_of(entry: Entry | None) -> list[dict]:
@@ -164,14 +122,6 @@ def ladder_table(states: list[RungState], title: str | None = None) -> Table:
     return table
 
 
-def shown_criteria(s: RungState) -> list[dict]:
-    """The criteria a rung's state rests on: re-evaluated from the measurements for an
-    accepted entry (so an edited ledger cannot show ok), as recorded otherwise."""
-    if s.checked is not None:
-        return s.checked
-    return s.latest.criteria if s.latest else []
-
-
 def state_dict(s: RungState) -> dict:
     last = s.latest
     criteria = shown_criteria(s)
@@ -186,7 +136,7 @@ def state_dict(s: RungState) -> dict:
         "key_measurements": key_numbers(s.rung, s.latest),
         "headline": headline_of(s.latest),  # the figures the decisions rest on; None: the rung decided nothing
         "decisions": decisions_of(s.latest),
-        "timing_profile": last.details.get("timing_profile") if last else None,  # harness.TIMING_PROFILES
+        "timing_profile": last.details.get("timing_profile") if last else None,  # timing_profiles.TIMING_PROFILES
         "failed_criteria": [c["name"] for c in criteria if not c.get("ok")],
         "waived_criteria": [c["name"] for c in criteria if c.get("waived")],
         "recorded_status": last.status if last else None,
@@ -196,23 +146,6 @@ def state_dict(s: RungState) -> dict:
             if s.status == Status.INVALID and not c.get("ok")
         ],
     }
-
-
-def ladder_message(states: list[RungState]) -> str:
-    """One line: what next-step would do now."""
-    current = current_state(states)
-    if current is not None:
-        verb = {
-            Status.STALE: "re-verify",
-            Status.INVALID: "re-run",
-            Status.FAILED: "retry",
-            Status.INTERRUPTED: "retry",
-            Status.RUNNING: "wait for",
-        }.get(current.status, "run")
-        return f"next: {verb} {current.rung}"
-    if any(s.status == Status.NOT_BUILT for s in states):
-        return f"ladder complete up to the last rung that exists: {last_built(states)}"
-    return "ladder complete: every rung passed or does not apply"
 
 
 def status_dict(ws, states: list[RungState]) -> dict:

@@ -3,11 +3,11 @@
 Per `model_type` a probe (climb.py): a tiny config built with transformers' own config class
 (tiny.py: 2 layers, hidden 64, vocab 256; experts and windows shrunk where the class has
 them), a workspace scaffolded as `new-model --path transformers` does in a temporary folder,
-then the ladder engine itself (`onboard.engine.ladder.next_step`, the rungs of
+then the ladder engine itself (`onboard.engine.next_step.next_step`, the rungs of
 `default_specs()`) step after step until the ladder is complete or a rung stops it. Every cell
 is read back from the workspace's ledger: pass, fail (the first failed criterion or the error
 the attempt hit), not applicable (the rung's reason) or not reached. The rungs run as shipped,
-judged by their shipped checklists; only their timing decisions are shortened (the harness's
+judged by their shipped checklists; only their timing decisions are shortened (the
 `quick` timing profile, QUICK_TIMING, which every attempt's details name).
 
 Each probe runs in its own process with a time limit (sweep.py), so one architecture's crash,

@@ -16,19 +16,22 @@ import torch
 
 from onboard.compat.causal import check_causal
 from onboard.compat.tiny import MAX_PARAMS, SEQ_LEN, NotProbed, one_line, tiny_config
-from onboard.engine.ladder import default_specs, ladder_states, next_step
+from onboard.ladder.table import default_specs
+from onboard.ladder.states import ladder_states
+from onboard.engine.next_step import next_step
 from onboard.errors import BadInput
-from onboard.rungs import harness
+from onboard.ladder.contract import SHIPPED
+from onboard.rungs import timing_profiles
 from onboard.workspace.layout import Workspace
 from onboard.workspace.scaffold import plan_workspace, write_workspace
-from onboard.engine.ledger import ACCEPTED, Status
+from onboard.workspace.ledger import ACCEPTED, Status
 
 TIMING_PROFILE = "quick"
-"""The harness timing profile every probe's rungs time their keep/choose decisions with
-(harness.TIMING_PROFILES): compat asks whether each rung passes on an architecture, not which flag
+"""The timing profile every probe's rungs time their keep/choose decisions with
+(timing_profiles.TIMING_PROFILES): compat asks whether each rung passes on an architecture, not which flag
 is fastest on this CPU. Criteria, thresholds and every other param stay as shipped, and every
 attempt's details say the profile (`timing_profile`)."""
-QUICK_TIMING = harness.TIMING_PROFILES[TIMING_PROFILE]
+QUICK_TIMING = timing_profiles.TIMING_PROFILES[TIMING_PROFILE]
 """What that profile sets over the checklists' `params.timing` (the table's header quotes it)."""
 TELLING = ("capture_error", "first_break", "first_host_sync", "features_idle", "error")
 """Measurements that say more than the criterion they fail, in the order the reason prefers them."""
@@ -55,10 +58,10 @@ def probe(
     except NotProbed as e:
         return {"not_probed": one_line(str(e))}
     row: dict[str, Any] = {"cells": {}, "params": n_params}
-    with harness.timing_profile_of(TIMING_PROFILE):
-        for cells in climb(ws, log=lambda line: log(f"compat: {model_type}: {line}"), detail=detail):
-            row["cells"] = cells
-            save(row)
+    for cells in climb(ws, log=lambda line: log(f"compat: {model_type}: {line}"), detail=detail,
+                       timing_profile=TIMING_PROFILE):
+        row["cells"] = cells
+        save(row)
     return row
 
 
@@ -103,12 +106,13 @@ def climb(
     log: Callable[[str], None] = lambda s: None,
     detail: Callable[[str], None] = lambda s: None,
     max_steps: int | None = None,
+    timing_profile: str = SHIPPED,
 ):
     """Yield the cells after every `next_step` until the ladder is complete or a step does not pass.
 
     `max_steps` (default three per rung) bounds a ladder that keeps re-verifying after recipe edits.
     An error the engine raises instead of recording (bad input found by a rung, a rung that cannot be
-    imported) fails the rung it was on.
+    imported) fails the rung it was on. `timing_profile`: what the rungs time their decisions with.
     """
     specs = default_specs()
     max_steps = max_steps or 3 * len(specs)
@@ -117,7 +121,7 @@ def climb(
         if current is None:
             return
         try:
-            status, raised = str(next_step(ws, specs=specs, log=detail).status), None
+            status, raised = str(next_step(ws, specs=specs, log=detail, timing_profile=timing_profile).status), None
         except Exception as e:  # noqa: BLE001 -- this architecture's failure, not the sweep's
             # the temporary workspace's path says nothing in a table: its files by their names
             status, raised = "raised", (current, f"{type(e).__name__}: {e}".replace(f"{ws.root}/", ""))

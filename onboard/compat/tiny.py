@@ -3,7 +3,8 @@ arguments: 2 layers, hidden 64, vocab 256, experts, windows and low-rank widths 
 class has an argument for them, under whatever name the class gives it (GPT-2's `n_embd`, Falcon's
 `num_kv_heads`, OPT's `ffn_dim`). Per-layer type lists keep one layer of each kind (a hybrid stays
 a hybrid). A composite config (text beside vision or audio) gets its text config shrunk the same
-way. `NotProbed` with why where the class cannot be built that small."""
+way. `NotProbed` with why where the class cannot be built that small. What shrinks, under which
+names, and which layers stay are the rules a twin follows too (onboard/sizing/shrink.py)."""
 
 from __future__ import annotations
 
@@ -11,65 +12,45 @@ import dataclasses
 from typing import Any
 
 from onboard.errors import BadInput
+from onboard.sizing.shrink import entries_of, first_of_each_kind, moved_token_ids, renumbered, shrinks, shrunk
+from titan_core.models.common.hf_keys import HF_KEYS
 from titan_core.models.transformers.hf_classes import require_transformers
 
 ROLES: dict[str, tuple[int, tuple[str, ...]]] = {
     "hidden": (
         64,
         (
-            *("hidden_size", "n_embd", "d_model", "n_embed", "emb_dim", "embedding_dim", "word_embed_proj_dim"),
+            *HF_KEYS["dim"], "word_embed_proj_dim",
             # a vision or audio adapter's widths, which its validators tie to the hidden sizes (Dots3)
             *("adapter_in_dim", "adapter_input_size", "adapter_out_dim"),
         ),
     ),
-    "layers": (
-        2,
-        (
-            *("num_hidden_layers", "n_layer", "n_layers", "num_layers", "decoder_layers", "num_decoder_layers"),
-            *("num_encoder_layers", "num_layers_per_stack", "encoder_layers"),
-        ),
-    ),
+    "layers": (2, (*HF_KEYS["n_layers"], "num_encoder_layers", "num_layers_per_stack", "encoder_layers")),
     "heads": (
         4,
         (
-            *("num_attention_heads", "n_head", "n_heads", "num_heads", "decoder_attention_heads", "attention_heads"),
-            *("num_decoder_attention_heads", "num_encoder_attention_heads"),
+            *HF_KEYS["n_heads"], "num_encoder_attention_heads",
             # BART-style configs map `num_attention_heads` to the encoder's count, which head_dim is derived from
             "encoder_attention_heads",
         ),
     ),
-    "kv_heads": (2, ("num_key_value_heads", "num_kv_heads", "n_kv_heads", "multi_query_group_num")),
-    "head_dim": (16, ("head_dim", "kv_channels", "d_head", "dim_head", "attention_head_size", "attention_head_dim")),
+    "kv_heads": (2, HF_KEYS["n_kv_heads"]),
+    "head_dim": (16, HF_KEYS["head_dim"]),
     "global_head_dim": (32, ("global_head_dim",)),  # Gemma-4's full-attention layers: wider than the others
     "rotary_dim": (8, ("rotary_dim",)),  # partial rotary (GPT-J, CodeGen): half the tiny head
-    "ffn": (
-        128,
-        (
-            *("intermediate_size", "n_inner", "ffn_dim", "ffn_hidden_size", "decoder_ffn_dim", "d_ff", "dim_ff"),
-            *("dff", "encoder_ffn_dim"),
-        ),
-    ),
+    "ffn": (128, (*HF_KEYS["ffn_hidden_dim"], "encoder_ffn_dim")),
     # Inkling-2's head is `unpadded_vocab_size` wide, its embedding `vocab_size`: both shrink
-    "vocab": (256, ("vocab_size", "vocab_size_per_layer_input", "unpadded_vocab_size")),
+    "vocab": (256, (*HF_KEYS["vocab_size"], "vocab_size_per_layer_input", "unpadded_vocab_size")),
     "per_layer_input": (16, ("hidden_size_per_layer_input",)),  # Gemma-3n/4's per-layer embeddings
-    "positions": (1024, ("max_position_embeddings", "n_positions", "n_ctx", "max_target_positions")),
-    "experts": (4, ("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts")),
-    "experts_per_token": (2, ("num_experts_per_tok", "top_k_experts", "moe_topk", "moe_k")),
+    "positions": (1024, HF_KEYS["max_seq_len"]),
+    "experts": (4, HF_KEYS["n_experts"]),
+    "experts_per_token": (2, HF_KEYS["top_k"]),
     # LongCat-Flash's zero-compute experts (256 beside 512 routed): 2 beside the 4, the same 1:2
     "zero_experts": (2, ("zero_expert_num",)),
     # group-limited routing (DeepSeek-V3): 2 groups of the 4 experts, the best 1 group's 2 chosen from
     "expert_groups": (2, ("n_group", "num_expert_group")),
     "chosen_groups": (1, ("topk_group",)),
-    "expert_ffn": (
-        32,
-        (
-            "moe_intermediate_size",
-            "shared_expert_intermediate_size",
-            "shared_experts_intermediate_size",
-            "moe_shared_expert_intermediate_size",
-            "expert_ffn_hidden_size",
-        ),
-    ),
+    "expert_ffn": (32, (*HF_KEYS["moe_hidden_dim"], *HF_KEYS["shared_expert_hidden_dim"])),
     # multi-head latent attention (DeepSeek-V2/V3 and their kin): its low-rank widths
     "latent_rank": (32, ("kv_lora_rank", "q_lora_rank")),
     "latent_head": (8, ("qk_rope_head_dim", "qk_nope_head_dim")),
@@ -91,13 +72,14 @@ ROLES: dict[str, tuple[int, tuple[str, ...]]] = {
     # is 3: of 2 tiny layers none would be MoE); Gemma-3n's last layers reuse earlier layers' keys
     "dense_prefix": (1, ("first_k_dense_replace", "num_dense_layers")),
     "kv_shared_layers": (2, ("num_kv_shared_layers",)),
-    "window": (32, ("sliding_window", "sliding_window_size", "attention_window_size")),
+    "window": (32, HF_KEYS["sliding_window"]),
 }
 """Each size the probe sets, by role: (tiny value, the constructor arguments that carry it in some
-class). An argument is set only where the class has it with a larger integer default (or a
+class: the HF-name table's names of that size, titan_core/models/common/hf_keys.py, and the sizes that
+shrink with it). An argument is set only where the class has it with a larger integer default (or a
 DERIVED role's None): a default of None otherwise means the class lacks the feature (no window),
-and the probe adds no feature the architecture does not have (`_shrinks`). A window (32) is below SEQ_LEN, so a
-windowed model really masks."""
+and the probe adds no feature the architecture does not have (`shrinks`, onboard/sizing/shrink.py: the
+rules a twin shares). A window (32) is below SEQ_LEN, so a windowed model really masks."""
 DERIVED = ("kv_heads", "head_dim", "experts_per_token")
 """Roles set even where the class's default is None: it derives them (head_dim = hidden / heads,
 as many key/value heads as heads), and some classes' models read the None before deriving
@@ -310,7 +292,7 @@ def tiny_arguments(cls, default: dict[str, Any]) -> dict[str, Any]:
         name: value
         for name, value in SIZES.items()
         if name in fields
-        and (_shrinks(default.get(name, default.get(stored.get(name, name))), value, name in derived) or name in always)
+        and (shrinks(default.get(name, default.get(stored.get(name, name))), value, name in derived) or name in always)
     }
     if "group" in str(default.get("topk_method", "")):  # group-limited routing with groups the class derives
         kw.update({n: ROLES[r][0] for r in ("expert_groups", "chosen_groups") for n in ROLES[r][1] if n in fields})
@@ -326,15 +308,6 @@ def tiny_arguments(cls, default: dict[str, Any]) -> dict[str, Any]:
     kw.update(_special_tokens(default))
     kw.update({k: 0.0 for k, v in default.items() if k in fields and _is_dropout(k) and isinstance(v, float) and v > 0})
     return kw
-
-
-def _shrinks(default: Any, tiny: int, derived: bool) -> bool:
-    """Whether the tiny value replaces the class's default: only a larger integer (a count of 0, a
-    single key/value head or one expert per token stay as they are: the probe adds no feature and
-    removes no structure), or a None the class derives."""
-    if default is None:
-        return derived
-    return isinstance(default, int) and not isinstance(default, bool) and default > tiny
 
 
 def _proportional(fields: set[str], default: dict[str, Any], kw: dict[str, Any]) -> dict[str, Any]:
@@ -359,8 +332,8 @@ def _layer_lists(fields: set[str], default: dict[str, Any], kw: dict[str, Any]) 
         return {}
     keep = _kept_layers(n, lists)
     # a size given per layer (Gemma-3n's intermediate_size) shrinks entry by entry
-    tiny = lambda k, x: SIZES[k] if k in SIZES and _shrinks(x, SIZES[k], False) else x  # noqa: E731
-    return {layers_arg: len(keep), **{k: [tiny(k, v[i]) for i in keep] for k, v in lists.items()}}
+    tiny = lambda k, x: shrunk(x, SIZES[k]) if k in SIZES else x  # noqa: E731
+    return {layers_arg: len(keep), **{k: [tiny(k, x) for x in entries_of(v, keep)] for k, v in lists.items()}}
 
 
 def _per_layer_lists(fields: set[str], default: dict[str, Any], kw: dict[str, Any]):
@@ -377,7 +350,7 @@ def _kept_layers(n: int, lists: dict[str, list]) -> list[int]:
     """The default's layer indices the tiny config keeps: the first of each kind (its entries across
     `lists`), topped up with the first others to the tiny count, in order."""
     kinds = [tuple(_hashable(lists[k][i]) for k in lists) for i in range(n)]
-    keep = [i for i, kind in enumerate(kinds) if kind not in kinds[:i]][:MAX_LAYERS]
+    keep = first_of_each_kind(kinds)[:MAX_LAYERS]
     while len(keep) < ROLES["layers"][0]:
         keep.append(next(i for i in range(n) if i not in keep))
     return sorted(keep)
@@ -402,9 +375,9 @@ def _per_layer_overrides(default: dict[str, Any], kw: dict[str, Any]) -> dict[st
             base = default.get(name)
             whole = isinstance(base, int) and isinstance(value, int) and 0 < base < value and value % base == 0
             return kw[name] * (value // base) if whole else kw[name]
-        return SIZES[name] if name in SIZES and _shrinks(value, SIZES[name], False) else value
+        return shrunk(value, SIZES[name]) if name in SIZES else value
 
-    out = {new: {k: tiny(k, v) for k, v in entries[old].items()} for new, old in enumerate(keep) if old in entries}
+    out = {new: {k: tiny(k, v) for k, v in entries[keep[new]].items()} for new in renumbered(entries, keep)}
     return {"per_layer_config": out}
 
 
@@ -421,10 +394,4 @@ def _is_dropout(name: str) -> bool:
 def _special_tokens(default: dict[str, Any]) -> dict[str, Any]:
     """Special tokens of the full vocabulary would index past the tiny one: the last tiny token."""
     top = ROLES["vocab"][0] - 1
-    kw: dict[str, Any] = {}
-    for k, v in default.items():
-        if k.endswith("_token_id") and isinstance(v, int) and v > top:
-            kw[k] = top
-        elif k.endswith("_token_id") and isinstance(v, list):
-            kw[k] = [t if t <= top else top for t in v]
-    return kw
+    return moved_token_ids(default, lambda t: top if isinstance(t, int) and t > top else t)

@@ -1,4 +1,3 @@
-"""The ladder engine: rung order and the state machine (ladder), one attempt of a rung from its
-placeholder to its judged entry (attempt), the evidence ledger and its `Status` (ledger), the
-checklist criteria and their evaluation (gates), the re-check of accepted entries (evidence) and the
-recipe edits a passed rung earns (recipe_edit)."""
+"""The ladder engine: `next-step` (next_step), which runs the current rung under the workspace lock,
+and one attempt of a rung from its placeholder to its judged entry (attempt). What it judges with
+(the rung table, states, gates, evidence, recipe edits) is the ladder's light half, onboard/ladder/."""

@@ -11,7 +11,7 @@
 3. take its result: the hashes of the files it read, its measurements (`as_metrics()`), details;
    the measurements also go into the attempt folder (ledger.RUN_RECORD), the copy a passed entry
    is checked against later;
-4. judge: not_applicable with its reason (only where the rung module's own `not_applicable`
+4. judge: not_applicable with its reason (only where the rung's declared `not_applicable`
    rule agrees), or the checklist evaluated with the waivers on the record and the passed
    rungs' evidence; a passed gate's recipe edits are written then;
 5. close: the entry replaces the placeholder and the ledger is saved.
@@ -31,10 +31,10 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from titan_core.config.loader import ConfigError
 
-from onboard.engine.gates import Checklist, evaluate, gate_passed
-from onboard.engine.evidence import not_applicable_problem
-from onboard.engine.ledger import RUN_RECORD, Entry, Ledger, Status, duration_of, now_iso, run_record_text
-from onboard.engine.recipe_edit import RecipeEditError, apply_edits
+from onboard.ladder.gates import Checklist, evaluate, gate_passed
+from onboard.ladder.evidence import not_applicable_problem
+from onboard.workspace.ledger import RUN_RECORD, Entry, Ledger, Status, duration_of, now_iso, run_record_text
+from onboard.ladder.recipe_edit import RecipeEditError, apply_edits
 from onboard.errors import (
     EXIT_BAD_INPUT,
     EXIT_FAILED,
@@ -49,9 +49,10 @@ from onboard.errors import (
     signal_name,
     signals_raise,
 )
-from onboard.rungs.contract import Measurements, RecipeEdit, RungContext, RungResult
-from onboard.rungs.gated_runs import settle_runs
-from onboard.rungs.harness import timing_record
+from onboard.ladder.contract import SHIPPED, Measurements, RecipeEdit, RungContext, RungResult
+from onboard.ladder.gated_runs import settle_runs
+from onboard.ladder.states import entry_error
+from onboard.rungs.timing_profiles import timing_record
 from onboard.workspace.fsutil import atomic_write_text
 
 if TYPE_CHECKING:
@@ -64,19 +65,6 @@ EXIT_CODES = {
     Status.FAILED: EXIT_FAILED,
     Status.INTERRUPTED: EXIT_INTERRUPTED,
 }
-
-
-def entry_error(entry: Entry | None) -> str | None:
-    """The error an attempt hit, as one line: the engine's (the rung raised) or the one the
-    rung reported in its details (parity: the port raised, {kind, message}); None if neither."""
-    if entry is None:
-        return None
-    if entry.error:
-        return str(entry.error)
-    err = entry.details.get("error")
-    if isinstance(err, dict) and err.get("message"):
-        return f"{err.get('kind', 'rung')} error: {err['message']}"
-    return str(err) if err else None
 
 
 @dataclass
@@ -150,6 +138,10 @@ class AttemptInputs:
     log: Callable[[str], None]
     base_command: str
     """The command recorded when the rung names none (`onboard next-step <name>`)."""
+    not_applicable: Callable[..., str | None] | None = None
+    """The rung's declared not-applicable rule (onboard/ladder/table.py); None: it applies to every model."""
+    timing_profile: str = SHIPPED
+    """The timing profile the rung's keep/choose decisions are timed with (onboard/rungs/timing_profiles.py)."""
 
 
 @dataclass
@@ -171,7 +163,8 @@ class Failure:
 def run_attempt(run: AttemptInputs) -> StepOutcome:
     """Run the current rung once and record the attempt (the module docstring's five steps)."""
     entry, attempt_dir = _open(run)
-    ctx = RungContext(workspace=run.ws, attempt_dir=attempt_dir, evidence=run.evidence, log=run.log)
+    ctx = RungContext(workspace=run.ws, attempt_dir=attempt_dir, evidence=run.evidence, log=run.log,
+                     timing_profile=run.timing_profile)
     try:
         with signals_raise() as received:
             outcome = _call_rung(run, entry, ctx)
@@ -282,7 +275,8 @@ def _take(run: AttemptInputs, entry: Entry, result: RungResult, attempt_dir: Pat
     entry.files_read = files_read
     settle_runs(result.measurements, runs)
     entry.measurements = result.measurements.as_metrics()
-    entry.details = {**result.details, **timing_record(run.checklist)}  # the timing profile it decided with
+    # the timing profile it decided with
+    entry.details = {**result.details, **timing_record(run.checklist, run.timing_profile)}
     if runs:
         entry.details["gated_runs"] = runs
     entry.environment["device"] = str(result.details.get("device", run.ws.device))
@@ -291,7 +285,7 @@ def _take(run: AttemptInputs, entry: Entry, result: RungResult, attempt_dir: Pat
     except OSError as e:
         error = f"{RUN_RECORD} could not be written: {type(e).__name__}: {e}"
         return Failure(error, _write_error(run.ws, attempt_dir), os_error=True)
-    if result.not_applicable and (problem := not_applicable_problem(run.rung, run.module, run.ws)):
+    if result.not_applicable and (problem := not_applicable_problem(run.rung, run.not_applicable, run.ws)):
         # the rung's word alone is not enough: status re-checks the same rule later
         error = f"the rung returned not_applicable ({result.not_applicable}), but {problem}"
         return Failure(error, _write_error(run.ws, attempt_dir, f"{error}\n"))

@@ -26,7 +26,7 @@ from titan_core.models.transformers.hf_classes import config_object
 from onboard.parity import criteria
 from onboard.parity.compare import compare_grads, round_trip
 from onboard.parity import feature_pass, features
-from onboard.parity.init_check import compare_init, init_stats
+from onboard.upstream.init_check import compare_init, init_stats
 from onboard.parity.localise import OutputRecorder, Row, compare_outputs, localise, module_pairs, parameter_sources
 from onboard.parity.native import (
     PortError, WorkspaceError, build_native, load_adapter, load_converted, native_args, native_hf_config,
@@ -34,7 +34,7 @@ from onboard.parity.native import (
 )  # fmt: skip
 from onboard.parity.diffusion import run_flow
 from onboard.parity.results import results_path, write_results
-from onboard.parity.upstream import build_upstream, seeded_init
+from onboard.upstream.hf_model import build_upstream, seeded_init
 from onboard.workspace.layout import HF_CONFIG, TWIN
 
 LIST_CAP = 40  # keep results readable when everything is missing

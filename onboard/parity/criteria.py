@@ -1,6 +1,6 @@
 """The parity thresholds, read from checklists/parity.yaml, and their evaluation in the test.
 
-The rung's gate (onboard/engine/gates.py) and the workspace's test_parity.py must fail on exactly
+The rung's gate (onboard/ladder/gates.py) and the workspace's test_parity.py must fail on exactly
 the same numbers, so both read the one checklist file; no threshold is written in code.
 """
 
@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from onboard.engine import gates
+from onboard.ladder import gates
 from onboard.workspace.resources import data_file
 
 # Measured by the rung around the pytest run, so the test cannot assert it about itself.

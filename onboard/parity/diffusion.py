@@ -27,7 +27,7 @@ from onboard.parity import criteria
 from onboard.parity.compare import compare_grads, round_trip
 from onboard.parity.localise import OutputRecorder, compare_outputs, localise, module_pairs, parameter_sources
 from onboard.parity.native import build_native, load_adapter, load_converted, native_args
-from onboard.parity.upstream import Upstream, UpstreamError, perturb_constants, weight_files
+from onboard.upstream.hf_model import Upstream, UpstreamError, perturb_constants, weight_files
 
 
 NO_UPSTREAM_INIT = (
@@ -35,7 +35,7 @@ NO_UPSTREAM_INIT = (
     "defaults), so there is no upstream init to match; the native flux init is the DiT/Flux training one "
     "(normal(0, init_std), zero biases, zero modulation and output projection)"
 )
-"""Why init parity (onboard/parity/init_check.py) does not apply to a flux workspace."""
+"""Why init parity (onboard/upstream/init_check.py) does not apply to a flux workspace."""
 
 
 def _require_diffusers():

@@ -143,8 +143,7 @@ def build_native(ws: WorkspaceModel, args, *, seed: int) -> nn.Module:
     with _workspace_code("building the native model"):
         model = build_meta_model(ws.model_config, args)
         model = model.to_empty(device="cpu").float()
-        if hasattr(model, "init_weights"):
-            model.init_weights(seed=seed)
+        model.init_weights(seed=seed)
     return model.eval()
 
 

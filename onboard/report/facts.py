@@ -6,7 +6,7 @@ against the ledger and the drawn artists against these.
 
 The timed runs (`waterfall_bars`: the summary's step times and the table of each rung's own run
 beside the waterfall; the waterfall itself draws onboard.report.steps, the interleaved timings).
-One bar per rung, in ladder order (onboard.engine.ladder.RUNGS), for each rung whose latest entry
+One bar per rung, in ladder order (onboard.ladder.table.RUNGS), for each rung whose latest entry
 is passed or stale (a failed or invalid attempt kept nothing):
 
 - a rung that timed a train step (`measurements.step_time_median_s`) gets a bar of exactly
@@ -44,9 +44,9 @@ from typing import Any
 
 from titan_core.config.loader import MISSING, ConfigError, apply_overrides, from_dict, get_key, to_dict
 
-from onboard.cli.views import decision_records
-from onboard.engine.ledger import Status, parse_iso
-from onboard.rungs.decision import KEPT
+from onboard.ladder.decision import decision_records
+from onboard.workspace.ledger import Status, parse_iso
+from onboard.ladder.decision import KEPT
 from titan_core.measure.metrics import read_metrics
 
 OTHER_RUNS = ("eager_", "baseline_")
@@ -82,7 +82,7 @@ class Record:
 
     @property
     def decisions(self) -> list[dict]:
-        """The rung's Decision records (onboard.rungs.decision, `details.decisions`); [] for a rung
+        """The rung's Decision records (onboard.ladder.decision, `details.decisions`); [] for a rung
         that recorded none, or an older ledger's other shape under that key."""
         return decision_records(self.details)
 

@@ -2,7 +2,7 @@
 numbers in words.
 
 Two kinds of number, never mixed: the figures the rungs decided by (each candidate timed
-interleaved against the recipe it would change, with an interval: onboard.rungs.decision, and
+interleaved against the recipe it would change, with an interval: onboard.ladder.decision, and
 the waterfall's onboard.report.steps), and the step times of runs timed apart (no interval,
 labelled so). Only the first is ever bold: the summary's headline is the kept decisions' figures
 (`decision_lines`), in the very text `onboard status` prints (decision.headline).
@@ -14,7 +14,7 @@ from onboard.report.facts import TIMED, Bar, Record, decision_name
 from onboard.report.pictures import bar_kind, fmt_seconds
 from onboard.report.steps import Factor, Step, step_text
 from onboard.report.tables import table
-from onboard.rungs.decision import KEPT, headline
+from onboard.ladder.decision import KEPT, headline
 from titan_core.memory.estimate import format_bytes
 
 

@@ -5,7 +5,7 @@ the recipe before / time per token with the change; at one batch, the step-time 
 from the interleaved comparison (titan_core.measure.timing.Comparison: `ratio` candidate /
 baseline, `ci_low`/`ci_high` at `confidence`, `outcome`) its ledger entry recorded:
 
-- a rung that recorded Decisions (`details.decisions`, onboard.rungs.decision; every keep/choose
+- a rung that recorded Decisions (`details.decisions`, onboard.ladder.decision; every keep/choose
   rung does now): the kept decisions' figures multiplied, each timed against the recipe the one
   before left, so the bar is the figure `status` and the summary print; none kept: the one timed
   decision's figure, not kept. graph_trainer's execution-mode Decision is then the mode's bar, and
@@ -42,8 +42,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from onboard.report.facts import BASELINE, TIMED, Record, _num, decision_name, recipe_mode
-from onboard.engine.ledger import Status
-from onboard.rungs.decision import KEPT
+from onboard.workspace.ledger import Status
+from onboard.ladder.decision import KEPT
 
 TIMED_APART = "timed apart: no interval"
 MODE_ELSEWHERE = "the execution mode is the graph_trainer rung's decision (its bar)"

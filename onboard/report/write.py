@@ -14,11 +14,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from onboard.errors import BadInput
-from onboard.engine.evidence import INVALID, workspace_facts
+from onboard.ladder.evidence import INVALID, workspace_facts
 from onboard.workspace.fsutil import atomic_write_text
-from onboard.engine.gates import ChecklistError
-from onboard.engine.ladder import NOT_BUILT, RungSpec, default_specs, ladder_states
-from onboard.engine.ledger import ACCEPTED, Status, now_iso
+from onboard.ladder.gates import ChecklistError
+from onboard.ladder.states import NOT_BUILT, ladder_states
+from onboard.ladder.table import RungSpec, default_specs
+from onboard.workspace.ledger import ACCEPTED, Status, now_iso
 from onboard.parity.results import read_results
 from onboard.report.facts import (
     Bar,
@@ -36,7 +37,7 @@ from onboard.report.facts import (
 from onboard.report.html import DETAILS_CLOSE, DETAILS_OPEN, render
 from onboard.report.tables import table
 from onboard.report.speed_section import decision_lines, kept_decisions, speed_table, waterfall_lines
-from onboard.rungs.decision import headline
+from onboard.ladder.decision import headline
 from onboard.report.steps import Step, waterfall_steps
 from onboard.report.pictures import (
     Picture,
@@ -46,7 +47,9 @@ from onboard.report.pictures import (
     draw_waterfall,
     write_picture,
 )
-from onboard.cli.views import decision_records, fmt, fmt_threshold, ladder_message, shown_criteria
+from onboard.ladder.decision import decision_records
+from onboard.ladder.gates import fmt, fmt_threshold
+from onboard.ladder.states import ladder_message, shown_criteria
 from onboard.workspace.layout import REPORT, Workspace
 from onboard.sanitize import html_safe, visible
 
@@ -107,7 +110,7 @@ def _evidence(ws: Workspace, entry: dict, status: str) -> list[str]:
     if entry.get("rerun_reason"):
         rows.append(["re-run because", entry["rerun_reason"]])
     details = entry.get("details") or {}
-    if details.get("timing_profile"):  # harness.TIMING_PROFILES: what its keep/choose decisions were timed with
+    if details.get("timing_profile"):  # timing_profiles.TIMING_PROFILES: what its keep/choose decisions were timed with
         profile = details["timing_profile"]
         note = "the checklist's protocol" if profile == "shipped" else "**shortened, not the checklist's protocol**"
         rows.append(["timing profile", f"{profile}: {note} `{json.dumps(details.get('timing_protocol'))}`"])

@@ -15,56 +15,23 @@ graphs it made and why it broke (`titan_core.compile.explain_blocks`). Measured:
   memory, beside the eager rung's.
 
 A MoE recipe with the reference loop experts runs with `kernels.moe = "dense"` (see
-harness.DENSE_WHY); `flags` in the measurements lists exactly what was verified.
+mode_recipe.DENSE_WHY); `flags` in the measurements lists exactly what was verified.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from titan_core.models.flux.config import flux_of_args
 
-from onboard.rungs import harness
-from onboard.rungs.contract import ABSENT, RungContext, RungResult
+from onboard.rungs import run_compare, gate_recipe, mode_recipe, train_run
+from onboard.ladder.measurements.compile_measurements import CompileMeasurements
+from onboard.ladder.contract import RungContext, RungResult
+from titan_core.compile import dynamo_compile_seconds, explain_blocks
+from titan_core.measure.numerics import rel
+import torch
 
 RUNG = "compile"
-reads_recipe_key = harness.reads_all_but_mode
 
 
-@dataclass(kw_only=True)
-class CompileMeasurements(harness.ModeRun):
-    """The compile rung's measurements: graph breaks per compiled module, and the compiled run's numbers."""
-
-    graph_breaks: int = ABSENT
-    """Graph breaks dynamo reports over every compiled module, blocks and loss head (count)."""
-    graph_breaks_in_blocks: int = ABSENT
-    """Those in the decoder blocks (count)."""
-    graph_breaks_in_loss_head: int = ABSENT
-    """Those in the loss head (count)."""
-    modules_compiled: int = ABSENT
-    """Modules compiled as one graph each: every block and the loss head (count)."""
-    modules_with_breaks: list[str] = ABSENT
-    """The module paths that broke (e.g. ["layers.0", "layers.1"])."""
-    first_break: str | None = ABSENT
-    """The first module that broke and dynamo's first reason ("<module>: <reason>"); None: none did."""
-    steps_run: int = ABSENT
-    """Optimizer steps the compiled run logged."""
-    step1_loss_repr: str = ABSENT
-    """The compiled step-1 loss, as its repr (nats per token)."""
-    baseline_step1_loss_repr: str = ABSENT
-    """The eager rung's step-1 loss it is compared with, as its repr."""
-    step1_loss_rel_err: float = ABSENT
-    """|compiled - eager| / |eager| step-1 loss (fraction): rounding only, or a compile that changes the model."""
-    last_loss_rel_vs_eager: float | None = ABSENT
-    """The same at the last step (rounding compounds over the steps: shown, not judged); None when
-    eager ran another number of steps."""
-    backend: str = ABSENT
-    """The recipe's compile.backend (inductor, aot_eager, ...)."""
-    fullgraph: bool = ABSENT
-    """The recipe's compile.fullgraph."""
-
-
-MEASUREMENTS = CompileMeasurements
 
 
 def break_report(report: dict) -> tuple[dict, dict]:
@@ -85,19 +52,17 @@ def break_report(report: dict) -> tuple[dict, dict]:
 
 def last_loss_rel(rows: list[dict], eager_evidence: dict) -> float | None:
     """Last-step loss against the eager rung's last loss after as many steps (None: not comparable)."""
-    from titan_core.measure.numerics import rel  # lazy: loads torch; onboard status imports the rungs
-
     if "last_loss_repr" not in eager_evidence or eager_evidence.get("steps_run") != len(rows):
         return None
     return rel(rows[-1]["loss"], float(eager_evidence["last_loss_repr"]))
 
 
 def run(ctx: RungContext) -> RungResult:
-    base = harness.job_config(ctx)
-    args = harness.model_args(base)
-    moe, moe_why = harness.capture_moe(base, args)
-    steps = harness.param(RUNG, "steps")
-    cfg = harness.mode_config(base, ctx.attempt_dir, steps=steps, moe=moe, compile={"enable": True})
+    base = gate_recipe.job_config(ctx)
+    args = gate_recipe.model_args(base)
+    moe, moe_why = mode_recipe.capture_moe(base, args)
+    steps = gate_recipe.param(RUNG, "steps")
+    cfg = mode_recipe.mode_config(base, ctx.attempt_dir, steps=steps, moe=moe, compile={"enable": True})
     flags = ["--compile.enable=true"] + ([f"--kernels.moe={moe}"] if moe else [])
     ctx.log(
         f"compile: per-block torch.compile, backend {cfg.compile.backend}, fullgraph {cfg.compile.fullgraph}, "
@@ -109,7 +74,7 @@ def run(ctx: RungContext) -> RungResult:
     breaks, per_module = break_report(explain(trainer))
     m = CompileMeasurements(
         **breaks, backend=cfg.compile.backend, fullgraph=cfg.compile.fullgraph, compile_time_s=compile_s,
-        precision=harness.precision(cfg.training),
+        precision=gate_recipe.precision(cfg.training),
         moe_experts=moe or (cfg.kernels.moe if args.n_experts else None), moe_why=moe_why, flags=" ".join(flags),
     )  # fmt: skip
     measure_run(m, ctx, result.metrics)
@@ -120,45 +85,38 @@ def run(ctx: RungContext) -> RungResult:
     rows = result.metrics
     return RungResult(
         measurements=m,
-        files_read=harness.files_read(ctx, base),
-        command=harness.next_step_command(ctx),
+        files_read=gate_recipe.files_read(ctx, base),
+        command=gate_recipe.next_step_command(ctx),
         details={
             "device": result.device,
-            "gate_overrides": harness.gate_overrides(ctx, cfg),
+            "gate_overrides": gate_recipe.gate_overrides(ctx, cfg),
             "per_module": per_module,
             "loss_curve": [r["loss"] for r in rows],
             "swaps": dict(result.swaps),
             "metrics_file": ctx.workspace.key_for(ctx.attempt_dir / "metrics.jsonl"),
-            "reproduce": harness.train_command(ctx, flags),
+            "reproduce": gate_recipe.train_command(ctx, flags),
         },
     )
 
 
 def train_compiled(ctx: RungContext, cfg):
     """(trainer, result, seconds compiling) of the recipe under per-block torch.compile, from a fresh cache."""
-    import torch  # lazy: torch; onboard status imports the rungs
-
-    from titan_core.compile import dynamo_compile_seconds  # lazy: loads torch; onboard status imports the rungs
 
     torch._dynamo.reset()  # a fresh cache: compile time and graph counts are this run's own
     before = dynamo_compile_seconds()
-    trainer, result = harness.train(ctx, cfg, "compile")
+    trainer, result = train_run.train(ctx, cfg, "compile")
     return trainer, result, dynamo_compile_seconds() - before
 
 
 def explain(trainer) -> dict:
     """explain_blocks' per-module report, on the inputs each block really receives."""
-    from titan_core.compile import explain_blocks  # lazy: loads torch; onboard status imports the rungs
-
-    with harness.quiet_mesh_pickling():
+    with train_run.quiet_mesh_pickling():
         return explain_blocks(trainer.model, next(trainer.data))
 
 
 def measure_run(m: CompileMeasurements, ctx: RungContext, rows: list[dict]) -> None:
     """The compiled run's losses against the eager evidence, and its speed beside eager's."""
-    from titan_core.measure.numerics import rel  # lazy: loads torch; onboard status imports the rungs
-
-    loss1, eager_loss1 = rows[0]["loss"], harness.eager_step1_loss(ctx)
+    loss1, eager_loss1 = rows[0]["loss"], run_compare.eager_step1_loss(ctx)
     m.update(
         steps_run=len(rows),
         step1_loss_repr=repr(loss1),
@@ -167,6 +125,6 @@ def measure_run(m: CompileMeasurements, ctx: RungContext, rows: list[dict]) -> N
         # rounding differences compound over the steps: shown, not judged
         last_loss_rel_vs_eager=last_loss_rel(rows, ctx.evidence.get("eager") or {}),
         first_step_time_s=rows[0]["step_time_s"],
-        **harness.run_stats(rows),
+        **run_compare.run_stats(rows),
     )
-    harness.beside_eager(m, ctx.evidence)
+    run_compare.beside_eager(m, ctx.evidence)

@@ -4,7 +4,7 @@ Not a rung (no RUNG). When the recipe names a Hugging Face checkpoint, every run
 from those weights, loaded per rank by titan_core (titan_core/training/hf_load.py). The eager
 rung then also checks that the load is the checkpoint transformers reads: step 1's loss of the
 recipe's run equals transformers' loss of the same folder (`from_pretrained`, fp32, CPU, eager
-attention: onboard/parity/upstream.py, the parity rung's loader) on the same batch, within the
+attention: onboard/upstream/hf_model.py, the parity rung's loader) on the same batch, within the
 checklist's bound (checklists/eager.yaml, step1_loss_vs_transformers).
 
 The batch is the run's own first step: the recipe's data loader (titan_core.data.build_data_loader)
@@ -28,8 +28,19 @@ import math
 from pathlib import Path
 from typing import Any
 
-from onboard.rungs import harness
-from onboard.rungs.contract import RungContext
+from onboard.rungs import gate_recipe
+from onboard.ladder.contract import RungContext
+from onboard.parity.check import _upstream_aux
+from onboard.upstream.hf_model import build_upstream
+from titan_core.config import ConfigError
+from titan_core.config.hf_config import read_hf_config
+from titan_core.data import build_data_loader
+from titan_core.data.base import IGNORE_INDEX
+from titan_core.measure.numerics import rel
+from titan_core.models.flux.config import flux_of_args
+from titan_core.weights.header_check import INDEX, checkpoint_files as safetensors_of
+import torch
+import torch.nn.functional as F
 
 CRITERION = "step1_loss_vs_transformers"
 NOT_GIVEN = "none: the recipe has no checkpoint.initial_hf (a fresh init, judged by step1_loss_near_expected)"
@@ -41,8 +52,6 @@ def checkpoint_files(cfg) -> list[Path]:
     wherever the folder is. None without initial_hf, or for a folder the load refuses (the run failed)."""
     if not cfg.checkpoint.initial_hf:
         return []
-    from titan_core.config import ConfigError  # lazy: loads torch; onboard status imports the rungs
-    from titan_core.weights.header_check import INDEX, checkpoint_files as safetensors_of  # lazy: as above
 
     folder = Path(cfg.checkpoint.initial_hf)
     try:
@@ -54,16 +63,12 @@ def checkpoint_files(cfg) -> list[Path]:
 
 def _batches(cfg, args) -> list:
     """The micro-batches of the run's first optimizer step, as its loader yields them on rank 0 of 1."""
-    from titan_core.data import build_data_loader  # lazy: loads torch; onboard status imports the rungs
-
     loader = build_data_loader(cfg, vocab_size=args.vocab_size)
     return [next(loader) for _ in range(cfg.training.grad_accum)]
 
 
 def _documents(batch):
     """(row, token indices) of each document of a packed micro-batch, in order."""
-    import torch  # lazy: loads torch; onboard status imports the rungs
-
     for r in range(batch.tokens.shape[0]):
         seg = batch.segment_ids[r]
         for s in torch.unique_consecutive(seg):
@@ -73,13 +78,6 @@ def _documents(batch):
 def transformers_loss(cfg, args) -> tuple[float, dict[str, Any]]:
     """(transformers' step-1 loss of checkpoint.initial_hf on the run's first step, how it was
     computed). UpstreamError (a ConfigError) when transformers cannot build or load it."""
-    import torch  # lazy: loads torch; onboard status imports the rungs
-    import torch.nn.functional as F  # lazy: loads torch; onboard status imports the rungs
-
-    from onboard.parity.check import _upstream_aux  # lazy: loads torch; the parity rung's reading of the term
-    from onboard.parity.upstream import build_upstream  # lazy: as above
-    from titan_core.config.hf_config import read_hf_config  # lazy: loads torch; onboard status imports the rungs
-    from titan_core.data.base import IGNORE_INDEX  # lazy: loads torch; onboard status imports the rungs
 
     folder = Path(cfg.checkpoint.initial_hf)
     upstream = build_upstream(read_hf_config(folder / "config.json"), weights_dir=folder)
@@ -125,8 +123,6 @@ def step1_vs_transformers(ctx: RungContext, cfg, args, measurements) -> tuple[di
     rung's so far (step 1, and a bf16 recipe's fp32 step)."""
     if not cfg.checkpoint.initial_hf:
         return {"step1_loss_reference": NOT_GIVEN, "step1_loss_vs_transformers_rel_err": 0.0}, {}
-    from titan_core.measure.numerics import rel  # lazy: loads torch; onboard status imports the rungs
-    from titan_core.models.flux.config import flux_of_args  # lazy: loads torch; onboard status imports the rungs
 
     bf16 = measurements.get("precision") == "bf16"
     if bf16:
@@ -135,15 +131,13 @@ def step1_vs_transformers(ctx: RungContext, cfg, args, measurements) -> tuple[di
     else:
         ours_repr, ours_from = measurements["step1_loss_repr"], "the recipe's step 1"
     ours = float(ours_repr)
-    bound = harness.bound("eager", CRITERION, "fp32", {})
+    bound = gate_recipe.bound("eager", CRITERION, "fp32", {})
     detail: dict[str, Any] = {"ours": ours, "ours_from": ours_from, "precision": "fp32", "bound": bound}
     ctx.log(f"eager: the run starts from {cfg.checkpoint.initial_hf}; transformers reads the same checkpoint")
     theirs, why = math.nan, None
     if flux_of_args(args) is not None:
         why = "a flow model: transformers has no causal-LM loss of it to compare with"
     else:
-        from titan_core.config import ConfigError  # lazy: as above
-
         try:
             theirs, how = transformers_loss(cfg, args)
             detail.update(how)

@@ -21,9 +21,10 @@ from __future__ import annotations
 
 import dataclasses
 
-from onboard.rungs import decision, harness
-from onboard.rungs.contract import RecipeEdit, RungContext
-from titan_core.measure.timing import TimingProtocol, compare
+from onboard.ladder import decision
+from onboard.rungs import gate_recipe, mode_recipe, timing_profiles, train_run
+from onboard.ladder.contract import RecipeEdit, RungContext
+from titan_core.measure.timing import compare
 
 MODES = ("eager", "compile", "graph_trainer")
 """Simplest first: of two modes that beat the holder, the later must also beat the earlier."""
@@ -54,9 +55,9 @@ def _trainer(base, out, mode: str, moe: str | None):
         "graph_trainer": {"graph_trainer": {"enable": True}},
     }
     # enough scheduled steps that the protocol's rounds never run past the lr schedule
-    cfg = harness.mode_config(base, out / f"mode-{mode}", steps=10_000, moe=None if mode == "eager" else moe,
+    cfg = mode_recipe.mode_config(base, out / f"mode-{mode}", steps=10_000, moe=None if mode == "eager" else moe,
                               **sections[mode])  # fmt: skip
-    trainer = harness.build_trainer(cfg)
+    trainer = train_run.build_trainer(cfg)
     trainer.train_step()  # compile / capture outside the timed rounds
     return trainer
 
@@ -93,8 +94,8 @@ def choose(ctx: RungContext, base, *, rung: str, moe: str | None, modes: list[st
     """(recipe edits, record) of the execution mode among `modes` (eager always among them): the
     recipe's mode unless another is faster than it by the protocol. The record's `decisions` is
     the lever's Decision (to_dict), for the rung's details."""
-    proto = TimingProtocol.from_dict(harness.param(rung, "timing"))
-    recipe = harness.recipe(ctx)
+    proto = timing_profiles.protocol(rung, ctx.timing_profile)
+    recipe = gate_recipe.recipe(ctx)
     current = recipe_mode(recipe)
     holder = current if current in modes else "eager"
     others = [m for m in modes if m != holder]
@@ -102,7 +103,7 @@ def choose(ctx: RungContext, base, *, rung: str, moe: str | None, modes: list[st
             f"{proto.confidence:.0%} interval); it stands unless one is faster")  # fmt: skip
     trainers = {}
     try:
-        with harness.process_threads(), harness.quiet_mesh_pickling():
+        with train_run.process_threads(), train_run.quiet_mesh_pickling():
             for mode in modes:
                 trainers[mode] = _trainer(base, ctx.attempt_dir, mode, moe)
             sample = {m: (lambda t=t: t.train_step()["step_time_s"]) for m, t in trainers.items()}
@@ -128,7 +129,8 @@ def choose(ctx: RungContext, base, *, rung: str, moe: str | None, modes: list[st
     edits = [RecipeEdit(k, v, why) for k, v in wanted.items() if have[k] != v]
     if choice != "eager" and moe and recipe.kernels.moe != moe:
         edits.append(
-            RecipeEdit("kernels.moe", moe, f"{rung} rung: the {choice} mode runs these experts ({harness.DENSE_WHY})")
+            RecipeEdit("kernels.moe", moe,
+                       f"{rung} rung: the {choice} mode runs these experts ({mode_recipe.DENSE_WHY})")
         )
     record = {
         "execution_mode": choice,

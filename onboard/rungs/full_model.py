@@ -19,7 +19,7 @@ config.json all the same, on the meta device, so no byte of it is allocated:
   one tensor under two names (titan_core/models/common/tied.py): its alias is compared as
   tied on both sides, or, absent from one side, not at all;
 - its checkpoint, with `--weights`: every tensor's name, shape and dtype from the
-  safetensors headers alone (onboard/sizing/weights_headers.py), against the model on meta;
+  safetensors headers alone (onboard/upstream/weights_headers.py), against the model on meta;
   on the transformers path a checkpoint as the Hub ships it is read as transformers' own
   loading reads it (Mixtral's per-expert tensors stacked, an old inv_freq ignored).
 
@@ -36,12 +36,12 @@ from typing import Any
 import torch
 
 from onboard.parity.diffusion import diffusers_model
-from onboard.parity.upstream import UpstreamError, causal_lm, hf_config_object
-from onboard.rungs.contract import RungContext
-from onboard.sizing.weights_headers import check_checkpoint_headers
+from onboard.upstream.hf_model import UpstreamError, causal_lm, hf_config_object
+from onboard.ladder.contract import RungContext
+from onboard.upstream.weights_headers import check_checkpoint_headers
 from titan_core.config.hf_config import read_hf_config
 from titan_core.models.common.param_counts import count_params
-from titan_core.models.common.stats import flops_per_token
+from titan_core.models.common.stats import model_flops_per_token
 from titan_core.models.common.tied import aliases, stored_once
 from titan_core.models.flux.config import flux_of_args
 from titan_core.models.registry import DIFFUSION_FAMILIES
@@ -138,9 +138,7 @@ def probe(ctx: RungContext, cfg) -> tuple[dict[str, Any], dict[str, Any]]:
         full_model_params_total=counts.total,
         full_model_params_active=counts.active,
         # a model that counts its own (flux: per image token of its full-size sample) knows better
-        full_model_flops_per_token=model.flops_per_token(cfg.training.seq_len)
-        if hasattr(model, "flops_per_token")
-        else flops_per_token(args, cfg.training.seq_len),
+        full_model_flops_per_token=model_flops_per_token(model, cfg.training.seq_len),
         full_model_seq_len=flux.image_tokens if flux else cfg.training.seq_len,
     )
     if ws.twin_path is not None:

@@ -18,7 +18,7 @@ Three parts, all in this process:
    passed (`execution_mode.choose`, the timing protocol).
 
 A MoE recipe with the reference loop experts runs with `kernels.moe = "dense"` (see
-harness.DENSE_WHY), in the eager and the captured run alike.
+mode_recipe.DENSE_WHY), in the eager and the captured run alike.
 """
 
 from __future__ import annotations
@@ -28,94 +28,19 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from onboard.rungs import execution_mode, harness
-from onboard.rungs.contract import ABSENT, RecipeEdit, RungContext, RungResult, flattened
+from onboard.rungs import execution_mode, gate_recipe, mode_recipe, run_compare, train_run
+from onboard.ladder.measurements.graph_trainer_measurements import GraphTrainerMeasurements
+from onboard.ladder.contract import RecipeEdit, RungContext, RungResult
+from titan_core.measure.numerics import rel, rel_l2
+from titan_core.parallel import local_tensor as _local
+import torch
+from titan_core.compile.graph_trainer import CaptureError, HostSyncError, find_host_syncs, measure_memory_policies
 
 RUNG = "graph_trainer"
-reads_recipe_key = harness.reads_all_but_mode
 EXACT = {"enable": True, "compile": "none", "numerics_changing": False, "split": False}
 """The [graph_trainer] of the exactness run: captured, uncompiled, unsplit, numerics-preserving passes only."""
 
 
-@dataclass(kw_only=True)
-class GraphTrainerMeasurements(harness.ModeRun):
-    """The graph_trainer rung's measurements, part by part (module docstring); the ModeRun fields
-    are the timed run's (part 3)."""
-
-    # 1. probe: tracing only
-    captured: bool = ABSENT
-    """make_fx traced the whole step (and, in part 2, the captured run ran)."""
-    capture_error: str = ABSENT
-    """Why it could not be traced or captured (only when captured is false)."""
-    host_syncs: int = ABSENT
-    """Places where the traced step makes the host wait for the device (count)."""
-    first_host_sync: str | None = ABSENT
-    """The first of them: "<op>: <why> at <file:line>"; None: none."""
-    saved_activations: dict[str, int] = flattened()
-    """saved_activation_bytes_<policy> (and saved_activation_host_bytes_<policy> where a policy offloads):
-    the activations the captured step saves for backward under each memory policy (bytes)."""
-    # 2. exactness: eager and the captured step, uncompiled, deterministic
-    captures_per_run: int = ABSENT
-    """Times the step was traced in the exactness run (count; 1: traced once, then replayed)."""
-    graphs_per_step: int = ABSENT
-    """Most programs launched by one step of the exactness run (count; 1: the whole step is one graph)."""
-    exact_steps: int = ABSENT
-    """Steps of the exactness run (checklist `params.exact_steps`)."""
-    bit_identical: bool = ABSENT
-    """Losses, grad norms, parameters and AdamW state all torch.equal to eager's, over as many steps."""
-    exact_rel_err: float = ABSENT
-    """How far the captured run is from eager's: 0.0 exactly when bit_identical, else the worst relative
-    error over every step's loss and grad norm and every parameter after the last step (rel L2)
-    (fraction; inf for a difference none of those measures, a NaN or a run of another length)."""
-    losses_equal: bool = ABSENT
-    """Every step's loss equal to eager's (as floats)."""
-    grad_norms_equal: bool = ABSENT
-    """Every step's grad norm equal to eager's."""
-    params_equal: bool = ABSENT
-    """Every parameter torch.equal to eager's after the last step."""
-    optimizer_state_equal: bool = ABSENT
-    """Every exp_avg, exp_avg_sq and step torch.equal to eager's."""
-    loss_max_abs_diff: float = ABSENT
-    """Largest |captured - eager| loss over the steps (nats per token)."""
-    params_max_abs_diff: float = ABSENT
-    """Largest absolute difference of any parameter element after the last step."""
-    first_differing_param: str | None = ABSENT
-    """The parameter with that largest difference; None: all equal."""
-    eager_step1_loss_rel_err: float = ABSENT
-    """The captured step-1 loss against the eager rung's evidence (relative, fraction)."""
-    # 3. speed: the recipe's own [graph_trainer] settings
-    graph_compile: str = ABSENT
-    """The recipe's graph_trainer.compile (the backend of the timed run)."""
-    memory_policy: str = ABSENT
-    """The recipe's graph_trainer.memory_policy."""
-    scan_layers: bool = ABSENT
-    """The recipe's graph_trainer.scan_layers."""
-    split: bool = ABSENT
-    """The recipe's graph_trainer.split."""
-    timed_programs_per_step: int = ABSENT
-    """Most programs launched by one step of the timed run (count; > 1 with split)."""
-    trace_time_s: float = ABSENT
-    """Seconds make_fx spent tracing the step (timed run)."""
-    passes_time_s: float = ABSENT
-    """Seconds the graph passes took (timed run)."""
-    backend_compile_time_s: float = ABSENT
-    """Seconds the backend compiler took (timed run); compile_time_s is the three together."""
-    compile_rung_step_time_median_s: float = ABSENT
-    """The compile rung's median step time (seconds), where it passed."""
-    speedup_vs_compile_rung: float = ABSENT
-    """The compile rung's median step time over the timed run's (x; > 1: the Graph Trainer is faster)."""
-    # 4. the choice, once parts 1 and 2 hold
-    execution_mode: str = ABSENT
-    """The mode the recipe trains in from now on: eager, compile or graph_trainer."""
-    execution_mode_why: str = ABSENT
-    """Why: the timing protocol's verdicts (details.execution_mode has each comparison)."""
-    memory_policy_choice: str = ABSENT
-    """The memory policy the recipe keeps (its own: the gate's batch binds no memory budget)."""
-    memory_policy_why: str = ABSENT
-    """Why, with the saved activations per policy."""
-
-
-MEASUREMENTS = GraphTrainerMeasurements
 
 
 @dataclass
@@ -124,9 +49,9 @@ class Plan:
 
     ctx: RungContext
     base: Any
-    """The gate's JobConfig (harness.job_config)."""
+    """The gate's JobConfig (gate_recipe.job_config)."""
     moe: str | None
-    """kernels.moe for the eager and captured runs alike (harness.capture_moe); None keeps the recipe's."""
+    """kernels.moe for the eager and captured runs alike (mode_recipe.capture_moe); None keeps the recipe's."""
 
     @property
     def flags(self) -> list[str]:
@@ -136,20 +61,20 @@ class Plan:
     def config(self, name: str, *, steps: int, deterministic: bool = False, **sections):
         """The gate's recipe for one part's run, written under runs/.../<name>/."""
         out = self.ctx.attempt_dir / name
-        return harness.mode_config(self.base, out, steps=steps, deterministic=deterministic, moe=self.moe, **sections)
+        return mode_recipe.mode_config(self.base, out, steps=steps, deterministic=deterministic, moe=self.moe, **sections)
 
     def result(self, m: GraphTrainerMeasurements, details: dict, edits: list[RecipeEdit] | None = None) -> RungResult:
-        files, command = harness.files_read(self.ctx, self.base), harness.next_step_command(self.ctx)
+        files, command = gate_recipe.files_read(self.ctx, self.base), gate_recipe.next_step_command(self.ctx)
         return RungResult(measurements=m, files_read=files, command=command, details=details, recipe_edits=edits or [])
 
 
 def run(ctx: RungContext) -> RungResult:
-    base = harness.job_config(ctx)
-    args = harness.model_args(base)
-    moe, moe_why = harness.capture_moe(base, args)
+    base = gate_recipe.job_config(ctx)
+    args = gate_recipe.model_args(base)
+    moe, moe_why = mode_recipe.capture_moe(base, args)
     plan = Plan(ctx, base, moe)
     m = GraphTrainerMeasurements(moe_experts=moe or (base.kernels.moe if args.n_experts else None), moe_why=moe_why,
-                                 flags=" ".join(plan.flags), precision=harness.precision(base.training))  # fmt: skip
+                                 flags=" ".join(plan.flags), precision=gate_recipe.precision(base.training))  # fmt: skip
     ctx.log(
         f"graph_trainer: capture the whole step of {args.n_layers} blocks"
         + ("; MoE experts: kernels.moe = dense (the recipe's loop syncs the host; measurements.moe_why)" if moe else "")
@@ -165,7 +90,7 @@ def run(ctx: RungContext) -> RungResult:
     timed(plan, m, details)
     gc.collect()
     edits = []
-    exact = m.exact_rel_err <= harness.bound(RUNG, "exact_to_eager", m.precision, ctx.evidence)
+    exact = m.exact_rel_err <= gate_recipe.bound(RUNG, "exact_to_eager", m.precision, ctx.evidence)
     if exact and m.graphs_per_step == 1 and m.captures_per_run == 1:
         edits = choose_mode(plan, m, details)
     return plan.result(m, details, edits)
@@ -174,11 +99,8 @@ def run(ctx: RungContext) -> RungResult:
 # ---- 1. probe ---------------------------------------------------------------------------------
 def probe(plan: Plan, m: GraphTrainerMeasurements) -> dict:
     """Host syncs and memory-policy bytes of the captured step, by tracing a fresh model; its details."""
-    # lazy: loads torch; onboard status imports the rungs
-    from titan_core.compile.graph_trainer import CaptureError, find_host_syncs, measure_memory_policies
-
     cfg = plan.config("probe", steps=1)
-    trainer = harness.build_trainer(cfg)
+    trainer = train_run.build_trainer(cfg)
     try:
         batches = [next(trainer.data) for _ in range(cfg.training.grad_accum)]
         plan.ctx.log("graph_trainer: tracing the step to look for host syncs")
@@ -208,23 +130,19 @@ def probe(plan: Plan, m: GraphTrainerMeasurements) -> dict:
 def exactness(plan: Plan, m: GraphTrainerMeasurements, details: dict) -> bool:
     """Eager and the captured step (uncompiled) for `exact_steps`, both deterministic, compared bit
     for bit; False when the captured run could not be captured (measured so)."""
-    # lazy: loads torch; onboard status imports the rungs
-    from titan_core.compile.graph_trainer import CaptureError, HostSyncError
-    from titan_core.measure.numerics import rel  # lazy: loads torch; onboard status imports the rungs
-
-    ctx, steps = plan.ctx, harness.param(RUNG, "exact_steps")
+    ctx, steps = plan.ctx, gate_recipe.param(RUNG, "exact_steps")
     e_cfg = one_thread_on_cpu(plan.config("eager", steps=steps, deterministic=True))
     g_cfg = one_thread_on_cpu(plan.config("exact", steps=steps, deterministic=True, graph_trainer=EXACT))
-    e_tr, e_res = harness.train(ctx, e_cfg, "graph_trainer: eager reference")
+    e_tr, e_res = train_run.train(ctx, e_cfg, "graph_trainer: eager reference")
     try:
-        g_tr, g_res = harness.train(ctx, g_cfg, "graph_trainer: captured step, uncompiled")
+        g_tr, g_res = train_run.train(ctx, g_cfg, "graph_trainer: captured step, uncompiled")
     except (CaptureError, HostSyncError) as e:
         m.update(captured=False, capture_error=str(e))
         return False
     stats = g_tr.graph_step.stats
     m.update(captured=True, captures_per_run=stats.captures, graphs_per_step=max(stats.programs_per_step),
              exact_steps=steps, **compare_runs(e_tr, e_res.metrics, g_tr, g_res.metrics))  # fmt: skip
-    m.eager_step1_loss_rel_err = rel(g_res.metrics[0]["loss"], harness.eager_step1_loss(ctx))
+    m.eager_step1_loss_rel_err = rel(g_res.metrics[0]["loss"], run_compare.eager_step1_loss(ctx))
     details.update(
         exact_loss_curve=[r["loss"] for r in g_res.metrics],
         eager_loss_curve=[r["loss"] for r in e_res.metrics],
@@ -235,7 +153,7 @@ def exactness(plan: Plan, m: GraphTrainerMeasurements, details: dict) -> bool:
 
 
 def one_thread_on_cpu(cfg):
-    if harness.resolved_device_type(cfg.device.type) == "cpu":
+    if gate_recipe.resolved_device_type(cfg.device.type) == "cpu":
         # once here, on a loaded machine, eager and the captured step (2 threads each) ended
         # 3e-5 apart in layers.0.attention.wk after 3 steps, and never again when idle: a
         # threaded kernel's summation order is not promised across runs; one thread fixes
@@ -246,9 +164,6 @@ def one_thread_on_cpu(cfg):
 
 def compare_runs(eager_tr, eager_rows, graph_tr, graph_rows) -> dict:
     """Exactness of the captured run against the eager one: bit equality and, when it fails, where."""
-    import torch  # lazy: torch; onboard status imports the rungs
-
-    from titan_core.parallel import local_tensor as _local  # lazy: loads torch; onboard status imports the rungs
 
     losses = [r["loss"] for r in graph_rows] == [r["loss"] for r in eager_rows]
     norms = [r["grad_norm"] for r in graph_rows] == [r["grad_norm"] for r in eager_rows]
@@ -283,9 +198,6 @@ def compare_runs(eager_tr, eager_rows, graph_tr, graph_rows) -> dict:
 def exact_rel_err(eager_tr, eager_rows, graph_tr, graph_rows) -> float:
     """The worst relative error of a captured run that is not bit-identical to eager (`exact_rel_err`):
     what a bf16 recipe's exactness is judged by, where the two runs' kernels may round differently."""
-    from titan_core.measure.numerics import rel, rel_l2  # lazy: loads torch; onboard status imports the rungs
-    from titan_core.parallel import local_tensor as _local  # lazy: loads torch; onboard status imports the rungs
-
     if len(graph_rows) != len(eager_rows):
         return math.inf
     errs = [rel(b[k], a[k]) for a, b in zip(eager_rows, graph_rows) for k in ("loss", "grad_norm")]
@@ -301,21 +213,21 @@ def exact_rel_err(eager_tr, eager_rows, graph_tr, graph_rows) -> float:
 def timed(plan: Plan, m: GraphTrainerMeasurements, details: dict) -> None:
     """The recipe's own [graph_trainer] settings for `timed_steps`: capture and compile times, speed, memory."""
     ctx, gt = plan.ctx, plan.base.graph_trainer
-    cfg = plan.config("timed", steps=harness.param(RUNG, "timed_steps"), graph_trainer={"enable": True})
+    cfg = plan.config("timed", steps=gate_recipe.param(RUNG, "timed_steps"), graph_trainer={"enable": True})
     ctx.log(
         f"graph_trainer: timed run with the recipe's settings: compile {gt.compile}, memory policy "
         f"{gt.memory_policy}, scan_layers {gt.scan_layers}, split {gt.split}"
     )
-    trainer, result = harness.train(ctx, cfg, "graph_trainer: timed")
+    trainer, result = train_run.train(ctx, cfg, "graph_trainer: timed")
     rows, ts = result.metrics, trainer.graph_step.stats
     m.update(
         graph_compile=gt.compile, memory_policy=gt.memory_policy, scan_layers=gt.scan_layers, split=gt.split,
         timed_programs_per_step=max(ts.programs_per_step), trace_time_s=ts.trace_time_s,
         passes_time_s=ts.passes_time_s, backend_compile_time_s=ts.compile_time_s,
         compile_time_s=ts.trace_time_s + ts.passes_time_s + ts.compile_time_s, first_step_time_s=rows[0]["step_time_s"],
-        **harness.run_stats(rows),
+        **run_compare.run_stats(rows),
     )  # fmt: skip
-    harness.beside_eager(m, ctx.evidence)
+    run_compare.beside_eager(m, ctx.evidence)
     compiled = ctx.evidence.get("compile") or {}
     if compiled.get("step_time_median_s"):
         m.compile_rung_step_time_median_s = compiled["step_time_median_s"]
@@ -328,10 +240,10 @@ def timed(plan: Plan, m: GraphTrainerMeasurements, details: dict) -> None:
     out = ctx.attempt_dir
     details.update(
         device=result.device,
-        gate_overrides=harness.gate_overrides(ctx, cfg),
+        gate_overrides=gate_recipe.gate_overrides(ctx, cfg),
         loss_curve=[r["loss"] for r in rows],
         metrics_files={k: ctx.workspace.key_for(out / k / "metrics.jsonl") for k in ("eager", "exact", "timed")},
-        reproduce=harness.train_command(ctx, plan.flags),
+        reproduce=gate_recipe.train_command(ctx, plan.flags),
     )
 
 

@@ -43,7 +43,7 @@ from titan_core.models.flux.config import flux_of_args
 from titan_core.models.registry import build_meta
 from titan_core.runtime import devices
 
-from onboard.parity.upstream import perturb_constants
+from onboard.upstream.hf_model import perturb_constants
 
 #: The plain path each kernel is compared with.
 REFERENCE = {"loss": "plain", "attention": "naive", "moe": "loop"}

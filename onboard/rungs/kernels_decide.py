@@ -29,10 +29,18 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from onboard.rungs import harness
-from onboard.rungs.contract import RecipeEdit
-from onboard.rungs.decision import (
-    HELD, INDISTINGUISHABLE, KEPT, NOT_ELIGIBLE, NOT_MEASURED, Decision, decide, decide_memory, holder_set_by,
+from onboard.rungs import gate_recipe
+from onboard.ladder.contract import RecipeEdit
+from onboard.ladder.decision import (
+    HELD,
+    INDISTINGUISHABLE,
+    KEPT,
+    NOT_ELIGIBLE,
+    NOT_MEASURED,
+    Decision,
+    decide,
+    decide_memory,
+    holder_set_by,
 )  # fmt: skip
 
 RUNG_NAME = "kernels"
@@ -59,7 +67,7 @@ class MemoryRule:
 
     @classmethod
     def of_checklist(cls) -> "MemoryRule":
-        pct, margin = (harness.param(RUNG_NAME, k) for k in ("min_memory_saving_percent", "memory_margin_percent"))
+        pct, margin = (gate_recipe.param(RUNG_NAME, k) for k in ("min_memory_saving_percent", "memory_margin_percent"))
         return cls(pct / 100, margin / 100)
 
 

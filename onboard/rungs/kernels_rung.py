@@ -29,16 +29,21 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from onboard.engine.gates import check_value
-from onboard.rungs import harness, kernels_steps
-from onboard.rungs.contract import RungContext, RungResult
+from onboard.ladder.gates import check_value
+from onboard.rungs import gate_recipe, kernels_steps, timing_profiles, train_run
+from onboard.ladder.contract import SHIPPED, RungContext, RungResult
 from onboard.rungs.execution_mode import recipe_mode
 from onboard.rungs.kernels_decide import MemoryRule, all_decisions, decide_all, field_inputs, mark_rows
-from onboard.rungs.kernels_measurements import KernelsMeasurements
+from onboard.ladder.measurements.kernels_measurements import KernelsMeasurements
 from titan_core.measure.timing import TimingProtocol
+from onboard.rungs.kernel_compare import REFERENCE, applicable_kernels, compare_kernel, step_peak
+from onboard.rungs.kernel_modes import mode_check
+from titan_core.config.swaps import SwapNotApplicable
+from titan_core.kernels import KernelRefusesModel
+from titan_core.runtime import devices
+from titan_core.training.model_builder import build_model_from_config
 
 RUNG = "kernels"
-reads_recipe_key = harness.reads_all_but_tuning
 CAPTURE_UNSAFE = {"moe": "loop"}
 """Plain paths a captured step (torch.compile, Graph Trainer) cannot run: the expert loop reads the
 routing on the host. Under capture they are no candidate; a recipe holding a kernel keeps it."""
@@ -53,14 +58,15 @@ ERROR_METRICS = {
 MEASUREMENTS = KernelsMeasurements
 
 
-def protocol():
-    """The timing protocol of the keep decisions, from the checklist's `params.timing`."""
-    return TimingProtocol.from_dict(harness.param(RUNG, "timing"))
+def protocol(profile: str = SHIPPED) -> TimingProtocol:
+    """The timing protocol of the keep decisions: the checklist's `params.timing` under `profile`
+    (the attempt's `ctx.timing_profile`)."""
+    return timing_profiles.protocol(RUNG, profile)
 
 
 def compare_shape(batch_size: int, seq_len: int, max_tokens: int | None = None) -> tuple[int, int, str]:
     """(batch, seq_len, why) of the fp32 comparison: the recipe's shape unless it is over max_tokens."""
-    max_tokens = max_tokens or harness.param(RUNG, "compare_max_tokens")
+    max_tokens = max_tokens or gate_recipe.param(RUNG, "compare_max_tokens")
     if batch_size * seq_len <= max_tokens:
         return batch_size, seq_len, "the recipe's batch_size x seq_len"
     batch = max(1, max_tokens // seq_len)
@@ -77,7 +83,7 @@ def compare_shape(batch_size: int, seq_len: int, max_tokens: int | None = None) 
 
 def tolerances() -> dict[str, Any]:
     """{per-kernel error name: the checklist criterion that judges it}: thresholds live in the YAML only."""
-    by_metric = {c.metric: c for c in harness.checklist(RUNG).criteria}
+    by_metric = {c.metric: c for c in gate_recipe.checklist(RUNG).criteria}
     return {name: by_metric[metric] for name, metric in ERROR_METRICS.items() if metric in by_metric}
 
 
@@ -99,11 +105,6 @@ def _finite(x: float) -> float:
 def _one_kernel(ctx, flag, *, build, criteria, mode_kw) -> dict:
     """Compare one applicable kernel with its plain path, then check it in the recipe's execution mode;
     a kernel that raises is a failed row. One that passes both is `eligible`: the keep rule times it."""
-    from onboard.rungs.kernel_compare import compare_kernel  # lazy: loads torch; onboard status imports the rungs
-    from onboard.rungs.kernel_modes import mode_check  # lazy: loads torch; onboard status imports the rungs
-    from titan_core.config.swaps import SwapNotApplicable  # lazy: loads torch; onboard status imports the rungs
-    from titan_core.kernels import KernelRefusesModel  # lazy: loads torch; onboard status imports the rungs
-
     row: dict[str, Any] = {"status": "compared", "eligible": False}
     try:
         cmp = compare_kernel(flag=flag, **build)
@@ -221,17 +222,12 @@ class Bench:
 
     @classmethod
     def of(cls, ctx: RungContext) -> "Bench":
-        from titan_core.runtime import devices  # lazy: loads torch; onboard status imports the rungs
-
-        # lazy: loads torch; onboard status imports the rungs
-        from titan_core.training.model_builder import build_model_from_config
-
-        cfg = harness.job_config(ctx)
+        cfg = gate_recipe.job_config(ctx)
         device = devices.resolve_device(cfg.device.type, libtpu_init_flags=cfg.tpu.libtpu_init_flags)
         # a swap that would replace a port's own module (a custom attention core) does not apply
         builder = (lambda: build_model_from_config(cfg.model)[2]) if cfg.model.module_file else None
-        return cls(ctx, cfg, recipe_mode(harness.recipe(ctx)), device, harness.resolved_device_type(cfg.device.type),
-                   builder, compare_shape(cfg.training.batch_size, cfg.training.seq_len), protocol())  # fmt: skip
+        return cls(ctx, cfg, recipe_mode(gate_recipe.recipe(ctx)), device, gate_recipe.resolved_device_type(cfg.device.type),
+                   builder, compare_shape(cfg.training.batch_size, cfg.training.seq_len), protocol(ctx.timing_profile))  # fmt: skip
 
     @property
     def captured(self) -> bool:
@@ -239,25 +235,22 @@ class Bench:
 
     @property
     def dtype(self):
-        return harness.compute_dtype(self.cfg.training)
+        return gate_recipe.compute_dtype(self.cfg.training)
 
     def applicable(self) -> dict[str, str | None]:
         """{flag: None if it applies, else why not} (kernel_compare.applicable_kernels)."""
-        # lazy: loads torch; onboard status imports the rungs
-        from onboard.rungs.kernel_compare import applicable_kernels
-
-        return applicable_kernels(harness.model_args(self.cfg), device=self.device_type, dtype=self.dtype,
+        return applicable_kernels(gate_recipe.model_args(self.cfg), device=self.device_type, dtype=self.dtype,
                                   captured=self.captured, model=self.builder() if self.builder else None)  # fmt: skip
 
     def kwargs(self) -> tuple[dict, dict]:
         """(build, mode-check) keyword arguments of `_one_kernel`."""
         cfg, t = self.cfg, self.cfg.training
         cb, cs, _ = self.compare
-        common = dict(family=cfg.model.family, args=harness.model_args(cfg), device=self.device, base=cfg.kernels,
+        common = dict(family=cfg.model.family, args=gate_recipe.model_args(cfg), device=self.device, base=cfg.kernels,
                       build_meta_model=self.builder)  # fmt: skip
         grads = tolerances().get("max_grad_rel_err")
         rounding = dict(grad_tolerance=grads.threshold if grads else None,
-                        rounding_factor=harness.param(RUNG, "grad_rounding_factor"))  # fmt: skip
+                        rounding_factor=gate_recipe.param(RUNG, "grad_rounding_factor"))  # fmt: skip
         return (dict(common, batch=cb, seq_len=cs, **rounding),
                 dict(common, mode=self.mode, batch=cb, seq_len=cs, packed=cfg.data.source == "text",
                      max_norm=t.max_norm))  # fmt: skip
@@ -265,22 +258,16 @@ class Bench:
     def peak(self, field_name: str, value: str) -> tuple[int | None, str | None]:
         """The keep rule's `Peak`: one fp32 forward + backward at the comparison's shape
         (kernel_compare.step_peak), the same way for every value of every field."""
-        from onboard.rungs.kernel_compare import step_peak  # lazy: loads torch; onboard status imports the rungs
-
         if (field_name, value) not in self.peaks:
             cb, cs, _ = self.compare
             self.peaks[field_name, value] = step_peak(
-                self.cfg.model.family, harness.model_args(self.cfg), field_name, value, batch=cb, seq_len=cs,
+                self.cfg.model.family, gate_recipe.model_args(self.cfg), field_name, value, batch=cb, seq_len=cs,
                 device=self.device, base=self.cfg.kernels, build_meta_model=self.builder,
             )  # fmt: skip
         return self.peaks[field_name, value]
 
     def plain_runs(self, field_name: str) -> str | None:
         """None when the field's plain path runs in the recipe's execution mode, else why not."""
-        # lazy: loads torch; onboard status imports the rungs
-        from onboard.rungs.kernel_compare import REFERENCE
-        from onboard.rungs.kernel_modes import mode_check  # lazy: as above
-
         plain = REFERENCE[field_name]
         if not self.captured:
             return None
@@ -305,12 +292,10 @@ class Bench:
 def run(ctx: RungContext) -> RungResult:
     """Compare every applicable kernel, then decide each field against the value the recipe holds on
     whole steps; the fields that change come back as recipe edits."""
-    from onboard.rungs.kernel_compare import REFERENCE  # lazy: loads torch; onboard status imports the rungs
-
     bench = Bench.of(ctx)
     applicable = bench.applicable()
     announce(bench, applicable)
-    with harness.process_threads(bench.cfg.device.threads):
+    with train_run.process_threads(bench.cfg.device.threads):
         rows = compare_all(bench, applicable)
         inputs = field_inputs(rows, bench.cfg.kernels, REFERENCE, ledger=ctx.workspace.ledger,
                               plain_runs=bench.plain_runs)  # fmt: skip
@@ -321,18 +306,18 @@ def run(ctx: RungContext) -> RungResult:
     proposed = [f"{e.key}={e.value}" for e in edits]  # written only if the gate passes
     m = KernelsMeasurements(
         **totals(rows), per_kernel=per_flag(rows), **bench.setting(), proposed_recipe_edits=proposed,
-        precision=harness.precision(bench.cfg.training), whole_step_trainers=steps.built,
+        precision=gate_recipe.precision(bench.cfg.training), whole_step_trainers=steps.built,
     )
     # the kernels were proved in fp32, one by one; the recipe they leave runs whole in its own precision
-    _, whole = harness.train_recipe(ctx, edits, steps=harness.param(RUNG, "recipe_steps"),
+    _, whole = train_run.train_recipe(ctx, edits, steps=gate_recipe.param(RUNG, "recipe_steps"),
                                     label=f"kernels: the recipe with its kernels ({bench.mode}, {m.precision})")
     m.update(recipe_steps_run=len(whole.metrics), recipe_loss_curve=[r["loss"] for r in whole.metrics])
     for e in edits:
         ctx.log(f"kernels: recipe keeps {e.key} = {e.value!r} ({e.why}) if the gate passes")
     return RungResult(
         measurements=m,
-        files_read=harness.files_read(ctx, bench.cfg),
-        command=harness.next_step_command(ctx),
+        files_read=gate_recipe.files_read(ctx, bench.cfg),
+        command=gate_recipe.next_step_command(ctx),
         details={
             "device": bench.device_type,
             "kernels": rows,

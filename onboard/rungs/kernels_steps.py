@@ -20,8 +20,8 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from onboard.rungs import harness
-from onboard.rungs.contract import RungContext
+from onboard.rungs import gate_recipe, train_run
+from onboard.ladder.contract import RungContext
 from onboard.rungs.execution_mode import recipe_mode
 from titan_core.config.loader import set_key
 from titan_core.measure.timing import TimingProtocol, compare
@@ -48,8 +48,8 @@ class WholeSteps:
     def __init__(self, ctx: RungContext, proto: TimingProtocol):
         self.ctx = ctx
         self.proto = proto
-        base = harness.job_config(ctx)
-        written = harness.recipe(ctx)
+        base = gate_recipe.job_config(ctx)
+        written = gate_recipe.recipe(ctx)
         # job_config runs eager; a kernel is timed in the mode the recipe trains in
         base.compile.enable, base.graph_trainer.enable = written.compile.enable, written.graph_trainer.enable
         base.training.steps = SCHEDULED_STEPS
@@ -65,7 +65,7 @@ class WholeSteps:
             cfg = copy.deepcopy(self.base)
             set_key(cfg, f"kernels.{field_name}", value)
             cfg.metrics.output_dir = str(self.ctx.attempt_dir / "whole-steps" / f"{field_name}-{value}")
-            trainer = harness.build_trainer(cfg)
+            trainer = train_run.build_trainer(cfg)
             self.built += 1
             try:
                 trainer.train_step()  # compile / capture outside the timed rounds
@@ -84,7 +84,7 @@ class WholeSteps:
         sides = {}
         for side, value in (("holder", against), ("candidate", candidate)):
             try:
-                with harness.quiet_mesh_pickling():
+                with train_run.quiet_mesh_pickling():
                     sides[side] = self._trainer(field_name, value)
             except Exception as e:  # noqa: BLE001 -- the caller records which side could not run the recipe's step
                 raise StepsRaised(side, value, e) from e
@@ -100,7 +100,7 @@ class WholeSteps:
 
             return run
 
-        with harness.quiet_mesh_pickling():
+        with train_run.quiet_mesh_pickling():
             cmp = compare(sample("candidate", candidate), sample("holder", against), self.proto)
         a, b = f"{field_name}={candidate}", f"{field_name}={against}"
         return {**cmp.to_dict(), "describe": cmp.describe(a, b)}

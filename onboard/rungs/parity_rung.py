@@ -7,7 +7,7 @@ engine, which evaluates checklists/parity.yaml. That the test and the gate read 
 checklist is what makes a by-hand pytest fail exactly when the gate fails.
 
 Because the gate believes what the test writes, the test must be the one new-model generated:
-an edited test_parity.py fails the attempt before it runs (onboard/parity/template_check.py),
+an edited test_parity.py fails the attempt before it runs (onboard/ladder/template_check.py),
 `onboard status` shows a passed entry invalid once the file is edited (`evidence_problem`),
 and the results count only if this run's test wrote them into this attempt's folder.
 """
@@ -19,122 +19,21 @@ import shlex
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from onboard.environment import child_env, inherited
 from onboard.errors import BadInput
 from onboard.parity.results import RESULTS_ENV, WEIGHTS_ENV, failure_summary, read_results, written_by_this_run
-from onboard.parity.template_check import TEST_FILE, tamper_problem
-from onboard.rungs import harness
-from onboard.rungs.contract import ABSENT, Measurements, RungContext, RungResult, flattened
+from onboard.ladder.template_check import TEST_FILE, tamper_problem
+from onboard.rungs import gate_recipe
+from onboard.ladder.measurements.parity_measurements import ParityMeasurements
+from onboard.ladder.contract import RungContext, RungResult
 from titan_core.config.loader import ConfigError
 from titan_core.models.registry import DIFFUSION_FAMILIES
 from titan_core.runtime.die_with_parent import with_parent_death_signal
 
 RUNG = "parity"
 
-
-@dataclass(kw_only=True)
-class ParityMeasurements(Measurements):
-    """What test_parity.py measured (onboard/parity/check.py: native port vs upstream HF, CPU fp32,
-    same weights; each comparison the worst over its passes), and how pytest ended."""
-
-    batch: int = ABSENT
-    """Sequences in the comparison batch."""
-    seq_len: int = ABSENT
-    """Tokens per sequence (grown to cover every declared window)."""
-    weights_missing_keys: int = ABSENT
-    """Checkpoint tensors the upstream class expects but did not get (count; 0 for a seeded init)."""
-    weights_unexpected_keys: int = ABSENT
-    """Checkpoint tensors the upstream class got but does not use (count)."""
-    weights_mismatched_keys: int = ABSENT
-    """Checkpoint tensors of another shape than the upstream class's (count)."""
-    state_dict_same_keys: bool = ABSENT
-    """HF -> native -> HF gives back exactly the upstream state dict's keys."""
-    state_dict_max_abs_diff: float = ABSENT
-    """Largest absolute difference of any tensor after that round trip (0 means exact)."""
-    logits_rel_l2: float = ABSENT
-    """Relative L2 error of the native logits against upstream's (fraction)."""
-    logits_max_abs: float = ABSENT
-    """Largest absolute logit difference, in logit units, or in units of the upstream logits' RMS
-    where that is above 1 (a features pass that scaled the logits up to a soft-cap scales their
-    rounding too); worst over the passes. Each pass keeps logits_max_abs_raw and logits_rms."""
-    loss_abs_diff: float = ABSENT
-    """|native cross-entropy - upstream cross-entropy| (nats per token)."""
-    native_loss_repr: str = ABSENT
-    """The native cross-entropy of the first pass, as its repr."""
-    upstream_loss_repr: str = ABSENT
-    """Upstream's cross-entropy of the first pass, as its repr."""
-    aux_loss_abs_diff: float = ABSENT
-    """|native MoE load-balancing term - upstream's| as each adds it to its training loss (native:
-    loss - CE; upstream: router_aux_loss_coef x aux_loss where output_router_logits turns it on, else
-    0), in units of the loss where that is above 1; worst over the passes (each keeps the _raw one)."""
-    native_aux_loss_repr: str = ABSENT
-    """The native load-balancing term (loss - CE) of the first pass, as its repr."""
-    upstream_aux_loss_repr: str = ABSENT
-    """Upstream's weighted load-balancing term of the first pass, as its repr (0.0 when it adds none)."""
-    init_tensors_compared: int = ABSENT
-    """Tensors (or pools of small ones over the layers) whose fresh native init was compared with
-    upstream's own init (onboard/parity/init_check.py; count)."""
-    init_tensors_differing: int = ABSENT
-    """Of those, how many differ: a constant upstream tensor not that constant natively, or a std or
-    mean outside the checklist's bounds (count; results.json init.differing names them)."""
-    grad_max_rel_l2: float = ABSENT
-    """Worst relative L2 error of a parameter's gradient, native vs upstream (fp32), over the gradients
-    the fp64 check did not excuse as rounding (grads_excused_as_rounding)."""
-    grad_max_rel_l2_raw: float = ABSENT
-    """The same over every gradient, excused or not."""
-    grads_excused_as_rounding: int = ABSENT
-    """Gradients over the tolerance that upstream run in fp64 showed to be fp32 rounding: the native
-    one within params.grad_rounding_factor x upstream fp32's own error (count; grads.fp64_check)."""
-    grad_worst_param: str | None = ABSENT
-    """The HF parameter with that worst gradient error."""
-    modules_compared: int = ABSENT
-    """Native modules whose outputs were compared with an upstream module's (count)."""
-    first_divergence_module: str | None = ABSENT
-    """The first native module (in forward order) whose output differs beyond tolerance; None: none does."""
-    first_divergence_upstream: str | None = ABSENT
-    """The upstream module it was compared with."""
-    first_divergence_rel_l2: float | None = ABSENT
-    """Its output's relative L2 error (fraction)."""
-    first_divergence_pass: str | None = ABSENT
-    """The pass it diverged in ("seeded", "weights" or "features"); None: no divergence."""
-    features_exercised: bool = ABSENT
-    """Every feature the config declares (soft-cap, window, padding, MoE routing) was active in a pass."""
-    features_idle: list[str] = ABSENT
-    """The declared features no pass had active (empty when features_exercised): what the gate could not see."""
-    features: dict[str, Any] = flattened()
-    """feature_<name>: how much a declared feature was exercised (onboard/parity/features.py: the
-    soft-capped fraction, seq_len over the window, pad ids, the fewest tokens per expert)."""
-    pytest_passed: bool = ABSENT
-    """The workspace's test_parity.py exited 0."""
-    pytest_exit_code: int | None = ABSENT
-    """Its exit code; None when it ran past params.timeout_s."""
-
-    @classmethod
-    def of(cls, results: dict[str, Any], **pytest: Any) -> "ParityMeasurements":
-        """From results.json's measurements (its feature_<name> values among them) and pytest's end."""
-        features = {k: v for k, v in results.items() if k.startswith("feature_")}
-        return cls(**{k: v for k, v in results.items() if k not in features}, features=features, **pytest)
-
-
-MEASUREMENTS = ParityMeasurements
-
-
-def reads_recipe_key(key: str) -> bool:
-    """Parity's native model comes from [model] alone (onboard.parity.native.read_workspace)."""
-    return key.startswith("model.")
-
-
-def evidence_problem(ws, entry) -> str | None:
-    """Why a passed parity entry no longer stands (see onboard.rungs.contract): test_parity.py is
-    not the generated file any more, so what it measured may not be parity."""
-    try:
-        return tamper_problem(ws)
-    except ConfigError as e:
-        return f"{ws.root / TEST_FILE} cannot be compared with its template: {e}"
 
 
 def pytest_command(test_file: Path) -> list[str]:
@@ -209,7 +108,7 @@ def run(ctx: RungContext) -> RungResult:
     started = time.time()
     with open(log_path, "w") as log:
         try:
-            timeout = harness.param(RUNG, "timeout_s")
+            timeout = gate_recipe.param(RUNG, "timeout_s")
             # killed with next-step: a kill -9 must not leave it writing into a closed attempt
             proc = subprocess.run(
                 with_parent_death_signal(cmd),

@@ -24,21 +24,23 @@ from __future__ import annotations
 
 import copy
 import math
-from dataclasses import dataclass
 from pathlib import Path
 
 import titan_core.train
 from onboard.errors import BadInput
-from onboard.rungs import harness
-from onboard.rungs.contract import ABSENT, RecipeEdit, RungContext, RungResult
-from onboard.rungs.decision import HELD, KEPT, NOT_ELIGIBLE, Decision, decide, holder_set_by
-from onboard.rungs.gated_runs import record_run
-from onboard.rungs.harness import resolved_device_type
-from titan_core.measure.timing import Comparison, TimingProtocol, compare, compare_samples
+from onboard.rungs import run_compare, gate_recipe, timing_profiles, train_run
+from onboard.ladder.measurements.simple_fsdp_measurements import SimpleFsdpMeasurements
+from onboard.ladder.contract import RecipeEdit, RungContext, RungResult
+from onboard.ladder.decision import HELD, KEPT, NOT_ELIGIBLE, Decision, decide, holder_set_by
+from onboard.ladder.gated_runs import record_run
+from onboard.rungs.gate_recipe import resolved_device_type
+from titan_core.measure.timing import Comparison, compare, compare_samples
 from titan_core.runtime import launcher
+from titan_core.measure.numerics import curve_max_rel, rel
+import torch
+from titan_core.training.model_builder import resolve_model_args
 
 RUNG = "simple_fsdp"
-reads_recipe_key = harness.reads_all_but_mode
 FP32 = "float32"
 BF16 = "bfloat16"
 PRECISION_LEVER = "training.mixed_precision_param"
@@ -46,82 +48,13 @@ RUNS = ("fp32", "bf16", "fsdp2")
 """The three sharded runs, each in runs/.../<name>/."""
 
 
-@dataclass(kw_only=True)
-class SimpleFsdpMeasurements(harness.SteadyRun):
-    """The simple_fsdp rung's measurements (rank 0's rows); the SteadyRun fields are the fp32 SimpleFSDP run's."""
-
-    world_size: int = ABSENT
-    """W: processes of each sharded run."""
-    global_batch_size: int = ABSENT
-    """Rows of the eager rung's batch, split over the ranks (rows)."""
-    batch_size_per_rank: int = ABSENT
-    """global_batch_size / W (rows)."""
-    steps_run: int = ABSENT
-    """Steps the fp32 SimpleFSDP run logged."""
-    bf16_steps_run: int = ABSENT
-    """Steps the bf16-params run logged (fewer: a non-finite loss stopped it)."""
-    step1_loss_repr: str = ABSENT
-    """The sharded fp32 step-1 loss, as its repr (nats per token)."""
-    step1_grad_norm_repr: str = ABSENT
-    """The sharded fp32 step-1 grad norm, as its repr."""
-    baseline: str = ABSENT
-    """What the step-1 numbers are compared with: "eager evidence", or one process with grad_accum = W."""
-    baseline_why: str = ABSENT
-    """Why that baseline (module docstring)."""
-    baseline_step1_loss_repr: str = ABSENT
-    """The baseline's step-1 loss, as its repr."""
-    baseline_step1_grad_norm_repr: str = ABSENT
-    """The baseline's step-1 grad norm, as its repr."""
-    step1_loss_rel_err: float = ABSENT
-    """|sharded - baseline| / |baseline| step-1 loss (fraction)."""
-    step1_grad_norm_rel_err: float = ABSENT
-    """|sharded - baseline| / |baseline| step-1 grad norm (fraction)."""
-    bf16_loss_curve_max_rel: float = ABSENT
-    """Worst relative distance of the bf16-params loss curve from the fp32 one over the steps
-    (fraction; inf when the bf16 run stopped short)."""
-    bf16_loss_curve_worst_step: int | None = ABSENT
-    """The 1-based step of that worst distance; None when the curves do not line up."""
-    bf16_step_time_median_s: float | None = ABSENT
-    """Median step time of the bf16-params run (seconds)."""
-    bf16_peak_mem_bytes: int | None = ABSENT
-    """Peak memory of the bf16-params run (bytes)."""
-    fsdp2_step_time_median_s: float | None = ABSENT
-    """Median step time of the same steps under FSDP2 (seconds); None: FSDP2 failed (not judged)."""
-    fsdp2_peak_mem_bytes: int | None = ABSENT
-    """Peak memory of the FSDP2 run (bytes)."""
-    fsdp2_step1_loss_rel_err: float | None = ABSENT
-    """FSDP2's step-1 loss against SimpleFSDP's (fraction): a difference there points at the model."""
-    fsdp2_over_simple_fsdp_step_time: float = ABSENT
-    """FSDP2's median step time over SimpleFSDP's (x)."""
-    fsdp2_vs_simple_fsdp: str | None = ABSENT
-    """The timing protocol's unpaired comparison of the two, in one line."""
-    eager_step1_loss_rel_err: float = ABSENT
-    """The sharded step-1 loss against the eager evidence (fraction), whatever the baseline."""
-    eager_step1_grad_norm_rel_err: float = ABSENT
-    """The sharded step-1 grad norm against the eager evidence (fraction)."""
-    mixed_precision_choice: str = ABSENT
-    """training.mixed_precision_param the recipe keeps: float32 or bfloat16 (`precision_decision`)."""
-    mixed_precision_why: str = ABSENT
-    """Why: the lever's Decision in one line (details.decisions holds it whole)."""
-    mixed_precision_timing: dict | None = ABSENT
-    """The candidate precision's params against the holder's (the recipe's), one process, interleaved
-    steps (Comparison.to_dict, ratio candidate / holder); None: decided untimed."""
-    data_parallel_choice: str = ABSENT
-    """parallelism.data_parallel the recipe keeps (SimpleFSDP: the path the later rungs verify)."""
-    data_parallel_why: str = ABSENT
-    """Why, with what FSDP2 measured beside it."""
-
-
-MEASUREMENTS = SimpleFsdpMeasurements
 
 
 def world_size(device_type: str) -> int:
     """W: 2 processes on CPU; every local device on an accelerator."""
-    import torch  # lazy: torch; onboard status imports the rungs
-
     device_type = resolved_device_type(device_type)
     if device_type == "cpu":
-        return harness.param(RUNG, "cpu_world")
+        return gate_recipe.param(RUNG, "cpu_world")
     backend = getattr(torch, device_type, None)
     count = backend.device_count() if backend is not None and hasattr(backend, "device_count") else 1
     return max(1, int(count))
@@ -129,9 +62,6 @@ def world_size(device_type: str) -> int:
 
 def baseline_reason(cfg, evidence: dict) -> str | None:
     """Why the eager evidence is not the baseline of the sharded step-1 numbers (None: it is)."""
-    # lazy: loads torch; onboard status imports the rungs
-    from titan_core.training.model_builder import resolve_model_args
-
     t = cfg.training
     if "eager" not in evidence:
         return "no passed eager evidence to compare with"
@@ -181,7 +111,7 @@ def baseline_config(base, out_dir: Path, *, world: int):
 def _world(ctx: RungContext, cfg, world: int, label: str, *, required: bool) -> tuple[list[dict], str | None]:
     """(rank 0's metric rows, failure or None) of one W-rank run; a required run that fails raises."""
     ctx.log(f"simple_fsdp: {label} on {world} processes -> {cfg.metrics.output_dir}")
-    run = launcher.run_world(cfg, world, timeout_s=float(harness.param(RUNG, "timeout_s")))
+    run = launcher.run_world(cfg, world, timeout_s=float(gate_recipe.param(RUNG, "timeout_s")))
     if run.ok:
         return run.metrics, None
     stopped_on_nan = run.metrics and not math.isfinite(run.metrics[-1]["loss"])
@@ -205,13 +135,11 @@ def _baseline(ctx: RungContext, base, world: int, why: str | None) -> tuple[floa
 def measure(fp32: list[dict], bf16: list[dict], fsdp2: list[dict], *, baseline: tuple[float, float],
             eager_evidence: dict | None, steps: int) -> dict:  # fmt: skip
     """Gate measurements from rank 0's rows of the three sharded runs (`steps` planned) and the baseline step."""
-    from titan_core.measure.numerics import curve_max_rel, rel  # lazy: loads torch; onboard status imports the rungs
-
     first = fp32[0]
     worst, worst_step = math.inf, None  # a curve that stopped short (a non-finite loss) is the worst
     if len(bf16) == len(fp32) == steps:
         worst, worst_step = curve_max_rel([r["loss"] for r in bf16], [r["loss"] for r in fp32])
-    stats = harness.run_stats(fp32)
+    stats = run_compare.run_stats(fp32)
     m = {
         "steps_run": len(fp32),
         "bf16_steps_run": len(bf16),
@@ -224,8 +152,8 @@ def measure(fp32: list[dict], bf16: list[dict], fsdp2: list[dict], *, baseline: 
         "bf16_loss_curve_max_rel": worst,
         "bf16_loss_curve_worst_step": worst_step,
         **stats,
-        "bf16_step_time_median_s": harness.run_stats(bf16)["step_time_median_s"] if bf16 else None,
-        "fsdp2_step_time_median_s": harness.run_stats(fsdp2)["step_time_median_s"] if fsdp2 else None,
+        "bf16_step_time_median_s": run_compare.run_stats(bf16)["step_time_median_s"] if bf16 else None,
+        "fsdp2_step_time_median_s": run_compare.run_stats(fsdp2)["step_time_median_s"] if fsdp2 else None,
         "bf16_peak_mem_bytes": max((r["peak_mem_bytes"] for r in bf16), default=None),
         "fsdp2_peak_mem_bytes": max((r["peak_mem_bytes"] for r in fsdp2), default=None),
         # FSDP2 shards the same way: a different step-1 loss there points at the model, not SimpleFSDP
@@ -233,7 +161,7 @@ def measure(fp32: list[dict], bf16: list[dict], fsdp2: list[dict], *, baseline: 
     }
     if fsdp2:
         m["fsdp2_over_simple_fsdp_step_time"] = m["fsdp2_step_time_median_s"] / m["step_time_median_s"]
-        cmp = compare_samples(harness.run_stats(fsdp2)["step_times_s"], stats["step_times_s"])
+        cmp = compare_samples(run_compare.run_stats(fsdp2)["step_times_s"], stats["step_times_s"])
         m["fsdp2_vs_simple_fsdp"] = cmp.describe("FSDP2", "SimpleFSDP") if cmp else None
     if eager_evidence:
         m["eager_step1_loss_rel_err"] = rel(first["loss"], float(eager_evidence["step1_loss_repr"]))
@@ -242,15 +170,15 @@ def measure(fp32: list[dict], bf16: list[dict], fsdp2: list[dict], *, baseline: 
 
 
 def run(ctx: RungContext) -> RungResult:
-    base = harness.job_config(ctx)
-    base.training.steps = steps = harness.param(RUNG, "steps")
+    base = gate_recipe.job_config(ctx)
+    base.training.steps = steps = gate_recipe.param(RUNG, "steps")
     world = checked_world(ctx, base)
     b, why = base.training.batch_size, baseline_reason(base, ctx.evidence)
     ctx.log(
         f"simple_fsdp: world size {world}, {b // world} of {b} rows x {base.training.seq_len} tokens per rank, "
         f"{steps} steps on a repeated batch, device {resolved_device_type(base.device.type)}"
     )
-    overrides = harness.gate_overrides(ctx, base)
+    overrides = gate_recipe.gate_overrides(ctx, base)
     for note in overrides:
         ctx.log(f"simple_fsdp: {note}")
     runs = sharded_runs(ctx, base, world)
@@ -276,8 +204,8 @@ def run(ctx: RungContext) -> RungResult:
     m.update(choices)
     return RungResult(
         measurements=m,
-        files_read=harness.files_read(ctx, base),
-        command=harness.next_step_command(ctx),
+        files_read=gate_recipe.files_read(ctx, base),
+        command=gate_recipe.next_step_command(ctx),
         details={
             "device": resolved_device_type(base.device.type),
             "world_size": world,
@@ -335,8 +263,10 @@ def run_details(ctx: RungContext, runs: dict[str, tuple[list[dict], str | None]]
             name: {
                 "metrics_file": key(out / name / "metrics.jsonl"),
                 "rank_logs": key(out / name / "logs"),
-                # run_world wrote the resolved recipe there: one run by hand, exactly
-                "command": f"python -m titan_core.train --config {out / name / 'world_recipe.toml'} --nproc {world}",
+                # run_world wrote the resolved recipe there and ran it under torchrun (titan_core's
+                # launcher adds only per-rank logs, the hang timeout and dying with its parent)
+                "command": f"torchrun --standalone --nproc-per-node={world} -m titan_core.train "
+                f"--config {out / name / 'world_recipe.toml'}",
             }
             for name in RUNS
         },
@@ -354,15 +284,15 @@ def time_precisions(ctx: RungContext, base, *, candidate: str = BF16, holder: st
     candidate / holder."""
     trainers = {}
     try:
-        with harness.process_threads():
+        with train_run.process_threads():
             for dtype in (holder, candidate):
                 cfg = copy.deepcopy(base)
                 cfg.training.steps, cfg.training.mixed_precision_param = 10_000, dtype
                 cfg.training.dtype = cfg.training.mixed_precision_reduce = FP32
                 cfg.metrics.output_dir = str(ctx.attempt_dir / f"precision-{dtype}")
-                trainers[dtype] = harness.build_trainer(cfg)
+                trainers[dtype] = train_run.build_trainer(cfg)
                 trainers[dtype].train_step()  # warm-up outside the timed rounds
-            proto = TimingProtocol.from_dict(harness.param(RUNG, "timing"))
+            proto = timing_profiles.protocol(RUNG, ctx.timing_profile)
             step = {k: (lambda t=t: t.train_step()["step_time_s"]) for k, t in trainers.items()}
             return compare(step[candidate], step[holder], proto)
     finally:
@@ -384,10 +314,10 @@ def precision_decision(ctx: RungContext, base, m: dict, timing=None) -> tuple[De
     against the holder (`time_precisions`, or `timing` given) and takes the lever only when
     `faster` (`decision.decide`; the checklist asks a clear margin, as the precision changes the
     numerics): indistinguishable, slower or not measured leave the holder standing."""
-    recipe = harness.recipe(ctx)
+    recipe = gate_recipe.recipe(ctx)
     holder = recipe.training.mixed_precision_param
     candidate = FP32 if holder == BF16 else BF16
-    bound = next(c.threshold for c in harness.checklist(RUNG).criteria if c.metric == "bf16_loss_curve_max_rel")
+    bound = next(c.threshold for c in gate_recipe.checklist(RUNG).criteria if c.metric == "bf16_loss_curve_max_rel")
     if not m["bf16_loss_curve_max_rel"] <= bound:  # nan too: a curve that is not a number is not within
         left = f"bf16's loss curve left fp32's by more than {bound:g}"
         if holder == BF16:
@@ -416,7 +346,7 @@ def recipe_choices(ctx: RungContext, base, m: dict, timing=None) -> tuple[list, 
     parametrization), so a recipe with FSDP2 would hold a combination no later gate ran; not a
     decision between two timed candidates, so no Decision.
     """
-    recipe = harness.recipe(ctx)
+    recipe = gate_recipe.recipe(ctx)
     d, cmp = precision_decision(ctx, base, m, timing)
     ctx.log(f"simple_fsdp: {d.why}")
     why = f"simple_fsdp rung: {d.why}"

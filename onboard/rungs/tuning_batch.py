@@ -1,5 +1,5 @@
 """The tuning rung's batch search on its candidate runs (`BatchTrials`: the callbacks of
-`titan_core.tuning.batch_search.search`), and the Decisions the search took. Beside tuning_rung.py
+`onboard.rungs.tuning_search.search`), and the Decisions the search took. Beside tuning_rung.py
 to keep that module short. Not a rung (no RUNG).
 
 Each shape the search runs is classified against the starting batch on the same rows and timed
@@ -15,7 +15,8 @@ from __future__ import annotations
 from onboard.rungs.tuning_decisions import change_decision, keep_rule
 from titan_core.config.loader import with_keys
 from titan_core.memory.estimate import format_bytes
-from titan_core.tuning.batch_search import BatchShape, Probe
+from onboard.rungs.tuning_search import BatchShape, Probe
+import torch
 
 
 def max_doublings(batch_size: int, seq_len: int, cap_tokens: int) -> int:
@@ -32,7 +33,7 @@ def batch_values(shape: BatchShape) -> dict:
 
 
 class BatchTrials:
-    """The batch search's callbacks (titan_core.tuning.batch_search.search) on the tuner's runs: each
+    """The batch search's callbacks (onboard.rungs.tuning_search.search) on the tuner's runs: each
     shape probed, classified against the starting batch on the same rows, timed against the holder."""
 
     def __init__(self, tuner):
@@ -49,8 +50,6 @@ class BatchTrials:
         return with_keys(self.start_cfg, batch_values(shape))
 
     def measure(self, shape):
-        import torch  # lazy: torch; onboard status imports the rungs
-
         runs, label = self.tuner.runs, self.labels.setdefault(shape, f"batch={shape.label()}")
         try:
             probe = runs.probe(label, self.cfg_of(shape))

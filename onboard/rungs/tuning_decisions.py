@@ -13,9 +13,9 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from onboard.rungs import decision
+from onboard.ladder import decision
 from titan_core.config.loader import get_key
-from titan_core.tuning.batch_search import BatchShape
+from onboard.rungs.tuning_search import BatchShape
 
 RUNG = "tuning"
 BATCH_LEVER = "training.batch_size"

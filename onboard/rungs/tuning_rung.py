@@ -10,11 +10,11 @@ micro-batches see the same tokens). In the optimisation handbook's order:
    as not applicable, with the reason.
 2. **Batch**: the per-device batch doubled until the measured peak memory passes
    `params.budget_fraction` of the budget (`titan_core.memory.budget`, plus what this process
-   already holds) or a larger batch is not faster per token (`titan_core.tuning.batch_search`). A
+   already holds) or a larger batch is not faster per token (`onboard.rungs.tuning_search`). A
    recipe that sets `training.grad_accum` has fixed its global batch: accumulation then halves as
    the batch doubles. Otherwise the rows per optimizer step grow with the batch, and the change is
    classified against the smaller batch accumulated to the same rows.
-3. **Flags**: the declared table of this device kind (`titan_core.tuning.flags`); those that can
+3. **Flags**: the declared table of this device kind (`onboard.rungs.tuning_flags`); those that can
    act in this process are tried, the others are recorded with why not and how to set them (TPU
    flags are rendered into LIBTPU_INIT_ARGS and, with no TPU here, never claimed as measured).
 
@@ -36,47 +36,52 @@ import copy
 import math
 from typing import Any
 
-from onboard.rungs import harness
-from onboard.rungs.contract import RecipeEdit, RungContext, RungResult
+from onboard.rungs import gate_recipe, run_compare, timing_profiles, train_run, tuning_flags as flag_table
+from onboard.ladder.contract import SHIPPED, RecipeEdit, RungContext, RungResult
 from onboard.rungs.execution_mode import recipe_mode
 from onboard.rungs.tuning_batch import BatchTrials, max_doublings
 from onboard.rungs.tuning_decisions import change_decision, keep_rule
-from onboard.rungs.tuning_measurements import TuningMeasurements
+from onboard.ladder.measurements.tuning_measurements import TuningMeasurements
+from onboard.ladder.table import TUNING_KEYS
 from onboard.rungs.tuning_runs import Runs
 from titan_core.config.loader import get_key, load_toml, with_keys
 from titan_core.measure.run_stats import not_whole
 from titan_core.measure.timing import TimingProtocol
 from titan_core.memory.estimate import format_bytes
 from titan_core.runtime.launcher import cpu_count
-from titan_core.tuning import flags as flag_table
-from titan_core.tuning.batch_search import search
+from onboard.rungs.tuning_search import search
+from onboard.rungs.tuning_classify import classify, curve_check
+from onboard.rungs.tuning_profile import profile_steps
+from titan_core.memory.budget import device_budget
+import torch
 
 RUNG = "tuning"
-TUNED_KEYS = tuple(sorted(harness.TUNING_KEYS))
+TUNED_KEYS = tuple(sorted(TUNING_KEYS))
 """The recipe keys this rung may edit (each kept change sets some of them)."""
 UNTUNED = "untuned"
 MEASUREMENTS = TuningMeasurements
 
 
 def param(name: str, precision: str | None = None) -> Any:
-    return harness.param(RUNG, name, precision)
+    return gate_recipe.param(RUNG, name, precision)
 
 
 def rounding_rel(ctx: RungContext, cfg) -> float:
     """Where rounding ends for a change of this recipe: the bound its final recipe is judged by
     (criterion final_step1_loss) in the recipe's precision, so no change is kept that the gate would
     then fail, and a bf16 recipe is not held to fp32's rounding."""
-    return harness.bound(RUNG, "final_step1_loss", harness.precision(cfg.training), ctx.evidence)
+    return gate_recipe.bound(RUNG, "final_step1_loss", gate_recipe.precision(cfg.training), ctx.evidence)
 
 
-def protocol():
-    return TimingProtocol.from_dict(param("timing"))
+def protocol(profile: str = SHIPPED) -> TimingProtocol:
+    """The timing protocol of every keep decision, under `profile` (the attempt's `ctx.timing_profile`)."""
+    return timing_profiles.protocol(RUNG, profile)
 
 
 def tuning_config(ctx: RungContext):
     """The recipe as it trains, for the gate: its own execution mode, its data in order, output here."""
-    cfg = harness.job_config(ctx)
-    mode = recipe_mode(harness.recipe(ctx))
+    cfg = gate_recipe.job_config(ctx)
+    mode = recipe_mode(gate_recipe.recipe(ctx))
     cfg.compile.enable, cfg.graph_trainer.enable = mode == "compile", mode == "graph_trainer"
     cfg.data.repeat_batch = False
     return cfg
@@ -89,8 +94,6 @@ def global_batch_fixed(ctx: RungContext) -> bool:
 
 def memory_budget(device) -> tuple[int | None, str]:
     """(bytes one process may use on `device`, where that comes from); tests replace this to make it bind."""
-    from titan_core.memory.budget import device_budget  # lazy: loads torch; onboard status imports the rungs
-
     budget = device_budget(device)
     return (budget.bytes, budget.source) if budget else (None, f"no memory budget is known for {device.type}")
 
@@ -100,7 +103,7 @@ class Tuner:
 
     def __init__(self, ctx: RungContext, base, runs: Runs, device_kind: str):
         self.ctx, self.runs, self.kind = ctx, runs, device_kind
-        self.proto = protocol()
+        self.proto = protocol(ctx.timing_profile)
         self.base = base
         self.holder, self.cfg = UNTUNED, base
         self.changes: list[dict] = []
@@ -122,17 +125,13 @@ class Tuner:
         return same
 
     def classify(self, label: str, cfg, against: str, against_cfg):
-        from onboard.rungs.tuning_classify import classify  # lazy: loads torch; onboard status imports the rungs
-
         ref = self.matched(against, against_cfg, cfg.training.batch_size * cfg.training.grad_accum)
         return classify(self.runs.step1[label], self.runs.step1[ref], rounding_rel=rounding_rel(self.ctx, cfg)), ref
 
     def curve_check(self, label: str, cfg, ref: str, ref_cfg):
-        from onboard.rungs.tuning_classify import curve_check  # lazy: loads torch; onboard status imports the rungs
-
         steps = param("curve_steps")
         return curve_check(self.runs.curve(label, cfg, steps), self.runs.curve(ref, ref_cfg, steps),
-                           tolerance=param("curve_rel", harness.precision(cfg.training)))  # fmt: skip
+                           tolerance=param("curve_rel", gate_recipe.precision(cfg.training)))  # fmt: skip
 
     def record(self, step: str, label: str, values: dict, cls, ref: str, cmp, curve, kept: bool, why: str,
                timed_against: str | None = None) -> dict:  # fmt: skip
@@ -269,8 +268,6 @@ def tpu_flags_rendered(base) -> dict:
 # ---- the final recipe ---------------------------------------------------------------------------
 def final_check(tuner: Tuner) -> dict:
     """The final recipe against the untuned one on the same rows (step 1), then run once as a whole."""
-    from onboard.rungs.tuning_classify import classify  # lazy: loads torch; onboard status imports the rungs
-
     runs, final, cfg = tuner.runs, tuner.holder, tuner.cfg
     rows = cfg.training.batch_size * cfg.training.grad_accum
     ref = tuner.matched(UNTUNED, tuner.base, rows)
@@ -282,8 +279,8 @@ def final_check(tuner: Tuner) -> dict:
     whole = copy.deepcopy(cfg)
     whole.training.steps = param("final_steps")
     whole.metrics.output_dir = str(tuner.ctx.attempt_dir / "final")
-    with harness.process_threads(whole.device.threads):
-        _, result = harness.train(tuner.ctx, whole, "tuning: the final recipe, run whole")
+    with train_run.process_threads(whole.device.threads):
+        _, result = train_run.train(tuner.ctx, whole, "tuning: the final recipe, run whole")
     rows_run = result.metrics
     curve = [r["loss"] for r in rows_run]
     return {
@@ -298,13 +295,11 @@ def final_check(tuner: Tuner) -> dict:
 
 def profile(tuner: Tuner) -> dict:
     """A few steady steps of the final recipe (its Trainer is warm from the timed rounds) under torch.profiler."""
-    from titan_core.tuning.profile_breakdown import profile_steps  # lazy: loads torch; onboard status imports the rungs
-
     runs, label = tuner.runs, tuner.holder
     trainer, cfg = runs.trainers[label], runs.cfgs[label]
     path = tuner.ctx.attempt_dir / "profile" / "trace.json"
     try:
-        with harness.process_threads(cfg.device.threads), harness.quiet_mesh_pickling():
+        with train_run.process_threads(cfg.device.threads), train_run.quiet_mesh_pickling():
             b = profile_steps(trainer.train_step, steps=param("profile_steps"), device=runs.device, trace_path=path)
     except (RuntimeError, OSError) as e:  # the profiler itself failed here: the gate's `profiled` says so
         return {"error": f"{type(e).__name__}: {e}"}
@@ -367,10 +362,10 @@ def summarise(tuner: Tuner, final: dict, batch: dict, prof: dict) -> TuningMeasu
         "profile_trace": prof.get("trace"),
         "timing_protocol": vars(tuner.proto),
         "device_kind": tuner.kind,
-        "precision": harness.precision(tuner.cfg.training),
+        "precision": gate_recipe.precision(tuner.cfg.training),
     })  # fmt: skip
     if final["rows"]:
-        m.update(harness.run_stats(final["rows"]))
+        m.update(run_compare.run_stats(final["rows"]))
     return m
 
 
@@ -383,13 +378,11 @@ def beside_eager_tokens(m: TuningMeasurements, evidence: dict) -> None:
 
 def run(ctx: RungContext) -> RungResult:
     """Tune the recipe in the handbook's order, check the result whole, profile it; kept values are edits."""
-    import torch  # lazy: torch; onboard status imports the rungs
-
     base = tuning_config(ctx)
-    recipe = harness.recipe(ctx)
-    args = harness.model_args(base)
-    kind = harness.resolved_device_type(base.device.type)
-    proto = protocol()
+    recipe = gate_recipe.recipe(ctx)
+    args = gate_recipe.model_args(base)
+    kind = gate_recipe.resolved_device_type(base.device.type)
+    proto = protocol(ctx.timing_profile)
     ctx.log(f"tuning: the recipe in its own mode on {kind}, batch {base.training.batch_size} x {base.training.seq_len}"
             f"{' x ' + str(base.training.grad_accum) if base.training.grad_accum > 1 else ''}; every change timed per "
             f"token against the recipe it would change ({proto.min_rounds}-{proto.max_rounds} interleaved rounds, "
@@ -399,7 +392,7 @@ def run(ctx: RungContext) -> RungResult:
         ctx.log(f"tuning: TPU flags rendered, not run (no TPU here): LIBTPU_INIT_ARGS='{tpu['libtpu_init_args']}'")
     runs = Runs(ctx, base)
     # a fresh process compiles each batch shape statically: so does this one (no dynamic-shape recompile)
-    with harness.process_threads(), torch._dynamo.config.patch(automatic_dynamic_shapes=False):
+    with train_run.process_threads(), torch._dynamo.config.patch(automatic_dynamic_shapes=False):
         try:
             tuner = Tuner(ctx, base, runs, kind)
             tuner.block_sizes(args)
@@ -411,7 +404,7 @@ def run(ctx: RungContext) -> RungResult:
         finally:
             runs.close()
     m = summarise(tuner, final, batch, prof)
-    harness.beside_eager(m, ctx.evidence)
+    run_compare.beside_eager(m, ctx.evidence)
     beside_eager_tokens(m, ctx.evidence)
     edits = recipe_edits(tuner, recipe)
     m.proposed_recipe_edits = [f"{e.key}={e.value}" for e in edits]
@@ -423,8 +416,8 @@ def run(ctx: RungContext) -> RungResult:
     final.pop("rows")
     return RungResult(
         measurements=m,
-        files_read=harness.files_read(ctx, base),
-        command=harness.next_step_command(ctx),
+        files_read=gate_recipe.files_read(ctx, base),
+        command=gate_recipe.next_step_command(ctx),
         details={
             "device": str(runs.device),
             "decisions": tuner.decisions,

@@ -17,9 +17,11 @@ import copy
 import gc
 from typing import Any, Callable
 
-from onboard.rungs import harness
-from onboard.rungs.contract import RungContext
+from onboard.rungs import train_run
+from onboard.ladder.contract import RungContext
 from titan_core.measure.timing import compare
+from onboard.rungs.tuning_classify import Step1
+from titan_core.runtime import devices, distributed
 
 SCHEDULED_STEPS = 10_000
 """Steps a candidate's schedule is built for: the timed rounds never run past its lr schedule."""
@@ -32,8 +34,6 @@ def tokens_per_step(cfg) -> int:
 
 class Runs:
     def __init__(self, ctx: RungContext, base):
-        from titan_core.runtime import devices, distributed  # lazy: loads torch; onboard status imports the rungs
-
         self.ctx = ctx
         self.device = devices.resolve_device(base.device.type, libtpu_init_flags=base.tpu.libtpu_init_flags)
         self.dist = None
@@ -52,17 +52,14 @@ class Runs:
 
         Once per label: a label probed before answers from what it measured then (its Trainer may
         have been dropped since; only the labels still in play can be timed)."""
-        from onboard.rungs.tuning_classify import Step1  # lazy: loads torch; onboard status imports the rungs
-        from titan_core.runtime import devices  # lazy: loads torch; onboard status imports the rungs
-
         if label not in self.step1:
             cfg = copy.deepcopy(cfg)
             cfg.training.steps = SCHEDULED_STEPS
             cfg.metrics.output_dir = str(self.ctx.attempt_dir / "tries" / label)
             self.cfgs[label] = cfg
             try:
-                with harness.process_threads(cfg.device.threads), harness.quiet_mesh_pickling():
-                    trainer = harness.build_trainer(cfg)
+                with train_run.process_threads(cfg.device.threads), train_run.quiet_mesh_pickling():
+                    trainer = train_run.build_trainer(cfg)
                     self.trainers[label] = trainer
                     row1 = trainer.train_step()
                     devices.reset_peak_memory(self.device)
@@ -83,7 +80,7 @@ class Runs:
         tokens = tokens_per_step(cfg)
 
         def sample() -> float:
-            with harness.process_threads(cfg.device.threads), harness.quiet_mesh_pickling():
+            with train_run.process_threads(cfg.device.threads), train_run.quiet_mesh_pickling():
                 return trainer.train_step()["step_time_s"] / tokens
 
         return sample
@@ -98,8 +95,8 @@ class Runs:
             cfg = copy.deepcopy(cfg)
             cfg.training.steps = steps
             cfg.metrics.output_dir = str(self.ctx.attempt_dir / "curves" / label)
-            with harness.process_threads(cfg.device.threads):
-                _, result = harness.train(self.ctx, cfg, f"tuning: curve of {label}")
+            with train_run.process_threads(cfg.device.threads):
+                _, result = train_run.train(self.ctx, cfg, f"tuning: curve of {label}")
             self.curves[label] = [r["loss"] for r in result.metrics]
         return self.curves[label]
 
@@ -117,13 +114,9 @@ class Runs:
 
     def current_memory(self) -> int:
         """What this process holds now (the peak counter restarted at the present use)."""
-        from titan_core.runtime import devices  # lazy: loads torch; onboard status imports the rungs
-
         devices.reset_peak_memory(self.device)
         return devices.peak_memory_bytes(self.device)
 
     def close(self) -> None:
-        from titan_core.runtime import distributed  # lazy: loads torch; onboard status imports the rungs
-
         self.keep_only()
         distributed.teardown(self.dist)

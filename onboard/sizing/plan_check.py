@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from onboard.rungs import harness
+from onboard.rungs import gate_recipe, train_run
 from onboard.rungs.kernel_compare import applicable_kernels
 from onboard.workspace.layout import Workspace
 from titan_core.config import ConfigError, load_config
@@ -56,12 +56,12 @@ def check_plan_recipe(ws: Workspace, recipe_path: Path) -> dict[str, Any]:
         return out
     out["loads"] = True
     cfg, changes = cpu_run_config(ws, planned)
-    out.update(model=ws.model_label(), mode=_mode(cfg), precision=harness.precision(cfg.training),
+    out.update(model=ws.model_label(), mode=_mode(cfg), precision=gate_recipe.precision(cfg.training),
                changed_here=changes)  # fmt: skip
     start = time.perf_counter()
     try:
-        with harness.process_threads(), harness.quiet_mesh_pickling():
-            result = harness.build_trainer(cfg).train()
+        with train_run.process_threads(), train_run.quiet_mesh_pickling():
+            result = train_run.build_trainer(cfg).train()
     except (ConfigError, KernelUnavailable) as e:  # titan_core refuses the combination (two modes at once, ...)
         out["refused"] = " ".join(str(e).split())
         return out
@@ -108,9 +108,9 @@ def cpu_run_config(ws: Workspace, planned) -> tuple[Any, list[dict[str, Any]]]:
 
 def _cpu_kernels(cfg) -> list[tuple[str, str, str]]:
     """(key, stand-in, why) for each of the recipe's kernels that cannot run on this CPU."""
-    args = harness.model_args(cfg)
+    args = gate_recipe.model_args(cfg)
     captured = cfg.compile.enable or cfg.graph_trainer.enable
-    refusals = applicable_kernels(args, device="cpu", dtype=harness.compute_dtype(cfg.training), captured=captured,
+    refusals = applicable_kernels(args, device="cpu", dtype=gate_recipe.compute_dtype(cfg.training), captured=captured,
                                   model=build_meta_model(cfg.model, args))  # fmt: skip
     out = []
     for field_name in ("attention", "moe"):

@@ -25,6 +25,10 @@ a CPU):
 - a sliding window longer than WINDOW: WINDOW, so a short run's sequence crosses it;
 - experts: at most max(EXPERTS, 2 x top-k) (or `experts`), top-k kept and below the count.
 
+Each size is written under the key the config uses for it (the HF-name table,
+titan_core/models/common/hf_keys.py); what only shrinks and which layers stay follow the rules a
+compat tiny config shares (onboard/sizing/shrink.py).
+
 The result is checked by reading it back through the adapter: the structural fields must
 equal the full model's, the heads must be the ones derived and each twin layer must have
 the kind of the full model's layer it stands for; anything else is a TwinError naming the
@@ -37,9 +41,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from titan_core.models.common.args import TransformerArgs
+from titan_core.models.common.hf_keys import names_in
 from titan_core.models.flux.config import flux_of_args
 
 from onboard.sizing.flux_twin import derive_flux_twin
+from onboard.sizing.shrink import moved_token_ids, shrinks, shrunk
 from onboard.sizing.twin_heads import WIDTH, HeadsError, kind, twin_heads
 from onboard.sizing.twin_layers import (
     describe_layers, kinds_label, layer_kinds, pattern_layers, select_layers, select_lists,
@@ -59,14 +65,6 @@ KEPT = ("head_dim", "qk_norm", "qkv_bias", "out_bias", "rope_theta", "rope_scali
         "final_softcap", "tie_embeddings", "global_every", "top_k", "norm_topk_prob", "moe_every", "aux_loss_coef",
         "max_seq_len")  # fmt: skip
 """Native fields the twin must read back exactly as the full model has them."""
-
-# native field -> the HF key a config writes it under when the adapter's hf_names does not say
-HF_KEYS = {
-    "dim": "hidden_size", "n_layers": "num_hidden_layers", "n_heads": "num_attention_heads",
-    "n_kv_heads": "num_key_value_heads", "head_dim": "head_dim", "vocab_size": "vocab_size",
-    "ffn_hidden_dim": "intermediate_size", "sliding_window": "sliding_window", "n_experts": "num_experts",
-    "moe_hidden_dim": "moe_intermediate_size", "shared_expert_hidden_dim": "shared_expert_intermediate_size",
-}  # fmt: skip
 
 
 class TwinError(ValueError):
@@ -144,7 +142,8 @@ def derive_twin(
             raise TwinError(str(e)) from None
         return Twin(config=config, rows=[TwinRow(*r) for r in flux_rows], full_args=full,
                     args=adapter.args_from_hf(config)[0])  # fmt: skip
-    names = {**HF_KEYS, **_hf_names(adapter, cfg)}
+    # each size goes under the key the adapter reads it from, else the one the config uses (the HF-name table's)
+    names = {**names_in(cfg), **_hf_names(adapter, cfg)}
     rows: list[TwinRow] = []
     twin = dict(cfg)
 
@@ -164,11 +163,12 @@ def derive_twin(
     scale = dim / full.dim
     put(
         "ffn_hidden_dim",
-        min(full.ffn_hidden_dim, _round(full.ffn_hidden_dim * scale)),
+        shrunk(full.ffn_hidden_dim, _round(full.ffn_hidden_dim * scale)),
         f"scaled with hidden_size ({full.dim} -> {dim})",
     )
     if full.n_experts:
-        put("moe_hidden_dim", min(full.moe_hidden_dim, _round(full.moe_hidden_dim * scale)), "scaled with hidden_size")
+        moe = shrunk(full.moe_hidden_dim, _round(full.moe_hidden_dim * scale))
+        put("moe_hidden_dim", moe, "scaled with hidden_size")
         n_exp = min(full.n_experts, max(EXPERTS, 2 * full.top_k)) if experts is None else experts
         if not full.top_k < n_exp <= full.n_experts:
             raise TwinError(
@@ -183,12 +183,12 @@ def derive_twin(
         put("shared_expert_hidden_dim", _round(full.shared_expert_hidden_dim * scale), "scaled with hidden_size")
 
     # vocabulary, window, token ids
-    vocab = min(full.vocab_size, VOCAB)
+    vocab = shrunk(full.vocab_size, VOCAB)
     tied = "; the output head stays tied to it" if full.tie_embeddings else ""
     put("vocab_size", vocab, f"the debug models' vocabulary ({VOCAB}){tied}")
     _move_token_ids(cfg, twin, full.vocab_size, vocab, rows)
     window = full.sliding_window or _listed_window(cfg, names["sliding_window"])
-    if window and window > WINDOW:
+    if shrinks(window, WINDOW):
         put("sliding_window", WINDOW, "a short run's sequence (128 to 512 tokens) must cross the window")
 
     args, _ = adapter.args_from_hf(twin)
@@ -270,13 +270,9 @@ def _move_token_ids(cfg: dict, twin: dict, full_vocab: int, vocab: int, rows: li
             return vocab - (full_vocab - t)
         return t
 
-    for key, value in cfg.items():
-        if not key.endswith("_token_id"):
-            continue
-        moved = [move(t) for t in value] if isinstance(value, list) else move(value)
-        if moved != value:
-            twin[key] = moved
-            rows.append(TwinRow(key, value, moved, "kept at the same distance from the vocabulary's end"))
+    for key, moved in moved_token_ids(cfg, move).items():
+        twin[key] = moved
+        rows.append(TwinRow(key, cfg[key], moved, "kept at the same distance from the vocabulary's end"))
 
 
 def _check_faithful(

@@ -24,6 +24,8 @@ from typing import Any
 
 from titan_core.models.common.args import TransformerArgs
 
+from onboard.sizing.shrink import entries_of, first_of_each_kind, renumbered
+
 MIN_LAYERS = 2
 """The fewest layers a twin has: a layer's output feeding another layer is part of what parity checks."""
 PER_LAYER_LISTS = ("layer_types", "no_rope_layers")
@@ -89,18 +91,7 @@ def layer_kinds(a: TransformerArgs, cfg: dict[str, Any]) -> list[tuple]:
 def select_layers(a: TransformerArgs, cfg: dict[str, Any], n: int) -> list[int]:
     """The full model's layers the twin keeps, in order: the first `n`, then for each kind they miss
     the first layer of that kind, after the layers before it that keep the periods in step."""
-    kinds = layer_kinds(a, cfg)
-    period = pattern_period(a)
-    kept = list(range(n))
-    have = {kinds[i] for i in kept}
-    for j in range(n, a.n_layers):
-        if kinds[j] in have:
-            continue
-        # layer p of the twin must sit where layer j does in every period: p = j (mod period)
-        start = j - (j - len(kept)) % period
-        kept += range(start, j + 1)
-        have |= {kinds[i] for i in range(start, j + 1)}
-    return kept
+    return first_of_each_kind(layer_kinds(a, cfg), range(n), pattern_period(a))
 
 
 def select_lists(cfg: dict[str, Any], twin: dict[str, Any], kept: list[int]) -> list[tuple[str, Any, Any, str]]:
@@ -112,10 +103,7 @@ def select_lists(cfg: dict[str, Any], twin: dict[str, Any], kept: list[int]) -> 
         value = cfg.get(key)
         if not isinstance(value, list):
             continue
-        if key in LAYER_INDEX_LISTS:
-            cut = [p for p, i in enumerate(kept) if i in value]
-        else:
-            cut = [value[i] for i in kept if i < len(value)]
+        cut = renumbered(value, kept) if key in LAYER_INDEX_LISTS else entries_of(value, kept)
         if cut != value:
             twin[key] = cut
             rows.append((key, brief(value), brief(cut), why))

@@ -28,9 +28,9 @@ from typing import Any
 
 import torch
 
-from onboard.engine.recipe_edit import RecipeEditError, edit_text
+from onboard.ladder.recipe_edit import RecipeEditError, edit_text
 from onboard.errors import BadInput
-from onboard.rungs.contract import RecipeEdit
+from onboard.ladder.contract import RecipeEdit
 from onboard.sizing.plan import EFFICIENCY, moe_kernel, parse_target, plan_training
 from onboard.sizing.plan_check import check_lines
 from onboard.sizing.plan_levers import Lever, merged, mode_levers, planning_kernels

@@ -30,7 +30,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from onboard.parity.upstream import UpstreamError, causal_lm, hf_config_object
+from onboard.upstream.hf_model import UpstreamError, causal_lm, hf_config_object
 from onboard.workspace import arch_semantics as sem
 from titan_core.models import build_meta, get_family
 from titan_core.models.common.hf_adapter import AdapterError

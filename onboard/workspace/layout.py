@@ -14,7 +14,7 @@ from typing import Callable
 
 from onboard.errors import BadInput
 from onboard.workspace.fsutil import BACKUP_INFIX, backup_aside, fsync_dir, sha256_file
-from onboard.engine.ledger import Ledger, Status
+from onboard.workspace.ledger import Ledger, Status
 from onboard.workspace.lock import WorkspaceLock
 from titan_core.config import ConfigError
 from titan_core.config.hf_config import read_hf_config

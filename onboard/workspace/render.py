@@ -1,37 +1,22 @@
 """The workspace's files as text: new-model's templates rendered for one plan.
 
-Kept apart from the scaffold's decisions so that the parity rung can render test_parity.py again
-(onboard/parity/template_check.py) with exactly the environment new-model used.
+Kept apart from the scaffold's decisions; the template environment itself is templates.py, which
+the ladder renders test_parity.py again with (onboard/ladder/template_check.py), loading no model.
 """
 
 from __future__ import annotations
 
 import json
-import re
-import textwrap
-from typing import Any
 
-import jinja2
-import tomli_w
-
-from onboard.engine.ledger import now_iso
 from onboard.sanitize import visible
 from onboard.workspace.initial_weights import initial_hf
 from onboard.workspace.layout import HF_CONFIG, TWIN
+from onboard.workspace.ledger import now_iso
 from onboard.workspace.resources import data_dir
+from onboard.workspace.templates import render_file, template_env
 from titan_core.models import get_family
 from titan_core.models.flux.config import flux_config
 from titan_core.models.registry import DIFFUSION_FAMILIES
-
-
-def _comment(text: str, prefix: str = "") -> str:
-    """`text` as wrapped `#` comment lines, continuation lines indented under the prefix."""
-    lines = textwrap.wrap(prefix + text, width=96, break_on_hyphens=False)
-    return "\n".join(("# " if i == 0 else "#   ") + line for i, line in enumerate(lines))
-
-
-def _toml_value(value: Any) -> str:
-    return tomli_w.dumps({"v": value}).split("=", 1)[1].strip()
 
 
 def _image_tokens(plan) -> int:
@@ -40,31 +25,6 @@ def _image_tokens(plan) -> int:
         return 0
     cfg = plan.twin["config"] if plan.twin is not None else plan.hf_config  # the gates train the twin when there is one
     return flux_config(get_family(plan.family).adapter.args_from_hf(cfg)[0]).image_tokens
-
-
-def template_env() -> jinja2.Environment:
-    """The environment every workspace template renders in (the parity rung re-renders
-    test_parity.py with it to tell an edited test: onboard/parity/template_check.py)."""
-    env = jinja2.Environment(
-        loader=jinja2.FileSystemLoader(str(data_dir("templates"))),
-        undefined=jinja2.StrictUndefined,  # a template naming a missing variable is a bug, not blank text
-        keep_trailing_newline=True,
-        trim_blocks=True,
-        lstrip_blocks=True,
-        # a config's strings land in comments and docstrings: a control character there would
-        # break the TOML (or end a comment line early) and drive a terminal that shows the file
-        finalize=lambda v: visible(v, keep_newlines=True) if isinstance(v, str) else v,
-    )
-    env.filters["toml"] = _toml_value
-    env.filters["comment"] = _comment
-    return env
-
-
-def render_file(env: jinja2.Environment, name: str, context: dict[str, Any]) -> str:
-    """templates/<name>.j2 rendered with `context`: the text of the workspace's file `name`."""
-    text = env.get_template(f"{name}.j2").render(**context)
-    # optional template sections leave runs of blank lines; PEP 8 allows two at most
-    return re.sub(r"\n{4,}", "\n\n\n", text) if name.endswith(".py") else text
 
 
 def render(plan) -> dict[str, str]:

@@ -15,12 +15,12 @@ import tempfile
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 
 from onboard.errors import BadInput
 from onboard.workspace.fsutil import BACKUP_INFIX, backup_aside, default_mode, fsync_dir
-from onboard.engine.ledger import Ledger, now_iso
+from onboard.workspace.ledger import Ledger, now_iso
 from onboard.workspace.lock import WorkspaceLock
 from onboard.workspace.layout import (
     HF_CONFIG, LEDGER, TWIN, name_lock, recover_locked, temp_prefix, validate_name, workspaces_dir,
@@ -228,11 +228,15 @@ def plan_workspace(
     device: str = "auto",
     force: bool = False,
     threads: tuple[int, str] | None = None,
+    not_causal: Callable[[dict[str, Any]], str | None] | None = None,
 ) -> Plan:
     """Validate the inputs and decide the workspace; raises BadInput, writes nothing.
 
     `threads` = (count, why) pins the recipe's CPU intra-op threads, with the reason as
-    the recipe comment (the demo uses it); None leaves torch's default.
+    the recipe comment (the demo uses it); None leaves torch's default. `not_causal`: the
+    transformers path's probe of whether the config's class is a causal LM at all
+    (onboard.compat.causal.not_causal_reason, which new-model passes: compat sits above the
+    workspace layer); None: the caller has checked (compat's climb probes it first).
     """
     validate_name(name)
     if (hf_config is None) == (preset is None):
@@ -275,6 +279,7 @@ def plan_workspace(
         plan = _plan_transformers(
             name, root, cfg, text, model_type=model_type, source=source, device=device, weights=weights_dir,
             threads=threads, where=Path(hf_config).resolve() if hf_config is not None else f"--preset {preset}",
+            not_causal=not_causal,
         )  # fmt: skip
         plan.files = render(plan)
         return plan
@@ -327,7 +332,8 @@ def plan_workspace(
     return plan
 
 
-def _plan_transformers(name, root, cfg, text, *, model_type, source, device, weights, threads, where) -> Plan:
+def _plan_transformers(name, root, cfg, text, *, model_type, source, device, weights, threads, where,
+                       not_causal=None) -> Plan:
     """The transformers path: transformers' class for the config, run by titan_core's
     `transformers` family; BadInput when transformers is absent or cannot build a causal LM from it."""
     try:
@@ -339,11 +345,10 @@ def _plan_transformers(name, root, cfg, text, *, model_type, source, device, wei
         raise BadInput(f"{where}: {e}") from None
     except AdapterError as e:
         raise BadInput(f"{where}: --path transformers cannot run it: {e}") from None
-    from onboard.compat.causal import not_causal_reason  # lazy: onboard.compat imports this module
-
-    not_causal = not_causal_reason(cfg)  # an encoder, a permutation LM: measured on a tiny config of its class
-    if not_causal:
-        raise BadInput(f"{where}: --path transformers trains causal LMs; {model_type} is {not_causal}")
+    # an encoder, a permutation LM: measured on a tiny config of its class
+    why = not_causal(cfg) if not_causal else None
+    if why:
+        raise BadInput(f"{where}: --path transformers trains causal LMs; {model_type} is {why}")
     summary = (
         f"dim {args.dim}, {args.n_layers} layers, {args.n_heads} heads ({args.n_kv_heads} kv), vocab {args.vocab_size}"
         + (f", {args.n_experts} experts top-{args.top_k}" if args.n_experts else "")

@@ -1,11 +1,11 @@
 """The numeric bounds titan_core's own tests hold it to, stated here because tests/core runs
 without onboard (tests/core/conftest.py blocks it) and the one checklist reader,
-onboard.engine.gates, is onboard's.
+onboard.ladder.gates, is onboard's.
 
 Each bound is the number of the checklist entry named in SOURCES (checklists/<rung>.yaml, the
 thresholds of DESIGN.md section 5): titan_core is held to exactly the bound the onboarding gate
 applies to a model, never a looser one. tests/onboard/unit/test_core_bounds.py reads every entry
-through onboard.engine.gates and fails when a number here differs, so the two cannot drift.
+through onboard.ladder.gates and fails when a number here differs, so the two cannot drift.
 """
 
 from __future__ import annotations

@@ -15,6 +15,7 @@ block. Usual causes: data-dependent Python (`if t.sum() > 0`), `.item()` / `.tol
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 import torch._dynamo.utils
@@ -22,6 +23,9 @@ from torch import nn
 
 # importing registers the capture-friendly MoE experts swap (`moe.dense`)
 import titan_core.models.common.moe_static  # noqa: F401
+
+if TYPE_CHECKING:
+    from titan_core.models.common.protocol import TrainableModel
 
 
 @dataclass
@@ -38,15 +42,15 @@ class BlockBreaks:
     """One line per break: dynamo's reason and the user frame it points at."""
 
 
-def compiled_modules(model: nn.Module) -> dict[str, nn.Module]:
-    """The modules per-block compile compiles: every decoder block and the loss head."""
+def compiled_modules(model: TrainableModel) -> dict[str, nn.Module]:
+    """The modules per-block compile compiles: every decoder block and the loss head (if any)."""
     mods = {f"layers.{name}": block for name, block in model.layers.items()}
-    if getattr(model, "loss_head", None) is not None:
+    if model.loss_head is not None:
         mods["loss_head"] = model.loss_head
     return mods
 
 
-def apply_per_block_compile(model: nn.Module, *, backend: str = "inductor", fullgraph: bool = False) -> list[str]:
+def apply_per_block_compile(model: TrainableModel, *, backend: str = "inductor", fullgraph: bool = False) -> list[str]:
     """Compile every block and the loss head in place; returns their module paths."""
     mods = compiled_modules(model)
     for mod in mods.values():
@@ -54,7 +58,7 @@ def apply_per_block_compile(model: nn.Module, *, backend: str = "inductor", full
     return list(mods)
 
 
-def _record_inputs(model: nn.Module, batch) -> dict[str, tuple[tuple, dict]]:
+def _record_inputs(model: TrainableModel, batch) -> dict[str, tuple[tuple, dict]]:
     """Run one eager forward and keep the (args, kwargs) each compiled module receives."""
     seen: dict[str, tuple[tuple, dict]] = {}
     handles = []
@@ -79,7 +83,7 @@ def _record_inputs(model: nn.Module, batch) -> dict[str, tuple[tuple, dict]]:
     return seen
 
 
-def explain_blocks(model: nn.Module, batch) -> dict[str, BlockBreaks]:
+def explain_blocks(model: TrainableModel, batch) -> dict[str, BlockBreaks]:
     """Graph breaks per compiled module on this batch, with reasons (resets dynamo's caches)."""
     inputs = _record_inputs(model, batch)
     out = {}

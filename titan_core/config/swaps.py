@@ -20,11 +20,14 @@ import fnmatch
 import logging
 import warnings
 from dataclasses import dataclass
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 from torch import nn
 
 from titan_core.config.loader import ConfigError, did_you_mean
+
+if TYPE_CHECKING:
+    from titan_core.models.common.protocol import TrainableModel
 
 log = logging.getLogger("titan_core.swaps")
 
@@ -109,16 +112,16 @@ def replaceable_classes(swap: Swap) -> tuple[type, ...] | None:
     return tuple(out)
 
 
-def _matches(paths: list[str], swap: Swap, model: nn.Module) -> list[str]:
+def _matches(paths: list[str], swap: Swap, model: TrainableModel) -> list[str]:
     # a model whose tree is not the native decoder's (the transformers path) says where the
     # native paths are in it: `swap_paths` {native pattern: its own pattern}
     # (or patterns: a stack whose layers keep their attention under different names)
-    own = getattr(model, "swap_paths", {}).get(swap.pattern, swap.pattern)
+    own = model.swap_paths.get(swap.pattern, swap.pattern)
     patterns = (own,) if isinstance(own, str) else tuple(own)
     return [p for p in paths if any(fnmatch.fnmatchcase(p, pat) for pat in patterns)]
 
 
-def _refusal(model: nn.Module, swap: Swap, hits: list[str]) -> str | None:
+def _refusal(model: TrainableModel, swap: Swap, hits: list[str]) -> str | None:
     """Why `swap` must not replace the modules at `hits`, or None when it may replace them all."""
     allowed = replaceable_classes(swap)
     if allowed is None:
@@ -137,14 +140,14 @@ def _refusal(model: nn.Module, swap: Swap, hits: list[str]) -> str | None:
     names = ", ".join(sorted(c.__name__ for c in allowed))
     own = " / ".join(c.__qualname__ for c in foreign)
     # a model that knows why its module is its own says so (`swap_refusals`: {native pattern: why})
-    why = getattr(model, "swap_refusals", {}).get(swap.pattern)
+    why = model.swap_refusals.get(swap.pattern)
     return (
         f"{'; '.join(found)}, not one of the classes swap '{swap.name}' replaces ({names}); "
         f"replacing it would drop what {own} does" + (f" ({why})" if why else "")
     )
 
 
-def swap_applicability(model: nn.Module, names: list[str]) -> dict[str, str | None]:
+def swap_applicability(model: TrainableModel, names: list[str]) -> dict[str, str | None]:
     """{swap name: None if `apply_swaps(model, [name])` would replace something, else why not}.
 
     Nothing is replaced. Reasons: no module matches the pattern, or a matched module is
@@ -159,7 +162,7 @@ def swap_applicability(model: nn.Module, names: list[str]) -> dict[str, str | No
     return out
 
 
-def apply_swaps(model: nn.Module, names: list[str]) -> dict[str, str]:
+def apply_swaps(model: TrainableModel, names: list[str]) -> dict[str, str]:
     """Apply the named swaps to `model` in place; return {module_path: swap_name}.
 
     Two swaps matching the same module is a configuration error: the result would

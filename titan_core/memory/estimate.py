@@ -41,8 +41,8 @@ from typing import TYPE_CHECKING
 
 from titan_core.memory.activations import DTYPE_BYTES, activation_bytes
 
-if TYPE_CHECKING:
-    from torch import nn  # the arithmetic needs no torch: reports format sizes without loading it
+if TYPE_CHECKING:  # the arithmetic needs no torch: reports format sizes without loading it
+    from titan_core.models.common.protocol import TrainableModel
 
 RUNTIME_BYTES = {"cpu": 24 * 2**20}
 """The trainer's own allocations besides tensors (process group, dispatch caches, thread buffers).
@@ -90,11 +90,10 @@ class ModelShape:
         return sum(n for moe, _, n in self.layer_mix if moe)
 
     @classmethod
-    def from_model(cls, model: nn.Module, args) -> ModelShape:
+    def from_model(cls, model: TrainableModel, args) -> ModelShape:
         """Counts from the (meta) model itself, widths from its TransformerArgs."""
         params = list(model.parameters())  # distinct: a tied weight appears once
-        layers = getattr(model, "layers", None)
-        blocks = list(layers.values() if hasattr(layers, "values") else layers or [])  # ModuleDict or ModuleList
+        blocks = list(model.layers.values())
         per_block = [sum(p.numel() for p in b.parameters()) for b in blocks]
         largest_block = max(per_block, default=0)
         kinds = [(args.layer_is_moe(i), args.layer_uses_rope(i)) for i in range(args.n_layers)]

@@ -7,12 +7,12 @@ parallelize(model, cfg, mesh)                    # after init_weights, before th
 
 from __future__ import annotations
 
-from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 
 from titan_core.config.dtypes import DTYPES
 from titan_core.config.loader import ConfigError
 from titan_core.config.sections import JobConfig
+from titan_core.models.common.protocol import TrainableModel
 from titan_core.parallel.fsdp2 import apply_fsdp2
 from titan_core.parallel.grads import clip_grad_norm_
 from titan_core.parallel.local import local_tensor
@@ -72,7 +72,7 @@ def mixed_precision(cfg: JobConfig) -> MixedPrecision:
     )
 
 
-def parallelize(model: nn.Module, cfg: JobConfig, mesh: DeviceMesh) -> nn.Module:
+def parallelize(model: TrainableModel, cfg: JobConfig, mesh: DeviceMesh) -> TrainableModel:
     """Apply TP (if the mesh has a `tp` dimension), then the configured data parallelism, in place.
 
     The model must be materialised and initialised (see simple_fsdp.py for why).
@@ -86,14 +86,12 @@ def parallelize(model: nn.Module, cfg: JobConfig, mesh: DeviceMesh) -> nn.Module
     mp = mixed_precision(cfg)
     # a model that keeps some parameters in fp32 and some buffers in the compute dtype on purpose,
     # as its own code expects (the transformers path: transformers' model of that dtype), gets them so
-    kept = getattr(model, "params_kept_fp32", lambda dtype: frozenset())(mp.param_dtype)
+    kept = model.params_kept_fp32(mp.param_dtype)
     if mode == "simple_fsdp":
         apply_simple_fsdp(model, mesh, mp, partial, kept)
     elif mode == "fsdp2":
         apply_fsdp2(model, mesh[dp_dim_names(mesh)], mp, kept)
     else:
         raise ConfigError(f"parallelize: data_parallel '{mode}' has nothing to apply")
-    follow = getattr(model, "buffers_follow", None)
-    if follow is not None:
-        follow(mp.param_dtype)
+    model.buffers_follow(mp.param_dtype)
     return model

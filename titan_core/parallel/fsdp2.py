@@ -7,16 +7,20 @@ without it the root's parameters would never be gathered before use.
 
 from __future__ import annotations
 
-from torch import nn
+from typing import TYPE_CHECKING
+
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard, register_fsdp_forward_method
 
 from titan_core.parallel.simple_fsdp import MixedPrecision
 
+if TYPE_CHECKING:
+    from titan_core.models.common.protocol import TrainableModel
+
 
 def apply_fsdp2(
-    model: nn.Module, dp_mesh: DeviceMesh, mp: MixedPrecision, keep_stored: frozenset[str] = frozenset()
-) -> nn.Module:
+    model: TrainableModel, dp_mesh: DeviceMesh, mp: MixedPrecision, keep_stored: frozenset[str] = frozenset()
+) -> TrainableModel:
     """Shard `model` over `dp_mesh` (1-D: fully shard; 2-D replicate x shard: HSDP). The modules that
     own a parameter of `keep_stored` become units of their own that cast nothing (FSDP2's policy is
     per unit): their parameters are gathered and reduced in their stored dtype."""
@@ -25,15 +29,10 @@ def apply_fsdp2(
         param_dtype=None if mp.param_dtype == stored else mp.param_dtype,
         reduce_dtype=None if mp.reduce_dtype == mp.param_dtype else mp.reduce_dtype,
     )
-    layers = getattr(model, "layers", None)
-    blocks = (
-        layers.values() if isinstance(layers, nn.ModuleDict) else layers if isinstance(layers, nn.ModuleList) else []
-    )
     for owner in sorted({name.rpartition(".")[0] for name in keep_stored}):
         fully_shard(model.get_submodule(owner), mesh=dp_mesh, mp_policy=MixedPrecisionPolicy())
-    for block in blocks:
+    for block in model.layers.values():
         fully_shard(block, mesh=dp_mesh, mp_policy=policy)
     fully_shard(model, mesh=dp_mesh, mp_policy=policy)
-    if callable(getattr(model, "loss", None)):
-        register_fsdp_forward_method(model, "loss")
+    register_fsdp_forward_method(model, "loss")
     return model

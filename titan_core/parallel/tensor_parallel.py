@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor.parallel import parallelize_module
 
 from titan_core.config.loader import ConfigError
 from titan_core.parallel.plans import TP_PLANS, TPPlan
+
+if TYPE_CHECKING:
+    from titan_core.models.common.protocol import TrainableModel
 
 
 def plan_for(family: str) -> TPPlan:
@@ -20,15 +25,6 @@ def plan_for(family: str) -> TPPlan:
     return TP_PLANS[family]
 
 
-def _blocks(model: nn.Module, family: str) -> dict[str, nn.Module]:
-    layers = getattr(model, "layers", None)
-    if isinstance(layers, nn.ModuleDict):
-        return dict(layers.items())
-    if isinstance(layers, nn.ModuleList):
-        return {str(i): b for i, b in enumerate(layers)}
-    raise ConfigError(f"tensor parallel: the {family} model has no `layers` ModuleDict/ModuleList to apply its plan to")
-
-
 def _lookup(block: nn.Module, dotted: str, where: str):
     obj = block
     for part in dotted.split("."):
@@ -39,7 +35,7 @@ def _lookup(block: nn.Module, dotted: str, where: str):
 
 
 def apply_tensor_parallel(
-    model: nn.Module, family: str, tp_mesh: DeviceMesh, *, sequence_parallel: bool = False
+    model: TrainableModel, family: str, tp_mesh: DeviceMesh, *, sequence_parallel: bool = False
 ) -> frozenset[str]:
     """Split each block's linears over `tp_mesh`; returns the fqns whose grads are partial over TP.
 
@@ -52,7 +48,7 @@ def apply_tensor_parallel(
         tuple(p for p in plan.sp_partial_grad if not p.startswith("/")) if sequence_parallel else ()
     )
     partial: set[str] = set()
-    for idx, block in _blocks(model, family).items():
+    for idx, block in model.layers.items():
         where = f"layers.{idx}"
         for quantity, dotted in plan.divisible.items():
             n = _lookup(block, dotted, where)

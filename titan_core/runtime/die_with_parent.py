@@ -1,19 +1,20 @@
 """Start a child process that cannot outlive the process that started it.
 
 A process killed with SIGKILL runs no cleanup: without this, a test child it started runs
-on and writes results into a folder its parent already gave up on, and the ranks of a local
-world (each in its own session, so that the launcher can stop a rank's whole group) live on
-until their next collective times out.
+on and writes results into a folder its parent already gave up on, and torchrun's ranks of a
+local world (each in a session of its own) live on until their next collective times out.
 
 `with_parent_death_signal(cmd)` returns an argv that runs `cmd` through this module: it asks
 the kernel for SIGKILL when its parent dies (Linux `PR_SET_PDEATHSIG`, which survives the
 `exec` into `cmd`), then checks that the parent is still the one that asked, because a
-parent that died before the request was made would never send the signal. Elsewhere
+parent that died before the request was made would never send the signal. A child that must
+clean up after itself asks for another signal: torchrun takes SIGTERM as its cue to stop its
+ranks, which SIGKILL would leave running. Elsewhere
 (macOS, Windows) there is no such request; the command is returned unchanged and a killed
 parent can still leave children behind.
 
-Why a wrapper and not `Popen(preexec_fn=...)`: the launcher starts ranks while its output
-threads run, and code between fork and exec in a threaded parent may deadlock.
+Why a wrapper and not `Popen(preexec_fn=...)`: a caller may start children while threads of
+its own run, and code between fork and exec in a threaded parent may deadlock.
 """
 
 from __future__ import annotations
@@ -31,11 +32,12 @@ def supported() -> bool:
     return sys.platform.startswith("linux")
 
 
-def with_parent_death_signal(cmd: list[str]) -> list[str]:
-    """`cmd`, wrapped so that it is killed when the calling process dies (unchanged off Linux)."""
+def with_parent_death_signal(cmd: list[str], sig: signal.Signals = signal.SIGKILL) -> list[str]:
+    """`cmd`, wrapped so that it gets `sig` when the calling process dies (unchanged off Linux)."""
     if not supported():
         return list(cmd)
-    return [sys.executable, "-m", "titan_core.runtime.die_with_parent", str(os.getpid()), "--", *cmd]
+    asked = [] if sig == signal.SIGKILL else [f"--signal={sig.name}"]
+    return [sys.executable, "-m", "titan_core.runtime.die_with_parent", str(os.getpid()), *asked, "--", *cmd]
 
 
 def _request_signal(sig: int) -> bool:
@@ -44,11 +46,15 @@ def _request_signal(sig: int) -> bool:
 
 
 def main(argv: list[str]) -> int:
-    if len(argv) < 3 or argv[1] != "--" or not argv[0].isdigit():
-        print("usage: python -m titan_core.runtime.die_with_parent PARENT_PID -- CMD [ARGS...]", file=sys.stderr)
+    sig, rest = signal.SIGKILL, argv[1:]
+    if rest and rest[0].startswith("--signal="):
+        sig, rest = signal.Signals.__members__.get(rest[0].split("=", 1)[1]), rest[1:]
+    if len(rest) < 2 or rest[0] != "--" or not argv[0].isdigit() or sig is None:
+        print("usage: python -m titan_core.runtime.die_with_parent PARENT_PID [--signal=SIGTERM] -- CMD [ARGS...]",
+              file=sys.stderr)  # fmt: skip
         return 2
-    parent, cmd = int(argv[0]), argv[2:]
-    if not _request_signal(signal.SIGKILL):
+    parent, cmd = int(argv[0]), rest[1:]
+    if not _request_signal(sig):
         print(f"error: prctl(PR_SET_PDEATHSIG) failed: {os.strerror(ctypes.get_errno())}", file=sys.stderr)
         return 2
     if os.getppid() != parent:

@@ -1,24 +1,25 @@
-"""Start N local training processes, watch them, and report the first one that fails.
+"""Start N local training processes through torchrun, watch them, and report the rank that failed.
 
-`launch(argv, nproc)` is what `python -m titan_core.train --nproc N` (and any command
-that wraps it) calls: N copies of `python -m titan_core.train ARGV`, each with the torchrun
-environment (RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT). Multi-host runs use
-torchrun itself; the training entry reads the same variables.
+`launch(argv, nproc)` is what `python -m titan_core.train --nproc N` (and any command that wraps
+it) calls, `run_world(cfg, nproc)` what a caller that compares runs calls. Both start one child,
+torchrun itself (`torchrun_command`: `python -m torch.distributed.run --standalone --nnodes=1
+--nproc-per-node=N ... -m titan_core.train ARGV`), so the ranks get what a multi-host run gets
+from the same entry point, and torchrun stops every rank as soon as one fails. Added around it:
 
-Why subprocesses and not torch.distributed.run: the launcher must name the rank that
-failed and show the tail of *its* output, then stop the others at once; the elastic
-agent restarts or waits, and shows a rank's output only if it was redirected to files.
+- dying with the caller: torchrun runs under die_with_parent asking for SIGTERM, which it turns
+  into stopping its ranks (a SIGKILL would leave them running, each in a session of its own);
+- per-rank logs: torchrun writes each rank's stdout and stderr to files, which are followed into
+  `rank_<r>.log` (both streams, in the order read), a tail per rank and, if asked, rank 0's echo;
+- a bound: `timeout_s` ends a run that outlives it (a hang torchrun would wait on for ever);
+- a report: the rank torchrun names as the first failure, its exit code, its exception and the
+  tail of its output, and what became of the other ranks.
 
-Never a hang: a rank that dies makes the others fail in their next collective (gloo
-notices the closed connection) or after `parallelism.timeout_s`; the launcher gives
-them `grace_s` to exit, then terminates them. An optional `timeout_s` bounds the run.
-Exit code: 0, the failing rank's code (128 + signal when killed), 124 on timeout,
-2 for bad input found before anything starts.
-
-An interrupt of the launcher itself (Ctrl-C's KeyboardInterrupt, or whatever exception a
-SIGTERM handler of the caller raises) stops every rank and then goes on up to the caller:
-it is the caller's run that was interrupted, and a result with a nonzero code would read as
-a failed run. `launch` (the command line) turns a Ctrl-C into exit 130.
+Exit code: 0, the failing rank's code (128 + signal when killed), 124 on timeout, 2 for bad
+input found before anything starts. An interrupt of the launcher itself (Ctrl-C's
+KeyboardInterrupt, or whatever exception a SIGTERM handler of the caller raises) stops torchrun,
+which stops its ranks, and then goes on up to the caller: it is the caller's run that was
+interrupted, and a result with a nonzero code would read as a failed run. `launch` (the command
+line) turns a Ctrl-C into exit 130.
 """
 
 from __future__ import annotations
@@ -27,10 +28,9 @@ import collections
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
-import threading
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -41,8 +41,12 @@ from titan_core.runtime.die_with_parent import with_parent_death_signal
 
 TAIL_LINES = 30
 EXIT_TIMEOUT = 124
-PORT_RETRIES = 2
-_PORT_TAKEN = ("EADDRINUSE", "Address already in use", "address already in use")
+POLL_S = 0.05
+"""How often torchrun is polled and the ranks' files are read."""
+MONITOR_S = 0.02
+"""torchrun's poll of its ranks: two that fail within it of each other are told apart by rank number only."""
+SHUTDOWN_S = 3
+"""How long torchrun gives a rank it stops (SIGTERM) before SIGKILL."""
 
 
 @dataclass
@@ -56,6 +60,8 @@ class LaunchResult:
     tails: list[list[str]] = field(default_factory=list)
     """The last output lines of every rank."""
     log_dir: Path | None = None
+    command: list[str] = field(default_factory=list)
+    """The torchrun command line that ran the world (`python -m torch.distributed.run ...`)."""
 
 
 def cpu_count() -> int:
@@ -89,47 +95,89 @@ def check_nproc(nproc: int, device_type: str) -> list[str]:
     return []
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def torchrun_command(cmd: list[str], nproc: int, rank_files: Path) -> list[str]:
+    """torchrun's command line running `cmd` (`python -m MODULE ...`, `python SCRIPT ...` or any other
+    program) as ranks 0..nproc-1 on this host, each rank's stdout and stderr redirected under `rank_files`."""
+    python = len(cmd) > 1 and cmd[0] == sys.executable and (cmd[1] == "-m" or not cmd[1].startswith("-"))
+    return [
+        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes=1", f"--nproc-per-node={nproc}",
+        f"--log-dir={rank_files}", "--redirects=3", f"--monitor-interval={MONITOR_S}",
+        f"--shutdown-timeout={SHUTDOWN_S}", *(cmd[1:] if python else ["--no-python", *cmd]),
+    ]  # fmt: skip
 
 
-def _child_env(rank: int, nproc: int, port: int, extra: dict[str, str] | None) -> dict[str, str]:
-    env = dict(os.environ)
-    env.update(
-        RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(nproc), LOCAL_WORLD_SIZE=str(nproc),
-        GROUP_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), PYTHONUNBUFFERED="1",
-    )  # fmt: skip
-    # N processes each using every core would oversubscribe the CPU (torchrun sets 1)
+def _env(nproc: int, extra: dict[str, str] | None) -> dict[str, str]:
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    # a share of the cores per rank (torchrun would set 1 thread; every core each would oversubscribe)
     env.setdefault("OMP_NUM_THREADS", str(max(1, cpu_count() // nproc)))
     env.update(extra or {})
     return env
 
 
-def _pump(stream, tail: collections.deque, log_path: Path | None, echo) -> None:
-    with open(log_path, "w") if log_path else open(os.devnull, "w") as log:
-        for line in iter(stream.readline, ""):
-            tail.append(line.rstrip("\n"))
-            log.write(line)
-            log.flush()
-            if echo is not None:
-                echo.write(line)
-                echo.flush()
+class _RankOutput:
+    """The ranks' output as torchrun's files of it grow: whole lines into rank_<r>.log, the tails, the echo."""
+
+    def __init__(self, root: Path, nproc: int, log_dir: Path | None, echo_rank0: bool):
+        self.root, self.echo_rank0 = root, echo_rank0
+        self.tails = [collections.deque(maxlen=TAIL_LINES) for _ in range(nproc)]
+        self.logs = [open(log_dir / f"rank_{r}.log", "w") if log_dir else None for r in range(nproc)]
+        self.files: dict[tuple[int, str], object] = {}
+        self.partial: dict[tuple[int, str], str] = {}
+
+    def _file(self, rank: int, stream: str):
+        if (rank, stream) not in self.files:  # torchrun's layout: <run id>/attempt_0/<local rank>/stdout.log
+            found = next(self.root.glob(f"*/attempt_0/{rank}/{stream}.log"), None)
+            if found is None:
+                return None
+            self.files[rank, stream] = open(found, errors="replace")
+        return self.files[rank, stream]
+
+    def read(self, final: bool = False) -> None:
+        """Take in what the ranks wrote since the last call; `final`: a last line without its newline too."""
+        for rank, log in enumerate(self.logs):
+            for stream in ("stdout", "stderr"):
+                if (f := self._file(rank, stream)) is None:
+                    continue
+                *lines, rest = (self.partial.pop((rank, stream), "") + f.read()).split("\n")
+                if rest and final:
+                    lines.append(rest)
+                elif rest:
+                    self.partial[rank, stream] = rest
+                for line in lines:
+                    self.tails[rank].append(line)
+                    if log:
+                        log.write(line + "\n")
+                    if self.echo_rank0 and rank == 0:
+                        print(line, file=sys.stderr, flush=True)
+            if log:
+                log.flush()
+
+    def last_output(self, rank: int) -> float | None:
+        """When the rank last wrote (seconds since the epoch): about when it failed, for one that did."""
+        times = [os.stat(f.name).st_mtime for (r, _), f in self.files.items() if r == rank]
+        return max(times, default=None)
+
+    def close(self) -> None:
+        for f in [*self.files.values(), *self.logs]:
+            if f:
+                f.close()
 
 
-def _stop(procs: list[subprocess.Popen], wait_s: float) -> None:
-    """SIGTERM the process groups still running, then SIGKILL after `wait_s`."""
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        alive = [p for p in procs if p.poll() is None]
-        for p in alive:
-            try:
-                os.killpg(p.pid, sig)
-            except ProcessLookupError:
-                pass
-        deadline = time.monotonic() + wait_s
-        while any(p.poll() is None for p in alive) and time.monotonic() < deadline:
-            time.sleep(0.02)
+def _stop(proc: subprocess.Popen) -> None:
+    """SIGTERM to torchrun, which stops its ranks (SHUTDOWN_S each at most); SIGKILL if it is still there."""
+    for sig, wait_s in ((signal.SIGTERM, SHUTDOWN_S + 5), (signal.SIGKILL, 5)):
+        if proc.poll() is not None:
+            return
+        try:
+            os.killpg(proc.pid, sig)
+            proc.wait(timeout=wait_s)
+        except (ProcessLookupError, subprocess.TimeoutExpired):
+            pass
+
+
+def _shell_code(code: int) -> int:
+    """A Popen return code as a shell's exit status: 128 + the signal for a process killed by one."""
+    return code if code >= 0 else 128 - code
 
 
 def _describe_exit(code: int) -> str:
@@ -158,6 +206,19 @@ def _tail_block(lines: list[str]) -> str:
     return "\n".join(f"  | {line}" for line in lines) if lines else "  | (no output)"
 
 
+_FAILED = re.compile(r"rank\s*: (\d+) \(local_rank: \d+\)\s*\n\s*exitcode\s*: (-?\d+)")
+
+
+def torchrun_failures(output: str) -> list[tuple[int, int]]:
+    """(rank, exit code) of every failed rank in the summary torchrun prints when a rank fails, its
+    root cause (the first failure it observed) first; [] when the output holds no such summary."""
+    before, found, root = output.rpartition("Root Cause (first observed failure):")
+    if not found:
+        return []
+    others = _FAILED.findall(before[before.rfind("Failures:") :])
+    return [(int(r), int(c)) for r, c in _FAILED.findall(root)[:1] + others]
+
+
 def launch_command(
     cmd: list[str],
     nproc: int,
@@ -165,145 +226,74 @@ def launch_command(
     log_dir: Path | None = None,
     timeout_s: float | None = None,
     echo_rank0: bool = False,
-    grace_s: float = 3.0,
     env: dict[str, str] | None = None,
 ) -> LaunchResult:
-    """Run `cmd` as ranks 0..nproc-1 of one world and wait for all of them (see module docstring).
-
-    The rendezvous port is picked free and released before rank 0 binds it, so another process
-    on a busy host can take it in between: a world whose ranks fail on "address already in use"
-    is started again on a fresh port (at most PORT_RETRIES times), and the result says so.
-    """
-    retried = 0
-    while True:
-        result = _launch_once(cmd, nproc, _free_port(), log_dir=log_dir, timeout_s=timeout_s,
-                              echo_rank0=echo_rank0, grace_s=grace_s, env=env)  # fmt: skip
-        if retried >= PORT_RETRIES or not _lost_port_race(result):
-            break
-        retried += 1
-        print(
-            f"warning: the rendezvous port was taken before rank 0 bound it; starting the world again "
-            f"on a fresh port ({retried} of {PORT_RETRIES})",
-            file=sys.stderr,
-        )
-    if retried and result.failure:
-        result.failure += f"\n(the world was started {retried + 1} times: its rendezvous port was taken each time)"
-    return result
-
-
-def _lost_port_race(result: LaunchResult) -> bool:
-    return result.exit_code not in (0, 130, EXIT_TIMEOUT) and any(
-        marker in line for tail in result.tails for line in tail for marker in _PORT_TAKEN
-    )
-
-
-def _launch_once(
-    cmd: list[str],
-    nproc: int,
-    port: int,
-    *,
-    log_dir: Path | None,
-    timeout_s: float | None,
-    echo_rank0: bool,
-    grace_s: float,
-    env: dict[str, str] | None,
-) -> LaunchResult:
+    """Run `cmd` as ranks 0..nproc-1 of one world through torchrun and wait for it (see module docstring)."""
     if log_dir is not None:
         log_dir.mkdir(parents=True, exist_ok=True)
-    tails = [collections.deque(maxlen=TAIL_LINES) for _ in range(nproc)]
-    procs: list[subprocess.Popen] = []
-    pumps: list[threading.Thread] = []
-    t0 = time.monotonic()
-    exits: dict[int, tuple[float, int]] = {}
-    timed_out = False
-    try:
-        for r in range(nproc):
-            # each rank in its own session (so _stop can end its whole group) and killed with
-            # the launcher, which a session of its own would otherwise let it outlive
-            p = subprocess.Popen(
-                with_parent_death_signal(cmd), env=_child_env(r, nproc, port, env), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL, text=True, errors="replace", start_new_session=True,
+    with tempfile.TemporaryDirectory(prefix="titan-torchrun-") as tmp:
+        command = torchrun_command(cmd, nproc, Path(tmp) / "ranks")
+        output = _RankOutput(Path(tmp) / "ranks", nproc, log_dir, echo_rank0)
+        t0, started = time.monotonic(), time.time()
+        timed_out = False
+        with open(Path(tmp) / "torchrun.log", "w+", errors="replace") as said:
+            # a session of its own, so that a terminal's Ctrl-C reaches the caller alone, which decides
+            proc = subprocess.Popen(
+                with_parent_death_signal(command, signal.SIGTERM), env=_env(nproc, env), stdout=said,
+                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
             )  # fmt: skip
-            procs.append(p)
-            log_path = log_dir / f"rank_{r}.log" if log_dir is not None else None
-            th = threading.Thread(
-                target=_pump,
-                args=(p.stdout, tails[r], log_path, sys.stderr if echo_rank0 and r == 0 else None),
-                daemon=True,
-            )
-            th.start()
-            pumps.append(th)
-        first_fail: float | None = None
-        while len(exits) < nproc:
-            now = time.monotonic()
-            for r, p in enumerate(procs):
-                if r not in exits and (code := p.poll()) is not None:
-                    exits[r] = (now - t0, code)
-                    if code != 0 and first_fail is None:
-                        first_fail = now
-            if first_fail is not None and now - first_fail > grace_s:
-                break  # the others had their chance to fail with their own message
-            if timeout_s is not None and now - t0 > timeout_s:
-                timed_out = True
-                break
-            time.sleep(0.02)
-    finally:  # also on an interrupt, which then goes on up once the ranks are stopped
-        running = [r for r in range(len(procs)) if r not in exits]
-        _stop(procs, wait_s=2.0)
-        for th in pumps:
-            th.join(timeout=2.0)
-    elapsed = time.monotonic() - t0
-    for r, p in enumerate(procs):
-        exits.setdefault(r, (elapsed, p.returncode if p.returncode is not None else -signal.SIGKILL))
-    tail_lists = [list(t) for t in tails]
-    return _summarise(
-        nproc, exits, running, tail_lists, elapsed, log_dir, timeout_s=timeout_s if timed_out else None, grace_s=grace_s
-    )
+            try:
+                while proc.poll() is None:
+                    output.read()
+                    if timeout_s is not None and time.monotonic() - t0 > timeout_s:
+                        timed_out = True
+                        break
+                    time.sleep(POLL_S)
+            finally:  # also on an interrupt, which then goes on up once torchrun has stopped the ranks
+                _stop(proc)
+                output.read(final=True)
+                output.close()
+            said.seek(0)
+            code, failure, rank = _summarise(nproc, proc.returncode, said.read(), output, started,
+                                             timeout_s=timeout_s if timed_out else None)  # fmt: skip
+    if failure and log_dir is not None:
+        failure += f"; full logs: {log_dir}"
+    tails = [list(t) for t in output.tails]
+    return LaunchResult(code, failure, rank, time.monotonic() - t0, tails, log_dir, command)
 
 
 def _summarise(
-    nproc: int,
-    exits: dict[int, tuple[float, int]],
-    running: list[int],
-    tail_lists: list[list[str]],
-    elapsed: float,
-    log_dir: Path | None,
-    *,
-    timeout_s: float | None,
-    grace_s: float,
-) -> LaunchResult:
-    """The LaunchResult of a finished watch: who failed first, with its tail, and who was stopped."""
-    where = f"; full logs: {log_dir}" if log_dir is not None else ""
+    nproc: int, code: int, said: str, output: _RankOutput, started: float, *, timeout_s: float | None
+) -> tuple[int, str | None, int | None]:
+    """(exit code, report, failed rank) of a finished torchrun: who failed first, with its tail, and the others."""
     if timeout_s is not None:
-        shown = running[0] if running else 0
-        msg = (
-            f"error: the {nproc}-process run did not finish within {timeout_s:g} s and was stopped "
-            f"(ranks still running: {', '.join(map(str, running))}); the last lines of rank {shown}:\n"
-            f"{_tail_block(tail_lists[shown])}{where}"
-        )
-        return LaunchResult(EXIT_TIMEOUT, msg, None, elapsed, tail_lists, log_dir)
-    failed = sorted((t, r, code) for r, (t, code) in exits.items() if code != 0)
-    if not failed:
-        return LaunchResult(0, None, None, elapsed, tail_lists, log_dir)
-    t_fail, rank, code = failed[0]
-    # the exception first: a one-line summary of this message (compat's table, a log line) then says what failed
-    raised = exception_line(tail_lists[rank])
-    msg = (f"error: rank {rank} of {nproc} failed first ({_describe_exit(code)}, {t_fail:.1f} s after start)"
-           f"{f': {raised}' if raised else ''}; the last lines of its output:\n")  # fmt: skip
-    msg += _tail_block(tail_lists[rank])
-    others = [f"rank {r} {_describe_exit(c)} {t - t_fail:.1f} s later" for t, r, c in failed[1:] if r not in running]
+        return EXIT_TIMEOUT, (
+            f"error: the {nproc}-process run did not finish within {timeout_s:g} s and was stopped; "
+            f"the last lines of rank 0:\n{_tail_block(list(output.tails[0]))}"
+        ), None  # fmt: skip
+    if code == 0:
+        return 0, None, None
+    failures = torchrun_failures(said)
+    if not failures:  # torchrun itself failed (its arguments, the rendezvous): its own output says why
+        said_last = _tail_block(said.splitlines()[-TAIL_LINES:])
+        return _shell_code(code), f"error: torchrun failed ({_describe_exit(code)}):\n{said_last}", None
+    (rank, code), *after = failures
+    tail = list(output.tails[rank])
+    raised = exception_line(tail)  # first: a one-line summary of this message (a table, a log line) says what failed
+    last = output.last_output(rank)
+    when = f", {last - started:.1f} s after start" if last is not None else ""
+    msg = (f"error: rank {rank} of {nproc} failed first ({_describe_exit(code)}{when})"
+           f"{f': {raised}' if raised else ''}; the last lines of its output:\n{_tail_block(tail)}")  # fmt: skip
+    others = [f"rank {r} {_describe_exit(c)}" for r, c in after if c != -signal.SIGTERM]
     if others:
         msg += "\nthen " + "; ".join(others) + " (typically failing in a collective with the rank that died)"
-    if running:
-        ranks = ", ".join(map(str, running))
+    if stopped := [str(r) for r, c in after if c == -signal.SIGTERM]:
         msg += (
-            f"\nstill running {grace_s:g} s later, so stopped: rank(s) {ranks}. If rank {rank} failed because a "
+            f"\nstill running, so stopped: rank(s) {', '.join(stopped)}. If rank {rank} failed because a "
             "collective timed out (parallelism.timeout_s), the rank that never joined it is among these: "
             "look for where it was stuck in its log"
         )
-    msg += where
-    exit_code = code if code > 0 else 128 + (-code)
-    return LaunchResult(exit_code, msg, rank, elapsed, tail_lists, log_dir)
+    return _shell_code(code), msg, rank
 
 
 def launch(argv: list[str], nproc: int, *, timeout_s: float | None = None) -> int:

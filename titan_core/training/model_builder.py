@@ -19,13 +19,13 @@ from types import ModuleType
 from typing import Any
 
 import torch
-from torch import nn
 
 from titan_core.config.hf_config import read_hf_config
 from titan_core.config.loader import ConfigError
 from titan_core.config.sections import Model as ModelConfig
 from titan_core.models.common.args import TransformerArgs
 from titan_core.models.common.hf_adapter import AdapterError
+from titan_core.models.common.protocol import TrainableModel, check_trainable
 from titan_core.models.registry import apply_model_overrides, build_meta, get_family, resolve_args
 
 
@@ -107,21 +107,28 @@ def load_module_file(path: str | Path) -> ModuleType:
     return module
 
 
-def build_meta_model(cfg: ModelConfig, args: TransformerArgs) -> nn.Module:
-    """The recipe's model class (the `module_file`'s `build_model`, else the family's) on meta."""
+def build_meta_model(cfg: ModelConfig, args: TransformerArgs) -> TrainableModel:
+    """The recipe's model class (the `module_file`'s `build_model`, else the family's) on meta.
+
+    ConfigError naming the member when the model lacks one of `TrainableModel`'s (a port's
+    model.py that does not subclass ModelBase and leaves one out)."""
     if cfg.module_file:
         module = load_module_file(cfg.module_file)
         with torch.device("meta"):
-            return module.build_model(args)
-    return build_meta(cfg.family, args)
+            model = module.build_model(args)
+        check_trainable(model, f"{cfg.module_file} build_model(args)")
+        return model
+    model = build_meta(cfg.family, args)
+    check_trainable(model, f"model family '{cfg.family}'")
+    return model
 
 
-def build_model_from_config(cfg: ModelConfig) -> tuple[str, TransformerArgs, nn.Module]:
+def build_model_from_config(cfg: ModelConfig) -> tuple[str, TransformerArgs, TrainableModel]:
     args = resolve_model_args(cfg)
     return cfg.family, args, build_meta_model(cfg, args)
 
 
-def materialize_on_cpu(model: nn.Module, seed: int, dtype: torch.dtype) -> nn.Module:
+def materialize_on_cpu(model: TrainableModel, seed: int, dtype: torch.dtype) -> TrainableModel:
     """A meta model made real on the CPU in one process, ready for a checkpoint to overwrite every
     parameter: initialised first because buffers (rope tables) and tied weights are made there,
     then cast to the dtype the checkpoint was stored in."""

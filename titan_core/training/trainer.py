@@ -39,7 +39,7 @@ from titan_core.kernels import swaps_for
 from titan_core.memory.preflight import check_memory
 from titan_core.measure.metrics import MetricsLogger
 from titan_core.training.model_builder import build_model_from_config
-from titan_core.models.common.stats import flops_per_token
+from titan_core.models.common.stats import model_flops_per_token
 from titan_core.models.flux.config import flux_of
 from titan_core.training.optim import build_lr_scheduler, build_optimizer
 from titan_core.parallel import build_mesh, check_parallelism, clip_grad_norm_, dp_coordinates, parallelize
@@ -141,7 +141,7 @@ class Trainer:
         if cfg.checkpoint.export_hf:  # a folder the export may not replace is refused before training, not after
             check_export_target(self._under_output(cfg.checkpoint.export_hf))
         built_params = sum(p.numel() for p in model.parameters())  # the recipe's model (a port's own layers too)
-        self.model_notes = list(getattr(model, "notes", ()))
+        self.model_notes = list(model.notes)
         self.swaps = apply_swaps(model, swaps_for(cfg.kernels))
         # refuse a run that cannot fit while the model still costs nothing (MemoryBudgetError: exit 2)
         self.memory_estimate = check_memory(cfg, model, self.args, self.device, self.degrees)
@@ -181,9 +181,8 @@ class Trainer:
             console=not quiet, tensorboard=cfg.metrics.tensorboard,
         )
         self.num_params = built_params
-        # a model that counts its own FLOPs (flux: per image token) knows better than the decoder formula
-        own = getattr(model, "flops_per_token", None)
-        self.flops_per_token = own(cfg.training.seq_len) if own else flops_per_token(self.args, cfg.training.seq_len)
+        # the decoder formula of its args, unless the model counts its own (flux: per image token)
+        self.flops_per_token = model_flops_per_token(model, cfg.training.seq_len)
         self.peak_flops = devices.peak_flops(self.device, DTYPES[cfg.training.mixed_precision_param])
         self.step = 0
         self.resumed_from: int | None = None

@@ -39,7 +39,7 @@ import math
 from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -48,8 +48,12 @@ from titan_core.config.hf_config import read_hf_config
 from titan_core.config.loader import ConfigError
 from titan_core.memory.estimate import format_bytes
 from titan_core.models.common.hf_adapter import TOP_KEYS
+from titan_core.models.common.hf_keys import hf_key
 from titan_core.weights.name_mapping import CheckpointMapping
 from titan_core.weights.st_headers import CheckpointHeaders, read_checkpoint_headers, read_index
+
+if TYPE_CHECKING:
+    from titan_core.models.common.protocol import TrainableModel
 
 INDEX = "model.safetensors.index.json"
 SINGLE = "model.safetensors"
@@ -140,7 +144,7 @@ def checkpoint_files(weights_dir: str | Path) -> list[Path]:
 
 
 def check_headers(
-    weights_dir: str | Path, files: list[Path], meta_model: nn.Module, adapter: Any, *, dtype=None
+    weights_dir: str | Path, files: list[Path], meta_model: TrainableModel, adapter: Any, *, dtype=None
 ) -> HeaderReport:
     """Check every tensor of the checkpoint made of `files` (in `weights_dir`) against
     `meta_model` through `adapter` (anything with `from_hf(sd)`: a family's HFAdapter, a
@@ -149,7 +153,7 @@ def check_headers(
 
 
 def checked_mapping(
-    weights_dir: str | Path, files: list[Path], meta_model: nn.Module, adapter: Any, *, dtype=None
+    weights_dir: str | Path, files: list[Path], meta_model: TrainableModel, adapter: Any, *, dtype=None
 ) -> CheckedCheckpoint:
     """`check_headers`, with the mapping it made (`CheckedCheckpoint`)."""
     weights_dir = Path(weights_dir)
@@ -211,7 +215,7 @@ def _expected_dtype(weights_dir: Path, meta_model: nn.Module, dtype, headers: Ch
     else:
         config = weights_dir / "config.json"
         cfg = read_hf_config(config) if config.is_file() else {}
-        key = "dtype" if cfg.get("dtype") is not None else "torch_dtype"
+        key = hf_key("dtype", cfg)  # transformers 5 writes `dtype`, 4.x `torch_dtype` (the HF-name table)
         if cfg.get(key) is not None:
             dt = _as_dtype(cfg[key], f"{config} {key}", problems)
             if dt is not None:
@@ -246,11 +250,11 @@ def _as_dtype(value, what: str, problems: list[str]) -> torch.dtype | None:
     return None
 
 
-def _tied_head(hf: dict[str, torch.Tensor], meta_model: nn.Module, report: HeaderReport) -> str | None:
+def _tied_head(hf: dict[str, torch.Tensor], meta_model: TrainableModel, report: HeaderReport) -> str | None:
     """A tied model's checkpoint may store the head (`save_pretrained` drops it, others keep
     it): drop it before mapping, after checking it has the embedding's shape; its name, if dropped."""
     head, emb = TOP_KEYS["output.weight"], TOP_KEYS["tok_embeddings.weight"]
-    if not getattr(getattr(meta_model, "args", None), "tie_embeddings", False) or head not in hf or emb not in hf:
+    if not meta_model.args.tie_embeddings or head not in hf or emb not in hf:
         return None
     if hf[head].shape != hf[emb].shape:
         report.wrong_shape.append({"native": "tok_embeddings.weight", "hf": [head], "checkpoint": list(hf[head].shape),

@@ -9,6 +9,7 @@ from torch import nn
 from titan_core.config import ConfigError, JobConfig, apply_overrides, describe, from_dict, load_config, to_toml
 from titan_core.config.loader import to_dict
 from titan_core.config.swaps import apply_swaps, register_swap
+from titan_core.models.common.protocol import ModelBase
 
 
 def test_overrides_are_typed():
@@ -98,7 +99,7 @@ class _Doubled(nn.Module):
         return 2 * x
 
 
-class _Tree(nn.Module):
+class _Tree(ModelBase):  # swaps read a model's swap_paths and swap_refusals (ModelBase: none)
     def __init__(self):
         super().__init__()
         self.layers = nn.ModuleDict({str(i): nn.ModuleDict({"core": _Leaf()}) for i in range(3)})

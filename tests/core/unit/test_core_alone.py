@@ -17,7 +17,7 @@ def _finder():
     return found[0]
 
 
-@pytest.mark.parametrize("name", ["onboard", "onboard.engine.gates"])
+@pytest.mark.parametrize("name", ["onboard", "onboard.ladder.gates"])
 def test_onboard_is_refused_from_a_core_test(name):
     rule = r"tests/core tests titan_core alone .*from tests/core/unit/test_core_alone\.py"
     with pytest.raises(ImportError, match=rule):

@@ -55,7 +55,7 @@ def test_a_host_sync_inside_a_kernel_fails_the_captured_mode(monkeypatch):
     "family, flag", [("llama3", "kernels.attention=tokamax"), ("qwen3_moe", "kernels.moe=tokamax")]
 )
 def test_jax_kernels_compile_without_a_break(family, flag):
-    """They look their module up when built: an import inside forward broke every block (FINDINGS)."""
+    """They look their module up when built: an import inside forward broke every block (docs/DESIGN.md section 8)."""
     out = mode_check(family, _args(family), flag, mode="compile", seq_len=16)
     assert out["ok"] and out["graph_breaks"] == 0, out
 

@@ -12,7 +12,7 @@ from onboard.rungs.kernel_compare import KERNEL_FLAGS, parse_flag
 from titan_core.measure.timing import TimingProtocol
 from timing_checks import check_comparison
 
-from onboard.engine.gates import load_checklist
+from onboard.ladder.gates import load_checklist
 
 QUICK = TimingProtocol(warmup=1, min_rounds=2, max_rounds=2)
 from titan_core.models import build_meta, resolve_args

@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 import titan_core.kernels  # noqa: F401  (registers the kernel swaps)
-from onboard.engine.gates import load_checklist
+from onboard.ladder.gates import load_checklist
 from titan_core.config.loader import ConfigError
 from titan_core.config.swaps import (
     SwapNotApplicable,

@@ -6,7 +6,7 @@ in bf16, as `onboard demo --precision bf16` writes it (training.dtype and mixed_
 bfloat16), so the simple_fsdp rung keeps bf16 parameters and compile, graph_trainer, kernels and
 tuning run and are judged in bf16. Narrowed because bf16 matrix products on this CPU (no bf16
 instructions) run over 100x slower than fp32's: the full debug model's bf16 climb takes many minutes
-more than the suite has. Through `next_step` with the harness's `quick` timing profile until the
+more than the suite has. Through `next_step` with the `quick` timing profile until the
 ladder is complete or a step does not pass. Each step's outcome is a JSON line of BASE/climb.jsonl
 (`StepOutcome.to_json`); the workspace's folder is the last line of stdout.
 """
@@ -20,7 +20,7 @@ from narrow import narrow_workspace
 from port_climb import STEPS_FILE, climb_workspace
 
 from onboard.cli.demo import BF16
-from onboard.engine.recipe_edit import apply_edits
+from onboard.ladder.recipe_edit import apply_edits
 
 
 def climb(base: Path) -> Path:

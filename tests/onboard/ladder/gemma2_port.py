@@ -23,6 +23,7 @@ from torch import nn
 from titan_core.models.common.args import TransformerArgs
 from titan_core.models.common.attention import attention_mask
 from titan_core.models.common.layers import CrossEntropyHead, apply_rope, rope_cos_sin, rope_inv_freq, softcap
+from titan_core.models.common.protocol import ModelBase
 
 
 class GemmaNorm(nn.Module):
@@ -101,7 +102,7 @@ class Block(nn.Module):
         return x + self.post_ffn_norm(self.feed_forward(self.ffn_norm(x)))
 
 
-class Model(nn.Module):
+class Model(ModelBase):
     def __init__(self, args: TransformerArgs):
         super().__init__()
         self.args = args

@@ -13,7 +13,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from onboard.rungs.decision import KEPT, headline
+from onboard.ladder.decision import KEPT, headline
 
 ONBOARD = Path(sys.executable).parent / "onboard"
 SPEED = re.compile(r"\d+\.\d+x")

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import yaml
 
-from onboard.engine.gates import parse_checklist
-from onboard.engine.ladder import RUNGS, RungSpec
-from onboard.rungs.contract import Measurements, RungResult, flattened
+from onboard.ladder.gates import parse_checklist
+from onboard.ladder.table import RUNGS, RungSpec
+from onboard.ladder.contract import Measurements, RungResult, flattened
 
 
 @dataclass(kw_only=True)
@@ -66,7 +66,7 @@ class FakeRung:
         self.contexts = []
 
     def not_applicable(self, ws, recipe):
-        """The rung's not-applicable rule (onboard.rungs.contract): the scripted reason, or None."""
+        """The rung's not-applicable rule (onboard.ladder.contract): the scripted reason, or None."""
         return self.na_reason
 
     def run(self, ctx):
@@ -104,7 +104,7 @@ def specs(eager=None, parity=None, built=("eager", "parity")):
 
 def main(argv):
     """`python ladder_fakes.py BASE NAME READY_FILE`: next-step with an eager rung that sleeps."""
-    from onboard.engine.ladder import next_step
+    from onboard.engine.next_step import next_step
     from onboard.workspace.layout import Workspace
 
     base, name, ready = argv

@@ -4,7 +4,7 @@ beside the rest of the suite (tests/background.py starts it at the session's sta
 The Qwen2-MoE port of test_workspace_model.py under BASE, its batch raised near the tuning
 rung's CPU end (params.batch_max_tokens 2048 = 64 rows of 32: its search then times one
 doubling, not four; every rung still runs the recipe as the user has it), through `next_step`
-with the harness's `quick` timing profile until the ladder is complete or a step does not pass:
+with the `quick` timing profile until the ladder is complete or a step does not pass:
 a rung's recipe edit may send the ladder round again. Each step's outcome is a JSON line of
 BASE/climb.jsonl (`StepOutcome.to_json`), written as it ends; the workspace's folder is the
 last line of stdout.
@@ -18,8 +18,9 @@ from pathlib import Path
 
 from test_workspace_model import qwen2_moe_port
 
-from onboard.engine.ladder import default_specs, next_step
-from onboard.rungs import harness
+from onboard.ladder.table import default_specs
+from onboard.engine.next_step import next_step
+
 from onboard.workspace.layout import Workspace
 
 STEPS_FILE = "climb.jsonl"
@@ -41,9 +42,9 @@ def climb_workspace(base: Path, name: str) -> None:
     each outcome a JSON line of BASE/climb.jsonl (the background climbs' shared loop)."""
     specs = default_specs()
     built = [s for s in specs if s.built]
-    with harness.timing_profile_of("quick"), (base / STEPS_FILE).open("w") as steps:
+    with (base / STEPS_FILE).open("w") as steps:
         for _ in range(3 * len(built)):
-            out = next_step(Workspace.load(base, name), specs=specs)
+            out = next_step(Workspace.load(base, name), specs=specs, timing_profile="quick")
             steps.write(json.dumps(out.to_json(), default=str) + "\n")
             steps.flush()
             if str(out.status) not in ACCEPTED:  # complete, or a step that did not pass

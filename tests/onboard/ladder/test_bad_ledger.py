@@ -10,7 +10,7 @@ from typer.testing import CliRunner
 
 from onboard.cli.app import app
 from onboard.errors import BadInput
-from onboard.engine.ledger import Ledger, shape_problem
+from onboard.workspace.ledger import Ledger, shape_problem
 from onboard.workspace.scaffold import plan_workspace, write_workspace
 
 GOOD = {"rung": "eager", "attempt": 1, "status": "failed", "started": "2026-01-01T00:00:00+00:00",

@@ -18,7 +18,7 @@ import pytest
 from bf16_climb import STEPS_FILE
 from test_demo import assert_train_reproduces_the_verified_step
 
-from onboard.engine.ladder import default_specs
+from onboard.ladder.table import default_specs
 from ledger_paths import assert_every_named_path_exists
 
 pytestmark = pytest.mark.slow

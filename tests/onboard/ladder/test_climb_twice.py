@@ -21,8 +21,8 @@ from pathlib import Path
 import background
 import pytest
 
-from onboard.engine.ladder import default_specs
-from onboard.rungs.decision import INDISTINGUISHABLE, NOT_MEASURED
+from onboard.ladder.table import default_specs
+from onboard.ladder.decision import INDISTINGUISHABLE, NOT_MEASURED
 from onboard.workspace.layout import Workspace
 
 pytestmark = [pytest.mark.slow]

@@ -16,9 +16,10 @@ from demo_train_checks import check_train_stage
 from hang_guard import Load, hang_guard, stretch
 from headlines import check_headlines
 from ledger_paths import assert_every_named_path_exists
-from onboard.rungs import harness
-from onboard.engine.ladder import default_specs
-from onboard.engine.ledger import json_safe
+from onboard.ladder import contract
+from onboard.rungs import gate_recipe, timing_profiles
+from onboard.ladder.table import default_specs
+from onboard.workspace.ledger import json_safe
 from titan_core.measure.numerics import rel
 
 ONBOARD = Path(sys.executable).parent / "onboard"
@@ -46,12 +47,12 @@ def test_demo_climbs_every_built_rung_and_prints_the_ladder(tmp_path):
     # alone, the demo's decisions were timed with the checklists' own protocol (`make demo`'s run);
     # beside the suite with the quick profile over it (background.demo_timing); every timed entry says which
     profile = background.demo_timing(demo.shared)
-    timed = [e for e in ledger["attempts"] if "timing" in harness.checklist(e["rung"]).params]
+    timed = [e for e in ledger["attempts"] if "timing" in gate_recipe.checklist(e["rung"]).params]
     assert {e["rung"] for e in timed} == {"simple_fsdp", "graph_trainer", "kernels", "tuning"}
     for e in timed:
-        protocol = json_safe({**harness.checklist(e["rung"]).params["timing"], **harness.TIMING_PROFILES[profile]})
+        protocol = json_safe(timing_profiles.timing_params(e["rung"], profile))
         assert (e["details"]["timing_profile"], e["details"]["timing_protocol"]) == (profile, protocol), e["rung"]
-    if profile != harness.SHIPPED:
+    if profile != contract.SHIPPED:
         assert f"timed with the {profile} profile" in demo.stderr.read_text()  # its log (the result holds its tail)
         assert f"| timing profile | {profile}: **shortened, not the checklist's protocol**" in (ws / "REPORT.md").read_text()
     rungs = [e["rung"] for e in ledger["attempts"]]

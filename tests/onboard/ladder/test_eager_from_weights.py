@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "core"))  # the tin
 from hf_tiny import hf_loss, write_tiny_llama  # noqa: E402
 
 from onboard.cli.app import app  # noqa: E402
-from onboard.engine.gates import load_checklist  # noqa: E402
+from onboard.ladder.gates import load_checklist  # noqa: E402
 from titan_core.config import load_config  # noqa: E402
 from titan_core.data import build_data_loader  # noqa: E402
 

@@ -8,8 +8,9 @@ from ladder_fakes import FakeRung, specs
 
 from onboard.errors import BadInput
 from onboard.workspace.fsutil import sha256_file
-from onboard.engine.ladder import ladder_states, next_step
-from onboard.engine.ledger import Ledger
+from onboard.ladder.states import ladder_states
+from onboard.engine.next_step import next_step
+from onboard.workspace.ledger import Ledger
 from onboard.workspace.lock import WorkspaceLock
 from onboard.workspace.layout import Workspace
 

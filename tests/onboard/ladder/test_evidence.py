@@ -7,10 +7,12 @@ import json
 
 from ladder_fakes import FakeRung, specs
 
-from onboard.engine.ladder import ladder_states, next_step
-from onboard.engine.ledger import Ledger
+from onboard.ladder.states import ladder_states
+from onboard.engine.next_step import next_step
+from onboard.workspace.ledger import Ledger
 from onboard.report.write import write_report
-from onboard.cli.views import ladder_message, state_dict
+from onboard.ladder.states import ladder_message
+from onboard.cli.views import state_dict
 from onboard.workspace.layout import Workspace
 
 

@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import pytest
 
-from onboard.rungs import execution_mode, harness
-from onboard.rungs.contract import RungContext
+from onboard.rungs import execution_mode
+from onboard.rungs import gate_recipe
+from onboard.ladder.contract import RungContext
 
 
 class Scripted:
@@ -34,7 +35,7 @@ def choose(debug_ws, tmp_path, monkeypatch, times: dict[str, float], moe=None):
     monkeypatch.setattr(execution_mode, "_trainer", trainer)
     ctx = RungContext(workspace=debug_ws, attempt_dir=tmp_path, evidence={}, log=lambda line: None)
     edits, record = execution_mode.choose(
-        ctx, harness.job_config(ctx), rung="graph_trainer", moe=moe, modes=list(times)
+        ctx, gate_recipe.job_config(ctx), rung="graph_trainer", moe=moe, modes=list(times)
     )
     assert all(t.closed for t in made.values())
     return {e.key: e.value for e in edits}, record
@@ -72,19 +73,16 @@ def test_a_captured_mode_brings_the_experts_it_ran(debug_ws, tmp_path, monkeypat
 
 
 def test_rungs_that_run_their_own_mode_do_not_read_the_mode_keys():
-    from onboard.rungs import compile_rung
-    from onboard.rungs import (
-        eager_rung as eager,
-        graph_trainer_rung as graph_trainer,
-        kernels_rung as kernels,
-        parity_rung as parity,
-        simple_fsdp_rung as simple_fsdp,
+    from onboard.ladder.table import TABLE  # each rung's declaration
+
+    eager, simple_fsdp, compile_rung, graph_trainer, kernels, parity = (
+        TABLE[r] for r in ("eager", "simple_fsdp", "compile", "graph_trainer", "kernels", "parity")
     )
 
     for rung in (eager, simple_fsdp, compile_rung, graph_trainer):
         assert not rung.reads_recipe_key("compile.enable") and not rung.reads_recipe_key("graph_trainer.enable")
         assert rung.reads_recipe_key("kernels.loss") and rung.reads_recipe_key("training.seq_len")
-        # the tuning rung's own gate proves its edits of these (harness.TUNING_KEYS)
+        # the tuning rung's own gate proves its edits of these (table.TUNING_KEYS)
         assert not rung.reads_recipe_key("training.batch_size") and not rung.reads_recipe_key("kernels.ce_chunk")
     assert parity.reads_recipe_key("model.hf_config") and not parity.reads_recipe_key("kernels.loss")
     # kernels judges kernels in the recipe's mode: it reads every key but the tuning rung's

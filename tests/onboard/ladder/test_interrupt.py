@@ -13,8 +13,9 @@ import pytest
 from hang_guard import HangGuard, hang_guard
 from ladder_fakes import specs
 
-from onboard.engine.ladder import ladder_states, next_step
-from onboard.engine.ledger import parse_iso
+from onboard.ladder.states import ladder_states
+from onboard.engine.next_step import next_step
+from onboard.workspace.ledger import parse_iso
 from onboard.workspace.layout import Workspace
 
 HERE = Path(__file__).parent

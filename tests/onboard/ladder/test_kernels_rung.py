@@ -24,14 +24,16 @@ from ladder_fakes import CHECKLISTS, FakeRung
 from timing_checks import check_comparison
 
 from onboard.workspace.fsutil import sha256_file
-from onboard.engine.gates import evaluate, gate_passed, load_checklist, parse_checklist
-from onboard.engine.ladder import RUNGS, RungSpec, ladder_states, next_step
+from onboard.ladder.gates import evaluate, gate_passed, load_checklist, parse_checklist
+from onboard.ladder.table import RUNGS, RungSpec
+from onboard.ladder.states import ladder_states
+from onboard.engine.next_step import next_step
 from onboard.report.write import write_report
 from onboard.rungs import kernels_rung as kernels
 from onboard.rungs import kernels_steps
-from onboard.rungs.decision import KEPT
-from onboard.rungs.gated_runs import settle_runs
-from onboard.rungs.contract import RecipeEdit, RungContext
+from onboard.ladder.decision import KEPT
+from onboard.ladder.gated_runs import settle_runs
+from onboard.ladder.contract import RecipeEdit, RungContext
 from onboard.workspace.scaffold import plan_workspace, write_workspace
 from onboard.cli.views import show_outcome
 from onboard.workspace.layout import Workspace

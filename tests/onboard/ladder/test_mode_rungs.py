@@ -7,23 +7,23 @@ from __future__ import annotations
 import pytest
 from timing_checks import check_comparison
 
-from onboard.engine.gates import evaluate, gate_passed, load_checklist
+from onboard.ladder.gates import evaluate, gate_passed, load_checklist
 from onboard.rungs import compile_rung
-from onboard.rungs import harness
+from onboard.rungs import gate_recipe, mode_recipe, train_run
 from onboard.rungs import eager_rung as eager, graph_trainer_rung as graph_trainer
-from onboard.engine.recipe_edit import apply_edits
-from onboard.rungs.contract import RecipeEdit, RungContext
-from onboard.rungs.gated_runs import settle_runs
+from onboard.ladder.recipe_edit import apply_edits
+from onboard.ladder.contract import SHIPPED, RecipeEdit, RungContext
+from onboard.ladder.gated_runs import settle_runs
 from titan_core.measure.timing import TimingProtocol
 
 pytestmark = pytest.mark.slow
 
 
-def run_rung(module, ws, tmp_path, evidence):
+def run_rung(module, ws, tmp_path, evidence, timing_profile=SHIPPED):
     attempt = tmp_path / "runs" / module.RUNG / f"attempt-{len(list(tmp_path.glob('runs/*/*'))) + 1}"
     attempt.mkdir(parents=True)
     lines = []
-    ctx = RungContext(workspace=ws, attempt_dir=attempt, evidence=evidence, log=lines.append)
+    ctx = RungContext(workspace=ws, attempt_dir=attempt, evidence=evidence, log=lines.append, timing_profile=timing_profile)
     result = module.run(ctx)
     settle_runs(result.measurements, ctx.runs)  # as the engine does
     criteria = evaluate(load_checklist(module.RUNG), result.measurements, evidence, {})
@@ -63,7 +63,7 @@ def test_compile_rung_passes_with_no_breaks_and_eager_step1_loss(narrow_ws, tmp_
     assert m["step1_loss_rel_err"] <= 1e-5 and m["baseline_step1_loss_repr"] == evidence["eager"]["step1_loss_repr"]
     # compiling is paid inside step 1, which is therefore slower than a steady step
     assert 0 < m["compile_time_s"] <= m["first_step_time_s"] and m["first_step_time_s"] > m["step_time_median_s"]
-    assert m["steps_run"] == harness.param("compile", "steps")
+    assert m["steps_run"] == gate_recipe.param("compile", "steps")
     assert m["eager_step_time_median_s"] == evidence["eager"]["step_time_median_s"]
     assert m["speedup_vs_eager"] == m["eager_step_time_median_s"] / m["step_time_median_s"]
     check_comparison(m["vs_eager"], TimingProtocol().min_effect)  # compare_samples' default protocol
@@ -81,7 +81,7 @@ def test_compile_rung_reports_the_moe_loop_graph_breaks(narrow_ws, tmp_path, mon
     """Without the static experts, the per-expert torch.where breaks every MoE block; the gate says where."""
     ws = on_aot_eager(narrow_ws("qwen3_moe"))
     evidence = with_eager(ws, tmp_path)
-    monkeypatch.setattr(harness, "capture_moe", lambda cfg, args: (None, "kept the loop (test)"))
+    monkeypatch.setattr(mode_recipe, "capture_moe", lambda cfg, args: (None, "kept the loop (test)"))
     result, criteria, _ = run_rung(compile_rung, ws, tmp_path, evidence)
     m = result.measurements
     assert failed(criteria) == ["no_graph_breaks"]
@@ -97,8 +97,7 @@ def test_graph_trainer_rung_passes_bit_identical_with_one_program_per_step(narro
     evidence = with_eager(ws, tmp_path)
     # its execution-mode choice timed with the quick profile: the gate's checks are the point here,
     # the demo (test_demo.py) times the choice with the shipped protocol
-    with harness.timing_profile_of("quick"):
-        result, criteria, _ = run_rung(graph_trainer, ws, tmp_path, evidence)
+    result, criteria, _ = run_rung(graph_trainer, ws, tmp_path, evidence, "quick")
     m = result.measurements
     assert gate_passed(list(criteria.values())), failed(criteria)
     assert (m["captures_per_run"], m["graphs_per_step"], m["host_syncs"], m["bit_identical"]) == (1, 1, 0, True)
@@ -108,7 +107,7 @@ def test_graph_trainer_rung_passes_bit_identical_with_one_program_per_step(narro
     assert m["eager_step1_loss_rel_err"] <= 1e-5
     assert m["saved_activation_bytes_full"] < m["saved_activation_bytes_default"] < m["saved_activation_bytes_none"]
     assert m["saved_activation_host_bytes_offload"] > 0
-    assert len(result.details["loss_curve"]) == harness.param("graph_trainer", "timed_steps")
+    assert len(result.details["loss_curve"]) == gate_recipe.param("graph_trainer", "timed_steps")
     # the capture (trace, passes, backend compile) is paid inside the timed run's step 1
     assert 0 < m["trace_time_s"] <= m["compile_time_s"] <= m["first_step_time_s"]
     assert m["moe_experts"] == ("dense" if family == "qwen3_moe" else None)
@@ -117,12 +116,12 @@ def test_graph_trainer_rung_passes_bit_identical_with_one_program_per_step(narro
 def test_graph_trainer_rung_finds_the_moe_loop_host_sync_before_training(narrow_ws, tmp_path, monkeypatch):
     ws = narrow_ws("qwen3_moe")
     evidence = with_eager(ws, tmp_path)
-    monkeypatch.setattr(harness, "capture_moe", lambda cfg, args: (None, "kept the loop (test)"))
+    monkeypatch.setattr(mode_recipe, "capture_moe", lambda cfg, args: (None, "kept the loop (test)"))
 
     def no_training(*a, **k):
         raise AssertionError("a step with host syncs must not be trained")
 
-    monkeypatch.setattr(harness, "train", no_training)
+    monkeypatch.setattr(train_run, "train", no_training)
     result, criteria, _ = run_rung(graph_trainer, ws, tmp_path, evidence)
     m = result.measurements
     assert m["host_syncs"] >= 1 and "nonzero" in m["first_host_sync"] and "moe.py" in m["first_host_sync"]
@@ -150,16 +149,16 @@ def test_graph_trainer_rung_catches_a_captured_adamw_off_by_rounding(narrow_ws, 
 def test_capture_moe_replaces_what_cannot_be_traced_and_keeps_what_can(narrow_ws, tmp_path):
     ws = narrow_ws("qwen3_moe")
     ctx = RungContext(workspace=ws, attempt_dir=tmp_path, evidence={}, log=lambda line: None)
-    cfg = harness.job_config(ctx)
-    args = harness.model_args(cfg)
-    assert harness.capture_moe(cfg, args)[0] == "dense"  # the loop
+    cfg = gate_recipe.job_config(ctx)
+    args = gate_recipe.model_args(cfg)
+    assert mode_recipe.capture_moe(cfg, args)[0] == "dense"  # the loop
     cfg.kernels.moe = "grouped_mm"  # fp32: torch._grouped_mm's meta function takes bf16 only
-    moe, why = harness.capture_moe(cfg, args)
+    moe, why = mode_recipe.capture_moe(cfg, args)
     assert moe == "dense" and "bf16 only" in why
     cfg.training.mixed_precision_param = "bfloat16"
-    assert harness.capture_moe(cfg, args) == (None, 'the recipe\'s kernels.moe = "grouped_mm" is kept')
+    assert mode_recipe.capture_moe(cfg, args) == (None, 'the recipe\'s kernels.moe = "grouped_mm" is kept')
     cfg.kernels.moe = "dense"
-    assert harness.capture_moe(cfg, args)[0] is None
+    assert mode_recipe.capture_moe(cfg, args)[0] is None
 
 
 def test_a_run_with_its_own_threads_does_not_leave_them_to_the_next(narrow_ws, tmp_path):
@@ -168,10 +167,10 @@ def test_a_run_with_its_own_threads_does_not_leave_them_to_the_next(narrow_ws, t
 
     ws = narrow_ws("llama3")
     ctx = RungContext(workspace=ws, attempt_dir=tmp_path, evidence={}, log=lambda line: None)
-    cfg = harness.mode_config(harness.job_config(ctx), tmp_path / "one", steps=1)
+    cfg = mode_recipe.mode_config(gate_recipe.job_config(ctx), tmp_path / "one", steps=1)
     before = torch.get_num_threads()
     cfg.device.threads = before + 1
-    harness.train(ctx, cfg, "test")
+    train_run.train(ctx, cfg, "test")
     assert torch.get_num_threads() == before
 
 

@@ -7,11 +7,11 @@ import pytest
 from test_parity_support import add_adapter_methods, new_workspace, tiny_config
 
 from onboard.errors import BadInput
-from onboard.engine.gates import evaluate, load_checklist
+from onboard.ladder.gates import evaluate, load_checklist
 from onboard.parity.criteria import asserted_criteria
 from onboard.parity.results import read_results
 from onboard.rungs import parity_rung as parity
-from onboard.rungs.contract import RungContext
+from onboard.ladder.contract import RungContext
 from onboard.workspace.layout import Workspace
 
 pytestmark = [pytest.mark.hf, pytest.mark.slow]

@@ -7,7 +7,7 @@ passed with its key numbers, the MoE model's compile and Graph Trainer evidence 
 gates promise (no breaks with the static-shape experts, one graph per step, bit-identical),
 and `onboard train` with the final recipe gives the step-1 loss the gates recorded.
 
-The climb (port_climb.py) times its keep/choose decisions with the harness's `quick` timing
+The climb (port_climb.py) times its keep/choose decisions with the `quick` timing
 profile (every entry says so): it proves the ladder's mechanics, and the demo climbs with the
 shipped protocol. It runs in the background from the start of the session (tests/background.py)
 and this test, among the last, asserts on what it left.
@@ -28,7 +28,8 @@ from test_demo import assert_train_reproduces_the_verified_step
 from typer.testing import CliRunner
 
 from onboard.cli.app import app
-from onboard.engine.ladder import default_specs, ladder_states
+from onboard.ladder.table import default_specs
+from onboard.ladder.states import ladder_states
 from onboard.workspace.layout import Workspace
 from ledger_paths import assert_every_named_path_exists
 

@@ -18,7 +18,7 @@ import torch
 from typer.testing import CliRunner
 
 from onboard.cli.app import app
-from onboard.engine.ladder import next_step
+from onboard.engine.next_step import next_step
 from onboard.report.write import write_report_files
 from onboard.workspace.layout import Workspace
 

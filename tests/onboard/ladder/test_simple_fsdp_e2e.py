@@ -4,11 +4,11 @@ debug workspaces (`new-model --preset`), after the real eager and parity rungs.
 To stay fast on a 2-core machine the preset's config.json is narrowed before any rung runs
 (as if `new-model --hf-config` had been given a smaller config of the same architecture:
 every feature of the preset kept, fewer and narrower layers), so parity still compares the
-same architecture with upstream. The failing case is the bug FINDINGS.md warns about: the
+same architecture with upstream. The failing case is the bug docs/DESIGN.md section 8 warns about: the
 gradient placement `Partial("sum")` instead of `Partial("avg")`, patched into the ranks of the
 sharded runs only (a sitecustomize on their PYTHONPATH), so the eager evidence stays honest.
 
-The bf16-or-fp32 choice is timed with the harness's `quick` timing profile: these tests are about
+The bf16-or-fp32 choice is timed with the `quick` timing profile: these tests are about
 the gate's numerics; the demo (test_demo.py) times the choice with the shipped protocol.
 """
 
@@ -23,7 +23,7 @@ import pytest
 from typer.testing import CliRunner
 
 from onboard.cli.app import app
-from onboard.rungs import harness
+
 
 pytestmark = [pytest.mark.whole_machine, pytest.mark.slow, pytest.mark.hf]  # ranks meet at every collective: the background climbs pause
 runner = CliRunner()
@@ -50,18 +50,12 @@ simple_fsdp._placements = _summed
 """
 
 
-@pytest.fixture(autouse=True)
-def quick_timing():
-    with harness.timing_profile_of("quick"):
-        yield
-
-
 def onboard(*args):
     return runner.invoke(app, [str(a) for a in args])
 
 
 def next_step(name: str, base: Path) -> tuple[int, dict]:
-    res = onboard("next-step", name, "--dir", base, "--json")
+    res = onboard("next-step", name, "--dir", base, "--json", "--timing", "quick")
     assert res.exit_code in (0, 1), res.stderr
     return res.exit_code, json.loads(res.stdout)
 

@@ -12,11 +12,11 @@ import pytest
 from timing_checks import check_comparison
 
 from onboard.errors import BadInput
-from onboard.engine.gates import evaluate, gate_passed, load_checklist
-from onboard.rungs import harness
+from onboard.ladder.gates import evaluate, gate_passed, load_checklist
+from onboard.rungs import gate_recipe
 from onboard.rungs import simple_fsdp_rung as simple_fsdp
 from titan_core.measure.numerics import curve_max_rel
-from onboard.rungs.contract import RungContext
+from onboard.ladder.contract import RungContext
 
 EVIDENCE = {"eager": {"step1_loss_repr": "7.5", "step1_grad_norm_repr": "3.0"}}
 
@@ -60,7 +60,7 @@ def test_odd_global_batch_is_bad_input_before_any_process_starts(debug_ws, tmp_p
 
 
 def test_dense_synthetic_fp32_compares_with_the_eager_evidence(debug_ws, tmp_path):
-    cfg = harness.job_config(ctx_for(debug_ws, tmp_path))
+    cfg = gate_recipe.job_config(ctx_for(debug_ws, tmp_path))
     assert simple_fsdp.baseline_reason(cfg, EVIDENCE) is None
     assert "no passed eager evidence" in simple_fsdp.baseline_reason(cfg, {})
 
@@ -69,7 +69,7 @@ def test_text_data_compares_with_the_eager_evidence(debug_ws, tmp_path):
     """Ignored labels spread unevenly over the ranks are no reason: the loss is the global token
     mean (titan_core/training/token_mean.py; tests/core/dist/test_token_mean.py checks the arithmetic)."""
     set_recipe(debug_ws, '[data]\nsource = "synthetic"', '[data]\nsource = "text"\npath = "corpus.txt"')
-    cfg = harness.job_config(ctx_for(debug_ws, tmp_path))
+    cfg = gate_recipe.job_config(ctx_for(debug_ws, tmp_path))
     assert cfg.data.source == "text"
     assert simple_fsdp.baseline_reason(cfg, EVIDENCE) is None
 
@@ -86,7 +86,7 @@ def test_text_data_compares_with_the_eager_evidence(debug_ws, tmp_path):
 )
 def test_other_arithmetic_needs_its_own_baseline(debug_ws, tmp_path, edit, why):
     set_recipe(debug_ws, *edit)
-    cfg = harness.job_config(ctx_for(debug_ws, tmp_path))
+    cfg = gate_recipe.job_config(ctx_for(debug_ws, tmp_path))
     assert re.search(why, simple_fsdp.baseline_reason(cfg, EVIDENCE))
 
 
@@ -96,7 +96,7 @@ def test_moe_aux_loss_needs_the_grad_accum_baseline(tmp_path):
 
     write_workspace(plan_workspace("moe", tmp_path, preset="qwen3_moe/debugmodel", device="cpu"))
     ws = Workspace.load(tmp_path, "moe")
-    cfg = harness.job_config(ctx_for(ws, tmp_path))
+    cfg = gate_recipe.job_config(ctx_for(ws, tmp_path))
     why = simple_fsdp.baseline_reason(cfg, EVIDENCE)
     assert why is not None and "aux_loss_coef = 0.001" in why and "grad_accum = W" in why
     base = simple_fsdp.baseline_config(cfg, tmp_path / "b", world=2)
@@ -106,7 +106,7 @@ def test_moe_aux_loss_needs_the_grad_accum_baseline(tmp_path):
 
 
 def test_sharded_config_gives_each_rank_its_share_and_one_thread_per_core(debug_ws, tmp_path):
-    cfg = harness.job_config(ctx_for(debug_ws, tmp_path))
+    cfg = gate_recipe.job_config(ctx_for(debug_ws, tmp_path))
     cfg.parallelism.tp = 2  # whatever the recipe says, the rung shards over every rank
     s = simple_fsdp.sharded_config(cfg, tmp_path / "x", world=2, mode="fsdp2", param_dtype="bfloat16")
     assert s.training.batch_size * 2 == cfg.training.batch_size
@@ -123,7 +123,7 @@ def test_sharded_config_gives_each_rank_its_share_and_one_thread_per_core(debug_
 
 
 def test_curve_max_rel_finds_the_worst_step_and_refuses_short_curves():
-    ref = [2.0] * harness.param("simple_fsdp", "steps")
+    ref = [2.0] * gate_recipe.param("simple_fsdp", "steps")
     curve = list(ref)
     curve[6] = 2.03
     worst, step = curve_max_rel(curve, ref)
@@ -135,7 +135,7 @@ def test_curve_max_rel_finds_the_worst_step_and_refuses_short_curves():
 
 def test_measurements_judged_by_the_checklist(tmp_path):
     """The rung's numbers through the real checklist: W x too large a gradient fails, and only that."""
-    n = harness.param("simple_fsdp", "steps")
+    n = gate_recipe.param("simple_fsdp", "steps")
     fp32 = rows([7.0 - 0.1 * i for i in range(n)], norm=6.0)
     bf16 = rows([7.0 - 0.1 * i + 0.01 for i in range(n)])
     m = simple_fsdp.measure(fp32, bf16, rows([7.0] * n), baseline=(7.0, 3.0), eager_evidence=None, steps=n)
@@ -154,7 +154,7 @@ def test_measurements_judged_by_the_checklist(tmp_path):
 
 
 def test_every_criterion_names_a_metric_the_rung_measures():
-    n = harness.param("simple_fsdp", "steps")
+    n = gate_recipe.param("simple_fsdp", "steps")
     m = simple_fsdp.measure(
         rows([7.0] * n), rows([7.0] * n), [], baseline=(7.0, 3.0), eager_evidence=EVIDENCE["eager"], steps=n
     )
@@ -187,9 +187,9 @@ def test_precisions_are_timed_interleaved_in_one_process(debug_ws, tmp_path):
     from titan_core.measure.timing import TimingProtocol
 
     ctx = ctx_for(debug_ws, tmp_path)
-    base = harness.job_config(ctx)
+    base = gate_recipe.job_config(ctx)
     base.training.batch_size, base.training.seq_len = 2, 16
     cmp = simple_fsdp.time_precisions(ctx, base)
-    protocol = TimingProtocol.from_dict(harness.param("simple_fsdp", "timing"))
+    protocol = TimingProtocol.from_dict(gate_recipe.param("simple_fsdp", "timing"))
     assert cmp.paired and cmp.rounds >= protocol.min_rounds
     check_comparison(cmp, protocol.min_effect)  # the outcome is the one its interval gives

@@ -10,8 +10,10 @@ import sys
 import pytest
 from ladder_fakes import FakeRung, specs
 
-from onboard.engine.ladder import RUNGS, RungSpec, StepOutcome, next_step
-from onboard.engine.ledger import Entry, Status
+from onboard.ladder.table import RUNGS, RungSpec
+from onboard.engine.attempt import StepOutcome
+from onboard.engine.next_step import next_step
+from onboard.workspace.ledger import Entry, Status
 from onboard.workspace.resources import data_dir
 from onboard.workspace.layout import Workspace
 

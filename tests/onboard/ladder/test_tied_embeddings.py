@@ -17,11 +17,12 @@ import torch
 from typer.testing import CliRunner
 
 from onboard.cli.app import app
-from onboard.engine.gates import evaluate, load_checklist
+from onboard.ladder.gates import evaluate, load_checklist
 from onboard.parity.check import check_workspace
 from onboard.parity.native import build_native, load_adapter, native_args, native_hf_config, read_workspace
-from onboard.rungs import full_model, harness
-from onboard.rungs.contract import RungContext
+from onboard.rungs import full_model
+from onboard.rungs import gate_recipe
+from onboard.ladder.contract import RungContext
 from onboard.sizing.twin_setup import apply_twin
 from onboard.workspace.layout import Workspace
 from onboard.workspace.scaffold import plan_workspace, write_workspace
@@ -94,9 +95,9 @@ def workspace(tmp_path, name: str, cfg: dict, path: str, *, twin: bool = False) 
 def probe(ws: Workspace):
     """(measurements, full_model details, {criterion: ok} of the eager checklist) of the probe."""
     ctx = RungContext(workspace=ws, attempt_dir=ws.root / "attempt", evidence={}, log=lambda _: None)
-    cfg = harness.job_config(ctx)
+    cfg = gate_recipe.job_config(ctx)
     m, details = full_model.probe(ctx, cfg)
-    m["tie_embeddings"] = harness.model_args(cfg).tie_embeddings
+    m["tie_embeddings"] = gate_recipe.model_args(cfg).tie_embeddings
     return m, details["full_model"], {c["name"]: c["ok"] for c in evaluate(load_checklist("eager"), m, {}, {})}
 
 

@@ -4,7 +4,7 @@ diverging flag, keeps the batch when the memory budget binds (saying why), sweep
 and through the engine writes what it kept into recipe.toml, leaves the earlier rungs' evidence
 standing (its own gate proves its edit), and re-verifies after a hand edit of the same key.
 
-Every decision here is timed with the harness's `quick` timing profile: these tests prove the
+Every decision here is timed with the `quick` timing profile: these tests prove the
 rung's mechanics (each change classified and timed, the keep rule, the batch search, the edits);
 the demo (test_demo.py) runs the rung with the shipped protocol.
 """
@@ -18,17 +18,20 @@ from pathlib import Path
 import pytest
 from timing_checks import check_comparison
 
-from onboard.engine.gates import evaluate, gate_passed, load_checklist
-from onboard.engine.ladder import RUNGS, RungSpec, ladder_states, next_step
-from onboard.rungs import eager_rung as eager, harness
-from onboard.rungs import harness, tuning_classify
-from onboard.rungs.gated_runs import settle_runs
-from onboard.rungs.contract import RungContext
+from onboard.ladder.gates import evaluate, gate_passed, load_checklist
+from onboard.ladder.table import RUNGS, RungSpec
+from onboard.ladder.states import ladder_states
+from onboard.engine.next_step import next_step
+from onboard.rungs import eager_rung as eager
+from onboard.rungs import gate_recipe
+from onboard.rungs import tuning_classify
+from onboard.ladder.gated_runs import settle_runs
+from onboard.ladder.contract import RungContext
 from onboard.rungs.tuning_runs import Runs
 from onboard.workspace.layout import Workspace
-from titan_core.tuning import flags as flag_table
+from onboard.rungs import tuning_flags as flag_table
 from onboard.rungs.tuning_classify import CLASSES
-from titan_core.tuning.profile_breakdown import CATEGORIES
+from onboard.rungs.tuning_profile import CATEGORIES
 
 # whole_machine: the rung times its changes, and the climbs beside it would be its noise
 pytestmark = [pytest.mark.slow, pytest.mark.whole_machine]
@@ -40,16 +43,10 @@ DIVERGING = flag_table.Flag(
 )
 
 
-@pytest.fixture(autouse=True)
-def quick_timing():
-    with harness.timing_profile_of("quick"):
-        yield
-
-
 def run(module, ws, tmp_path: Path, evidence: dict, lines: list):
     attempt = tmp_path / "runs" / module.RUNG / f"attempt-{len(list(tmp_path.glob(f'runs/{module.RUNG}/*'))) + 1}"
     attempt.mkdir(parents=True)
-    ctx = RungContext(workspace=ws, attempt_dir=attempt, evidence=evidence, log=lines.append)
+    ctx = RungContext(workspace=ws, attempt_dir=attempt, evidence=evidence, log=lines.append, timing_profile="quick")
     result = module.run(ctx)
     settle_runs(result.measurements, ctx.runs)  # as the engine does
     return result
@@ -73,7 +70,7 @@ def test_the_rung_passes_classifies_every_change_and_rejects_a_diverging_flag(na
     changes = {c["change"]: c for c in d["changes"]}
     assert {"threads=2", "inject.seed"} <= set(changes) and m["changes_tried"] == len(d["changes"])
     for c in d["changes"]:
-        assert c["class"] in CLASSES and c["classification"]["rounding_rel"] == harness.bound("tuning", "final_step1_loss", "fp32", {})
+        assert c["class"] in CLASSES and c["classification"]["rounding_rel"] == gate_recipe.bound("tuning", "final_step1_loss", "fp32", {})
         assert (c["timing"] is None) == (c["class"] == "diverged"), c  # a diverged change is never timed
         if c["timing"]:  # timed per token: tokens/s is the inverse of the median, the outcome its interval's
             assert c["timing"]["rounds"] >= 2 and c["describe"].startswith(c["change"])
@@ -152,7 +149,7 @@ def test_the_engine_writes_the_kept_batch_is_proved_by_its_own_gate_and_a_hand_e
     base = ws.root.parent.parent
 
     def step():
-        return next_step(Workspace.load(base, ws.name), specs=specs)
+        return next_step(Workspace.load(base, ws.name), specs=specs, timing_profile="quick")
 
     assert step().status == "passed"
     first = step()
@@ -166,7 +163,7 @@ def test_the_engine_writes_the_kept_batch_is_proved_by_its_own_gate_and_a_hand_e
     assert batch[0] == ("4", "8", "kept") and [d["verdict"] for d in found].count("kept") == 1, found
     assert "batch_size = 8  # tuning rung (batch): batch=8 is 2.00x faster than untuned" in ws.recipe_path.read_text()
     states = {s.rung: s.status for s in ladder_states(Workspace.load(base, ws.name), specs)}
-    # tuning's own gate proved its edit (harness.TUNING_KEYS): eager's evidence stands
+    # tuning's own gate proved its edit (table.TUNING_KEYS): eager's evidence stands
     assert (states["eager"], states["tuning"]) == ("passed", "passed")
     assert step().status == "complete"
     # a hand edit of the same key is not proved by anyone: eager re-verifies, then tuning again

@@ -16,7 +16,9 @@ import pytest
 import torch
 from test_parity_support import BASE, add_adapter_methods, edit_file, new_workspace
 
-from onboard.engine.ladder import default_specs, ladder_states, next_step
+from onboard.ladder.table import default_specs
+from onboard.ladder.states import ladder_states
+from onboard.engine.next_step import next_step
 from onboard.parity import native
 from onboard.parity.check import check_workspace
 from onboard.parity.criteria import asserted_criteria, threshold
@@ -42,7 +44,7 @@ def replace_block(root, new_block: str, imports: str = "") -> None:
     """model.py's Block class replaced (an agent rewriting the decoder block), extra imports added."""
     path = root / "model.py"
     text = path.read_text()
-    start, end = text.index("class Block(nn.Module):"), text.index("class Model(nn.Module):")
+    start, end = text.index("class Block(nn.Module):"), text.index("class Model(ModelBase):")
     text = text[:start] + new_block.strip("\n") + "\n\n\n" + text[end:]
     anchor = "from titan_core.models.common.moe import MoE, load_balancing_loss\n"
     path.write_text(text.replace(anchor, anchor + imports, 1))

@@ -19,8 +19,8 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 import titan_core.weights.st_headers as ch
-from onboard.parity.upstream import UpstreamError
-from onboard.sizing.weights_headers import check_checkpoint_headers
+from onboard.upstream.hf_model import UpstreamError
+from onboard.upstream.weights_headers import check_checkpoint_headers
 from titan_core.models.registry import build_meta, get_family
 
 CODES = {torch.bfloat16: "BF16", torch.float32: "F32", torch.float16: "F16"}

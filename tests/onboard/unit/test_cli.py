@@ -7,7 +7,7 @@ import pytest
 from typer.testing import CliRunner
 
 from onboard.cli.app import app
-from onboard.engine.ladder import default_specs
+from onboard.ladder.table import default_specs
 
 runner = CliRunner()
 LLAMA = {

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from onboard.engine.gates import load_checklist
+from onboard.ladder.gates import load_checklist
 
 BOUNDS_FILE = Path(__file__).resolve().parents[2] / "core" / "core_bounds.py"
 

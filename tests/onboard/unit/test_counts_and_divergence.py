@@ -18,7 +18,7 @@ from typer.testing import CliRunner
 
 from onboard.cli.app import app
 from onboard.rungs import eager_rung as eager
-from onboard.rungs.contract import RungContext
+from onboard.ladder.contract import RungContext
 from onboard.workspace.scaffold import plan_workspace, write_workspace
 from onboard.workspace.layout import Workspace
 from titan_core.config import ConfigError, JobConfig, describe, load_config

@@ -1,4 +1,4 @@
-"""The memory rule of a keep/choose decision (onboard.rungs.decision.decide_memory): a margin either
+"""The memory rule of a keep/choose decision (onboard.ladder.decision.decide_memory): a margin either
 side of the threshold so a figure at the edge cannot flip between attempts, a saving exactly at the
 edge counts as reaching it, and a peak that was not measured never decides."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from onboard.rungs.decision import HELD, KEPT, NOT_MEASURED, decide_memory
+from onboard.ladder.decision import HELD, KEPT, NOT_MEASURED, decide_memory
 
 
 def rule(peak_holder, peak_candidate, *, earned=False):

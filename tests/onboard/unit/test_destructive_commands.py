@@ -103,7 +103,7 @@ def quick_demo(monkeypatch):
         (folder / "train.jsonl").write_text("{}\n")
         return {"exit_code": 0}
 
-    monkeypatch.setattr(demo, "_ladder", lambda base, name, source, out, t0: {"exit_code": 0})
+    monkeypatch.setattr(demo, "_ladder", lambda base, name, source, out, t0, timing: {"exit_code": 0})
     monkeypatch.setattr(demo_train, "run_train_stage", stage)
     return demo_train.FOLDER
 

@@ -17,8 +17,8 @@ from unittest import mock
 import pytest
 
 from onboard.engine.attempt import AttemptInputs, run_attempt
-from onboard.engine.gates import load_checklist
-from onboard.engine.ledger import Ledger
+from onboard.ladder.gates import load_checklist
+from onboard.workspace.ledger import Ledger
 from onboard.environment import child_env, command_scope, inherited
 from onboard.parity.results import RESULTS_ENV, WEIGHTS_ENV, read_results, write_results
 from onboard.rungs import parity_rung

@@ -22,11 +22,13 @@ import pytest
 from typer.testing import CliRunner
 
 from onboard.cli.app import app
-from onboard.engine.attempt import entry_error
-from onboard.engine.ladder import RungSpec, ladder_states, next_step
-from onboard.engine.ledger import RUN_RECORD, Entry, Ledger, run_record_text
+from onboard.ladder.states import entry_error
+from onboard.ladder.table import RungSpec
+from onboard.ladder.states import ladder_states
+from onboard.engine.next_step import next_step
+from onboard.workspace.ledger import RUN_RECORD, Entry, Ledger, run_record_text
 from onboard.parity.results import written_by_this_run
-from onboard.parity.template_check import TEST_FILE, expected_text, tamper_problem
+from onboard.ladder.template_check import TEST_FILE, expected_text, tamper_problem
 from onboard.workspace.layout import Workspace
 from onboard.workspace.scaffold import plan_workspace, write_workspace
 from test_cli import LLAMA

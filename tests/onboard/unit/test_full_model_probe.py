@@ -13,9 +13,10 @@ import json
 import pytest
 import torch
 
-from onboard.engine.gates import evaluate, load_checklist
-from onboard.rungs import full_model, harness
-from onboard.rungs.contract import RungContext
+from onboard.ladder.gates import evaluate, load_checklist
+from onboard.rungs import full_model
+from onboard.rungs import gate_recipe
+from onboard.ladder.contract import RungContext
 from onboard.workspace.scaffold import plan_workspace, write_workspace
 from onboard.sizing.twin_setup import apply_twin
 from onboard.workspace.layout import Workspace
@@ -35,7 +36,7 @@ def probe(tmp_path, name: str, **plan_kw):
     ws = Workspace.load(tmp_path, name)
     lines: list[str] = []
     ctx = RungContext(workspace=ws, attempt_dir=tmp_path / name / "attempt", evidence={}, log=lines.append)
-    m, details = full_model.probe(ctx, harness.job_config(ctx))
+    m, details = full_model.probe(ctx, gate_recipe.job_config(ctx))
     criteria = {c["name"]: c["ok"] for c in evaluate(load_checklist("eager"), m, {}, {})}
     return m, details["full_model"], criteria, lines
 
@@ -83,7 +84,7 @@ def test_a_full_model_that_does_not_build_fails_its_criterion(tmp_path):
     (root / "config.json").write_text(json.dumps({**full, "hidden_act": "gelu"}))  # the twin still builds
     ws = Workspace.load(tmp_path, "broken")
     ctx = RungContext(workspace=ws, attempt_dir=root / "a", evidence={}, log=lambda _: None)
-    m, details = full_model.probe(ctx, harness.job_config(ctx))
+    m, details = full_model.probe(ctx, gate_recipe.job_config(ctx))
     assert m["full_model_built_on_meta"] is False and "hidden_act 'gelu'" in details["full_model"]["error"]
     criteria = {c["name"]: c["ok"] for c in evaluate(load_checklist("eager"), m, {}, {})}
     assert criteria["full_model_built_on_meta"] is False and criteria["full_model_keys_match_upstream"] is False

@@ -5,7 +5,7 @@ import math
 import pytest
 import yaml
 
-from onboard.engine.gates import COMPARATORS, ChecklistError, evaluate, gate_passed, load_checklist, parse_checklist
+from onboard.ladder.gates import COMPARATORS, ChecklistError, evaluate, gate_passed, load_checklist, parse_checklist
 
 
 def checklist(*criteria, human=()):

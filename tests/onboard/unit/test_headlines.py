@@ -19,12 +19,13 @@ from typer.testing import CliRunner
 
 from onboard.cli.app import app
 from onboard.cli.views import key_numbers, key_numbers_text, status_dict
-from onboard.engine.ladder import default_specs, ladder_states
+from onboard.ladder.table import default_specs
+from onboard.ladder.states import ladder_states
 from onboard.report.facts import records
 from onboard.report.speed_section import decision_figure
 from onboard.report.steps import decision_factor, waterfall_steps
 from onboard.report.write import write_report_files
-from onboard.rungs.decision import decide, headline
+from onboard.ladder.decision import decide, headline
 from onboard.workspace.layout import Workspace
 from test_report_files import demo_ws  # noqa: F401 (the fixture)
 
@@ -149,7 +150,7 @@ def test_no_kept_decision_says_so_in_bold_and_nothing_else_is(demo_ws):  # noqa:
 
 
 def test_a_decision_taken_without_timing_reads_untimed_and_a_failed_timing_not_measured():
-    from onboard.rungs.decision import Decision, NOT_ELIGIBLE
+    from onboard.ladder.decision import Decision, NOT_ELIGIBLE
 
     untimed = Decision(rung="kernels", lever="kernels.attention", holder="sdpa", candidate="flash", value="sdpa",
                        verdict=NOT_ELIGIBLE, figure="none", why="flash raised: never timed").to_dict()  # fmt: skip

@@ -13,7 +13,7 @@ import json
 import pytest
 import torch
 
-from onboard.sizing.weights_headers import check_checkpoint_headers
+from onboard.upstream.weights_headers import check_checkpoint_headers
 from test_checkpoint_headers import assert_only, check, hf_state_dict, write_real
 from titan_core.models.transformers import ADAPTER, DEBUG_HF_CONFIG, TransformersCausalLM
 from titan_core.models.transformers.checkpoint_layout import CheckpointLayout

@@ -18,9 +18,10 @@ from types import SimpleNamespace
 import pytest
 from timing_checks import check_comparison
 
-from onboard.rungs import harness, kernels_rung, kernels_steps
-from onboard.rungs.contract import RungContext
-from onboard.rungs.decision import HELD, INDISTINGUISHABLE, KEPT, NOT_ELIGIBLE, NOT_MEASURED
+from onboard.rungs import kernels_rung, kernels_steps
+from onboard.rungs import train_run
+from onboard.ladder.contract import RungContext
+from onboard.ladder.decision import HELD, INDISTINGUISHABLE, KEPT, NOT_ELIGIBLE, NOT_MEASURED
 from onboard.rungs.kernel_compare import KERNEL_FLAGS, REFERENCE, step_peak
 from onboard.rungs.kernels_decide import MemoryRule, all_decisions, decide_all, field_inputs, mark_rows
 from onboard.workspace.layout import Workspace
@@ -353,8 +354,8 @@ def test_whole_steps_build_step_and_close(tmp_path, monkeypatch):
     ws = narrowed(tmp_path)
     (tmp_path / "attempt").mkdir()
     ctx = RungContext(workspace=ws, attempt_dir=tmp_path / "attempt", evidence={}, log=lambda line: None)
-    with harness.timing_profile_of("quick"), harness.process_threads(1):
-        proto = kernels_rung.protocol()
+    with train_run.process_threads(1):
+        proto = kernels_rung.protocol("quick")
         with kernels_steps.WholeSteps(ctx, proto) as steps:
             loss = steps.compare("loss", "fused_ce", "plain")
             assert steps.built == 2 and set(steps.trainers) == {("loss", "fused_ce"), ("loss", "plain")}

@@ -14,9 +14,11 @@ from types import SimpleNamespace
 
 import pytest
 
-from onboard.rungs import decision, execution_mode, harness
+from onboard.ladder import decision
+from onboard.rungs import execution_mode
+from onboard.rungs import gate_recipe
 from onboard.rungs import simple_fsdp_rung as simple_fsdp
-from onboard.rungs.contract import RungContext
+from onboard.ladder.contract import RungContext
 from onboard.workspace.layout import Workspace
 from onboard.workspace.scaffold import plan_workspace, write_workspace
 from titan_core.measure.timing import Comparison
@@ -77,7 +79,7 @@ def choose(ws, tmp_path, monkeypatch, times: dict[str, float], compare=None):
     monkeypatch.setattr(execution_mode, "_trainer", trainer)
     monkeypatch.setattr(execution_mode, "compare", compare or (lambda c, b, proto: scripted(c(), b())))
     ctx = ctx_of(ws, tmp_path)
-    edits, record = execution_mode.choose(ctx, harness.job_config(ctx), rung="graph_trainer", moe=None,
+    edits, record = execution_mode.choose(ctx, gate_recipe.job_config(ctx), rung="graph_trainer", moe=None,
                                           modes=list(times))  # fmt: skip
     assert all(t.closed for t in made.values())
     (d,) = record["decisions"]  # one record of the one lever

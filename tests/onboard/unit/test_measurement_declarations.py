@@ -1,7 +1,7 @@
 """Every metric a checklist names is a declared measurement of its rung, found without running a rung.
 
-Each rung module declares its measurements as a dataclass (`MEASUREMENTS`, a
-`onboard.rungs.contract.Measurements`). A criterion's metric, a threshold reference
+Each rung declares its measurements as a dataclass in the rung table (`TABLE[rung].measurements`,
+a `onboard.ladder.contract.Measurements`, onboard/ladder/measurements/). A criterion's metric, a threshold reference
 (`measurements.<metric>`, `evidence.<rung>.<metric>`, a bare metric name) and a
 `measurements.<metric>` or `evidence.<rung>.<metric>` a hint or human check points the reader
 to must each name a declared field, so renaming a field (or misspelling a metric) fails here.
@@ -9,7 +9,6 @@ to must each name a declared field, so renaming a field (or misspelling a metric
 
 from __future__ import annotations
 
-import importlib
 import re
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -17,9 +16,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from onboard.engine.gates import parse_checklist
-from onboard.engine.ladder import RUNGS
-from onboard.rungs.contract import ABSENT, Measurements, flattened
+from onboard.ladder.gates import parse_checklist
+from onboard.ladder.table import RUNGS, TABLE
+from onboard.ladder.contract import ABSENT, Measurements, flattened
 from onboard.workspace.resources import data_file
 
 # a reference in prose: measurements.<metric> or evidence.<rung>.<metric>, not a pattern (worst_*_kernel)
@@ -27,7 +26,7 @@ PROSE_REF = re.compile(r"\b(?:measurements|evidence\.(\w+))\.(\w+)\b(?![*<])")
 
 
 def declared_by_rung() -> dict[str, frozenset[str]]:
-    return {rung: importlib.import_module(f"onboard.rungs.{rung}_rung").MEASUREMENTS.declared() for rung in RUNGS}
+    return {rung: TABLE[rung].measurements.declared() for rung in RUNGS}
 
 
 def undeclared(source: str, data: dict, declared: dict[str, frozenset[str]]) -> list[str]:
@@ -98,13 +97,13 @@ def test_a_misspelt_metric_or_reference_fails_with_file_criterion_and_name():
 def test_every_rung_declares_a_measurements_dataclass_with_only_absent_defaults():
     """An undeclared name set by a rung raises; an unset field stays out of the ledger's flat dict."""
     for rung in RUNGS:
-        cls = importlib.import_module(f"onboard.rungs.{rung}_rung").MEASUREMENTS
+        cls = TABLE[rung].measurements
         assert issubclass(cls, Measurements), rung
         m = cls()
         assert m.as_metrics() == {}, rung  # nothing measured, nothing recorded
         assert all(f.default is ABSENT for f in fields(cls) if not f.metadata.get("flattened")), rung
     with pytest.raises(TypeError, match="declares no measurement 'graph_brakes'"):
-        importlib.import_module("onboard.rungs.compile_rung").MEASUREMENTS().graph_brakes = 0
+        TABLE["compile"].measurements().graph_brakes = 0
 
 
 def test_as_metrics_is_the_flat_dict_the_ledger_stores():

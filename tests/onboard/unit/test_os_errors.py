@@ -12,13 +12,15 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from onboard.engine import ladder
-from onboard.engine import ledger as ledger_file
+from onboard.engine import next_step as ladder  # where next-step finds default_specs
+from onboard.workspace import ledger as ledger_file
 from onboard.cli.app import app
 from onboard.errors import EXIT_BAD_INPUT, EXIT_FAILED, EnvironmentFailed, describe_os_error
-from onboard.engine.gates import parse_checklist
-from onboard.engine.ladder import RUNGS, RungSpec, ladder_states, next_step
-from onboard.rungs.contract import ABSENT, Measurements, RungResult
+from onboard.ladder.gates import parse_checklist
+from onboard.ladder.table import RUNGS, RungSpec
+from onboard.ladder.states import ladder_states
+from onboard.engine.next_step import next_step
+from onboard.ladder.contract import ABSENT, Measurements, RungResult
 from onboard.workspace.scaffold import plan_workspace, write_workspace
 from onboard.workspace.layout import Workspace
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch import nn
 
-from onboard.engine.gates import load_checklist
+from onboard.ladder.gates import load_checklist
 from onboard.parity.compare import compare_grads, round_trip
 from titan_core.measure.numerics import max_abs, rel_l2
 from onboard.parity.criteria import RUNG_ONLY_METRICS, Criterion, asserted_criteria, load_criteria, threshold

@@ -7,7 +7,7 @@ import torch
 
 from onboard.parity import feature_pass, features
 from onboard.parity.criteria import params
-from onboard.parity.upstream import build_upstream
+from onboard.upstream.hf_model import build_upstream
 
 pytestmark = pytest.mark.hf
 

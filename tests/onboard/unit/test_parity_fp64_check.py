@@ -10,7 +10,7 @@ import torch.nn.functional as F
 
 from onboard.parity.check import _fp64_check
 from onboard.parity.compare import GradReport
-from onboard.parity.upstream import build_upstream
+from onboard.upstream.hf_model import build_upstream
 
 pytestmark = pytest.mark.hf
 

@@ -1,5 +1,5 @@
 """Parity of what it did not see before (issue 32, item 6): the MoE load-balancing term against
-upstream's, and the fresh native init against upstream's own init (onboard/parity/init_check.py)."""
+upstream's, and the fresh native init against upstream's own init (onboard/upstream/init_check.py)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from torch import nn
 
 from onboard.parity.check import check_workspace
 from onboard.parity.criteria import load_criteria, params, threshold
-from onboard.parity.init_check import compare_init, init_stats
+from onboard.upstream.init_check import compare_init, init_stats
 from onboard.parity.results import failure_summary
 from onboard.workspace.scaffold import plan_workspace, write_workspace
 

@@ -10,7 +10,7 @@ import torch
 
 from onboard.parity.check import check_workspace
 from onboard.parity.native import PortError, WorkspaceError, load_adapter, native_args, read_workspace
-from onboard.parity.upstream import UpstreamError, build_upstream, hf_config_object
+from onboard.upstream.hf_model import UpstreamError, build_upstream, hf_config_object
 from titan_core.config import ConfigError
 from titan_core.config.hf_config import read_hf_config
 

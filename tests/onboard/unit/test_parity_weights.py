@@ -16,7 +16,7 @@ import torch
 from onboard.parity.check import check_workspace
 from onboard.parity.criteria import asserted_criteria
 from onboard.parity.results import failure_summary
-from onboard.parity.upstream import UpstreamError, build_upstream
+from onboard.upstream.hf_model import UpstreamError, build_upstream
 
 pytestmark = pytest.mark.hf
 

@@ -1,7 +1,7 @@
 """A bound belongs to a precision, and a gated run counts only when it ran whole.
 
-The checklists' per-precision thresholds (onboard/engine/gates.py), the recipe's precision
-(harness.precision), the runs each rung records (onboard/rungs/gated_runs.py) and the shipped
+The checklists' per-precision thresholds (onboard/ladder/gates.py), the recipe's precision
+(gate_recipe.precision), the runs each rung records (onboard/ladder/gated_runs.py) and the shipped
 checklists that use them."""
 
 from __future__ import annotations
@@ -11,10 +11,10 @@ from types import SimpleNamespace
 
 import pytest
 
-from onboard.engine.gates import PRECISIONS, ChecklistError, evaluate, gate_passed, load_checklist, parse_checklist
-from onboard.rungs import harness
-from onboard.rungs.contract import RungContext
-from onboard.rungs.gated_runs import GatedRuns, record_run, settle_runs
+from onboard.ladder.gates import PRECISIONS, ChecklistError, evaluate, gate_passed, load_checklist, parse_checklist
+from onboard.rungs import gate_recipe
+from onboard.ladder.contract import RungContext
+from onboard.ladder.gated_runs import GatedRuns, record_run, settle_runs
 from titan_core.measure.run_stats import not_whole
 
 PER_PRECISION = {
@@ -67,10 +67,10 @@ def _training(dtype="float32", param="float32", reduce="float32"):
 
 
 def test_the_recipes_precision_is_bf16_when_any_of_its_dtypes_is():
-    assert harness.precision(_training()) == "fp32"
-    assert harness.precision(_training(param="bfloat16")) == "bf16"
-    assert harness.precision(_training(dtype="bfloat16", param="bfloat16")) == "bf16"
-    assert harness.precision(_training(reduce="bfloat16")) == "bf16"
+    assert gate_recipe.precision(_training()) == "fp32"
+    assert gate_recipe.precision(_training(param="bfloat16")) == "bf16"
+    assert gate_recipe.precision(_training(dtype="bfloat16", param="bfloat16")) == "bf16"
+    assert gate_recipe.precision(_training(reduce="bfloat16")) == "bf16"
 
 
 @pytest.mark.parametrize(
@@ -87,12 +87,12 @@ def test_every_shipped_comparison_of_two_runs_of_the_recipe_has_a_bound_per_prec
 
 def test_tuning_keeps_a_change_within_the_bound_its_final_recipe_is_judged_by():
     evidence = {"eager": {"bf16_rounding_bound": 4e-4}}
-    assert harness.bound("tuning", "final_step1_loss", "fp32", evidence) == 1e-5
-    assert harness.bound("tuning", "final_step1_loss", "bf16", evidence) == 4e-4
+    assert gate_recipe.bound("tuning", "final_step1_loss", "fp32", evidence) == 1e-5
+    assert gate_recipe.bound("tuning", "final_step1_loss", "bf16", evidence) == 4e-4
     with pytest.raises(RuntimeError, match="bf16_rounding_bound"):
-        harness.bound("tuning", "final_step1_loss", "bf16", {})
-    assert harness.param("tuning", "curve_rel", "fp32") == 1e-3
-    assert harness.param("tuning", "curve_rel", "bf16") == 2e-2
+        gate_recipe.bound("tuning", "final_step1_loss", "bf16", {})
+    assert gate_recipe.param("tuning", "curve_rel", "fp32") == 1e-3
+    assert gate_recipe.param("tuning", "curve_rel", "bf16") == 2e-2
 
 
 def _rows(*values):

@@ -9,11 +9,11 @@ import tomllib
 
 import pytest
 
-from onboard.engine import recipe_edit
+from onboard.ladder import recipe_edit
 from onboard.workspace.fsutil import sha256_file
-from onboard.engine.ledger import Ledger
-from onboard.engine.recipe_edit import RecipeEditError, apply_edits, edit_text, toml_value
-from onboard.rungs.contract import RecipeEdit
+from onboard.workspace.ledger import Ledger
+from onboard.ladder.recipe_edit import RecipeEditError, apply_edits, edit_text, toml_value
+from onboard.ladder.contract import RecipeEdit
 from onboard.workspace.layout import Workspace
 
 RECIPE = """\

@@ -9,8 +9,8 @@ import shlex
 from test_cli import assert_bad_input, onboard
 from torch.distributed.run import get_args_parser
 
-from onboard.engine.ledger import Ledger
-from onboard.engine.recipe_edit import RecipeEdit, apply_edits
+from onboard.workspace.ledger import Ledger
+from onboard.ladder.recipe_edit import RecipeEdit, apply_edits
 from onboard.workspace.layout import Workspace
 
 

@@ -8,13 +8,14 @@ from pathlib import Path
 
 import pytest
 
-from onboard.engine.ladder import default_specs, ladder_states
-from onboard.engine.ledger import RUN_RECORD, Entry, Ledger, run_record_text
-from onboard.engine.recipe_edit import apply_edits
+from onboard.ladder.table import default_specs
+from onboard.ladder.states import ladder_states
+from onboard.workspace.ledger import RUN_RECORD, Entry, Ledger, run_record_text
+from onboard.ladder.recipe_edit import apply_edits
 from onboard.report.steps import waterfall_steps
 from onboard.report.speed_section import factor_cell
 from onboard.report.write import HTML, LOSS, MEMORY, PARITY, WATERFALL, write_report_files
-from onboard.rungs.contract import RecipeEdit
+from onboard.ladder.contract import RecipeEdit
 from onboard.workspace.scaffold import plan_workspace, write_workspace
 from onboard.workspace.layout import Workspace
 

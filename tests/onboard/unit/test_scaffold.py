@@ -15,6 +15,7 @@ from onboard.workspace.layout import Workspace
 from titan_core.config import load_config
 from titan_core.training.model_builder import build_model_from_config
 from titan_core.models import build_meta, get_family, resolve_args
+from titan_core.models.common.protocol import missing_members
 
 
 def load_file(path, name):
@@ -77,6 +78,7 @@ def test_port_model_py_computes_exactly_what_the_family_computes(tmp_path, prese
     native.init_weights(seed=0)
     with torch.device("meta"):
         ported = port.build_model(args)
+    assert missing_members(ported) == []  # all of TrainableModel: titan_core trains it as it trains the family
     ported.to_empty(device="cpu")
     ported.init_weights(seed=0)
     assert ported.state_dict().keys() == native.state_dict().keys()  # same module paths: adapters still apply

@@ -22,8 +22,9 @@ from hang_guard import HangGuard, hang_guard
 from processes import alive, pids_running
 
 from onboard.cli.shared import run_command
-from onboard.engine.gates import parse_checklist
-from onboard.engine.ladder import RUNGS, RungSpec, next_step
+from onboard.ladder.gates import parse_checklist
+from onboard.ladder.table import RUNGS, RungSpec
+from onboard.engine.next_step import next_step
 from onboard.errors import EXIT_INTERRUPTED, Interrupted
 from onboard.workspace.layout import Workspace
 from onboard.workspace.scaffold import plan_workspace, write_workspace
@@ -48,8 +49,9 @@ signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM})
 signal.signal(signal.SIGINT, signal.default_int_handler)
 from types import SimpleNamespace
 from onboard.cli.app import app
-from onboard.engine import ladder
-from onboard.engine.gates import parse_checklist
+from onboard.engine import next_step as engine
+from onboard.ladder.gates import parse_checklist
+from onboard.ladder.table import RUNGS, RungSpec
 from onboard.rungs import simple_fsdp_rung
 from titan_core.runtime import launcher
 
@@ -67,8 +69,8 @@ class ShardedRung:
         simple_fsdp_rung._world(ctx, cfg, 2, "sleeping ranks", required=True)
         raise AssertionError("the ranks sleep until they are stopped")
 
-ladder.default_specs = lambda: [ladder.RungSpec("eager", None, module=ShardedRung(), checklist=checklist)] + [
-    ladder.RungSpec(r, None) for r in ladder.RUNGS[1:]]
+engine.default_specs = lambda: [RungSpec("eager", None, module=ShardedRung(), checklist=checklist)] + [
+    RungSpec(r, None) for r in RUNGS[1:]]
 app(["next-step", "m", "--dir", base, "--json"], prog_name="onboard")
 """
 

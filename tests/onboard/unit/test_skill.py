@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from onboard.engine.ladder import RUNGS
+from onboard.ladder.table import RUNGS
 from onboard.workspace.resources import data_dir
 
 SKILL_DIR = data_dir("skills") / "onboard-model"

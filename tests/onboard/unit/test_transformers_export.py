@@ -11,7 +11,7 @@ import json
 import pytest
 import torch
 
-from onboard.engine.gates import load_checklist
+from onboard.ladder.gates import load_checklist
 from titan_core.config import load_config
 from titan_core.measure.numerics import max_abs, rel_l2
 
@@ -94,7 +94,7 @@ def broken_checkpoints(tmp_path):
 
 
 def test_weights_header_check_names_the_missing_and_the_extra_tensor(broken_checkpoints):
-    from onboard.sizing.weights_headers import check_checkpoint_headers
+    from onboard.upstream.weights_headers import check_checkpoint_headers
     from titan_core.models.registry import build_meta
     from titan_core.models.transformers import ADAPTER
 
@@ -108,7 +108,7 @@ def test_weights_header_check_names_the_missing_and_the_extra_tensor(broken_chec
 
 
 def test_parity_loading_names_the_missing_and_the_extra_tensor(broken_checkpoints):
-    from onboard.parity.upstream import build_upstream
+    from onboard.upstream.hf_model import build_upstream
 
     cfg, missing, extra = broken_checkpoints
     up = build_upstream(cfg, weights_dir=missing)

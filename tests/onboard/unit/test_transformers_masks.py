@@ -112,7 +112,7 @@ def test_keys_beside_the_sequence_run_under_the_modules_own_mask_in_the_naive_co
 
 def test_keys_beside_the_sequence_with_no_mask_over_them_are_refused_with_the_reason():
     from titan_core.kernels.attention import KernelRefusesModel
-    from titan_core.kernels.hf_attention import call_core
+    from titan_core.models.transformers.hf_attention import call_core
 
     class Memory(torch.nn.Module):  # keys of a memory the module holds, and no mask of its own
         is_causal = True

@@ -1,5 +1,5 @@
 """The transformers path's model (titan_core/models/transformers) and its attention kernels
-(titan_core/kernels/hf_attention.py): the native decoder's contract around transformers' own
+(titan_core/models/transformers/hf_attention.py): the native decoder's contract around transformers' own
 class, seeded init, the loss against transformers' own loss, fused_ce's memory, kernel calls."""
 
 from __future__ import annotations
@@ -237,10 +237,22 @@ def test_transformers_missing_is_a_config_error(monkeypatch):
         resolve_model_args(Model(family="transformers", flavor="debugmodel"))
 
 
+def test_hf_attention_lives_with_the_transformers_path():
+    # it serves only the transformers path, so it sits in that package, not among the swappable kernels
+    import importlib.util
+
+    import titan_core.models.transformers.hf_attention as hf_attention
+
+    assert hf_attention.__name__ == "titan_core.models.transformers.hf_attention"
+    assert callable(hf_attention.register_hf_attention)
+    assert importlib.util.find_spec("titan_core.kernels.hf_attention") is None
+
+
 def test_titan_core_imports_without_transformers():
     code = (
         "import sys; sys.modules['transformers'] = None\n"
-        "import titan_core.training.trainer, titan_core.models.transformers, titan_core.kernels.hf_attention\n"
+        "import titan_core.training.trainer, titan_core.models.transformers\n"
+        "import titan_core.models.transformers.hf_attention\n"
         "from titan_core.models import get_family\n"
         "print(get_family('transformers').name)"
     )

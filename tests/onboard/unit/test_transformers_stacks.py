@@ -307,7 +307,7 @@ def test_attention_over_depth_runs_transformers_eager_and_the_notes_say_so():
     assert any("attend unmasked over something other than the sequence" in n for n in model.notes), model.notes
     assert same_logits(model, theirs(model, config)) < 1e-5
     # SimpleFSDP's parametrization subclasses each module in another file: its forward's file is the model's
-    from titan_core.kernels.hf_attention import own_eager
+    from titan_core.models.transformers.hf_attention import own_eager
 
     layer, path = sites.upstream[-1].split(".", 1)
     residual = model.layers[layer].get_submodule(path)

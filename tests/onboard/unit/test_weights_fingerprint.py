@@ -8,7 +8,7 @@ import torch
 from safetensors.torch import save_file
 
 from onboard.workspace.fsutil import sha256_file
-from onboard.rungs import harness
+from onboard.rungs import gate_recipe
 from onboard.workspace.scaffold import plan_workspace, write_workspace
 from onboard.workspace.layout import Workspace, fingerprint
 from titan_core.config import load_config
@@ -40,7 +40,7 @@ def test_training_rungs_read_adapter_model_config_and_weights(tmp_path):
     write_workspace(plan)
     ws = Workspace.load(tmp_path, "p")
     ctx = SimpleNamespace(workspace=ws)
-    files = harness.files_read(ctx, load_config(ws.recipe_path))
+    files = gate_recipe.files_read(ctx, load_config(ws.recipe_path))
     recorded = ws.hashes(files)
     assert set(recorded) == {
         "recipe.toml", "config.json", "adapter.py", "model.py", str((tmp_path / "w" / "model.safetensors").resolve()),

@@ -7,7 +7,7 @@ import pytest
 
 from onboard.errors import BadInput
 from onboard.workspace.fsutil import atomic_write_text, sha256_file
-from onboard.engine.ledger import Ledger
+from onboard.workspace.ledger import Ledger
 from onboard.workspace.lock import WorkspaceLock, holder
 from onboard.workspace.layout import Workspace, validate_name
 

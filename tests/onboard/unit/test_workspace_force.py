@@ -19,7 +19,7 @@ from typer.testing import CliRunner
 from onboard.workspace import scaffold
 from onboard.cli.app import app
 from onboard.errors import BadInput
-from onboard.engine.ledger import Ledger
+from onboard.workspace.ledger import Ledger
 from onboard.workspace.lock import WorkspaceLock, holder
 from onboard.workspace.scaffold import plan_workspace, write_workspace
 from onboard.workspace.fsutil import BACKUP_INFIX

@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
@@ -31,6 +32,9 @@ from titan_core.compile.graph_trainer.host_sync import HostSync, HostSyncError, 
 from titan_core.compile.graph_trainer.params import as_param, param_spec
 from titan_core.compile.graph_trainer.scan import plan_stacking, scanned_layers
 from titan_core.training.token_mean import micro_batch_term
+
+if TYPE_CHECKING:
+    from titan_core.models.common.protocol import TrainableModel
 
 
 class CaptureError(RuntimeError):
@@ -135,10 +139,10 @@ class _RegionTagger:
         self._flush()
 
     @contextlib.contextmanager
-    def block_hooks(self, model: nn.Module):
+    def block_hooks(self, model: TrainableModel):
         handles = []
-        # a ported model without a `layers` dict gets no block tags: every node is outside a block
-        for name, block in getattr(model, "layers", {}).items():
+        # a model with no repeated block (`layers` empty) gets no block tags: every node is outside a block
+        for name, block in model.layers.items():
             i = int(name)
             handles.append(block.register_forward_pre_hook(lambda mod, args, i=i: self.enter(layer=i)))
             handles.append(block.register_forward_hook(lambda mod, args, out: self.enter(layer=None)))

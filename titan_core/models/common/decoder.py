@@ -3,7 +3,8 @@
 Module paths are part of the contract (swaps, adapters and parallel plans name them):
 tok_embeddings, layers.<i>.{attention_norm, attention.{wq,wk,wv,wo,q_norm,k_norm,core},
 ffn_norm, feed_forward.{w1,w2,w3} | moe.{router.gate, experts, shared_expert}}, norm,
-output, loss_head.
+output, loss_head. `Transformer` is a `ModelBase` (protocol.py): what the trainer and the
+parallel plans read of a model, with the defaults a model that runs wholly on these layers has.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from titan_core.models.common.args import TransformerArgs
 from titan_core.models.common.attention import Attention
 from titan_core.models.common.layers import CrossEntropyHead, FeedForward, RMSNorm, rope_cos_sin, rope_inv_freq, softcap
 from titan_core.models.common.moe import MoE, load_balancing_loss
+from titan_core.models.common.protocol import ModelBase
 
 
 class Block(nn.Module):
@@ -65,7 +67,7 @@ class Block(nn.Module):
         return x + out, aux
 
 
-class Transformer(nn.Module):
+class Transformer(ModelBase):
     def __init__(self, args: TransformerArgs):
         super().__init__()
         self.args = args
@@ -88,7 +90,7 @@ class Transformer(nn.Module):
         """Initialise every parameter in place (after `to_empty` on the target device).
 
         As transformers' `_init_weights` initialises the upstream classes, which parity's init
-        check compares with (onboard/parity/init_check.py): every projection, embedding and
+        check compares with (onboard/upstream/init_check.py): every projection, embedding and
         expert normal(0, init_std = the config's initializer_range), norm weights 1, biases 0.
         No depth scaling of the residual-output projections: upstream has none. Logits start
         near zero, which puts the step-1 loss near ln(vocab).

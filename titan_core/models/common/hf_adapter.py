@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from titan_core.models.common.args import TransformerArgs
+from titan_core.models.common.hf_keys import HF_KEYS
 from titan_core.models.common.mapping_errors import AdapterError
 from titan_core.models.common.tied import HF_TIE, NATIVE_TIE, tie_default, with_tied_head, without_tied_head
 from titan_core.models.common.validate import check_args, check_hf_value, check_pad_id
@@ -42,17 +43,19 @@ TOP_KEYS: dict[str, str] = {
     "norm.weight": "model.norm.weight",
     NATIVE_TIE.head: HF_TIE.head,
 }
-# native field -> the HF config key it is read from, for the messages of the structural rules
-HF_NAMES: dict[str, str] = {
-    "dim": "hidden_size", "n_layers": "num_hidden_layers", "n_heads": "num_attention_heads",
-    "n_kv_heads": "num_key_value_heads", "head_dim": "head_dim", "vocab_size": "vocab_size",
-    "ffn_hidden_dim": "intermediate_size", "norm_eps": "rms_norm_eps", "max_seq_len": "max_position_embeddings",
-    "rope_theta": "rope_theta", "tie_embeddings": "tie_word_embeddings",
+# native field -> the default where a config omits it (None: none), for the fields every family reads,
+# each under the first of its names in the HF-name table (models/common/hf_keys.py)
+READ: dict[str, Any] = {
+    "dim": None, "n_layers": None, "n_heads": None, "n_kv_heads": None, "head_dim": None, "vocab_size": None,
+    "ffn_hidden_dim": None, "norm_eps": 1e-6, "max_seq_len": 2048, "tie_embeddings": None,
+    "init_std": 0.02,  # the std of upstream's own init (parity's init check)
 }  # fmt: skip
+# native field -> the HF config key it is read from, for the messages of the structural rules
+HF_NAMES: dict[str, str] = {f: HF_KEYS[f][0] for f in (*READ, "rope_theta")}
 # HF config keys that carry no architecture (or that we derive another way).
 NEUTRAL_KEYS = frozenset(
     {
-        "model_type", "architectures", "torch_dtype", "dtype", "transformers_version",
+        "model_type", "architectures", *HF_KEYS["dtype"], "transformers_version",
         "bos_token_id", "eos_token_id", "pad_token_id", "initializer_range", "use_cache",
         "attention_dropout", "pretraining_tp", "output_router_logits", "_name_or_path",
         "return_dict", "output_hidden_states", "output_attentions", "id2label", "label2id",
@@ -171,19 +174,7 @@ class HFAdapter:
                 return node[name]
             return default
 
-        kw: dict[str, Any] = dict(
-            dim=take("hidden_size"),
-            n_layers=take("num_hidden_layers"),
-            n_heads=take("num_attention_heads"),
-            n_kv_heads=take("num_key_value_heads"),
-            head_dim=take("head_dim"),
-            vocab_size=take("vocab_size"),
-            ffn_hidden_dim=take("intermediate_size"),
-            norm_eps=take("rms_norm_eps", 1e-6),
-            max_seq_len=take("max_position_embeddings", 2048),
-            tie_embeddings=take("tie_word_embeddings"),
-            init_std=take("initializer_range", 0.02),  # the std of upstream's own init (parity's init check)
-        )
+        kw: dict[str, Any] = {f: take(HF_NAMES[f], default) for f, default in READ.items()}
         if kw["tie_embeddings"] is None:  # absent: what the config class of this model_type defaults to
             kw["tie_embeddings"] = tie_default(cfg.get("model_type"), self.hf_model_types)
         missing = [k for k in ("dim", "n_layers", "n_heads", "vocab_size") if kw[k] is None]
@@ -219,7 +210,7 @@ class HFAdapter:
         def sub(key: str, default: Any = None) -> Any:
             return take(f"{nest}.{key}", default) if nest else default
 
-        top_theta = take("rope_theta")
+        top_theta = take(HF_NAMES["rope_theta"])
         theta = sub("rope_theta")
         theta = theta if theta is not None else top_theta if top_theta is not None else 10000.0
         rope_type = sub("rope_type") or sub("type") or "default"
@@ -257,22 +248,15 @@ class HFAdapter:
         rope: dict[str, Any] = {"rope_theta": args.rope_theta, "rope_type": "default"}
         if args.rope_scaling:
             rope = {**rope, **args.rope_scaling, "rope_type": "llama3"}
+        sizes = ("dim", "n_layers", "n_heads", "n_kv_heads", "head_dim", "vocab_size", "ffn_hidden_dim", "norm_eps",
+                 "max_seq_len", "tie_embeddings")  # fmt: skip
         return {
             "model_type": self.hf_model_types[0],
             "architectures": [self.hf_architecture],
-            "hidden_size": args.dim,
-            "num_hidden_layers": args.n_layers,
-            "num_attention_heads": args.n_heads,
-            "num_key_value_heads": args.n_kv_heads,
-            "head_dim": args.head_dim,
-            "vocab_size": args.vocab_size,
-            "intermediate_size": args.ffn_hidden_dim,
-            "rms_norm_eps": args.norm_eps,
-            "max_position_embeddings": args.max_seq_len,
-            "tie_word_embeddings": args.tie_embeddings,
+            **{HF_NAMES[f]: getattr(args, f) for f in sizes},
             "rope_parameters": rope,
             "hidden_act": "silu",
-            "initializer_range": args.init_std,
+            HF_NAMES["init_std"]: args.init_std,
         }
 
     def unconsumed_keys(self, cfg: dict[str, Any]) -> list[str]:

@@ -7,6 +7,7 @@ import torch
 from titan_core.models.common.args import TransformerArgs
 from titan_core.models.common.decoder import Transformer
 from titan_core.models.common.param_counts import count_params
+from titan_core.models.common.protocol import TrainableModel
 
 
 def param_counts(args: TransformerArgs) -> dict[str, int]:
@@ -35,3 +36,10 @@ def weight_flops(active: int, embedding: int, *, tied: bool) -> float:
     """Forward + backward FLOPs per token of the weights: 6 per active parameter a token multiplies by;
     an untied input embedding of `embedding` parameters is a lookup, a tied one is the output head too."""
     return 6.0 * (active - (0 if tied else embedding))
+
+
+def model_flops_per_token(model: TrainableModel, seq_len: int) -> float:
+    """Training FLOPs per token of a built model: its own count where it has one (flux: per image
+    token; the transformers path's attention-free stacks), else `flops_per_token` of its args."""
+    own = model.flops_per_token(seq_len)
+    return flops_per_token(model.args, seq_len) if own is None else own

@@ -11,10 +11,14 @@ back here as a `FluxConfig`.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, fields, replace
+from typing import TYPE_CHECKING
 
 from titan_core.config.loader import ConfigError
 from titan_core.models.common.args import TransformerArgs
 from titan_core.models.common.validate import BOOL, LAYERS_OR_0, POSITIONS, SCALE, SIZE, refusal
+
+if TYPE_CHECKING:
+    from titan_core.models.common.protocol import TrainableModel
 
 EXTRA_KEY = "flux"
 SUMMARY_FIELDS = ("dim", "n_layers", "n_heads", "n_kv_heads", "head_dim", "vocab_size", "ffn_hidden_dim", "max_seq_len", "rope_theta")
@@ -154,10 +158,10 @@ def resync_summary(args: TransformerArgs, overrides: dict) -> TransformerArgs:
     return replace(args, **{f: getattr(summary, f) for f in SUMMARY_FIELDS}, extra={**args.extra, **summary.extra})
 
 
-def flux_of(model) -> FluxConfig | None:
-    """The FluxConfig of a flux model (its samples' shape), None for any other model."""
-    cfg = getattr(model, "cfg", None)
-    return cfg if isinstance(cfg, FluxConfig) else None
+def flux_of(model: TrainableModel) -> FluxConfig | None:
+    """The FluxConfig of a flux model (its samples' shape), None for any other model: read from
+    its args, as the flux model built it (`flux_of_args`)."""
+    return flux_of_args(model.args)
 
 
 def flux_of_args(args: TransformerArgs) -> FluxConfig | None:

@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from titan_core.models.common.args import TransformerArgs
+from titan_core.models.common.protocol import ModelBase
 from titan_core.models.flux.config import flux_config
 from titan_core.models.flux.layers import MLP, TIME_CHANNELS, DoubleBlock, SingleBlock, rope_tables
 from titan_core.models.flux.layers import timestep_sinusoid
@@ -27,7 +28,10 @@ TIME_SCALE = 1000.0
 """Timesteps in [0, 1] are embedded as t * 1000, as FLUX.1 was trained."""
 
 
-class Flux(nn.Module):
+class Flux(ModelBase):
+    """A `ModelBase` (protocol.py) with no loss head (`loss_head` None: the flow loss is an MSE)
+    and a FLOP count of its own (`flops_per_token`, per image token)."""
+
     def __init__(self, args: TransformerArgs):
         super().__init__()
         self.args = args
@@ -137,7 +141,3 @@ class Flux(nn.Module):
         """Training FLOPs per image token (`flops_per_sample` / image tokens): the trainer's tokens
         of a flux run are image tokens. `seq_len` is ignored: a sample's size is the config's."""
         return self.flops_per_sample() / self.cfg.image_tokens
-
-    @property
-    def notes(self) -> list[str]:
-        return []

@@ -19,6 +19,7 @@ import torch
 from titan_core.models.common.args import TransformerArgs
 from titan_core.models.common.mapping_errors import AdapterError
 from titan_core.models.common.hf_adapter import window_pattern
+from titan_core.models.common.hf_keys import HF_KEYS
 from titan_core.models.common.validate import NATIVE_ACCEPTS, check_args, check_pad_id, check_value
 from titan_core.models.common.tied import HF_TIE, Tie, same_tensor, with_tied_head
 from titan_core.models.transformers.checkpoint_layout import CheckpointLayout
@@ -26,13 +27,11 @@ from titan_core.models.transformers.hf_classes import causal_lm_parts, config_ob
 
 HF_CONFIG_KEY = "hf_config"
 """args.extra key holding the HF config dict the model is built from."""
-# TransformerArgs field -> the HF config key an override of it is written to
+# TransformerArgs field -> the HF config key an override of it is written to (the HF-name table's first)
 WRITE_BACK = {
-    "dim": "hidden_size", "n_layers": "num_hidden_layers", "n_heads": "num_attention_heads",
-    "n_kv_heads": "num_key_value_heads", "head_dim": "head_dim", "vocab_size": "vocab_size",
-    "ffn_hidden_dim": "intermediate_size", "max_seq_len": "max_position_embeddings",
-    "tie_embeddings": "tie_word_embeddings", "norm_eps": "rms_norm_eps", "init_std": "initializer_range",
-    "n_experts": "num_experts", "top_k": "num_experts_per_tok", "moe_hidden_dim": "moe_intermediate_size",
+    f: HF_KEYS[f][0]
+    for f in ("dim", "n_layers", "n_heads", "n_kv_heads", "head_dim", "vocab_size", "ffn_hidden_dim", "max_seq_len",
+              "tie_embeddings", "norm_eps", "init_std", "n_experts", "top_k", "moe_hidden_dim")
 }  # fmt: skip
 
 
@@ -61,9 +60,9 @@ def _first(c, *names, default=None):
     return default
 
 
-NORM_EPS_KEYS = ("rms_norm_eps", "layer_norm_eps", "norm_eps")
+NORM_EPS_KEYS = HF_KEYS["norm_eps"]
 """What transformers' configs call the epsilon of their norms."""
-EXPERT_COUNT_KEYS = ("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts")
+EXPERT_COUNT_KEYS = HF_KEYS["n_experts"]
 """What transformers' configs call the number of routed experts."""
 
 

@@ -5,7 +5,7 @@
 vision or audio, builds its text model: hf_classes.causal_lm_parts) and adopts its children,
 so the state dict has transformers' names exactly (`model.layers.0.self_attn.q_proj.weight`,
 `lm_head.weight`) and the HF adapter of this path is the identity. Around it, what titan_core
-expects of a model (titan_core/models/common/decoder.py):
+expects of a model (TrainableModel, titan_core/models/common/protocol.py):
 
 - `layers`: the decoder blocks as a dict {"0": block, ...} for FSDP2 units, per-block
   compile and the Graph Trainer's block tags, wherever the class keeps them (stack.py:
@@ -23,7 +23,7 @@ expects of a model (titan_core/models/common/decoder.py):
   the hidden states (the same product, one rounding apart; Inkling's `logits_mup_width_multiplier`
   divides too), a head bias as one more weight column, a learned per-token logit scale (Dory) on
   the weight's rows, a padded head cut to `unpadded_vocab_size` rows (Inkling) (`head_operands`);
-- attention through transformers' AttentionInterface (titan_core/kernels/hf_attention.py):
+- attention through transformers' AttentionInterface (titan_core/models/transformers/hf_attention.py):
   every module that calls the interface holds a `core` (SDPAttention; the naive reference
   when the model soft-caps its scores or uses attention sinks) and runs it, so
   `kernels.attention` swaps it by module path (`swap_paths` maps the native
@@ -53,14 +53,17 @@ import torch.nn.functional as F
 from torch import nn
 
 from titan_core.config.loader import ConfigError
-from titan_core.kernels.hf_attention import MASKED_CORE, MODULE_CORE, makes_own_mask, own_eager, register_hf_attention
 from titan_core.models.common.args import TransformerArgs
 from titan_core.models.common.attention import NaiveAttention, SDPAttention
 from titan_core.models.common.layers import CrossEntropyHead, softcap
 from titan_core.models.common.param_counts import count_params
+from titan_core.models.common.protocol import ModelBase
 from titan_core.models.common.stats import flops_per_token, weight_flops
 from titan_core.models.transformers.adapter import attention_free, final_logit_cap, hf_config_for
 from titan_core.models.transformers.experts import install_experts
+from titan_core.models.transformers.hf_attention import (
+    MASKED_CORE, MODULE_CORE, makes_own_mask, own_eager, register_hf_attention,
+)  # fmt: skip
 from titan_core.models.transformers.hf_classes import causal_lm_parts, config_object, require_transformers, text_config
 from titan_core.models.transformers.stack import (
     attention_sites, base_model, decoder_blocks, head_input, head_transform, needs_naive, own_layers_note,
@@ -134,7 +137,7 @@ def _sets_experts(cls: type) -> bool:
     return bool(can and can())
 
 
-class TransformersCausalLM(nn.Module):
+class TransformersCausalLM(ModelBase):
     def __init__(self, args: TransformerArgs):
         super().__init__()
         require_transformers()
@@ -287,7 +290,7 @@ class TransformersCausalLM(nn.Module):
         values = {**dict(fresh.named_parameters()), **dict(fresh.named_buffers())}
         missing = [n for n in left if n not in values]
         if missing:
-            raise ConfigError(f"{cls.__name__}: no initial value for {', '.join(missing[:5])}")
+            raise ConfigError(f"{type(self.hf).__name__}: no initial value for {', '.join(missing[:5])}")
         with torch.no_grad():
             for n in left:
                 own[n].copy_(values[n])

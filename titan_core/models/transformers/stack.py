@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 from torch import nn
 
-from titan_core.kernels.hf_attention import (
+from titan_core.models.transformers.hf_attention import (
     NAIVE_ONLY, forward_source, is_causal_attention, makes_own_mask, unmasked_by_design,
 )  # fmt: skip
 

@@ -23,7 +23,7 @@ from torch import nn
 from titan_core.config import ConfigError
 from titan_core.models.transformers.hf_classes import causal_lm_parts
 
-from onboard.parity.init_check import TensorStats, init_stats
+from onboard.upstream.init_check import TensorStats, init_stats
 
 
 class UpstreamError(ConfigError):

@@ -14,26 +14,27 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from onboard.sanitize import visible
-from titan_core.config.hf_config import read_hf_config
-from titan_core.models.registry import DIFFUSION_FAMILIES
+from onboard.workspace.templates import render_file, template_env
+from titan_core.config.hf_config import DIFFUSERS_MODEL_TYPES, read_hf_config
 
 if TYPE_CHECKING:
     from onboard.workspace.layout import Workspace
 
 TEST_FILE = "test_parity.py"
+DIFFUSION_FAMILIES = frozenset(DIFFUSERS_MODEL_TYPES.values())
+"""The families a diffusers config maps to: titan_core.models.registry.DIFFUSION_FAMILIES, read from the
+config reader so that `onboard status` loads no model (tests/onboard/unit/test_layers.py: the same set)."""
 
 
 def expected_text(ws: "Workspace") -> str:
     """test_parity.py as new-model renders it for `ws`; ConfigError where config.json cannot be read."""
-    from onboard.workspace.render import render_file, template_env  # lazy: it loads every model family
-
     config = read_hf_config(ws.root / "config.json", require_model_type=True)
     weights = ws.weights_dir
     context = {  # the variables templates/test_parity.py.j2 reads, as scaffold.render sets them
         "name": ws.name,
         "model_type": visible(config["model_type"]),
         "path_kind": ws.path_kind,
-        "diffusion": ws.family in DIFFUSION_FAMILIES,
+        "diffusion": ws.family in DIFFUSION_FAMILIES,  # render.py's flag, read without loading a model
         "weights_dir": str(weights) if weights else "",
         "has_weights": weights is not None,
     }

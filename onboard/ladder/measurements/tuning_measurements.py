@@ -1,16 +1,16 @@
-"""What the tuning rung measures (`TuningMeasurements`), declared beside tuning_rung.py to keep that
-module short. Not a rung (no RUNG)."""
+"""What the tuning rung measures (`TuningMeasurements`): its declaration, read by the ladder
+without importing the rung (onboard/rungs/tuning_rung.py fills it)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from onboard.rungs import harness
-from onboard.rungs.contract import ABSENT
+from onboard.ladder.contract import ABSENT
+from onboard.ladder.measurements.training_measurements import BesideEager
 
 
 @dataclass(kw_only=True)
-class TuningMeasurements(harness.BesideEager):
+class TuningMeasurements(BesideEager):
     """The tuning rung's measurements; the BesideEager fields are the final recipe's whole run's."""
 
     # every change tried (details.changes has each one)

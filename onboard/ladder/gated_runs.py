@@ -3,7 +3,7 @@ each ran whole (every planned step, a finite loss and grad norm at every one).
 
 "Passed" means the recipe ran as planned: a gate whose run stopped at step 2 of 20, or logged a
 NaN grad norm with a finite loss, proves nothing about the steps it did not run. So each gated
-run is recorded on the attempt's `RungContext.runs` (`record_run`; `harness.train` does it for
+run is recorded on the attempt's `RungContext.runs` (`record_run`; `train_run.train` does it for
 every in-process run) and the engine sets `runs_whole` from them (`runs_verdict`), which every
 training rung's checklist requires. Not a rung (no RUNG); loads no torch.
 """
@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from onboard.rungs.contract import ABSENT, Measurements, RungContext
+from onboard.ladder.contract import ABSENT, Measurements, RungContext
 from titan_core.measure.run_stats import not_whole
 
 
@@ -22,7 +22,7 @@ class GatedRuns(Measurements):
     """What every rung that trains records of its runs: their precision, and that each ran whole."""
 
     precision: str = ABSENT
-    """fp32 | bf16: the precision the rung's runs of the recipe computed in (`harness.precision`); it picks the
+    """fp32 | bf16: the precision the rung's runs of the recipe computed in (`gate_recipe.precision`); it picks the
     bound of each criterion that compares two runs (the checklist's threshold per precision)."""
     runs_whole: bool = ABSENT
     """Every gated run of the attempt ran all its planned steps with a finite loss and grad norm at

@@ -3,7 +3,7 @@
 The check itself is titan_core's (titan_core/weights/header_check.py: names, shapes and dtypes
 from the safetensors headers alone, mapped through the adapter on meta), so the load of
 `checkpoint.initial_hf` refuses exactly what this check names. Here the weights folder is found
-as parity finds it (`onboard.parity.upstream.weight_files`: UpstreamError, bad input, for a
+as parity finds it (`onboard.upstream.hf_model.weight_files`: UpstreamError, bad input, for a
 folder that holds no checkpoint).
 """
 
@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from onboard.parity.upstream import weight_files
+from onboard.upstream.hf_model import weight_files
 from titan_core.weights.header_check import INDEX, HeaderReport, check_headers
 
 __all__ = ["INDEX", "HeaderReport", "check_checkpoint_headers"]

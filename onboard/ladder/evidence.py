@@ -12,12 +12,12 @@ measurements against the rung's checklist, with
 
 A passed entry must also be what this workspace's own run wrote: its attempt folder
 runs/<rung>/attempt-<N>/ (no link out of the workspace) holds the engine's record of it
-(ledger.RUN_RECORD), with the same rung, attempt, times and measurements; a rung module may
-add its own check (`evidence_problem(ws, entry)`, e.g. parity: test_parity.py is still the
-template's). Its times must make sense (it ended after it started, and not in the future).
+(ledger.RUN_RECORD), with the same rung, attempt, times and measurements; a rung's declaration
+may add its own check (`evidence_problem(ws, entry)`, onboard/ladder/table.py; parity: test_parity.py
+is still the template's). Its times must make sense (it ended after it started, and not in the future).
 
 A `not_applicable` entry must say why, carry no criteria, and its rung's own rule
-(`not_applicable(ws, recipe)` in the rung module, the one its run uses) must still say the rung
+(`not_applicable(ws, recipe)` of its declaration, the one its run uses) must still say the rung
 does not apply: a rung without that rule applies to every model. An entry that fails any of
 this is `invalid` (ladder.py): it shows with the failing criterion or the reason, and it is
 the current rung for `next-step`, which re-runs it.
@@ -31,11 +31,10 @@ from __future__ import annotations
 import datetime as _dt
 import json
 from dataclasses import dataclass, field
-from types import ModuleType
 from typing import TYPE_CHECKING, Any, Callable
 
-from onboard.engine.gates import ChecklistError, evaluate
-from onboard.engine.ledger import RUN_RECORD, Entry, Ledger, Status, parse_iso, run_record
+from onboard.ladder.gates import ChecklistError, evaluate
+from onboard.workspace.ledger import RUN_RECORD, Entry, Ledger, Status, parse_iso, run_record
 from onboard.errors import BadInput
 
 if TYPE_CHECKING:
@@ -101,8 +100,8 @@ def describe(c: dict) -> str:
 
 
 def check_entry(entry: Entry, spec: Any, ws: "Workspace") -> Verdict:
-    """Re-check one `passed` / `not_applicable` entry of `spec`'s rung (a ladder.RungSpec: its
-    `load_checklist()` and `load_module()`) in `ws`; Verdict.problem says why it is invalid."""
+    """Re-check one `passed` / `not_applicable` entry of `spec`'s rung (a table.RungSpec: its
+    `load_checklist()` and `declared` hooks; never its runner) in `ws`; Verdict.problem says why it is invalid."""
     status, ledger = entry.status, ws.ledger
     if problem := times_problem(entry):
         return Verdict(f"ladder.json says {status}, but {problem}")
@@ -111,7 +110,7 @@ def check_entry(entry: Entry, spec: Any, ws: "Workspace") -> Verdict:
             return Verdict("not_applicable with no reason recorded")
         if entry.criteria:
             return Verdict("not_applicable, yet it records criteria (a rung that does not apply evaluates none)")
-        if problem := not_applicable_problem(entry.rung, spec.load_module(), ws):
+        if problem := not_applicable_problem(entry.rung, spec.declared.not_applicable, ws):
             return Verdict(f"ladder.json says not_applicable, but {problem}")
         return Verdict(None)
     started, ended = _time(entry.started), _time(entry.ended)
@@ -134,8 +133,8 @@ def check_entry(entry: Entry, spec: Any, ws: "Workspace") -> Verdict:
         return Verdict(f"ladder.json says {status}, but its measurements fail {fails}", criteria)
     if problem := run_folder_problem(entry, ws):
         return Verdict(f"ladder.json says {status}, but {problem}", criteria)
-    rung_check = getattr(spec.load_module(), "evidence_problem", None)
-    if callable(rung_check) and (problem := rung_check(ws, entry)):
+    rung_check = spec.declared.evidence_problem
+    if rung_check is not None and (problem := rung_check(ws, entry)):
         return Verdict(f"ladder.json says {status}, but {problem}", criteria)
     return Verdict(None, criteria)
 
@@ -152,16 +151,9 @@ def times_problem(entry: Entry, now: _dt.datetime | None = None) -> str | None:
     return None
 
 
-def not_applicable_rule(module: ModuleType | Any) -> Callable[..., str | None] | None:
-    """The rung module's `not_applicable(ws, recipe) -> reason | None`, or None where it has none."""
-    rule = getattr(module, "not_applicable", None)
-    return rule if callable(rule) else None
-
-
-def not_applicable_problem(rung: str, module: ModuleType | Any, ws: "Workspace") -> str | None:
-    """Why the rung is not shown to be not applicable to `ws` (its rule, recomputed now, says it
-    applies, or it has no rule); None where the rule gives a reason."""
-    rule = not_applicable_rule(module)
+def not_applicable_problem(rung: str, rule: Callable[..., str | None] | None, ws: "Workspace") -> str | None:
+    """Why the rung is not shown to be not applicable to `ws` (its declared rule, recomputed now,
+    says it applies, or it has no rule); None where the rule gives a reason."""
     if rule is None:
         return f"the {rung} rung has no not-applicable rule (it applies to every model)"
     try:

@@ -1,13 +1,13 @@
-"""What the kernels rung measures (`KernelsMeasurements`), declared beside kernels_rung.py to keep
-that module short. Not a rung (no RUNG)."""
+"""What the kernels rung measures (`KernelsMeasurements`): its declaration, read by the ladder
+without importing the rung (onboard/rungs/kernels_rung.py fills it)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
 
-from onboard.rungs.contract import ABSENT, flattened
-from onboard.rungs.gated_runs import GatedRuns
+from onboard.ladder.contract import ABSENT, flattened
+from onboard.ladder.gated_runs import GatedRuns
 
 
 @dataclass(kw_only=True)

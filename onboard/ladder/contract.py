@@ -7,23 +7,28 @@ never writes ladder.json. Bad user input raises `onboard.errors.BadInput` (exit 
 
 A rung that earns flags for the recipe never writes recipe.toml itself: it returns them as
 `RungResult.recipe_edits`, and the engine applies them only when the gate passed (see
-`onboard.engine.recipe_edit`), recording each with its reason in the ledger entry.
+`onboard.ladder.recipe_edit`), recording each with its reason in the ledger entry.
 
-A rung module may define `reads_recipe_key(key: str) -> bool` ("section.field"): whether its
-run depends on that recipe key. A recipe edit recorded by a later passed rung leaves this
-rung's evidence standing only if it touched no key this rung reads; without the function a
-rung reads every key (any edit makes it re-verify).
+What the ladder knows of a rung without running it is its declaration in the rung table
+(onboard/ladder/table.py), never its module, so that `status`, `list` and `report` import no rung:
 
-A rung that can be not applicable defines `not_applicable(ws, recipe: dict) -> str | None` (the
-reason, or None: it applies), cheap and free of model building, and its `run` returns
-`RungResult(not_applicable=not_applicable(ws, ws.recipe()))`: `onboard status` recomputes the
-same rule to check a not_applicable entry of ladder.json, and the engine records not_applicable
-only where the rule agrees. A rung without the function applies to every model. A rung may also
-define `evidence_problem(ws, entry) -> str | None`: why a passed entry of it no longer stands for
-this workspace beyond its measurements (parity: test_parity.py is no longer the template's).
+- `reads_recipe_key(key: str) -> bool` ("section.field"): whether its run depends on that recipe
+  key. A recipe edit recorded by a later passed rung leaves this rung's evidence standing only if
+  it touched no key this rung reads; without one a rung reads every key (any edit re-verifies it).
+- `not_applicable(ws, recipe: dict) -> str | None` (the reason, or None: it applies), cheap and
+  free of model building; the rung's `run` returns `RungResult(not_applicable=<the same rule>)`:
+  `onboard status` recomputes the rule to check a not_applicable entry of ladder.json, and the
+  engine records not_applicable only where the rule agrees. Without one a rung applies to every model.
+- `evidence_problem(ws, entry) -> str | None`: why a passed entry no longer stands for this
+  workspace beyond its measurements (parity: test_parity.py is no longer the template's).
+- `earns`: the recipe keys a passed gate of it may write.
+
+A module-like fake passed to a `RungSpec` without a module name (tests) declares itself: its own
+`reads_recipe_key`, `not_applicable` and `evidence_problem` attributes, where it has them.
 
 Each rung declares what it measures as a `Measurements` dataclass (one field per metric, its
-meaning and unit in the field's docstring) and returns one in `RungResult.measurements`. The
+meaning and unit in the field's docstring; onboard/ladder/measurements/) and returns one in
+`RungResult.measurements`. The
 checklists may judge only declared fields (tests/onboard/unit/test_measurement_declarations.py),
 and a rung that sets an undeclared name fails where it sets it, so a renamed metric is found by
 the fast tests, not when its rung first runs. The ledger stores `as_metrics()`: the flat
@@ -41,6 +46,10 @@ if TYPE_CHECKING:
     from onboard.workspace.layout import Workspace
 
 
+SHIPPED = "shipped"
+"""The timing profile of a ladder as it is meant to run: the checklists' own `params.timing`."""
+
+
 @dataclass
 class RungContext:
     workspace: "Workspace"
@@ -51,6 +60,9 @@ class RungContext:
     """Measurements of the passed earlier rungs, {rung: measurements}, e.g. evidence["eager"]["step1_loss"]."""
     log: Callable[[str], None]
     """Prints a progress line to the person waiting (stderr; silent under --json)."""
+    timing_profile: str = SHIPPED
+    """The timing profile this attempt's keep/choose decisions are timed with (onboard/rungs/timing_profiles.py):
+    SHIPPED, the checklists' own protocol, unless `next-step` was given another (compat, tests: "quick")."""
     runs: list[dict] = field(default_factory=list)
     """Every gated training run of the attempt, as `gated_runs.record_run` saw it: {run, steps_planned,
     steps_run, problem}. The engine turns them into `runs_whole` (gated_runs.runs_verdict)."""

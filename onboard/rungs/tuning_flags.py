@@ -271,7 +271,7 @@ def flag_environment(flag: Flag) -> Iterator[None]:
     os.environ.update(dict(flag.env))
     try:
         if flag.inductor:
-            import torch._inductor.config as inductor_config  # seconds to import; only flags that set it pay
+            import torch._inductor.config as inductor_config  # lazy: seconds to import; only flags that set it pay
 
             with inductor_config.patch(dict(flag.inductor)):
                 yield

@@ -192,3 +192,16 @@ def holder_set_by(ledger, key: str) -> str | None:
             if isinstance(edit, dict) and edit.get("key") == key:
                 rung = entry.rung
     return rung
+
+
+DECISION_KEYS = ("rung", "lever", "holder", "candidate", "value", "verdict", "figure")
+"""What a Decision record must hold to be shown (a hand edit may have dropped some)."""
+
+
+def decision_records(details: dict) -> list[dict]:
+    """The Decision records (decision.Decision.to_dict) in a rung's `details.decisions`; [] when it
+    has none, or an older ledger's other shape there; a record a hand edit broke is left out."""
+    found = details.get("decisions") if isinstance(details, dict) else None
+    if not isinstance(found, list):
+        return []
+    return [d for d in found if isinstance(d, dict) and all(k in d for k in DECISION_KEYS)]

@@ -1,4 +1,4 @@
-"""The ladder: rung order, each rung's state from the ledger, and `next-step`.
+"""Each rung's state from the ledger: what `status`, `list`, `report` and `next-step` start from.
 
 State of a rung, from its latest attempt in ladder.json:
 
@@ -10,14 +10,15 @@ State of a rung, from its latest attempt in ladder.json:
     invalid         the ledger says passed (or n/a), but the entry's recorded measurements
                     do not satisfy its checklist, or it has none, or they are not what the
                     attempt folder's own record says, or its times cannot be true; n/a where
-                    the rung's own rule says it applies (onboard/engine/evidence.py)
+                    the rung's own rule says it applies (onboard/ladder/evidence.py)
     failed          latest attempt failed its gate
     interrupted     latest attempt was stopped (Ctrl-C, SIGTERM, a kill) before it finished
     running         latest attempt is in progress in a live process
     not built yet   DESIGN lists the rung but this version of onboard has no module for it
 
 The current rung is the first built one that is not passed / not_applicable. Each status is a
-`Status` (onboard/engine/ledger.py); running one attempt is onboard/engine/attempt.py.
+`Status` (onboard/workspace/ledger.py); the rung order and each rung's declaration are
+onboard/ladder/table.py; running the current rung is onboard/engine/next_step.py.
 
 A rung may return recipe edits (RungResult.recipe_edits, e.g. the kernels it keeps): the
 engine applies them only when the gate passed, records them in the entry (`recipe_edit`:
@@ -29,72 +30,28 @@ evidence. Any other change to the recipe makes every rung that read it stale.
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
 from dataclasses import dataclass
-from types import ModuleType
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any
 
-from onboard.engine.attempt import AttemptInputs, StepOutcome, entry_error, run_attempt
-from onboard.engine.evidence import Verdict, check_entry
-from onboard.engine.gates import Checklist, load_checklist
-from onboard.engine.ledger import ACCEPTED, Entry, Ledger, Status, parse_iso
-from onboard.workspace.layout import Workspace
-from onboard.workspace.lock import WorkspaceLock, holder
+from onboard.ladder.evidence import Verdict, check_entry
+from onboard.ladder.table import RungSpec
+from onboard.workspace.ledger import ACCEPTED, Entry, Status, parse_iso
+from onboard.workspace.lock import holder
+
+if TYPE_CHECKING:
+    from onboard.workspace.layout import Workspace
 
 __all__ = [
-    "RUNGS",
-    "RungSpec",
+    "NOT_BUILT",
     "RungState",
-    "StepOutcome",
-    "default_specs",
+    "current_state",
     "entry_error",
     "ladder_states",
-    "next_step",
+    "last_built",
+    "passed_evidence",
 ]
 
-RUNGS = ("eager", "parity", "simple_fsdp", "compile", "graph_trainer", "kernels", "tuning")
 NOT_BUILT = Status.NOT_BUILT
-
-
-@dataclass
-class RungSpec:
-    """How the engine reaches one rung: its module (imported lazily) and its checklist."""
-
-    name: str
-    module_name: str | None
-    """Importable module path; None when the rung is not built yet."""
-    module: ModuleType | Any = None
-    """A preloaded module-like object with run(ctx) (tests pass fakes here)."""
-    checklist: Checklist | None = None
-    """A preloaded checklist; default: checklists/<name>.yaml."""
-
-    @property
-    def built(self) -> bool:
-        return self.module is not None or self.module_name is not None
-
-    def load_module(self):
-        if self.module is None:
-            self.module = importlib.import_module(self.module_name)
-        return self.module
-
-    def reads_recipe_key(self):
-        """The rung's `reads_recipe_key(key)` (see onboard.rungs.contract), or None: it reads every key."""
-        return getattr(self.load_module(), "reads_recipe_key", None)
-
-    def load_checklist(self) -> Checklist:
-        if self.checklist is None:
-            self.checklist = load_checklist(self.name)
-        return self.checklist
-
-
-def default_specs() -> list[RungSpec]:
-    """Every rung of DESIGN section 1; those with a module in onboard/rungs/ are built."""
-    specs = []
-    for rung in RUNGS:
-        module_name = f"onboard.rungs.{rung}_rung"
-        specs.append(RungSpec(rung, module_name if importlib.util.find_spec(module_name) else None))
-    return specs
 
 
 @dataclass
@@ -109,7 +66,7 @@ class RungState:
     """An accepted latest entry's criteria as re-evaluated from its measurements (evidence.check_entry)."""
 
 
-def ladder_states(ws: Workspace, specs: list[RungSpec]) -> list[RungState]:
+def ladder_states(ws: "Workspace", specs: list[RungSpec]) -> list[RungState]:
     states: list[RungState] = []
     upstream: list[tuple[str, Any]] = []  # (rung, end time) of accepted earlier attempts
     running_pid = holder(ws.root)
@@ -133,7 +90,7 @@ def ladder_states(ws: Workspace, specs: list[RungSpec]) -> list[RungState]:
 
 
 def _accepted_status(
-    ws: Workspace, spec: RungSpec, latest: Entry, verdict: Verdict, upstream: list[tuple[str, Any]]
+    ws: "Workspace", spec: RungSpec, latest: Entry, verdict: Verdict, upstream: list[tuple[str, Any]]
 ) -> tuple[Status, str | None]:
     """(status, reason) of a passed / not_applicable latest entry: as recorded, unless its evidence
     does not hold (invalid) or no longer describes the model (stale)."""
@@ -161,50 +118,44 @@ def passed_evidence(states: list[RungState], rung: str) -> dict[str, dict]:
     return {s.rung: s.latest.measurements for s in states if s.status == Status.PASSED and s.rung != rung and s.latest}
 
 
-def next_step(
-    ws: Workspace,
-    *,
-    specs: list[RungSpec] | None = None,
-    log: Callable[[str], None] = lambda line: None,
-    base_command: str | None = None,
-) -> StepOutcome:
-    """Run the current rung under the workspace lock and record the attempt in ladder.json.
-
-    The attempt is written as an `interrupted` placeholder before the rung starts and
-    replaced when it ends, so a hard kill leaves a valid ledger that says interrupted.
-    Bad input from the rung removes the placeholder again (nothing written).
-    """
-    specs = specs or default_specs()
-    with WorkspaceLock(ws.root) as lock:
-        if lock.took_over:
-            log(f"took over the lock left by pid {lock.took_over.get('pid')} (no longer running)")
-        ledger = ws.ledger = Ledger.load(ws.ledger.path)  # re-read under the lock
-        states = ladder_states(ws, specs)
-        current = current_state(states)
-        if current is None:
-            return StepOutcome(ws.name, Status.COMPLETE, message=_complete_message(states))
-        spec = next(s for s in specs if s.name == current.rung)
-        rerun = current.status in (Status.STALE, Status.INVALID)
-        outcome = run_attempt(
-            AttemptInputs(
-                ws=ws,
-                ledger=ledger,
-                rung=spec.name,
-                checklist=spec.load_checklist(),
-                module=spec.load_module(),
-                rerun_reason=current.reason if rerun else None,
-                evidence=passed_evidence(states, spec.name),
-                log=log,
-                base_command=base_command or f"onboard next-step {ws.name}",
-            )
-        )
-        if outcome.status != Status.INTERRUPTED:
-            after = current_state(ladder_states(ws, specs))
-            outcome.next_rung = after.rung if after else None
-        return outcome
+def shown_criteria(s: RungState) -> list[dict]:
+    """The criteria a rung's state rests on: re-evaluated from the measurements for an
+    accepted entry (so an edited ledger cannot show ok), as recorded otherwise."""
+    if s.checked is not None:
+        return s.checked
+    return s.latest.criteria if s.latest else []
 
 
-def _complete_message(states: list[RungState]) -> str:
+def ladder_message(states: list[RungState]) -> str:
+    """One line: what next-step would do now."""
+    current = current_state(states)
+    if current is not None:
+        verb = {
+            Status.STALE: "re-verify",
+            Status.INVALID: "re-run",
+            Status.FAILED: "retry",
+            Status.INTERRUPTED: "retry",
+            Status.RUNNING: "wait for",
+        }.get(current.status, "run")
+        return f"next: {verb} {current.rung}"
+    return complete_message(states)
+
+
+def complete_message(states: list[RungState]) -> str:
+    """What `next-step` and `status` say of a ladder with no current rung."""
     if any(s.status == NOT_BUILT for s in states):
         return f"ladder complete up to the last rung that exists: {last_built(states)}"
     return "ladder complete: every rung passed or does not apply"
+
+
+def entry_error(entry: Entry | None) -> str | None:
+    """The error an attempt hit, as one line: the engine's (the rung raised) or the one the
+    rung reported in its details (parity: the port raised, {kind, message}); None if neither."""
+    if entry is None:
+        return None
+    if entry.error:
+        return str(entry.error)
+    err = entry.details.get("error")
+    if isinstance(err, dict) and err.get("message"):
+        return f"{err.get('kind', 'rung')} error: {err['message']}"
+    return str(err) if err else None

@@ -46,7 +46,7 @@ from typing import Any
 
 import yaml
 
-from onboard.rungs.contract import Measurements
+from onboard.ladder.contract import Measurements
 from onboard.workspace.resources import data_file
 
 COMPARATORS = {
@@ -60,7 +60,7 @@ COMPARATORS = {
 
 
 PRECISIONS = ("fp32", "bf16")
-"""The precisions a recipe computes in (onboard.rungs.harness.precision): every per-precision
+"""The precisions a recipe computes in (onboard.rungs.gate_recipe.precision): every per-precision
 threshold names both."""
 
 
@@ -280,3 +280,32 @@ def evaluate(
 
 def gate_passed(results: list[dict]) -> bool:
     return all(r["ok"] for r in results)
+
+
+def fmt(value: Any) -> str:
+    """Short human form of a measurement: 6 significant digits, ints with separators."""
+    if value is None:
+        return "not measured"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return f"{value:,}"
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            return repr(value)
+        if value != 0 and (abs(value) < 1e-3 or abs(value) >= 1e6):
+            return f"{value:.3e}"
+        return f"{value:.6g}"
+    if isinstance(value, (list, dict)):
+        text = str(value)
+        return text if len(text) <= 60 else text[:57] + "..."
+    return str(value)
+
+
+# A recorded criterion is sure to have a name and ok (ledger.shape_problem); the rest of
+# what evaluate() writes may be missing from a hand-edited entry, so it is read with get.
+def fmt_threshold(c: dict) -> str:
+    if c.get("comparator") == "is_true":
+        return "is true"
+    ref = "; ".join(filter(None, (c.get("threshold_ref"), c.get("precision") and f"{c['precision']} bound")))
+    return f"{c.get('comparator', '?')} {fmt(c.get('threshold'))}" + (f" ({ref})" if ref else "")

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from onboard.workspace.fsutil import atomic_write_text, sha256_file
-from onboard.rungs.contract import RecipeEdit
+from onboard.ladder.contract import RecipeEdit
 from titan_core.config.loader import MISSING, get_key, set_key
 
 # A table header line: `[a.b]` (an array of tables `[[a]]` also ends the previous section).
