@@ -133,7 +133,7 @@ def _trace_one(layers: int, scan: bool) -> dict:
 
     from titan_core.compile.graph_trainer import GraphTrainStep
     from titan_core.config.sections import GraphTrainer, Optimizer
-    from titan_core.data.loader import Batch
+    from titan_core.data.base import Batch
     from titan_core.models import build_meta, resolve_args
     from titan_core.training.optim import build_optimizer
 

@@ -26,8 +26,6 @@ EXIT_FAILED = 1
 EXIT_BAD_INPUT = 2
 EXIT_INTERRUPTED = 130
 """SIGINT (Ctrl-C): 128 + 2."""
-EXIT_TERMINATED = 143
-"""SIGTERM: 128 + 15."""
 
 
 class BadInput(Exception):

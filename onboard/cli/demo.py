@@ -29,7 +29,6 @@ from onboard.ladder.recipe_edit import apply_edits
 from onboard.ladder.contract import RecipeEdit
 
 NAME = "llama3_debug"
-PRESET = "llama3/debugmodel"
 PRESETS = {"llama3_debug": "llama3/debugmodel", "flux_debug": "flux/debugmodel"}
 """The demo's presets: workspace name -> the preset it is made from."""
 TRAIN_PRESETS = ("llama3_debug",)

@@ -39,7 +39,6 @@ NOT_MEASURED = "not measured"
 measured): the holder stands and the record says why."""
 NOT_ELIGIBLE = "not eligible"
 """The candidate failed a correctness check before any timing: the holder stands."""
-VERDICTS = (KEPT, HELD, INDISTINGUISHABLE, NOT_MEASURED, NOT_ELIGIBLE)
 
 
 @dataclass
@@ -57,7 +56,7 @@ class Decision:
     value: Any
     """The value the recipe holds after the rung (the candidate only when `verdict` is kept)."""
     verdict: str
-    """One of VERDICTS."""
+    """One of KEPT, HELD, INDISTINGUISHABLE, NOT_MEASURED, NOT_ELIGIBLE."""
     figure: str
     """What decided: "speed" (interleaved whole steps), "memory" (measured peaks), or "none"."""
     why: str

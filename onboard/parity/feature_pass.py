@@ -11,7 +11,7 @@ import re
 import torch
 from torch import nn
 
-from onboard.parity.features import Feature, Probe
+from onboard.parity.features import Feature, Probe, _then
 
 
 def _attention_keys(sd: dict[str, torch.Tensor]) -> tuple[list[str], int]:

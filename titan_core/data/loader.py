@@ -12,7 +12,7 @@ import torch
 
 from titan_core.config.loader import ConfigError
 from titan_core.config.sections import JobConfig
-from titan_core.data.base import IGNORE_INDEX, Batch, RowLoader, mix_seed  # noqa: F401  (re-exported)
+from titan_core.data.base import RowLoader, mix_seed
 from titan_core.data.flow import FlowLoader
 from titan_core.data.text import TextLoader
 from titan_core.models.flux.config import FluxConfig

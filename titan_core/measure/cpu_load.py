@@ -165,7 +165,8 @@ def _own_s(proc: Path, hz: int) -> float:
     return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime + live
 
 
-def _load_1m() -> float | None:
+def load_1m() -> float | None:
+    """The 1-minute load average (None where the OS has none)."""
     try:
         return os.getloadavg()[0]
     except (OSError, AttributeError):
@@ -186,7 +187,7 @@ def snapshot(proc: Path = PROC) -> LoadSnapshot:
         cores=cores,
         tick_s=1.0 / hz,
         own_s=_own_s(proc, hz),
-        load_1m=_load_1m(),
+        load_1m=load_1m(),
     )
 
 

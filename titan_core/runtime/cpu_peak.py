@@ -24,6 +24,8 @@ from pathlib import Path
 
 import torch
 
+from titan_core.measure.cpu_load import load_1m
+
 N = 1024
 """Largest matmul size of the probe: compute-bound on a CPU, ~10 ms in fp32 here."""
 MIN_N = 128
@@ -98,13 +100,6 @@ def _write(data: dict) -> None:
         pass  # a read-only home: the peak is this process's own probe, still the best of its rounds
 
 
-def _load() -> float | None:
-    try:
-        return os.getloadavg()[0]
-    except (OSError, AttributeError):
-        return None
-
-
 @lru_cache(maxsize=None)
 def measured_cpu_peak(dtype: torch.dtype = torch.float32) -> float:
     """FLOP/s to divide CPU MFU by: max(this process's probe, the best probe kept for this machine)."""
@@ -117,7 +112,7 @@ def measured_cpu_peak(dtype: torch.dtype = torch.float32) -> float:
     data[key] = {
         "flops": rate,
         "measured": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "load_1min": _load(),
+        "load_1min": load_1m(),
     }
     _write(data)
     return rate

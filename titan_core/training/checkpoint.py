@@ -19,8 +19,7 @@ mesh, a rank without a saved entry of its own takes rank 0's, and the data posit
 carries over when the global batch (batch_size x data-parallel ranks) is unchanged,
 because loaders address rows by global batch index (see titan_core/data/loader.py).
 
-Hugging Face weights live beside it: the initial load in hf_load.py, the export in hf_export.py
-(`export_hf` is importable from here too, where callers have always found it).
+Hugging Face weights live beside it: the initial load in hf_load.py, the export in hf_export.py.
 """
 
 from __future__ import annotations
@@ -47,9 +46,8 @@ from torch.distributed.checkpoint.state_dict import (
 
 from titan_core.config.loader import ConfigError
 from titan_core.config.sections import JobConfig
-from titan_core.training.hf_export import export_hf
 
-__all__ = ["Checkpointer", "export_hf", "rng_state", "set_rng_state"]
+__all__ = ["Checkpointer", "rng_state", "set_rng_state"]
 
 _STEP_DIR = re.compile(r"step-(\d+)")
 

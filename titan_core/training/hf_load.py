@@ -218,7 +218,7 @@ def _copy_local(param: torch.Tensor, full: torch.Tensor) -> None:
 def _resume_due(cfg: JobConfig) -> bool:
     if not (cfg.checkpoint.enable and cfg.checkpoint.resume):
         return False
-    from titan_core.training.checkpoint import Checkpointer  # checkpoint.py re-exports the export: no cycle at import
+    from titan_core.training.checkpoint import Checkpointer  # lazy: checkpoint.py is only needed to resume
 
     return Checkpointer.from_config(cfg).latest_step() is not None
 

@@ -10,6 +10,7 @@ from kernel_helpers import FP32_TOL, MASKS, attention_inputs, rel_l2
 from titan_core.config.swaps import apply_swaps
 from titan_core.kernels.attention import FlexAttention, KernelRefusesModel, SplashAttention, TokamaxAttention
 from titan_core.models.common.attention import Attention, NaiveAttention, SDPAttention
+from titan_core.models.common.protocol import ModelBase
 
 
 CAP = 1.5  # with scale 4 the raw scores reach several units, so the cap bites
@@ -70,7 +71,7 @@ class _Block(torch.nn.Module):
         self.attention = Attention(32, 4, 2, 8, softcap=cap)
 
 
-class _Model(torch.nn.Module):
+class _Model(ModelBase):  # the swap registry reads a model's swap_paths / swap_refusals (TrainableModel)
     def __init__(self, cap):
         super().__init__()
         self.layers = torch.nn.ModuleDict({"0": _Block(cap)})

@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from titan_core.training import checkpoint as ckpt_mod
-from titan_core.training.checkpoint import Checkpointer, export_hf
+from titan_core.training.checkpoint import Checkpointer
+from titan_core.training.hf_export import export_hf
 from titan_core.config import ConfigError, JobConfig
 from titan_core.data import build_data_loader
 from titan_core.models import build_meta, get_family, resolve_args

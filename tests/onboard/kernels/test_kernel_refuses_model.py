@@ -45,7 +45,6 @@ def test_sdpa_refuses_softcapped_gemma2_and_the_rung_says_not_applicable():
 
 
 def test_a_missing_extra_still_counts_as_raised(monkeypatch):
-    import onboard.rungs.kernel_compare as kc
     from titan_core.kernels import KernelUnavailable
 
     from onboard.rungs import kernels_rung as kernels
@@ -53,7 +52,7 @@ def test_a_missing_extra_still_counts_as_raised(monkeypatch):
     def boom(**_):
         raise KernelUnavailable("kernels.attention=tokamax needs jax")
 
-    monkeypatch.setattr(kc, "compare_kernel", boom)
+    monkeypatch.setattr(kernels, "compare_kernel", boom)  # the rung's own name for it (imported at module level)
     ctx = type("Ctx", (), {"log": staticmethod(lambda s: None)})()
     row = kernels._one_kernel(ctx, "kernels.attention=tokamax", build={}, criteria={}, mode_kw={})
     assert row["status"] == "raised" and "needs jax" in row["error"]

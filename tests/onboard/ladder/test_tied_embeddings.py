@@ -30,7 +30,7 @@ from test_parity_support import add_adapter_methods
 from titan_core.models.common.mapping_errors import AdapterError
 from titan_core.models.common.tied import aliases, same_tensor
 from titan_core.models.registry import FAMILY_NAMES, get_family
-from titan_core.training.checkpoint import export_hf
+from titan_core.training.hf_export import export_hf
 
 pytestmark = pytest.mark.hf
 

@@ -190,7 +190,7 @@ def test_export_of_a_native_workspace_keeps_its_config(tmp_path):
 def test_export_writes_the_recipe_overrides_into_config_json_or_refuses(tmp_path):
     import transformers as tf
 
-    from titan_core.training.checkpoint import export_hf
+    from titan_core.training.hf_export import export_hf
     from titan_core.config import ConfigError, load_config
     from titan_core.training.model_builder import build_model_from_config
 

@@ -21,7 +21,7 @@ import torch
 from torch.distributed.tensor import DTensor
 
 from titan_core.compile.graph_trainer.params import as_param
-from titan_core.parallel.grads import total_norm as eager_total_norm
+from titan_core.parallel.grads import total_norm
 
 #: scalar inputs per parameter group, in the order `adamw_step_scalars` returns them
 STEP_SCALARS = ("decay_mul", "bias_correction2_sqrt", "neg_step_size")
@@ -100,11 +100,6 @@ def adamw_update(
         new_m.append(m)
         new_v.append(v)
     return new_p, new_m, new_v
-
-
-def total_norm(grads: list[torch.Tensor]) -> torch.Tensor:
-    """L2 norm over all gradients: the eager trainer's own function (fp64 accumulation)."""
-    return eager_total_norm(grads)
 
 
 def global_norm(grads: list[torch.Tensor], specs: list) -> torch.Tensor:

@@ -62,11 +62,6 @@ def hf_key(field: str, cfg: Mapping[str, Any] | None = None) -> str:
     return names[0]
 
 
-def first_names() -> dict[str, str]:
-    """{args field: the name titan_core's families read it under}."""
-    return {f: HF_KEYS[f][0] for f in ARG_FIELDS}
-
-
 def names_in(cfg: Mapping[str, Any]) -> dict[str, str]:
     """{args field: the key `cfg` writes it under} (`hf_key`)."""
     return {f: hf_key(f, cfg) for f in ARG_FIELDS}

@@ -5,12 +5,11 @@ vector_in, layers.<i> (DoubleBlock for i < n_double_layers, then SingleBlock), f
 proj_out. `loss` is the training entry point every family has: `tokens` are the clean
 packed latents and `labels` mark each image token as a target, so the trainer's token mean
 (titan_core/training/token_mean.py) weighs image tokens as it weighs text tokens; the
-noise, the timesteps and the text conditioning come as keyword inputs (`FLOW_INPUTS`).
+noise, the timesteps, the text conditioning (text, pooled) and, for a guidance-distilled
+model, guidance come as keyword inputs.
 """
 
 from __future__ import annotations
-
-import math
 
 import torch
 import torch.nn.functional as F
@@ -22,8 +21,6 @@ from titan_core.models.flux.config import flux_config
 from titan_core.models.flux.layers import MLP, TIME_CHANNELS, DoubleBlock, SingleBlock, rope_tables
 from titan_core.models.flux.layers import timestep_sinusoid
 
-FLOW_INPUTS = ("noise", "timesteps", "text", "pooled", "guidance")
-"""The keyword inputs of `loss` besides tokens and labels (`guidance` only for a guidance-distilled model)."""
 TIME_SCALE = 1000.0
 """Timesteps in [0, 1] are embedded as t * 1000, as FLUX.1 was trained."""
 
