@@ -191,7 +191,7 @@ def test_a_faster_rounding_batch_whose_curve_drifts_is_not_kept(narrow_ws, tmp_p
     # this model's batch of 16 and 4 x 4 accumulated now give equal step-1 numbers (bit_identical): a
     # part in 1e7 on the candidate's loss makes the change the rounding class this test is about
     real = tuning_classify.classify
-    monkeypatch.setattr(tuning_classify, "classify", lambda cand, base, **kw: real(
+    monkeypatch.setattr(tuning, "classify", lambda cand, base, **kw: real(  # the rung's own name for it
         tuning_classify.Step1(cand.loss * (1 + 1e-7), cand.grad_norm), base, **kw))
     result = run(tuning, ws, tmp_path, {}, [])
     m, (change,) = result.measurements, [c for c in result.details["changes"] if c["step"] == "batch"]
