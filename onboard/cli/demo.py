@@ -23,7 +23,7 @@ from onboard.workspace.layout import Workspace, workspaces_dir
 from onboard.workspace.ledger import Status
 from onboard.ladder import contract
 from onboard.rungs import timing_profiles
-from onboard.errors import BadInput
+from onboard.errors import EXIT_FAILED, BadInput
 from onboard.ladder.gates import PRECISIONS
 from onboard.ladder.recipe_edit import apply_edits
 from onboard.ladder.contract import RecipeEdit
@@ -136,6 +136,10 @@ def _ladder(base: Path, name: str, source: str, *, out, t0: float, timing: str) 
     out.print(ladder_table(states, title=f"demo ladder: {name} ({source})"))
     last = steps[-1]
     wall = time.perf_counter() - t0
+    unfinished = last.status != Status.COMPLETE and last.exit_code == 0
+    if unfinished:  # every call passed a rung, yet a lever kept sending the ladder back: not proved
+        why = f"the ladder did not complete in {len(steps)} next-step calls (a kept lever kept changing)"
+        last.message = f"{last.message}; {why}: see each rung's decisions in REPORT.md"
     out.print(
         f"{last.message}\nreport: {report.markdown}\nreport.html: {report.html}\n"
         f"waterfall: {report.where(WATERFALL)}\ndemo wall time: {wall:.1f} s"
@@ -148,5 +152,5 @@ def _ladder(base: Path, name: str, source: str, *, out, t0: float, timing: str) 
         "waterfall": files["waterfall"],
         "pictures": files["pictures"],
         "wall_s": round(wall, 1),
-        "exit_code": 0 if last.status == Status.COMPLETE else last.exit_code,
+        "exit_code": EXIT_FAILED if unfinished else 0 if last.status == Status.COMPLETE else last.exit_code,
     }
