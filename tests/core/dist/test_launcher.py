@@ -102,8 +102,17 @@ def test_a_hung_rank_ends_in_a_collective_timeout(tmp_path, capfd):
 
 
 def test_launch_command_names_the_failing_rank_and_its_exit_code(tmp_path):
-    script = "import os, sys, time; r = os.environ['RANK']; print('hello from', r); time.sleep(0.5 * int(r == '0')); sys.exit(3 if r == '1' else 0)"
-    result = launch_command([sys.executable, "-c", script], 2, log_dir=tmp_path)
+    # rank 1 fails only once rank 0 has printed (its marker file): torchrun stops the other ranks at
+    # once when one fails, so on a loaded machine rank 0 could otherwise be stopped before its print
+    marker = tmp_path / "rank0_said_hello"
+    script = (
+        "import os, sys, time, pathlib; r = os.environ['RANK']; m = pathlib.Path(sys.argv[1]); print('hello from', r)\n"
+        "if r == '0': m.touch(); time.sleep(30)\n"
+        "t = time.monotonic()\n"
+        "while not m.exists() and time.monotonic() - t < 60: time.sleep(0.02)\n"
+        "sys.exit(3)"
+    )
+    result = launch_command([sys.executable, "-c", script, str(marker)], 2, log_dir=tmp_path)
     assert result.exit_code == 3 and result.failed_rank == 1
     assert result.failure.startswith("error: rank 1 of 2 failed first (exit code 3")
     assert "  | hello from 1" in result.failure and "hello from 0" not in result.failure
