@@ -41,7 +41,7 @@ def test_every_familys_model_offers_every_member(family):
 
 @pytest.mark.hf
 def test_the_transformers_wrapper_offers_every_member():
-    pytest.importorskip("transformers")
+    pytest.importorskip("transformers", reason="needs the [hf] extra; make install has it, so CI runs this")
     model = debug("transformers")
     assert isinstance(model, ModelBase) and missing_members(model) == []
     assert isinstance(model.loss_head, CrossEntropyHead) and len(model.layers) == model.args.n_layers

@@ -30,6 +30,11 @@ from onboard.workspace.layout import Workspace
 from onboard.workspace.scaffold import plan_workspace, write_workspace
 from titan_core.runtime.launcher import launch_command
 
+LINUX_ONLY = pytest.mark.skipif(
+    not sys.platform.startswith("linux"),
+    reason="finds the rank and probe processes through /proc, which only Linux has (never skipped in CI: Linux)",
+)
+
 CHECKLIST = {
     "rung": "eager",
     "criteria": [{"name": "ran", "metric": "score", "comparator": ">=", "threshold": 1.0, "hint": "did not run"}],
@@ -101,7 +106,7 @@ def rank_pids(folder: Path) -> list[int] | None:
     return [int(p.read_text()) for p in got] if len(got) == 2 else None
 
 
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+@LINUX_ONLY
 @pytest.mark.parametrize("sig, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)], ids=["SIGINT", "SIGTERM"])
 def test_a_signal_during_a_multi_process_rung_is_an_interruption_not_a_failure(ws, tmp_path, sig, code):
     pids = tmp_path / "pids"
@@ -135,7 +140,7 @@ def test_a_signal_during_a_multi_process_rung_is_an_interruption_not_a_failure(w
     assert [p for p in ranks if alive(p)] == []
 
 
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+@LINUX_ONLY
 def test_the_launcher_stops_its_ranks_and_hands_a_ctrl_c_on_to_its_caller(tmp_path):
     """Not a LaunchResult with a nonzero code, which the rung would read as a failed run."""
     started = []
@@ -251,7 +256,7 @@ def test_onboard_train_ends_interrupted_on_either_signal(tmp_path, monkeypatch, 
 
 
 @pytest.mark.hf
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+@LINUX_ONLY
 def test_sigterm_during_compat_removes_its_temp_folder_and_stops_the_probe(tmp_path):
     tmp = tmp_path / "tmp"
     tmp.mkdir()
