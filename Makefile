@@ -13,7 +13,7 @@ $(STAMP): pyproject.toml constraints.txt
 	$(PY) -m pip install -q pip==26.3
 	# torch first, CPU build from its own pin, so nothing later pulls a multi-GB CUDA wheel
 	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -c constraints.txt -e '.[hf,jax,dev,diffusers,tb]'
+	$(PY) -m pip install -q -c constraints.txt -e '.[hf,jax,dev,diffusers,tb,float8]'
 	@touch $(STAMP)
 
 install: $(STAMP)

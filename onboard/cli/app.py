@@ -1,14 +1,7 @@
-"""The `onboard` command line: new-model, next-step, status, list, report, waive, demo, skill
-(recipe, plan and compat live in onboard/cli/handover.py, export in onboard/cli/export_cmd.py, train in
-onboard/cli/train_cmd.py, on the same app).
-
-Every command takes --json: then stdout carries one JSON document and nothing else
-(progress goes to stderr, and is silent). Exit codes (DESIGN section 4): 0 passed / done,
-1 gate failed, 2 bad input (one line on stderr, nothing written), 130 interrupted by Ctrl-C,
-143 by SIGTERM (temp folders removed, child processes stopped, no gate result recorded). An OS
-error is one line too, never a traceback: exit 2 where the input is at fault (a path, a
-name, a read-only target), 1 where the machine failed mid-run (disk full); see
-`onboard.errors.describe_os_error`. Under --json the same line is {"error", "exit_code"}.
+"""The `onboard` command line: new-model, next-step, status, list, report, waive, demo, skill (recipe, plan
+and compat: handover.py; export: export_cmd.py; train: train_cmd.py), all on the app of shared.py, whose
+`run_command` is every command's one error boundary: --json, the exit codes and one-line errors of
+DESIGN section 4 (`onboard.errors.describe_os_error` for an OS error).
 """
 
 from __future__ import annotations
@@ -230,11 +223,10 @@ def list_cmd(dir: Path = DIR_OPTION, json_out: bool = JSON_OPTION):
         from rich.table import Table
         from rich.text import Text
 
-        from onboard.ladder.evidence import workspace_facts
         from onboard.ladder.table import default_specs
         from onboard.ladder.states import ladder_states
         from onboard.workspace.ledger import ACCEPTED
-        from onboard.cli.views import ladder_message
+        from onboard.cli.views import status_dict
         from onboard.workspace.layout import LEDGER, Workspace, list_workspaces
 
         specs = default_specs()
@@ -249,17 +241,9 @@ def list_cmd(dir: Path = DIR_OPTION, json_out: bool = JSON_OPTION):
                     {"workspace": root.name, "status": "unreadable", "ledger": str(root / LEDGER), "error": why}
                 )
                 continue
-            facts, _ = workspace_facts(ws)  # the workspace's files, not ladder.json's word
-            rows.append(
-                {
-                    "workspace": ws.name,
-                    "model_type": facts["model_type"],
-                    "family": facts["family"],
-                    "path": ws.ledger.meta.get("path"),
-                    "rungs": {s.rung: s.status for s in states},
-                    "message": ladder_message(states),
-                }
-            )
+            status = status_dict(ws, states)  # model_type and family from the workspace's files, not ladder.json's
+            rows.append({"workspace": ws.name, **{k: status[k] for k in ("model_type", "family", "path")},
+                         "rungs": {s.rung: s.status for s in states}, "message": status["message"]})  # fmt: skip
         if out.json:
             out.emit({"dir": str(Path(dir).resolve()), "workspaces": rows})
             return 0

@@ -17,7 +17,7 @@ from onboard.ladder.states import ladder_states
 from onboard.engine.next_step import next_step
 from onboard.report.write import WATERFALL, write_report_files
 from onboard.workspace.fsutil import BACKUP_INFIX, backup_aside
-from onboard.workspace.scaffold import exists_refusal, plan_workspace, write_workspace
+from onboard.workspace.scaffold import PRESET_NAMES, exists_refusal, plan_workspace, write_workspace
 from onboard.cli.views import ladder_table, show_outcome, status_dict
 from onboard.workspace.layout import Workspace, workspaces_dir
 from onboard.workspace.ledger import Status
@@ -29,7 +29,7 @@ from onboard.ladder.recipe_edit import apply_edits
 from onboard.ladder.contract import RecipeEdit
 
 NAME = "llama3_debug"
-PRESETS = {"llama3_debug": "llama3/debugmodel", "flux_debug": "flux/debugmodel"}
+PRESETS = PRESET_NAMES
 """The demo's presets: workspace name -> the preset it is made from."""
 TRAIN_PRESETS = ("llama3_debug",)
 """The presets the train stage runs for (a language model: an HF checkpoint, a tokenizer, text)."""

@@ -30,7 +30,6 @@ import subprocess
 import sys
 import time
 import tomllib
-from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -39,6 +38,7 @@ from rich.markup import escape
 from onboard.cli.export_cmd import find_checkpoint
 from onboard.cli.recipe_view import per_rank_batch, world_of
 from onboard.errors import EXIT_FAILED
+from onboard.rungs.train_run import process_threads
 from onboard.workspace.layout import Workspace
 from titan_core.config.dtypes import DTYPES
 from titan_core.config.hf_config import read_hf_config
@@ -67,19 +67,6 @@ SHARDS = 2
 _ADJ = "quick lazy small bright quiet old young red green happy".split()
 _NOUN = "fox dog cat bird model robot river tree teacher student".split()
 _VERB = ["jumps over", "runs past", "looks at", "sits near", "waits for", "talks to"]
-
-
-@contextmanager
-def one_thread():
-    """torch on one intra-op thread for the stage's own work here (writing the checkpoint, generating):
-    on a small CPU shared with other work, spinning OpenMP threads fight over the cores and a
-    greedy generation of the debug model took 14 s with two threads, 0.3 s with one."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
 
 
 class StageFailed(Exception):
@@ -240,7 +227,9 @@ def run_train_stage(ws: Workspace, base: Path, *, out) -> dict:
         texts = corpus(TRAIN_ROWS, seed=1)
         write_jsonl(files["train"], texts)
         cfg = load_config(ws.recipe_path, [])
-        with one_thread():
+        # one intra-op thread for the stage's own work (writing the checkpoint, generating): on a small CPU
+        # shared with other work, a greedy generation of the debug model took 14 s with two threads, 0.3 s with one
+        with process_threads(1):
             written = write_pretrained(cfg, files["pretrained"], texts)
         # VALIDATION_BATCHES global batches of the recipe (its batch_size: one process's, or the
         # global batch split over the ranks, train_command), a quarter more for uneven rank shards
@@ -263,7 +252,7 @@ def run_train_stage(ws: Workspace, base: Path, *, out) -> dict:
         train, val = read_metrics(files["run"] / "metrics.jsonl")
         result.update(step1_loss=train[0]["loss"], final_loss=train[-1]["loss"], losses=train, val_losses=val)
         result["export_files"] = sorted(p.name for p in files["exported"].iterdir())
-        with one_thread():
+        with process_threads(1):
             result["generation"] = generation = check_generation(load_config(ws.recipe_path, extra), files)
         if not generation["equal"]:
             raise StageFailed(

@@ -44,7 +44,9 @@ def plan_cmd(
     name: str = typer.Argument(...),
     target: str = typer.Option(..., "--target", help="KIND[:COUNT]: v5e v5p v6e v7x h100 h200 b200 mi300x cpu."),
     seq: int = typer.Option(4096, "--seq", help="Tokens per sequence on the target."),
-    efficiency: Optional[float] = typer.Option(None, "--efficiency", help="Fraction of peak the FLOPs reach (0.5)."),
+    efficiency: Optional[float] = typer.Option(
+        None, "--efficiency", help="Fraction of the bf16 peak compiled FLOPs reach (default: calibrated per device)."
+    ),
     check: bool = typer.Option(
         False, "--check", help="Then run the written recipe for 2 steps on the twin on this CPU: finite or not."
     ),
@@ -54,10 +56,11 @@ def plan_cmd(
     dir: Path = DIR_OPTION,
     json_out: bool = JSON_OPTION,
 ):
-    """Plan the full model on a target: memory per device, mesh, batch, memory policy, a predicted
-    step time, the recipe's levers re-decided for the target; writes recipe.<kind>-<count>.seq<seq>.toml
-    (one edited since plan wrote it only with --force) and prints the torchrun line. Exit 1 when nothing
-    fits, or when --check finds the recipe does not run."""
+    """Plan the full model on a target: the mesh (dp_shard, dp_replicate, tp, ep, cp, pp) and why, memory
+    per device, batch, memory policy, a predicted step time with its communication, the recipe's levers
+    re-decided for the target; writes recipe.<kind>-<count>.seq<seq>.toml (one edited since plan wrote it
+    only with --force) and prints the torchrun line. The --seq asked for is kept: exit 1 with one line saying
+    what would fit when nothing does, or when --check finds the recipe does not run."""
 
     def body(out: Out) -> int:
         from onboard.sizing.workspace_plan import plan_lines, plan_result
@@ -67,6 +70,11 @@ def plan_cmd(
         result = plan_result(ws, target, seq=seq, efficiency=efficiency, force=force)
         for warning in result["warnings"]:  # on stderr under --json too: the JSON holds them as well
             print(f"warning: {visible(warning)}", file=sys.stderr)
+        if not result["recipe"]:  # nothing fits the --seq asked for: one line says what would, exit 1
+            print(f"error: {visible(result['error'])}", file=sys.stderr)
+            if out.json:
+                out.emit(result)
+            return EXIT_FAILED
         if check and result["recipe"]:
             from onboard.sizing.plan_check import check_plan_recipe
 

@@ -20,10 +20,7 @@ from pathlib import Path
 import typer
 
 from onboard.cli.shared import JSON_OPTION, Out, app, run_command
-from onboard.errors import (
-    EXIT_BAD_INPUT, EXIT_INTERRUPTED, BadInput, Interrupted, describe_os_error, interrupt_signal,
-    interrupted_exit_code, signal_name, signals_raise,
-)  # fmt: skip
+from onboard.errors import BadInput
 
 
 def param_counts(cfg) -> dict[str, int]:
@@ -85,21 +82,16 @@ def train_result(cfg, argv: list[str], nproc: int) -> dict:
     return result
 
 
-def _json_run(argv: list[str], nproc: int) -> None:
-    def body(out: Out) -> int:
-        from titan_core.config.loader import load_config  # lazy: the CLI starts without torch
-        from titan_core.runtime.argv import parse_argv  # lazy: as above
+def _json_run(out: Out, argv: list[str], nproc: int) -> int:
+    from titan_core.config.loader import load_config  # lazy: the CLI starts without torch
+    from titan_core.runtime.argv import parse_argv  # lazy: as above
 
-        if nproc < 1:
-            raise BadInput(f"--nproc must be at least 1, got {nproc}")
-        config, print_config, overrides = parse_argv(argv)
-        if print_config:
-            raise BadInput("--print-config prints the recipe as TOML, not JSON: leave out one of them")
-        result = train_result(load_config(config, overrides), argv, nproc)
-        out.emit(result)
-        return result["exit_code"]
-
-    run_command(True, body)
+    config, print_config, overrides = parse_argv(argv)
+    if print_config:
+        raise BadInput("--print-config prints the recipe as TOML, not JSON: leave out one of them")
+    result = train_result(load_config(config, overrides), argv, nproc)
+    out.emit(result)
+    return result["exit_code"]
 
 
 def _text_counts(argv: list[str]) -> None:
@@ -131,33 +123,21 @@ def train_cmd(
     """Train with a recipe, like `python -m titan_core.train --config RECIPE [--a.b=c ...]`; prints the
     model's parameters (total, active per token) first."""
     argv = ["--config", str(config), *ctx.args]  # the recipe's relative paths: titan_core's loader anchors them
-    if json_out:
-        _json_run(argv, nproc)  # exits
-    if nproc < 1:
-        print(f"error: --nproc must be at least 1, got {nproc}", file=sys.stderr)
-        raise typer.Exit(EXIT_BAD_INPUT)
-    # titan_core reports its own config errors; an OS error (an output folder that cannot
-    # be written, a full disk) is one line here, as in every other command
-    # SIGTERM unwinds like Ctrl-C (the launcher stops its ranks, a checkpoint write finishes its
-    # cleanup): either ends as interrupted, exit 128 + the signal, as every other command
-    try:
-        with signals_raise() as received:
-            _text_counts(argv)
-            if nproc > 1:
-                from titan_core.runtime.launcher import launch  # lazy: torch loads when a run starts
 
-                code = launch(argv, nproc)
-            else:
-                from titan_core.train import main as train_main  # lazy: as above
+    def body(out: Out) -> int:
+        if nproc < 1:
+            raise BadInput(f"--nproc must be at least 1, got {nproc}")
+        if out.json:
+            return _json_run(out, argv, nproc)
+        # titan_core reports its own config errors; run_command makes an OS error one line, and SIGTERM
+        # unwind like Ctrl-C (the launcher stops its ranks, a checkpoint write finishes its cleanup)
+        _text_counts(argv)
+        if nproc > 1:
+            from titan_core.runtime.launcher import launch  # lazy: torch loads when a run starts
 
-                code = train_main(argv)
-        if code == EXIT_INTERRUPTED and received:
-            code = interrupted_exit_code(received[0])
-    except (KeyboardInterrupt, Interrupted) as e:
-        signum = interrupt_signal(e)
-        print(f"interrupted by {signal_name(signum)}", file=sys.stderr)
-        code = interrupted_exit_code(signum)
-    except OSError as e:
-        code, message = describe_os_error(e)
-        print(f"error: {message}", file=sys.stderr)
-    raise typer.Exit(code)
+            return launch(argv, nproc)
+        from titan_core.train import main as train_main  # lazy: as above
+
+        return train_main(argv)
+
+    run_command(json_out, body)

@@ -1,9 +1,6 @@
-"""One architecture's probe: its tiny config, a real workspace (`new-model --path transformers`)
-in a temporary folder, then the ladder engine's `next_step` until the ladder is complete or a
-rung stops it; each rung's cell is read back from the ledger (`ladder_states`).
-
-A cell is `pass`, `not_applicable` (with the rung's reason), `fail` (with the first failed
-criterion, or the error the attempt hit) or `not_reached` (an earlier rung stopped the climb).
+"""One architecture's probe: its tiny config, a real workspace (`new-model --path transformers`) in a
+temporary folder, then the engine's `next_step` until the ladder is complete or a rung stops it;
+each rung's cell (`cells_of`) is read back from the ledger.
 """
 
 from __future__ import annotations
@@ -17,7 +14,7 @@ import torch
 from onboard.compat.causal import check_causal
 from onboard.compat.tiny import MAX_PARAMS, SEQ_LEN, NotProbed, one_line, tiny_config
 from onboard.ladder.table import default_specs
-from onboard.ladder.states import ladder_states
+from onboard.ladder.states import current_state, entry_error, ladder_states
 from onboard.engine.next_step import next_step
 from onboard.errors import BadInput
 from onboard.ladder.contract import SHIPPED
@@ -117,9 +114,9 @@ def climb(
     specs = default_specs()
     max_steps = max_steps or 3 * len(specs)
     for _ in range(max_steps):
-        current = _current(ladder_states(ws, specs))
-        if current is None:
+        if (state := current_state(ladder_states(ws, specs))) is None:
             return
+        current = state.rung
         try:
             status, raised = str(next_step(ws, specs=specs, log=detail, timing_profile=timing_profile).status), None
         except Exception as e:  # noqa: BLE001 -- this architecture's failure, not the sweep's
@@ -132,11 +129,6 @@ def climb(
         if status not in ACCEPTED:
             return
     yield cells_of(ladder_states(ws, specs), cap=max_steps)
-
-
-def _current(states) -> str | None:
-    """The rung next_step runs now: the first built one not passed / not applicable."""
-    return next((s.rung for s in states if str(s.status) not in ACCEPTED and str(s.status) != "not built yet"), None)
 
 
 def cells_of(states, *, raised: tuple[str, str] | None = None, cap: int | None = None) -> dict[str, dict]:
@@ -171,9 +163,7 @@ def cells_of(states, *, raised: tuple[str, str] | None = None, cap: int | None =
 def failure_reason(entry: dict) -> str:
     """One line: the error the attempt hit, else its first failed criterion (with a telling
     measurement where the rung took one)."""
-    error = entry.get("error") or (entry.get("details") or {}).get("error")
-    if isinstance(error, dict):  # parity: {kind, message} of the port's own error
-        error = f"{error.get('kind', 'rung')} error: {error.get('message')}"
+    error = entry_error(entry)  # parity's {kind, message} of the port's own error among them
     if error:
         return one_line(str(error).split(" (traceback: ")[0])
     bad = next((c for c in entry.get("criteria") or [] if not c.get("ok")), None)

@@ -1,6 +1,5 @@
-"""The sweep: one isolated probe per model_type, the table of their cells, and the files it is
-kept in (rewritten atomically after every architecture, so a Ctrl-C or a crash keeps every
-row that finished, and `--resume` goes on from them)."""
+"""The sweep: one isolated probe per model_type (a child process with a time limit), the table of their
+cells, and the files it is kept in (rewritten after every architecture)."""
 
 from __future__ import annotations
 

@@ -13,7 +13,7 @@ from typing import Any
 
 from onboard.errors import BadInput
 from onboard.sizing.shrink import entries_of, first_of_each_kind, moved_token_ids, renumbered, shrinks, shrunk
-from titan_core.models.common.hf_keys import HF_KEYS
+from titan_core.config.hf_keys import HF_KEYS
 from titan_core.models.transformers.hf_classes import require_transformers
 
 ROLES: dict[str, tuple[int, tuple[str, ...]]] = {

@@ -1,20 +1,12 @@
 """One attempt of the current rung, from its placeholder in ladder.json to its judged entry.
 
-`run_attempt` reads top to bottom:
-
-1. open: a fresh runs/<rung>/attempt-<N>/ and an `interrupted` placeholder entry, saved before
-   the rung starts, so a hard kill leaves a valid ledger that says interrupted;
-2. call the rung, SIGTERM raising like Ctrl-C: bad input withdraws the attempt (nothing
-   recorded, exit 2); an interrupt records it interrupted (exit 128 + the signal: 130 Ctrl-C,
-   143 SIGTERM), also where the rung took it for a failure of its own (a child process that the
-   same signal stopped); an OS error or a crash is a failure;
-3. take its result: the hashes of the files it read, its measurements (`as_metrics()`), details;
-   the measurements also go into the attempt folder (ledger.RUN_RECORD), the copy a passed entry
-   is checked against later;
-4. judge: not_applicable with its reason (only where the rung's declared `not_applicable`
-   rule agrees), or the checklist evaluated with the waivers on the record and the passed
-   rungs' evidence; a passed gate's recipe edits are written then;
-5. close: the entry replaces the placeholder and the ledger is saved.
+`run_attempt` reads top to bottom, as DESIGN section 4 lists the steps of one `next-step`: open
+(attempt folder, `interrupted` placeholder saved), call the rung (SIGTERM raising like Ctrl-C; bad
+input withdraws the attempt), take its result (file hashes, measurements, also into the attempt
+folder's ledger.RUN_RECORD), judge (not_applicable only where the rung's declared rule agrees, else
+the checklist; a passed gate's recipe edits are written then) and close (the entry replaces the
+placeholder). An interrupt records it interrupted, exit 128 + the signal, also where the rung took
+it for a failure of its own (a child process the same signal stopped); an OS error or a crash fails it.
 """
 
 from __future__ import annotations
@@ -49,9 +41,9 @@ from onboard.errors import (
     signal_name,
     signals_raise,
 )
-from onboard.ladder.contract import SHIPPED, Measurements, RecipeEdit, RungContext, RungResult
-from onboard.ladder.gated_runs import settle_runs
+from onboard.ladder.contract import SHIPPED, Measurements, RecipeEdit, RungContext, RungResult, settle_runs
 from onboard.ladder.states import entry_error
+from onboard.ladder.table import TABLE, earns_key
 from onboard.rungs.timing_profiles import timing_record
 from onboard.workspace.fsutil import atomic_write_text
 
@@ -314,6 +306,12 @@ def _apply_recipe_edits(run: AttemptInputs, entry: Entry, edits: list[RecipeEdit
     edited recipe; an earlier rung reaches it through the recorded edit chain only if it
     reads none of the edited keys (`Workspace.changed_files`), else it re-verifies.
     """
+    spec = TABLE.get(run.rung)
+    foreign = [e.key for e in edits if spec is not None and not earns_key(spec, e.key)]
+    if foreign:  # the table says what a rung may decide; a key outside it is a bug, not a decision
+        error = (f"recipe edit refused, recipe.toml unchanged: the {run.rung} rung may write "
+                 f"{', '.join(sorted(spec.earns)) or 'no recipe key'}, not {', '.join(foreign)}")  # fmt: skip
+        return Failure(error, _write_error(run.ws, attempt_dir, f"{error}\n"))
     try:
         record = apply_edits(run.ws.recipe_path, edits)
     except (RecipeEditError, OSError) as e:

@@ -27,13 +27,8 @@ def next_step(
     base_command: str | None = None,
     timing_profile: str = SHIPPED,
 ) -> StepOutcome:
-    """Run the current rung under the workspace lock and record the attempt in ladder.json.
-
-    The attempt is written as an `interrupted` placeholder before the rung starts and
-    replaced when it ends, so a hard kill leaves a valid ledger that says interrupted.
-    Bad input from the rung removes the placeholder again (nothing written). `timing_profile`: what
-    the rung's keep/choose decisions are timed with (onboard/rungs/timing_profiles.py; recorded).
-    """
+    """Run the current rung under the workspace lock and record the attempt in ladder.json (attempt.py).
+    `timing_profile`: what the rung's keep/choose decisions are timed with (onboard/rungs/timing_profiles.py)."""
     check_profile(timing_profile)
     specs = specs or default_specs()
     with WorkspaceLock(ws.root) as lock:

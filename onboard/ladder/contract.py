@@ -1,38 +1,11 @@
-"""The contract between the ladder engine and every rung.
+"""The contract between the ladder engine and every rung (DESIGN section 4).
 
-A rung module `onboard/rungs/<rung>_rung.py` exposes `RUNG = "<rung>"` and
-`run(ctx: RungContext) -> RungResult`. It does the work and measures; it never decides
-pass or fail (the engine evaluates `checklists/<rung>.yaml` against the measurements) and
-never writes ladder.json. Bad user input raises `onboard.errors.BadInput` (exit 2).
-
-A rung that earns flags for the recipe never writes recipe.toml itself: it returns them as
-`RungResult.recipe_edits`, and the engine applies them only when the gate passed (see
-`onboard.ladder.recipe_edit`), recording each with its reason in the ledger entry.
-
-What the ladder knows of a rung without running it is its declaration in the rung table
-(onboard/ladder/table.py), never its module, so that `status`, `list` and `report` import no rung:
-
-- `reads_recipe_key(key: str) -> bool` ("section.field"): whether its run depends on that recipe
-  key. A recipe edit recorded by a later passed rung leaves this rung's evidence standing only if
-  it touched no key this rung reads; without one a rung reads every key (any edit re-verifies it).
-- `not_applicable(ws, recipe: dict) -> str | None` (the reason, or None: it applies), cheap and
-  free of model building; the rung's `run` returns `RungResult(not_applicable=<the same rule>)`:
-  `onboard status` recomputes the rule to check a not_applicable entry of ladder.json, and the
-  engine records not_applicable only where the rule agrees. Without one a rung applies to every model.
-- `evidence_problem(ws, entry) -> str | None`: why a passed entry no longer stands for this
-  workspace beyond its measurements (parity: test_parity.py is no longer the template's).
-- `earns`: the recipe keys a passed gate of it may write.
-
-A module-like fake passed to a `RungSpec` without a module name (tests) declares itself: its own
-`reads_recipe_key`, `not_applicable` and `evidence_problem` attributes, where it has them.
-
-Each rung declares what it measures as a `Measurements` dataclass (one field per metric, its
-meaning and unit in the field's docstring; onboard/ladder/measurements/) and returns one in
-`RungResult.measurements`. The
-checklists may judge only declared fields (tests/onboard/unit/test_measurement_declarations.py),
-and a rung that sets an undeclared name fails where it sets it, so a renamed metric is found by
-the fast tests, not when its rung first runs. The ledger stores `as_metrics()`: the flat
-{metric: value} object ladder.json has always held.
+A rung module `onboard/rungs/<rung>_rung.py` exposes `RUNG = "<rung>"` and `run(ctx: RungContext) ->
+RungResult`: it does the work and returns its declared `Measurements` and the `RecipeEdit`s it earned.
+It never decides pass or fail (the engine evaluates `checklists/<rung>.yaml`) and never writes ladder.json
+or recipe.toml (the engine applies the edits only when the gate passed, onboard.ladder.recipe_edit). Bad
+user input raises `onboard.errors.BadInput` (exit 2). What the ladder knows of a rung without running it
+is its declaration in the rung table (onboard/ladder/table.py), never its module.
 """
 
 from __future__ import annotations
@@ -41,6 +14,8 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
+
+from titan_core.measure.run_stats import not_whole
 
 if TYPE_CHECKING:
     from onboard.workspace.layout import Workspace
@@ -64,8 +39,8 @@ class RungContext:
     """The timing profile this attempt's keep/choose decisions are timed with (onboard/rungs/timing_profiles.py):
     SHIPPED, the checklists' own protocol, unless `next-step` was given another (compat, tests: "quick")."""
     runs: list[dict] = field(default_factory=list)
-    """Every gated training run of the attempt, as `gated_runs.record_run` saw it: {run, steps_planned,
-    steps_run, problem}. The engine turns them into `runs_whole` (gated_runs.runs_verdict)."""
+    """Every gated training run of the attempt, as `record_run` saw it: {run, steps_planned,
+    steps_run, problem}. The engine turns them into `runs_whole` (`settle_runs`)."""
 
 
 @dataclass(frozen=True)
@@ -102,7 +77,8 @@ def flattened() -> Any:
 
 @dataclass(kw_only=True)
 class Measurements(Mapping[str, Any]):
-    """Base of each rung's declared measurements; subclasses add one field per metric, default ABSENT.
+    """Base of each rung's declared measurements (onboard/ladder/measurements/): one field per metric,
+    its meaning and unit in its docstring, default ABSENT; a checklist may judge only these.
 
     Setting an undeclared name raises (on construction, `update` or attribute assignment), so a
     misspelt metric fails in the rung that writes it. Reads go like the flat dict the ledger
@@ -161,3 +137,43 @@ class RungResult:
     recipe_edits: list[RecipeEdit] = field(default_factory=list)
     """Recipe values the rung earned; applied by the engine only if the gate passes (never on a failed
     gate or a not_applicable rung). Empty: the recipe stays as it is."""
+
+
+# ---- the gated runs of a training rung ----------------------------------------------------------
+@dataclass(kw_only=True)
+class GatedRuns(Measurements):
+    """What every rung that trains records of its runs: their precision, and that each ran whole.
+
+    "Passed" means the recipe ran as planned: a gate whose run stopped at step 2 of 20, or logged a NaN
+    grad norm with a finite loss, proves nothing about the steps it did not run. So each gated run is
+    recorded on the attempt's `RungContext.runs` (`record_run`; `train_run.train` does it for every
+    in-process run) and the engine sets `runs_whole` from them (`settle_runs`), which every training
+    rung's checklist requires."""
+
+    precision: str = ABSENT
+    """fp32 | bf16: the precision the rung's runs of the recipe computed in (`gate_recipe.precision`); it picks the
+    bound of each criterion that compares two runs (the checklist's threshold per precision)."""
+    runs_whole: bool = ABSENT
+    """Every gated run of the attempt ran all its planned steps with a finite loss and grad norm at
+    every step (set by the engine from `record_run`; absent: the rung recorded no run)."""
+    runs_recorded: int = ABSENT
+    """Gated runs the attempt recorded (count)."""
+    runs_not_whole: list[str] = ABSENT
+    """Each run that was not whole: "<run>: <the step and the quantity, or where it stopped>"."""
+
+
+def record_run(ctx: RungContext, label: str, rows: list[dict], planned: int) -> str | None:
+    """Record one gated run on `ctx.runs`; returns why it is not whole (None: every planned step ran,
+    its loss and grad norm finite). A gate passes only when every run it recorded is whole."""
+    problem = not_whole(rows, planned)
+    ctx.runs.append({"run": label, "steps_planned": planned, "steps_run": len(rows), "problem": problem})
+    if problem:
+        ctx.log(f"{label}: not whole: {problem}")
+    return problem
+
+
+def settle_runs(measurements: Measurements, runs: list[dict]) -> None:
+    """Set a training rung's `GatedRuns` measurements from the runs it recorded (the engine, after the rung returns)."""
+    if runs and isinstance(measurements, GatedRuns):
+        broken = [f"{r['run']}: {r['problem']}" for r in runs if r["problem"]]
+        measurements.update(runs_whole=not broken, runs_recorded=len(runs), runs_not_whole=broken)

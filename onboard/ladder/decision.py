@@ -1,24 +1,12 @@
-"""One record for every keep/choose decision a rung takes, and the one rule that takes it.
+"""One record for every keep/choose decision a rung takes, and the one rule that takes it (DESIGN section 7).
 
-A rung that decides a recipe lever (bf16 parameters, the execution mode, a kernel, a tuning
-value) times whole training steps of the recipe as it stands (the *holder*, the value the
-recipe holds now) against the recipe with the lever changed (the *candidate*), interleaved,
-through `titan_core.measure.timing.compare`. `decide` turns that comparison into a `Decision`:
-
-- the candidate replaces the holder only when the comparison says `faster`: an interval that
-  lies wholly on the candidate's side. That interval also rules out whatever earlier decision
-  put the holder there, so a later rung may reverse an earlier one only this way, and the
-  record says which rung it reverses (`reverses`);
-- `slower`, `indistinguishable` and `not measured` (an interval that is not finite, a machine
-  whose load moved during the timing: `Comparison.outcome`) all leave the holder standing;
-- a memory rule (`decide_memory`) compares the two sides' measured peaks with a margin around
-  its threshold, so a saving at the edge cannot flip between attempts; a peak that was not
-  measured never decides.
-
-The rung stores `[d.to_dict() for d in decisions]` under its measurements' `decisions`; the
-ledger keeps it, and `onboard status` and REPORT.md print a rung's headline from it
-(`headline`), so the figure a person reads is the figure that decided.
-
+A rung that decides a recipe lever times whole training steps of the recipe as it stands (the
+*holder*) against the recipe with the lever changed (the *candidate*), interleaved
+(`titan_core.measure.timing.compare`). `decide` keeps the candidate only when the comparison says
+`faster`, an interval wholly on its side, which also rules out whatever earlier decision put the
+holder there (the record names the rung it reverses); `decide_memory` compares measured peaks with
+a margin. The rung stores each `Decision.to_dict()` under its details' `decisions`; `status` and
+REPORT.md print its headline (`headline`), so the figure a person reads is the figure that decided.
 Light on purpose: no torch, no titan_core import (status and the report read it).
 """
 

@@ -1,29 +1,12 @@
-"""The ledger is evidence, not a claim: re-check an accepted entry against its checklist.
+"""The ledger is evidence, not a claim (DESIGN section 4): `check_entry` re-checks an accepted entry.
 
-ladder.json is a file anyone can edit. `status`, `report` and `next-step` therefore never
-take an entry's `passed` on its word: `check_entry` re-evaluates the entry's recorded
-measurements against the rung's checklist, with
-
-- the waivers that were on the record when the attempt ended (a waived criterion stays ok;
-  a waiver added later does not turn an old failure into a pass), and
-- the evidence of the other rungs as it was when the attempt started (the latest passed
-  entry of each rung that had ended by then), which threshold references such as
-  `evidence.eager.step1_loss` resolve against, exactly as the engine resolved them.
-
-A passed entry must also be what this workspace's own run wrote: its attempt folder
-runs/<rung>/attempt-<N>/ (no link out of the workspace) holds the engine's record of it
-(ledger.RUN_RECORD), with the same rung, attempt, times and measurements; a rung's declaration
-may add its own check (`evidence_problem(ws, entry)`, onboard/ladder/table.py; parity: test_parity.py
-is still the template's). Its times must make sense (it ended after it started, and not in the future).
-
-A `not_applicable` entry must say why, carry no criteria, and its rung's own rule
-(`not_applicable(ws, recipe)` of its declaration, the one its run uses) must still say the rung
-does not apply: a rung without that rule applies to every model. An entry that fails any of
-this is `invalid` (ladder.py): it shows with the failing criterion or the reason, and it is
-the current rung for `next-step`, which re-runs it.
-
-What ladder.json says about the workspace itself is not believed either: `workspace_facts`
-reads the family and model_type from recipe.toml and config.json, naming any disagreement.
+A passed entry's recorded measurements are re-evaluated against its checklist with the waivers on
+the record when the attempt ended (a waiver added later does not turn an old failure into a pass) and
+the other rungs' evidence as it was when the attempt started (what its `evidence.<rung>.<metric>`
+thresholds resolved against); its attempt folder's own record (ledger.RUN_RECORD) must say the same,
+its times must be possible, and its rung's declaration may add a check (`evidence_problem`). A
+not_applicable entry must say why, carry no criteria, and its rung's own rule, recomputed, must agree.
+An entry that fails any of this is `invalid`: the current rung for `next-step`, which re-runs it.
 """
 
 from __future__ import annotations

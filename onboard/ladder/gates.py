@@ -19,19 +19,10 @@ A threshold reference is `measurements.<metric>` (this attempt), `evidence.<rung
 (a passed earlier rung) or a bare metric name (this attempt). A criterion whose metric or
 threshold is missing fails: nothing passes by being unmeasured.
 
-A bound belongs to a precision. A criterion that compares two runs of the recipe gives one
-threshold per precision, each with the reason it is that number, and is judged with the one
-of the precision the attempt's runs computed in (its `precision` measurement):
-
-      - name: step1_loss
-        metric: step1_loss_rel_err
-        comparator: "<="
-        threshold: {fp32: 1.0e-5, bf16: evidence.eager.bf16_rounding_bound}
-        bound_why:
-          fp32: "fp32 rounding (DESIGN section 5)"
-          bf16: "2x this recipe's own bf16 rounding at step 1, measured by the eager rung"
-
-An attempt that did not record its precision fails such a criterion; the result names the
+A bound belongs to a precision (DESIGN section 5): a criterion that compares two runs of the
+recipe gives `threshold: {fp32: ..., bf16: ...}` and `bound_why: {fp32: ..., bf16: ...}` (why each
+is that number), and is judged with the bound of the precision the attempt's runs computed in (its
+`precision` measurement); an attempt that recorded none fails it, and the result names the
 precision and the reason of the bound it used.
 """
 
@@ -173,16 +164,12 @@ def load_checklist(rung: str, path: Path | None = None) -> Checklist:
 
 def _number(value: Any) -> float | None:
     """Numbers as floats; numeric strings (repr floats, "nan") parsed; anything else None."""
-    if isinstance(value, bool):
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
         return None
-    if isinstance(value, (int, float)):
+    try:
         return float(value)
-    if isinstance(value, str):
-        try:
-            return float(value)
-        except ValueError:
-            return None
-    return None
+    except ValueError:
+        return None
 
 
 def resolve_threshold(threshold: Any, measurements: dict, evidence: dict) -> tuple[Any, str | None]:

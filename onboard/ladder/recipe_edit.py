@@ -63,10 +63,6 @@ def _split_key(key: str) -> tuple[list[str], str]:
     return parts[:-1], parts[-1]
 
 
-def _header_path(text: str) -> list[str]:
-    return [p.strip().strip('"') for p in text.split(".")]
-
-
 def _comment(why: str) -> str:
     """The reason on one line: a newline inside a comment would end it and break the TOML."""
     return " ".join(str(why).split())
@@ -81,7 +77,7 @@ def _section_span(lines: list[str], section: list[str]) -> tuple[int, int] | Non
             continue
         if start is not None:
             return start, i
-        if m.group(1) == "[" and _header_path(m.group(2)) == section:
+        if m.group(1) == "[" and [p.strip().strip('"') for p in m.group(2).split(".")] == section:
             start = i
     return (start, len(lines)) if start is not None else None
 

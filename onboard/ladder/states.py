@@ -1,35 +1,24 @@
 """Each rung's state from the ledger: what `status`, `list`, `report` and `next-step` start from.
 
-State of a rung, from its latest attempt in ladder.json:
+State of a rung, from its latest attempt in ladder.json (DESIGN section 4):
 
     pending         never attempted
     passed          latest attempt passed and nothing it read has changed since
     not_applicable  latest attempt said the rung does not apply (with the reason)
-    stale           it passed (or was n/a), but a file it read changed, or an earlier rung
-                    was re-verified after it: its evidence no longer describes the model
-    invalid         the ledger says passed (or n/a), but the entry's recorded measurements
-                    do not satisfy its checklist, or it has none, or they are not what the
-                    attempt folder's own record says, or its times cannot be true; n/a where
-                    the rung's own rule says it applies (onboard/ladder/evidence.py)
+    stale           it passed (or was n/a), but a file it read changed (a recipe edit counts only
+                    where the rung reads an edited key), or an earlier rung was re-verified after it
+    invalid         the ledger says passed (or n/a), but its entry is not evidence (onboard/ladder/evidence.py)
     failed          latest attempt failed its gate
     interrupted     latest attempt was stopped (Ctrl-C, SIGTERM, a kill) before it finished
     running         latest attempt is in progress in a live process
     not built yet   DESIGN lists the rung but this version of onboard has no module for it
 
-The current rung is the first built one that is not passed / not_applicable. Each status is a
-`Status` (onboard/workspace/ledger.py); the rung order and each rung's declaration are
-onboard/ladder/table.py; running the current rung is onboard/engine/next_step.py.
-
-A rung may return recipe edits (RungResult.recipe_edits, e.g. the kernels it keeps): the
-engine applies them only when the gate passed, records them in the entry (`recipe_edit`:
-file, sha256 before and after, each edit with its reason). Such an edit makes stale every
-earlier rung whose run reads an edited key (its `reads_recipe_key`), so `next-step`
-re-verifies the recipe as it now is; the rungs that do not read those keys keep their
-evidence. Any other change to the recipe makes every rung that read it stale.
+The current rung is the first built one that is not passed / not_applicable.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -40,16 +29,6 @@ from onboard.workspace.lock import holder
 
 if TYPE_CHECKING:
     from onboard.workspace.layout import Workspace
-
-__all__ = [
-    "NOT_BUILT",
-    "RungState",
-    "current_state",
-    "entry_error",
-    "ladder_states",
-    "last_built",
-    "passed_evidence",
-]
 
 NOT_BUILT = Status.NOT_BUILT
 
@@ -108,11 +87,6 @@ def current_state(states: list[RungState]) -> RungState | None:
     return next((s for s in states if s.status not in ACCEPTED and s.status != NOT_BUILT), None)
 
 
-def last_built(states: list[RungState]) -> str | None:
-    built = [s.rung for s in states if s.status != NOT_BUILT]
-    return built[-1] if built else None
-
-
 def passed_evidence(states: list[RungState], rung: str) -> dict[str, dict]:
     """{rung: measurements} of the other rungs whose latest entry passed (and still holds)."""
     return {s.rung: s.latest.measurements for s in states if s.status == Status.PASSED and s.rung != rung and s.latest}
@@ -144,18 +118,20 @@ def ladder_message(states: list[RungState]) -> str:
 def complete_message(states: list[RungState]) -> str:
     """What `next-step` and `status` say of a ladder with no current rung."""
     if any(s.status == NOT_BUILT for s in states):
-        return f"ladder complete up to the last rung that exists: {last_built(states)}"
+        last = [s.rung for s in states if s.status != NOT_BUILT][-1:] or [None]
+        return f"ladder complete up to the last rung that exists: {last[0]}"
     return "ladder complete: every rung passed or does not apply"
 
 
-def entry_error(entry: Entry | None) -> str | None:
-    """The error an attempt hit, as one line: the engine's (the rung raised) or the one the
-    rung reported in its details (parity: the port raised, {kind, message}); None if neither."""
-    if entry is None:
+def entry_error(entry: Mapping[str, Any] | None) -> str | None:
+    """The error an attempt (an Entry, or its JSON object) hit, as one line: the engine's (the rung
+    raised) or the one the rung reported in its details (parity: the port raised, {kind, message});
+    None if neither."""
+    if not entry:
         return None
-    if entry.error:
-        return str(entry.error)
-    err = entry.details.get("error")
+    if entry.get("error"):
+        return str(entry["error"])
+    err = (entry.get("details") or {}).get("error")
     if isinstance(err, dict) and err.get("message"):
         return f"{err.get('kind', 'rung')} error: {err['message']}"
     return str(err) if err else None

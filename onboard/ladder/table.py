@@ -1,15 +1,9 @@
 """The rung table: each rung of DESIGN section 1 as the ladder knows it without running it.
 
-A rung's declaration (`Rung`) is everything `status`, `list`, `recipe` and `report` ask of it:
-what it measures (its `Measurements` type, which its checklist may judge), which recipe keys its
-run reads (an edit of any other key leaves its evidence standing) and which keys a passed gate of
-it may write, its not-applicable rule and any check of its evidence beyond the measurements. The
-rung's module under onboard/rungs/ only runs it (`run(ctx)`); the engine imports it for
-`next-step`, and nothing here does, so a reading command loads no rung and no torch.
-
-A `RungSpec` is how the ladder reaches one rung: its declaration, its runner module (imported by
-the engine only) and its checklist. Tests pass a module-like fake as the runner; such a fake is
-its own declaration (its `reads_recipe_key`, `not_applicable`, `evidence_problem`, if it has them).
+A rung's declaration (`Rung`) is everything `status`, `list`, `recipe` and `report` ask of it; its
+module under onboard/rungs/ only runs it, and only the engine imports that module (`RungSpec`), so
+a reading command loads no rung and no torch. Tests pass a module-like fake as the runner: such a
+fake is its own declaration (its `reads_recipe_key`, `not_applicable`, `evidence_problem`, if any).
 """
 
 from __future__ import annotations
@@ -23,13 +17,11 @@ from typing import TYPE_CHECKING, Any
 
 from onboard.ladder.contract import Measurements
 from onboard.ladder.gates import Checklist, load_checklist
-from onboard.ladder.measurements.compile_measurements import CompileMeasurements
-from onboard.ladder.measurements.eager_measurements import EagerMeasurements
-from onboard.ladder.measurements.graph_trainer_measurements import GraphTrainerMeasurements
 from onboard.ladder.measurements.kernels_measurements import KernelsMeasurements
 from onboard.ladder.measurements.parity_measurements import ParityMeasurements
-from onboard.ladder.measurements.simple_fsdp_measurements import SimpleFsdpMeasurements
-from onboard.ladder.measurements.tuning_measurements import TuningMeasurements
+from onboard.ladder.measurements.training_measurements import (
+    CompileMeasurements, EagerMeasurements, GraphTrainerMeasurements, SimpleFsdpMeasurements, TuningMeasurements,
+)  # fmt: skip
 from onboard.ladder.template_check import TEST_FILE, tamper_problem
 from titan_core.config.loader import ConfigError
 
@@ -80,7 +72,7 @@ def parity_evidence_problem(ws: "Workspace", entry: "Entry") -> str | None:
 # ---- the declarations ---------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Rung:
-    """One rung as the ladder knows it without running it (onboard.ladder.contract: the hooks' meaning)."""
+    """One rung as the ladder knows it without running it."""
 
     name: str
     measurements: type[Measurements] | None
@@ -88,11 +80,13 @@ class Rung:
     runner: str | None = None
     """The module with its `run(ctx)`, imported by the engine only; None: not built yet."""
     reads_recipe_key: Callable[[str], bool] | None = None
-    """Whether its run depends on a "section.field" recipe key; None: it reads every key."""
+    """Whether its run depends on a "section.field" recipe key (a passed rung's edit of any other key leaves
+    its evidence standing); None: it reads every key."""
     earns: frozenset[str] = field(default_factory=frozenset)
     """The recipe keys (or "section.*") a passed gate of it may write into recipe.toml."""
     not_applicable: Callable[[Any, dict], str | None] | None = None
-    """`(ws, recipe) -> reason | None`, cheap and free of model building; None: it applies to every model."""
+    """`(ws, recipe) -> reason | None`, cheap and free of model building: the rule its run returns and
+    `status` recomputes to check a not_applicable entry; None: it applies to every model."""
     evidence_problem: Callable[[Any, Any], str | None] | None = None
     """`(ws, entry) -> problem | None`: why a passed entry no longer stands beyond its measurements."""
 

@@ -24,10 +24,10 @@ from titan_core.config.hf_config import read_hf_config
 from titan_core.models.transformers.hf_classes import config_object
 
 from onboard.parity import criteria
-from onboard.parity.compare import compare_grads, round_trip
+from onboard.parity.compare import cap, compare_grads, round_trip
 from onboard.parity import feature_pass, features
 from onboard.upstream.init_check import compare_init, init_stats
-from onboard.parity.localise import OutputRecorder, Row, compare_outputs, localise, module_pairs, parameter_sources
+from onboard.parity.localise import OutputRecorder, Row, compare_outputs, divergence, module_pairs, parameter_sources
 from onboard.parity.native import (
     PortError, WorkspaceError, build_native, load_adapter, load_converted, native_args, native_hf_config,
     read_workspace,
@@ -36,13 +36,6 @@ from onboard.parity.diffusion import run_flow
 from onboard.parity.results import results_path, write_results
 from onboard.upstream.hf_model import build_upstream, seeded_init
 from onboard.workspace.layout import HF_CONFIG, TWIN
-
-LIST_CAP = 40  # keep results readable when everything is missing
-
-
-def _cap(items: list) -> list:
-    return items if len(items) <= LIST_CAP else items[:LIST_CAP] + [f"... {len(items) - LIST_CAP} more"]
-
 
 def _port(fn: Callable, what: str, *a):
     """Call workspace code; its exceptions are the port's failure, named with the call."""
@@ -121,14 +114,7 @@ def _run(root, res, m, weights_dir, batch, seq_len, seed, attn_implementation) -
     back = _port(adapter.to_hf, "adapter.to_hf", native.state_dict())
     rt = round_trip(upstream.checkpoint, back)
     m.update(state_dict_same_keys=rt.same_keys, state_dict_max_abs_diff=rt.max_abs_diff)
-    res["state_dict"] = {
-        "missing_after_round_trip": _cap(rt.missing),
-        "extra_after_round_trip": _cap(rt.extra),
-        "worst_key": rt.worst_key,
-        "native_not_loaded": _cap(load.missing),
-        "converted_not_in_native": _cap(load.unexpected),
-        "shape_mismatch": _cap(load.shape_mismatch),
-    }
+    res["state_dict"] = rt.record(load)
 
     # 2. the inputs: long enough for every window, with pad ids when the config has one
     declared = features.declare(hf.config)
@@ -209,14 +195,8 @@ def _compare(record, hf, native, adapter, tokens, labels, pairs, declared, param
     pm.update(grad_max_rel_l2=judged_err,
               grad_worst_param=worst_judged or grads.worst_param, grad_max_rel_l2_raw=grads.max_rel_l2,
               grads_excused_as_rounding=sum(bool(r.get("rounding")) for r in rounding.values()))  # fmt: skip
-    worst = sorted(grads.per_param.items(), key=lambda kv: -kv[1])[:5]
-    grad_detail = {
-        "fp64_check": rounding,
-        "worst": [{"param": k, "rel_l2": v} for k, v in worst],
-        "upstream_without_native_grad": _cap(grads.missing),
-        "native_without_upstream_param": _cap(grads.extra),
-        "diagnosis": _embedding_diagnosis(hf, grads, tokens, declared),
-    }
+    grad_detail = {"fp64_check": rounding, **grads.record(),
+                   "diagnosis": _embedding_diagnosis(hf, grads, tokens, declared)}  # fmt: skip
     record.update(localisation=loc, grads=grad_detail)
 
 
@@ -266,7 +246,7 @@ def _init_parity(res, m, upstream, native, adapter, cfg, seed: int, params) -> N
     m.update(init_tensors_compared=report["init_tensors_compared"],
              init_tensors_differing=report["init_tensors_differing"])  # fmt: skip
     res["init"] = {"upstream": f"transformers' own init, seed={seed}", "native": f"init_weights(seed={seed + 1000})",
-                   "differing": _cap(report["differing"]), "not_judged": _cap(report["not_judged"])}  # fmt: skip
+                   "differing": cap(report["differing"]), "not_judged": cap(report["not_judged"])}  # fmt: skip
 
 
 def _fp64_check(hf, grads, tokens, labels, params) -> dict[str, dict]:
@@ -352,22 +332,10 @@ def _embedding_diagnosis(hf, grads, tokens, declared) -> str | None:
 
 
 def _localise(pm, rows: list[Row], pairs: dict[str, str], native, nrec, urec) -> dict[str, Any]:
-    tol = criteria.threshold("logits_rel_l2")
-    first, why = localise(rows, nrec, urec, pairs, tol)
-    pm.update(
-        first_divergence_module=first.native if first else None,
-        first_divergence_upstream=first.upstream if first else None,
-        first_divergence_rel_l2=first.rel_l2 if first else None,
-        modules_compared=sum(r.rel_l2 is not None for r in rows),
-    )
+    measured, record = divergence(rows, nrec, urec, pairs, criteria.threshold("logits_rel_l2"))
+    pm.update(measured)
     with_params = {n for n, mod in native.named_modules() if n and any(True for _ in mod.parameters(recurse=False))}
-    return {
-        "tolerance_rel_l2": tol,
-        "first": {**first.as_dict(), "why": why} if first else None,
-        "divergent": [r.as_dict() for r in rows if r.diverged(tol)][:5],
-        "table": [r.as_dict() for r in rows],
-        "native_modules_without_upstream_match": _cap(sorted(with_params - set(pairs) - {"output"})),
-    }
+    return {**record, "native_modules_without_upstream_match": cap(sorted(with_params - set(pairs) - {"output"}))}
 
 
 def _versions() -> dict[str, str]:

@@ -14,6 +14,13 @@ import torch
 from titan_core.measure.numerics import grad_noise, grad_rel_l2
 
 
+LIST_CAP = 40  # keep results readable when everything is missing
+
+
+def cap(items: list) -> list:
+    return items if len(items) <= LIST_CAP else items[:LIST_CAP] + [f"... {len(items) - LIST_CAP} more"]
+
+
 @dataclass
 class RoundTrip:
     same_keys: bool
@@ -24,6 +31,13 @@ class RoundTrip:
     extra: list[str] = field(default_factory=list)
     """Keys that came back but are not in the checkpoint."""
     worst_key: str | None = None
+
+    def record(self, load) -> dict[str, Any]:
+        """results.json's `state_dict`: what the round trip and the load (a LoadReport) left out."""
+        return {"missing_after_round_trip": cap(self.missing), "extra_after_round_trip": cap(self.extra),
+                "worst_key": self.worst_key, "native_not_loaded": cap(load.missing),
+                "converted_not_in_native": cap(load.unexpected),
+                "shape_mismatch": cap(load.shape_mismatch)}  # fmt: skip
 
 
 def _exact_diff(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -57,6 +71,13 @@ class GradReport:
     """Mapped native gradients with no upstream parameter."""
     mapped: dict[str, torch.Tensor] = field(default_factory=dict, repr=False)
     """The native gradients under HF names (for a diagnosis of where one differs)."""
+
+    def record(self) -> dict[str, Any]:
+        """results.json's `grads`: the five worst, and the parameters with no counterpart."""
+        worst = sorted(self.per_param.items(), key=lambda kv: -kv[1])[:5]
+        return {"worst": [{"param": k, "rel_l2": v} for k, v in worst],
+                "upstream_without_native_grad": cap(self.missing),
+                "native_without_upstream_param": cap(self.extra)}  # fmt: skip
 
 
 def compare_grads(

@@ -25,7 +25,7 @@ from titan_core.models.flux.config import flux_config
 
 from onboard.parity import criteria
 from onboard.parity.compare import compare_grads, round_trip
-from onboard.parity.localise import OutputRecorder, compare_outputs, localise, module_pairs, parameter_sources
+from onboard.parity.localise import OutputRecorder, compare_outputs, divergence, module_pairs, parameter_sources
 from onboard.parity.native import build_native, load_adapter, load_converted, native_args
 from onboard.upstream.hf_model import Upstream, UpstreamError, perturb_constants, weight_files
 
@@ -118,11 +118,7 @@ def run_flow(ws, cfg, res, m, *, root: Path, weights_dir, batch: int, seed: int)
     load = load_converted(native, adapter.from_hf(upstream.checkpoint))
     rt = round_trip(upstream.checkpoint, adapter.to_hf(native.state_dict()))
     m.update(state_dict_same_keys=rt.same_keys, state_dict_max_abs_diff=rt.max_abs_diff, seq_len=fc.text_len + fc.image_tokens)
-    res["state_dict"] = {
-        "missing_after_round_trip": rt.missing[:40], "extra_after_round_trip": rt.extra[:40],
-        "worst_key": rt.worst_key, "native_not_loaded": load.missing[:40],
-        "converted_not_in_native": load.unexpected[:40], "shape_mismatch": load.shape_mismatch[:40],
-    }  # fmt: skip
+    res["state_dict"] = rt.record(load)
     res["sample"] = {"image_tokens": fc.image_tokens, "text_tokens": fc.text_len, "batch": batch}
 
     b = FlowLoader(flux=fc, seed=seed, batch_size=batch, seq_len=fc.image_tokens, dp_rank=0, dp_world=1,
@@ -150,20 +146,16 @@ def run_flow(ws, cfg, res, m, *, root: Path, weights_dir, batch: int, seed: int)
     m.update(init_tensors_compared=0, init_tensors_differing=0)
     res["init"] = {"note": NO_UPSTREAM_INIT}
     rows = compare_outputs(nrec, urec, pairs)
-    tol = criteria.threshold("logits_rel_l2")
-    first, why = localise(rows, nrec, urec, pairs, tol)
-    m.update(first_divergence_module=first.native if first else None, first_divergence_upstream=first.upstream if first else None,
-             first_divergence_rel_l2=first.rel_l2 if first else None, modules_compared=sum(r.rel_l2 is not None for r in rows))  # fmt: skip
-    res["localisation"] = {"tolerance_rel_l2": tol, "first": {**first.as_dict(), "why": why} if first else None,
-                           "table": [r.as_dict() for r in rows], "note": "linear layers paired by their weights"}  # fmt: skip
+    measured, record = divergence(rows, nrec, urec, pairs, criteria.threshold("logits_rel_l2"))
+    m.update(measured)
+    res["localisation"] = {**record, "note": "linear layers paired by their weights"}
     native.zero_grad(set_to_none=True)
     hf.zero_grad(set_to_none=True)
     native_loss.backward()
     their_loss.backward()
     grads = compare_grads(hf, native, adapter.to_hf, tokens=b.labels.numel())
     m.update(grad_max_rel_l2=grads.max_rel_l2, grad_worst_param=grads.worst_param)
-    res["grads"] = {"worst": [{"param": k, "rel_l2": v} for k, v in sorted(grads.per_param.items(), key=lambda kv: -kv[1])[:5]],
-                    "upstream_without_native_grad": grads.missing[:40], "native_without_upstream_param": grads.extra[:40]}  # fmt: skip
+    res["grads"] = grads.record()
     guidance = native.guidance_in
     used = guidance is not None and guidance.w1.weight.grad is not None and float(guidance.w1.weight.grad.norm()) > 0
     res["features"] = {"guidance": {"declared": fc.guidance_embeds, "exercised": used,

@@ -22,14 +22,8 @@ Scores are read from inside the upstream's own eager attention (its module's
 `eager_attention_forward`, wrapped for the forward), pre-cap logits from the output
 embedding's forward hook, routing from the routers' outputs.
 
-The features pass (onboard/parity/feature_pass.py) scales, in the upstream checkpoint, the weights that feed a cap: the
-attention's QK-norm weights, or its q/k projections when it has no QK-norm (scores grow as
-the square of the factor); the final norm's weight for the final cap (the output head when
-there is no final norm and the head is untied). The factors are found by measuring: each
-round scales so that the feature_softcap_clipped_target quantile reaches the cap. If an
-expert got no token in the first pass, the features pass also projects each router's weight
-off the mean direction of its inputs (the component random tokens' hidden states share, on
-which every token picks the same experts). The native model receives the same scaled
+The features pass (feature_pass.py) scales, in the upstream checkpoint, the weights that feed each
+idle cap, and rebalances routers where an expert got no token; the native model receives the same
 checkpoint through the adapter, and every criterion applies to both passes.
 """
 

@@ -23,10 +23,6 @@ from torch import nn
 from titan_core.measure.numerics import max_abs, rel_l2
 
 
-def _owner(key: str) -> str:
-    return key.rpartition(".")[0]
-
-
 def _common_prefix(paths: set[str]) -> str:
     parts = [p.split(".") for p in paths]
     out = []
@@ -75,7 +71,7 @@ def module_pairs(native: nn.Module, upstream: nn.Module, sources: dict[str, set[
             continue  # containers have no forward to hook
         own = {k for k in native_keys if k.startswith(name + ".")}
         srcs = set().union(*(sources[k] for k in own)) if own else set()
-        target = _common_prefix({_owner(s) for s in srcs}) if srcs else ""
+        target = _common_prefix({s.rpartition(".")[0] for s in srcs}) if srcs else ""
         if not target or target not in upstream_modules:
             continue
         under = [s for s in feeds if s.startswith(target + ".")]
@@ -264,3 +260,15 @@ def localise(rows: list[Row], native_rec, upstream_rec, pairs, tol: float) -> tu
     if first is None:
         return None, None
     return attribute(first, rows, native_rec, upstream_rec, pairs, tol)
+
+
+def divergence(rows: list[Row], native_rec, upstream_rec, pairs, tol: float) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(the first_divergence_* and modules_compared measurements, results.json's `localisation`) of the rows."""
+    first, why = localise(rows, native_rec, upstream_rec, pairs, tol)
+    m = {"first_divergence_module": first.native if first else None,
+         "first_divergence_upstream": first.upstream if first else None,
+         "first_divergence_rel_l2": first.rel_l2 if first else None,
+         "modules_compared": sum(r.rel_l2 is not None for r in rows)}  # fmt: skip
+    record = {"tolerance_rel_l2": tol, "first": {**first.as_dict(), "why": why} if first else None,
+              "divergent": [r.as_dict() for r in rows if r.diverged(tol)][:5], "table": [r.as_dict() for r in rows]}
+    return m, record

@@ -17,6 +17,7 @@ from typing import Any
 
 from onboard.environment import inherited
 from onboard.parity import criteria
+from onboard.workspace.fsutil import atomic_write_text
 
 RESULTS_ENV = "ONBOARD_PARITY_RESULTS"
 """Path the results JSON is written to (set by the rung to its attempt folder)."""
@@ -40,10 +41,8 @@ def write_results(path: Path, results: dict[str, Any]) -> None:
     variables the run started with go in as `environment.overrides` (onboard/environment.py):
     a by-hand run's ONBOARD_PARITY_WEIGHTS is on the record of what it compared."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
     record = {"schema": SCHEMA, **results, "environment": {"overrides": inherited()}}
-    tmp.write_text(json.dumps(record, indent=2, default=str) + "\n")
-    os.replace(tmp, path)
+    atomic_write_text(path, json.dumps(record, indent=2, default=str) + "\n")
 
 
 def written_by_this_run(path: Path, folder: Path, since: float) -> str | None:

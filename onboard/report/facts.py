@@ -27,10 +27,6 @@ the baseline's batch (`comparable` and `same_batch`); others (simple_fsdp on 2 p
 sharing the machine's cores; a larger batch, whose tokens/s still compare) are marked
 in the table and listed in the summary. No number is derived: every number is one recorded
 measurement, and `source` names the rung it was recorded by.
-
-A later rung (tuning) needs nothing here: its entry's `step_time_median_s`, `tokens_per_s`,
-`mfu`, `peak_mem_bytes`, `flags` and, when it changed them, `batch_size` / `seq_len` make
-its bar, and its recipe edits name its change.
 """
 
 from __future__ import annotations
@@ -44,9 +40,8 @@ from typing import Any
 
 from titan_core.config.loader import MISSING, ConfigError, apply_overrides, from_dict, get_key, to_dict
 
-from onboard.ladder.decision import decision_records
+from onboard.ladder.decision import KEPT, decision_records
 from onboard.workspace.ledger import Status, parse_iso
-from onboard.ladder.decision import KEPT
 from titan_core.measure.metrics import read_metrics
 
 OTHER_RUNS = ("eager_", "baseline_")
@@ -85,6 +80,12 @@ class Record:
         """The rung's Decision records (onboard.ladder.decision, `details.decisions`); [] for a rung
         that recorded none, or an older ledger's other shape under that key."""
         return decision_records(self.details)
+
+    @property
+    def field_choices(self) -> dict:
+        """The kernels rung's per-field choices (an older ledger kept them under `decisions`)."""
+        old = self.details.get("decisions")
+        return self.details.get("field_choices") or (old if isinstance(old, dict) else {})
 
 
 def records(states) -> list[Record]:
@@ -158,8 +159,7 @@ def recipe_mode(recs: list[Record]) -> str | None:
 
 
 def _kernels_change(rec: Record) -> tuple[str, bool]:
-    old = rec.details.get("decisions")  # a ledger from before field_choices kept the per-field dict there
-    decisions = rec.details.get("field_choices") or (old if isinstance(old, dict) else {})
+    decisions = rec.field_choices
     kept = [f"kernels.{f}={d['value']}" for f, d in decisions.items() if d.get("edit")]
     if kept:
         return "kept " + ", ".join(kept), True

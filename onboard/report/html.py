@@ -1,4 +1,5 @@
-"""report.html: REPORT.md rendered to one self-contained page, its pictures embedded.
+"""report.html: REPORT.md rendered to one self-contained page, its pictures embedded; and the
+Markdown tables REPORT.md is made of (`table`).
 
 The page is REPORT.md itself (tables, the `<details>` blocks of each rung's evidence),
 rendered with markdown-it (CommonMark + tables, the parser rich already brings), with every
@@ -30,8 +31,14 @@ h2 { border-bottom: 1px solid #ddd; padding-bottom: 0.2em; margin-top: 1.6em; }
 """
 
 
-def data_uri(png: bytes) -> str:
-    return "data:image/png;base64," + base64.b64encode(png).decode("ascii")
+def cell(value) -> str:
+    return str(value).replace("|", "\\|").replace("\n", " ")
+
+
+def table(headers: list[str], rows: list[list]) -> list[str]:
+    out = ["| " + " | ".join(headers) + " |", "|" + "|".join("---" for _ in headers) + "|"]
+    out += ["| " + " | ".join(cell(c) for c in row) + " |" for row in rows]
+    return out
 
 
 DETAILS_OPEN = "<details><summary>details</summary>"
@@ -45,7 +52,8 @@ def render(markdown: str, pictures: dict[str, Path], *, title: str) -> str:
     for tag in (DETAILS_OPEN, DETAILS_CLOSE):  # the layout's own lines, each a paragraph of its own
         body = body.replace(f"<p>{html.escape(tag, quote=False)}</p>", tag)
     for name, path in pictures.items():
-        body = body.replace(f'src="{html.escape(name)}"', f'src="{data_uri(path.read_bytes())}"')
+        png = base64.b64encode(path.read_bytes()).decode("ascii")
+        body = body.replace(f'src="{html.escape(name)}"', f'src="data:image/png;base64,{png}"')
     return (
         '<!DOCTYPE html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n'
         f"<title>{html.escape(title)}</title>\n<style>{STYLE}</style>\n</head>\n<body>\n{body}</body>\n</html>\n"

@@ -13,7 +13,7 @@ from __future__ import annotations
 from onboard.report.facts import TIMED, Bar, Record, decision_name
 from onboard.report.pictures import bar_kind, fmt_seconds
 from onboard.report.steps import Factor, Step, step_text
-from onboard.report.tables import table
+from onboard.report.html import table
 from onboard.ladder.decision import KEPT, headline
 from titan_core.memory.estimate import format_bytes
 

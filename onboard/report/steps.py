@@ -1,37 +1,21 @@
 """The waterfall's data: each rung's speed-up as its own timing protocol measured it, and their product.
 
-A rung's step is the speed-up of what it tried over the recipe before it (time per token of
-the recipe before / time per token with the change; at one batch, the step-time ratio), read
-from the interleaved comparison (titan_core.measure.timing.Comparison: `ratio` candidate /
-baseline, `ci_low`/`ci_high` at `confidence`, `outcome`) its ledger entry recorded:
+A rung's step is the speed-up of what it tried over the recipe before it (per token; at one batch,
+the step-time ratio), read from the interleaved comparison its ledger entry recorded
+(titan_core.measure.timing.Comparison: `ratio` candidate / baseline, `ci_low`/`ci_high` at
+`confidence`, `outcome`). A rung that recorded Decisions (`details.decisions`, onboard.ladder.decision;
+every keep/choose rung does now) gets the kept decisions' figures multiplied, so the bar is the figure
+`status` and the summary print; none kept: the one timed decision's figure, not kept. graph_trainer's
+execution-mode Decision is the mode's bar, and compile (which decides nothing) gets none. An older
+ledger's records are read per rung (PER_RUNG); where no record exists the step is the ratio of two
+runs timed apart (`protocol` False): no interval, drawn hatched. eager is the baseline (1x); parity
+times nothing.
 
-- a rung that recorded Decisions (`details.decisions`, onboard.ladder.decision; every keep/choose
-  rung does now): the kept decisions' figures multiplied, each timed against the recipe the one
-  before left, so the bar is the figure `status` and the summary print; none kept: the one timed
-  decision's figure, not kept. graph_trainer's execution-mode Decision is then the mode's bar, and
-  compile (which decides nothing) gets none. The records below are those of older ledgers:
-- simple_fsdp: bf16 parameters against fp32 (`measurements.mixed_precision_timing`);
-- compile and graph_trainer: each mode against eager, as the graph_trainer rung's execution-mode
-  choice timed them (`details.execution_mode.execution_mode_vs_eager`): the compile rung times no
-  mode against another itself, so its step is read from graph_trainer's entry;
-- kernels: each kernel field the rung changed, the new value against the old (the head-to-head
-  contest when there was one, else the two kernels' recorded ratios against the plain path,
-  `<field>_<value>_time_ratio[_ci]`, divided);
-- tuning: every kept change against the recipe it changed, per token (`details.changes`, and the
-  batch search's chain of `faster` doublings, `details.batch.tried`), multiplied along.
-
-Where no such record exists (an older ledger; compile before graph_trainer chose a mode) the
-step is the ratio of two runs timed apart (`protocol` False): minutes apart on a shared machine
-load moves them as much as a change can, so they get no interval and are drawn hatched.
-eager is the baseline (1x); parity times nothing.
-
-The cumulative product multiplies the steps the recipe kept (`kind == "kept"`; a change not kept
-leaves the recipe as it was). Each step is measured against the recipe the earlier kept steps
-left, so the product telescopes to the final recipe's speed-up over eager if the changes
-compose. Its interval is the product of the kept intervals' ends; by the union bound it covers
-the product of the true ratios with probability at least 1 - the sum of their miss rates (three
-99% intervals: >= 97%), whatever their dependence. A product with a factor timed apart has no
-interval: nothing bounds that factor.
+The cumulative product multiplies the steps the recipe kept, each measured against the recipe the
+earlier kept steps left, so it telescopes to the final recipe's speed-up over eager if the changes
+compose. Its interval is the product of the kept intervals' ends; by the union bound it covers the
+product of the true ratios with probability at least 1 - the sum of their miss rates, whatever their
+dependence. A product with a factor timed apart has no interval.
 """
 
 from __future__ import annotations
@@ -104,27 +88,34 @@ def product(factors: list[Factor], how: str = "") -> Factor:
     return Factor(speedup, low, high, alpha, outcome, protocol, how or "; ".join(f.how for f in real), links)
 
 
+def _rounds(record: dict) -> str:
+    return f", {record['rounds']} interleaved rounds" if isinstance(record.get("rounds"), int) else ", interleaved"
+
+
+def _factor(speedup: float, low, high, confidence, outcome, how: str) -> Factor:
+    """A speed-up with its interval at `confidence`, or without one where the interval is not usable."""
+    outcome = outcome if isinstance(outcome, str) else None
+    if low is None or high is None or low <= 0 or confidence is None or not 0 < confidence < 1:
+        return Factor(speedup, outcome=outcome, how=how)
+    return Factor(speedup, low, high, 1 - confidence, outcome, True, how)
+
+
 def link(cmp: Any, what: str = "") -> Factor | None:
     """The speed-up of one recorded interleaved Comparison (to_dict()); None for anything else
     (missing, unpaired: two runs timed apart, or a ratio that is not a positive number)."""
     if not isinstance(cmp, dict) or cmp.get("paired") is False:
         return None
     f = from_ratio(cmp.get("ratio"), cmp.get("ci_low"), cmp.get("ci_high"), cmp.get("confidence"), cmp.get("outcome"))
-    if f is None:
-        return None
-    rounds = f", {cmp['rounds']} interleaved rounds" if isinstance(cmp.get("rounds"), int) else ", interleaved"
-    return dataclasses.replace(f, how=f"{what}{rounds}")
+    return dataclasses.replace(f, how=f"{what}{_rounds(cmp)}") if f is not None else None
 
 
 def from_ratio(ratio, ci_low, ci_high, confidence, outcome, how: str = "") -> Factor | None:
     """A Factor from a time ratio (candidate / baseline, above 1 slower) and its interval."""
-    ratio = _num(ratio)
+    ratio, lo, hi = _num(ratio), _num(ci_low), _num(ci_high)
     if ratio is None or ratio <= 0:
         return None
-    lo, hi, conf = _num(ci_low), _num(ci_high), _num(confidence)
-    if lo is None or hi is None or conf is None or lo <= 0 or not (0 < conf < 1):
-        return Factor(1 / ratio, outcome=outcome if isinstance(outcome, str) else None, how=how)
-    return Factor(1 / ratio, 1 / hi, 1 / lo, 1 - conf, outcome if isinstance(outcome, str) else None, True, how)
+    low, high = (1 / hi, 1 / lo) if lo is not None and hi is not None and lo > 0 else (None, None)
+    return _factor(1 / ratio, low, high, _num(confidence), outcome, how)
 
 
 def apart(before_s, after_s, how: str) -> Factor | None:
@@ -149,17 +140,11 @@ def _simple_fsdp(rec: Record, _: dict) -> tuple[Factor | None, bool | None, str]
 def decision_factor(d: dict) -> Factor | None:
     """The speed-up a Decision record holds (candidate over holder) with its interval; None when it
     has none (decided untimed, or by memory)."""
-    speedup = _num(d.get("speedup"))
+    speedup, ci = _num(d.get("speedup")), d.get("ci")
     if speedup is None or speedup <= 0:
         return None
-    ci, conf = d.get("ci"), _num(d.get("confidence"))
     lo, hi = (_num(ci[0]), _num(ci[1])) if isinstance(ci, list) and len(ci) == 2 else (None, None)
-    outcome = d.get("outcome") if isinstance(d.get("outcome"), str) else None
-    rounds = f", {d['rounds']} interleaved rounds" if isinstance(d.get("rounds"), int) else ", interleaved"
-    how = f"{decision_name(d)}{rounds}"
-    if lo is None or hi is None or lo <= 0 or conf is None or not 0 < conf < 1:
-        return Factor(speedup, outcome=outcome, how=how)
-    return Factor(speedup, lo, hi, 1 - conf, outcome, True, how)
+    return _factor(speedup, lo, hi, _num(d.get("confidence")), d.get("outcome"), f"{decision_name(d)}{_rounds(d)}")
 
 
 def _decided(rec: Record) -> tuple[Factor | None, bool | None, str]:
@@ -204,6 +189,7 @@ def _kernel_ratio(m: dict, field: str, value: str, alpha: float | None) -> Facto
 
 
 def _kernel_field(m: dict, field: str, d: dict) -> Factor | None:
+    """The new value against the old: their head-to-head contest, else each one's ratio against the plain path."""
     value, was = d.get("value"), d.get("was")
     what = f"kernels.{field} {was} -> {value}"
     for c in d.get("contests") or []:
@@ -218,9 +204,7 @@ def _kernel_field(m: dict, field: str, d: dict) -> Factor | None:
 
 
 def _kernels(rec: Record, _: dict) -> tuple[Factor | None, bool | None, str]:
-    old = rec.details.get("decisions")  # a ledger from before field_choices kept the per-field dict there
-    decisions = rec.details.get("field_choices") or (old if isinstance(old, dict) else {})
-    edited = {f: d for f, d in decisions.items() if isinstance(d, dict) and d.get("edit")}
+    edited = {f: d for f, d in rec.field_choices.items() if isinstance(d, dict) and d.get("edit")}
     if not edited:
         return None, False, "no kernel change kept"
     factors = [_kernel_field(rec.m, f, d) for f, d in edited.items()]

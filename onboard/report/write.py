@@ -34,8 +34,7 @@ from onboard.report.facts import (
     val_loss_series,
     waterfall_bars,
 )
-from onboard.report.html import DETAILS_CLOSE, DETAILS_OPEN, render
-from onboard.report.tables import table
+from onboard.report.html import DETAILS_CLOSE, DETAILS_OPEN, render, table
 from onboard.report.speed_section import decision_lines, kept_decisions, speed_table, waterfall_lines
 from onboard.ladder.decision import headline
 from onboard.report.steps import Step, waterfall_steps

@@ -1,21 +1,12 @@
 """Rung 4, `compile`: every decoder block and the loss head compile without a graph break,
 and compiling changes the numbers by rounding only (DESIGN sections 1 and 5).
 
-The rung trains the workspace recipe for the checklist's `steps` on the same repeated
-batch with per-block `torch.compile` (`--compile.enable`, the recipe's `compile.backend`),
-then asks dynamo, block by block on the inputs each block really received, how many
-graphs it made and why it broke (`titan_core.compile.explain_blocks`). Measured:
-
-- graph breaks per compiled module, with dynamo's reasons (the gate requires 0);
-- step-1 loss against the eager rung's evidence, relative error (the eager rung ran the
-  same recipe unsharded, and the simple_fsdp rung showed its sharded step equals it), in the
-  recipe's own precision and judged by that precision's bound;
-- that the compiled run did every planned step with a finite loss and grad norm;
-- compile time (dynamo + backend, paid on the first step), steady step time and peak
-  memory, beside the eager rung's.
-
-A MoE recipe with the reference loop experts runs with `kernels.moe = "dense"` (see
-mode_recipe.DENSE_WHY); `flags` in the measurements lists exactly what was verified.
+The rung trains the workspace recipe for the checklist's `steps` on the same repeated batch with
+per-block `torch.compile` (the recipe's `compile.backend`), then asks dynamo, block by block on the
+inputs each block really received, how many graphs it made and why it broke
+(`titan_core.compile.explain_blocks`); its step-1 loss is compared with the eager rung's evidence in
+the recipe's own precision, its speed set beside eager's (CompileMeasurements). A MoE recipe with
+the reference loop experts runs with `kernels.moe = "dense"` (mode_recipe.DENSE_WHY).
 """
 
 from __future__ import annotations
@@ -23,15 +14,13 @@ from __future__ import annotations
 from titan_core.models.flux.config import flux_of_args
 
 from onboard.rungs import run_compare, gate_recipe, mode_recipe, train_run
-from onboard.ladder.measurements.compile_measurements import CompileMeasurements
+from onboard.ladder.measurements.training_measurements import CompileMeasurements
 from onboard.ladder.contract import RungContext, RungResult
 from titan_core.compile import dynamo_compile_seconds, explain_blocks
 from titan_core.measure.numerics import rel
 import torch
 
 RUNG = "compile"
-
-
 
 
 def break_report(report: dict) -> tuple[dict, dict]:
@@ -83,20 +72,15 @@ def run(ctx: RungContext) -> RungResult:
         f"{m.step1_loss_rel_err:.2e} vs eager; {m.step_time_median_s * 1e3:.0f} ms/step; {m.vs_eager_text}"
     )
     rows = result.metrics
-    return RungResult(
-        measurements=m,
-        files_read=gate_recipe.files_read(ctx, base),
-        command=gate_recipe.next_step_command(ctx),
-        details={
-            "device": result.device,
-            "gate_overrides": gate_recipe.gate_overrides(ctx, cfg),
-            "per_module": per_module,
-            "loss_curve": [r["loss"] for r in rows],
-            "swaps": dict(result.swaps),
-            "metrics_file": ctx.workspace.key_for(ctx.attempt_dir / "metrics.jsonl"),
-            "reproduce": gate_recipe.train_command(ctx, flags),
-        },
-    )
+    return gate_recipe.result(ctx, base, m, {
+        "device": result.device,
+        "gate_overrides": gate_recipe.gate_overrides(ctx, cfg),
+        "per_module": per_module,
+        "loss_curve": [r["loss"] for r in rows],
+        "swaps": dict(result.swaps),
+        "metrics_file": ctx.workspace.key_for(ctx.attempt_dir / "metrics.jsonl"),
+        "reproduce": gate_recipe.train_command(ctx, flags),
+    })  # fmt: skip
 
 
 def train_compiled(ctx: RungContext, cfg):

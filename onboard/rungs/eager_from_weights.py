@@ -1,25 +1,15 @@
-"""A part of the eager rung: a recipe that starts from a checkpoint (`checkpoint.initial_hf`).
+"""A part of the eager rung (not a rung): a recipe that starts from a checkpoint (`checkpoint.initial_hf`).
 
-Not a rung (no RUNG). When the recipe names a Hugging Face checkpoint, every run of it starts
-from those weights, loaded per rank by titan_core (titan_core/training/hf_load.py). The eager
-rung then also checks that the load is the checkpoint transformers reads: step 1's loss of the
-recipe's run equals transformers' loss of the same folder (`from_pretrained`, fp32, CPU, eager
-attention: onboard/upstream/hf_model.py, the parity rung's loader) on the same batch, within the
-checklist's bound (checklists/eager.yaml, step1_loss_vs_transformers).
-
-The batch is the run's own first step: the recipe's data loader (titan_core.data.build_data_loader)
-for the eager rung's one process (data-parallel rank 0 of 1), `grad_accum` micro-batches, the loss
-their global token mean, as the trainer logs it (titan_core/training/token_mean.py), plus the MoE
-load-balancing term upstream adds as transformers does (router_aux_loss_coef x aux_loss). A
-packed batch (segment ids) is scored one document at a time, positions from 0, which is what
-attention kept inside each document computes.
-
-The comparison is in fp32: an fp32 recipe's step 1 itself, and for a bf16 recipe the fp32 step
-the eager rung runs anyway to measure its rounding (eager_rung.bf16_rounding), from the same
-weights and batch.
-
+Every run of such a recipe starts from those weights, loaded per rank by titan_core
+(titan_core/training/hf_load.py). The eager rung then also checks that the load is the checkpoint
+transformers reads: step 1's loss equals transformers' loss of the same folder (`from_pretrained`,
+fp32, CPU, eager attention: onboard/upstream/hf_model.py) on the same batch, within the checklist's
+bound (step1_loss_vs_transformers). The batch is the run's own first step, as its loader yields it on
+rank 0 of 1 (`grad_accum` micro-batches, the loss their global token mean, plus the MoE load-balancing
+term as transformers adds it); a packed batch is scored one document at a time, positions from 0. The
+comparison is in fp32: a bf16 recipe's is the fp32 step the eager rung runs to measure its rounding.
 Without initial_hf there is nothing to compare: the relative error is recorded as 0.0 and
-`step1_loss_reference` says so (a fresh init is judged by step1_loss_near_expected).
+`step1_loss_reference` says so.
 """
 
 from __future__ import annotations

@@ -4,17 +4,10 @@ It runs the workspace recipe for the checklist's `steps` optimizer steps on one 
 batch, through titan_core's public `train.run`, and measures what the checklist judges
 (finite losses and grad norms, the loss falling, step-1 loss near ln(vocab)) plus the
 baseline every later rung compares with: step-1 loss and grad norm as exact repr floats,
-and the steady-state step times, tokens/s, MFU and peak memory.
-
-When the recipe starts from a checkpoint (`checkpoint.initial_hf`, which new-model writes for
---weights), step 1's loss must also equal transformers' loss of that checkpoint on the same batch
-(onboard/rungs/eager_from_weights.py), and that loss is the step-1 loss to expect.
-
-When the gates run on a twin, the full model of config.json is checked here too, on the
-meta device (onboard/rungs/full_model.py): it builds, its parameter counts and FLOPs, its
-state-dict names and shapes against the upstream class, and with --weights every
-checkpoint tensor from the safetensors headers. The probe runs for every workspace (without
-a twin the full model is the one trained), so the ledger always holds the full model's size.
+and the steady-state step times, tokens/s, MFU and peak memory. A recipe that starts from a
+checkpoint is also held to transformers' loss of it (eager_from_weights.py), and the full model
+of config.json is checked on the meta device for every workspace (full_model.py), so the ledger
+always holds the full model's size.
 """
 
 from __future__ import annotations
@@ -25,14 +18,11 @@ import math
 import titan_core.train
 from titan_core.models.flux.config import flux_of_args
 from onboard.rungs import eager_from_weights, full_model, gate_recipe, run_compare
-from onboard.ladder.measurements.eager_measurements import EagerMeasurements
-from onboard.ladder.contract import RungContext, RungResult
-from onboard.ladder.gated_runs import record_run
+from onboard.ladder.measurements.training_measurements import EagerMeasurements
+from onboard.ladder.contract import RungContext, RungResult, record_run
 from titan_core.measure.numerics import rel
 
 RUNG = "eager"
-
-
 
 
 FLOW_STEP1_LOSS = 2.0

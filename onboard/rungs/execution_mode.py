@@ -1,30 +1,26 @@
 """Which execution mode the recipe trains in: the recipe's own mode (the holder) stands unless
-another mode that passed is faster than it by the timing protocol.
+another mode that passed is faster than it by the timing protocol (`decision.decide`).
 
-Called by the graph_trainer rung, the last execution-mode rung, once its own checks hold.
-The modes are eager, per-block compile (when the compile rung passed) and the Graph Trainer
-with the recipe's `[graph_trainer]` settings. Each is built as its own Trainer in this process
-and warmed by one step (compile, capture). The holder is the recipe's mode (eager when that
-mode is not among those that passed); every other mode's steps are timed interleaved against
-the holder's (`titan_core.measure.timing.compare`, the checklist's `params.timing`). A mode
-replaces the holder only when it is `faster` than it (`decision.decide`: an interval wholly on
-its side). When two are, they meet head to head and the later one (eager < compile <
-graph_trainer) is taken only when `faster` than the earlier one. Anything else (slower,
-indistinguishable, not measured) leaves the holder standing, so a re-run cannot flip the mode
-on noise, and a reversal of a mode an earlier rung wrote names that rung (`reverses`).
-
-The lever's one Decision (`execution_mode`) comes back in the record beside the recipe edits,
-which the engine writes only when the gate passed.
+Called by the graph_trainer rung, the last execution-mode rung, once its own checks hold. Each
+mode (eager, per-block compile when the compile rung passed, the Graph Trainer with the recipe's
+`[graph_trainer]` settings) is built as its own Trainer in this process, warmed by one step, and
+timed interleaved against the holder (eager when the recipe's mode is not among those that passed);
+when two beat it, the later one (eager < compile < graph_trainer) is taken only when `faster` than
+the earlier. The lever's one Decision (`execution_mode`) comes back beside the recipe edits.
 """
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 
 from onboard.ladder import decision
 from onboard.rungs import gate_recipe, mode_recipe, timing_profiles, train_run
 from onboard.ladder.contract import RecipeEdit, RungContext
+from titan_core.config.loader import ConfigError
 from titan_core.measure.timing import compare
+from titan_core.parallel import check_parallelism
+from titan_core.parallel.mesh import smallest_world
 
 MODES = ("eager", "compile", "graph_trainer")
 """Simplest first: of two modes that beat the holder, the later must also beat the earlier."""
@@ -46,6 +42,28 @@ def mode_set_by(ledger, mode: str) -> str | None:
         return decision.holder_set_by(ledger, MODE_KEYS[mode])
     # eager: the rung that last switched a mode off
     return decision.holder_set_by(ledger, "graph_trainer.enable") or decision.holder_set_by(ledger, "compile.enable")
+
+
+def accepted_modes(recipe, modes: list[str]) -> tuple[list[str], dict[str, str]]:
+    """(the modes titan_core runs at the recipe's parallel degrees, {mode: its refusal} of the others).
+
+    The rungs prove each mode at degree 1 (gate_recipe); the recipe the user takes away runs at
+    its own ep/cp/pp, where titan_core refuses some modes (cp or ep with the Graph Trainer, pp
+    with compile): such a mode is never chosen, so the recipe earned is one titan_core runs. A
+    refusal of the degrees in eager too is not the mode's: the simple_fsdp rung reports that."""
+    def refusal(mode: str) -> str | None:
+        cfg = copy.deepcopy(recipe)
+        cfg.compile.enable, cfg.graph_trainer.enable = mode == "compile", mode == "graph_trainer"
+        try:
+            check_parallelism(cfg, smallest_world(cfg.parallelism))
+        except ConfigError as e:
+            return " ".join(str(e).split())
+        return None
+
+    if refusal("eager") is not None:
+        return list(modes), {}
+    refused = {m: why for m in modes if m != "eager" and (why := refusal(m)) is not None}
+    return [m for m in modes if m not in refused], refused
 
 
 def _trainer(base, out, mode: str, moe: str | None):
@@ -96,9 +114,14 @@ def choose(ctx: RungContext, base, *, rung: str, moe: str | None, modes: list[st
     the lever's Decision (to_dict), for the rung's details."""
     proto = timing_profiles.protocol(rung, ctx.timing_profile)
     recipe = gate_recipe.recipe(ctx)
+    modes, refused = accepted_modes(recipe, modes)
+    for m, why in refused.items():
+        ctx.log(f"{rung}: {m} is not a candidate for the recipe: titan_core refuses it at its parallel degrees ({why})")
     current = recipe_mode(recipe)
     holder = current if current in modes else "eager"
     others = [m for m in modes if m != holder]
+    if not others:  # every other mode refused at the recipe's degrees: nothing to time
+        return _only_mode(rung, recipe, holder, current, refused)
     ctx.log(f"{rung}: the recipe's mode {holder} against {', '.join(others)} (interleaved steps, "
             f"{proto.confidence:.0%} interval); it stands unless one is faster")  # fmt: skip
     trainers = {}
@@ -140,6 +163,22 @@ def choose(ctx: RungContext, base, *, rung: str, moe: str | None, modes: list[st
         "execution_mode_candidates": list(modes),
         "execution_mode_vs_holder": {m: c.to_dict() for m, c in vs_holder.items()},
         "execution_mode_head_to_head": head_to_head.to_dict() if head_to_head else None,
+        "execution_mode_refused": refused,
         "decisions": [d.to_dict()],
     }
+    return edits, record
+
+
+def _only_mode(rung: str, recipe, holder: str, current: str, refused: dict[str, str]) -> tuple[list[RecipeEdit], dict]:
+    """The record and edits when `holder` is the only mode titan_core runs at the recipe's degrees."""
+    why = f"{rung} rung: {holder} is the only mode titan_core runs at the recipe's parallel degrees (" + "; ".join(
+        f"{m}: {r}" for m, r in refused.items()) + ")"  # fmt: skip
+    d = decision.Decision(rung=rung, lever=LEVER, holder=current, candidate=holder, value=holder,
+                          verdict=decision.KEPT if holder != current else decision.HELD, figure="none", why=why)  # fmt: skip
+    wanted = {"compile.enable": holder == "compile", "graph_trainer.enable": holder == "graph_trainer"}
+    have = {"compile.enable": recipe.compile.enable, "graph_trainer.enable": recipe.graph_trainer.enable}
+    edits = [RecipeEdit(k, v, why) for k, v in wanted.items() if have[k] != v]
+    record = {"execution_mode": holder, "execution_mode_was": current, "execution_mode_holder": holder,
+              "execution_mode_why": why, "execution_mode_candidates": [holder], "execution_mode_vs_holder": {},
+              "execution_mode_head_to_head": None, "execution_mode_refused": refused, "decisions": [d.to_dict()]}  # fmt: skip
     return edits, record

@@ -1,30 +1,22 @@
-"""The full-size model, checked without materialising it: a part of the eager rung.
+"""A part of the eager rung (not a rung): the full-size model, checked without materialising it.
 
-Not a rung (no RUNG). The eager rung trains the workspace's model, which is a twin when the
-full model does not fit here (onboard/sizing/twin_setup.py); this probe checks the full model of
-config.json all the same, on the meta device, so no byte of it is allocated:
+The eager rung trains the workspace's model, which is a twin when the full model does not fit here
+(onboard/sizing/twin_setup.py); this probe checks the full model of config.json all the same, on the
+meta device, so no byte of it is allocated:
 
-- it builds: the recipe's [model] section with config.json as its architecture, through the
-  workspace adapter and (a port) model.py, as `onboard train` would build it there (the
-  recipe's size overrides left out: they shape the model the rungs train, not config.json's);
-- its size: parameters in total and active per token (titan_core's count_params: of the routed
-  experts only the top_k a token reaches, whichever class holds them), and the training FLOPs
-  per token at the recipe's sequence length;
-- its names: every state-dict tensor through the adapter's `to_hf`, name and shape, against
-  the upstream transformers class built on meta from the same config.json when the rungs run
-  a twin; without a twin (parity then compares this very model with the upstream class) and
-  where transformers has no class for it, against the adapter's own round trip, saying so:
-  `from_hf` of the HF names as a checkpoint stores them (a tied head once) and, for a tied
-  model, as HF holds them in memory (the head the embedding tensor itself). A tied head is
-  one tensor under two names (titan_core/models/common/tied.py): its alias is compared as
-  tied on both sides, or, absent from one side, not at all;
-- its checkpoint, with `--weights`: every tensor's name, shape and dtype from the
-  safetensors headers alone (onboard/upstream/weights_headers.py), against the model on meta;
-  on the transformers path a checkpoint as the Hub ships it is read as transformers' own
-  loading reads it (Mixtral's per-expert tensors stacked, an old inv_freq ignored).
+- it builds: the recipe's [model] section with config.json as its architecture, as `onboard train`
+  would build it there (the recipe's size overrides left out: they shape the model the rungs train);
+- its size: parameters in total and active per token (titan_core's count_params), and the training
+  FLOPs per token at the recipe's sequence length;
+- its names: every state-dict tensor through the adapter's `to_hf`, name and shape, against the
+  upstream class built on meta when the rungs run a twin; without a twin (parity then compares this
+  very model with the upstream class), or without an upstream class, against the adapter's own round
+  trip (`_round_trip`). A tied head is one tensor under two names (titan_core/models/common/tied.py);
+- its checkpoint, with `--weights`: every tensor's name, shape and dtype from the safetensors headers
+  alone (onboard/upstream/weights_headers.py), against the model on meta.
 
-Counts of problems are what the checklist judges (0 each); a checkpoint not given has none
-to find, and the measurements say it was not given.
+Counts of problems are what the checklist judges (0 each); a checkpoint not given has none to find,
+and the measurements say it was not given.
 """
 
 from __future__ import annotations

@@ -13,10 +13,11 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from onboard.ladder.contract import RungContext
+from onboard.ladder.contract import RecipeEdit, RungContext, RungResult
 from onboard.ladder.gates import PRECISIONS, ChecklistError, load_checklist, resolve_threshold
 from titan_core.config import load_config
 from titan_core.config.loader import get_key
+from titan_core.runtime.devices import device_type as resolved_device_type  # noqa: F401  (the rungs' name for it)
 import torch
 from titan_core.training.model_builder import resolve_model_args
 
@@ -63,8 +64,9 @@ def job_config(ctx: RungContext):
     """The workspace recipe, adjusted for the gate: eager execution (a rung that runs another mode
     switches it on itself), the eager gate's steps on its repeated batch (warm-up capped so the
     peak lr is reached), output in the attempt folder, nothing saved or profiled (the gate
-    measures training, not checkpointing). Works from any folder. A run of it names the GATE_KEYS
-    values that differ from the recipe's (`announce`)."""
+    measures training, not checkpointing), one process's degrees (ep = cp = pp = 1: the simple_fsdp rung
+    proves the recipe's). Works from any folder. A run of it names the GATE_KEYS values that differ from
+    the recipe's (`announce`)."""
     steps = param("eager", "steps")
     cfg = recipe(ctx)
     cfg.compile.enable = False
@@ -78,13 +80,19 @@ def job_config(ctx: RungContext):
     cfg.metrics.output_dir = str(ctx.attempt_dir)
     cfg.metrics.log_freq = 5
     cfg.metrics.rich = False
+    # a gate's runs are one process (or W data-parallel ones): the expert, context and pipeline degrees
+    # the recipe asks for are proved by the simple_fsdp rung (onboard/rungs/parallel_degrees.py)
+    p = cfg.parallelism
+    p.ep, p.cp, p.pp, p.pp_layers, p.ep_capacity_factor = 1, 1, 1, [], 0.0
     return cfg
 
 
-GATE_KEYS = ("training.steps", "lr_scheduler.warmup_steps", "data.repeat_batch")
+GATE_KEYS = ("training.steps", "lr_scheduler.warmup_steps", "data.repeat_batch", "parallelism.ep", "parallelism.cp",
+             "parallelism.pp", "parallelism.pp_layers", "parallelism.ep_capacity_factor")  # fmt: skip
 """The recipe keys a gate sets to its own values for the run it judges (`job_config`, a rung's
-steps); a run whose value differs from the recipe's says so (`gate_overrides`). The execution
-mode is not among them: each rung runs the mode it verifies and names it in its log."""
+steps, the degrees of one process); a run whose value differs from the recipe's says so
+(`gate_overrides`). The execution mode is not among them: each rung runs the mode it verifies
+and names it in its log."""
 
 
 def gate_overrides(ctx: RungContext, cfg) -> list[str]:
@@ -139,16 +147,15 @@ def next_step_command(ctx: RungContext) -> str:
     return f"onboard next-step {ctx.workspace.name} --dir {ctx.workspace.root.parent.parent}"
 
 
+def result(ctx: RungContext, cfg, m, details: dict, edits: list[RecipeEdit] | None = None) -> RungResult:
+    """A training rung's RungResult: `m` and `details` with the files read and the command of a gate run of `cfg`."""
+    return RungResult(measurements=m, files_read=files_read(ctx, cfg), command=next_step_command(ctx),
+                      details=details, recipe_edits=edits or [])  # fmt: skip
+
+
 def train_command(ctx: RungContext, flags: list[str]) -> str:
     """`onboard train` of the workspace recipe with the flags a rung verified."""
     return " ".join(["onboard", "train", "--config", str(ctx.workspace.recipe_path), *flags])
-
-
-def resolved_device_type(device_type: str) -> str:
-    """`[device] type` as titan_core resolves it (`auto`: cuda when available, else cpu)."""
-    if device_type == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    return device_type
 
 
 def model_args(cfg):

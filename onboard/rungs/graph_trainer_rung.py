@@ -1,21 +1,16 @@
 """Rung 5, `graph_trainer`: the whole train step (forward, loss, backward, clipping, AdamW)
 captured as one graph that runs without the host waiting on the device, and exactly
-eager's arithmetic when it runs uncompiled (DESIGN sections 1, 5 and 6).
-
-Three parts, all in this process:
+eager's arithmetic when it runs uncompiled (DESIGN sections 1, 5 and 6). Four parts, in this process:
 
 1. probe (tracing only, weights untouched): every host sync the step would make
    (`find_host_syncs`), and the saved-activation bytes of each memory policy;
 2. exactness: the recipe for the checklist's `exact_steps` eagerly and as a captured step run
-   uncompiled (`graph_trainer.compile = "none"`, unsplit, numerics-preserving passes
-   only), both deterministic: losses, grad norms, parameters and AdamW state `torch.equal`;
-   programs launched per step and captures per run;
-3. speed: the recipe's own `[graph_trainer]` settings (compile, memory policy, scan,
-   split) for `timed_steps` steps: trace, pass and backend compile time, step time and
-   peak memory, beside the eager and compile rungs'.
-
+   uncompiled and unsplit (EXACT), both deterministic: losses, grad norms, parameters and AdamW
+   state `torch.equal`; programs launched per step and captures per run;
+3. speed: the recipe's own `[graph_trainer]` settings for `timed_steps` steps: trace, pass and
+   backend compile time, step time and peak memory, beside the eager and compile rungs';
 4. choice: when the checks of part 2 hold, the recipe's execution mode among the modes that
-   passed (`execution_mode.choose`, the timing protocol).
+   passed (`execution_mode.choose`).
 
 A MoE recipe with the reference loop experts runs with `kernels.moe = "dense"` (see
 mode_recipe.DENSE_WHY), in the eager and the captured run alike.
@@ -29,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from onboard.rungs import execution_mode, gate_recipe, mode_recipe, run_compare, train_run
-from onboard.ladder.measurements.graph_trainer_measurements import GraphTrainerMeasurements
+from onboard.ladder.measurements.training_measurements import GraphTrainerMeasurements
 from onboard.ladder.contract import RecipeEdit, RungContext, RungResult
 from titan_core.measure.numerics import rel, rel_l2
 from titan_core.parallel import local_tensor as _local
@@ -39,8 +34,6 @@ from titan_core.compile.graph_trainer import CaptureError, HostSyncError, find_h
 RUNG = "graph_trainer"
 EXACT = {"enable": True, "compile": "none", "numerics_changing": False, "split": False}
 """The [graph_trainer] of the exactness run: captured, uncompiled, unsplit, numerics-preserving passes only."""
-
-
 
 
 @dataclass
@@ -64,8 +57,7 @@ class Plan:
         return mode_recipe.mode_config(self.base, out, steps=steps, deterministic=deterministic, moe=self.moe, **sections)
 
     def result(self, m: GraphTrainerMeasurements, details: dict, edits: list[RecipeEdit] | None = None) -> RungResult:
-        files, command = gate_recipe.files_read(self.ctx, self.base), gate_recipe.next_step_command(self.ctx)
-        return RungResult(measurements=m, files_read=files, command=command, details=details, recipe_edits=edits or [])
+        return gate_recipe.result(self.ctx, self.base, m, details, edits)
 
 
 def run(ctx: RungContext) -> RungResult:

@@ -1,20 +1,14 @@
-"""Kernel against plain path: which kernels apply to a model, whether one computes what the
-plain path computes, and which of the two steps faster.
+"""Kernel against plain path: which kernels apply to a model (`applicable_kernels`), whether one
+computes what the plain path computes (`compare_kernel`: loss, logits, every gradient), the peak
+memory of one step with it (`step_peak`), and a bare model's forward + backward with it timed
+against another choice (`measure_kernel`; the kernels rung times its keep decisions on the recipe's
+whole training steps instead, onboard/rungs/kernels_steps.py).
 
-    applicable_kernels(args, device=, dtype=, model=) -> {"kernels.moe=grouped_mm": None | "why not", ...}
-    compare_kernel(family, args, "kernels.loss=fused_ce")  -> KernelComparison (loss, logits, grads)
-    measure_kernel(family, args, "kernels.loss=fused_ce")  -> the timing protocol's answer and peak memory
-                                                              of a bare model's forward + backward
-    step_peak(family, args, "loss", "fused_ce")            -> (peak bytes of one fp32 forward + backward, why not)
-
-The kernels rung times its keep decisions on the recipe's whole training steps
-(onboard.rungs.kernels_steps), not with `measure_kernel`; it measures each side's peak with `step_peak`.
-
-Each flag is compared with the plain path of its field (REFERENCE): the model built twice
-from the same weights, once with the kernel's swap and once with the reference's. Errors
-are titan_core.measure.numerics' relative L2 (one zero-reference rule for every comparison);
-timings go through titan_core.measure.timing (interleaved, with an interval, may say
-"indistinguishable").
+Each flag is compared with the plain path of its field (REFERENCE): the model built twice from the
+same weights, once with the kernel's swap and once with the reference's. Errors are
+titan_core.measure.numerics' relative L2; timings go through titan_core.measure.timing. The float8
+flags (PRECISION_FIELDS) change the precision: `applicable_kernels` says where they run, and the
+rung judges them by their own bound against bf16 (onboard/rungs/kernels_float8.py), not here.
 """
 
 from __future__ import annotations
@@ -32,6 +26,7 @@ from titan_core.config.loader import ConfigError
 from titan_core.config.sections import Kernels
 from titan_core.config.swaps import apply_swaps, registered_swaps, swap_applicability
 from titan_core.kernels.moe import grouped_mm_unsupported
+from titan_core.models.common.mapping_errors import KernelUnavailable
 from titan_core.kernels.swaps import DEFAULTS, swaps_for
 from titan_core.data.base import Batch
 from titan_core.data.flow import FlowLoader
@@ -45,8 +40,9 @@ from titan_core.runtime import devices
 
 from onboard.upstream.hf_model import perturb_constants
 
-#: The plain path each kernel is compared with.
-REFERENCE = {"loss": "plain", "attention": "naive", "moe": "loop"}
+#: The plain path each kernel is compared with (float8's "none": the bf16 linears; a precision
+#: change, judged by its own bound instead of the fp32 comparison, onboard/rungs/kernels_float8.py).
+REFERENCE = {"loss": "plain", "attention": "naive", "moe": "loop", "float8": "none"}
 #: Every kernel flag, in the order they are reported: within a field, simplest first.
 KERNEL_FLAGS = (
     "kernels.loss=fused_ce",
@@ -57,14 +53,19 @@ KERNEL_FLAGS = (
     "kernels.moe=dense",
     "kernels.moe=grouped_mm",
     "kernels.moe=tokamax",
+    "kernels.float8=tensorwise",
+    "kernels.float8=rowwise",
 )
+#: The fields whose values change the precision rather than compute the same thing: their rows are
+#: judged against the bf16 recipe by their own bound (kernels_float8), never by the fp32 comparison.
+PRECISION_FIELDS = ("float8",)
 
 
 def parse_flag(flag: str) -> tuple[str, str]:
     """'kernels.moe=grouped_mm' -> ('moe', 'grouped_mm'), checked against the Kernels section."""
     m = re.fullmatch(r"kernels\.(\w+)=(\w+)", flag)
     if not m or m.group(1) not in REFERENCE:
-        raise ConfigError(f"not a kernel flag: '{flag}' (expected kernels.<loss|attention|moe>=<choice>)")
+        raise ConfigError(f"not a kernel flag: '{flag}' (expected kernels.<loss|attention|moe|float8>=<choice>)")
     field_name, choice = m.groups()
     allowed = typing.get_args(typing.get_type_hints(Kernels)[field_name])
     if choice not in allowed:
@@ -83,6 +84,30 @@ def _jax_unavailable(device_type: str) -> str | None:
             jax.devices("cuda")
         except RuntimeError:
             return "jax has no CUDA backend here, so it cannot take CUDA tensors: pip install 'jax[cuda12]'"
+    return None
+
+
+def _has_torchao() -> bool:
+    return importlib.util.find_spec("torchao") is not None
+
+
+def _float8_unavailable(device: torch.device | str, recipe: str) -> str | None:
+    """Why kernels.float8=`recipe` cannot train on `device` (torchao missing, a device without float8
+    matmuls: titan_core.kernels.float8_linear.emulate_on's rule), or None (CPU: torchao's emulation)."""
+    if not _has_torchao():
+        return f"kernels.float8={recipe} needs torchao: pip install 'titan-onboard[float8]'"
+    device_type = device.split(":")[0] if isinstance(device, str) else device.type
+    if device_type not in ("cpu", "cuda"):  # a string such as "tpu" parses only once its backend is loaded
+        return (f"kernels.float8={recipe} is not available on {device_type}: torchao's float8 training runs "
+                f"torch._scaled_mm on CUDA (compute capability 8.9+) or emulates it on CPU")  # fmt: skip
+    if device_type == "cpu":
+        return None
+    from titan_core.kernels.float8_linear import emulate_on  # lazy: imports torchao (1-2 s)
+
+    try:
+        emulate_on(torch.device(device), recipe)
+    except KernelUnavailable as e:
+        return " ".join(str(e).split())
     return None
 
 
@@ -129,9 +154,13 @@ def applicable_kernels(
         if not is_moe
         else grouped_mm_unsupported(device_type, dtype, args.dim, args.moe_hidden_dim, captured=captured),
         "kernels.moe=tokamax": dense if not is_moe else no_jax,
+        "kernels.float8=tensorwise": _float8_unavailable(device, "tensorwise"),
+        "kernels.float8=rowwise": _float8_unavailable(device, "rowwise"),
     }
     if model is not None:
         for flag in KERNEL_FLAGS:
+            if flag.startswith("kernels.float8=") and not _has_torchao():
+                continue  # its swap cannot even be registered to ask the model; out[flag] says so
             why = _model_refuses(model, flag)
             # the model's own module is the reason that holds on every device; a swap that
             # matches nothing only fills in where nothing else was said (a dense model's MoE)

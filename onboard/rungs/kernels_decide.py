@@ -1,8 +1,9 @@
-"""The kernels rung's keep rule: per kernels field (loss, attention, moe), the value the recipe
-holds after the rung. Not a rung (no RUNG); loads no torch (the rung imports it at load).
+"""The kernels rung's keep rule: per kernels field (loss, attention, moe, float8), the value the
+recipe holds after the rung. Not a rung (no RUNG); loads no torch (the rung imports it at load).
 
 The *holder* is the field's value in the recipe. Every other value of the field that passed the
-fp32 comparison and the execution-mode check is a *candidate*, the plain path
+fp32 comparison (float8: its own bound against the bf16 recipe, kernels_float8) and the
+execution-mode check is a *candidate*, the plain path
 (kernel_compare.REFERENCE) among them when the holder is a kernel; the holder is never timed
 against itself. Each candidate's whole training steps are timed against the holder's
 (`Timer`: kernels_steps.WholeSteps.compare) and decided by `decision.decide`; its peak memory
@@ -10,6 +11,10 @@ against the holder's, both measured the same way (`Peak`: kernel_compare.step_pe
 `decision.decide_memory` with the checklist's margin. A candidate takes the field when its speed
 decision is kept, or its memory decision is kept and its whole steps were measured not slower
 (`faster` or `indistinguishable`: a step whose speed went unmeasured does not get in on memory).
+A speed win does not take the field when the candidate's peak is so much higher that the holder
+saves `min_saving` of it (`memory_cost`): the memory rule would hand the field back on the next
+attempt (at min_saving + margin), and the ladder would swap the two for ever on noise. The margin
+between the two edges keeps a peak measured a little differently from flipping either rule.
 `indistinguishable` and `not measured` leave the holder, so a re-run on noise never flips a field
 and two rungs cannot send the ladder round and round. Several candidates that take it: the simplest
 holds it, and a later one takes it only by being `faster` head to head, by the same rule.
@@ -136,8 +141,8 @@ def unusable(row: dict | None) -> str | None:
         return f"does not apply here ({row.get('reason')})"
     if row.get("status") == "raised":
         return f"raised ({row.get('error')})"
-    if not row.get("passed"):
-        return "does not equal the plain path in fp32 within the checklist's tolerance"
+    if not row.get("passed"):  # a precision change (float8) says which of its own bounds it left
+        return row.get("failed_why") or "does not equal the plain path in fp32 within the checklist's tolerance"
     return row.get("reason") or "does not run in the recipe's execution mode"
 
 
@@ -226,6 +231,7 @@ def decide_field(inp: FieldInput, *, time: Timer, peak: Peak, rule: MemoryRule) 
         out.contests.append(_contest(challenger, value, cmp))
         d = decide(RUNG_NAME, lever, holder=value, candidate=challenger, comparison=cmp,
                    what=f"{lever}={challenger}, head to head,")  # fmt: skip
+        memory_cost(d, value, _known_peak(out, value), _known_peak(out, challenger), rule)
         out.decisions.append(d)
         value = challenger if d.verdict == KEPT else value
     out.value = value
@@ -253,6 +259,7 @@ def _against(inp, out, cand, base, set_by, earned, time, peak, rule) -> tuple[De
     out.contests.append(_contest(cand, base, cmp))
     speed = decide(RUNG_NAME, lever, holder=base, candidate=cand, comparison=cmp, set_by=set_by)
     (pc, why_c), (pb, why_b) = _peak(peak, inp.field, cand), _peak(peak, inp.field, base)
+    memory_cost(speed, base, pb, pc, rule)
     memory = decide_memory(RUNG_NAME, lever, holder=base, candidate=cand, peak_holder=pb, peak_candidate=pc,
                            min_saving=rule.min_saving, margin=rule.margin, holder_earned=earned)  # fmt: skip
     if memory.verdict == NOT_MEASURED and (why_c or why_b):
@@ -261,6 +268,31 @@ def _against(inp, out, cand, base, set_by, earned, time, peak, rule) -> tuple[De
     out.timed[cand] = {"against": base, "timing": cmp, "peak": pc, "against_peak": pb,
                        "memory_saving": memory.memory_saving}  # fmt: skip
     return speed, memory
+
+
+def memory_cost(speed: Decision, holder: str, peak_holder: int | None, peak_candidate: int | None,
+                rule: MemoryRule) -> None:  # fmt: skip
+    """Turn a kept speed decision into held when the candidate costs so much memory that the holder
+    saves `rule.min_saving` of the candidate's peak (module docstring); unmeasured peaks leave it."""
+    if speed.verdict != KEPT or not peak_holder or not peak_candidate:
+        return
+    back = 1 - peak_holder / peak_candidate
+    if round(back, 9) < round(rule.min_saving, 9):
+        return
+    speed.verdict, speed.value, speed.reverses = HELD, holder, None
+    speed.why = (speed.why.split("; this reverses")[0] + f", but it needs {peak_candidate / peak_holder - 1:.0%} more "
+                 f"peak memory: {holder} saves {back:.0%} of its peak, at least the memory rule's {rule.min_saving:.0%}, "
+                 f"so the memory rule would take the field back; {holder} stands")  # fmt: skip
+
+
+def _known_peak(out: FieldChoice, value: str) -> int | None:
+    """The peak of `value` as the timings against the holder measured it (None when unmeasured)."""
+    for cand, t in out.timed.items():
+        if cand == value:
+            return t["peak"]
+        if t["against"] == value:
+            return t["against_peak"]
+    return None
 
 
 def _peak(peak: Peak, field_name: str, value: str) -> tuple[int | None, str | None]:
@@ -301,14 +333,18 @@ def _why(inp: FieldInput, out: FieldChoice, base: str) -> str:
     if value != out.was:
         taken = "; ".join(d.why for d in out.decisions if d.verdict == KEPT)
         row = inp.rows.get(value)
-        matches = f"matches {inp.field}={ref} (fp32 rel err {max_rel_err(row):.1e}); " if value != ref and row else ""
+        matches = ""
+        if value != ref and row:  # a float8 recipe is within its own bound of the bf16 recipe, not equal in fp32
+            matches = (row.get("matches") or f"matches {inp.field}={ref} (fp32 rel err {max_rel_err(row):.1e})") + "; "
         return matches + taken
     if out.notes:
         return "; ".join(out.notes)
     if not out.timed and not out.errors:
         if all(r.get("status") == "not_applicable" for r in inp.rows.values()):
             return f"no {inp.field} kernel applies here; the recipe's {value} stands"
-        return f"no other {inp.field} value passed the fp32 comparison and the execution-mode check; {value} stands"
+        own = any(r.get("precision") for r in inp.rows.values())  # float8's rows: judged in bf16 by their own bound
+        check = "its bound against the bf16 recipe" if own else "the fp32 comparison"
+        return f"no other {inp.field} value passed {check} and the execution-mode check; {value} stands"
     tried = []
     for cand, t in out.timed.items():
         saving = t["memory_saving"]

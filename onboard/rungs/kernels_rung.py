@@ -13,7 +13,12 @@ recorded as not_applicable with the reason, never skipped). For each that applie
    break under per-block compile, no host sync and a clean capture under the Graph Trainer;
    a kernel that fails there is no candidate, with that reason.
 
-The checklist judges the worst errors over all kernels. Then, per field (loss, attention, moe),
+kernels.float8 is a precision change, not a kernel of the same arithmetic: its recipes (tensorwise,
+rowwise) are judged against the bf16 recipe by their own documented bound instead of steps 1-2
+(`onboard.rungs.kernels_float8`: each converted layer, and the recipe's loss over its steps).
+
+The checklist judges the worst errors over all kernels (float8's by its own criteria). Then, per
+field (loss, attention, moe, float8),
 the keep rule (`kernels_decide`) sets each candidate against the value the recipe holds: whole
 training steps of the recipe, optimizer included, in its own execution mode and precision
 (`kernels_steps.WholeSteps`), timed interleaved through the one timing protocol (the
@@ -30,13 +35,14 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from onboard.ladder.gates import check_value
-from onboard.rungs import gate_recipe, kernels_steps, timing_profiles, train_run
+from onboard.rungs import gate_recipe, kernels_float8, kernels_steps, timing_profiles, train_run
 from onboard.ladder.contract import SHIPPED, RungContext, RungResult
 from onboard.rungs.execution_mode import recipe_mode
 from onboard.rungs.kernels_decide import MemoryRule, all_decisions, decide_all, field_inputs, mark_rows
 from onboard.ladder.measurements.kernels_measurements import KernelsMeasurements
 from titan_core.measure.timing import TimingProtocol
-from onboard.rungs.kernel_compare import REFERENCE, applicable_kernels, compare_kernel, step_peak
+from onboard.rungs.kernel_compare import PRECISION_FIELDS, REFERENCE, applicable_kernels, compare_kernel, parse_flag
+from onboard.rungs.kernel_compare import step_peak
 from onboard.rungs.kernel_modes import mode_check
 from titan_core.config.swaps import SwapNotApplicable
 from titan_core.kernels import KernelRefusesModel
@@ -151,16 +157,23 @@ def summarise(rows: dict[str, dict]) -> dict[str, Any]:
     return {**totals(rows), **per_flag(rows)}
 
 
+def _precision_change(flag: str) -> bool:
+    return parse_flag(flag)[0] in PRECISION_FIELDS
+
+
 def totals(rows: dict[str, dict]) -> dict[str, Any]:
-    """Counts, the worst errors and which kernel/param, over every kernel that applies."""
-    compared = {f: r for f, r in rows.items() if r["status"] != "not_applicable"}
+    """Counts, the worst errors and which kernel/param, over every kernel that applies (the fp32 errors
+    over the kernels of the same arithmetic; float8's against its own bound, kernels_float8.totals)."""
+    applies = {f: r for f, r in rows.items() if r["status"] != "not_applicable"}
     m: dict[str, Any] = {
         "kernels_considered": len(rows),
-        "kernels_applicable": len(compared),
-        "kernels_compared": sum(r["status"] == "compared" for r in compared.values()),
-        "kernels_raised": sum(r["status"] == "raised" for r in compared.values()),
-        "kernels_not_applicable": len(rows) - len(compared),
+        "kernels_applicable": len(applies),
+        "kernels_compared": sum(r["status"] == "compared" for r in applies.values()),
+        "kernels_raised": sum(r["status"] == "raised" for r in applies.values()),
+        "kernels_not_applicable": len(rows) - len(applies),
+        **kernels_float8.totals(rows),
     }
+    compared = {f: r for f, r in applies.items() if not _precision_change(f)}
     worst_overall, worst_flag = -1.0, None
     for name, metric in ERROR_METRICS.items():
         values = {f: (_finite(r[name]) if name in r else math.inf) for f, r in compared.items()}
@@ -187,6 +200,8 @@ def per_flag(rows: dict[str, dict]) -> dict[str, Any]:
             continue
         if "loss_rel_err" in r:
             m[f"{short}_max_rel_err"] = max(_finite(r[n]) for n in ERROR_METRICS)
+        if _precision_change(flag):
+            m.update(kernels_float8.per_flag(short, r))
         if "time_ratio" in r:  # whole steps against the value the recipe held (`_timed_against`)
             m[f"{short}_time_ratio"] = r["time_ratio"]
             m[f"{short}_time_ratio_ci"] = r["time_ratio_ci"]
@@ -355,11 +370,16 @@ def announce(bench: Bench, applicable: dict[str, str | None]) -> None:
 def compare_all(bench: Bench, applicable: dict[str, str | None]) -> dict[str, dict]:
     """{flag: row}: each kernel that applies compared and checked (`_one_kernel`), the others with why not."""
     build, mode_kw = bench.kwargs()
+    float8 = kernels_float8.Float8Check(bench.ctx, bench.cfg, device=bench.device, builder=bench.builder,
+                                        mode_kw=mode_kw)  # fmt: skip
     rows: dict[str, dict] = {}
     for flag, reason in applicable.items():
         if reason is not None:
             rows[flag] = {"status": "not_applicable", "reason": reason}
             bench.ctx.log(f"kernels: {flag} not applicable: {reason}")
+            continue
+        if _precision_change(flag):  # judged against the bf16 recipe by its own bound
+            rows[flag] = float8.row(flag)
             continue
         rows[flag] = _one_kernel(bench.ctx, flag, build=build, criteria=tolerances(), mode_kw=mode_kw)
     return rows

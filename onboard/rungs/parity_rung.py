@@ -35,7 +35,6 @@ from titan_core.runtime.die_with_parent import with_parent_death_signal
 RUNG = "parity"
 
 
-
 def pytest_command(test_file: Path) -> list[str]:
     """The argv that runs one workspace's test_parity.py, isolated from the folders around it."""
     # --rootdir/--confcutdir keep pytest from picking up ini files and conftests of the
@@ -90,14 +89,17 @@ def run(ctx: RungContext) -> RungResult:
             f"{test_file} is missing; re-create the workspace with `onboard new-model {ws.name} ... --force`"
         )
     command = f"python -m pytest {test_file} -q"
+
+    def result(m: ParityMeasurements, details: dict) -> RungResult:
+        return RungResult(measurements=m, files_read=_files_read(ws), command=command, details=details)
+
     try:
         tampered = tamper_problem(ws)
     except ConfigError as e:  # config.json names the model the template is rendered for
         raise BadInput(str(e)) from None
     if tampered:
         ctx.log(f"parity: {tampered}")
-        return RungResult(measurements=ParityMeasurements(pytest_passed=False), files_read=_files_read(ws),
-                          command=command, details={"error": tampered})  # fmt: skip
+        return result(ParityMeasurements(pytest_passed=False), {"error": tampered})
     out = ctx.attempt_dir / "results.json"
     out.unlink(missing_ok=True)  # never read an earlier attempt's numbers
     env, environment = _child_environment(ctx, out)
@@ -125,20 +127,12 @@ def run(ctx: RungContext) -> RungResult:
         # the test never got to write results (collection error, crash, timeout): every
         # criterion then fails as unmeasured; the log says why
         tail = log_path.read_text()[-2000:]
-        return RungResult(
-            measurements=ParityMeasurements(pytest_passed=False, pytest_exit_code=returncode),
-            files_read=_files_read(ws),
-            command=command,
-            details={"error": "test_parity.py wrote no results", "pytest_log": str(log_path), "pytest_tail": tail,
-                     "environment": environment},
-        )
+        return result(ParityMeasurements(pytest_passed=False, pytest_exit_code=returncode),
+                      {"error": "test_parity.py wrote no results", "pytest_log": str(log_path), "pytest_tail": tail,
+                       "environment": environment})  # fmt: skip
     if foreign := written_by_this_run(out, ctx.attempt_dir, started):
-        return RungResult(
-            measurements=ParityMeasurements(pytest_passed=False, pytest_exit_code=returncode),
-            files_read=_files_read(ws),
-            command=command,
-            details={"error": foreign, "pytest_log": str(log_path), "environment": environment},
-        )
+        return result(ParityMeasurements(pytest_passed=False, pytest_exit_code=returncode),
+                      {"error": foreign, "pytest_log": str(log_path), "environment": environment})
     results = read_results(out)
     if (results.get("error") or {}).get("kind") == "bad_input":
         raise BadInput(f"parity: {results['error']['message']}")
@@ -153,4 +147,4 @@ def run(ctx: RungContext) -> RungResult:
     # the per-module table can run to thousands of rows: it stays in results.json
     details["localisation"] = {k: v for k, v in (results.get("localisation") or {}).items() if k != "table"}
     details.update(results_file=str(out), pytest_log=str(log_path), summary=summary, environment=environment)
-    return RungResult(measurements=measurements, files_read=_files_read(ws), command=command, details=details)
+    return result(measurements, details)

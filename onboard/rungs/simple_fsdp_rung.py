@@ -1,13 +1,9 @@
 """Rung 3, `simple_fsdp`: sharding and mixed precision change nothing they should not.
 
-Through titan_core's launcher (`run_world`) the rung trains the workspace recipe on W
-local processes (2 on CPU with gloo, one per device on an accelerator), each rank given
-B/W rows of the eager rung's global batch B, and measures what checklists/simple_fsdp.yaml
-judges (DESIGN section 5):
-
-- fp32 SimpleFSDP: step-1 loss and grad norm against the unsharded baseline, relative error;
-- bf16 params / fp32 reduce: the 20-step loss curve against the fp32 curve, worst step;
-- beside them, the step time of SimpleFSDP and of FSDP2 on the same steps, and peak memory.
+Through titan_core's launcher (`run_world`) the rung trains the workspace recipe on W local
+processes (2 on CPU with gloo, one per device on an accelerator), each rank given B/W rows of the
+eager rung's global batch B: fp32 SimpleFSDP against the unsharded baseline at step 1, the bf16
+params / fp32 reduce loss curve against the fp32 one, and FSDP2's step time beside SimpleFSDP's.
 
 The baseline is the eager rung's evidence whenever one sharded step is the same arithmetic
 as eager's one big batch. The cross-entropy is: titan_core normalises it by the global
@@ -18,6 +14,11 @@ computed per forward pass over a rank's rows is not: a MoE load-balancing loss
 over the same rows, so the rung runs that step and compares with it, and says so in
 `baseline_why`; the distance to the eager evidence is still recorded. So does a recipe
 that is not fp32 (its eager evidence is then no fp32 number).
+
+The runs above are data parallel only (the gate's recipe sets ep = cp = pp = 1). The expert,
+context and pipeline degrees the recipe asks for are proved after them, each at 2 against one
+process on the same rows, fp32 (onboard/rungs/parallel_degrees.py); a recipe that asks none
+records `parallel_degrees_needed = []` and says so.
 """
 
 from __future__ import annotations
@@ -28,11 +29,10 @@ from pathlib import Path
 
 import titan_core.train
 from onboard.errors import BadInput
-from onboard.rungs import run_compare, gate_recipe, timing_profiles, train_run
-from onboard.ladder.measurements.simple_fsdp_measurements import SimpleFsdpMeasurements
-from onboard.ladder.contract import RecipeEdit, RungContext, RungResult
+from onboard.rungs import run_compare, gate_recipe, parallel_degrees, timing_profiles, train_run
+from onboard.ladder.measurements.training_measurements import SimpleFsdpMeasurements
+from onboard.ladder.contract import RecipeEdit, RungContext, RungResult, record_run
 from onboard.ladder.decision import HELD, KEPT, NOT_ELIGIBLE, Decision, decide, holder_set_by
-from onboard.ladder.gated_runs import record_run
 from onboard.rungs.gate_recipe import resolved_device_type
 from titan_core.measure.timing import Comparison, compare, compare_samples
 from titan_core.runtime import launcher
@@ -46,8 +46,6 @@ BF16 = "bfloat16"
 PRECISION_LEVER = "training.mixed_precision_param"
 RUNS = ("fp32", "bf16", "fsdp2")
 """The three sharded runs, each in runs/.../<name>/."""
-
-
 
 
 def world_size(device_type: str) -> int:
@@ -87,11 +85,7 @@ def sharded_config(base, out_dir: Path, *, world: int, mode: str, param_dtype: s
     cfg.training.mixed_precision_reduce = FP32
     p = cfg.parallelism
     p.data_parallel, p.dp_replicate, p.dp_shard, p.tp, p.sequence_parallel = mode, 1, -1, 1, False
-    if resolved_device_type(cfg.device.type) == "cpu":
-        # W processes with torch's default threads each would fight over the cores (4x slower here)
-        fair = max(1, launcher.cpu_count() // world)
-        if not cfg.device.threads or cfg.device.threads > fair:
-            cfg.device.threads = fair
+    parallel_degrees.share_cores(cfg, world)
     cfg.metrics.output_dir = str(out_dir)
     return cfg
 
@@ -184,8 +178,10 @@ def run(ctx: RungContext) -> RungResult:
     runs = sharded_runs(ctx, base, world)
     (fp32, _), (bf16, _), (fsdp2, _) = (runs[name] for name in RUNS)
     baseline = _baseline(ctx, base, world, why)
+    degrees = parallel_degrees.run(ctx, base)
     m = SimpleFsdpMeasurements(
         **measure(fp32, bf16, fsdp2, baseline=baseline, eager_evidence=ctx.evidence.get("eager"), steps=steps),
+        **degrees, precision=gate_recipe.precision(base.training),
         world_size=world, global_batch_size=b, batch_size_per_rank=b // world,
         baseline="eager evidence" if why is None else f"1 process, grad_accum = {world}, same rows",
         baseline_why=why or "one sharded step is the same arithmetic as eager's step on the whole batch",
@@ -202,19 +198,9 @@ def run(ctx: RungContext) -> RungResult:
     )
     edits, choices, decisions = recipe_choices(ctx, base, m)
     m.update(choices)
-    return RungResult(
-        measurements=m,
-        files_read=gate_recipe.files_read(ctx, base),
-        command=gate_recipe.next_step_command(ctx),
-        details={
-            "device": resolved_device_type(base.device.type),
-            "world_size": world,
-            "gate_overrides": overrides,
-            "decisions": decisions,
-            **run_details(ctx, runs, world),
-        },  # fmt: skip
-        recipe_edits=edits,
-    )
+    details = {"device": resolved_device_type(base.device.type), "world_size": world, "gate_overrides": overrides,
+               "decisions": decisions, **run_details(ctx, runs, world)}  # fmt: skip
+    return gate_recipe.result(ctx, base, m, details, edits)
 
 
 def checked_world(ctx: RungContext, base) -> int:

@@ -1,15 +1,14 @@
 """Run a training process: one in-process titan_core Trainer of a gate's recipe, quiet, with the
-process's thread count given back after it, recorded as a gated run (onboard/ladder/gated_runs.py)."""
+process's thread count given back after it, recorded as a gated run (onboard/ladder/contract.py)."""
 
 from __future__ import annotations
 
 import contextlib
-import logging
 
-from onboard.ladder.contract import RungContext
-from onboard.ladder.gated_runs import record_run
+from onboard.ladder.contract import RungContext, record_run
 from onboard.rungs.gate_recipe import announce, job_config, recipe
 from titan_core.config.loader import check_ranges, set_key
+from titan_core.runtime.quiet import quiet_loggers
 from titan_core.training.trainer import Trainer
 import torch
 
@@ -30,22 +29,12 @@ def process_threads(n: int = 0):
         torch.set_num_threads(before)
 
 
-@contextlib.contextmanager
 def quiet_mesh_pickling():
-    """Silence torch's DeviceMesh pickling warning for the duration of a compile.
-
-    Dynamo's cache keys pickle the SimpleFSDP mesh; torch then warns, once per block and
-    step, that a mesh pickled before its process groups existed cannot find them. Here
-    the groups exist before anything is compiled (titan_core creates them, also at world
-    size 1), so the warning is noise that would bury the rung's progress lines.
-    """
-    logger = logging.getLogger("torch.distributed.device_mesh")
-    level = logger.level
-    logger.setLevel(logging.ERROR)
-    try:
-        yield
-    finally:
-        logger.setLevel(level)
+    """Silence torch's DeviceMesh pickling warning for the duration of a compile: dynamo's cache keys
+    pickle the SimpleFSDP mesh, and torch warns, once per block and step, that a mesh pickled before
+    its process groups existed cannot find them; here the groups exist first (titan_core creates
+    them, also at world size 1), so the warning is noise that would bury the rung's progress lines."""
+    return quiet_loggers("torch.distributed.device_mesh")
 
 
 def build_trainer(cfg):

@@ -38,15 +38,12 @@ def keep_rule(cls, cmp, curve) -> tuple[bool, str]:
     return True, f"faster, {cls.cls.replace('_', '-')}" + (f"; {curve.describe()}" if curve else "")
 
 
-def shape_label(cfg) -> str:
-    return BatchShape(cfg.training.batch_size, cfg.training.grad_accum).label()
-
-
 def lever_of(step: str, label: str, values: dict, holder_cfg) -> tuple[str, Any, Any, str]:
     """(lever, holder value, candidate value, recipe key whose writer the holder names) of one change."""
     if step == "batch":
         shape = BatchShape(values["training.batch_size"], values["training.grad_accum"]).label()
-        return BATCH_LEVER, shape_label(holder_cfg), shape, BATCH_LEVER
+        t = holder_cfg.training
+        return BATCH_LEVER, BatchShape(t.batch_size, t.grad_accum).label(), shape, BATCH_LEVER
     if len(values) == 1:
         (key, value), = values.items()
         return key, get_key(holder_cfg, key), value, key

@@ -3,31 +3,16 @@ each change classified, then a profile of the result (DESIGN sections 1 and 5).
 
 The rung tunes the recipe as it trains (its execution mode and kernels), on the recipe's data in
 order (never the eager gate's repeated batch, so two ways of splitting the same rows into
-micro-batches see the same tokens). In the optimisation handbook's order:
+micro-batches see the same tokens), in the optimisation handbook's order: the block sizes of the
+kernels the recipe kept (`ce_chunk` of fused_ce; attention and MoE expose none), the batch
+(tuning_search.py), the flags of this device kind (tuning_flags.py).
 
-1. **Block sizes** of the kernels the recipe kept: `ce_chunk` of fused_ce over the checklist's grid
-   for this device kind. Attention and MoE kernels expose no block setting in titan_core: recorded
-   as not applicable, with the reason.
-2. **Batch**: the per-device batch doubled until the measured peak memory passes
-   `params.budget_fraction` of the budget (`titan_core.memory.budget`, plus what this process
-   already holds) or a larger batch is not faster per token (`onboard.rungs.tuning_search`). A
-   recipe that sets `training.grad_accum` has fixed its global batch: accumulation then halves as
-   the batch doubles. Otherwise the rows per optimizer step grow with the batch, and the change is
-   classified against the smaller batch accumulated to the same rows.
-3. **Flags**: the declared table of this device kind (`onboard.rungs.tuning_flags`); those that can
-   act in this process are tried, the others are recorded with why not and how to set them (TPU
-   flags are rendered into LIBTPU_INIT_ARGS and, with no TPU here, never claimed as measured).
-
-Every change is first classified on step 1 against the recipe it would change (`classify`:
-bit_identical, rounding, diverged; diverged is rejected untimed), then timed against it per token
-by the one timing protocol (`params.timing`); it is kept only when `faster`, and a rounding change
-only with a loss curve over `params.curve_steps` within `params.curve_rel` of the recipe's.
-`indistinguishable` (or not measured) keeps the recipe as it is. Each change records its Decision
-(`tuning_decisions.change_decision`: the change against the recipe it would change; the batch
-search's chain, `tuning_batch`) in details.decisions, the figures `status` and REPORT.md print.
-Then the final recipe (every kept change together) is classified against the untuned recipe on the same rows, run once as a whole through
-`Trainer.train`, and profiled for a few steps (`profile_breakdown`: time per category, top ops,
-trace). The kept values come back as recipe edits, written by the engine only when the gate passed.
+Every change is classified on step 1 against the recipe it would change (tuning_classify.py;
+diverged is rejected untimed), then timed against it per token by the one timing protocol and
+kept only by the keep rule (tuning_decisions.py), each recording its Decision. Then the final
+recipe (every kept change together) is classified against the untuned recipe on the same rows,
+run once as a whole through `Trainer.train`, and profiled (tuning_profile.py). The kept values
+come back as recipe edits, written by the engine only when the gate passed.
 """
 
 from __future__ import annotations
@@ -41,7 +26,7 @@ from onboard.ladder.contract import SHIPPED, RecipeEdit, RungContext, RungResult
 from onboard.rungs.execution_mode import recipe_mode
 from onboard.rungs.tuning_batch import BatchTrials, max_doublings
 from onboard.rungs.tuning_decisions import change_decision, keep_rule
-from onboard.ladder.measurements.tuning_measurements import TuningMeasurements
+from onboard.ladder.measurements.training_measurements import TuningMeasurements
 from onboard.ladder.table import TUNING_KEYS
 from onboard.rungs.tuning_runs import Runs
 from titan_core.config.loader import get_key, load_toml, with_keys
@@ -414,20 +399,7 @@ def run(ctx: RungContext) -> RungResult:
     for e in edits:
         ctx.log(f"tuning: recipe keeps {e.key} = {e.value!r} ({e.why}) if the gate passes")
     final.pop("rows")
-    return RungResult(
-        measurements=m,
-        files_read=gate_recipe.files_read(ctx, base),
-        command=gate_recipe.next_step_command(ctx),
-        details={
-            "device": str(runs.device),
-            "decisions": tuner.decisions,
-            "changes": tuner.changes,
-            "not_tried": tuner.notes,
-            "batch": batch,
-            "flags": flag_rows,
-            "tpu_flags": tpu,
-            "final": final,
-            "profile": prof,
-        },  # fmt: skip
-        recipe_edits=edits,
-    )
+    details = {"device": str(runs.device), "decisions": tuner.decisions, "changes": tuner.changes,
+               "not_tried": tuner.notes, "batch": batch, "flags": flag_rows, "tpu_flags": tpu, "final": final,
+               "profile": prof}  # fmt: skip
+    return gate_recipe.result(ctx, base, m, details, edits)

@@ -142,7 +142,7 @@ def choose_twin(
     """Whether the gates run on a twin (`mode`: auto | on | off), and which one.
 
     auto: a twin when the full model does not fit (`gate_fit`); on: always; off: never. While
-    the twin does not fit either, its experts are halved (staying above top-k). BadInput for a
+    the twin does not fit either, its experts are halved (staying above top-k, and at least 4). BadInput for a
     knob out of range, or a model whose twin does not fit either.
     """
     if mode not in ("auto", "on", "off"):
@@ -161,8 +161,10 @@ def choose_twin(
     try:
         twin = derive_twin(hf_config, adapter, layers=layers, width=width)
         fit = gate_fit(twin.config, adapter, recipe_text=recipe_text)
-        while fit is not None and not fit.fits and twin.args.n_experts > twin.args.top_k + 1:
-            fewer = max(twin.args.top_k + 1, twin.args.n_experts // 2)  # top-k stays below the count
+        # top-k stays below the count, and 4 experts stay so the simple_fsdp rung's ep = 2 splits something
+        least = max(twin.args.top_k + 1, 4)
+        while fit is not None and not fit.fits and twin.args.n_experts > least:
+            fewer = max(least, twin.args.n_experts // 2)
             twin = derive_twin(hf_config, adapter, layers=layers, width=width, experts=fewer)
             fit = gate_fit(twin.config, adapter, recipe_text=recipe_text)
     except TwinError as e:

@@ -1,68 +1,68 @@
-"""A plan for training a full-size model on a target: per-device memory under each sharding and
-memory policy, the largest batch that fits, and a roofline step time. Predictions, not runs.
+"""A plan for training a full-size model on a target: the layout (dp_shard, dp_replicate, tp, ep, cp,
+pp), the memory policy, the batch, per-device memory and a step time with communication. Predictions,
+not runs.
 
-    target = parse_target("v7x:64")
+    target = parse_target("v7x:1024")
     plan = plan_training(shape, counts, fpt, target, seq_len=4096, kernels=setup, tp_plan=False)
-    plan.chosen, plan.to_dict()
+    plan.chosen, plan.reasons, plan.would_fit, plan.to_dict()
 
-The memory model is titan_core/memory/estimate.py, the same code that refuses an oversized
-run before it allocates, with `materialise_sharded=True`: a planned run materialises each
-rank's shard, not the whole model per rank (the trainer today builds the whole fp32 model on
-every rank first; the plan says so where that moment would not fit one device, as for a 235B model).
-Training is fp32 master weights with bf16 compute (mixed precision), AdamW, on accelerators.
+The pieces, one job each:
+- hardware.py: the one table of device kinds (memory, bf16 and float8 peaks, links, sources);
+- plan_memory.py: bytes per device of a layout (per-block gathers under FSDP2, experts over ep,
+  vocab-sharded head under TP, the fused loss head, activations over cp, PP's stages and in-flight
+  microbatches);
+- plan_time.py: compute at calibrated efficiencies plus a term per collective, overlap stated;
+- plan_search.py: the layouts tried, the choice, and why each degree has its value;
+- plan_accept.py: titan_core's verdict on each candidate (the recipe it would write, checked by
+  titan_core itself): a combination titan_core refuses is never chosen, and the plan says why;
+- plan_published.py: the published runs the efficiencies come from.
 
-Options, each sharding with each memory policy:
-- shardings: FSDP over all COUNT devices; HSDP with the smallest shard group (a multiple of
-  the chips of one host) that fits, replicated across the groups; TP over one host's chips
-  x FSDP over the hosts, where the family has a TP plan;
-- policies: none (the eager step; FSDP2's per-block gathers, or SimpleFSDP under TP, which
-  composes with SimpleFSDP only) and the Graph Trainer's default / full / offload (a
-  captured step: SimpleFSDP, whose gathered copies of every weight the memory model keeps
-  through the step, since the memory policy never recomputes a collective).
-
-The chosen option has the highest predicted MFU among those that fit, then the largest
-batch, then the simplest (the order above). Host offload with the graph splitter is needed
-when nothing on the device fits and an offload option does; scan is recommended when the
-chosen step is captured and its blocks are identical (the unrolled trace grows with depth;
-the memory model counts no bytes for it either way).
-
-Step time, a roofline bound: the FLOPs one device executes per step (the model's 6 per
-active weight plus attention, a second forward under `full` recompute, every expert under
-the dense MoE kernel) over its bf16 peak at a stated efficiency; MFU is the model's FLOPs
-over peak in that time. Communication is assumed hidden behind compute, offload's host
-transfers too: a bound, and labelled a prediction.
+The sequence asked for is never changed: when nothing fits at it, the plan has no chosen option and
+`would_fit` says, in one line, what would (a shorter --seq, or more devices and the layout there;
+fitting layouts titan_core refuses are counted, with its most frequent reason); `onboard plan` exits 1
+with that line. Training is fp32 master weights and AdamW with bf16 compute.
+Host offload with the graph splitter is chosen only when nothing on the device fits; scan is
+recommended when the chosen step is captured and its blocks are identical.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, Callable
 
-from titan_core.memory.activations import layer_bytes_per_token
 from titan_core.config.loader import ConfigError
-from titan_core.memory.budget import GIB, GPU_HBM_GIB, TPU_HBM_GIB
-from titan_core.runtime.devices import PEAK_BF16_FLOPS
-from titan_core.memory.estimate import MemoryEstimate, ModelShape, TrainSetup, estimate_memory, format_bytes, tp_local
+from titan_core.memory.activations import layer_bytes_per_token
+from titan_core.memory.budget import GIB
+from titan_core.memory.estimate import ModelShape, TrainSetup, format_bytes, tp_local
+
+from onboard.sizing.hardware import HARDWARE, KINDS, PER_HOST, Hardware
+from onboard.sizing import plan_memory
+from onboard.sizing.plan_memory import (
+    Layout,
+    MemSetup,
+    PlanShape,
+    device_memory,
+    largest_batch,
+)
+from onboard.sizing.plan_search import (
+    GLOBAL_TOKENS,
+    GRAPH_POLICIES,
+    Option,
+    Space,
+    choose,
+    degree_reasons,
+    refusal_summary,
+    search,
+)
+from onboard.sizing.plan_time import Efficiency, StepInputs, StepPrediction, efficiency_for, predict_step
+
+__all__ = ["GIB", "HEADROOM", "KINDS", "PER_HOST", "Plan", "Target", "parse_target", "plan_training"]
 
 HEADROOM = 0.9
 """Fraction of a device's memory a plan fills: the rest is for what the estimate does not count
 (the runtime's reservation, allocator fragmentation, kernel workspaces inside one op)."""
-EFFICIENCY = 0.5
-"""Assumed fraction of the bf16 peak the executed FLOPs reach (published large dense runs on TPU
-and H100 report 40-57% MFU); a plan states it beside every step time."""
-MAX_BATCH = 4096
-GRAPH_POLICIES = ("default", "full", "offload")
-
-# chips per host: the fast-interconnect group TP stays within, and the processes torchrun starts per host
-PER_HOST = {
-    "v5e": 4,  # Google Cloud TPU v5e: multi-host slices are VMs of 4 chips (ct5lp-hightpu-4t)
-    "v5p": 4,  # Google Cloud TPU v5p: 4 chips per VM
-    "v6e": 4,  # Google Cloud TPU v6e: multi-host slices are VMs of 4 chips (ct6e-standard-4t)
-    "v7x": 4,  # Google Cloud TPU7x (Ironwood): 4 chips per VM
-    "h100": 8, "h200": 8, "b200": 8,  # NVIDIA HGX / DGX boards: 8 GPUs joined by NVLink
-    "mi300x": 8,  # AMD Instinct MI300X platform: 8 GPUs joined by Infinity Fabric
-}  # fmt: skip
-KINDS = ("v5e", "v5p", "v6e", "v7x", "h100", "h200", "b200", "mi300x", "cpu")
+MORE_DEVICES = (2, 4, 8, 16)
+"""Multiples of the target's count `would_fit` tries when nothing fits."""
 
 
 @dataclass(frozen=True)
@@ -85,6 +85,15 @@ class Target:
     def name(self) -> str:
         return f"{self.kind}-{self.count}"
 
+    @property
+    def hardware(self) -> Hardware | None:
+        """The table's row (None for this CPU: communication is not modelled there)."""
+        return HARDWARE.get(self.kind)
+
+    @property
+    def peak_fp8(self) -> float:
+        return self.hardware.peak_fp8 if self.hardware else self.peak_flops
+
 
 def parse_target(spec: str, *, cpu_memory: int | None = None, cpu_peak: float | None = None) -> Target:
     """`KIND[:COUNT]` (COUNT default 1) -> Target; ConfigError naming the rule. The cpu kind needs
@@ -102,138 +111,11 @@ def parse_target(spec: str, *, cpu_memory: int | None = None, cpu_peak: float | 
             raise ConfigError("--target cpu: this host's memory or CPU peak is unknown here")
         return Target("cpu", count, "cpu", cpu_memory // count, "this host's memory shared by "
                       f"{count} process(es)", cpu_peak, count)  # fmt: skip
-    per_host = PER_HOST[kind]
-    if count > per_host and count % per_host:
-        raise ConfigError(f"--target '{spec}': {kind} comes {per_host} per host; COUNT must be a multiple of it")
-    if kind in TPU_HBM_GIB:
-        return Target(kind, count, "tpu", TPU_HBM_GIB[kind] * GIB, f"HBM of one TPU {kind} chip (table)",
-                      PEAK_BF16_FLOPS[f"tpu {kind}"], min(per_host, count))  # fmt: skip
-    return Target(kind, count, "cuda", GPU_HBM_GIB[kind] * GIB, f"HBM of one {kind.upper()} (table)",
-                  PEAK_BF16_FLOPS[kind], min(per_host, count))  # fmt: skip
-
-
-@dataclass(frozen=True)
-class Sharding:
-    kind: str
-    """FSDP | HSDP | TP x FSDP"""
-    dp_shard: int
-    dp_replicate: int = 1
-    tp: int = 1
-
-    @property
-    def name(self) -> str:
-        if self.kind == "HSDP":
-            return f"HSDP: shard {self.dp_shard} x replicate {self.dp_replicate}"
-        if self.tp > 1:
-            return f"TP {self.tp} x FSDP {self.dp_shard}"
-        return f"FSDP {self.dp_shard}"
-
-
-@dataclass
-class Option:
-    sharding: Sharding
-    policy: str
-    data_parallel: str
-    batch: int
-    """Largest per-device batch (per TP group under TP) that fits; 0: not even one sequence."""
-    estimate: MemoryEstimate
-    """At `batch` (at batch 1 when none fits)."""
-
-    @property
-    def fits(self) -> bool:
-        return self.batch > 0
-
-    def to_dict(self) -> dict[str, Any]:
-        e = self.estimate
-        return {
-            "sharding": self.sharding.name, "policy": self.policy, "data_parallel": self.data_parallel,
-            "largest_batch": self.batch, "peak_bytes": e.total, "peak_at": e.phase, "params_bytes": e.params,
-            "grads_bytes": e.grads, "optimizer_bytes": e.optimizer_state, "gathered_params_bytes": e.gathered_params,
-            "activations_bytes": e.activations, "activations_host_bytes": e.activations_host,
-            "workspace_bytes": max(e.backward_workspace, e.optimizer_workspace),
-        }  # fmt: skip
-
-
-@dataclass
-class StepPrediction:
-    tokens_per_device: int
-    model_flops: float
-    executed_flops: float
-    step_time_s: float
-    mfu: float
-    tokens_per_s: float
-    efficiency: float
-    how: str
-
-
-@dataclass
-class Plan:
-    target: Target
-    seq_len: int
-    params_total: int
-    params_active: int
-    flops_per_token: float
-    seq_len_asked: int
-    options: list[Option]
-    activations_per_token_layer: dict[str, int]
-    """Per memory policy: bytes one layer keeps per token (layers averaged), in device memory or on the host."""
-    chosen: Option | None
-    offload: tuple[bool, str]
-    scan: tuple[bool, str]
-    step: StepPrediction | None
-    notes: list[str] = field(default_factory=list)
-    asked_options: list[Option] = field(default_factory=list)
-    """The options at the sequence length asked for, when the plan had to shorten it."""
-
-    def to_dict(self) -> dict[str, Any]:
-        t = self.target
-        return {
-            "target": {
-                "kind": t.kind,
-                "count": t.count,
-                "device_type": t.device_type,
-                "memory_bytes": t.memory_bytes,
-                "memory_source": t.memory_source,
-                "budget_bytes": t.budget,
-                "headroom": HEADROOM,
-                "peak_bf16_flops": t.peak_flops,
-                "per_host": t.per_host,
-            },
-            "seq_len": self.seq_len,
-            "seq_len_asked": self.seq_len_asked,
-            "params_total": self.params_total,
-            "params_active": self.params_active,
-            "flops_per_token": self.flops_per_token,
-            "activations_per_token_per_layer": self.activations_per_token_layer,
-            "options": [o.to_dict() for o in self.options],
-            "options_at_seq_asked": [o.to_dict() for o in self.asked_options],
-            "chosen": self.chosen.to_dict() if self.chosen else None,
-            "offload_needed": self.offload[0],
-            "offload_why": self.offload[1],
-            "scan_needed": self.scan[0],
-            "scan_why": self.scan[1],
-            "prediction": vars(self.step) if self.step else None,
-            "notes": self.notes,
-        }
-
-
-# ---- options ---------------------------------------------------------------------------------
-def shardings(target: Target, shape: ModelShape, *, tp_plan: bool) -> list[Sharding]:
-    """FSDP over every device, HSDP shard groups (multiples of a host's chips below COUNT), and
-    TP over one host's chips where the family has a plan and the widths split evenly."""
-    n = target.count
-    out = [Sharding("FSDP", n)]
-    group = target.per_host
-    while group < n:
-        if n % group == 0:
-            out.append(Sharding("HSDP", group, n // group))
-        group *= 2
-    t = target.per_host
-    while tp_plan and t > 1 and not all(w % t == 0 for w in (shape.n_heads, shape.n_kv_heads, shape.ffn_hidden_dim)):
-        t //= 2
-    if tp_plan and t > 1 and n % t == 0:
-        out.append(Sharding("TP x FSDP", n // t, 1, t))
-    return out
+    hw = HARDWARE[kind]
+    if count > hw.per_host and count % hw.per_host:
+        raise ConfigError(f"--target '{spec}': {kind} comes {hw.per_host} per host; COUNT must be a multiple of it")
+    what = f"HBM of one TPU {kind} chip (table)" if hw.device_type == "tpu" else f"HBM of one {kind.upper()} (table)"
+    return Target(kind, count, hw.device_type, hw.memory_bytes, what, hw.peak_bf16, min(hw.per_host, count))
 
 
 CAPTURED_MOE = {"cuda": "grouped_mm", "tpu": "tokamax", "cpu": "dense"}
@@ -246,226 +128,279 @@ def moe_kernel(base: TrainSetup, target: Target, policy: str) -> str:
     return CAPTURED_MOE[target.device_type] if policy in GRAPH_POLICIES and base.moe == "loop" else base.moe
 
 
-def _setup(base: TrainSetup, target: Target, s: Sharding, policy: str, seq_len: int) -> TrainSetup:
-    captured = policy in GRAPH_POLICIES
-    dp = "simple_fsdp" if captured or s.tp > 1 else "fsdp2"
-    compute = "float32" if target.device_type == "cpu" else "bfloat16"
-    return replace(
-        base, batch_size=1, seq_len=seq_len, grad_accum=1, param_dtype="float32", compute_dtype=compute,
-        shard_degree=s.dp_shard * s.tp, tp=s.tp, data_parallel=dp, memory_policy=policy,
-        device_type=target.device_type, runtime_bytes=0, materialise_sharded=True,
-        moe=moe_kernel(base, target, policy),
-    )  # fmt: skip
+@dataclass
+class Plan:
+    target: Target
+    seq_len: int
+    params_total: int
+    params_active: int
+    flops_per_token: float
+    options: list[Option]
+    activations_per_token_layer: dict[str, int]
+    """Per memory policy: bytes one layer keeps per token (layers averaged) on the chosen TP widths."""
+    chosen: Option | None
+    offload: tuple[bool, str]
+    scan: tuple[bool, str]
+    step: StepPrediction | None
+    notes: list[str] = field(default_factory=list)
+    reasons: dict[str, str] = field(default_factory=dict)
+    """Per degree (tp, ep, cp, pp, dp_replicate): its chosen value and why."""
+    would_fit: str | None = None
+    """When nothing fits: one line saying what would (a shorter --seq, more devices, the layout there)."""
+    shape: PlanShape | None = None
+    """The model as the memory model split it."""
+
+    @property
+    def seq_len_asked(self) -> int:
+        return self.seq_len  # the plan never changes the sequence asked for
+
+    def ranked(self, limit: int = 20) -> list[Option]:
+        """The fitting options titan_core accepts, most predicted tokens/s first, those on the device before host
+        offload (whose transfers the time model does not count), at most `limit`."""
+        fitting = sorted((o for o in self.options if o.usable), key=lambda o: (o.policy == "offload", -o.tokens_per_s))
+        return fitting[:limit]
+
+    def to_dict(self) -> dict[str, Any]:
+        t, hw = self.target, self.target.hardware
+        c = self.chosen
+        return {
+            "target": {"kind": t.kind, "count": t.count, "device_type": t.device_type, "memory_bytes": t.memory_bytes,
+                       "memory_source": t.memory_source, "budget_bytes": t.budget, "headroom": HEADROOM,
+                       "peak_bf16_flops": t.peak_flops, "peak_fp8_flops": t.peak_fp8, "per_host": t.per_host,
+                       "links": None if hw is None else {"scale_up_bytes_per_s": hw.scale_up_bw,
+                                                         "scale_up_domain": hw.scale_up_domain,
+                                                         "scale_out_bytes_per_s": hw.scale_out_bw,
+                                                         "source": hw.source}},
+            "seq_len": self.seq_len, "seq_len_asked": self.seq_len_asked,
+            "params_total": self.params_total, "params_active": self.params_active,
+            "flops_per_token": self.flops_per_token,
+            "activations_per_token_per_layer": self.activations_per_token_layer,
+            "options_tried": len(self.options), "options_fitting": sum(o.fits for o in self.options),
+            "options_accepted": sum(o.usable for o in self.options),
+            "refused": refusal_summary(self.options),
+            "options": [o.to_dict() for o in self.ranked()],
+            "chosen": c.to_dict() if c else None,
+            "degrees": c.layout.degrees() if c else None,
+            "degrees_why": self.reasons,
+            "global_batch_tokens": c.layout.dp * c.batch * c.microbatches * self.seq_len if c else None,
+            "offload_needed": self.offload[0], "offload_why": self.offload[1],
+            "scan_needed": self.scan[0], "scan_why": self.scan[1],
+            "prediction": self.step.to_dict() if self.step else None,
+            "would_fit": self.would_fit,
+            "notes": self.notes,
+        }  # fmt: skip
 
 
-def materialise_note(shape: ModelShape, target: Target, setup: TrainSetup) -> str | None:
-    """The note that the plan's sharded materialisation matters, only when it does: when today's
-    trainer, which builds the whole fp32 model on every rank before sharding it, would not fit one
-    device (the memory model's own materialise term, unsharded)."""
-    whole = estimate_memory(shape, replace(setup, materialise_sharded=False)).materialise
-    if whole <= target.budget:
-        return None
-    return (
-        f"materialise_sharded: each rank materialises only its shard; today's trainer builds the whole fp32 "
-        f"model on every rank first, {format_bytes(whole)}, over one device's {format_bytes(target.budget)}"
-    )
-
-
-def _largest_batch(shape: ModelShape, setup: TrainSetup, budget: int) -> tuple[int, MemoryEstimate]:
-    """The largest batch in [1, MAX_BATCH] that fits (the estimate grows with the batch), and its estimate."""
-
-    def est(b: int) -> MemoryEstimate:
-        return estimate_memory(shape, replace(setup, batch_size=b))
-
-    one = est(1)
-    if one.total > budget:
-        return 0, one
-    lo, hi = 1, MAX_BATCH
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        if est(mid).total <= budget:
-            lo = mid
-        else:
-            hi = mid - 1
-    return lo, est(lo)
-
-
-def options(shape: ModelShape, target: Target, base: TrainSetup, seq_len: int, *, tp_plan: bool) -> list[Option]:
-    """Every sharding with every memory policy that applies on the target (offload: not on a CPU,
-    where host and device are one memory); HSDP keeps, per policy, the smallest group that fits."""
-    policies = ("none", "default", "full") + (("offload",) if target.device_type != "cpu" else ())
-    out: list[Option] = []
-    all_shardings = shardings(target, shape, tp_plan=tp_plan)
-    for policy in policies:
-        hsdp: list[Option] = []
-        for s in all_shardings:
-            setup = _setup(base, target, s, policy, seq_len)
-            batch, est = _largest_batch(shape, setup, target.budget)
-            opt = Option(s, policy, setup.data_parallel, batch, est)
-            if s.kind == "HSDP":
-                hsdp.append(opt)
-            else:
-                out.append(opt)
-        if hsdp:  # the smallest shard group that fits, else the largest tried
-            out.append(next((o for o in hsdp if o.fits), hsdp[-1]))
-    order = {"FSDP": 0, "HSDP": 1, "TP x FSDP": 2}
-    rank = ("none",) + GRAPH_POLICIES
-    return sorted(out, key=lambda o: (order[o.sharding.kind], rank.index(o.policy)))
-
-
-# ---- the step --------------------------------------------------------------------------------
-def predict_step(
-    option: Option,
-    target: Target,
-    flops_per_token: float,
-    seq_len: int,
-    *,
-    inactive_params: int,
-    dense_moe: bool,
-    efficiency: float = EFFICIENCY,
-) -> StepPrediction:
-    """The roofline step time of `option` (module docstring): FLOPs per device over peak x efficiency."""
-    tp = option.sharding.tp
-    tokens = option.batch * seq_len
-    model = flops_per_token * tokens / tp  # a TP group shares its sequences' FLOPs
-    executed = model
-    parts = ["6 FLOPs per active weight per token plus attention"]
-    if option.policy == "full":
-        executed += model / 3  # the forward again (a third of forward + backward)
-        parts.append("+ a second forward (full recompute)")
-    if dense_moe:
-        executed += 6 * inactive_params * tokens / tp
-        parts.append("+ every expert on every token (dense MoE kernel)")
-    time_s = executed / (target.peak_flops * efficiency)
-    dp = target.count // tp
-    return StepPrediction(
-        tokens_per_device=tokens // tp, model_flops=model, executed_flops=executed, step_time_s=time_s,
-        mfu=model / (time_s * target.peak_flops), tokens_per_s=tokens * dp / time_s, efficiency=efficiency,
-        how=" ".join(parts) + f", over {target.peak_flops / 1e12:g} TFLOP/s x {efficiency:g}",
-    )  # fmt: skip
-
-
-def _mfu_of(option: Option, *, dense_moe: bool, inactive_frac: float) -> float:
-    """Relative MFU of an option: the model's FLOPs over what the device executes (roofline)."""
-    executed = 1.0 + (1 / 3 if option.policy == "full" else 0.0) + (inactive_frac if dense_moe else 0.0)
-    return 1.0 / executed
-
-
-def activation_table(shape: ModelShape, base: TrainSetup, target: Target, seq_len: int, tp: int = 1) -> dict[str, int]:
+def activation_table(ps: PlanShape, base: TrainSetup, target: Target, seq_len: int, tp: int = 1) -> dict[str, int]:
     """Bytes one layer keeps per token under each policy, averaged over the layers (device or host)."""
+    m = tp_local(ps.base, tp)
+    compute = "float32" if target.device_type == "cpu" else "bfloat16"
     out = {}
     for policy in ("none",) + GRAPH_POLICIES:
         if policy == "offload" and target.device_type == "cpu":
             continue
-        s = _setup(base, target, Sharding("FSDP", target.count, 1, tp), policy, seq_len)
-        m = tp_local(shape, tp)
+        s = replace(base, seq_len=seq_len, compute_dtype=compute, device_type=target.device_type,
+                    moe=moe_kernel(base, target, policy))  # fmt: skip
         total = sum(n * layer_bytes_per_token(m, s, moe=moe, rope=rope, policy=policy) for moe, rope, n in m.layer_mix)
-        out[policy] = round(total / shape.n_layers)
+        out[policy] = round(total / ps.n_layers)
     return out
 
 
+def materialise_note(ps: PlanShape, target: Target) -> str | None:
+    """The note that each rank must materialise only its shard, when the whole fp32 model (today's
+    trainer builds it on every rank before sharding) would not fit one device."""
+    whole = (ps.base.params + ps.base.largest_param) * 4
+    if whole <= target.budget:
+        return None
+    return (f"materialise_sharded: each rank materialises only its shard; today's trainer builds the whole fp32 "
+            f"model on every rank first, {format_bytes(whole)}, over one device's "
+            f"{format_bytes(target.budget)}")  # fmt: skip
+
+
 def plan_training(
-    shape: ModelShape,
+    shape: ModelShape | PlanShape,
     counts,
-    flops_per_token,
+    flops_per_token: Callable[[int], float],
     target: Target,
     *,
     seq_len: int,
     kernels: TrainSetup,
     tp_plan: bool,
-    efficiency: float = EFFICIENCY,
+    efficiency: float | Efficiency | None = None,
+    compiled: bool = True,
+    captured_compiled: bool | None = None,
+    float8: bool = False,
     min_seq: int = 128,
+    accept: Callable[[Option], str | None] | None = None,
 ) -> Plan:
-    """The plan (module docstring). `counts`: (total, active) parameters; `flops_per_token(seq)`:
-    the model's training FLOPs per token at a sequence length; `kernels`: a TrainSetup whose loss /
-    attention / moe / ce_chunk are the recipe's (the rest is planned here). When nothing fits at
-    `seq_len`, the sequence is halved (down to `min_seq`) until something does, and a note says so."""
+    """The plan (module docstring). `shape`: the model (a PlanShape counts its experts exactly; a
+    ModelShape's are derived from its widths); `counts`: (total, active) parameters; `flops_per_token(seq)`:
+    the model's training FLOPs per token; `kernels`: a TrainSetup whose loss / attention / moe / ce_chunk
+    are the recipe's; `compiled`: the eager step is compiled per block; `captured_compiled`: the Graph
+    Trainer's captured step is compiled with inductor (None: as `compiled`); `float8`:
+    the recipe trains its linear layers in float8; `efficiency` replaces the calibrated compute efficiency
+    (an Efficiency: every constant, as plan_published.derive_constants tries them); `accept(option)`:
+    titan_core's refusal of the recipe an option would write, None when it runs (plan_accept.Acceptance;
+    without it every fitting option counts as accepted)."""
     if seq_len < 1:
         raise ConfigError(f"--seq {seq_len}: must be a positive number of tokens")
-    seq = seq_len
-    opts = options(shape, target, kernels, seq, tp_plan=tp_plan)
-    asked = opts
-    while not any(o.fits for o in opts) and seq // 2 >= min_seq:
-        seq //= 2
-        opts = options(shape, target, kernels, seq, tp_plan=tp_plan)
-    if not any(o.fits for o in opts):
-        seq, opts = seq_len, asked  # nothing fits at any length tried: show the one asked for
+    ps = shape if isinstance(shape, PlanShape) else PlanShape.from_shape(shape)
     total, active = counts
-    fpt = flops_per_token(seq)
-    inactive_frac = 6 * (total - active) / fpt if fpt else 0.0
+    space = Space(tp_plan=tp_plan, ep=ps.is_moe)
+    eff = efficiency if isinstance(efficiency, Efficiency) else efficiency_for(target.device_type, efficiency)
+    fpt = _cached(flops_per_token)
 
-    def dense(o: Option) -> bool:
-        return bool(shape.moe_layers) and moe_kernel(kernels, target, o.policy) == "dense"
+    def run(t: Target, seq: int) -> list[Option]:
+        def step_of(o: Option) -> StepPrediction:
+            if o.policy == "none":  # per-block compile as the option runs it (the recipe's, or off)
+                fast = o.compile
+            else:
+                fast = compiled if captured_compiled is None else captured_compiled
+            return _predict(ps, counts, fpt, t, o, seq_len=seq, kernels=kernels, compiled=fast, float8=float8,
+                            eff=eff)  # fmt: skip
 
-    def rank(o: Option):
-        mfu = _mfu_of(o, dense_moe=dense(o), inactive_frac=inactive_frac)
-        return mfu, o.batch * seq // o.sharding.tp, -opts.index(o)
+        return search(ps, t, kernels, seq_len=seq, space=space, moe_kernel=lambda p: moe_kernel(kernels, t, p),
+                      step_of=step_of, compiled=compiled, accept=accept)  # fmt: skip
 
-    on_device = [o for o in opts if o.fits and o.policy != "offload"]
-    offloaded = [o for o in opts if o.fits and o.policy == "offload"]
-    chosen = max(on_device or offloaded, key=rank) if on_device or offloaded else None
-    if on_device:
-        offload = (False, f"an on-device option fits ({chosen.sharding.name}, memory policy {chosen.policy})")
-    elif offloaded:
-        offload = (
-            True,
-            "no on-device policy holds one sequence's activations; offload parks them in host memory "
-            "between the forward and backward programs (graph_trainer.memory_policy = offload, "
-            "graph_trainer.split = true)",
-        )
-    else:
-        best = min((o for o in opts if o.policy == "offload"), key=lambda o: o.estimate.total, default=None)
-        offload = (
-            False,
-            "not sufficient: nothing fits"
-            + (
-                f"; with activations offloaded a device still needs {format_bytes(best.estimate.total)} "
-                f"(gathered weights {format_bytes(best.estimate.gathered_params)})"
-                if best
-                else ""
-            ),
-        )
-    if chosen is None or chosen.policy == "none":
-        scan = (False, "the eager step fits: it is not captured" if chosen else "nothing fits")
-    elif len(shape.layer_mix) == 1:
-        scan = (
-            True,
-            f"the captured step would trace {shape.n_layers} identical blocks; scan traces one "
-            "(graph_trainer.scan_layers = true); the memory model counts no bytes for it",
-        )
-    else:
-        scan = (False, "the blocks are not identical (layer kinds differ): scan cannot stack them")
-    step = None
+    opts = run(target, seq_len)
+    chosen = choose(opts)
+    offload, scan = offload_of(chosen), scan_of(ps, chosen)
+    notes = [n for n in [materialise_note(ps, target)] if n]
+    notes.append("predictions: memory from onboard/sizing/plan_memory.py (titan_core's activation arithmetic), step "
+                 "time from plan_time.py: compute at efficiencies calibrated on published runs plus a term per "
+                 "collective over the target's links (hardware.py)")  # fmt: skip
+    reasons: dict[str, str] = {}
+    would = None
     if chosen is not None:
-        step = predict_step(
-            chosen, target, fpt, seq, inactive_params=total - active, dense_moe=dense(chosen), efficiency=efficiency
-        )
-    notes = [materialise_note(shape, target, opts[0].estimate.setup)] if opts else []
-    notes = [n for n in notes if n] + [
-        "predictions: memory from titan_core.memory.estimate, step time a roofline bound; communication not modelled",
-    ]
-    if seq != seq_len:
-        notes.append(
-            f"nothing fits at seq {seq_len} (options_at_seq_asked lists each option there); "
-            f"planned at seq {seq}, the longest halving that fits"
-        )
-    if any(
-        o.policy in GRAPH_POLICIES and not o.fits and o.estimate.gathered_params > target.budget // 2 for o in asked
-    ):
-        notes.append(
-            "captured steps run SimpleFSDP, whose gathered bf16 copies of every weight stay alive through the step "
-            "(titan_core's memory policy never recomputes a collective); that term decides which captured options fit"
-        )
-    if chosen is not None and shape.moe_layers and moe_kernel(kernels, target, chosen.policy) != kernels.moe:
-        notes.append(
-            f"kernels.moe = {moe_kernel(kernels, target, chosen.policy)}: a captured step needs static-shape "
-            f"experts (an eager step's would be {kernels.moe}); verify it on the target"
-        )
-    tp = chosen.sharding.tp if chosen else 1
+        reasons = degree_reasons(opts, chosen, ps, space)
+        notes += _choice_notes(ps, kernels, target, chosen, seq_len)
+    else:
+        would = would_fit(opts, target, seq_len, min_seq, run)
+    tp = chosen.layout.tp if chosen else 1
     return Plan(
-        target=target, seq_len=seq, seq_len_asked=seq_len, params_total=total, params_active=active,
-        flops_per_token=fpt, options=opts,
-        activations_per_token_layer=activation_table(shape, kernels, target, seq, tp),
-        chosen=chosen, offload=offload, scan=scan, step=step, notes=notes,
-        asked_options=asked if seq != seq_len else [],
+        target=target, seq_len=seq_len, params_total=total, params_active=active, flops_per_token=fpt(seq_len),
+        options=opts, activations_per_token_layer=activation_table(ps, kernels, target, seq_len, tp),
+        chosen=chosen, offload=offload, scan=scan, step=chosen.step if chosen else None, notes=notes,
+        reasons=reasons, would_fit=would, shape=ps,
     )  # fmt: skip
+
+
+def offload_of(chosen: Option | None) -> tuple[bool, str]:
+    """(whether the option parks activations on the host, why): graph_trainer.split in its recipe."""
+    if chosen is None:
+        return False, "not sufficient: nothing fits"
+    if chosen.policy != "offload":
+        return False, f"an on-device option fits ({chosen.layout.name}, memory policy {chosen.policy})"
+    return True, ("no on-device policy holds one sequence's activations; offload parks them in host memory between "
+                  "the forward and backward programs (graph_trainer.memory_policy = offload, graph_trainer.split = "
+                  "true)")  # fmt: skip
+
+
+def scan_of(ps: PlanShape, chosen: Option | None) -> tuple[bool, str]:
+    """(whether the option's captured step scans over its layers, why): graph_trainer.scan_layers."""
+    if chosen is None or chosen.policy == "none":
+        return False, "the eager step fits: it is not captured" if chosen else "nothing fits"
+    if len(ps.base.layer_mix) == 1:
+        return True, (f"the captured step would trace {ps.n_layers} identical blocks; scan traces one "
+                      "(graph_trainer.scan_layers = true); the memory model counts no bytes for it")  # fmt: skip
+    return False, "the blocks are not identical (layer kinds differ): scan cannot stack them"
+
+
+def _cached(flops_per_token: Callable[[int], float]) -> Callable[[int], float]:
+    seen: dict[int, float] = {}
+
+    def fpt(s: int) -> float:
+        if s not in seen:
+            seen[s] = float(flops_per_token(s))
+        return seen[s]
+
+    return fpt
+
+
+def _predict(ps: PlanShape, counts, fpt, target: Target, o: Option, *, seq_len: int, kernels: TrainSetup,
+             compiled: bool, float8: bool, eff: Efficiency) -> StepPrediction:  # fmt: skip
+    total, active = counts
+    moe = moe_kernel(kernels, target, o.policy)
+    x = StepInputs(batch=o.batch, microbatches=o.microbatches, seq_len=seq_len, policy=o.policy,
+                   data_parallel=o.data_parallel, flops_per_token=fpt(seq_len),
+                   attention_flops_per_token=max(0.0, fpt(seq_len) - fpt(0)), inactive_params=total - active,
+                   dense_moe=ps.is_moe and moe == "dense", compiled=compiled, float8=float8)  # fmt: skip
+    return predict_step(ps, o.layout, x, peak_bf16=target.peak_flops, peak_fp8=target.peak_fp8, hw=target.hardware,
+                        eff=eff)  # fmt: skip
+
+
+def predict_layout(ps: PlanShape, counts, flops_per_token: Callable[[int], float], target: Target, layout: Layout, *,
+                   seq_len: int, kernels: TrainSetup, batch: int, policy: str, microbatches: int = 1,
+                   data_parallel: str | None = None, compiled: bool = True, float8: bool = False,
+                   eff: Efficiency | None = None) -> Option:  # fmt: skip
+    """One given layout at a given batch (a published run's), its memory and predicted step: what
+    `bench/plan_vs_published.py` sets beside the published figure. `option.largest_batch` says whether it fits."""
+    eff = eff or efficiency_for(target.device_type)
+    dp_kind = data_parallel or ("fsdp2" if policy == "none" and layout.tp == 1 else "simple_fsdp")
+    setup = MemSetup(policy=policy, data_parallel=dp_kind, seq_len=seq_len, grad_accum=microbatches,
+                     compute_dtype="float32" if target.device_type == "cpu" else "bfloat16", loss=kernels.loss,
+                     ce_chunk=kernels.ce_chunk, attention=kernels.attention, moe=moe_kernel(kernels, target, policy),
+                     device_type=target.device_type)  # fmt: skip
+    fit, _ = largest_batch(ps, layout, setup, target.budget)
+    o = Option(layout, policy, dp_kind, batch, fit, microbatches, device_memory(ps, layout, setup, batch=batch), setup)
+    o.step = _predict(ps, counts, _cached(flops_per_token), target, o, seq_len=seq_len, kernels=kernels,
+                      compiled=compiled, float8=float8, eff=eff)  # fmt: skip
+    return o
+
+
+def _choice_notes(ps: PlanShape, kernels: TrainSetup, target: Target, chosen: Option, seq_len: int) -> list[str]:
+    notes = []
+    lay = chosen.layout
+    if chosen.batch < chosen.largest_batch:
+        notes.append(f"batch {chosen.batch} of the {chosen.largest_batch} that fit: the global batch stays within "
+                     f"{GLOBAL_TOKENS:,} tokens ({lay.dp} data-parallel ranks x {chosen.microbatches} microbatches x "
+                     f"seq {seq_len})")  # fmt: skip
+    if chosen.data_parallel == "simple_fsdp" and not plan_memory.SIMPLE_FSDP_REGATHERS:
+        notes.append("SimpleFSDP as titan_core runs it keeps every gathered bf16 weight through the backward (autograd "
+                     "saves it; the captured step never recomputes a collective): the memory model counts them all")
+    if ps.is_moe and moe_kernel(kernels, target, chosen.policy) != kernels.moe:
+        notes.append(f"kernels.moe = {moe_kernel(kernels, target, chosen.policy)}: a captured step needs static-shape "
+                     f"experts (an eager step's would be {kernels.moe}); verify it on the target")  # fmt: skip
+    if lay.tp > 1 or lay.ep > 1 or lay.cp > 1 or lay.pp > 1:
+        notes.append("`onboard plan --check` runs this recipe on one CPU process, then again with its tp / ep / cp / "
+                     "pp at 2 on gloo processes; the simple_fsdp rung proves those degrees exact against one process")
+    return notes
+
+
+def would_fit(opts: list[Option], target: Target, seq_len: int, min_seq: int, run) -> str:
+    """One line: what fits when nothing does at `seq_len` on `target` (a shorter --seq here, or more devices
+    at this --seq, with the layout that fits there)."""
+    refused = refusal_summary(opts)
+    if refused["options"]:  # layouts fit, but titan_core runs none of them as the recipe would have it
+        top = refused["reasons"][0]
+        head = (f"nothing titan_core accepts fits --seq {seq_len} on {target.count} x {target.kind}: "
+                f"{refused['options']} fitting option(s) are refused, most often ({top['count']}, e.g. "
+                f"{top['fastest']}) with: {top['reason']}")  # fmt: skip
+    else:
+        smallest = min(opts, key=lambda o: o.estimate.total)
+        head = (f"nothing fits --seq {seq_len} on {target.count} x {target.kind}: the smallest peak is "
+                f"{format_bytes(smallest.estimate.total)} ({smallest.layout.name}, policy {smallest.policy}, batch 1) "
+                f"over the {format_bytes(target.budget)} a device has")  # fmt: skip
+    hints = []
+    seq = seq_len // 2
+    while seq >= min_seq:
+        got = choose(run(target, seq))
+        if got is not None:
+            hints.append(f"--seq {seq} fits here ({got.layout.name}, policy {got.policy}, batch {got.batch})")
+            break
+        seq //= 2
+    for k in MORE_DEVICES:
+        count = target.count * k
+        host = PER_HOST.get(target.kind, count)  # a CPU target's processes share this one host
+        if count > host and count % host:
+            continue
+        more = replace(target, count=count, per_host=min(host, count))
+        got = choose(run(more, seq_len))
+        if got is not None:
+            hints.append(f"--target {target.kind}:{count} fits --seq {seq_len} ({got.layout.name}, "
+                         f"policy {got.policy}, batch {got.batch})")  # fmt: skip
+            break
+    if not hints:
+        most = target.count * MORE_DEVICES[-1]
+        return head + f"; nor does --seq {min_seq} here, nor --seq {seq_len} on {most} devices"
+    return head + "; " + ", or ".join(hints)

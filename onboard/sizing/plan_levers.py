@@ -192,17 +192,29 @@ def _threads_lever(cfg, target) -> Lever | None:
 
 
 # ---- after the plan: the execution mode of the chosen option -------------------------------------
-def mode_levers(cfg, args: TransformerArgs, target, kernels: TrainSetup, policy: str, moe: str) -> list[Lever]:
+def mode_levers(cfg, args: TransformerArgs, target, kernels: TrainSetup, policy: str, moe: str, *,
+                compile: bool | None = None, compile_refused: str | None = None,
+                captured_refused: str | None = None) -> list[Lever]:  # fmt: skip
     """The execution mode (one of per-block compile and the Graph Trainer, never both) and the experts
-    kernel of the chosen option (`policy`: its memory policy; `moe`: what it runs, `plan.moe_kernel`)."""
+    kernel of the chosen option (`policy`: its memory policy; `moe`: what it runs, `plan.moe_kernel`;
+    `compile`: whether its eager step compiles per block, None: as the recipe; `compile_refused`:
+    titan_core's refusal of the same layout compiled, when the plan runs it uncompiled for that;
+    `captured_refused`: its refusal of the same layout's captured step, when the plan runs it eager)."""
     captured = policy != "none"
     where = f"the plan's memory policy {policy}"
     step = "the Graph Trainer's captured step" if captured else "the eager step fits"
+    if not captured and captured_refused:
+        step += f"; titan_core refuses the captured step with the chosen layout ({captured_refused})"
     levers = [Lever("graph_trainer.enable", cfg.graph_trainer.enable, captured, f"{where}: {step}")]
     if captured and cfg.compile.enable:
         levers.append(Lever("compile.enable", True, False, f"{where} is the Graph Trainer's, a second execution mode "
                             "titan_core refuses beside per-block compile (graph_trainer.compile = "
                             f"{cfg.graph_trainer.compile!r} says how the captured step is compiled)"))  # fmt: skip
+    elif cfg.compile.enable and compile is False:
+        why = (f"titan_core refuses per-block compile with the chosen layout ({compile_refused}): the eager step "
+               "runs uncompiled, as the eager rung verified" if compile_refused else
+               "the plan's chosen eager step runs uncompiled, as the eager rung verified")  # fmt: skip
+        levers.append(Lever("compile.enable", True, False, why))
     elif cfg.compile.enable:
         levers.append(Lever("compile.enable", True, True, "the eager step runs per-block compile, as the compile "
                             "rung verified"))  # fmt: skip

@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from titan_core.models.common.args import TransformerArgs
-from titan_core.models.common.hf_keys import names_in
+from titan_core.config.hf_keys import names_in
 from titan_core.models.flux.config import flux_of_args
 
 from onboard.sizing.flux_twin import derive_flux_twin

@@ -1,14 +1,19 @@
 """`onboard plan NAME --target KIND[:COUNT] [--seq N]`: the full model of a workspace, planned for
 the machine it will train on, and the recipe to run it there.
 
-The arithmetic is onboard/sizing/plan.py (the memory model that refuses oversized runs, with each
-rank materialising only its shard, and a roofline step time). This module reads the
+The arithmetic is onboard/sizing/plan.py (the search over dp_shard, dp_replicate, tp, ep, cp and
+pp, the per-device memory model, the step time with a term per collective). This module reads the
 workspace: the full model of config.json (not the twin the gates ran) built on meta through
 the recipe's [model] section, the levers the ladder earned in recipe.toml (re-decided for the
 target where the twin's size or this machine earned them: onboard/sizing/plan_levers.py), and
 writes `recipe.<kind>-<count>.seq<seq>.toml`: recipe.toml with every flag the ladder earned,
-plus the planned model file, mesh, batch, sequence, precision, memory policy and execution
-mode, each line with its reason, and the `torchrun` line that runs it. Nothing is allocated.
+plus the planned model file, mesh (every degree), batch, microbatches, sequence, precision, memory
+policy and execution mode, each line with its reason, and the `torchrun` line that runs it.
+Nothing is allocated. Each candidate is the recipe it would write, judged by titan_core itself
+(onboard/sizing/plan_accept.py): a combination titan_core refuses is never written, and the result
+lists the refused ones with titan_core's reasons. The sequence is the one asked for: when nothing
+titan_core accepts fits it, no recipe is written and the result's `error` is one line saying what
+would (exit 1 in `onboard plan`).
 `onboard plan --check` then runs that recipe on the twin (onboard/sizing/plan_check.py).
 
 A person may edit the recipe a plan wrote (it is theirs to take to the cluster), so plan knows its
@@ -31,9 +36,12 @@ import torch
 from onboard.ladder.recipe_edit import RecipeEditError, edit_text
 from onboard.errors import BadInput
 from onboard.ladder.contract import RecipeEdit
-from onboard.sizing.plan import EFFICIENCY, moe_kernel, parse_target, plan_training
+from onboard.sizing.plan import parse_target, plan_training
+from onboard.sizing.plan_accept import Acceptance, planned_values
+from onboard.sizing.plan_search import GLOBAL_TOKENS, Option
+from onboard.sizing.plan_memory import PlanShape
 from onboard.sizing.plan_check import check_lines
-from onboard.sizing.plan_levers import Lever, merged, mode_levers, planning_kernels
+from onboard.sizing.plan_levers import Lever, planning_kernels
 from onboard.workspace.fsutil import BACKUP_INFIX, atomic_write_text, backup_aside
 from onboard.workspace.layout import HF_CONFIG, Workspace
 from titan_core.config import ConfigError, load_config
@@ -85,21 +93,53 @@ def plan_workspace_target(ws: Workspace, target_spec: str, *, seq: int = DEFAULT
     target = _target(target_spec)
     cfg = load_config(ws.recipe_path)
     full, args, model = _full_model(ws, cfg)
-    shape = ModelShape.from_model(model, args)
+    shape = PlanShape.from_model(model, args, ModelShape.from_model(model, args))
     counts = count_params(model)
     tp_plan = full.family in TP_PLANS and not full.module_file
     twin_args = resolve_model_args(cfg.model) if ws.twin_path is not None else None
     kernels, levers = planning_kernels(cfg, args, target, twin_args=twin_args)
+    recipe = copy.deepcopy(cfg)
+    recipe.model = full
+    accept = Acceptance(recipe, args, model, shape, target, kernels, levers)
     plan = plan_training(
-        shape, counts, lambda s: flops_per_token(args, s), target, seq_len=seq,
-        kernels=kernels, tp_plan=tp_plan, efficiency=efficiency or EFFICIENCY,
+        shape, counts, lambda s: flops_per_token(args, s), target, seq_len=seq, kernels=kernels, tp_plan=tp_plan,
+        efficiency=efficiency, compiled=cfg.compile.enable, captured_compiled=cfg.graph_trainer.compile == "inductor",
+        float8=getattr(cfg.kernels, "float8", "none") != "none", accept=accept,
     )  # fmt: skip
+    refused_features: dict[str, str] = {}
     if plan.chosen is not None:
-        policy = plan.chosen.policy
-        levers = merged(levers + mode_levers(cfg, args, target, kernels, policy, moe_kernel(kernels, target, policy)))
+        levers = accept.levers_for(plan.chosen, **_mode_refusals(plan.options, plan.chosen))
+        refused_features = accept.refused_features(plan.chosen)
+        _state_refused_features(plan, refused_features)
     facts = {"family": full.family, "tp_plan": tp_plan, "layers": args.n_layers, "model": _model_file(ws),
-             "levers": levers, "warnings": seq_warnings(ws, args, plan)}  # fmt: skip
+             "levers": levers, "warnings": seq_warnings(ws, args, plan),
+             "refused_features": refused_features}  # fmt: skip
     return plan, facts
+
+
+def _mode_refusals(options: list[Option], chosen: Option) -> dict[str, str | None]:
+    """titan_core's refusals of the chosen eager layout in the other modes, for the mode levers' reasons:
+    compiled per block (when the plan runs it uncompiled) and captured (the fastest refused policy)."""
+    if chosen.policy != "none":
+        return {}
+    same = [o for o in options if o.layout == chosen.layout and o.fits and o.refused]
+    compiled = next((o.refused for o in same if o.policy == "none" and o.compile
+                     and o.data_parallel == chosen.data_parallel), None) if not chosen.compile else None  # fmt: skip
+    captured = max((o for o in same if o.policy != "none"), key=lambda o: o.tokens_per_s, default=None)
+    return {"compile_refused": compiled, "captured_refused": captured.refused if captured else None}
+
+
+def _state_refused_features(plan, refused: dict[str, str]) -> None:
+    """Say in the notes (and in pp's reason, whose recipe it concerns most) which training features the
+    chosen layout's recipe cannot turn on: titan_core refuses them with it."""
+    for key, why in refused.items():
+        plan.notes.append(f"the recipe leaves {key} off, and with this layout it must: titan_core refuses it ({why})")
+    if plan.chosen.layout.pp > 1 and refused:
+        what = "saves no checkpoints" if "checkpoint.enable" in refused else "runs without them"
+        plan.reasons["pp"] = plan.reasons.get("pp", "") + (
+            f"; with it titan_core refuses {', '.join(refused)} (this recipe leaves "
+            f"{'it' if len(refused) == 1 else 'them'} off): a run of this recipe {what}"
+        )
 
 
 def max_positions(ws: Workspace, args) -> tuple[int, str] | None:
@@ -117,14 +157,12 @@ def max_positions(ws: Workspace, args) -> tuple[int, str] | None:
 
 
 def seq_warnings(ws: Workspace, args, plan) -> list[str]:
-    """A warning when the sequence asked for is longer than the model declares it handles (the plan only
-    ever shortens it)."""
+    """A warning when the sequence asked for is longer than the model declares it handles."""
     limit = max_positions(ws, args)
-    if limit is None or plan.seq_len_asked <= limit[0]:
+    if limit is None or plan.seq_len <= limit[0]:
         return []
-    planned = f" (the plan's recipe trains at seq {plan.seq_len})" if plan.seq_len != plan.seq_len_asked else ""
     return [
-        f"--seq {plan.seq_len_asked} exceeds {limit[1]} ({limit[0]}){planned}: positions past it were never "
+        f"--seq {plan.seq_len} exceeds {limit[1]} ({limit[0]}): positions past it were never "
         "trained, and RoPE scaling tuned for that length may not extend"
     ]
 
@@ -149,54 +187,38 @@ def recipe_edits(ws: Workspace, plan, levers: list[Lever]) -> list[RecipeEdit]:
     o, t = plan.chosen, plan.target
     where = f"plan for {t.kind}:{t.count}"
     s = o.sharding
+    batch_why = f"{where}: the largest per-device batch that fits {format_bytes(t.budget)}"
+    if o.batch < o.largest_batch:
+        batch_why = (f"{where}: {o.largest_batch} fit {format_bytes(t.budget)}; {o.batch} keeps the global batch "
+                     f"within {GLOBAL_TOKENS:,} tokens")  # fmt: skip
+    if s.tp > 1:
+        batch_why += f" (per TP group of {s.tp})"
+    why = {d: f"{where}: {plan.reasons.get(d, s.name)}" for d in ("tp", "ep", "cp", "pp", "dp_replicate")}
+    micro_why = (f"{where}: PP's microbatches, {o.microbatches // s.pp} per stage" if s.pp > 1
+                 else f"{where}: one microbatch per step")  # fmt: skip
+    dp_why = ("FSDP2 gathers one block at a time" if o.data_parallel == "fsdp2" else
+              "SimpleFSDP (the captured step, TP, EP and PP compose with it)")  # fmt: skip
+    reasons = {
+        "training.batch_size": batch_why, "training.seq_len": f"{where}: --seq", "training.grad_accum": micro_why,
+        "training.dtype": f"{where}: fp32 master weights and AdamW state",
+        "training.mixed_precision_param": f"{where}: the compute dtype the memory model assumes",
+        "training.mixed_precision_reduce": f"{where}: gradients reduced in fp32",
+        "parallelism.data_parallel": f"{where}: {dp_why}", "parallelism.dp_shard": f"{where}: {s.name}",
+        **{f"parallelism.{d}": why[d] for d in why},
+        "parallelism.sequence_parallel": f"{where}: the memory model does not count it",
+        "parallelism.pp_schedule": f"{where}: the schedule the plan predicts with",
+        **{lv.key: f"{where}: {lv.why}" for lv in levers},
+        "graph_trainer.memory_policy": f"{where}: the mildest policy that fits",
+        "graph_trainer.split": f"{where}: {plan.offload[1]}", "graph_trainer.scan_layers": f"{where}: {plan.scan[1]}",
+        "device.type": where,
+    }  # fmt: skip
+    # the values are the ones titan_core judged for this option (plan_accept.planned_values): one source
+    values = planned_values(o, t, plan.seq_len, levers, offload=plan.offload[0], scan=plan.scan[0])
     e: list[RecipeEdit] = []
     if ws.twin_path is not None:
         full = f"{where}: the full model (the gates ran its twin, twin.json)"
         e.append(RecipeEdit("model.hf_config", HF_CONFIG, full))
-    batch_why = f"{where}: the largest per-device batch that fits {format_bytes(t.budget)}"
-    if s.tp > 1:
-        batch_why += f" (per TP group of {s.tp})"
-    e += [
-        RecipeEdit("training.batch_size", o.batch, batch_why),
-        RecipeEdit(
-            "training.seq_len",
-            plan.seq_len,
-            f"{where}"
-            + (
-                f": seq {plan.seq_len_asked} does not fit (see onboard plan)"
-                if plan.seq_len != plan.seq_len_asked
-                else ": --seq"
-            ),
-        ),
-        RecipeEdit("training.dtype", "float32", f"{where}: fp32 master weights and AdamW state"),
-        RecipeEdit(
-            "training.mixed_precision_param",
-            "float32" if t.device_type == "cpu" else "bfloat16",
-            f"{where}: the compute dtype the memory model assumes",
-        ),
-        RecipeEdit("training.mixed_precision_reduce", "float32", f"{where}: gradients reduced in fp32"),
-        RecipeEdit(
-            "parallelism.data_parallel",
-            o.data_parallel,
-            f"{where}: "
-            + (
-                "FSDP2 gathers one block at a time"
-                if o.data_parallel == "fsdp2"
-                else "SimpleFSDP (the captured step and TP compose with it)"
-            ),
-        ),
-        RecipeEdit("parallelism.dp_shard", s.dp_shard, f"{where}: {s.name}"),
-        RecipeEdit("parallelism.dp_replicate", s.dp_replicate, f"{where}: {s.name}"),
-        RecipeEdit("parallelism.tp", s.tp, f"{where}: {s.name}"),
-        RecipeEdit("parallelism.sequence_parallel", False, f"{where}: the memory model does not count it"),
-    ]
-    e += [RecipeEdit(lv.key, lv.plan, f"{where}: {lv.why}") for lv in levers
-          if lv.changed or lv.key == "graph_trainer.enable"]  # fmt: skip
-    if o.policy != "none":
-        e.append(RecipeEdit("graph_trainer.memory_policy", o.policy, f"{where}: the mildest policy that fits"))
-        e.append(RecipeEdit("graph_trainer.split", plan.offload[0], f"{where}: {plan.offload[1]}"))
-        e.append(RecipeEdit("graph_trainer.scan_layers", plan.scan[0], f"{where}: {plan.scan[1]}"))
-    e.append(RecipeEdit("device.type", t.device_type, where))
+    e += [RecipeEdit(key, value, reasons[key]) for key, value in values.items()]
     e.append(RecipeEdit("metrics.output_dir", f"runs/{plan_stem(plan)}", where))
     return e
 
@@ -269,12 +291,13 @@ def plan_result(
     plan, facts = plan_workspace_target(ws, target_spec, seq=seq, efficiency=efficiency)
     result: dict[str, Any] = {"workspace": ws.name, "model": facts["model"], "runs_on_twin": ws.twin_path is not None,
                               "tp_plan": facts["tp_plan"], **plan.to_dict(), "warnings": facts["warnings"],
-                              "levers": [lv.to_dict() for lv in facts["levers"]]}  # fmt: skip
+                              "levers": [lv.to_dict() for lv in facts["levers"]],
+                              "refused_features": facts["refused_features"]}  # fmt: skip
     if plan.chosen is not None:
         path, line, backup = write_plan_recipe(ws, plan, facts["levers"], force=force)
         result.update(recipe=str(path), torchrun=line, backup=str(backup) if backup else None)
-    else:
-        result.update(recipe=None, torchrun=None, backup=None)
+    else:  # the sequence asked for is kept: nothing is written, and one line says what would fit
+        result.update(recipe=None, torchrun=None, backup=None, error=plan.would_fit)
     return result
 
 
@@ -283,58 +306,69 @@ SIZES = ("params", "grads", "optimizer", "gathered_params", "activations", "acti
 
 
 def plan_lines(r: dict) -> list[str]:
-    """The plan as text: per-device bytes of every option, activations per policy, the decisions,
-    the prediction, the recipe and the torchrun line."""
+    """The plan as text: the most promising options' per-device bytes and predictions, activations per policy,
+    the chosen layout with why each degree has its value, the step's compute and communication, the recipe
+    and the torchrun line. When nothing fits: the one line saying what would (also the command's error)."""
     t = r["target"]
     lines = [
         f"plan for {r['workspace']} ({r['model']}: {r['params_total']:,} parameters, {r['params_active']:,} active "
         f"per token) on {t['count']} x {t['kind']} ({format_bytes(t['memory_bytes'])} each: {t['memory_source']}; "
-        f"the plan fills {t['headroom']:.0%}: {format_bytes(t['budget_bytes'])}), seq {r['seq_len']}"
-        + (f" (asked {r['seq_len_asked']})" if r["seq_len"] != r["seq_len_asked"] else ""),
+        f"the plan fills {t['headroom']:.0%}: {format_bytes(t['budget_bytes'])}), seq {r['seq_len']}",
+    ]
+    if r["chosen"] is None:
+        return lines + ["", f"no layout fits: no recipe written. {r['error']}"]
+    lines += [
         "",
-        "per device (PREDICTIONS from titan_core's memory model; batch = sequences per device, per TP group under TP):",
+        f"per device, the {len(r['options'])} fastest of {r['options_accepted']} fitting options titan_core accepts "
+        f"({r['options_tried']} tried; PREDICTIONS; batch = sequences per microbatch per data-parallel rank):",
     ]
-    head = ("sharding", "policy", "params", "grads", "optimizer", "gathered", "activations", "host", "peak", "batch")
+    head = ("layout", "mode", "policy", "params", "grads", "optimizer", "gathered", "activations", "host", "peak",
+            "batch", "tokens/s/dev")  # fmt: skip
     rows = [head] + [
-        (
-            o["sharding"],
-            o["policy"],
-            *(format_bytes(o[f"{k}_bytes"]) for k in SIZES),
-            str(o["largest_batch"]) if o["largest_batch"] else "does not fit",
-        )
-        for o in r["options"]
-    ]
+        (o["sharding"], o["mode"], o["policy"], *(format_bytes(o[f"{k}_bytes"]) for k in SIZES), str(o["batch"]),
+         f"{o['predicted_tokens_per_s_device']:,.0f}")
+        for o in r["options"][:10]
+    ]  # fmt: skip
     widths = [max(len(row[i]) for row in rows) for i in range(len(head))]
     lines += ["  " + "  ".join(c.ljust(w) for c, w in zip(row, widths)) for row in rows]
-    if r["options_at_seq_asked"]:
-        worst = min(r["options_at_seq_asked"], key=lambda o: o["peak_bytes"])
-        lines.append(
-            f"  at seq {r['seq_len_asked']} the smallest peak is {format_bytes(worst['peak_bytes'])} "
-            f"({worst['sharding']}, policy {worst['policy']}, batch 1): nothing fits"
-        )
+    lines += _refused_lines(r["refused"])
     acts = ", ".join(f"{k} {format_bytes(v)}" for k, v in r["activations_per_token_per_layer"].items())
     lines += ["", f"activations per token per layer (saved for the backward; offload: on the host): {acts}"]
-    c = r["chosen"]
-    if c is None:
-        lines += ["", "no option fits: no recipe written"]
-    else:
-        p = r["prediction"]
-        lines += [
-            "",
-            f"chosen: {c['sharding']}, memory policy {c['policy']}, {c['data_parallel']}, batch {c['largest_batch']}",
-            f"host offload with the graph splitter: {'needed' if r['offload_needed'] else 'not needed'} "
-            f"({r['offload_why']})",
-            f"scan over layers: {'recommended' if r['scan_needed'] else 'not needed'} ({r['scan_why']})",
-            f"PREDICTED step time {p['step_time_s']:.3f} s, MFU {p['mfu']:.0%}, {p['tokens_per_s']:,.0f} tokens/s over "
-            f"{t['count']} devices (roofline: {p['how']})",
-            *_lever_lines(r["levers"]),
-            f"recipe: {r['recipe']}",
-            *([f"the edited recipe it replaced is kept as {r['backup']}"] if r.get("backup") else []),
-            f"run it: {r['torchrun']}",
-        ]
+    c, p = r["chosen"], r["prediction"]
+    lines += [
+        "",
+        f"chosen: {c['sharding']}, {c['mode']}, memory policy {c['policy']}, {c['data_parallel']}, batch {c['batch']}, "
+        f"{c['grad_accum']} microbatch(es), global batch {r['global_batch_tokens']:,} tokens",
+        *[f"  {why}" for why in r["degrees_why"].values()],
+        f"host offload with the graph splitter: {'needed' if r['offload_needed'] else 'not needed'} "
+        f"({r['offload_why']})",
+        f"scan over layers: {'recommended' if r['scan_needed'] else 'not needed'} ({r['scan_why']})",
+        f"PREDICTED step time {p['step_time_s']:.3f} s, MFU {p['mfu']:.0%}, {p['tokens_per_s_device']:,.0f} tokens/s "
+        f"per device, {p['tokens_per_s']:,.0f} over {t['count']} devices",
+        f"  compute {p['compute_s']:.3f} s ({p['how']})",
+        *[f"  {cm['name']}: {format_bytes(cm['bytes'])} over {cm['link']} at "
+          f"{format_bytes(cm['bandwidth_bytes_per_s'])}/s, {cm['seconds']:.3f} s "
+          f"{'under the compute' if cm['overlapped'] else 'exposed'}" for cm in p["comm"]],
+        *_lever_lines(r["levers"]),
+        f"recipe: {r['recipe']}",
+        *([f"the edited recipe it replaced is kept as {r['backup']}"] if r.get("backup") else []),
+        f"run it: {r['torchrun']}",
+    ]  # fmt: skip
     lines += ["", *[f"note: {n}" for n in r["notes"]]]
     if "check" in r:
         lines += ["", *check_lines(r["check"])]
+    return lines
+
+
+def _refused_lines(refused: dict, limit: int = 5) -> list[str]:
+    """The fitting options titan_core refused, by reason (the most frequent `limit`); --json has them all."""
+    if not refused["options"]:
+        return []
+    lines = [f"titan_core refuses {refused['options']} fitting option(s) as their recipes would be written "
+             "(never chosen), most often:"]  # fmt: skip
+    lines += [f"  {g['count']} x {g['reason']} (fastest: {g['fastest']})" for g in refused["reasons"][:limit]]
+    if len(refused["reasons"]) > limit:
+        lines.append(f"  and {len(refused['reasons']) - limit} other reason(s) (--json lists them)")
     return lines
 
 

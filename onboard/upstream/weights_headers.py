@@ -16,9 +16,7 @@ import torch
 from torch import nn
 
 from onboard.upstream.hf_model import weight_files
-from titan_core.weights.header_check import INDEX, HeaderReport, check_headers
-
-__all__ = ["INDEX", "HeaderReport", "check_checkpoint_headers"]
+from titan_core.weights.header_check import HeaderReport, check_headers
 
 
 def check_checkpoint_headers(

@@ -3,23 +3,12 @@
 A port starts from the titan_core family whose adapter reads most of config.json. Some
 differences leave no trace in the keys: OLMo-2 normalises the attention and MLP *outputs*
 (post-norms) and its QK-norm spans all heads at once; Qwen2-MoE gates its shared expert and
-has no QK-norm where Qwen3-MoE has one. `new-model --path port` therefore builds both
-models on the meta device (no memory, no weights) and compares one decoder layer at a time:
-
-- upstream: transformers' causal LM built from config.json (`causal_lm`: transformers'
-  own config class, offline, never remote code), read by its module names and shapes;
-- native: the family's model (`titan_core.models.build_meta`) with the args its adapter
-  reads from the same config (the family's debugmodel flavor when it cannot read them).
-
-Each layer is reduced to the same few features (norm placement, QK-norm width, the
-attention and MLP projections and their biases, MoE with shared expert and its gate,
-parameterised modules nobody recognised, and what each norm computes); every feature that
-differs becomes one line for the README and one `TODO(port)` in model.py. What names and shapes
-cannot show is found by what the code does (arch_semantics.py): the norm type, the RoPE layout,
-the embedding's padding_idx, a config key the family reads with a meaning of its own; from the
-config's keys alone when transformers cannot build the upstream class. Module names are a
-convention, not a contract: the lines say where to look, and the parity gate remains what
-proves the port.
+has no QK-norm where Qwen3-MoE has one. `new-model --path port` therefore builds both models on
+the meta device (transformers' class from config.json, never remote code; the family's model
+with the args its adapter reads) and compares one decoder layer at a time, each reduced to the
+same few features (`layer_features`); every feature that differs becomes one line for the README
+and one `TODO(port)` in model.py. What names and shapes cannot show is arch_semantics.py's. Module
+names are a convention, not a contract: the lines say where to look, and the parity gate proves the port.
 """
 
 from __future__ import annotations
@@ -300,23 +289,16 @@ def _keys_only(cfg: dict, family: str, native: nn.Module, args, used: set[str]) 
     if up_norm and nat_norm and not nat_norm.startswith(up_norm):
         keys = ", ".join(f"`{k}`" for k in (*sem.NORM_TYPE_KEYS, *sem.LAYER_NORM_EPS_KEYS) if k in cfg)
         lines.append(sem.norm_line(up_norm, nat_norm, cls=model_type, family=family, where=f"by config.json's {keys}"))
-    layout, evidence = sem.rope_layout(cfg, None)
-    if layout == "interleaved":
-        lines.append(sem.rope_line(evidence, family=family))
-    pad = sem.padding_line(cfg, None, native, cls=model_type, family=family)
-    lines += [pad] if pad else []
-    return lines + sem.meaning_lines(cfg, get_family(family).adapter, used, family=family, upstream_norms=None)
+    return lines + _model_level(cfg, family, None, native, used, cls=model_type, norms=None)
 
 
-def _model_level(cfg, family, model, native, up_layers, head_dim, used) -> list[str]:
-    """What differs in the whole model rather than in one layer: RoPE, padding_idx, keys' meanings."""
-    lines = []
+def _model_level(cfg, family, model, native, used, *, cls: str, norms) -> list[str]:
+    """What differs in the whole model rather than in one layer: RoPE, padding_idx, keys' meanings
+    (`model` None: from the config's keys alone)."""
     layout, evidence = sem.rope_layout(cfg, model)
-    if layout == "interleaved":
-        lines.append(sem.rope_line(evidence, family=family))
-    pad = sem.padding_line(cfg, model, native, cls=type(model).__name__, family=family)
+    lines = [sem.rope_line(evidence, family=family)] if layout == "interleaved" else []
+    pad = sem.padding_line(cfg, model, native, cls=cls, family=family)
     lines += [pad] if pad else []
-    norms = sem.attention_norms(up_layers[0] if up_layers else None, head_dim)
     return lines + sem.meaning_lines(cfg, get_family(family).adapter, used, family=family, upstream_norms=norms)
 
 
@@ -333,7 +315,8 @@ def architecture_differences(cfg: dict, family: str) -> ArchDiff:
         note = f"structure not compared: transformers cannot build {cfg.get('model_type')}: {e}"
         return ArchDiff(differences=_keys_only(cfg, family, native, args, used), note=note)
     up_layers, nat_layers = _layers(model), _layers(native)
-    model_lines = _model_level(cfg, family, model, native, up_layers, head_dim, used)
+    norms = sem.attention_norms(up_layers[0] if up_layers else None, head_dim)
+    model_lines = _model_level(cfg, family, model, native, used, cls=type(model).__name__, norms=norms)
     cls = type(up_layers[0]).__name__ if up_layers else type(model).__name__
     if not up_layers:
         note = f"structure not compared: {type(model).__name__} has no `layers` list"

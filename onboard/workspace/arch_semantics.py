@@ -3,24 +3,10 @@
 arch_diff.py compares the upstream layer with the family's by module names and shapes. These
 differences hide behind equal names: a LayerNorm and an RMSNorm both hold a [dim] weight,
 interleaved and half-split RoPE hold nothing at all, an embedding's padding_idx is no weight,
-and a config key the family reads may mean something else in the config's own model. Each
-check finds them by what the upstream code does, not by what it is called:
-
-- norm type: a CPU copy of each norm module (weights 1, biases 0) is run on rows whose mean is
-  not zero: a LayerNorm's output has mean 0 (it subtracts the mean), an RMSNorm's does not, an
-  L2 norm's rows have unit length. Without the upstream class, the config's keys say it
-  (`layer_norm_eps` without `rms_norm_eps`, a `norm_type` naming a layer norm).
-- RoPE layout: the config's flag (`rope_interleave`, `rotary_interleaved`, ...), else the
-  upstream modeling module's own rotation: its `rotate_half` run on [0, 1, 2, 3] (half-split
-  gives [-2, -3, 0, 1], interleaved [-1, 0, -3, 2]), a `rotate_every_two` (GPT-J), or a
-  rotary function that multiplies pairs as complex numbers (`view_as_complex`).
-- padding_idx: the upstream embedding built on meta (transformers' classes mostly pass
-  `pad_token_id`); without it, the config's pad_token_id.
-- a key the family reads with its own meaning (the family adapter's `key_meanings`, e.g.
-  glimmer's `use_qk_norm`), in a config of another model_type: said with what the family does
-  with it and, when upstream was built, which norms upstream's attention holds.
-
-The lines say where to look; the parity gate remains what proves the port.
+and a config key the family reads may mean something else in the config's own model. Each check
+finds them by what the upstream code does (a norm run on a probe input, `rotate_half` run on
+[0, 1, 2, 3], the embedding built on meta), from the config's keys where the upstream class
+cannot be built. The lines say where to look; the parity gate remains what proves the port.
 """
 
 from __future__ import annotations

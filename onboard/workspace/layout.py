@@ -18,6 +18,7 @@ from onboard.workspace.ledger import Ledger, Status
 from onboard.workspace.lock import WorkspaceLock
 from titan_core.config import ConfigError
 from titan_core.config.hf_config import read_hf_config
+from titan_core.config.hf_keys import hf_key
 
 WORKSPACES = "onboarding"
 RECIPE = "recipe.toml"
@@ -219,8 +220,8 @@ class Workspace:
         return chains
 
 
-SHAPE_KEYS = ("num_hidden_layers", "hidden_size", "num_attention_heads", "num_key_value_heads", "vocab_size",
-              "num_experts")  # fmt: skip
+SHAPE_FIELDS = ("n_layers", "dim", "n_heads", "n_kv_heads", "vocab_size", "n_experts")
+"""The sizes `_shape` shows, as native fields: each under the name the config itself uses (hf_keys)."""
 
 
 def _shape(path: Path) -> str:
@@ -229,7 +230,8 @@ def _shape(path: Path) -> str:
         cfg = read_hf_config(path)
     except ConfigError as e:
         return f"unreadable: {e}"
-    return ", ".join(f"{k} {cfg[k]}" for k in SHAPE_KEYS if k in cfg)
+    keys = (hf_key(f, cfg) for f in SHAPE_FIELDS)
+    return ", ".join(f"{k} {cfg[k]}" for k in keys if k in cfg)
 
 
 SAFETENSORS_HEADER_CAP = 100 * 2**20  # safetensors' own limit on a header's size

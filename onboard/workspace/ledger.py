@@ -1,26 +1,13 @@
-"""ladder.json: the workspace's facts, every gate attempt, and every waiver.
+"""ladder.json: the workspace's facts, every gate attempt (an `Entry`) and every waiver (DESIGN section 4).
 
-Layout (DESIGN section 4):
+    {"format": 1, "workspace": {name, family, path, model_type, source, ...}, "attempts": [Entry, ...],
+     "waivers": [{rung, criterion, why, time, by}, ...]}
 
-    {"format": 1,
-     "workspace": {name, family, flavor, path, model_type, source, hf_config, weights, device, created, unconsumed_keys},
-     "attempts": [{rung, attempt, status, started, ended, duration_s, command, environment,
-                   files_read: {path: sha256}, measurements, criteria: [...], details, error?}, ...],
-     "waivers":  [{rung, criterion, why, time, by}, ...]}
-
-Every save goes through `atomic_write_text`, so the file on disk is always a complete
-JSON document, whatever happens to the process mid-write. A file anyone can edit is checked
-when it is read (`shape_problem`): an entry whose shape the readers cannot trust (no status,
-a timestamp that does not parse, not an object) makes the whole ledger bad input, naming the
-entry and the field, so no reader ever guesses around it and no gate counts it as evidence.
-Whether a well-formed entry's measurements hold up is evidence.py's question, not this one.
-An entry's `duration_s` is recomputed from its `started` and `ended` whenever it is read, never
-taken from the file; the engine also writes each attempt's measurements into its own attempt
-folder (`RUN_RECORD`), which evidence.py compares with the entry.
-
-In memory each attempt is an `Entry` (typed fields, its `Status`); on disk it is the JSON
-object above, written by `Entry.to_dict` and read back by `Entry.from_dict`, so a ledger written
-before the dataclass existed loads unchanged, and keys this version does not know survive a save.
+Every save is atomic (`atomic_write_text`). A file anyone can edit is checked when it is read
+(`shape_problem`): an entry whose shape the readers cannot trust makes the whole ledger bad input,
+naming the entry and the field, so no reader guesses around it; whether a well-formed entry's
+measurements hold up is onboard/ladder/evidence.py's question. An entry's `duration_s` is recomputed
+from its times whenever it is read, and keys this version does not know survive a save (`Entry.extra`).
 """
 
 from __future__ import annotations

@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 from onboard.errors import BadInput
+from onboard.workspace.fsutil import pid_alive
 
 LOCK_NAME = ".onboard.lock"
 
@@ -32,15 +33,7 @@ def holder(root: Path) -> int | None:
     Read-only (it never flocks), so `status` can say "running" without racing a next-step.
     """
     pid = _read_owner(Path(root) / LOCK_NAME).get("pid")
-    if not isinstance(pid, int) or pid <= 0:
-        return None
-    try:
-        os.kill(pid, 0)  # signal 0: existence check only
-    except ProcessLookupError:
-        return None
-    except PermissionError:
-        return pid  # alive, another user's
-    return pid
+    return pid if isinstance(pid, int) and pid > 0 and pid_alive(pid) else None
 
 
 class WorkspaceLock:

@@ -173,6 +173,13 @@ def read_weights(path: Path | None) -> Path | None:
     return path
 
 
+def shape_summary(args) -> str:
+    """A language model's shape in one line (README.md of the workspace)."""
+    experts = f", {args.n_experts} experts top-{args.top_k}" if args.n_experts else ""
+    heads = f"{args.n_heads} heads ({args.n_kv_heads} kv)"
+    return f"dim {args.dim}, {args.n_layers} layers, {heads}, vocab {args.vocab_size}{experts}"
+
+
 def diffusion_summary(args) -> str:
     f = flux_config(args)
     return (
@@ -211,10 +218,6 @@ def _hint(key: str) -> str:
         (h for sub, h in KEY_HINTS if sub in key),
         "decide whether it changes the computation; implement it here or confirm it is irrelevant to training",
     )
-
-
-def _value(v: Any) -> str:
-    return json.dumps(v, sort_keys=True)
 
 
 def plan_workspace(
@@ -261,6 +264,7 @@ def plan_workspace(
         family = fam.name if fam else None
         source = f"--hf-config {Path(hf_config).resolve()}"
     model_type = cfg["model_type"]
+    where = Path(hf_config).resolve() if hf_config is not None else f"--preset {preset}"
     # An unknown model_type is an error unless a path is asked for: silently starting a
     # port would turn a typo in model_type into an hour of porting.
     path_kind = path or "native"
@@ -278,8 +282,7 @@ def plan_workspace(
     if path_kind == "transformers":
         plan = _plan_transformers(
             name, root, cfg, text, model_type=model_type, source=source, device=device, weights=weights_dir,
-            threads=threads, where=Path(hf_config).resolve() if hf_config is not None else f"--preset {preset}",
-            not_causal=not_causal,
+            threads=threads, where=where, not_causal=not_causal,
         )  # fmt: skip
         plan.files = render(plan)
         return plan
@@ -294,17 +297,12 @@ def plan_workspace(
     try:
         args, _ = adapter.args_from_hf(cfg)
         unconsumed = adapter.unconsumed_keys(cfg)
-        args_summary = diffusion_summary(args) if family in DIFFUSION_FAMILIES else (
-            f"dim {args.dim}, {args.n_layers} layers, {args.n_heads} heads ({args.n_kv_heads} kv), "
-            f"vocab {args.vocab_size}" + (f", {args.n_experts} experts top-{args.top_k}" if args.n_experts else "")
-        )
+        args_summary = diffusion_summary(args) if family in DIFFUSION_FAMILIES else shape_summary(args)
     except ArchitectureError as e:
         # no model of any path can be built from it (a zero, a fraction, heads that do not
         # divide): refused on the port path too, where another adapter error is a TODO
-        where = Path(hf_config).resolve() if hf_config is not None else f"--preset {preset}"
         raise BadInput(f"{where}: {e}") from None
     except (AdapterError, TypeError, ValueError) as e:
-        where = Path(hf_config).resolve() if hf_config is not None else f"--preset {preset}"
         if family in DIFFUSION_FAMILIES:  # no other path runs it: nothing else to advise
             raise BadInput(f"{where}: {e}") from None
         if path_kind == "native":
@@ -320,7 +318,8 @@ def plan_workspace(
         diff = architecture_differences(cfg, family)
         arch_differences, arch_note = diff.differences, diff.note
         todos += [f"architecture: {d}" for d in arch_differences]
-        todos += [f"`{k}` = {_value(cfg[k])} is not read by the {family} family: {_hint(k)}" for k in unconsumed]
+        todos += [f"`{k}` = {json.dumps(cfg[k], sort_keys=True)} is not read by the {family} family: {_hint(k)}"
+                  for k in unconsumed]
     plan = Plan(
         name=name, root=root, family=family, flavor=flavor, path_kind=path_kind, model_type=model_type,
         source=source, device=device, hf_config=cfg, hf_config_text=text, weights=weights_dir,
@@ -349,10 +348,6 @@ def _plan_transformers(name, root, cfg, text, *, model_type, source, device, wei
     why = not_causal(cfg) if not_causal else None
     if why:
         raise BadInput(f"{where}: --path transformers trains causal LMs; {model_type} is {why}")
-    summary = (
-        f"dim {args.dim}, {args.n_layers} layers, {args.n_heads} heads ({args.n_kv_heads} kv), vocab {args.vocab_size}"
-        + (f", {args.n_experts} experts top-{args.top_k}" if args.n_experts else "")
-    )
     cap = getattr(text_cfg, "attn_logit_softcapping", None)
     attention, why = "", ""
     if cap:
@@ -361,7 +356,7 @@ def _plan_transformers(name, root, cfg, text, *, model_type, source, device, wei
     return Plan(
         name=name, root=root, family="transformers", flavor=None, path_kind="transformers", model_type=model_type,
         source=source, device=device, hf_config=cfg, hf_config_text=text, weights=weights, unconsumed=[],
-        args_summary=summary, attention=attention, attention_why=why, threads=threads,
+        args_summary=shape_summary(args), attention=attention, attention_why=why, threads=threads,
     )  # fmt: skip
 
 

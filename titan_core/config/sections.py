@@ -169,6 +169,18 @@ class Parallelism:
     """Tensor-parallel degree, >= 1 or -1 (fill from the world size); composed with simple_fsdp only, and the family needs a TP plan."""
     sequence_parallel: bool = False
     """With tp > 1, also split norms and the residual stream over the sequence across TP ranks."""
+    ep: int = checked(1, AT_LEAST_1)
+    """Expert-parallel degree (>= 1): experts are split over `ep` ranks carved from the dp_shard x cp ranks (it must divide their product); tokens reach their experts by all-to-all."""
+    ep_capacity_factor: float = checked(0.0, NON_NEGATIVE)
+    """Capacity factor (>= 0). 0: no token is dropped; > 0 (needs ep > 1): in each MoE layer each expert takes at most ceil(cf x tokens x top_k / n_experts) (token, expert) rows from each rank (cf x its even share of the rank's routed rows), the earliest tokens first; the rest are dropped (their expert output is zero) and counted per step in the metrics column moe_dropped_tokens."""
+    cp: int = checked(1, AT_LEAST_1)
+    """Context-parallel degree (>= 1): each sequence is split over `cp` ranks (load-balanced causal chunks); it must divide training.seq_len into 2 x cp chunks."""
+    pp: int = checked(1, AT_LEAST_1)
+    """Pipeline-parallel degree (>= 1): the layers are split into stages over `pp` ranks; microbatches come from training.grad_accum."""
+    pp_schedule: Literal["1F1B", "interleaved1F1B", "gpipe"] = "1F1B"
+    """Pipeline schedule (torch.distributed.pipelining); interleaved1F1B puts 2 stages on each rank."""
+    pp_layers: list = field(default_factory=list)
+    """Decoder layers per stage, in order (empty: split by layer count as evenly as possible)."""
     timeout_s: float = checked(300.0, POSITIVE)
     """Seconds (> 0) a collective may wait for the other ranks before it fails the run (a hung or dead rank)."""
 
@@ -216,6 +228,8 @@ class Kernels:
     moe: Literal["loop", "dense", "grouped_mm", "tokamax"] = "loop"
     """MoE experts: loop is the reference (syncs the host); dense is static-shape, for torch.compile and the
     Graph Trainer; grouped_mm uses torch._grouped_mm; tokamax uses ragged_dot via JAX."""
+    float8: Literal["none", "tensorwise", "rowwise"] = "none"
+    """float8 training of the linear layers through torchao (tensorwise or rowwise scaling); on CPU torchao's emulation."""
     swaps: list = field(default_factory=list)
     """Extra swaps by registry name, applied after the ones the fields above select."""
 

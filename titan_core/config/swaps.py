@@ -12,6 +12,12 @@ class found and the classes it replaces, because replacing it would silently dro
 that module does. Classes are compared exactly, so a subclass of a library module is the
 model's own too. What one swap on a path produces, another swap on the same path may
 replace: kernels replace each other.
+
+A swap with `select` casts its pattern wide (every linear of the model) and takes only the
+modules its filter accepts: a module of another class is no candidate, one of its classes the
+filter turns down is skipped with the reason, logged, and `swap_selection` lists both. Such a
+swap that takes nothing is refused (`SwapNotApplicable`) with the reasons: the flag would do
+nothing.
 """
 
 from __future__ import annotations
@@ -33,6 +39,8 @@ log = logging.getLogger("titan_core.swaps")
 
 #: factory(old_module, module_path) -> new module
 Factory = Callable[[nn.Module, str], nn.Module]
+#: select(module, module_path, model) -> None to take the module, else why it is skipped
+Select = Callable[[nn.Module, str, "TrainableModel"], "str | None"]
 
 
 class SwapNotApplicable(ConfigError):
@@ -53,6 +61,9 @@ class Swap:
     """Classes this swap was written to replace; None: any module (no contract to keep)."""
     produces: tuple[type, ...] = ()
     """Classes the factory returns; a sibling swap on the same pattern may replace them."""
+    select: Select | None = None
+    """Filter over the matched modules of the classes it replaces (a subclass is skipped as the
+    model's own); None: the swap takes every match."""
 
 
 _REGISTRY: dict[str, Swap] = {}
@@ -71,18 +82,20 @@ def register_swap(
     *,
     replaces: type | tuple[type, ...] | None = None,
     produces: type | tuple[type, ...] | None = None,
+    select: Select | None = None,
 ) -> Callable[[Factory], Factory]:
     """Decorator: register `factory` under `name` for modules whose path matches `pattern`.
 
     `replaces`: the module classes the factory can take (exact classes); a matched module
     of another class makes `apply_swaps` refuse. `produces`: the classes it returns.
+    `select`: take only the matches it accepts (module docstring).
     """
 
     def deco(factory: Factory) -> Factory:
         if name in _REGISTRY and _REGISTRY[name].factory is not factory:
             raise ValueError(f"swap '{name}' is already registered")
         rep = None if replaces is None else _classes(replaces)
-        _REGISTRY[name] = Swap(name, pattern, factory, description, rep, _classes(produces))
+        _REGISTRY[name] = Swap(name, pattern, factory, description, rep, _classes(produces), select)
         return factory
 
     return deco
@@ -147,6 +160,45 @@ def _refusal(model: TrainableModel, swap: Swap, hits: list[str]) -> str | None:
     )
 
 
+def _select(model: TrainableModel, swap: Swap, hits: list[str]) -> tuple[list[str], dict[str, str]]:
+    """(paths `swap` takes, {path it skips: why}) among `hits`; without `select` it takes them all."""
+    if swap.select is None:
+        return hits, {}
+    allowed = replaceable_classes(swap)
+    taken: list[str] = []
+    skipped: dict[str, str] = {}
+    for p in hits:
+        module = model.get_submodule(p)
+        if allowed is not None and not isinstance(module, allowed):
+            continue  # the pattern casts wide; a norm or a block is no candidate, nothing to report
+        if allowed is not None and type(module) not in allowed:
+            skipped[p] = f"{type(module).__qualname__} is the model's own subclass, not replaced"
+        elif (why := swap.select(module, p, model)) is not None:
+            skipped[p] = why
+        else:
+            taken.append(p)
+    return taken, skipped
+
+
+def _nothing_taken(swap: Swap, skipped: dict[str, str]) -> str:
+    if not skipped:
+        names = ", ".join(c.__name__ for c in replaceable_classes(swap) or ())
+        return f"no {names or 'module'} matches '{swap.pattern}'"
+    shown = [f"{p} ({why})" for p, why in list(skipped.items())[:4]]
+    more = f" and {len(skipped) - 4} more" if len(skipped) > 4 else ""
+    return f"every candidate is skipped: {'; '.join(shown)}{more}"
+
+
+def swap_selection(model: TrainableModel, name: str) -> tuple[list[str], dict[str, str]]:
+    """(module paths swap `name` would replace, {path it would skip: why}); nothing is replaced.
+
+    For a swap without `select` the second is empty and the first is every pattern match.
+    """
+    swap = get_swap(name)
+    paths = [p for p, _ in model.named_modules() if p]
+    return _select(model, swap, _matches(paths, swap, model))
+
+
 def swap_applicability(model: TrainableModel, names: list[str]) -> dict[str, str | None]:
     """{swap name: None if `apply_swaps(model, [name])` would replace something, else why not}.
 
@@ -158,6 +210,10 @@ def swap_applicability(model: TrainableModel, names: list[str]) -> dict[str, str
     for name in names:
         swap = get_swap(name)
         hits = _matches(paths, swap, model)
+        if swap.select is not None:
+            hits, skipped = _select(model, swap, hits)
+            out[name] = _refusal(model, swap, hits) if hits else _nothing_taken(swap, skipped)
+            continue
         out[name] = _refusal(model, swap, hits) if hits else f"no module matches '{swap.pattern}'"
     return out
 
@@ -176,6 +232,13 @@ def apply_swaps(model: TrainableModel, names: list[str]) -> dict[str, str]:
     paths = [p for p, _ in model.named_modules() if p]
     for swap in swaps:
         hits = _matches(paths, swap, model)
+        if swap.select is not None:
+            hits, skipped = _select(model, swap, hits)
+            for p, why in skipped.items():
+                log.info("swap %s: skipped %s: %s", swap.name, p, why)
+            if not hits:
+                why = _nothing_taken(swap, skipped)
+                raise SwapNotApplicable(f"swap '{swap.name}' does not apply to this model: {why}")
         if not hits:
             warnings.warn(f"swap '{swap.name}' matched no module (pattern '{swap.pattern}')", stacklevel=2)
             log.warning("swap %s matched no module (pattern %s)", swap.name, swap.pattern)

@@ -64,6 +64,17 @@ def mix_seed(*parts: int) -> int:
     return int.from_bytes(digest[:8], "little") & ((1 << 63) - 1)
 
 
+def stack_rows(rows: list[tuple]) -> Batch:
+    """One Batch of rows (tokens, labels, positions | None, segment_ids | None[, {named inputs}])."""
+    tokens, labels, positions, segments = (list(col) for col in zip(*(r[:4] for r in rows)))
+
+    def stack(ts):
+        return None if ts[0] is None else torch.stack(ts)
+
+    inputs = {k: torch.stack([r[4][k] for r in rows]) for k in rows[0][4]} if len(rows[0]) > 4 else {}
+    return Batch(torch.stack(tokens), torch.stack(labels), stack(positions), stack(segments), inputs)
+
+
 class RowLoader:
     """An endless, resumable iterator of Batches built from `row(global_index)`.
 
@@ -96,14 +107,7 @@ class RowLoader:
     def batch_at(self, k: int) -> Batch:
         """Micro-batch `k` of this rank, without moving the iterator."""
         first = (k * self.dp_world + self.dp_rank) * self.batch_size
-        rows = [self.row(first + i) for i in range(self.batch_size)]
-        tokens, labels, positions, segments = (list(col) for col in zip(*(r[:4] for r in rows)))
-
-        def stack(ts):
-            return None if ts[0] is None else torch.stack(ts)
-
-        inputs = {k: torch.stack([r[4][k] for r in rows]) for k in rows[0][4]} if len(rows[0]) > 4 else {}
-        return Batch(torch.stack(tokens), torch.stack(labels), stack(positions), stack(segments), inputs)
+        return stack_rows([self.row(first + i) for i in range(self.batch_size)])
 
     def __iter__(self) -> RowLoader:
         return self

@@ -37,11 +37,9 @@ import weakref
 from collections import Counter
 from typing import Any
 
-import torch
-
 from titan_core.config.loader import ConfigError
 from titan_core.config.sections import Data
-from titan_core.data.base import Batch, RowLoader
+from titan_core.data.base import Batch, RowLoader, stack_rows
 from titan_core.data.chat import BadRow, check_messages, conversation_tokens, template_for
 from titan_core.data.dataset_files import BAD_REASONS, SKIP, find_data_files, open_dataset, probe, row_value, text_of
 from titan_core.data.packing import PackedStream, PieceStream, document_tokens
@@ -199,8 +197,7 @@ class DatasetLoader(RowLoader):
     def _tokenize(self, values: list) -> tuple[list[list[int]], list[list[bool]] | None]:
         tok = self.tokenizer
         if not self.chat:
-            encoded = tok.encode_batch(values) if hasattr(tok, "encode_batch") else [tok.encode(v) for v in values]
-            return [document_tokens(tok, ids) for ids in encoded], None
+            return document_tokens(tok, values), None
         docs, targets = [], []
         for messages in values:
             try:
@@ -237,13 +234,7 @@ class DatasetLoader(RowLoader):
         return self._stream.take()
 
     def _batch(self) -> Batch:
-        rows = [self._row() for _ in range(self.batch_size)]
-        tokens, labels, positions, segments = (list(col) for col in zip(*rows))
-
-        def stack(ts):
-            return None if ts[0] is None else torch.stack(ts)
-
-        return Batch(torch.stack(tokens), torch.stack(labels), stack(positions), stack(segments))
+        return stack_rows([self._row() for _ in range(self.batch_size)])
 
     # ---- iteration -------------------------------------------------------------------
     def batch_at(self, k: int) -> Batch:

@@ -28,9 +28,11 @@ from titan_core.data.base import IGNORE_INDEX
 Row = tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]
 
 
-def document_tokens(tok, ids: list[int]) -> list[int]:
-    """A document as it goes into the stream: BOS (if the tokenizer adds one), its ids, EOS."""
-    return ([tok.bos_id] if tok.add_bos else []) + list(ids) + [tok.eos_id]
+def document_tokens(tok, texts: list[str]) -> list[list[int]]:
+    """Each text as a document goes into the stream: BOS (if the tokenizer adds one), its ids, EOS
+    (encoded as one batch where the tokenizer can)."""
+    encoded = tok.encode_batch(texts) if hasattr(tok, "encode_batch") else [tok.encode(t) for t in texts]
+    return [([tok.bos_id] if tok.add_bos else []) + list(ids) + [tok.eos_id] for ids in encoded]
 
 
 def packed_row(seq: torch.Tensor, docs: torch.Tensor, target: torch.Tensor | None = None) -> Row:

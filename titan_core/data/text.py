@@ -97,8 +97,7 @@ class TextLoader(RowLoader):
 
     def _build_stream(self, docs: list[str], vocab_size: int) -> None:
         tok = self.tokenizer
-        encoded = tok.encode_batch(docs) if hasattr(tok, "encode_batch") else [tok.encode(d) for d in docs]
-        encoded = [document_tokens(tok, ids) for ids in encoded]
+        encoded = document_tokens(tok, docs)
         lengths = torch.tensor([len(ids) for ids in encoded])
         flat = [i for ids in encoded for i in ids]
         self.stream = torch.tensor(flat, dtype=torch.int64)

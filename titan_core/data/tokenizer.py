@@ -7,10 +7,10 @@ All expose the same small surface (`encode`, `decode`, `bos_id`, `eos_id`, `add_
 from __future__ import annotations
 
 import hashlib
-import os
 from pathlib import Path
 
 from titan_core.config.loader import ConfigError
+from titan_core.runtime.files import atomic_write_text
 
 # Bumped when the way a BPE is trained changes, so stale caches are not reused.
 _BPE_FORMAT = "bpe-v1"
@@ -105,9 +105,7 @@ def load_or_train_bpe(file_texts: list[str], docs: list[str], vocab_size: int, c
         return BpeTokenizer(Tokenizer.from_file(str(path)), from_cache=True, path=path)
     tok = train_bpe(docs, vocab_size)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(f".tmp{os.getpid()}")
-    tok.save(str(tmp))
-    os.replace(tmp, path)
+    atomic_write_text(path, tok.to_str(pretty=True))
     return BpeTokenizer(tok, from_cache=False, path=path)
 
 

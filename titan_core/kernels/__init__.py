@@ -3,6 +3,7 @@
     kernels.loss      = plain | fused_ce                        (module `loss_head`)
     kernels.attention = sdpa | naive | tokamax | splash | flex  (modules `layers.*.attention.core`)
     kernels.moe       = loop | dense | grouped_mm | tokamax     (modules `layers.*.moe.experts`)
+    kernels.float8    = none | tensorwise | rowwise             (the eligible nn.Linear modules, torchao)
 
 `swaps_for(cfg.kernels)` turns the section into swap names for `apply_swaps`. Settings
 (ce_chunk, z_loss) are part of the swap name, e.g. `loss.fused_ce(chunk=512,z_loss=0.0001)`,

@@ -21,6 +21,13 @@ are folded in. bf16 inputs run their matmuls in bf16 (like the plain path); soft
 the dW accumulation run in fp32 (so with bf16 weights dW is held in fp32 until the backward
 casts it: twice the bf16 gradient's size). Pure torch ops with no host sync: works under
 torch.compile and make_fx.
+
+Under tensor parallel (`tp_group`) `weight` is this rank's slice of the vocabulary, rows
+[vocab_start, vocab_start + rows): each chunk's row max is all-reduced (max) and its sum of
+exponentials and target logit (zero on ranks whose slice does not hold the label) together
+(sum), two small all-reduces per chunk, so the loss, lse and the local softmax are exact; dW is
+then this slice's own, and dh this slice's part of the whole, which the caller sums over the
+ranks (titan_core/parallel/vocab_parallel.py).
 """
 
 from __future__ import annotations
@@ -30,16 +37,18 @@ import torch.nn.functional as F
 from torch import nn
 
 from titan_core.models.common.layers import CrossEntropyHead, softcap
+from titan_core.runtime.collectives import all_reduce
 
 
-def _chunk_grads(p, t, lab, total, lse, row_scale, z_loss, hc, w, dh_parts, dw) -> None:
+def _chunk_grads(p, t, lab, total, lse, row_scale, z_loss, hc, w, dh_parts, dw, hit_scale) -> None:
     """Turn one chunk's exp(logits - max) buffer into d loss / d logits, in place, and apply it.
 
     d loss / d logits = (softmax * (1 + 2 z lse) - one_hot) / n_valid on kept rows (row_scale
-    is 1 / n_valid there and 0 on ignored rows); with a soft-cap, times 1 - tanh^2.
+    is 1 / n_valid there and 0 on ignored rows); with a soft-cap, times 1 - tanh^2. hit_scale is
+    row_scale where the label lies in `w`'s rows (all kept rows without TP), else 0.
     """
     coef = row_scale / total * (1 + 2 * z_loss * lse) if z_loss else row_scale / total
-    g = p.mul_(coef[:, None]).scatter_add_(1, lab, -row_scale[:, None])
+    g = p.mul_(coef[:, None]).scatter_add_(1, lab, -hit_scale[:, None])
     if t is not None:
         g.mul_(t.mul_(t).neg_().add_(1))
     g = g.to(hc.dtype)
@@ -54,12 +63,18 @@ def _chunk_grads(p, t, lab, total, lse, row_scale, z_loss, hc, w, dh_parts, dw) 
 
 class _FusedLinearCE(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, h, w, labels, chunk, cap, z_loss, ignore_index):
+    def forward(ctx, h, w, labels, chunk, cap, z_loss, ignore_index, group, vocab_start):
         need_h, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         valid = labels != ignore_index
         safe = torch.where(valid, labels, torch.zeros_like(labels))
         n_valid = valid.sum()
         row_scale_all = torch.where(valid, 1.0 / n_valid, 0.0)
+        hit, hit_scale_all = valid, row_scale_all
+        if group is not None:  # w holds vocabulary rows [vocab_start, vocab_start + rows) only
+            local = labels - vocab_start
+            hit = valid & (local >= 0) & (local < w.shape[0])
+            safe = torch.where(hit, local, torch.zeros_like(local))
+            hit_scale_all = torch.where(hit, row_scale_all, 0.0)
         losses, dh_parts = [], ([] if need_h else None)
         dw = torch.zeros(w.shape, dtype=torch.float32, device=w.device) if need_w else None
         for start in range(0, h.shape[0], chunk):
@@ -72,15 +87,21 @@ class _FusedLinearCE(torch.autograd.Function):
                 logits = t * cap
             target = logits.gather(1, lab)[:, 0]
             row_max = logits.amax(dim=1)
+            if group is not None:
+                target = torch.where(hit[start:end], target, 0.0)
+                row_max = all_reduce(row_max, "max", group)
             p = logits.sub_(row_max[:, None]).exp_()  # unnormalised softmax, same buffer
             total = p.sum(dim=1)
+            if group is not None:  # one all-reduce for both sums
+                total, target = all_reduce(torch.stack([total, target]), "sum", group).unbind(0)
             lse = row_max + torch.log(total)
             per_token = lse - target
             if z_loss:
                 per_token = per_token + z_loss * lse * lse
             losses.append(torch.where(valid[start:end], per_token, 0.0).sum())
             if need_h or need_w:
-                _chunk_grads(p, t, lab, total, lse, row_scale_all[start:end], z_loss, hc, w, dh_parts, dw)
+                _chunk_grads(p, t, lab, total, lse, row_scale_all[start:end], z_loss, hc, w, dh_parts, dw,
+                             hit_scale_all[start:end])  # fmt: skip
             # Drop this chunk's [chunk, vocab] buffers before the next matmul allocates its own.
             del logits, p, t
         loss = torch.stack(losses).sum() / n_valid
@@ -97,7 +118,7 @@ class _FusedLinearCE(torch.autograd.Function):
             dw = dw.mul_(grad_out).to(ctx.w_dtype)
         if dh is not None:
             dh = dh * grad_out.to(dh.dtype)
-        return dh, dw, None, None, None, None, None
+        return dh, dw, None, None, None, None, None, None, None
 
 
 def fused_linear_cross_entropy(
@@ -109,16 +130,21 @@ def fused_linear_cross_entropy(
     final_softcap: float | None = None,
     z_loss: float = 0.0,
     ignore_index: int = -100,
+    tp_group=None,
+    vocab_start: int = 0,
 ) -> torch.Tensor:
     """Mean cross-entropy of softcap(hidden @ weight.T) over labels != ignore_index, plus z-loss.
 
     hidden [..., dim], weight [vocab, dim], labels [...]. Equal (fp32: to rounding) to
     `reference_cross_entropy` without ever holding more than [chunk, vocab] logits.
+    `tp_group`: weight is the vocabulary rows from `vocab_start` of the TP rank this is (module
+    docstring); the returned loss is the whole vocabulary's, the same on every rank.
     """
     if chunk <= 0:
         raise ValueError(f"kernels.ce_chunk must be positive, got {chunk}")
     h = hidden.reshape(-1, hidden.shape[-1])
-    return _FusedLinearCE.apply(h, weight, labels.reshape(-1), int(chunk), final_softcap, float(z_loss), ignore_index)
+    return _FusedLinearCE.apply(h, weight, labels.reshape(-1), int(chunk), final_softcap, float(z_loss), ignore_index,
+                                tp_group, int(vocab_start))  # fmt: skip
 
 
 def reference_cross_entropy(

@@ -14,6 +14,7 @@ from titan_core.config.loader import ConfigError
 from titan_core.config.sections import Kernels
 from titan_core.config.swaps import register_swap, registered_swaps
 from titan_core.kernels.attention import FlexAttention, SplashAttention, TokamaxAttention
+from titan_core.kernels.float8 import float8_swap
 from titan_core.kernels.fused_ce import FusedCrossEntropyHead, ZLossCrossEntropyHead
 from titan_core.kernels.moe import GroupedMMExperts, TokamaxExperts
 from titan_core.models.common.attention import NaiveAttention, SDPAttention
@@ -57,7 +58,7 @@ register_swap(
 )(lambda old, path: TokamaxExperts(old))
 
 # The model's built-in modules: selecting one of these needs no swap.
-DEFAULTS = {"attention": "sdpa", "loss": "plain", "moe": "loop"}
+DEFAULTS = {"attention": "sdpa", "loss": "plain", "moe": "loop", "float8": "none"}
 _DEFAULT_CHUNK = Kernels().ce_chunk
 
 
@@ -92,5 +93,7 @@ def swaps_for(cfg: Kernels) -> list[str]:
     names = [
         f"{field}.{getattr(cfg, field)}" for field in ("attention", "moe") if getattr(cfg, field) != DEFAULTS[field]
     ]
+    if cfg.float8 != DEFAULTS["float8"]:  # after the module kernels: it takes only linears, which they are not
+        names.append(float8_swap(cfg.float8))
     loss = _loss_swap(cfg)
     return ([loss] if loss else []) + names + list(cfg.swaps)

@@ -27,14 +27,13 @@ from __future__ import annotations
 import importlib.util
 import json
 import math
-import os
-import tempfile
 from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
 
 from titan_core.config.loader import ConfigError
+from titan_core.runtime.files import atomic_write_text
 
 COLUMNS = [
     ("step", "step", "{:d}"),
@@ -123,20 +122,6 @@ def file_stamp(path: str | Path) -> tuple[int, int] | None:
     return st.st_ino, st.st_mtime_ns
 
 
-def _rewrite(path: Path, rows: list[dict]) -> None:
-    """Replace `path` by `rows`, atomically: a crash leaves the old file or the new one."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.writelines(encode_row(r) + "\n" for r in rows)
-        os.chmod(tmp, path.stat().st_mode & 0o777)  # mkstemp's 0600 would hide the file from others
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-
-
 def _scalars(row: dict) -> dict[str, float]:
     """The row's numeric columns (the step and the `_repr` spellings are not scalars to plot)."""
     return {
@@ -190,7 +175,7 @@ class MetricsLogger:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         if self.path.exists():  # a fresh run keeps no row, so it need not read the old ones
             kept = [r for r in read_metrics(self.path) if r["step"] <= after_step] if after_step > 0 else []
-            _rewrite(self.path, kept)
+            atomic_write_text(self.path, "".join(encode_row(r) + "\n" for r in kept))
         self._file = self.path.open("a")
         if self.tensorboard:
             from torch.utils.tensorboard import SummaryWriter  # import-time cost: tensorboard loads only when asked for

@@ -2,27 +2,15 @@
 
 A single timed step on a shared machine is not evidence: the same step measured 0.083 s
 and 0.137 s in one run here. So every keep/choose decision (a kernel, an execution mode,
-a batch size, a flag) and every benchmark ratio goes through `compare`:
-
-- the two candidates run interleaved, A B B A A B ..., so drift in the machine's load
-  falls on both alike;
-- the first `warmup` rounds are discarded (caches, allocator, lazy compilation);
-- each round gives one paired ratio candidate / baseline; the estimate is their
-  geometric mean, with a Student-t interval on the mean of the log ratios;
-- rounds go on until the interval is narrower than `ci_half_width` on either side, or
-  a cap (`max_rounds`, `max_seconds`) is reached;
-- the outcome is `slower` or `faster` only when the interval excludes 1 *and* the
-  estimate is beyond `min_effect`; otherwise `indistinguishable`, and the caller keeps
-  the simpler choice;
-- the machine is watched around the whole comparison (`cpu_load`): when another process
-  held more than `max_foreign_cores` of our cores on average, or the 1-minute load average
-  moved by more than `max_load_change` (beyond what our own threads explain), the whole
-  comparison runs again (`retries_when_disturbed`); disturbed still, its outcome is
-  `not measured`, with the figure and its limit in `not_measured_why`;
-- an interval that is not finite (or rests on fewer than 2 rounds) is `not measured` too.
-
-`not measured` never decides: a caller treats every outcome but `faster` and `slower` as
-"what the recipe holds stands".
+a batch size, a flag) and every benchmark ratio goes through `compare`: the two candidates
+run interleaved, A B B A A B ..., so drift in the machine's load falls on both alike; each
+round gives one paired ratio candidate / baseline, the estimate is their geometric mean with
+a Student-t interval on the mean of the log ratios, and rounds go on until the interval is
+narrow enough or a cap is reached (TimingProtocol says each number). The outcome is `slower`
+or `faster` only when the interval excludes 1 *and* the estimate is beyond `min_effect`,
+otherwise `indistinguishable`; a comparison the machine's load disturbed (`cpu_load`), or
+whose interval is not finite, is `not measured`, which never decides: a caller treats every
+outcome but `faster` and `slower` as "what it holds stands".
 
 `ratio` is always candidate time / baseline time: above 1 the candidate is slower.
 `compare_samples` applies the same statistics to two runs timed apart (unpaired), for

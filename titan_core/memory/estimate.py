@@ -29,9 +29,10 @@ The process's own allocations besides tensors are a measured constant per device
 under its sliding mmap threshold (at most 32 MiB each) resident, so small models on a CPU
 show a larger resident set than they need (tests/core/unit/test_memory_estimate.py); CUDA's
 caching allocator fragments. Tensor parallelism (TrainSetup.tp) splits the decoder blocks'
-parameters and their gathered copies over the TP ranks, and the activations of the split
-widths (heads, MLP hidden units); the embeddings, output head and the residual stream stay
-whole on every TP rank (sequence parallel's split of the residual stream is not counted).
+parameters, the embedding and the output head (by vocabulary) and their gathered copies over
+the TP ranks, and the activations of the split widths (heads, MLP hidden units, the loss
+head's vocabulary); the final norm and the residual stream stay whole on every TP rank
+(sequence parallel's split of the residual stream is not counted).
 """
 
 from __future__ import annotations
@@ -79,7 +80,7 @@ class ModelShape:
     final_softcap: bool = False
     outside_blocks: int = 0
     """Parameters outside the decoder blocks (embeddings, output head, final norm): a TP plan
-    leaves them whole on every TP rank."""
+    splits the vocab x dim tables by vocabulary and leaves the rest whole (`tp_whole`)."""
 
     def __post_init__(self) -> None:
         if not self.layer_mix:
@@ -284,7 +285,7 @@ def estimate_memory(m: ModelShape, s: TrainSetup) -> MemoryEstimate:
         raise ValueError(f"unknown optimizer '{s.optimizer}' (adamw)")
     pb, cb = DTYPE_BYTES[s.param_dtype], DTYPE_BYTES[s.compute_dtype]
     shard, tp = max(1, s.shard_degree), max(1, s.tp)
-    whole = m.outside_blocks if tp > 1 else 0  # replicated over TP: sharded over the dp ranks only
+    whole = tp_whole(m) if tp > 1 else 0  # replicated over TP: sharded over the dp ranks only
     stored = _ceil_div(m.params - whole, shard) + _ceil_div(whole, max(1, shard // tp))
     params = stored * pb
     grads = params  # gradients of the stored (sharded) parameters, in their dtype
@@ -292,8 +293,8 @@ def estimate_memory(m: ModelShape, s: TrainSetup) -> MemoryEstimate:
     gathered = 0
     if s.data_parallel == "simple_fsdp" and (shard > 1 or cb != pb):
         # the gather (or cast) makes a new tensor per use, and the matmul keeps it for the backward;
-        # under TP each rank gathers its slice of the blocks over the dp ranks
-        gathered = (_ceil_div(m.params - m.outside_blocks, tp) + m.outside_blocks) * cb
+        # under TP each rank gathers its slice of the blocks, embedding and head over the dp ranks
+        gathered = (_ceil_div(m.params - whole, tp) + whole) * cb
     elif s.data_parallel == "fsdp2" and shard > 1:
         gathered = 2 * m.largest_block_params * cb  # the current block and the prefetched next one
     act, host, transient = activation_bytes(tp_local(m, tp), s)
@@ -317,8 +318,9 @@ def estimate_memory(m: ModelShape, s: TrainSetup) -> MemoryEstimate:
 
 
 def tp_local(m: ModelShape, tp: int) -> ModelShape:
-    """The widths one TP rank computes with: 1/tp of the query and key/value heads and of the
-    MLP hidden units (the dense decoder's TP plan, parallel/plans.py); the rest stays whole."""
+    """The widths one TP rank computes with: 1/tp of the query and key/value heads, of the MLP
+    hidden units and of the vocabulary (the dense decoder's TP plan, parallel/plans.py); the rest
+    stays whole."""
     if tp <= 1:
         return m
     return replace(
@@ -326,7 +328,15 @@ def tp_local(m: ModelShape, tp: int) -> ModelShape:
         n_heads=max(1, m.n_heads // tp),
         n_kv_heads=max(1, m.n_kv_heads // tp),
         ffn_hidden_dim=max(1, m.ffn_hidden_dim // tp),
+        vocab_size=_ceil_div(m.vocab_size, tp),
     )
+
+
+def tp_whole(m: ModelShape) -> int:
+    """Parameters outside the blocks that a TP plan leaves whole on every TP rank: all but the
+    vocab x dim tables (the embedding, and the head unless tied), which it splits by vocabulary."""
+    table = m.vocab_size * m.dim
+    return m.outside_blocks - min(2, m.outside_blocks // table) * table if table else m.outside_blocks
 
 
 def _ceil_div(a: int, b: int) -> int:

@@ -10,7 +10,9 @@ existed before are not counted; gradients and activations saved for backward are
 
 Blind spots: memory an op uses internally and frees before returning (a kernel's
 workspace), and memory owned by another runtime (JAX buffers behind a DLPack bridge) are
-not seen. Backward is seen on CPU, where autograd runs it on the calling thread.
+not seen. Backward is seen on CPU, where autograd runs it on the calling thread. A wrapper
+tensor subclass (torchao's float8 tensors) owns no storage: it counts by its inner tensors, and
+what its own dispatch allocates inside an op and frees is a workspace as above.
 """
 
 from __future__ import annotations
@@ -18,12 +20,8 @@ from __future__ import annotations
 import weakref
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper_subclass
 from torch.utils._pytree import tree_flatten
-
-
-def _key(t: torch.Tensor) -> int:
-    return t.untyped_storage().data_ptr()
 
 
 class TensorPeak(TorchDispatchMode):
@@ -41,10 +39,8 @@ class TensorPeak(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
         # a view or an in-place result lives in an input's storage: nothing new was allocated
-        inputs = {_key(t) for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor) and not t.is_meta}
-        for t in tree_flatten(out)[0]:
-            if not isinstance(t, torch.Tensor) or t.is_meta:
-                continue
+        inputs = {t.untyped_storage().data_ptr() for t in _holding(tree_flatten((args, kwargs))[0])}
+        for t in _holding(tree_flatten(out)[0]):
             storage = t.untyped_storage()
             key = storage.data_ptr()
             if key and key not in inputs and key not in self._live:
@@ -54,3 +50,15 @@ class TensorPeak(TorchDispatchMode):
                 # storages keep their Python object alive as long as the C++ storage lives
                 weakref.finalize(storage, self._freed, key)
         return out
+
+
+def _holding(values):
+    """The tensors among `values` that hold storage: a wrapper subclass (torchao's float8 tensors) has
+    none of its own, its inner tensors (`__tensor_flatten__`) do; meta tensors hold nothing."""
+    for t in values:
+        if not isinstance(t, torch.Tensor) or t.is_meta:
+            continue
+        if is_traceable_wrapper_subclass(t):
+            yield from _holding([getattr(t, name) for name in t.__tensor_flatten__()[0]])
+        else:
+            yield t

@@ -13,10 +13,13 @@ from titan_core.config.dtypes import DTYPES
 from titan_core.config.loader import ConfigError
 from titan_core.config.sections import JobConfig
 from titan_core.models.common.protocol import TrainableModel
+from titan_core.parallel.context_parallel import apply_context_parallel, check_context_parallel, fsdp_mesh
+from titan_core.parallel.expert_parallel import apply_expert_parallel, check_expert_parallel
 from titan_core.parallel.fsdp2 import apply_fsdp2
 from titan_core.parallel.grads import clip_grad_norm_
 from titan_core.parallel.local import local_tensor
 from titan_core.parallel.mesh import Degrees, build_mesh, dp_coordinates, dp_dim_names, resolve_degrees
+from titan_core.parallel.pipeline import check_pipeline
 from titan_core.parallel.simple_fsdp import MixedPrecision, apply_simple_fsdp, stored_parameter
 from titan_core.parallel.tensor_parallel import apply_tensor_parallel, plan_for
 
@@ -40,6 +43,9 @@ def check_parallelism(cfg: JobConfig, world_size: int) -> Degrees:
     """Every check that needs no process group: degrees vs world size, mode combinations, TP plan."""
     mode = cfg.parallelism.data_parallel
     degrees = resolve_degrees(cfg.parallelism, world_size)
+    check_context_parallel(cfg, degrees)
+    check_expert_parallel(cfg, degrees)
+    check_pipeline(cfg, degrees)
     if mode == "none":
         if world_size > 1:
             raise ConfigError(
@@ -72,8 +78,11 @@ def mixed_precision(cfg: JobConfig) -> MixedPrecision:
     )
 
 
-def parallelize(model: TrainableModel, cfg: JobConfig, mesh: DeviceMesh) -> TrainableModel:
-    """Apply TP (if the mesh has a `tp` dimension), then the configured data parallelism, in place.
+def parallelize(
+    model: TrainableModel, cfg: JobConfig, mesh: DeviceMesh, expert_mesh: DeviceMesh | None = None
+) -> TrainableModel:
+    """Apply TP (if the mesh has a `tp` dimension), then the configured data parallelism, in place;
+    with an `expert_mesh` (ep > 1, mesh.build_expert_mesh) the experts go on it first.
 
     The model must be materialised and initialised (see simple_fsdp.py for why).
     """
@@ -83,12 +92,19 @@ def parallelize(model: TrainableModel, cfg: JobConfig, mesh: DeviceMesh) -> Trai
         partial = apply_tensor_parallel(
             model, cfg.model.family, mesh["tp"], sequence_parallel=cfg.parallelism.sequence_parallel
         )
+    if "cp" in mesh.mesh_dim_names:
+        # attention gathers K/V over cp; parameters shard and average over dp_shard x cp flattened
+        apply_context_parallel(model, mesh["cp"])
+        mesh = fsdp_mesh(mesh)
     mp = mixed_precision(cfg)
     # a model that keeps some parameters in fp32 and some buffers in the compute dtype on purpose,
     # as its own code expects (the transformers path: transformers' model of that dtype), gets them so
     kept = model.params_kept_fp32(mp.param_dtype)
     if mode == "simple_fsdp":
-        apply_simple_fsdp(model, mesh, mp, partial, kept)
+        experts = frozenset()
+        if expert_mesh is not None:
+            experts = apply_expert_parallel(model, expert_mesh, mp, kept, cfg.parallelism.ep_capacity_factor)
+        apply_simple_fsdp(model, mesh, mp, partial, kept, skip=experts)
     elif mode == "fsdp2":
         apply_fsdp2(model, mesh[dp_dim_names(mesh)], mp, kept)
     else:

@@ -5,7 +5,7 @@ arithmetic. When every gradient lives on a one-rank mesh its local tensor is the
 gradient: the norm is then taken on the local tensors, exactly as plain eager does
 (DTensor's norm would go through a `Partial` square-and-root that may round differently).
 On a real mesh DTensor computes the norm (counting replicated copies once) and one
-all-reduce makes it global. Clipping scales the local tensors in place.
+all-reduce per mesh makes it global. Clipping scales the local tensors in place.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 import torch
+import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
 from titan_core.parallel.local import local_tensor
@@ -31,17 +32,37 @@ def total_norm(ts: list[torch.Tensor], foreach: bool = True) -> torch.Tensor:
     return torch.linalg.vector_norm(torch.stack(norms)).float()
 
 
+def _mesh_norm(grads: list[torch.Tensor], foreach: bool) -> torch.Tensor:
+    """The global norm of gradients on meshes: DTensor's norm per mesh (DTensor ops take one mesh at
+    a time; expert weights live on the expert mesh, expert_parallel.py), then the norm of those."""
+    by_mesh: dict[object, list[torch.Tensor]] = {}
+    for g in grads:
+        by_mesh.setdefault(g.device_mesh if isinstance(g, DTensor) else None, []).append(g)
+    norms = [total_norm(ts, foreach=foreach) for ts in by_mesh.values()]
+    norms = [n.full_tensor() if isinstance(n, DTensor) else n for n in norms]
+    return norms[0] if len(norms) == 1 else total_norm(norms, foreach=foreach)
+
+
 @torch.no_grad()
-def clip_grad_norm_(params: Iterable[torch.nn.Parameter], max_norm: float, foreach: bool = True) -> torch.Tensor:
-    """Clip gradients to a global L2 norm of `max_norm` (<= 0: measure only); returns the norm before clipping."""
+def clip_grad_norm_(
+    params: Iterable[torch.nn.Parameter], max_norm: float, foreach: bool = True, group=None
+) -> torch.Tensor:
+    """Clip gradients to a global L2 norm of `max_norm` (<= 0: measure only); returns the norm before clipping.
+
+    `group`: the ranks that hold the other parameters (pipeline stages, each with its own `params`):
+    the norm is then over all of theirs, one all-reduce of the squared norms."""
     grads = [p.grad for p in params if p.grad is not None]
     if not grads:
         return torch.zeros(())
     locals_ = [local_tensor(g) for g in grads]
     one_rank = all(not isinstance(g, DTensor) or g.device_mesh.size() == 1 for g in grads)
-    norm = total_norm(locals_ if one_rank else grads, foreach=foreach)
-    if isinstance(norm, DTensor):
-        norm = norm.full_tensor()
+    norm = total_norm(locals_, foreach=foreach) if one_rank else _mesh_norm(grads, foreach)
+    if group is not None:
+        # squares summed in fp64 where the device has it, as total_norm does
+        wide = torch.float64 if norm.device.type in ("cpu", "cuda") else norm.dtype
+        squares = norm.to(wide) ** 2
+        dist.all_reduce(squares, group=group)
+        norm = squares.sqrt().float()
     if max_norm > 0:
         # the same arithmetic as torch.nn.utils.clip_grads_with_norm_, on the local shards
         coef = torch.clamp(float(max_norm) / (norm + 1e-6), max=1.0)

@@ -2,15 +2,23 @@
 
 Megatron-style for a decoder block: q/k/v and the MLP's w1/w3 are column-wise (each TP
 rank computes some heads / some hidden units from the replicated input), `wo` and `w2`
-are row-wise (each rank's partial output is summed by an all-reduce). Embeddings, norms
-and the output head stay replicated over TP (they are still sharded by SimpleFSDP).
+are row-wise (each rank's partial output is summed by an all-reduce). Norms stay
+replicated over TP (they are still sharded by SimpleFSDP).
+
+Outside the blocks the vocabulary is split (vocab_parallel.py): the token embedding by
+rows (RowwiseParallel: each rank looks up its slice, the all-reduce sums the ranks'
+lookups) and the output head's weight by the same rows (ColwiseParallel; the decoder only
+reads the head's weight, which the loss head then uses on its slice); a tied weight is both,
+split once. The vocabulary size must be divisible by tp. The final norm's output is handed
+on as a DTensor on the tp mesh, so the loss head (and `forward`'s logits, gathered whole at
+the model's output) know how it is laid out.
 
 Sequence parallel (`parallelism.sequence_parallel`) additionally splits the residual
 stream over the sequence between the TP regions: norms run on each rank's chunk of
 positions, the attention / MLP input is all-gathered over the sequence, and the row-wise
 outputs are reduce-scattered instead of all-reduced (same bytes, 1/tp the activations).
-The embedding output is cut into chunks and the final norm's output gathered back, so
-the loss head sees whole sequences.
+The embedding's sum over ranks is a reduce-scatter into chunks, and the loss head
+all-gathers the final norm's chunks (its gradient reduce-scattered back).
 
 A family without an entry has no plan, and `parallelism.tp > 1` is refused for it:
 qwen3_moe's experts would need expert parallelism or a per-expert split, not this plan.
@@ -43,11 +51,38 @@ class TPPlan:
     """Quantity the TP degree must divide -> `module_path.attribute` inside a block."""
     sp_block: dict[str, Callable[[], ParallelStyle]]
     """Sequence parallel: styles added to (or replacing those of) `block`."""
-    sp_model: dict[str, Callable[[], ParallelStyle]]
-    """Sequence parallel: styles for modules outside the blocks (path from the model root)."""
+    outside: Callable[[bool], dict[str, ParallelStyle]]
+    """Styles for modules outside the blocks (path from the model root), given sequence_parallel;
+    a path whose module is None (the head of a tied model) is left out."""
     sp_partial_grad: tuple[str, ...]
     """Sequence parallel: parameter paths (block-relative, or model-level with a leading '/') applied
     to a rank's chunk of positions, whose grads sum over TP."""
+
+
+class EmbeddingRowwise(RowwiseParallel):
+    """RowwiseParallel whose sum over ranks is waited for before the embedding's output leaves it.
+
+    RowwiseParallel's own is asynchronous: the first block then gets an AsyncCollectiveTensor, and a
+    per-block compiled block hands its gradient back as a plain tensor, which the collective's
+    backward cannot take (torch 2.13, compile.enable with tp > 1). Waiting here costs nothing: the
+    first block's norm needs the sum at once.
+    """
+
+    @staticmethod
+    def _prepare_output_fn(output_layouts, use_local_output, mod, outputs, device_mesh):
+        if outputs.placements != output_layouts:
+            outputs = outputs.redistribute(placements=output_layouts)
+        return outputs.to_local() if use_local_output else outputs
+
+
+def _vocab_split(sequence_parallel: bool) -> dict[str, ParallelStyle]:
+    """The embedding and head split by vocabulary, the final norm's output as a DTensor (module docstring)."""
+    residual = Shard(1) if sequence_parallel else Replicate()
+    return {
+        "tok_embeddings": EmbeddingRowwise(input_layouts=Replicate(), output_layouts=residual),
+        "output": ColwiseParallel(),  # never called: the decoder reads `output.weight` only
+        "norm": PrepareModuleOutput(output_layouts=residual, desired_output_layouts=residual, use_local_output=False),
+    }
 
 
 DENSE_DECODER = TPPlan(
@@ -77,10 +112,7 @@ DENSE_DECODER = TPPlan(
         "feed_forward": lambda: PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)),
         "feed_forward.w2": lambda: RowwiseParallel(output_layouts=Shard(1)),
     },
-    sp_model={
-        "tok_embeddings": lambda: PrepareModuleOutput(output_layouts=Replicate(), desired_output_layouts=Shard(1)),
-        "norm": lambda: PrepareModuleOutput(output_layouts=Shard(1), desired_output_layouts=Replicate()),
-    },
+    outside=_vocab_split,
     sp_partial_grad=("attention_norm.weight", "ffn_norm.weight", "/norm.weight"),
 )
 

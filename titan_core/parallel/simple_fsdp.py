@@ -100,7 +100,7 @@ def _placements(param: torch.Tensor, mesh: DeviceMesh, tp_placement: Placement |
     for name in mesh.mesh_dim_names:
         if name == "dp_replicate":
             stored.append(Replicate())
-        elif name == "dp_shard":
+        elif name in ("dp_shard", "dp_shard_cp"):  # dp_shard_cp: dp_shard x cp flattened (context_parallel.py)
             d = _dp_shard_dim(param, tp_placement)
             stored.append(Replicate() if d is None else Shard(d))
         else:  # tp
@@ -138,6 +138,7 @@ def apply_simple_fsdp(
     mp: MixedPrecision,
     tp_partial_grad: frozenset[str] = frozenset(),
     keep_stored: frozenset[str] = frozenset(),
+    skip: frozenset[str] = frozenset(),
 ) -> nn.Module:
     """Shard every parameter of a materialised model over `mesh` and read it through a Gather.
 
@@ -145,14 +146,15 @@ def apply_simple_fsdp(
     any, must already be applied. `tp_partial_grad` names parameters whose gradient is a
     partial sum over TP ranks. `keep_stored` names parameters gathered and reduced in their
     stored dtype whatever `mp` says (a model that computes them in fp32 on purpose).
-    A parameter shared by several modules is sharded once.
+    A parameter shared by several modules is sharded once. `skip` names parameters sharded
+    otherwise, left as they are (expert weights on the expert mesh: expert_parallel.py).
     """
     tp_mesh = mesh["tp"] if "tp" in mesh.mesh_dim_names else None
     done: dict[int, tuple[nn.Parameter, Gather]] = {}
     for mod_name, module in model.named_modules():
         gathers: dict[str, Gather] = {}
         for pname, param in list(module._parameters.items()):
-            if param is None:
+            if param is None or (f"{mod_name}.{pname}" if mod_name else pname) in skip:
                 continue
             if id(param) not in done:
                 fqn = f"{mod_name}.{pname}" if mod_name else pname

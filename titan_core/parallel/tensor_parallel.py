@@ -6,10 +6,12 @@ from typing import TYPE_CHECKING
 
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.tensor.parallel import parallelize_module
+from torch.distributed.tensor import Replicate, Shard
+from torch.distributed.tensor.parallel import PrepareModuleOutput, parallelize_module
 
 from titan_core.config.loader import ConfigError
 from titan_core.parallel.plans import TP_PLANS, TPPlan
+from titan_core.parallel.vocab_parallel import VocabParallelLoss
 
 if TYPE_CHECKING:
     from titan_core.models.common.protocol import TrainableModel
@@ -37,12 +39,19 @@ def _lookup(block: nn.Module, dotted: str, where: str):
 def apply_tensor_parallel(
     model: TrainableModel, family: str, tp_mesh: DeviceMesh, *, sequence_parallel: bool = False
 ) -> frozenset[str]:
-    """Split each block's linears over `tp_mesh`; returns the fqns whose grads are partial over TP.
+    """Split each block's linears, the embedding and the output head over `tp_mesh` (the loss head
+    then runs on the vocabulary slices); returns the fqns whose grads are partial over TP.
 
     Each rank keeps its own slice of the (identically initialised) weights: no communication.
     """
     plan = plan_for(family)
     tp = tp_mesh.size()
+    vocab = model.args.vocab_size
+    if vocab % tp:
+        raise ConfigError(
+            f"tensor parallel splits the embedding and output head by vocabulary: tp ({tp}) does not divide the "
+            f"model's vocab_size ({vocab}); choose a tp that divides it"
+        )
     block_plan = {**plan.block, **plan.sp_block} if sequence_parallel else plan.block
     block_partial = plan.partial_grad + (
         tuple(p for p in plan.sp_partial_grad if not p.startswith("/")) if sequence_parallel else ()
@@ -62,10 +71,14 @@ def apply_tensor_parallel(
             for attr in attrs:
                 setattr(module, attr, getattr(module, attr) // tp)
         partial.update(f"{where}.{p}" for p in block_partial if _param_exists(block, p))
+    outside = plan.outside(sequence_parallel)
+    outside = {path: style for path, style in outside.items() if _lookup(model, path, "the model") is not None}
+    parallelize_module(model, tp_mesh, outside, src_data_rank=None)
+    model.loss_head = VocabParallelLoss(model.loss_head)
+    # `forward`'s logits come out split like the head (or as DTensor propagates them): whole at the output
+    whole_logits = PrepareModuleOutput(output_layouts=Shard(-1), desired_output_layouts=Replicate())
+    parallelize_module(model, tp_mesh, whole_logits)
     if sequence_parallel:
-        for path in plan.sp_model:
-            _lookup(model, path, "the model")
-        parallelize_module(model, tp_mesh, {path: style() for path, style in plan.sp_model.items()}, src_data_rank=None)
         partial.update(p[1:] for p in plan.sp_partial_grad if p.startswith("/") and _param_exists(model, p[1:]))
     return frozenset(partial)
 

@@ -20,26 +20,11 @@ USAGE = """usage: python -m titan_core.train [--config RECIPE.toml] [--print-con
 
 def parse_argv(argv: list[str]) -> tuple[str | None, bool, list[str]]:
     """-> (recipe path or None, whether --print-config was given, the `--section.key=value` overrides)."""
-    config, print_config, overrides = None, False, []
-    i = 0
-    while i < len(argv):
-        arg = argv[i]
-        if arg in ("-h", "--help"):
-            raise SystemExit(USAGE)
-        if arg == "--print-config":
-            print_config = True
-        elif arg == "--config" or arg.startswith("--config="):
-            if "=" in arg:
-                config = arg.split("=", 1)[1]
-            elif i + 1 < len(argv):
-                config = argv[i + 1]
-                i += 1
-            else:
-                raise ConfigError("--config needs a path")
-        else:
-            overrides.append(arg)
-        i += 1
-    return config, print_config, overrides
+    if "-h" in argv or "--help" in argv:
+        raise SystemExit(USAGE)
+    config, rest = pop_option(argv, "--config", takes_value=True)
+    print_config, overrides = pop_option(rest, "--print-config", takes_value=False)
+    return config, bool(print_config), overrides
 
 
 def pop_option(argv: list[str], name: str, *, takes_value: bool) -> tuple[str | bool | None, list[str]]:

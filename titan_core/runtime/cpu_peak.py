@@ -16,7 +16,6 @@ from __future__ import annotations
 import json
 import os
 import platform
-import tempfile
 import time
 from datetime import datetime, timezone
 from functools import lru_cache
@@ -25,6 +24,7 @@ from pathlib import Path
 import torch
 
 from titan_core.measure.cpu_load import load_1m
+from titan_core.runtime.files import atomic_write_text
 
 N = 1024
 """Largest matmul size of the probe: compute-bound on a CPU, ~10 ms in fp32 here."""
@@ -89,13 +89,9 @@ def _read() -> dict:
 
 
 def _write(data: dict) -> None:
-    path = cache_path()
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".cpu_peak.", suffix=".tmp")
-        with os.fdopen(fd, "w") as f:
-            json.dump(data, f, indent=2)
-        os.replace(tmp, path)
+        cache_path().parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(cache_path(), json.dumps(data, indent=2))
     except OSError:
         pass  # a read-only home: the peak is this process's own probe, still the best of its rounds
 

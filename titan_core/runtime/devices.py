@@ -30,10 +30,14 @@ PEAK_BF16_FLOPS: dict[str, float] = {
 }
 
 
+def device_type(kind: str) -> str:
+    """`auto|cpu|cuda|tpu` as it resolves: `auto` is cuda when available, else cpu (never the TPU: it must be asked for)."""
+    return ("cuda" if torch.cuda.is_available() else "cpu") if kind == "auto" else kind
+
+
 def resolve_device(kind: str, *, local_rank: int = 0, libtpu_init_flags: str = "") -> torch.device:
-    """`auto|cpu|cuda|tpu` -> torch.device. `auto` never picks the TPU (it must be asked for)."""
-    if kind == "auto":
-        kind = "cuda" if torch.cuda.is_available() else "cpu"
+    """`auto|cpu|cuda|tpu` -> torch.device (`device_type`)."""
+    kind = device_type(kind)
     if kind == "cpu":
         return torch.device("cpu")
     if kind == "cuda":

@@ -74,12 +74,11 @@ def cpu_count() -> int:
 def check_nproc(nproc: int, device_type: str) -> list[str]:
     """Warnings about `nproc` on this machine; ConfigError when it cannot work at all."""
     import torch  # import-time cost: the launcher is imported by entry points that may never need torch
+    from titan_core.runtime.devices import device_type as resolved  # import-time cost: as above
 
     if nproc < 1:
         raise ConfigError(f"--nproc must be >= 1, got {nproc}")
-    kind = device_type
-    if kind == "auto":
-        kind = "cuda" if torch.cuda.is_available() else "cpu"
+    kind = resolved(device_type)
     if kind == "cuda" and nproc > torch.cuda.device_count():
         raise ConfigError(
             f"--nproc {nproc} but this host has {torch.cuda.device_count()} CUDA device(s): one process per device"

@@ -43,10 +43,13 @@ from titan_core.models.common.stats import model_flops_per_token
 from titan_core.models.flux.config import flux_of
 from titan_core.training.optim import build_lr_scheduler, build_optimizer
 from titan_core.parallel import build_mesh, check_parallelism, clip_grad_norm_, dp_coordinates, parallelize
-from titan_core.parallel.mesh import dp_group
+from titan_core.parallel.context_parallel import loss_group, loss_world, sequence_split
+from titan_core.parallel.expert_parallel import dropped_rows, expert_dispatch
+from titan_core.parallel.mesh import build_expert_mesh, dp_group
 from titan_core.measure.profiler import StepProfiler
 from titan_core.measure.run_stats import RunStats
 from titan_core.measure.step_clock import Lap, start_lap
+from titan_core.training.pipeline_step import PipelineStep
 from titan_core.training.token_mean import global_valid_tokens, micro_batch_term
 from titan_core.training.validate import Validator
 
@@ -102,6 +105,8 @@ class _Queued:
     lap: Lap
     peak_mem_bytes: int
     """The allocator's (or the process's) peak when the step was queued: a host-side statistic."""
+    extra: dict = field(default_factory=dict)
+    """Further columns of the row, host values (ep > 1: moe_dropped_tokens)."""
 
 
 def set_determinism(seed: int, deterministic: bool) -> None:
@@ -145,18 +150,35 @@ class Trainer:
         self.swaps = apply_swaps(model, swaps_for(cfg.kernels))
         # refuse a run that cannot fit while the model still costs nothing (MemoryBudgetError: exit 2)
         self.memory_estimate = check_memory(cfg, model, self.args, self.device, self.degrees)
-        model.to_empty(device=self.device)
-        model.init_weights(seed=cfg.training.seed)
-        model = model.to(DTYPES[cfg.training.dtype])
+        self.pipeline: PipelineStep | None = None
+        """pp > 1: this rank's pipeline stages and their schedule (titan_core/training/pipeline_step.py)."""
+        if self.degrees.pp > 1:  # this rank materialises, initialises and shards its own stages only
+            self.mesh = build_mesh(self.degrees, self.device.type)
+            self.pipeline = PipelineStep(model, cfg, self.mesh, self.device)
+        else:
+            model.to_empty(device=self.device)
+            model.init_weights(seed=cfg.training.seed)
+            model = model.to(DTYPES[cfg.training.dtype])
         dp_rank, self.dp_world = 0, 1
         self.dp_group = None
         """The data-parallel peers the step's valid-token count is summed over (None: this rank alone)."""
+        self.split = None
+        """cp > 1: this rank's share of every row (titan_core/parallel/context_parallel.py); None otherwise."""
+        self.loss_world = 1
+        """Ranks holding distinct tokens of the global batch (dp x cp): the token mean's scale."""
         if self.dist is not None:
-            self.mesh = build_mesh(self.degrees, self.device.type)
-            parallelize(model, cfg, self.mesh)
+            if self.pipeline is None:
+                self.mesh = build_mesh(self.degrees, self.device.type)
+                parallelize(model, cfg, self.mesh, build_expert_mesh(self.degrees, self.device.type))
             dp_rank, self.dp_world = dp_coordinates(self.mesh)
             self.dp_group = dp_group(self.mesh)
+            self.split = sequence_split(self.mesh)
+            if self.split is not None:  # cp peers hold the other tokens of the same rows: they count too
+                self.dp_group = loss_group(self.mesh)
+        self.loss_world = loss_world(self.mesh) if self.split is not None else self.dp_world
         self.model = model
+        self.ep_dispatch = expert_dispatch(model)
+        """ep > 1: the experts' token dispatch, whose dropped rows each step's row counts (None otherwise)."""
         loaded = initial.load(model) if initial is not None else None  # each rank reads its own shards
         # execution modes (titan_core/compile): per-block compile now, the Graph Trainer over the optimizer
         self.compiled_modules = execution.apply_per_block_compile(model, cfg) if cfg.compile.enable else []
@@ -173,7 +195,8 @@ class Trainer:
         )
         # the held-out loss of [validation]; a held-out set with no batch is refused here, before step 1
         self.validator = Validator(cfg, vocab_size=self.args.vocab_size, dp_rank=dp_rank, dp_world=self.dp_world,
-                                   dp_group=self.dp_group, device=self.device, flux=flux_of(model))  # fmt: skip
+                                   dp_group=self.dp_group, device=self.device, flux=flux_of(model),
+                                   split=self.split)  # fmt: skip
         self.checkpointer = Checkpointer.from_config(cfg)
         self.profiler = StepProfiler(cfg.profiler, self._under_output(cfg.profiler.folder), self.rank)
         self.logger = MetricsLogger(
@@ -211,7 +234,7 @@ class Trainer:
         total = torch.zeros((), device=self.device)
         for b in batches:
             loss, ce = self.model.loss(b.tokens, b.labels, **b.loss_kwargs())
-            term = micro_batch_term(loss, ce, b.labels, n_tokens, dp_world=self.dp_world, grad_accum=cfg.grad_accum)
+            term = micro_batch_term(loss, ce, b.labels, n_tokens, dp_world=self.loss_world, grad_accum=cfg.grad_accum)
             term.backward()
             total += term.detach().float()
         params = [p for p in self.model.parameters() if p.grad is not None]
@@ -232,24 +255,33 @@ class Trainer:
         lap = start_lap(self.device)
         lr = self.optimizer.param_groups[0]["lr"]
         batches = [next(self.data).to(self.device, non_blocking=True) for _ in range(cfg.grad_accum)]
+        if self.ep_dispatch is not None:  # rows a validation pass dropped are not this step's
+            self.ep_dispatch.take_dropped()
+        if self.split is not None:  # context parallel: this rank's tokens of each row, at their true positions
+            batches = [self.split(b) for b in batches]
         # the loss is the mean over the valid tokens of the whole global batch (titan_core/training/token_mean.py)
         n_tokens = global_valid_tokens([b.labels for b in batches], self.dp_group)
         if self.graph_step is not None:  # Graph Trainer: _eager_update's work as one captured program
             total, grad_norm = self.graph_step.run(batches, n_tokens)
+        elif self.pipeline is not None:  # pp > 1: the schedule runs the micro-batches through the stages
+            total, grad_norm = self.pipeline.update(self.model, self.optimizer, batches, n_tokens)
         else:
             total, grad_norm = self._eager_update(cfg, batches, n_tokens)
         self.lr_scheduler.step()
         if self.world_size > 1:
             # each rank's total is dp_world times its share of the global token mean (plus the
             # aux term); TP ranks of one dp rank hold the same value, so the mean over the
-            # world is the global token mean
+            # world is the global token mean; with pp > 1 only the last stage's ranks hold it (0 elsewhere)
             dist.all_reduce(total)
-            total /= self.world_size
+            total /= self.world_size // self.degrees.pp
         # a new tensor of the two scalars: a captured program may reuse its output buffers next step
         norm = grad_norm.detach().float().reshape(()).to(total.device)  # no grads: a CPU zero
         values = torch.stack([total.detach().float().reshape(()), norm])
         lap.stop()
-        return _Queued(self.step, lr, values, lap, devices.peak_memory_bytes(self.device))
+        # (token, expert) rows the capacity dropped this step, every rank and MoE layer: a host value
+        # (the dispatch reads its split sizes on the host anyway)
+        extra = {} if self.ep_dispatch is None else {"moe_dropped_tokens": dropped_rows(self.ep_dispatch, self.device)}
+        return _Queued(self.step, lr, values, lap, devices.peak_memory_bytes(self.device), extra)
 
     def _rows(self, queued: list[_Queued]) -> list[dict]:
         """The metrics rows of queued steps: the one read of the device (it waits for their work)."""
@@ -269,6 +301,7 @@ class Trainer:
                     "mfu": self.flops_per_token * tokens / dt / (self.peak_flops * self.world_size),
                     "peak_mem_bytes": q.peak_mem_bytes,
                     "step_time_s": dt,
+                    **q.extra,
                 }
             )
         return rows

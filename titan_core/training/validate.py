@@ -104,6 +104,7 @@ class Validator:
         dp_group=None,
         device: torch.device | str = "cpu",
         flux=None,
+        split=None,
     ):
         self.enabled = cfg.validation.enable
         self.freq = cfg.validation.freq
@@ -111,6 +112,8 @@ class Validator:
         self.last_step = cfg.training.steps
         self.path = cfg.validation.path
         self.dp_group = dp_group
+        self.split = split
+        """cp > 1: this rank's share of each row (parallel/context_parallel.SequenceSplit); None otherwise."""
         self.device = torch.device(device)
         self._results: dict[int, dict[str, Any]] = {}
         self.loader = None
@@ -173,6 +176,8 @@ class Validator:
             with torch.no_grad():
                 for batch in self._batches():
                     batch = batch.to(self.device)
+                    if self.split is not None:
+                        batch = self.split(batch)
                     _, ce = model.loss(batch.tokens, batch.labels, **batch.loss_kwargs())
                     n = valid_tokens(batch.labels)
                     # a micro-batch without a valid label has a 0/0 head mean: it adds nothing

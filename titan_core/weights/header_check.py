@@ -23,13 +23,9 @@ The lists are complete (a checkpoint of another model can name thousands): cap t
 display. Shapes are compared in the native layout, dtypes in the checkpoint's, so a model
 built in fp32 on meta checks a bf16 checkpoint against its declared bf16.
 
-Where the whole checkpoint does not map in one call, it is mapped one layer group at a
-time and a bad tensor isolated (titan_core/weights/name_mapping.py): one bad tensor is
-named without hiding its layer; a set that still fails is reported whole, with the adapter's
-message.
-
-`checked_mapping` returns the mapping with the report, so a loader reads the tensors the
-check has just mapped (titan_core/training/hf_load.py).
+A checkpoint that does not map in one call is mapped a layer group at a time, a bad tensor
+isolated (titan_core/weights/name_mapping.py). `checked_mapping` returns the mapping with the
+report, so a loader reads the tensors the check has just mapped (titan_core/training/hf_load.py).
 """
 
 from __future__ import annotations
@@ -48,7 +44,7 @@ from titan_core.config.hf_config import read_hf_config
 from titan_core.config.loader import ConfigError
 from titan_core.memory.estimate import format_bytes
 from titan_core.models.common.hf_adapter import TOP_KEYS
-from titan_core.models.common.hf_keys import hf_key
+from titan_core.config.hf_keys import hf_key
 from titan_core.weights.name_mapping import CheckpointMapping
 from titan_core.weights.st_headers import CheckpointHeaders, read_checkpoint_headers, read_index
 

@@ -6,8 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from onboard.ladder.contract import ABSENT, flattened
-from onboard.ladder.gated_runs import GatedRuns
+from onboard.ladder.contract import ABSENT, GatedRuns, flattened
 
 
 @dataclass(kw_only=True)
@@ -45,14 +44,35 @@ class KernelsMeasurements(GatedRuns):
     kernel): the plain path run in fp64, the kernel's gradient is within params.grad_rounding_factor x
     the plain path's own fp32 error of it. Each kernel's row lists them with both errors (fp64_check)."""
     worst_kernel: str | None = ABSENT
-    """The kernel flag with the worst error of any kind."""
+    """The kernel flag with the worst error of any kind (the fp32 comparisons; float8 below)."""
+    float8_checked: int = ABSENT
+    """kernels.float8 recipes (tensorwise, rowwise) checked against the bf16 recipe (count; the others
+    do not apply here, each with its reason under <short>_not_applicable)."""
+    float8_loss_rel_bound: float = ABSENT
+    """The bound of that check's loss: titan_core.kernels.float8.FLOAT8_LOSS_REL (fraction), read there."""
+    worst_float8_loss_rel: float = ABSENT
+    """Worst over the float8 recipes checked of the largest |loss - bf16 loss| / bf16 loss over the
+    gate's recipe steps (params.float8_steps), both runs in bf16 (fraction; inf: it raised; 0 when no
+    float8 recipe applies)."""
+    worst_float8_loss_kernel: str | None = ABSENT
+    """The float8 flag with that worst loss error."""
+    worst_float8_layer_over_bound: float = ABSENT
+    """Worst over the float8 recipes checked and their converted linears of the output or gradient
+    relative L2 error against the bf16 nn.Linear as a fraction of its documented bound
+    (FLOAT8_OUTPUT_REL_L2 / FLOAT8_GRAD_REL_L2 of the recipe): within at <= 1 (inf: it raised; 0 when
+    no float8 recipe applies)."""
+    worst_float8_layer_kernel: str | None = ABSENT
+    """The float8 flag with that worst layer error."""
     per_kernel: dict[str, Any] = flattened()
     """Per kernel flag, under its short name (loss_fused_ce, attention_sdpa, ...): <short>_max_rel_err
     (against the plain path, fp32); for a kernel timed as a candidate, against the value the recipe
     held (<short>_timed_against): <short>_time_ratio (its whole step's time / the holder's, x),
     <short>_time_ratio_ci, <short>_timing (the protocol's outcome), <short>_memory_saving (fraction of
     the holder's fp32 step peak; None: not measured); <short>_kept (the recipe holds it after this
-    rung); or <short>_not_applicable (why)."""
+    rung); or <short>_not_applicable (why). A float8 recipe (float8_tensorwise, float8_rowwise) has
+    no fp32 error but its check against the bf16 recipe: <short>_loss_rel, <short>_loss_bound,
+    <short>_layer_output_rel / _bound, <short>_layer_grad_rel / _bound, <short>_layers_converted,
+    <short>_layers_unconverted (details.kernels.<flag> lists the linears, and why each one left as it is)."""
     compare_dtype: str = ABSENT
     """dtype of the comparison (float32)."""
     compare_batch_size: int = ABSENT

@@ -60,6 +60,10 @@ def test_simple_fsdp_2_x_tp_2_matches_one_process(w4, reference, family):
     assert grads["layers.0.attention.wo.weight"]["param"] == ["S(0)", "S(1)"]
     assert grads["layers.0.feed_forward.w2.weight"]["param"] == ["S(0)", "S(1)"]
     assert grads["layers.0.ffn_norm.weight"]["param"] == ["S(0)", "R"]
+    # the vocabulary split over TP (rows), the width over dp_shard: a quarter of the embedding and head per rank
+    tables = ["tok_embeddings.weight"] + (["output.weight"] if family != "glimmer" else [])  # glimmer ties its head
+    for name in tables:
+        assert grads[name]["param"] == ["S(1)", "S(0)"], name
     assert all(g["grad"] == g["param"] and g["local_shapes_match"] for g in grads.values())
 
 

@@ -58,14 +58,15 @@ def test_sequence_parallel_matches_one_process_with_its_collectives(w2, referenc
     layers = 2
     qk_norm = family != "llama3"
     assert got["comm"] == {
-        # forward: the attention and MLP inputs gathered over the sequence, and the final norm's output;
-        # backward: the same count, as the transposes of the forward reduce-scatters and of the embedding cut
+        # forward: the attention and MLP inputs gathered over the sequence, and the final norm's output (by the
+        # vocab-parallel loss head); backward: the same count, as the transposes of the forward reduce-scatters
         "all_gather_into_tensor": 2 * (2 * layers + 1),
-        # forward: attention and MLP outputs; backward: the transposes of the input gathers
-        "reduce_scatter_tensor": 2 * 2 * layers,
+        # forward: attention and MLP outputs, and the vocab-split embedding's lookups summed into sequence
+        # chunks; backward: the transposes of the input gathers and of the loss head's gather
+        "reduce_scatter_tensor": 2 * (2 * layers + 1),
         # grads of the norms that saw a chunk of positions (2 per block + final) or of heads
-        # (QK-norm, 2 per block), plus the logged loss and the grad norm
-        "all_reduce": 2 * layers + 1 + (2 * layers if qk_norm else 0) + 2,
+        # (QK-norm, 2 per block), the vocab-parallel loss's row max and sums, the logged loss and the grad norm
+        "all_reduce": 2 * layers + 1 + (2 * layers if qk_norm else 0) + 2 + 2,
     }
 
 

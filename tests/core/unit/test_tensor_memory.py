@@ -38,3 +38,25 @@ def test_peak_is_zero_for_code_that_allocates_nothing_new():
     with TensorPeak() as p:
         x.mul_(2)  # in place: the storage existed before the mode
     assert p.peak_bytes == 0
+
+
+def test_wrapper_subclass_tensors_count_by_their_inner_storage():
+    """torchao's float8 tensors wrap a float8 tensor and its scale and have no storage of their own:
+    counted through their inner tensors, a float8 linear's step is seen (not an error) and keeps more
+    alive than the plain one's (its float8 copies saved for backward)."""
+    import pytest
+    from torch import nn
+
+    pytest.importorskip("torchao", reason="float8 tensors come from the [float8] extra (torchao)")
+    from titan_core.kernels.float8_linear import Float8TrainingLinear
+
+    peaks = {}
+    for recipe in ("none", "tensorwise"):
+        lin = nn.Linear(256, 256, bias=False)
+        lin = lin if recipe == "none" else Float8TrainingLinear.from_linear(lin, recipe)
+        x = torch.randn(512, 256, requires_grad=True)
+        with TensorPeak() as p:
+            lin(x).sum().backward()
+        peaks[recipe] = p.peak_bytes
+        assert p.live_bytes == x.numel() * 4 + lin.weight.numel() * 4  # the two gradients, whatever the path
+    assert peaks["tensorwise"] > peaks["none"] >= 512 * 256 * 4

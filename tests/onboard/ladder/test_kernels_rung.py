@@ -12,6 +12,7 @@ whole-step timing (kernels_steps.WholeSteps) with scripted numbers.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import importlib.util
 import json
@@ -25,19 +26,19 @@ from timing_checks import check_comparison
 
 from onboard.workspace.fsutil import sha256_file
 from onboard.ladder.gates import evaluate, gate_passed, load_checklist, parse_checklist
-from onboard.ladder.table import RUNGS, RungSpec
+from onboard.ladder.table import RUNGS, TABLE, RungSpec
 from onboard.ladder.states import ladder_states
 from onboard.engine.next_step import next_step
 from onboard.report.write import write_report
 from onboard.rungs import kernels_rung as kernels
 from onboard.rungs import kernels_steps
 from onboard.ladder.decision import KEPT
-from onboard.ladder.gated_runs import settle_runs
-from onboard.ladder.contract import RecipeEdit, RungContext
+from onboard.ladder.contract import RecipeEdit, RungContext, settle_runs
 from onboard.workspace.scaffold import plan_workspace, write_workspace
 from onboard.cli.views import show_outcome
 from onboard.workspace.layout import Workspace
 from titan_core.measure.timing import compare
+from titan_core.kernels.float8 import FLOAT8_LOSS_REL
 from titan_core.kernels.fused_ce import FusedCrossEntropyHead
 from onboard.rungs.kernel_compare import KERNEL_FLAGS, parse_flag
 from titan_core.models.common.attention import SDPAttention
@@ -203,6 +204,29 @@ def test_rung_passes_on_narrowed_debug_workspaces(tmp_path, family):
     assert_decisions_follow_the_rule(result)
     assert {p.name for p in result.files_read} == {"recipe.toml", "config.json", "adapter.py"}
     assert sum(line.startswith("kernels: kernels.") for line in lines) >= len(KERNEL_FLAGS)
+    check_float8_on_cpu(result)
+
+
+def check_float8_on_cpu(result) -> None:
+    """float8 among the candidates: each recipe checked against the bf16 recipe within titan_core's
+    bounds, timed on whole steps against float8 = none, and held: CPU runs torchao's emulation."""
+    m, rows = result.measurements, result.details["kernels"]
+    assert m["float8_checked"] == 2 and m["float8_loss_rel_bound"] == FLOAT8_LOSS_REL
+    assert 0 < m["worst_float8_loss_rel"] <= FLOAT8_LOSS_REL and 0 < m["worst_float8_layer_over_bound"] <= 1
+    for flag in ("kernels.float8=tensorwise", "kernels.float8=rowwise"):
+        row = rows[flag]
+        assert (row["status"], row["passed"], row["eligible"], row["emulated"]) == ("compared", True, True, True), row
+        # the block linears converted, never the output head (glimmer's is tied to the embedding: no module)
+        assert row["converted"] and all(p.startswith("layers.") for p in row["converted"])
+        assert row["precision"] == "bf16"
+        assert all(why.startswith(("output head", "MoE router")) for why in row["unconverted"].values())
+        assert row["loss_rel"] <= row["loss_bound"] == FLOAT8_LOSS_REL
+        assert row["timed_against"] == "none" and row["holder_step_time_s"] > 0 and row["step_time_s"] > 0
+        check_comparison(row["timing"], kernels.protocol().min_effect)
+        # emulation is never faster: slower, unless this machine's load left it not measured
+        assert row["outcome"] in ("slower", "not measured") and row["kept"] is False and row["reason"]
+    assert result.details["field_choices"]["float8"]["value"] == "none"
+    assert "kernels.float8" not in {e.key for e in result.recipe_edits}
 
 
 @pytest.mark.slow
@@ -252,12 +276,15 @@ def test_a_port_builds_its_models_from_its_own_model_file(tmp_path):
         )
     result = run_rung(ws, tmp_path)
     assert gate_passed(evaluate(load_checklist("kernels"), result.measurements))
-    # two models per comparison, one per step peak measured, one per whole-step trainer, every one of
-    # them from the port's model.py; one more, on the meta device, to ask which swaps the port's
-    # modules can take, and one for the recipe's whole run with the kernels kept
+    # two models per comparison (float8: one on meta to list its linears, one for its layer check),
+    # one per step peak measured, one per whole-step trainer and per run of the float8 check, every
+    # one of them from the port's model.py; one more, on the meta device, to ask which swaps the
+    # port's modules can take, and one for the recipe's whole run with the kernels kept
     m = result.measurements
     peaks = sum(p is not None for p in result.details["peaks"].values())
-    assert len(counter.read_text()) == 1 + 2 * m["kernels_compared"] + peaks + m["whole_step_trainers"] + 1
+    float8_runs = m["float8_checked"] + 1  # each float8 recipe's bf16 run and the one without float8
+    trainers = m["whole_step_trainers"] + float8_runs
+    assert len(counter.read_text()) == 1 + 2 * m["kernels_compared"] + peaks + trainers + 1
     assert result.details["path"] == "port" and "model.py" in {p.name for p in result.files_read}
 
 
@@ -329,7 +356,10 @@ def test_engine_edits_the_recipe_only_on_a_pass_and_re_verifies_the_rungs_that_r
     assert [st[r] for r in ("eager", "parity", "simple_fsdp", "kernels")] == ["stale"] * 4
 
 
-def test_an_edit_that_cannot_be_applied_fails_the_attempt(debug_ws):
+def test_an_edit_that_cannot_be_applied_fails_the_attempt(debug_ws, monkeypatch):
+    # the eager rung earns no key: give it the kernels section, so the edit reaches the writer
+    monkeypatch.setitem(TABLE, "eager", dataclasses.replace(TABLE["eager"], earns=frozenset({"kernels.*"})))
+
     class Editing(FakeRung):
         def run(self, ctx):
             result = super().run(ctx)

@@ -12,8 +12,7 @@ from onboard.rungs import compile_rung
 from onboard.rungs import gate_recipe, mode_recipe, train_run
 from onboard.rungs import eager_rung as eager, graph_trainer_rung as graph_trainer
 from onboard.ladder.recipe_edit import apply_edits
-from onboard.ladder.contract import SHIPPED, RecipeEdit, RungContext
-from onboard.ladder.gated_runs import settle_runs
+from onboard.ladder.contract import SHIPPED, RecipeEdit, RungContext, settle_runs
 from titan_core.measure.timing import TimingProtocol
 
 pytestmark = pytest.mark.slow

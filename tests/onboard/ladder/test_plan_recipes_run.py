@@ -1,14 +1,18 @@
-"""Every recipe `onboard plan` writes runs: it loads as a config, sets one execution mode, and
-`--check` trains it 2 steps finite on the twin, in its own precision.
+"""Every recipe `onboard plan` writes is one titan_core runs: it loads as a config, sets one execution
+mode, titan_core accepts its combination, and `--check` trains it 2 steps finite on the twin in its own
+precision, then again with its tp / ep / cp / pp at 2 on gloo processes.
 
-The published Qwen3-8B and Qwen3-235B-A22B configs (the full models only ever on meta) on a
-narrow twin (--twin-width 64), each workspace's recipe.toml holding what a ladder on
-this CPU earns (per-block compile, one CPU thread, for the MoE the dense experts its twin was
-captured with), planned for one target each: the 8B on v7x:64, whose captured step must switch
-per-block compile off (both on is refused), and the 235B on h200:64, whose eager step keeps
-per-block compile (with the recipe's backend) and runs the target's grouped experts in bf16,
-at the MFU the routed experts allow (carried to the target, the dense ones cut a 235B plan on v7x:64
-to seq 256 at a predicted MFU of 5%).
+Published configs (the full models only ever on meta) on a twin, each workspace's recipe.toml holding
+what a ladder on this CPU earns (per-block compile with the aot_eager backend, one CPU thread, for an MoE
+the dense experts its twin was captured with), planned for one target each:
+- Qwen3-8B on h100:4 at 32k tokens: eager activations do not fit; CP 4 with the captured step would,
+  but titan_core runs CP eager only, so the plan takes TP 4 with the captured step's `default` memory
+  policy (per-block compile off: both modes on is refused) and says why CP was refused;
+- Qwen3-30B-A3B on h200:16: the eager step keeps per-block compile (the recipe's backend) and runs the
+  target's grouped experts in bf16, split over ranks by expert parallelism, at the MFU they allow;
+- (slow) the issue's must-show, Qwen3-235B-A22B and Llama-3.1-70B at seq 4096 on v7x:1024: a plan that
+  fits, each degree with its reason, and where titan_core refuses per-block compile with the chosen
+  layout (CP), the recipe's compile switched off with titan_core's reason.
 """
 
 from __future__ import annotations
@@ -20,11 +24,12 @@ import pytest
 from typer.testing import CliRunner
 
 from onboard.cli.app import app
-from onboard.sizing.plan import EFFICIENCY
+from onboard.sizing.plan_time import COMPUTE_EFFICIENCY
 from onboard.sizing.plan_check import check_plan_recipe
 from onboard.workspace.layout import Workspace
 from real_size_configs import PUBLISHED
 from titan_core.config import load_config
+from titan_core.parallel import check_parallelism
 
 EARNED = """
 [compile]
@@ -35,46 +40,102 @@ backend = "aot_eager"  # the recipe's backend is what the check compiles with; i
 type = "cpu"
 threads = 1  # tuning rung
 """
-CASES = {  # name: (target, what the MoE recipe adds, the plan's execution mode)
-    "Qwen3-8B": ("v7x:64", "", "graph_trainer"),
-    "Qwen3-235B-A22B": ("h200:64", '\n[kernels]\nmoe = "dense"  # graph_trainer rung, on the twin\n', "compile"),
+DENSE_EXPERTS = '\n[kernels]\nmoe = "dense"  # graph_trainer rung, on the twin\n'
+CASES = {  # name: (target, --seq, the plan's execution mode, its degrees above 1 among tp / ep / cp / pp)
+    "Qwen3-8B": ("h100:4", 32768, "graph_trainer", {"tp"}),
+    "Qwen3-30B-A3B": ("h200:16", 4096, "compile", {"ep"}),
 }
+MUST_SHOW = ("Qwen3-235B-A22B", "Llama-3.1-70B")
 
 
 def _workspace(tmp_path, name: str) -> str:
     ws = name.replace("-", "_").replace(".", "_").lower()
     (tmp_path / f"{ws}.json").write_text(json.dumps(PUBLISHED[name][2]))
+    width = ["--twin-width", "64"] if name.startswith("Qwen") else []  # Llama's head_dim 128 needs a wider twin
     made = CliRunner().invoke(app, ["new-model", ws, "--hf-config", str(tmp_path / f"{ws}.json"), "--dir",
-                                    str(tmp_path), "--device", "cpu", "--twin", "--twin-width", "64"])  # fmt: skip
+                                    str(tmp_path), "--device", "cpu", "--twin", *width])  # fmt: skip
     assert made.exit_code == 0, made.stderr
     recipe = tmp_path / "onboarding" / ws / "recipe.toml"
     text = recipe.read_text().replace("batch_size = 4", "batch_size = 2").replace("seq_len = 128", "seq_len = 32")
     text = text.replace('[device]\ntype = "cpu"\n', "")
-    recipe.write_text(text + EARNED + CASES[name][1])
+    recipe.write_text(text + EARNED + (DENSE_EXPERTS if PUBLISHED[name][0] == "qwen3_moe" else ""))
     return ws
 
 
-@pytest.mark.parametrize("name", list(CASES))
-def test_plan_recipes_load_and_run_finite_on_the_twin(tmp_path, name):
-    target, _, mode = CASES[name]
-    ws = _workspace(tmp_path, name)
-    result = CliRunner().invoke(app, ["plan", ws, "--dir", str(tmp_path), "--target", target, "--check", "--json"])
+def _plan_and_check(tmp_path, ws: str, target: str, seq: int) -> dict:
+    """`onboard plan --check --json`, its recipe loaded and accepted by titan_core, the check passed with the
+    plan's degrees (at 2 on gloo) where it has any above 1."""
+    result = CliRunner().invoke(app, ["plan", ws, "--dir", str(tmp_path), "--target", target, "--seq", str(seq),
+                                      "--check", "--json"])  # fmt: skip
     assert result.exit_code == 0, result.stderr + result.stdout
     out = json.loads(result.stdout)
     cfg = load_config(out["recipe"])  # the loader's types and ranges
-    assert out["recipe"].endswith(f"recipe.{target.replace(':', '-')}.seq{out['seq_len']}.toml")
-    assert (cfg.compile.enable, cfg.graph_trainer.enable) == (mode == "compile", mode == "graph_trainer")
+    assert out["recipe"].endswith(f"recipe.{target.replace(':', '-')}.seq{seq}.toml")
+    degrees = check_parallelism(cfg, out["target"]["count"])  # titan_core's own acceptance of what was written
+    d = out["degrees"]
+    assert (degrees.dp_shard, degrees.dp_replicate, degrees.tp, degrees.ep, degrees.cp, degrees.pp) == tuple(
+        d[k] for k in ("dp_shard", "dp_replicate", "tp", "ep", "cp", "pp"))  # fmt: skip
+    assert all(o["refused"] is None for o in out["options"])  # the table lists only what titan_core runs
+    assert out["options_accepted"] + out["refused"]["options"] == out["options_fitting"]
     assert cfg.device.threads == 0 and cfg.training.mixed_precision_param == "bfloat16"
-    if PUBLISHED[name][0] == "qwen3_moe":
-        assert cfg.kernels.moe == "grouped_mm" and out["prediction"]["mfu"] == pytest.approx(EFFICIENCY)
-    else:
-        assert "moe =" not in Path(out["recipe"]).read_text()  # a dense model never gets kernels.moe
     check = out["check"]
     assert check["loads"] and check["refused"] is None and check["ok"] and check["precision"] == "bf16"
-    assert check["mode"].startswith(mode) and not any(c["key"].startswith("kernels.") for c in check["changed_here"])
     assert [r["step"] for r in check["rows"]] == [1, 2]
-    if mode == "graph_trainer":  # what users met: both modes on, which titan_core refuses; the check says so
+    above = {n for n in ("tp", "ep", "cp", "pp") if d[n] > 1}
+    if above:  # the same degrees, at 2, on gloo processes: titan_core ran them, every step finite
+        assert check["degrees"]["refused"] is None and check["degrees"]["finite"], check["degrees"]
+        assert set(check["degrees"]["degrees"]) == above and [r["step"] for r in check["degrees"]["rows"]] == [1, 2]
+    else:
+        assert "degrees" not in check
+    return out
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", list(CASES))
+def test_plan_recipes_load_and_run_finite_on_the_twin(tmp_path, name):
+    target, seq, mode, above = CASES[name]
+    ws = _workspace(tmp_path, name)
+    out = _plan_and_check(tmp_path, ws, target, seq)
+    cfg = load_config(out["recipe"])
+    assert {n for n in ("tp", "ep", "cp", "pp") if out["degrees"][n] > 1} == above
+    assert (cfg.compile.enable, cfg.graph_trainer.enable) == (mode == "compile", mode == "graph_trainer")
+    assert out["check"]["mode"].startswith(mode)
+    assert not any(c["key"].startswith("kernels.") for c in out["check"]["changed_here"])
+    if PUBLISHED[name][0] == "qwen3_moe":
+        # the routed experts, split over ranks: below the compute efficiency only by what communication costs
+        assert cfg.kernels.moe == "grouped_mm" and cfg.parallelism.data_parallel == "simple_fsdp"
+        assert 0.5 * COMPUTE_EFFICIENCY["cuda"] < out["prediction"]["mfu"] < COMPUTE_EFFICIENCY["cuda"]
+        assert cfg.compile.backend == "aot_eager"  # the recipe's own backend, kept with its mode
+    else:
+        assert "moe =" not in Path(out["recipe"]).read_text()  # a dense model never gets kernels.moe
+        # CP 4 would hold the sequence with the captured step; titan_core runs CP eager only, and the plan says so
+        assert out["degrees"]["cp"] == 1 and "refused by titan_core" in out["degrees_why"]["cp"]
+        assert "runs eager only" in out["degrees_why"]["cp"]
+        assert any("runs eager only" in r["reason"] and r["count"] > 0 for r in out["refused"]["reasons"])
+        # what users met before: both modes on, which titan_core refuses; the check says so
         both = Path(out["recipe"]).with_name("recipe.both.toml")
-        both.write_text(Path(out["recipe"]).read_text().replace("[compile]\nenable = false", "[compile]\nenable = true"))
+        text = Path(out["recipe"]).read_text()
+        both.write_text(text.replace("[compile]\nenable = false", "[compile]\nenable = true"))
         refused = check_plan_recipe(Workspace.load(tmp_path, ws), both)
         assert refused["loads"] and not refused["ok"] and "two execution modes" in refused["refused"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", MUST_SHOW)
+def test_the_big_configs_on_v7x_1024_write_recipes_titan_core_runs(tmp_path, name):
+    ws = _workspace(tmp_path, name)
+    out = _plan_and_check(tmp_path, ws, "v7x:1024", 4096)
+    d, why, c = out["degrees"], out["degrees_why"], out["chosen"]
+    assert out["seq_len"] == 4096 and c["batch"] >= 1 and c["peak_bytes"] <= out["target"]["budget_bytes"]
+    assert set(why) == {"tp", "ep", "cp", "pp", "dp_replicate"}
+    assert all(why[n].startswith(f"{n} {d[n]}") for n in why)
+    assert 0 < out["prediction"]["mfu"] <= COMPUTE_EFFICIENCY["tpu"]  # communication under the compute at best
+    assert (d["ep"] > 1) == (PUBLISHED[name][0] == "qwen3_moe")
+    cfg = load_config(out["recipe"])
+    levers = {lv["key"]: lv for lv in out["levers"]}
+    if d["cp"] > 1 or d["pp"] > 1:  # titan_core runs them eager only: the recipe's per-block compile is dropped
+        assert not cfg.compile.enable and not cfg.graph_trainer.enable
+        assert levers["compile.enable"]["changed"] and "titan_core refuses per-block compile" in levers[
+            "compile.enable"]["why"]  # fmt: skip
+    else:
+        assert cfg.compile.enable != cfg.graph_trainer.enable  # one execution mode, never both

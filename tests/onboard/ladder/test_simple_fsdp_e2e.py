@@ -127,6 +127,7 @@ def test_llama3_partial_sum_fails_the_grad_norm_and_names_the_placement(tmp_path
     m = out["measurements"]
     assert m["baseline"] == "eager evidence"
     assert m["baseline_step1_grad_norm_repr"] == eager["step1_grad_norm_repr"]
+    assert m["parallel_degrees_needed"] == [] and m["parallel_degrees_unproved"] == 0  # no ep, cp or pp: said
     # summed over 2 ranks instead of averaged: the gradient norm is exactly twice the eager one
     assert m["step1_grad_norm_rel_err"] == pytest.approx(1.0, abs=1e-5)
     assert m["step1_loss_rel_err"] <= 1e-6  # the loss comes before the reduce: it cannot see it
@@ -144,13 +145,28 @@ def test_llama3_partial_sum_fails_the_grad_norm_and_names_the_placement(tmp_path
     ]
 
 
-def test_qwen3_moe_compares_with_grad_accum_because_of_its_aux_loss(tmp_path):
+def test_qwen3_moe_compares_with_grad_accum_because_of_its_aux_loss_and_proves_its_ep(tmp_path):
+    """The recipe asks ep = 2: eager and parity run it on one process, the sharded runs data parallel
+    only, and the rung proves ep = 2 against one process on the same rows (onboard/rungs/parallel_degrees.py)."""
     ws = new_debug_workspace(tmp_path, "moe", "qwen3_moe/debugmodel", {**NARROW, **NARROW_MOE})
     assert json.loads((ws / "config.json").read_text())["output_router_logits"] is True  # the aux loss is on
+    (ws / "recipe.toml").write_text((ws / "recipe.toml").read_text() + "\n[parallelism]\nep = 2\n")
     climb_to_simple_fsdp("moe", tmp_path)
     code, out = next_step("moe", tmp_path)
     assert (code, out["rung"], out["status"]) == (0, "simple_fsdp", "passed"), out["error"] or out["failed"]
     m = out["measurements"]
+    assert m["parallel_degrees_needed"] == ["ep"] and m["parallel_degrees_unproved"] == 0
+    ep = m["parallel_degrees"]["ep"]
+    assert ep["proved"] and ep["world_size"] == 2 and ep["steps_run"] == 3 and ep["notes"] == []
+    assert ep["baseline"] == "1 process, 2 micro-batches of 2 rows x 32 tokens"  # each rank's rows, aux loss and all
+    assert m["parallel_degrees_max_rel_err"] == ep["max_rel_err"] <= 1e-5
+    ep_dir = ws / "runs" / "simple_fsdp" / "attempt-1" / "degrees" / "ep"
+    ep_run = tomllib.loads((ep_dir / "world_recipe.toml").read_text())
+    assert ep_run["parallelism"]["ep"] == 2 and ep_run["training"]["batch_size"] == 2
+    entry = json.loads((ws / "ladder.json").read_text())["attempts"][-1]
+    assert "the gate runs parallelism.ep = 1 (recipe says 2)" in entry["details"]["gate_overrides"]
+    runs = [r["run"] for r in entry["details"]["gated_runs"]]
+    assert runs[-2:] == ["simple_fsdp: ep = 2", "simple_fsdp: ep baseline"]
     assert m["baseline"] == "1 process, grad_accum = 2, same rows" and "aux_loss_coef = 0.01" in m["baseline_why"]
     assert m["step1_loss_rel_err"] <= 1e-6 and m["step1_grad_norm_rel_err"] <= 1e-6
     # why not eager's evidence: the aux loss of two half batches is not the aux loss of the whole

@@ -14,6 +14,7 @@ from timing_checks import check_comparison
 from onboard.errors import BadInput
 from onboard.ladder.gates import evaluate, gate_passed, load_checklist
 from onboard.rungs import gate_recipe
+from onboard.rungs import parallel_degrees
 from onboard.rungs import simple_fsdp_rung as simple_fsdp
 from titan_core.measure.numerics import curve_max_rel
 from onboard.ladder.contract import RungContext
@@ -140,7 +141,8 @@ def test_measurements_judged_by_the_checklist(tmp_path):
     bf16 = rows([7.0 - 0.1 * i + 0.01 for i in range(n)])
     m = simple_fsdp.measure(fp32, bf16, rows([7.0] * n), baseline=(7.0, 3.0), eager_evidence=None, steps=n)
     m["world_size"] = 2
-    m["runs_whole"] = True  # the engine's, from the runs the rung recorded (gated_runs.settle_runs)
+    m["runs_whole"] = True  # the engine's, from the runs the rung recorded (contract.settle_runs)
+    m.update(parallel_degrees.measure([], 0.0), precision="fp32")  # a recipe asking no ep, cp or pp
     results = {r["name"]: r for r in evaluate(load_checklist("simple_fsdp"), m)}
     assert not results["step1_grad_norm"]["ok"] and results["step1_grad_norm"]["value"] == 1.0
     assert "Partial" in results["step1_grad_norm"]["hint"]
@@ -150,7 +152,8 @@ def test_measurements_judged_by_the_checklist(tmp_path):
     m = simple_fsdp.measure(rows([7.0] * n, norm=3.0), bf16, [], baseline=(7.0, 3.0), eager_evidence=None, steps=n)
     assert m["fsdp2_step_time_median_s"] is None  # FSDP2 failed: recorded, not judged
     assert gate_passed(evaluate(load_checklist("simple_fsdp"), {**m, "world_size": 2, "bf16_loss_curve_max_rel": 0,
-                                                                "runs_whole": True}))  # fmt: skip
+                                                                "runs_whole": True, "precision": "fp32",
+                                                                **parallel_degrees.measure([], 0.0)}))  # fmt: skip
 
 
 def test_every_criterion_names_a_metric_the_rung_measures():
@@ -159,7 +162,8 @@ def test_every_criterion_names_a_metric_the_rung_measures():
         rows([7.0] * n), rows([7.0] * n), [], baseline=(7.0, 3.0), eager_evidence=EVIDENCE["eager"], steps=n
     )
     measured = set(m) | {"world_size", "global_batch_size", "batch_size_per_rank", "baseline", "baseline_why"}
-    measured |= {"runs_whole"}  # set by the engine from the runs the rung recorded (gated_runs.settle_runs)
+    measured |= {"runs_whole"}  # set by the engine from the runs the rung recorded (contract.settle_runs)
+    measured |= set(parallel_degrees.measure([], 0.0))  # onboard/rungs/parallel_degrees.py, whatever the recipe asks
     assert {c.metric for c in load_checklist("simple_fsdp").criteria} <= measured
 
 

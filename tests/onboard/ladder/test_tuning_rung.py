@@ -25,8 +25,7 @@ from onboard.engine.next_step import next_step
 from onboard.rungs import eager_rung as eager
 from onboard.rungs import gate_recipe
 from onboard.rungs import tuning_classify
-from onboard.ladder.gated_runs import settle_runs
-from onboard.ladder.contract import RungContext
+from onboard.ladder.contract import RungContext, settle_runs
 from onboard.rungs.tuning_runs import Runs
 from onboard.workspace.layout import Workspace
 from onboard.rungs import tuning_flags as flag_table

@@ -10,6 +10,8 @@ from __future__ import annotations
 import json
 from types import SimpleNamespace
 
+import dataclasses
+
 import pytest
 import torch
 from safetensors.torch import save_file
@@ -18,7 +20,8 @@ from torch import nn
 from onboard.sizing.twin import derive_twin
 from real_size_configs import PUBLISHED
 from titan_core.models import FAMILY_NAMES, get_family
-from titan_core.models.common.hf_keys import ARG_FIELDS, HF_KEYS, hf_key
+from titan_core.models.common.args import TransformerArgs
+from titan_core.config.hf_keys import ARG_FIELDS, HF_KEYS, hf_key
 from titan_core.weights.header_check import check_headers
 
 # a MoE config with a window: every size the twin shrinks that a family reads is in it
@@ -30,6 +33,7 @@ def test_no_name_means_two_things_and_every_entry_is_an_args_field_or_the_dtype(
     names = [k for keys in HF_KEYS.values() for k in keys]
     assert len(names) == len(set(names))
     assert set(HF_KEYS) - set(ARG_FIELDS) == {"dtype"}
+    assert set(ARG_FIELDS) <= {f.name for f in dataclasses.fields(TransformerArgs)}
     # the name a config uses wins over the first one, a value over a null
     assert hf_key("n_experts", {"num_local_experts": 8}) == "num_local_experts"
     assert hf_key("head_dim", {"head_dim": None, "kv_channels": 128}) == "kv_channels"

@@ -294,6 +294,59 @@ def test_a_saving_at_the_edge_does_not_flip_between_attempts(recipe):
         assert c.value == "plain" and of(c, "fused_ce", "memory").verdict == HELD
 
 
+def test_a_speed_win_that_the_memory_rule_would_undo_does_not_take_the_field(recipe):
+    """The demo's loop: naive 1.1x faster than sdpa but 35% more memory was kept for speed; the next
+    attempt gave sdpa back for its 26% saving (speed indistinguishable); and round again. Whichever
+    of the two the recipe holds, the rung now ends on sdpa and stays there."""
+    naive_costly = peaks({("attention", "naive"): (1350, None)})  # sdpa 1000
+    naive_faster = Script({("attention", "naive", "sdpa"): (0.9, 1.0)})  # sdpa vs naive: indistinguishable
+
+    def attempt(holder: str, ledger):
+        edits, choices = run_rule(with_kernels(recipe, attention=holder), rows(), naive_faster, naive_costly,
+                                  ledger=ledger)  # fmt: skip
+        entry = kernels_attempt({e.key: e.value for e in edits}, json.loads(json.dumps(all_decisions(choices))))
+        return choices["attention"], SimpleNamespace(attempts=ledger.attempts + [entry])
+
+    first, ledger = attempt("sdpa", NO_LEDGER)
+    d = of(first, "naive")
+    assert first.value == "sdpa" and not first.edit
+    assert d.outcome == "faster" and d.verdict == HELD and d.value == "sdpa"
+    assert "35% more peak memory" in d.why and "memory rule would take the field back" in d.why
+    # from naive (a recipe an older rung left there), sdpa takes the field on memory ...
+    back, ledger = attempt("naive", NO_LEDGER)
+    assert back.value == "sdpa" and of(back, "sdpa", "memory").verdict == KEPT
+    # ... and the next attempts hold it: the fixed point, not a swap per attempt
+    for _ in range(2):
+        again, ledger = attempt("sdpa", ledger)
+        assert again.value == "sdpa" and not again.edit and of(again, "naive").verdict == HELD
+
+
+def test_a_speed_win_costing_memory_under_the_rule_is_kept_and_not_undone(recipe):
+    """10% more memory: the holder would save 9% of the candidate's peak, under the rule's 20%, so the
+    speed win stands, and the memory rule does not take it back on the next attempt."""
+    table = peaks({("attention", "naive"): (1100, None)})
+    timer = Script({("attention", "naive", "sdpa"): (0.9, 1.0)})
+    _, choices = run_rule(recipe.kernels, rows(), timer, table)
+    assert choices["attention"].value == "naive" and of(choices["attention"], "naive").verdict == KEPT
+    _, choices = run_rule(with_kernels(recipe, attention="naive"), rows(), timer, table)
+    assert choices["attention"].value == "naive" and of(choices["attention"], "sdpa", "memory").verdict == HELD
+
+
+def test_a_head_to_head_winner_must_not_cost_the_memory_the_rule_would_take_back(recipe):
+    """Two candidates beat the holder (flex costs no memory against it); head to head the faster one
+    needs 40% more memory than the other: the simpler winner keeps the field."""
+    flag_rows = rows(attention_flex=OK_ROW)
+    timer = Script({("attention", "tokamax", "sdpa"): (0.5, 1.0), ("attention", "flex", "sdpa"): (0.45, 1.0),
+                    ("attention", "flex", "tokamax"): (0.45, 0.5)})  # fmt: skip
+    table = peaks({("attention", "sdpa"): (1400, None), ("attention", "naive"): (1400, None),
+                   ("attention", "tokamax"): (1000, None), ("attention", "flex"): (1400, None)})  # fmt: skip
+    _, choices = run_rule(recipe.kernels, flag_rows, timer, table)
+    att = choices["attention"]
+    assert att.value == "tokamax"
+    head = [d for d in att.decisions if d.candidate == "flex" and d.holder == "tokamax"]
+    assert head and head[0].verdict == HELD and "more peak memory" in head[0].why
+
+
 def test_an_old_ledger_says_whether_the_holder_was_earned_by_memory(recipe):
     """A ledger from before the Decision record kept the per-field choice under `decisions`."""
     old = SimpleNamespace(rung="kernels", status="passed",
@@ -328,6 +381,47 @@ def test_not_measured_speed_leaves_the_holder(recipe):
     d = of(choices["loss"], "fused_ce")
     assert d.verdict == NOT_MEASURED and "another process held the cores" in d.why
     assert choices["loss"].value == "plain" and of(choices["loss"], "fused_ce", "memory").verdict == HELD
+
+
+# ---- (f) float8: eligible by its own bound against bf16, then the same whole-step rule ----------------
+
+F8_ROW = {"status": "compared", "passed": True, "eligible": True, "precision": "bf16", "loss_rel": 4e-4,
+          "loss_bound": 0.02, "matches": "within float8's bound of the bf16 recipe (loss 4.0e-04 (bound 0.02))"}  # fmt: skip
+
+
+def test_float8_within_its_bound_is_held_when_its_whole_steps_are_slower(recipe):
+    """CPU emulation: float8 is timed against the recipe's float8 = none and is slower, so it stays out."""
+    timer = Script({("float8", "tensorwise", "none"): (1.8, 1.0), ("float8", "rowwise", "none"): (1.9, 1.0)})
+    flag_rows = rows(float8_tensorwise=F8_ROW, float8_rowwise=F8_ROW)
+    edits, choices = run_rule(recipe.kernels, flag_rows, timer)
+    f8 = choices["float8"]
+    assert f8.value == "none" and not f8.edit and not [e for e in edits if e.key == "kernels.float8"]
+    timed = [c for c in timer.calls if c[0] == "float8"]
+    assert timed == [("float8", "tensorwise", "none"), ("float8", "rowwise", "none")]
+    d = of(f8, "tensorwise")
+    assert (d.holder, d.verdict, d.outcome, d.value) == ("none", HELD, "slower", "none")
+    row = flag_rows["kernels.float8=tensorwise"]
+    assert row["kept"] is False and row["outcome"] == "slower" and row["timed_against"] == "none"
+    assert row["time_ratio"] == pytest.approx(1.8) and "slower" in row["reason"]
+    assert "tensorwise slower" in f8.why and kernels_rung.per_flag(flag_rows)["float8_tensorwise_timing"] == "slower"
+
+
+@pytest.mark.parametrize("peak, taken", [((1000, None), True), ((1400, None), False)])
+def test_float8_is_kept_only_when_faster_and_by_the_memory_rule_as_any_kernel(recipe, peak, taken):
+    """Faster on whole steps: the recipe takes it, the edit saying it is within its bf16 bound (not
+    "matches in fp32"); unless it costs the memory the rule would take back (the holder saves 29%)."""
+    timer = Script({("float8", "rowwise", "none"): (0.6, 1.0)})
+    flag_rows = rows(float8_rowwise=F8_ROW)
+    edits, choices = run_rule(recipe.kernels, flag_rows, timer, peaks({("float8", "rowwise"): peak}))
+    d = of(choices["float8"], "rowwise")
+    assert d.outcome == "faster" and (d.verdict == KEPT) is taken
+    assert flag_rows["kernels.float8=rowwise"]["kept"] is taken
+    if taken:
+        assert [(e.key, e.value) for e in edits] == [("kernels.float8", "rowwise")]
+        assert edits[0].why.startswith("kernels rung: within float8's bound of the bf16 recipe")
+        assert "fp32" not in edits[0].why
+    else:
+        assert edits == [] and "more peak memory" in d.why
 
 
 # ---- the real whole steps: trainers build, step and close -------------------------------------------

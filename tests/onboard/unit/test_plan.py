@@ -1,8 +1,10 @@
 """`onboard plan`: the full model on a target, every per-device number derivable by hand from
-the parameter counts, the decisions (sharding, memory policy, offload, scan) taken from those
+the parameter counts, the decisions (layout, memory policy, offload, scan) taken from those
 numbers, and the recipe and torchrun line it writes.
 
-Llama-3.1-70B on h100:64 and Qwen3-235B-A22B on v7x:64, built on meta (nothing allocated).
+Llama-3.1-70B on h100:64 and Qwen3-235B-A22B on v7x:64, built on meta (nothing allocated). The
+parallel degrees' own pieces (EP, CP, PP, vocab sharding, the fused loss, the step's collectives)
+are tests/onboard/unit/test_plan_parallel.py.
 """
 
 from __future__ import annotations
@@ -17,14 +19,19 @@ from torch.distributed.run import get_args_parser
 from typer.testing import CliRunner
 
 from onboard.cli.app import app
+from onboard.sizing.hardware import HARDWARE
+from onboard.sizing.plan import GIB, HEADROOM, Target, parse_target, plan_training
+from onboard.sizing.plan_memory import device_memory
+from onboard.sizing.plan_time import COMPUTE_EFFICIENCY
+from plan_models import accepting
 from real_size_configs import PUBLISHED
 from titan_core.memory.activations import layer_bytes_per_token
 from titan_core.config import ConfigError, load_config
-from titan_core.memory.estimate import ModelShape, TrainSetup, estimate_memory
+from titan_core.memory.estimate import ModelShape, TrainSetup
 from titan_core.models.common.param_counts import count_params
 from titan_core.models.common.stats import flops_per_token
 from titan_core.models.registry import build_meta, get_family
-from onboard.sizing.plan import GIB, HEADROOM, Target, parse_target, plan_training
+from titan_core.runtime.devices import PEAK_BF16_FLOPS
 
 KERNELS = TrainSetup(batch_size=1, seq_len=1)  # the recipe's kernels: plain loss, sdpa, loop experts
 
@@ -35,11 +42,13 @@ def model(family: str, flavor: str):
     return args, ModelShape.from_model(meta, args), count_params(meta)
 
 
-def plan_of(family, flavor, target, *, seq=4096, tp_plan=True):
+def plan_of(family, flavor, target, *, seq=4096, tp_plan=True, kernels=KERNELS):
+    """The plan as `onboard plan` makes it: only options titan_core accepts are chosen."""
     args, shape, counts = model(family, flavor)
     target = parse_target(target) if isinstance(target, str) else target
     plan = plan_training(
-        shape, counts, lambda s: flops_per_token(args, s), target, seq_len=seq, kernels=KERNELS, tp_plan=tp_plan
+        shape, counts, lambda s: flops_per_token(args, s), target, seq_len=seq, kernels=kernels, tp_plan=tp_plan,
+        accept=accepting(family, flavor, target, kernels),
     )
     return args, shape, plan
 
@@ -65,82 +74,97 @@ def test_targets_from_the_tables():
             parse_target(bad)
 
 
+def test_one_device_table_with_a_source_per_row():
+    # the peaks are titan_core's own (the trainer's MFU uses them): one table, read, not copied
+    for kind, hw in HARDWARE.items():
+        key = f"tpu {kind}" if hw.device_type == "tpu" else kind
+        assert hw.peak_bf16 == PEAK_BF16_FLOPS[key] == parse_target(kind).peak_flops
+        assert hw.peak_fp8 >= hw.peak_bf16 and hw.hbm_bw > 0 and hw.scale_up_bw > hw.scale_out_bw > 0
+        assert len(hw.source) > 40 and (kind.upper() in hw.source.upper() or "Ironwood" in hw.source)
+    # published figures, halved to one direction: v7x ICI 1,200 GB/s bidirectional, H100 NVLink 900 GB/s
+    assert HARDWARE["v7x"].scale_up_bw == 600e9 and HARDWARE["h100"].scale_up_bw == 450e9
+    assert HARDWARE["h100"].scale_out_bw == 50e9 and HARDWARE["v7x"].peak_fp8 == 4614e12
+
+
 def test_llama3_70b_on_h100_64_by_hand():
     args, shape, plan = plan_of("llama3", "70B", "h100:64")
     P = 70_553_706_496
     assert shape.params == plan.params_total == P
+    R = 2 * 128256 * 8192 + 8192  # embedding, head, final norm
+    assert shape.outside_blocks == R
     # FSDP over 64: fp32 parameters, gradients and AdamW's two moments, each sharded 64 ways
     fsdp = option(plan, "FSDP 64", "none").estimate
     assert fsdp.params == math.ceil(P / 64) * 4 == fsdp.grads and fsdp.optimizer_state == 2 * fsdp.params
-    assert fsdp.gathered_params == 2 * shape.largest_block_params * 2  # FSDP2: this block and the next, bf16
-    # TP 8 x FSDP 8: the blocks split 64 ways, the embedding and head (R) only over the 8 dp ranks
-    R = 2 * 128256 * 8192 + 8192
-    assert shape.outside_blocks == R
+    # FSDP2 gathers a block at a time: this block and the prefetched next, plus the root unit (embedding, head)
+    assert fsdp.gathered_params == 2 * math.ceil(2 * (P - R) / 80 + R)
+    # TP 8 x FSDP 8: everything split 64 ways, the embedding and head too (vocab-sharded over TP)
     tp = option(plan, "TP 8 x FSDP 8", "default").estimate
-    assert tp.params == (math.ceil((P - R) / 64) + math.ceil(R / 8)) * 4
-    assert tp.gathered_params == (math.ceil((P - R) / 8) + R) * 2  # SimpleFSDP keeps every gathered TP slice
+    assert tp.params == math.ceil(P / 64) * 4
+    assert tp.gathered_params == math.ceil(P / 8) * 2  # SimpleFSDP keeps every gathered TP slice
     # activations per token per layer: what one eager layer saves in bf16; full recompute keeps the block input
     bf16 = replace(KERNELS, seq_len=4096, compute_dtype="bfloat16", device_type="cuda")
     assert plan.activations_per_token_layer["none"] == layer_bytes_per_token(
         replace(shape, n_heads=8, n_kv_heads=1, ffn_hidden_dim=28672 // 8), bf16, moe=False, rope=True, policy="none"
     )
     assert plan.activations_per_token_layer["full"] == 8192 * 2
-    # nothing fits on 64-way FSDP at seq 4096: eager saves 140 GiB of activations, a captured step gathers 131 GiB
-    assert not any(o.fits for o in plan.options if o.sharding.kind != "TP x FSDP")
+    # nothing fits on plain 64-way FSDP at seq 4096: eager saves 140 GiB of activations, a captured step gathers 131
+    assert not any(o.fits for o in plan.options if o.sharding.name == "FSDP 64")
     assert option(plan, "FSDP 64", "full").estimate.gathered_params == P * 2
     c = plan.chosen
-    assert (c.sharding.name, c.policy, c.data_parallel, c.batch) == ("TP 8 x FSDP 8", "default", "simple_fsdp", 1)
-    setup = replace(KERNELS, batch_size=2, seq_len=4096, compute_dtype="bfloat16", shard_degree=64, tp=8,
-                    data_parallel="simple_fsdp", memory_policy="default", device_type="cuda",
-                    materialise_sharded=True)  # fmt: skip
-    assert estimate_memory(shape, setup).total > plan.target.budget  # batch 2 does not fit
+    assert (c.sharding.name, c.policy, c.data_parallel, c.batch) == ("TP 8 x FSDP 8", "default", "simple_fsdp", 2)
+    assert c.largest_batch == 2 and c.estimate.total <= plan.target.budget
+    assert device_memory(plan.shape, c.layout, c.setup, batch=3).total > plan.target.budget  # batch 3 does not fit
     assert plan.offload[0] is False and plan.scan[0] is True  # 80 identical blocks, captured
-    # the roofline: a TP group of 8 shares one 4096-token sequence's FLOPs
+    # the step: a TP group of 8 shares its 2 sequences' FLOPs; compute at the calibrated efficiency, then the
+    # collectives: FSDP's under the compute, TP's all-reduces exposed
     step = plan.step
-    assert step.model_flops == flops_per_token(args, 4096) * 4096 / 8
-    assert step.step_time_s == pytest.approx(step.model_flops / (989e12 * 0.5))
-    assert step.mfu == pytest.approx(0.5) and step.tokens_per_s == pytest.approx(4096 * 8 / step.step_time_s)
+    assert step.model_flops == flops_per_token(args, 4096) * 4096 * 2 / 8
+    assert step.compute_s == pytest.approx(step.model_flops / (989e12 * COMPUTE_EFFICIENCY["cuda"]))
+    names = {cm.name.split(" over")[0]: cm for cm in step.comm}
+    assert set(names) == {"FSDP all-gather x1 + reduce-scatter", "TP all-reduces"}
+    assert names["TP all-reduces"].overlapped is False and names["TP all-reduces"].link == "NVLink"
+    assert step.step_time_s == pytest.approx(max(step.compute_s, names["FSDP all-gather x1 + reduce-scatter"].seconds)
+                                             + names["TP all-reduces"].seconds)  # fmt: skip
+    assert step.mfu == pytest.approx(step.model_flops / (step.step_time_s * 989e12)) and step.mfu < 0.39
+    assert step.tokens_per_s == pytest.approx(4096 * 2 * 8 / step.step_time_s)
 
 
-def test_qwen3_235b_on_v7x_64_plans_the_longest_sequence_that_fits():
+def test_qwen3_235b_on_v7x_64_fits_the_asked_seq_with_expert_parallelism():
+    # the old plan cut this to seq 2048: every rank held every expert, SimpleFSDP's whole bf16 model gathered
     args, shape, plan = plan_of("qwen3_moe", "235B-A22B", "v7x:64", tp_plan=False)
     P, A = 235_093_634_560, 22_190_763_520
     assert (plan.params_total, plan.params_active) == (P, A)
     assert all(o.sharding.tp == 1 for o in plan.options)  # no TP plan for the MoE family
-    # at 4096 tokens nothing fits: the smallest peak is FSDP2's eager step
-    asked = min(plan.asked_options, key=lambda o: o.estimate.total)
-    assert (asked.sharding.name, asked.policy) == ("FSDP 64", "none") and asked.estimate.total > plan.target.budget
-    assert plan.seq_len == 2048 and any("nothing fits at seq 4096" in n for n in plan.notes)
+    assert plan.seq_len == plan.seq_len_asked == 4096 and plan.would_fit is None
     c = plan.chosen
-    assert (c.sharding.name, c.policy, c.data_parallel, c.batch) == ("FSDP 64", "none", "fsdp2", 1)
+    assert c.layout.ep > 1 and 128 % c.layout.ep == 0 and c.fits
     assert c.estimate.params == math.ceil(P / 64) * 4 and c.estimate.optimizer_state == 2 * c.estimate.params
-    # the captured options all carry SimpleFSDP's gathered bf16 copy of every weight
-    assert all(o.estimate.gathered_params == P * 2 for o in plan.options if o.policy != "none")
-    assert any("gathered bf16 copies" in n for n in plan.notes)
-    assert plan.offload == (False, "an on-device option fits (FSDP 64, memory policy none)")
-    assert plan.scan[0] is False
-    assert plan.step.model_flops == flops_per_token(args, 2048) * 2048
+    # without EP plain FSDP does not fit (two layers of every expert gathered, beside the eager activations), and
+    # what fits with ep 1 (PP and CP to hold the activations) is slower: an expert's few rows wait on HBM
+    assert not any(o.fits for o in plan.options if o.layout.name == "FSDP 64")
+    ep1 = [o.tokens_per_s for o in plan.options if o.fits and o.layout.ep == 1 and o.policy != "offload"]
+    assert ep1 and max(ep1) < c.tokens_per_s
+    assert "the best with ep 1" in plan.reasons["ep"]
+    assert plan.step.model_flops == pytest.approx(flops_per_token(args, 4096) * c.batch * 4096 * c.microbatches
+                                                  / (c.layout.cp * c.layout.pp))  # fmt: skip
+    assert "ep" in plan.reasons and f"ep {c.layout.ep}" in plan.reasons["ep"]
 
 
 def test_offload_is_needed_when_only_offload_fits():
-    _, _, plan = plan_of("llama3", "70B", "h100:64")
-    # batch 1 of each TP policy (the FSDP and HSDP options need far more: their gathered copies)
-    one = {o.policy: estimate_memory(*_shape_setup(plan, o)).total for o in plan.options if o.sharding.tp > 1}
-    on_device = min(v for k, v in one.items() if k != "offload")
-    assert one["offload"] < on_device
-    memory = int((one["offload"] + on_device) / 2 / HEADROOM)  # between batch-1 offload and every on-device batch 1
+    # at 128k tokens a sequence's activations outgrow what CP 8 and full recompute leave on the device
+    fused, seq = replace(KERNELS, loss="fused_ce"), 131072
+    _, _, plan = plan_of("llama3", "70B", "h100:64", seq=seq, kernels=fused)
+    accept = accepting("llama3", "70B", plan.target, fused)  # a captured step with CP is refused: not counted
+    one = [(o.policy, device_memory(plan.shape, o.layout, o.setup, batch=1).total) for o in plan.options
+           if accept(o) is None]  # fmt: skip
+    offload = min(v for policy, v in one if policy == "offload")  # batch 1 of each layout
+    on_device = min(v for policy, v in one if policy != "offload")
+    assert offload < on_device
+    memory = int((offload + on_device) / 2 / HEADROOM)  # between batch-1 offload and every on-device batch 1
     target = Target("h100", 64, "cuda", memory, "set by the test", 989e12, 8)
-    _, _, plan = plan_of("llama3", "70B", target)
+    _, _, plan = plan_of("llama3", "70B", target, seq=seq, kernels=fused)
     assert plan.chosen.policy == "offload" and plan.offload[0] is True and plan.scan[0] is True
     assert plan.chosen.estimate.activations_host > plan.chosen.estimate.activations
-
-
-def _shape_setup(plan, opt):
-    _, shape, _ = model("llama3", "70B")
-    setup = replace(KERNELS, batch_size=1, seq_len=plan.seq_len, compute_dtype="bfloat16", shard_degree=64, tp=8,
-                    data_parallel="simple_fsdp", memory_policy=opt.policy, device_type="cuda",
-                    materialise_sharded=True)  # fmt: skip
-    return shape, setup
 
 
 runner = CliRunner()
@@ -165,13 +189,14 @@ def test_onboard_plan_writes_the_target_recipe_and_torchrun(tmp_path):
     assert cfg.model.hf_config == str(root / "config.json")  # the full model, not the twin the gates ran
     p = cfg.parallelism
     assert (p.data_parallel, p.dp_shard, p.dp_replicate, p.tp) == ("simple_fsdp", 8, 1, 8)
+    assert (p.ep, p.cp, p.pp, cfg.training.grad_accum) == (1, 1, 1, 1) and out["degrees"]["tp"] == 8
+    assert set(out["degrees_why"]) == {"tp", "ep", "cp", "pp", "dp_replicate"}
     assert (cfg.graph_trainer.enable, cfg.graph_trainer.memory_policy, cfg.graph_trainer.scan_layers) == (
         True,
         "default",
         True,
     )
-    # the recipe's plain loss (kept by a CPU timing at the twin's vocabulary) is planned as fused_ce: without
-    # [tokens, 128256] fp32 logits a second sequence fits (test_llama3_70b_on_h100_64_by_hand: not with plain)
+    # the recipe's plain loss (kept by a CPU timing at the twin's vocabulary) is planned as fused_ce
     assert (cfg.training.batch_size, cfg.training.seq_len, cfg.device.type) == (2, 4096, "cuda")
     levers = {lv["key"]: lv["plan"] for lv in out["levers"]}
     assert cfg.kernels.loss == levers["kernels.loss"] == "fused_ce"

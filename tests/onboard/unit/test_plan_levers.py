@@ -60,6 +60,12 @@ def test_one_execution_mode_and_the_experts_the_chosen_option_runs():
     eager = by_key(mode_levers(cfg, MOE, target, kernels, "none", kernels.moe))
     assert (eager["graph_trainer.enable"].plan, eager["compile.enable"].plan) == (False, True)
     assert not eager["compile.enable"].changed and "kernels.moe" not in eager
+    # an eager layout titan_core refuses compiled (CP, PP) runs uncompiled, titan_core's reason in the why
+    why = "parallelism.cp = 4 runs eager only"
+    off = by_key(mode_levers(cfg, MOE, target, kernels, "none", kernels.moe, compile=False, compile_refused=why))
+    assert off["compile.enable"].changed and off["compile.enable"].plan is False and why in off["compile.enable"].why
+    eager = by_key(mode_levers(cfg, MOE, target, kernels, "none", kernels.moe, captured_refused=why))
+    assert eager["graph_trainer.enable"].plan is False and why in eager["graph_trainer.enable"].why
     # the reference loop in an eager step stays; a captured step swaps it for the target's routed kernel
     loop = from_dict({"kernels": {"moe": "loop"}})
     kernels, levers = planning_kernels(loop, MOE, target)

@@ -1,7 +1,7 @@
 """A bound belongs to a precision, and a gated run counts only when it ran whole.
 
 The checklists' per-precision thresholds (onboard/ladder/gates.py), the recipe's precision
-(gate_recipe.precision), the runs each rung records (onboard/ladder/gated_runs.py) and the shipped
+(gate_recipe.precision), the runs each rung records (onboard/ladder/contract.py) and the shipped
 checklists that use them."""
 
 from __future__ import annotations
@@ -13,8 +13,7 @@ import pytest
 
 from onboard.ladder.gates import PRECISIONS, ChecklistError, evaluate, gate_passed, load_checklist, parse_checklist
 from onboard.rungs import gate_recipe
-from onboard.ladder.contract import RungContext
-from onboard.ladder.gated_runs import GatedRuns, record_run, settle_runs
+from onboard.ladder.contract import GatedRuns, RungContext, record_run, settle_runs
 from titan_core.measure.run_stats import not_whole
 
 PER_PRECISION = {

@@ -108,7 +108,7 @@ def test_a_failed_write_leaves_the_original_intact(tmp_path, monkeypatch):
     def no_rename(src, dst):
         raise OSError("disk full")
 
-    monkeypatch.setattr("onboard.workspace.fsutil.os.replace", no_rename)
+    monkeypatch.setattr("titan_core.runtime.files.os.replace", no_rename)
     with pytest.raises(OSError, match="disk full"):
         apply_edits(path, [RecipeEdit("kernels.loss", "fused_ce", "x")])
     assert path.read_text() == RECIPE and [p.name for p in tmp_path.iterdir()] == ["recipe.toml"]

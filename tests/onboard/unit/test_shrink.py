@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from onboard.compat import tiny
 from onboard.sizing.shrink import entries_of, first_of_each_kind, moved_token_ids, renumbered, shrinks, shrunk
-from titan_core.models.common.hf_keys import HF_KEYS
+from titan_core.config.hf_keys import HF_KEYS
 
 
 def test_a_size_only_shrinks_and_no_feature_is_added():

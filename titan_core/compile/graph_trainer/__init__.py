@@ -5,8 +5,10 @@ FX graph (params.py: how sharded parameters enter it); passes.py holds the pass 
 and pipeline, registry.py the pass registry; memory_policy.py the save / recompute /
 offload tagging and the passes that act on it; scan.py runs identical blocks as one loop;
 split.py cuts forward and backward into two programs; runner.py runs it all as the
-trainer's step; report.py measures the captured step without training.
+trainer's step; step_probes.py measures the captured step without training.
 """
+
+# ruff: noqa: F401  (the package re-exports its modules' public names)
 
 from titan_core.compile.graph_trainer.capture import CapturedStep, CaptureError, StepLayout, capture_train_step
 from titan_core.compile.graph_trainer.host_sync import HostSync, HostSyncError, host_sync_nodes
@@ -16,28 +18,3 @@ from titan_core.compile.graph_trainer.registry import PassSettings, register_pas
 from titan_core.compile.graph_trainer.step_probes import find_host_syncs, graphs_per_step, measure_memory_policies
 from titan_core.compile.graph_trainer.runner import GraphStats, GraphTrainStep
 from titan_core.compile.graph_trainer.scan import ScanError, check_scannable
-
-__all__ = [
-    "ActivationBytes",
-    "CaptureError",
-    "CapturedStep",
-    "GraphStats",
-    "GraphTrainStep",
-    "HostSync",
-    "HostSyncError",
-    "PassSettings",
-    "ScanError",
-    "StepLayout",
-    "build_pipeline",
-    "capture_train_step",
-    "check_scannable",
-    "find_host_syncs",
-    "graphs_per_step",
-    "host_sync_nodes",
-    "measure_memory_policies",
-    "op_counts",
-    "register_pass",
-    "registered_passes",
-    "run_passes",
-    "saved_activation_bytes",
-]

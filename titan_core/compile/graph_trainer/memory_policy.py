@@ -30,8 +30,7 @@ import torch
 from torch.fx import GraphModule, Node
 from torch.multiprocessing.reductions import StorageWeakRef
 
-from titan_core.compile.graph_trainer.graph_meta import meta_like
-from titan_core.compile.graph_trainer.registry import PassSettings, register_pass
+from titan_core.compile.graph_trainer.registry import PassSettings, meta_like, register_pass
 
 aten = torch.ops.aten
 

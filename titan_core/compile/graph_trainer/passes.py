@@ -26,8 +26,7 @@ from torch.fx import GraphModule
 
 # importing memory_policy registers its passes (it imports the registry, never this module)
 from titan_core.compile.graph_trainer import memory_policy  # noqa: F401
-from titan_core.compile.graph_trainer.graph_meta import meta_like
-from titan_core.compile.graph_trainer.registry import GraphPass, PassSettings, passes_by_name, register_pass
+from titan_core.compile.graph_trainer.registry import GraphPass, PassSettings, meta_like, passes_by_name, register_pass
 from titan_core.config.loader import ConfigError, did_you_mean
 
 aten = torch.ops.aten

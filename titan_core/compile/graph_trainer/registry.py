@@ -1,4 +1,5 @@
-"""The graph-pass registry: `register_pass`, the `PassSettings` every pass receives, the table.
+"""The graph-pass registry: `register_pass`, the `PassSettings` every pass receives, the table, and
+`meta_like` for a pass that adds nodes.
 
 This module exists only to break an import cycle: passes.py builds pipelines from the
 registered passes and imports memory_policy.py so that its passes are registered, while
@@ -11,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import torch
 from torch.fx import GraphModule
 
 PassFn = Callable[..., GraphModule]
@@ -52,3 +54,11 @@ def register_pass(name: str, *, numerics_changing: bool = False, description: st
 def passes_by_name() -> dict[str, GraphPass]:
     """Every pass registered so far, by name (a copy)."""
     return dict(_PASSES)
+
+
+def meta_like(node, *, dtype=None, device=None) -> dict:
+    """meta['val'] for a node computing a tensor like `node`'s, with another dtype or device."""
+    val = node.meta["val"]
+    with val.fake_mode:
+        new = torch.empty_strided(val.shape, val.stride(), dtype=dtype or val.dtype, device=device or val.device)
+    return {"val": new}

@@ -47,14 +47,28 @@ def attention_mask(
     Causal unless `causal` is False; `window` keeps keys with q - k < window (the query
     itself counts); `segment_ids` [batch, seq] keeps keys of the same packed document.
     """
-    q = torch.arange(seq_len, device=device)[:, None]
-    k = torch.arange(seq_len, device=device)[None, :]
-    allowed = k <= q if causal else torch.ones(seq_len, seq_len, dtype=torch.bool, device=device)
+    pos = torch.arange(seq_len, device=device)
+    return mask_from_positions(pos, pos, window=window, q_segments=segment_ids, k_segments=segment_ids, causal=causal)
+
+
+def mask_from_positions(
+    q_pos: torch.Tensor,
+    k_pos: torch.Tensor,
+    *,
+    window: int | None = None,
+    q_segments: torch.Tensor | None = None,
+    k_segments: torch.Tensor | None = None,
+    causal: bool = True,
+) -> torch.Tensor:
+    """`attention_mask` for queries and keys at given positions in the row ([q], [k] int64; in any
+    order, as context parallel holds them) and their segment ids ([batch, q], [batch, k]): [1 or batch, 1, q, k]."""
+    q, k = q_pos[:, None], k_pos[None, :]
+    allowed = k <= q if causal else torch.ones(q.shape[0], k.shape[1], dtype=torch.bool, device=q.device)
     if window:
         allowed = allowed & (q - k < window)
     allowed = allowed[None, None]
-    if segment_ids is not None:
-        same_doc = segment_ids[:, None, :, None] == segment_ids[:, None, None, :]
+    if q_segments is not None:
+        same_doc = q_segments[:, None, :, None] == k_segments[:, None, None, :]
         allowed = allowed & same_doc
     return allowed
 

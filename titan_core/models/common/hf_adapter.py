@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from titan_core.models.common.args import TransformerArgs
-from titan_core.models.common.hf_keys import HF_KEYS
+from titan_core.config.hf_keys import HF_KEYS
 from titan_core.models.common.mapping_errors import AdapterError
 from titan_core.models.common.tied import HF_TIE, NATIVE_TIE, tie_default, with_tied_head, without_tied_head
 from titan_core.models.common.validate import check_args, check_hf_value, check_pad_id

@@ -19,7 +19,7 @@ import torch
 from titan_core.models.common.args import TransformerArgs
 from titan_core.models.common.mapping_errors import AdapterError
 from titan_core.models.common.hf_adapter import window_pattern
-from titan_core.models.common.hf_keys import HF_KEYS
+from titan_core.config.hf_keys import HF_KEYS
 from titan_core.models.common.validate import NATIVE_ACCEPTS, check_args, check_pad_id, check_value
 from titan_core.models.common.tied import HF_TIE, Tie, same_tensor, with_tied_head
 from titan_core.models.transformers.checkpoint_layout import CheckpointLayout

@@ -16,6 +16,7 @@ from typing import Any, Iterator
 from titan_core.config.loader import ConfigError
 from titan_core.models.common.mapping_errors import AdapterError, ArchitectureError
 from titan_core.models.common.validate import refusal
+from titan_core.runtime.quiet import TORCHAO_IMPORT, quiet_loggers
 
 
 def require_transformers():
@@ -27,6 +28,10 @@ def require_transformers():
             'model.family = "transformers" runs a model from HF transformers, which is not installed: '
             "pip install 'titan-onboard[hf]'"
         ) from None
+    # building any model imports transformers' quantizers, and with them torchao when it is
+    # installed (the [float8] extra): imported here first, its import-time warnings stay out of the run
+    with quiet_loggers(*TORCHAO_IMPORT):
+        import transformers.quantizers.auto  # noqa: F401
     return transformers
 
 

@@ -6,9 +6,9 @@
 Each entry lists the names configs give one quantity: first the name titan_core's families read and
 write, then the other names transformers' config classes use for it (GPT-2's `n_embd`, Mixtral's
 `num_local_experts`, DeepSeek's `n_routed_experts`). The families' adapters read and export the
-first names (models/common/hf_adapter.py), the transformers path finds a count under any of them
-(models/transformers/adapter.py), the header check finds the declared dtype by them
-(weights/header_check.py), and a small config derived from a real one writes each shrunk size
+first names (titan_core/models/common/hf_adapter.py), the transformers path finds a count under any of them
+(titan_core/models/transformers/adapter.py), the header check finds the declared dtype by them
+(titan_core/weights/header_check.py), and a small config derived from a real one writes each shrunk size
 under the name the real one uses, so the class that reads it sees the new value and no second key.
 
 Keys are TransformerArgs fields, but for `dtype`: the checkpoint's declared dtype, which no args
@@ -18,10 +18,7 @@ field holds (transformers 5 writes `dtype`, 4.x wrote `torch_dtype`).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import fields
 from typing import Any
-
-from titan_core.models.common.args import TransformerArgs
 
 HF_KEYS: dict[str, tuple[str, ...]] = {
     "dim": ("hidden_size", "n_embd", "d_model", "n_embed", "emb_dim", "embedding_dim"),
@@ -48,8 +45,9 @@ HF_KEYS: dict[str, tuple[str, ...]] = {
 }  # fmt: skip
 """{native field: the config keys that carry it}, the name titan_core reads and writes first."""
 
-ARG_FIELDS = tuple(f for f in HF_KEYS if f in {x.name for x in fields(TransformerArgs)})
-"""The table's keys that are TransformerArgs fields (all but `dtype`)."""
+ARG_FIELDS = tuple(f for f in HF_KEYS if f != "dtype")
+"""The table's keys that are TransformerArgs fields (all but `dtype`; a test holds them to the dataclass).
+Named, not read off TransformerArgs, so the table loads without torch (a light reader shows a config's shape by it)."""
 
 
 def hf_key(field: str, cfg: Mapping[str, Any] | None = None) -> str:

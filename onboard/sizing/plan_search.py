@@ -1,0 +1,343 @@
+"""The search over (dp_shard, dp_replicate, tp, ep, cp, pp) x memory policy for one target, and why
+the chosen degrees won.
+
+    opts = search(ps, target, kernels, seq_len=4096, space=Space(...), step_of=...)
+    chosen = choose(opts); why = degree_reasons(opts, chosen, ps, space)
+
+Which degrees are tried:
+- tp: 1, and powers of two up to one host's devices where the family has a TP plan and the head
+  counts and MLP width divide (TP's all-reduces stay on the host's fast links);
+- cp: 1, and powers of two up to MAX_CP whose 2 x cp load-balanced chunks divide the sequence and
+  leave at least MIN_CP_CHUNK tokens per rank;
+- pp: 1, and powers of two up to MAX_PP leaving at least 2 layers per stage, with 1F1B and
+  interleaved1F1B (GPipe holds every microbatch's activations for the same bubble, so it never wins
+  here; the recipe may still name it); only eager steps (a captured step is one program, a pipeline
+  schedule is not);
+- dp_replicate: 1, and powers of two leaving dp_shard >= 1 (HSDP: the shard group's collectives stay
+  inside a host, the replicas all-reduce once per step);
+- ep (MoE only): 1, and powers of two dividing both dp_shard x cp and the expert count;
+- memory policy: none (the eager step: FSDP2 or SimpleFSDP without TP, SimpleFSDP with it; compiled
+  per block when the recipe's step is, and also uncompiled, the mode the eager rung verified), and the
+  Graph Trainer's default / full / offload (captured: SimpleFSDP); offload not on a CPU.
+
+Each fitting option is then judged by titan_core (`accept`: the recipe the plan would write for it,
+through titan_core.parallel.check_parallelism and the model-level checks; onboard/sizing/plan_accept.py):
+a refused option keeps titan_core's one-line reason and is never chosen.
+
+Every layout is given the largest batch that fits, at most what keeps the global batch within
+GLOBAL_TOKENS; under PP the microbatches are PP_MICROBATCHES x pp. The chosen option has the most
+predicted tokens/s among those titan_core accepts; within CLOSE of it the simplest layout wins (fewest
+degrees above 1, then the milder memory policy, then the recipe's own execution mode, then FSDP2 for an
+eager step), since the time model is not more precise than that. Offload is chosen only when nothing
+fits on the device.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from titan_core.memory.estimate import TrainSetup
+
+from onboard.sizing.plan_memory import (
+    DeviceMemory,
+    Layout,
+    MemSetup,
+    PlanShape,
+    device_memory,
+    largest_batch,
+    stage_layers,
+)
+from onboard.sizing.plan_time import StepPrediction
+
+GRAPH_POLICIES = ("default", "full", "offload")
+POLICY_ORDER = ("none",) + GRAPH_POLICIES
+MAX_CP = 16
+MIN_CP_CHUNK = 256
+MAX_PP = 16
+PP_MICROBATCHES = 4
+"""Microbatches per pipeline stage: the 1F1B bubble is (pp - 1) / (4 pp + pp - 1), under 20%."""
+GLOBAL_TOKENS = 16 * 2**20
+"""Largest global batch a plan gives, in tokens: Llama 3 405B's pre-training batch reached 16M tokens
+(Llama 3 paper, section 3.4); beyond it a larger per-device batch buys speed with optimisation."""
+CLOSE = 0.2
+"""Within this fraction of the best predicted tokens/s the simplest layout wins: the time model's precision.
+Its largest error over the published runs (plan_published.py) is 15% (the held-out Qwen3-235B-A22B row),
+rounded up here; a test holds the error within it."""
+DEGREES = ("tp", "ep", "cp", "pp", "dp_replicate")
+DP_ORDER = ("fsdp2", "simple_fsdp")
+PARALLEL = ("tp", "ep", "cp", "pp")
+
+
+@dataclass(frozen=True)
+class Space:
+    """What the model and the family allow."""
+
+    tp_plan: bool
+    """The family has a tensor-parallel plan."""
+    ep: bool = True
+    """Experts may be split (a MoE model)."""
+    cp: bool = True
+    pp: bool = True
+
+
+@dataclass
+class Option:
+    layout: Layout
+    policy: str
+    data_parallel: str
+    batch: int
+    """Sequences per microbatch per data-parallel rank the plan runs (0: not even one fits)."""
+    largest_batch: int
+    """The largest that fits (>= batch: the global batch caps the planned one)."""
+    microbatches: int
+    estimate: DeviceMemory
+    """At `batch` (at batch 1 when none fits)."""
+    setup: MemSetup | None = None
+    """How it trains, for the memory model (device_memory(shape, layout, setup, batch=...))."""
+    step: StepPrediction | None = None
+    compile: bool = False
+    """An eager step (policy none) compiled per block; a captured step is the Graph Trainer's (False)."""
+    refused: str | None = None
+    """titan_core's one-line refusal of the recipe this option would write (None: accepted, or not judged
+    because it does not fit)."""
+
+    @property
+    def usable(self) -> bool:
+        """It fits and titan_core runs it: the only options a plan may choose."""
+        return self.fits and self.refused is None
+
+    @property
+    def mode(self) -> str:
+        """The execution mode: graph_trainer (a captured step), compile (per block) or eager."""
+        return "graph_trainer" if self.policy != "none" else "compile" if self.compile else "eager"
+
+    @property
+    def label(self) -> str:
+        """Layout, mode and memory policy in a few words (how reasons name an option)."""
+        return (f"{self.layout.name}, {self.data_parallel}, {self.mode}"
+                + (f" policy {self.policy}" if self.policy != "none" else ""))
+
+    @property
+    def sharding(self) -> Layout:
+        return self.layout
+
+    @property
+    def fits(self) -> bool:
+        return self.batch > 0
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.step.tokens_per_s_device if self.step else 0.0
+
+    @property
+    def complexity(self) -> int:
+        return sum(getattr(self.layout, d) > 1 for d in DEGREES)
+
+    def to_dict(self) -> dict[str, Any]:
+        e = self.estimate
+        return {
+            "sharding": self.layout.name, "degrees": self.layout.degrees(), "policy": self.policy, "mode": self.mode,
+            "data_parallel": self.data_parallel, "batch": self.batch, "largest_batch": self.largest_batch,
+            "grad_accum": self.microbatches, "peak_bytes": e.total, "peak_at": e.phase, "params_bytes": e.params,
+            "grads_bytes": e.grads, "optimizer_bytes": e.optimizer_state, "gathered_params_bytes": e.gathered_params,
+            "activations_bytes": e.activations, "activations_host_bytes": e.activations_host,
+            "workspace_bytes": max(e.backward_workspace, e.optimizer_workspace),
+            "predicted_tokens_per_s_device": self.tokens_per_s, "predicted_mfu": self.step.mfu if self.step else None,
+            "refused": self.refused,
+        }  # fmt: skip
+
+
+def _pow2(limit: int) -> list[int]:
+    out, v = [], 2
+    while v <= limit:
+        out.append(v)
+        v *= 2
+    return out
+
+
+def layouts(ps: PlanShape, target, seq_len: int, space: Space) -> list[Layout]:
+    """Every layout of the target's devices the module docstring allows."""
+    n, base = target.count, ps.base
+    tps = [1] + [t for t in _pow2(target.per_host) if space.tp_plan and n % t == 0
+                 and all(w % t == 0 for w in (base.n_heads, base.n_kv_heads, base.ffn_hidden_dim))]  # fmt: skip
+    cps = [1] + [c for c in _pow2(MAX_CP) if space.cp and seq_len % (2 * c) == 0 and seq_len // c >= MIN_CP_CHUNK]
+    pps = [1] + [p for p in _pow2(MAX_PP) if space.pp and ps.n_layers >= 2 * p]
+    out: list[Layout] = []
+    for tp in tps:
+        for cp in cps:
+            for pp in pps:
+                if n % (tp * cp * pp):
+                    continue
+                dp = n // (tp * cp * pp)
+                for rep in [1] + [r for r in _pow2(dp) if dp % r == 0]:
+                    shard = dp // rep
+                    eps = [1] + [e for e in _pow2(base.n_experts) if space.ep and ps.is_moe and (shard * cp) % e == 0
+                                 and base.n_experts % e == 0]  # fmt: skip
+                    for ep in eps:
+                        schedules = ("1F1B",) if pp == 1 else ("1F1B", "interleaved1F1B")
+                        for sched in schedules:
+                            if sched == "interleaved1F1B" and ps.n_layers < 2 * 2 * pp:
+                                continue
+                            out.append(Layout(shard, rep, tp, ep, cp, pp, sched))
+    return out
+
+
+def microbatches(lay: Layout, dp_tokens_per_seq: int) -> int:
+    """Microbatches a step runs: 1 without PP; PP_MICROBATCHES per stage, fewer when the global batch would
+    pass GLOBAL_TOKENS at one sequence each (never fewer than the stages)."""
+    if lay.pp == 1:
+        return 1
+    want = PP_MICROBATCHES * lay.pp
+    return max(lay.pp, min(want, GLOBAL_TOKENS // max(1, dp_tokens_per_seq)))
+
+
+def search(ps: PlanShape, target, kernels: TrainSetup, *, seq_len: int, space: Space,
+           moe_kernel: Callable[[str], str], step_of: Callable[[Option], StepPrediction],
+           compiled: bool = False, accept: Callable[[Option], str | None] | None = None) -> list[Option]:  # fmt: skip
+    """Every layout with every memory policy, data-parallel kind and eager mode that applies (module
+    docstring), each with its batch, memory and, when it fits, its predicted step (`step_of`) and
+    titan_core's verdict (`accept(option)`: its refusal, None when it runs). `moe_kernel(policy)`: the
+    experts kernel it runs; `compiled`: the recipe compiles its eager step per block."""
+    policies = POLICY_ORDER if target.device_type != "cpu" else POLICY_ORDER[:-1]
+    compute = "float32" if target.device_type == "cpu" else "bfloat16"
+    out: list[Option] = []
+    for lay in layouts(ps, target, seq_len, space):
+        micro = microbatches(lay, lay.dp * seq_len)
+        for policy in policies if lay.pp == 1 else ("none",):
+            eager = policy == "none"
+            for dp_kind in DP_ORDER if eager and lay.tp == 1 else ("simple_fsdp",):
+                setup = MemSetup(policy=policy, data_parallel=dp_kind, seq_len=seq_len, grad_accum=micro,
+                                 compute_dtype=compute, loss=kernels.loss, ce_chunk=kernels.ce_chunk,
+                                 attention=kernels.attention, moe=moe_kernel(policy),
+                                 device_type=target.device_type)  # fmt: skip
+                fit, est = largest_batch(ps, lay, setup, target.budget)
+                cap = max(1, GLOBAL_TOKENS // (lay.dp * seq_len * micro))
+                batch = min(fit, cap)
+                if batch and batch != fit:
+                    est = device_memory(ps, lay, setup, batch=batch)
+                # a compiled eager step is what the compile rung earned; uncompiled is what the eager rung ran
+                for compile_ in ((True, False) if eager and compiled else (False,)):
+                    opt = Option(lay, policy, dp_kind, batch, fit, micro, est, setup, compile=compile_)
+                    if opt.fits:
+                        opt.step = step_of(opt)
+                        opt.refused = accept(opt) if accept is not None else None
+                    out.append(opt)
+    return out
+
+
+def preference(o: Option) -> tuple:
+    """Among options within CLOSE of the fastest: the simplest layout, the milder memory policy, the
+    recipe's own execution mode (per-block compile when it has one), FSDP2 for an eager step, then speed."""
+    return (o.complexity, POLICY_ORDER.index(o.policy), not o.compile, DP_ORDER.index(o.data_parallel),
+            -o.tokens_per_s)  # fmt: skip
+
+
+def choose(opts: list[Option]) -> Option | None:
+    """The most predicted tokens/s on the device among the options titan_core accepts (offload only when
+    nothing else fits); within CLOSE of it the simplest layout, then the milder policy (module docstring)."""
+    on_device = [o for o in opts if o.usable and o.policy != "offload"]
+    pool = on_device or [o for o in opts if o.usable]
+    if not pool:
+        return None
+    best = max(o.tokens_per_s for o in pool)
+    near = [o for o in pool if o.tokens_per_s >= best * (1 - CLOSE)]
+    return min(near, key=preference)
+
+
+def refusal_summary(opts: list[Option], limit: int = 8) -> dict[str, Any]:
+    """The fitting options titan_core refused, grouped by its one-line reason (most frequent first): each
+    reason's count, the fastest option it refused and up to `limit` of the layouts (with mode and policy)."""
+    groups: dict[str, list[Option]] = {}
+    for o in opts:
+        if o.fits and o.refused is not None:
+            groups.setdefault(o.refused, []).append(o)
+    reasons = []
+    for why, group in sorted(groups.items(), key=lambda kv: (-len(kv[1]), kv[0])):
+        group.sort(key=lambda o: -o.tokens_per_s)
+        labels = list(dict.fromkeys(o.label for o in group))
+        reasons.append({"reason": why, "count": len(group), "fastest": group[0].label,
+                        "fastest_predicted_tokens_per_s_device": group[0].tokens_per_s,
+                        "layouts": labels[:limit], "more_layouts": max(0, len(labels) - limit)})  # fmt: skip
+    return {"options": sum(len(g) for g in groups.values()), "reasons": reasons}
+
+
+def degree_reasons(opts: list[Option], chosen: Option, ps: PlanShape, space: Space) -> dict[str, str]:
+    """Per degree (tp, ep, cp, pp, dp_replicate): the value chosen and why, against the best fitting
+    option titan_core accepts with another value of that degree; and when a faster fitting one with
+    another value was refused, titan_core's reason."""
+    lay, out = chosen.layout, {}
+    facts = {
+        "tp": f"{ps.base.n_heads // lay.tp} of {ps.base.n_heads} query heads per rank" if lay.tp > 1 else "",
+        "ep": f"{ps.base.n_experts // lay.ep} of {ps.base.n_experts} experts per rank per layer, each sharded over "
+              f"{lay.edp} ranks" if lay.ep > 1 else "",
+        "cp": f"each sequence in {2 * lay.cp} load-balanced chunks, two per rank" if lay.cp > 1 else "",
+        "pp": f"{stage_layers(ps, lay.pp)} layers per stage, {chosen.microbatches} microbatches, bubble "
+              f"x{chosen.step.bubble:.2f}" if lay.pp > 1 and chosen.step else "",
+        "dp_replicate": f"shard groups of {lay.dp_shard * lay.cp}, replicated {lay.dp_replicate} times"
+                        if lay.dp_replicate > 1 else "",
+    }  # fmt: skip
+    for d in DEGREES:
+        value = getattr(lay, d)
+        if d == "tp" and not space.tp_plan:
+            out[d] = f"tp {value}: the family has no tensor-parallel plan"
+            continue
+        if d == "ep" and not ps.is_moe:
+            out[d] = f"ep {value}: a dense model has no experts"
+            continue
+        others = [o for o in opts if o.usable and o.policy != "offload" and getattr(o.layout, d) != value]
+        head = f"{d} {value}" + (f" ({facts[d]})" if facts[d] else "")
+        refused = _refused_clause(opts, d, value, chosen, max((o.tokens_per_s for o in others), default=0.0))
+        if not others:
+            tried = sorted({getattr(o.layout, d) for o in opts if getattr(o.layout, d) != value})
+            fitting = sorted({getattr(o.layout, d) for o in opts if o.fits and getattr(o.layout, d) != value})
+            if fitting:
+                why = f": every fitting layout with {d} in {fitting} is refused by titan_core" + refused
+            elif tried:
+                why = f": no layout with {d} in {tried} fits"
+            else:
+                why = f": the only {d} this target allows"
+            out[d] = head + why
+            continue
+        alt = max(others, key=lambda o: o.tokens_per_s)
+        ratio = chosen.tokens_per_s / alt.tokens_per_s if alt.tokens_per_s else math.inf
+        other = f"{d} {getattr(alt.layout, d)} ({alt.layout.name}, policy {alt.policy}, batch {alt.batch})"
+        if ratio < 1:
+            why = (f"the best with {other} predicts {1 / ratio:.3f}x its tokens/s, within {CLOSE:.0%}: the simpler "
+                   "layout is kept")  # fmt: skip
+        else:
+            why = f"predicted {ratio:.2f}x the tokens/s of the best with {other}"
+        ones = [o for o in others if getattr(o.layout, d) == 1]
+        if value > 1 and not ones:
+            refused_ones = [o for o in opts if o.fits and o.refused and getattr(o.layout, d) == 1]
+            if refused_ones:
+                top = max(refused_ones, key=lambda o: o.tokens_per_s)
+                why += (f"; every fitting layout with {d} 1 is refused by titan_core (the fastest, {top.label}: "
+                        f"{top.refused})")  # fmt: skip
+            else:
+                why += f"; no layout with {d} 1 fits"
+        elif value > 1 and getattr(alt.layout, d) != 1:
+            one = max(ones, key=lambda o: o.tokens_per_s)
+            why += (f"; the best with {d} 1 ({one.layout.name}, policy {one.policy}) predicts "
+                    f"{one.tokens_per_s / chosen.tokens_per_s:.2f}x its tokens/s")  # fmt: skip
+        out[d] = f"{head}: {why}{refused}"
+    return out
+
+
+def _refused_clause(opts: list[Option], d: str, value: int, chosen: Option, best_accepted: float) -> str:
+    """'; titan_core refuses the fastest with <d> <v> (...): <its reasons>' when a fitting option with another
+    value of `d`, faster than every accepted one with another value, was refused; else ''. The option named
+    is the fastest of those with `d` the only degree above 1 among tp / ep / cp / pp when there is one (why
+    `d` itself is refused with this recipe), and its reasons are those of its layout in every mode refused."""
+    refused = [o for o in opts if o.fits and o.refused and o.policy != "offload" and getattr(o.layout, d) != value]
+    faster = [o for o in refused if o.tokens_per_s > best_accepted]
+    if not faster:
+        return ""
+    alone = [o for o in faster if all(getattr(o.layout, x) == 1 for x in PARALLEL if x != d)] or faster
+    top = max(alone, key=lambda o: o.tokens_per_s)
+    same = sorted((o for o in refused if o.layout == top.layout), key=lambda o: -o.tokens_per_s)
+    reasons = list(dict.fromkeys(o.refused for o in same))[:3]
+    ratio = top.tokens_per_s / chosen.tokens_per_s if chosen.tokens_per_s else math.inf
+    return (f"; titan_core refuses the fastest with {d} {getattr(top.layout, d)} ({top.layout.name}, predicted "
+            f"{ratio:.2f}x the chosen tokens/s): " + "; ".join(reasons))

@@ -1,0 +1,138 @@
+"""`onboard plan` writes only what titan_core runs: each candidate's recipe is judged by titan_core
+(check_parallelism and the model-level checks, on meta), a refused one is never chosen, the plan lists
+the refused ones with titan_core's reason, and when only refused layouts fit it picks another execution
+mode titan_core runs or exits 1 saying why. Nothing here trains: models on meta, twins on disk.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+from typer.testing import CliRunner
+
+from onboard.cli.app import app
+from onboard.sizing.hardware import HARDWARE
+from onboard.sizing.plan import HEADROOM, parse_target, plan_training
+from onboard.sizing.plan_memory import PlanShape, device_memory
+from onboard.sizing.workspace_plan import plan_workspace_target
+from onboard.workspace.layout import Workspace
+from plan_models import accepting
+from real_size_configs import PUBLISHED
+from titan_core.config import load_config
+from titan_core.memory.estimate import TrainSetup
+from titan_core.models.common.param_counts import count_params
+from titan_core.models.common.stats import flops_per_token
+from titan_core.models.registry import build_meta, get_family
+from titan_core.parallel import check_parallelism
+
+runner = CliRunner()
+FUSED = TrainSetup(batch_size=1, seq_len=1, loss="fused_ce")
+SEQ = 131072
+EARNED = '\n[compile]\nenable = true\n\n[kernels]\nmoe = "dense"\n'  # what a ladder on this CPU leaves for an MoE
+
+
+def _llama8b(memory_gib: float | None = None):
+    """Llama 3.1 8B at 128k tokens on 64 H100s (their memory, or `memory_gib`), no TP plan: the captured step
+    with CP holds a sequence in far less memory than anything else, and titan_core runs CP eager only."""
+    args = get_family("llama3").flavors["8B"]
+    meta = build_meta("llama3", args)
+    ps, counts = PlanShape.from_model(meta, args), count_params(meta)
+    target = parse_target("h100:64")
+    if memory_gib is not None:
+        target = replace(target, memory_bytes=int(memory_gib * 2**30 / HEADROOM))
+    accept = accepting("llama3", "8B", target, FUSED)
+    plan = plan_training(ps, counts, lambda s: flops_per_token(args, s), target, seq_len=SEQ, kernels=FUSED,
+                         tp_plan=False, accept=accept)  # fmt: skip
+    peaks = [(device_memory(ps, o.layout, o.setup, batch=1).total, o, accept(o)) for o in plan.options]
+    return plan, peaks
+
+
+def test_a_layout_titan_core_refuses_is_never_chosen():
+    plan, peaks = _llama8b()
+    assert plan.chosen is not None and plan.chosen.refused is None
+    captured_cp = [o for _, o, _ in peaks if o.fits and o.layout.cp > 1 and o.policy != "none"]
+    assert captured_cp and all("runs eager only" in o.refused for o in captured_cp)
+    refused = plan.to_dict()["refused"]
+    assert refused["options"] == sum(o.fits and o.refused is not None for o in plan.options) > 0
+    assert sum(g["count"] for g in refused["reasons"]) == refused["options"]
+    assert all(o.refused is None for o in plan.ranked())
+    # only CP with the captured step fits: nothing is chosen, and the one line says titan_core's reason
+    accepted = min(p for p, _, why in peaks if why is None)
+    cheapest = min(p for p, _, why in peaks if why is not None)
+    assert cheapest < accepted / 2  # full recompute over 16 CP ranks, against the best titan_core runs
+    none, _ = _llama8b((cheapest + accepted) / 2 / 2**30)
+    assert none.chosen is None and all(o.refused for o in none.options if o.fits)
+    assert none.would_fit.startswith(f"nothing titan_core accepts fits --seq {SEQ} on 64 x h100: ")
+    assert "runs eager only" in none.would_fit and f"--seq {SEQ // 2} fits here" in none.would_fit
+    # a little more memory: CP in the mode titan_core runs it in (eager, uncompiled) rather than the captured step
+    on_device = min(((p, o) for p, o, why in peaks if why is None and o.policy != "offload"), key=lambda po: po[0])
+    assert on_device[1].layout.cp > 1
+    eager, _ = _llama8b(on_device[0] * 1.001 / 2**30)
+    c = eager.chosen
+    assert c.layout.cp > 1 and c.mode == "eager" and not c.compile
+    compiled = next(o for o in eager.options if o.layout == c.layout and o.policy == "none" and o.compile
+                    and o.data_parallel == c.data_parallel)  # fmt: skip
+    assert "runs eager only" in compiled.refused
+
+
+def _workspace(tmp_path, name: str, extra: str = "") -> str:
+    ws = name.replace("-", "_").replace(".", "_").lower()
+    (tmp_path / f"{ws}.json").write_text(json.dumps(PUBLISHED[name][2]))
+    width = ["--twin-width", "64"] if name.startswith("Qwen") else []
+    made = runner.invoke(app, ["new-model", ws, "--hf-config", str(tmp_path / f"{ws}.json"), "--dir", str(tmp_path),
+                               "--device", "cpu", "--twin", *width])  # fmt: skip
+    assert made.exit_code == 0, made.stderr
+    recipe = tmp_path / "onboarding" / ws / "recipe.toml"
+    recipe.write_text(recipe.read_text() + extra)
+    return ws
+
+
+def test_onboard_plan_exits_1_naming_titan_cores_reason_when_only_refused_layouts_fit(tmp_path, monkeypatch):
+    ws = _workspace(tmp_path, "Llama-3.1-8B")
+    plan, _ = plan_workspace_target(Workspace.load(tmp_path, ws), "h100:64", seq=SEQ)
+    peak = [(device_memory(plan.shape, o.layout, o.setup, batch=1).total, o) for o in plan.options if o.fits]
+    accepted = min(p for p, o in peak if o.refused is None)
+    refused = min(p for p, o in peak if o.refused is not None)
+    assert refused < accepted  # CP (with TP, or with the captured step) holds 128k tokens in less
+    between = int((refused + accepted) / 2 / HEADROOM)
+    monkeypatch.setitem(HARDWARE, "h100", replace(HARDWARE["h100"], memory_bytes=between))
+    root = tmp_path / "onboarding" / ws
+    res = runner.invoke(app, ["plan", ws, "--dir", str(tmp_path), "--target", "h100:64", "--seq", str(SEQ)])
+    lines = res.stderr.strip().splitlines()
+    assert res.exit_code == 1 and len(lines) == 1 and res.stdout == "", res.stderr
+    assert lines[0].startswith(f"error: nothing titan_core accepts fits --seq {SEQ} on 64 x h100: ")
+    assert "parallelism.cp = " in lines[0] and not list(root.glob("recipe.h100-*.toml"))
+    out = json.loads(runner.invoke(app, ["plan", ws, "--dir", str(tmp_path), "--target", "h100:64", "--seq",
+                                         str(SEQ), "--json"]).stdout)  # fmt: skip
+    assert out["chosen"] is None and out["options_accepted"] == 0 and out["refused"]["options"] > 0
+    assert all(g["reason"] and g["count"] and g["layouts"] for g in out["refused"]["reasons"])
+
+
+def test_pp_is_chosen_only_while_the_recipe_saves_no_checkpoints_and_says_so(tmp_path):
+    # Qwen3-30B-A3B at 4k tokens on 32 H100s: a 4-stage pipeline predicts the most tokens/s
+    ws = _workspace(tmp_path, "Qwen3-30B-A3B", EARNED)
+    res = runner.invoke(app, ["plan", ws, "--dir", str(tmp_path), "--target", "h100:32", "--json"])
+    assert res.exit_code == 0, res.stderr
+    out = json.loads(res.stdout)
+    assert out["degrees"]["pp"] > 1 and out["chosen"]["mode"] == "eager"
+    assert "checkpoint.enable" in out["refused_features"] and "does not support checkpoint.enable" in out[
+        "refused_features"]["checkpoint.enable"]  # fmt: skip
+    assert "a run of this recipe saves no checkpoints" in out["degrees_why"]["pp"]
+    levers = {lv["key"]: lv for lv in out["levers"]}  # the recipe's per-block compile: titan_core refuses it with pp
+    assert levers["compile.enable"]["plan"] is False and "pp > 1 does not support compile" in levers[
+        "compile.enable"]["why"]  # fmt: skip
+    cfg = load_config(out["recipe"])
+    assert not cfg.checkpoint.enable and not cfg.compile.enable and cfg.parallelism.pp == out["degrees"]["pp"]
+    check_parallelism(cfg, 32)  # titan_core runs what was written
+    # a recipe that trains the real model saves checkpoints: then no pipeline, and the plan says why
+    recipe = tmp_path / "onboarding" / ws / "recipe.toml"
+    recipe.write_text(recipe.read_text() + "\n[checkpoint]\nenable = true\n")
+    res = runner.invoke(app, ["plan", ws, "--dir", str(tmp_path), "--target", "h100:32", "--json", "--force"])
+    assert res.exit_code == 0, res.stderr
+    saving = json.loads(res.stdout)
+    assert saving["degrees"]["pp"] == 1 and "checkpoint.enable" not in saving["refused_features"]
+    assert "does not support checkpoint.enable" in saving["degrees_why"]["pp"]
+    assert any("does not support checkpoint.enable" in g["reason"] for g in saving["refused"]["reasons"])
+    cfg = load_config(saving["recipe"])
+    assert cfg.checkpoint.enable and check_parallelism(cfg, 32).pp == 1

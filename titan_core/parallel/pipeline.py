@@ -1,0 +1,309 @@
+"""Pipeline parallelism: the shared decoder cut into stages, run by a torch.distributed.pipelining schedule.
+
+The decoder's blocks (`model.layers`, a ModuleDict in execution order) are split into stages,
+as evenly as the layer count allows (earlier stages take the remainder) or as
+`parallelism.pp_layers` says. The first stage also holds the token embedding; the last the
+final norm, the output head and the loss head, which the schedule's `loss_fn` runs on the
+last stage's output. Stage i lives on pp rank i % pp: one stage per rank, two with
+`interleaved1F1B`. Micro-batches are the step's `training.grad_accum` micro-batches.
+
+A rank never holds the whole model: its meta model keeps only its own stages' modules. The
+weights still equal the single-process initialisation, which draws every parameter in
+order from one generator: the other stages' parameters are drawn too, into one scratch
+buffer the size of the largest of them (`materialise_stages`), then deleted. Each stage is
+then sharded with SimpleFSDP over the data-parallel dimensions of the mesh (the `pp`
+dimension left out), so its gradients are reduced per micro-batch, as without pipelining.
+
+    check_pipeline(cfg, degrees)             # ConfigError for what pipelining does not support here
+    pipe = build_pipeline(model, cfg, mesh, device, mp, scale)  # after build_mesh, before the optimizer
+    losses = pipe.run(tokens, labels, positions=..., segment_ids=...)   # one step's forward + backward
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
+
+from titan_core.config.dtypes import DTYPES
+from titan_core.config.loader import ConfigError
+from titan_core.config.sections import JobConfig
+from titan_core.models.common.decoder import Transformer
+from titan_core.models.common.layers import rope_cos_sin
+from titan_core.parallel.mesh import Degrees
+from titan_core.parallel.simple_fsdp import MixedPrecision, apply_simple_fsdp
+from titan_core.training.model_builder import resolve_model_args
+
+STAGES_PER_RANK = {"gpipe": 1, "1F1B": 1, "interleaved1F1B": 2}
+"""Stages each pp rank holds, per `parallelism.pp_schedule`."""
+
+
+def n_stages(cfg: JobConfig) -> int:
+    return cfg.parallelism.pp * STAGES_PER_RANK[cfg.parallelism.pp_schedule]
+
+
+def stage_layer_counts(n_layers: int, stages: int, pp_layers: list) -> list[int]:
+    """Decoder layers per stage: `pp_layers` as given (checked), else an even split, the first
+    `n_layers % stages` stages taking one more (the last stage also runs the output head and the loss)."""
+    if pp_layers:
+        # a TOML list holds ints; `--parallelism.pp_layers=1,3` gives the strings "1", "3"
+        pp_layers = [int(n) if isinstance(n, str) and n.isdigit() else n for n in pp_layers]
+        if len(pp_layers) != stages or not all(type(n) is int and n >= 1 for n in pp_layers):
+            raise ConfigError(
+                f"parallelism.pp_layers = {pp_layers} must hold {stages} whole numbers >= 1, one per stage "
+                "(pp, times 2 for interleaved1F1B)"
+            )
+        if sum(pp_layers) != n_layers:
+            raise ConfigError(
+                f"parallelism.pp_layers = {pp_layers} sums to {sum(pp_layers)}, but the model has {n_layers} layers"
+            )
+        return list(pp_layers)
+    if n_layers < stages:
+        raise ConfigError(
+            f"parallelism.pp: {stages} pipeline stages need at least one layer each, but the model has {n_layers}"
+        )
+    return [n_layers // stages + (i < n_layers % stages) for i in range(stages)]
+
+
+def stage_layer_ids(layer_names: list[str], counts: list[int]) -> list[list[str]]:
+    """The block names of each stage: consecutive runs of `layer_names` of `counts` lengths."""
+    out, start = [], 0
+    for n in counts:
+        out.append(layer_names[start : start + n])
+        start += n
+    return out
+
+
+def local_stages(pp_rank: int, pp: int, stages: int) -> list[int]:
+    """The stage indices pp rank `pp_rank` runs (torch's loop placement: stage i on rank i % pp)."""
+    return list(range(pp_rank, stages, pp))
+
+
+def check_schedule(schedule: str, grad_accum: int, pp: int) -> None:
+    """The micro-batch count each schedule accepts (torch.distributed.pipelining's own rules)."""
+    if schedule == "1F1B" and grad_accum < pp:
+        raise ConfigError(
+            f"training.grad_accum = {grad_accum} micro-batches: pp_schedule 1F1B needs at least pp = {pp}"
+        )
+    if schedule == "interleaved1F1B":
+        rounds = max(1, grad_accum // pp)
+        if grad_accum % rounds:
+            raise ConfigError(
+                f"training.grad_accum = {grad_accum} micro-batches: pp_schedule interleaved1F1B needs a count "
+                f"below pp = {pp} or a multiple of max(1, grad_accum // pp) = {rounds} (e.g. a multiple of pp)"
+            )
+
+
+def check_pipeline(cfg: JobConfig, degrees: Degrees) -> None:
+    """Every refusal of pp > 1 that needs no built model: what it composes with, the layer split
+    (the layer count read from the recipe's model config), the schedule's micro-batch count."""
+    p = cfg.parallelism
+    if degrees.pp == 1:
+        if p.pp_layers:
+            raise ConfigError(f"parallelism.pp_layers = {p.pp_layers} splits pipeline stages: it needs pp > 1")
+        return
+    if p.data_parallel != "simple_fsdp":
+        raise ConfigError(f"parallelism.pp = {degrees.pp} needs data_parallel = 'simple_fsdp', not '{p.data_parallel}'")
+    for name in ("tp", "cp", "ep"):
+        if getattr(degrees, name) > 1:
+            raise ConfigError(f"parallelism.pp > 1 with {name} > 1 is not supported: set one of them to 1")
+    unsupported = (
+        (cfg.model.module_file, "model.module_file (a port): pp > 1 splits the shared decoder only"),
+        (cfg.compile.enable, "compile.enable (per-block compile)"),
+        (cfg.graph_trainer.enable, "graph_trainer.enable (the Graph Trainer)"),
+        (cfg.checkpoint.enable, "checkpoint.enable (saving and resuming pipeline stages)"),
+        (cfg.checkpoint.export_hf, "checkpoint.export_hf (the export gathers the whole model)"),
+        (cfg.checkpoint.initial_hf, "checkpoint.initial_hf (loading weights into pipeline stages)"),
+        (cfg.validation.enable, "validation.enable (the held-out loss through the pipeline)"),
+    )
+    for on, what in unsupported:
+        if on:
+            raise ConfigError(f"parallelism.pp > 1 does not support {what}: turn it off or set pp = 1")
+    stage_layer_counts(resolve_model_args(cfg.model).n_layers, n_stages(cfg), p.pp_layers)
+    check_schedule(p.pp_schedule, cfg.training.grad_accum, degrees.pp)
+
+
+def check_pipeline_model(model: nn.Module, family: str) -> None:
+    """ConfigError unless `model` is the shared decoder run as written (its blocks, embedding and
+    heads are what a stage holds), with an untied output head and no MoE loss spanning stages."""
+    cls = type(model)
+    if not isinstance(model, Transformer) or cls.hidden is not Transformer.hidden or cls.loss is not Transformer.loss:
+        raise ConfigError(
+            f"parallelism.pp > 1 splits the shared decoder (titan_core/models/common/decoder.py); model family "
+            f"'{family}' builds {cls.__name__}, which is not run through it"
+        )
+    args = model.args
+    if args.tie_embeddings:
+        raise ConfigError(
+            "parallelism.pp > 1 with tied embeddings (tie_embeddings) is not supported: the first and last "
+            "stages would share one weight"
+        )
+    if args.aux_loss_coef and any(args.layer_is_moe(i) for i in range(args.n_layers)):
+        raise ConfigError(
+            f"parallelism.pp > 1 with an MoE load-balancing loss (aux_loss_coef = {args.aux_loss_coef}) is not "
+            "supported: its routing statistics span every stage; set aux_loss_coef = 0 in model.overrides or pp = 1"
+        )
+
+
+@torch.no_grad()
+def materialise_stages(
+    model: Transformer, layer_names: list[str], *, first: bool, last: bool, device, seed: int, dtype: torch.dtype
+) -> Transformer:
+    """Make real only the parts of the meta `model` this rank runs, initialised exactly as the whole
+    model would be, then delete the rest (in place; returns `model`).
+
+    `init_weights` draws every parameter in order from one generator, so the other stages'
+    parameters are drawn as well, into views of one scratch buffer per dtype (as large as the
+    largest of them), and dropped with their modules afterwards.
+    """
+    keep = set(layer_names)
+    placed = {"tok_embeddings": first, "norm": last, "output": last}
+    own: list[nn.Module] = [m for k, m in model.layers.items() if k in keep]
+    foreign: list[nn.Module] = [m for k, m in model.layers.items() if k not in keep]
+    for name, child in model.named_children():
+        if name != "layers":
+            (own if placed.get(name, True) else foreign).append(child)  # anything else (the loss head) is kept
+    model.to_empty(device=device, recurse=False)  # the root's own buffers (RoPE frequencies)
+    for m in own:
+        m.to_empty(device=device)
+    sizes: dict[torch.dtype, int] = {}
+    for m in foreign:
+        for p in m.parameters():
+            sizes[p.dtype] = max(sizes.get(p.dtype, 0), p.numel())
+    scratch = {dt: torch.empty(n, dtype=dt, device=device) for dt, n in sizes.items()}
+    for m in foreign:
+        for mod in m.modules():
+            for name, p in list(mod._parameters.items()):
+                if p is not None:
+                    view = scratch[p.dtype][: p.numel()].view(p.shape)
+                    mod._parameters[name] = nn.Parameter(view, requires_grad=p.requires_grad)
+    model.init_weights(seed=seed)
+    for k in [k for k in model.layers if k not in keep]:
+        del model.layers[k]
+    if not first:
+        model.tok_embeddings = None
+    if not last:
+        model.norm = None
+        model.output = None
+    return model.to(dtype)
+
+
+class DecoderStage(nn.Module):
+    """One stage of the shared decoder: the blocks `layer_names` of `model`, with the embedding on
+    the first stage and the final norm, output head and loss head on the last. It holds `model`'s
+    own modules, so parameter names (and SimpleFSDP's gathering) are those of the whole model.
+
+    forward(tokens or hidden states, positions=None, segment_ids=None) -> hidden states (final-normed
+    on the last stage); `cross_entropy(h, labels)` is the model's loss head on them. Every stage
+    computes RoPE from the positions itself, as `Transformer.hidden` does once.
+    """
+
+    def __init__(self, model: Transformer, layer_names: list[str], *, first: bool, last: bool):
+        super().__init__()
+        self.tok_embeddings = model.tok_embeddings if first else None
+        self.layers = nn.ModuleDict({k: model.layers[k] for k in layer_names})
+        self.norm = model.norm if last else None
+        self.output = model.output if last else None
+        self.loss_head = model.loss_head if last else None
+        self.register_buffer("inv_freq", model.inv_freq, persistent=False)
+
+    def forward(self, x, positions=None, segment_ids=None):
+        h = x if self.tok_embeddings is None else self.tok_embeddings(x)
+        if positions is None:
+            positions = torch.arange(h.shape[1], device=h.device).expand(h.shape[0], -1)
+        cos, sin = rope_cos_sin(self.inv_freq, positions, h.dtype)
+        for block in self.layers.values():
+            # the routing statistics matter only to an aux loss, refused under pp (check_pipeline_model)
+            h, _ = block(h, cos, sin, segment_ids)
+        return h if self.norm is None else self.norm(h)
+
+    def cross_entropy(self, h: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        return self.loss_head(h, self.output.weight, labels)
+
+
+@dataclass
+class Pipeline:
+    """This rank's stages and the schedule that runs them."""
+
+    stages: list[DecoderStage]
+    """This rank's stage modules, in stage order."""
+    stage_indices: list[int]
+    schedule: object
+    group: object
+    """The pp process group (ranks holding the other stages of the same rows)."""
+    first: bool
+    """Whether this rank holds stage 0 (it is given the tokens)."""
+    last: bool
+    """Whether this rank holds the last stage (it is given the labels and computes the loss)."""
+
+    def run(self, tokens: torch.Tensor, labels: torch.Tensor, **kwargs) -> list[torch.Tensor]:
+        """One step's forward and backward over the micro-batches stacked on dim 0 (the schedule
+        splits them back); kwargs (positions, segment_ids) go to every stage. Returns each
+        micro-batch's loss on the last stage, [] elsewhere. Gradients accumulate into .grad."""
+        losses: list[torch.Tensor] = []
+        args = (tokens,) if self.first else ()
+        self.schedule.step(
+            *args,
+            target=labels if self.last else None,
+            losses=losses if self.last else None,
+            return_outputs=False,
+            **kwargs,
+        )
+        return losses
+
+
+def pp_submesh(mesh: DeviceMesh) -> DeviceMesh:
+    """The mesh of this rank's stage replicas: every dimension but `pp` (SimpleFSDP shards over it)."""
+    return mesh[tuple(n for n in mesh.mesh_dim_names if n != "pp")]
+
+
+def build_pipeline(
+    model: Transformer,
+    cfg: JobConfig,
+    mesh: DeviceMesh,
+    device: torch.device,
+    mp: MixedPrecision,
+    scale: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+) -> Pipeline:
+    """Cut the meta `model` to this rank's stages (in place: it keeps only their modules),
+    materialise, initialise, cast and shard them, and build the schedule.
+
+    `scale(ce, labels)`: a micro-batch's loss term from its mean cross-entropy (the caller's
+    token-mean rule); the schedule differentiates it, and the sum over micro-batches is the step loss.
+    """
+    check_pipeline_model(model, cfg.model.family)
+    p = cfg.parallelism
+    pp = mesh.size(mesh.mesh_dim_names.index("pp"))
+    pp_rank = mesh.get_local_rank("pp")
+    stages = n_stages(cfg)
+    names = list(model.layers.keys())
+    per_stage = stage_layer_ids(names, stage_layer_counts(len(names), stages, p.pp_layers))
+    mine = local_stages(pp_rank, pp, stages)
+    first, last = 0 in mine, stages - 1 in mine
+    local_layers = [k for i in mine for k in per_stage[i]]
+    materialise_stages(model, local_layers, first=first, last=last, device=device, seed=cfg.training.seed,
+                       dtype=DTYPES[cfg.training.dtype])  # fmt: skip
+    apply_simple_fsdp(model, pp_submesh(mesh), mp, frozenset(), model.params_kept_fp32(mp.param_dtype))
+    model.buffers_follow(mp.param_dtype)
+    modules = [DecoderStage(model, per_stage[i], first=i == 0, last=i == stages - 1) for i in mine]
+    group = mesh.get_group("pp")
+    pipe_stages = [
+        PipelineStage(m, stage_index=i, num_stages=stages, device=device, group=group) for m, i in zip(modules, mine)
+    ]
+    head = modules[-1]  # the last stage, when this rank holds it
+
+    def loss_fn(h: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        return scale(head.cross_entropy(h, labels), labels)
+
+    n = cfg.training.grad_accum
+    # scale_grads=False: each micro-batch's term is already its share of the step's mean (`scale`)
+    if p.pp_schedule == "interleaved1F1B":
+        schedule = ScheduleInterleaved1F1B(pipe_stages, n_microbatches=n, loss_fn=loss_fn, scale_grads=False)
+    else:
+        cls = Schedule1F1B if p.pp_schedule == "1F1B" else ScheduleGPipe
+        schedule = cls(pipe_stages[0], n_microbatches=n, loss_fn=loss_fn, scale_grads=False)
+    return Pipeline(modules, mine, schedule, group, first, last)

@@ -1,0 +1,55 @@
+"""One optimizer step through the pipeline schedule (parallelism.pp > 1; titan_core/parallel/pipeline.py).
+
+The step is the eager step's arithmetic, run by the schedule: each micro-batch's loss term is
+`micro_batch_term` of the last stage's cross-entropy (titan_core/training/token_mean.py), so
+the terms sum to the same global token-mean loss as with pp = 1 and the same grad_accum, and
+the gradients are those of that loss (the schedule does not rescale them). The gradient norm
+is over every stage's parameters (the squared norms all-reduced over the pp group), and each
+rank's optimizer steps only the parameters of its own stages.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.distributed.device_mesh import DeviceMesh
+
+from titan_core.config.sections import JobConfig
+from titan_core.data.base import Batch
+from titan_core.models.common.decoder import Transformer
+from titan_core.parallel import clip_grad_norm_, dp_coordinates, mixed_precision
+from titan_core.parallel.pipeline import Pipeline, build_pipeline
+from titan_core.training.token_mean import micro_batch_term
+
+
+class PipelineStep:
+    """This rank's stages of `model` (cut, materialised and sharded here, in place) and its step."""
+
+    def __init__(self, model: Transformer, cfg: JobConfig, mesh: DeviceMesh, device: torch.device):
+        self.training = cfg.training
+        _, self.dp_world = dp_coordinates(mesh)
+        self.n_tokens: torch.Tensor | None = None
+        """The step's global count of valid labels, set before the schedule runs (its loss_fn reads it)."""
+        self.pipe: Pipeline = build_pipeline(model, cfg, mesh, device, mixed_precision(cfg), self._term)
+
+    def _term(self, ce: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        # the decoder's loss is its cross-entropy (no aux term under pp: check_pipeline_model)
+        return micro_batch_term(ce, ce, labels, self.n_tokens, dp_world=self.dp_world,
+                                grad_accum=self.training.grad_accum)  # fmt: skip
+
+    def update(self, model: torch.nn.Module, optimizer, batches: list[Batch], n_tokens: torch.Tensor):
+        """Forward, backward, clip and optimizer step over the step's micro-batches; returns (this
+        rank's share of the global token-mean loss: 0 off the last stage, grad norm), on the device."""
+        optimizer.zero_grad(set_to_none=True)
+        self.n_tokens = n_tokens
+        # stacked on dim 0, the schedule splits them back into these same micro-batches
+        kwargs = {k: torch.cat([b.loss_kwargs()[k] for b in batches]) for k, v in batches[0].loss_kwargs().items()
+                  if v is not None}  # fmt: skip
+        losses = self.pipe.run(torch.cat([b.tokens for b in batches]), torch.cat([b.labels for b in batches]), **kwargs)
+        total = torch.zeros((), device=n_tokens.device)
+        for term in losses:  # in micro-batch order, as the eager step sums them
+            total += term.detach().float()
+        params = [p for p in model.parameters() if p.grad is not None]
+        grad_norm = clip_grad_norm_(params, self.training.max_norm, foreach=True, group=self.pipe.group)
+        optimizer.step()
+        self.n_tokens = None
+        return total, grad_norm
