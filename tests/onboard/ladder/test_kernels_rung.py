@@ -212,9 +212,11 @@ def check_float8_on_cpu(result) -> None:
     bounds, timed on whole steps against float8 = none, and held: CPU runs torchao's emulation."""
     m, rows = result.measurements, result.details["kernels"]
     assert m["float8_checked"] == 2 and m["float8_loss_rel_bound"] == FLOAT8_LOSS_REL
-    assert 0 < m["worst_float8_loss_rel"] <= FLOAT8_LOSS_REL and 0 < m["worst_float8_layer_over_bound"] <= 1
+    # the recipe holds no float8 after the rung, so the gate's float8 errors are of no float8: 0
+    assert m["worst_float8_loss_rel"] == 0.0 == m["worst_float8_layer_over_bound"]
     for flag in ("kernels.float8=tensorwise", "kernels.float8=rowwise"):
         row = rows[flag]
+        assert 0 < row["loss_rel"] and 0 < row["layer_over_bound"] <= 1
         assert (row["status"], row["passed"], row["eligible"], row["emulated"]) == ("compared", True, True, True), row
         # the block linears converted, never the output head (glimmer's is tied to the embedding: no module)
         assert row["converted"] and all(p.startswith("layers.") for p in row["converted"])
