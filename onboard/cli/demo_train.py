@@ -42,9 +42,10 @@ from onboard.rungs.train_run import process_threads
 from onboard.workspace.layout import Workspace
 from titan_core.config.dtypes import DTYPES
 from titan_core.config.hf_config import read_hf_config
-from titan_core.config.loader import load_config
+from titan_core.config.loader import ConfigError, load_config
 from titan_core.data.hf_tokenizer import HfTokenizer, locate
 from titan_core.data.tokenizer import BOS_TOKEN, EOS_TOKEN, train_bpe
+from titan_core.models.transformers.hf_classes import require_transformers
 from titan_core.runtime.die_with_parent import with_parent_death_signal
 from titan_core.training.generate import greedy, hf_greedy, model_from_checkpoint
 
@@ -104,9 +105,9 @@ def write_jsonl(path: Path, texts: list[str]) -> Path:
 def write_pretrained(cfg, folder: Path, texts: list[str]) -> dict:
     """The stand-in checkpoint (module docstring, 1.) for the recipe's model; returns its size in
     bytes, its tokenizer (a `tokenizers.Tokenizer`) and its files."""
-    try:
-        import transformers  # lazy: the [hf] extra, which only this stage of the demo needs
-    except ImportError:
+    try:  # lazy: the [hf] extra, which only this stage of the demo needs (imported as titan_core imports it)
+        transformers = require_transformers()
+    except ConfigError:
         raise StageFailed("it needs transformers: pip install 'titan-onboard[hf]' (or run the demo with --no-train)")
 
     transformers.utils.logging.disable_progress_bar()  # its bars on stderr would interleave with the demo's log
