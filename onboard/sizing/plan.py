@@ -206,17 +206,6 @@ def activation_table(ps: PlanShape, base: TrainSetup, target: Target, seq_len: i
     return out
 
 
-def materialise_note(ps: PlanShape, target: Target) -> str | None:
-    """The note that each rank must materialise only its shard, when the whole fp32 model (today's
-    trainer builds it on every rank before sharding) would not fit one device."""
-    whole = (ps.base.params + ps.base.largest_param) * 4
-    if whole <= target.budget:
-        return None
-    return (f"materialise_sharded: each rank materialises only its shard; today's trainer builds the whole fp32 "
-            f"model on every rank first, {format_bytes(whole)}, over one device's "
-            f"{format_bytes(target.budget)}")  # fmt: skip
-
-
 def plan_training(
     shape: ModelShape | PlanShape,
     counts,
@@ -265,7 +254,7 @@ def plan_training(
     opts = run(target, seq_len)
     chosen = choose(opts)
     offload, scan = offload_of(chosen), scan_of(ps, chosen)
-    notes = [n for n in [materialise_note(ps, target)] if n]
+    notes = []
     notes.append("predictions: memory from onboard/sizing/plan_memory.py (titan_core's activation arithmetic), step "
                  "time from plan_time.py: compute at efficiencies calibrated on published runs plus a term per "
                  "collective over the target's links (hardware.py)")  # fmt: skip

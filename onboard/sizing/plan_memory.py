@@ -303,12 +303,11 @@ def device_memory(ps: PlanShape, lay: Layout, s: MemSetup, *, batch: int) -> Dev
     act = max(layers_saved * held, layers_saved + loss_saved) if lay.pp > 1 else layers_saved + loss_saved
     act, host_bytes, work = int(act), int(host * held), int(transient + kv)
     opt_work = params + state if s.policy != "none" else params
-    largest = math.ceil(ps.base.largest_param / (lay.dp_shard * lay.cp))
     return DeviceMemory(
         params=params, grads=grads, optimizer_state=state, gathered_params=gathered, activations=act,
         activations_host=host_bytes, backward_workspace=work, optimizer_workspace=opt_work,
         forward_backward=params + state + gathered + act + work + (grads if s.grad_accum > 1 else 0),
-        optimizer_step=params + state + grads + opt_work, materialise=(stored + largest) * 4,
+        optimizer_step=params + state + grads + opt_work, materialise=(stored + ps.base.largest_param) * 4,
     )  # fmt: skip
 
 

@@ -271,8 +271,6 @@ def write_plan_recipe(
         "# the ladder earned) with the planned model, mesh, batch and memory policy. A prediction: no gate ran it\n"
         "# on the target (`--check` runs it 2 steps on the twin here). Levers earned only on the twin or this\n"
         "# machine are decided again for the target, each with its reason.\n"
-        "# The plan assumes each rank materialises only its shard; titan_core's trainer today builds the whole fp32\n"
-        "# model on every rank first, and its memory check refuses a model too large for that.\n"
     )
     try:
         text = edit_text(text, recipe_edits(ws, plan, levers))

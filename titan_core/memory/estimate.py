@@ -20,8 +20,9 @@ The peak is the largest of three moments of a step, each the sum of what is aliv
 - optimizer step: parameters, optimizer state, gradients and the update's temporaries
   (torch's foreach AdamW: one state-sized buffer; the Graph Trainer's functional update:
   new parameters and states before they are copied back);
-- materialisation: the trainer materialises the whole model in fp32 on every rank before
-  it shards it (parallel/simple_fsdp.py), so sharding does not shrink this one.
+- materialisation: one process builds the whole model in fp32, then casts it; several processes
+  make only their shards real (in the stored dtype) and hold one module's parameters whole, in
+  fp32, while the init draws them (titan_core/parallel/sharded_init.py).
 
 The process's own allocations besides tensors are a measured constant per device type
 (RUNTIME_BYTES). Not counted: kernel workspaces inside one op, memory another runtime owns
@@ -152,10 +153,6 @@ class TrainSetup:
     """cpu | cuda | tpu: on a CPU offloaded activations stay in the same memory, and bf16 SDPA builds scores."""
     runtime_bytes: int = 0
     """What the training process allocates besides tensors (RUNTIME_BYTES of its device type)."""
-    materialise_sharded: bool = False
-    """Each rank materialises only its shard; False is today's trainer, which materialises the
-    whole model in fp32 on every rank and shards it afterwards."""
-
     @classmethod
     def from_config(cls, cfg, degrees=None, *, device_type: str = "cpu") -> TrainSetup:
         """From a JobConfig, the run's parallel degrees (titan_core.parallel.Degrees; None: one
@@ -205,7 +202,8 @@ class MemoryEstimate:
     optimizer_step: int
     """Peak during clipping and the optimizer update."""
     materialise: int
-    """Peak while the model is materialised (today: full fp32 parameters on every rank)."""
+    """Peak while the model is materialised (one process: the whole fp32 model; several: the shards
+    and one parameter whole)."""
     activations_host: int = 0
     """Activations parked in host memory (offload policy on an accelerator); on no device's total."""
     setup: TrainSetup | None = None
@@ -248,7 +246,8 @@ class MemoryEstimate:
         phase = self.phase
         text = f"estimated peak {format_bytes(self.total)} per process{sharded} at the {phase}"
         if phase == "materialise":
-            text += " (the trainer builds the whole model in fp32 on every rank before it shards it)"
+            text += (" (one process builds the whole model in fp32 before casting it)" if s and s.data_parallel == "none"
+                     else " (the shards, and the largest parameter whole in fp32 while the init draws it)")
         else:
             runtime = [f"runtime {format_bytes(self.overhead)}"] if self.overhead else []
             text += f" ({', '.join(parts[phase] + runtime)})"
@@ -304,15 +303,19 @@ def estimate_memory(m: ModelShape, s: TrainSetup) -> MemoryEstimate:
         opt_work = params + state
     else:  # torch's foreach AdamW: sqrt(exp_avg_sq) as one state-sized buffer; the fp64 norm of clipping
         opt_work = max(params, _ceil_div(m.largest_param, shard) * 8)
-    # fp32 weights (to_empty builds in the default dtype), plus one parameter's cast or shard copy
-    built = stored if s.materialise_sharded else m.params
+    # one process: fp32 weights (to_empty builds in the default dtype) plus one parameter's cast; several:
+    # the shards in their stored dtype plus the parameter the init draws whole (sharded_init.py)
+    if s.data_parallel == "none":
+        materialise = (m.params + m.largest_param) * 4
+    else:
+        materialise = params + m.largest_param * 4
     return MemoryEstimate(
         params=params, grads=grads, optimizer_state=state, gathered_params=gathered, activations=act,
         backward_workspace=transient, optimizer_workspace=opt_work, overhead=s.runtime_bytes,
         forward_backward=params + state + gathered + act + transient + (grads if s.grad_accum > 1 else 0)
         + s.runtime_bytes,
         optimizer_step=params + state + grads + opt_work + s.runtime_bytes,
-        materialise=(built + m.largest_param) * 4 + s.runtime_bytes,
+        materialise=materialise + s.runtime_bytes,
         activations_host=host, setup=s,
     )  # fmt: skip
 

@@ -123,10 +123,10 @@ def _fitting_policy(shape: ModelShape, setup: TrainSetup, fits, device_type: str
 
 def _fewest_devices(shape: ModelShape, setup: TrainSetup, budget: Budget) -> int:
     """The fewest FSDP2 ranks (one block's parameters gathered at a time, each rank materialising
-    only its shard) that bring `setup` under `budget`; 0 when none up to MAX_DEVICES does."""
+    only its shards) that bring `setup` under `budget`; 0 when none up to MAX_DEVICES does."""
 
     def fits(n: int) -> bool:
-        sharded = replace(setup, shard_degree=n, data_parallel="fsdp2", materialise_sharded=True)
+        sharded = replace(setup, shard_degree=n, data_parallel="fsdp2")
         return estimate_memory(shape, sharded).total <= budget.bytes
 
     start = n = max(2, setup.shard_degree)
@@ -152,11 +152,4 @@ def _devices(shape: ModelShape, setup: TrainSetup, budget: Budget) -> str:
         how = f" at training.batch_size = 1 with {_policy_flags(shape, setup, 'full')}"
     if not n:
         return f"no device count up to {MAX_DEVICES} under FSDP2"
-    text = f"{n} devices like this one under FSDP2 (parallelism.data_parallel = fsdp2, parallelism.dp_shard = {n}){how}"
-    materialise = estimate_memory(shape, setup).materialise
-    if materialise > budget.bytes:
-        text += (
-            " once weights are materialised sharded (today every rank first builds the whole fp32 model: "
-            f"{format_bytes(materialise)})"
-        )
-    return text
+    return f"{n} devices like this one under FSDP2 (parallelism.data_parallel = fsdp2, parallelism.dp_shard = {n}){how}"

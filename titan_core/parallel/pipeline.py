@@ -7,12 +7,12 @@ final norm, the output head and the loss head, which the schedule's `loss_fn` ru
 last stage's output. Stage i lives on pp rank i % pp: one stage per rank, two with
 `interleaved1F1B`. Micro-batches are the step's `training.grad_accum` micro-batches.
 
-A rank never holds the whole model: its meta model keeps only its own stages' modules. The
-weights still equal the single-process initialisation, which draws every parameter in
-order from one generator: the other stages' parameters are drawn too, into one scratch
-buffer the size of the largest of them (`materialise_stages`), then deleted. Each stage is
-then sharded with SimpleFSDP over the data-parallel dimensions of the mesh (the `pp`
-dimension left out), so its gradients are reduced per micro-batch, as without pipelining.
+A rank never holds the whole model: its stages are sharded with SimpleFSDP on meta over the
+data-parallel dimensions of the mesh (the `pp` dimension left out), so its gradients are reduced
+per micro-batch, as without pipelining, and only those shards are made real (`cut_stages`). The
+weights still equal the single-process initialisation, which draws every parameter in order
+from one generator: the sharded init (sharded_init.py) draws the other stages' parameters too,
+one at a time, and drops them with their modules.
 
     check_pipeline(cfg, degrees)             # ConfigError for what pipelining does not support here
     pipe = build_pipeline(model, cfg, mesh, device, mp, scale)  # after build_mesh, before the optimizer
@@ -35,6 +35,8 @@ from titan_core.config.sections import JobConfig
 from titan_core.models.common.decoder import Transformer
 from titan_core.models.common.layers import rope_cos_sin
 from titan_core.parallel.mesh import Degrees
+from titan_core.models.common.init_stand_in import InitRecord
+from titan_core.parallel.sharded_init import init_dtypes_of, materialise_sharded
 from titan_core.parallel.simple_fsdp import MixedPrecision, apply_simple_fsdp
 from titan_core.training.model_builder import resolve_model_args
 
@@ -149,39 +151,29 @@ def check_pipeline_model(model: nn.Module, family: str) -> None:
         )
 
 
-@torch.no_grad()
-def materialise_stages(
-    model: Transformer, layer_names: list[str], *, first: bool, last: bool, device, seed: int, dtype: torch.dtype
-) -> Transformer:
-    """Make real only the parts of the meta `model` this rank runs, initialised exactly as the whole
-    model would be, then delete the rest (in place; returns `model`).
+def cut_stages(
+    model: Transformer, layer_names: list[str], *, first: bool, last: bool, device, seed: int,
+    dtype: torch.dtype, mesh: DeviceMesh | None, mp: MixedPrecision | None = None,
+) -> InitRecord:
+    """Keep, shard and initialise only the parts of the meta `model` this rank runs (in place).
 
-    `init_weights` draws every parameter in order from one generator, so the other stages'
-    parameters are drawn as well, into views of one scratch buffer per dtype (as large as the
-    largest of them), and dropped with their modules afterwards.
+    The parts this rank runs are sharded on meta (SimpleFSDP over `mesh` with policy `mp`; no
+    `mesh`: kept whole, as one process of the stage would hold them); the sharded init
+    (sharded_init.py) then draws every parameter in the one-process order and keeps this rank's
+    slices, so the other stages' parameters are drawn and dropped, never held together; their
+    modules are deleted afterwards.
     """
     keep = set(layer_names)
     placed = {"tok_embeddings": first, "norm": last, "output": last}
-    own: list[nn.Module] = [m for k, m in model.layers.items() if k in keep]
-    foreign: list[nn.Module] = [m for k, m in model.layers.items() if k not in keep]
-    for name, child in model.named_children():
-        if name != "layers":
-            (own if placed.get(name, True) else foreign).append(child)  # anything else (the loss head) is kept
-    model.to_empty(device=device, recurse=False)  # the root's own buffers (RoPE frequencies)
-    for m in own:
-        m.to_empty(device=device)
-    sizes: dict[torch.dtype, int] = {}
-    for m in foreign:
-        for p in m.parameters():
-            sizes[p.dtype] = max(sizes.get(p.dtype, 0), p.numel())
-    scratch = {dt: torch.empty(n, dtype=dt, device=device) for dt, n in sizes.items()}
-    for m in foreign:
-        for mod in m.modules():
-            for name, p in list(mod._parameters.items()):
-                if p is not None:
-                    view = scratch[p.dtype][: p.numel()].view(p.shape)
-                    mod._parameters[name] = nn.Parameter(view, requires_grad=p.requires_grad)
-    model.init_weights(seed=seed)
+    foreign = tuple(f"layers.{k}." for k in model.layers if k not in keep)
+    foreign += tuple(f"{name}." for name, _ in model.named_children() if not placed.get(name, True))
+    dropped = frozenset(n for n, _ in model.named_parameters() if n.startswith(foreign))
+    init_dtypes = init_dtypes_of(model)
+    model.to(dtype)
+    if mesh is not None:
+        apply_simple_fsdp(model, mesh, mp, frozenset(), model.params_kept_fp32(mp.param_dtype), skip=dropped)
+        model.buffers_follow(mp.param_dtype)
+    record = materialise_sharded(model, device, seed, init_dtypes=init_dtypes, cast_to=dtype, dropped=dropped)
     for k in [k for k in model.layers if k not in keep]:
         del model.layers[k]
     if not first:
@@ -189,7 +181,7 @@ def materialise_stages(
     if not last:
         model.norm = None
         model.output = None
-    return model.to(dtype)
+    return record
 
 
 class DecoderStage(nn.Module):
@@ -239,6 +231,8 @@ class Pipeline:
     """Whether this rank holds stage 0 (it is given the tokens)."""
     last: bool
     """Whether this rank holds the last stage (it is given the labels and computes the loss)."""
+    sharded_init: InitRecord
+    """How the stages' shards were initialised (sharded_init.py)."""
 
     def run(self, tokens: torch.Tensor, labels: torch.Tensor, **kwargs) -> list[torch.Tensor]:
         """One step's forward and backward over the micro-batches stacked on dim 0 (the schedule
@@ -285,10 +279,8 @@ def build_pipeline(
     mine = local_stages(pp_rank, pp, stages)
     first, last = 0 in mine, stages - 1 in mine
     local_layers = [k for i in mine for k in per_stage[i]]
-    materialise_stages(model, local_layers, first=first, last=last, device=device, seed=cfg.training.seed,
-                       dtype=DTYPES[cfg.training.dtype])  # fmt: skip
-    apply_simple_fsdp(model, pp_submesh(mesh), mp, frozenset(), model.params_kept_fp32(mp.param_dtype))
-    model.buffers_follow(mp.param_dtype)
+    record = cut_stages(model, local_layers, first=first, last=last, device=device, seed=cfg.training.seed,
+                        dtype=DTYPES[cfg.training.dtype], mesh=pp_submesh(mesh), mp=mp)  # fmt: skip
     modules = [DecoderStage(model, per_stage[i], first=i == 0, last=i == stages - 1) for i in mine]
     group = mesh.get_group("pp")
     pipe_stages = [
@@ -306,4 +298,4 @@ def build_pipeline(
     else:
         cls = Schedule1F1B if p.pp_schedule == "1F1B" else ScheduleGPipe
         schedule = cls(pipe_stages[0], n_microbatches=n, loss_fn=loss_fn, scale_grads=False)
-    return Pipeline(modules, mine, schedule, group, first, last)
+    return Pipeline(modules, mine, schedule, group, first, last, record)

@@ -13,10 +13,10 @@ parameters to `...parametrizations.weight.original`, which would change every
 state-dict key, optimizer group rule and checkpoint. Here `_parameters` keeps the
 original names and holds the sharded DTensors, so state dicts and DCP see the shards.
 
-Parameters are sharded from materialised, initialised full tensors (each rank keeps its
-own slice, no communication): DTensor's random init on CPU does not reproduce a
-full-tensor draw, and the sharded run must start from the single-process weights.
-Buffers (e.g. RoPE frequencies) stay plain, replicated tensors.
+Parameters are sharded on meta (each rank's DTensor holds only its slice's shape) and given
+values afterwards by titan_core/parallel/sharded_init.py, which reproduces the one-process
+init one full parameter at a time; a materialised model shards the same way (each rank keeps
+its own slice, no communication). Buffers (e.g. RoPE frequencies) stay plain, replicated tensors.
 """
 
 from __future__ import annotations
@@ -79,7 +79,12 @@ def _gathered_class(base: type, names: tuple[str, ...]) -> type:
     if key not in _CLASS_CACHE:
 
         def reader(name):
-            return property(lambda self: self._simple_fsdp_gathers[name](self._parameters[name]))
+            def read(self):
+                stored = self._parameters[name]
+                # not a DTensor only while a sharded init runs (sharded_init.py): the full stand-in itself
+                return self._simple_fsdp_gathers[name](stored) if isinstance(stored, DTensor) else stored
+
+            return property(read)
 
         _CLASS_CACHE[key] = type(f"SimpleFSDP{base.__name__}", (base,), {n: reader(n) for n in names})
     return _CLASS_CACHE[key]

@@ -30,6 +30,7 @@ class PipelineStep:
         self.n_tokens: torch.Tensor | None = None
         """The step's global count of valid labels, set before the schedule runs (its loss_fn reads it)."""
         self.pipe: Pipeline = build_pipeline(model, cfg, mesh, device, mixed_precision(cfg), self._term)
+        self.sharded_init = self.pipe.sharded_init
 
     def _term(self, ce: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         # the decoder's loss is its cross-entropy (no aux term under pp: check_pipeline_model)

@@ -1,9 +1,10 @@
 """The training loop: build everything from a JobConfig, then step.
 
 Build order matters: the model is created on the meta device, swaps replace modules
-while they cost nothing, then weights are materialised on the target and initialised,
-then parallelised (each rank keeps its slice of the identically initialised full
-tensors, so any world size starts from the single-process weights); the optimizer is
+while they cost nothing, then (several processes) it is parallelised on meta and only each
+rank's shards are made real and initialised, one full parameter at a time, to the values the
+one process's init gives (titan_core/parallel/sharded_init.py: no rank ever holds the whole
+model); one process materialises and initialises the model as it is. The optimizer is
 created last, over the parameters that will actually train (sharded DTensors under
 SimpleFSDP / FSDP2).
 
@@ -46,6 +47,8 @@ from titan_core.parallel import build_mesh, check_parallelism, clip_grad_norm_, 
 from titan_core.parallel.context_parallel import loss_group, loss_world, sequence_split
 from titan_core.parallel.expert_parallel import dropped_rows, expert_dispatch
 from titan_core.parallel.mesh import build_expert_mesh, dp_group
+from titan_core.models.common.init_stand_in import InitRecord
+from titan_core.parallel.sharded_init import init_dtypes_of, materialise_sharded
 from titan_core.measure.profiler import StepProfiler
 from titan_core.measure.run_stats import RunStats
 from titan_core.measure.step_clock import Lap, start_lap
@@ -152,13 +155,25 @@ class Trainer:
         self.memory_estimate = check_memory(cfg, model, self.args, self.device, self.degrees)
         self.pipeline: PipelineStep | None = None
         """pp > 1: this rank's pipeline stages and their schedule (titan_core/training/pipeline_step.py)."""
+        self.sharded_init: InitRecord | None = None
+        """How this rank's shards were initialised (the most full bytes held at once); None: one process."""
+        dtype = DTYPES[cfg.training.dtype]
         if self.degrees.pp > 1:  # this rank materialises, initialises and shards its own stages only
             self.mesh = build_mesh(self.degrees, self.device.type)
             self.pipeline = PipelineStep(model, cfg, self.mesh, self.device)
-        else:
+            self.sharded_init = self.pipeline.sharded_init
+        elif self.dist is None:  # one process, no mesh: the whole model is this rank's
             model.to_empty(device=self.device)
             model.init_weights(seed=cfg.training.seed)
-            model = model.to(DTYPES[cfg.training.dtype])
+            model = model.to(dtype)
+        else:  # sharded from the first byte: parallelised on meta, then only this rank's shards made real
+            init_dtypes = init_dtypes_of(model)
+            model = model.to(dtype)
+            self.mesh = build_mesh(self.degrees, self.device.type)
+            parallelize(model, cfg, self.mesh, build_expert_mesh(self.degrees, self.device.type))
+            self.sharded_init = materialise_sharded(
+                model, self.device, cfg.training.seed, init_dtypes=init_dtypes, cast_to=dtype
+            )
         dp_rank, self.dp_world = 0, 1
         self.dp_group = None
         """The data-parallel peers the step's valid-token count is summed over (None: this rank alone)."""
@@ -167,9 +182,6 @@ class Trainer:
         self.loss_world = 1
         """Ranks holding distinct tokens of the global batch (dp x cp): the token mean's scale."""
         if self.dist is not None:
-            if self.pipeline is None:
-                self.mesh = build_mesh(self.degrees, self.device.type)
-                parallelize(model, cfg, self.mesh, build_expert_mesh(self.degrees, self.device.type))
             dp_rank, self.dp_world = dp_coordinates(self.mesh)
             self.dp_group = dp_group(self.mesh)
             self.split = sequence_split(self.mesh)

@@ -132,20 +132,22 @@ def curve(rows: list[dict]) -> dict:
     return {"loss": [r["loss"] for r in rows], "grad_norm": [r["grad_norm"] for r in rows]}
 
 
-def run_worker(scenario: str, nproc: int, out: Path, *args: str, timeout_s: float = 300) -> list[dict]:
-    """Run `_worker.py SCENARIO OUT ARGS` on `nproc` ranks through the launcher; every rank's results."""
+def run_worker(
+    scenario: str, nproc: int, out: Path, *args: str, timeout_s: float = 300, worker: str = "_worker.py"
+) -> list[dict]:
+    """Run `WORKER SCENARIO OUT ARGS` (default `_worker.py`) on `nproc` ranks through the launcher; every
+    rank's results (each rank writes OUT/rank_<r>.json)."""
     import json
     import sys
 
     from hang_guard import guarded_launch  # here, not at the top: _worker.py imports this module too
 
     out.mkdir(parents=True, exist_ok=True)
-    worker = Path(__file__).with_name("_worker.py")
     result = guarded_launch(
-        [sys.executable, str(worker), scenario, str(out), *args],
+        [sys.executable, str(Path(__file__).with_name(worker)), scenario, str(out), *args],
         nproc,
         timeout_s,
-        f"_worker.py {scenario} on {nproc} ranks",
+        f"{worker} {scenario} on {nproc} ranks",
         log_dir=out / "logs",
     )
     assert result.exit_code == 0, result.failure

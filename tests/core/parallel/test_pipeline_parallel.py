@@ -27,8 +27,8 @@ from titan_core.parallel import check_parallelism
 from titan_core.parallel.pipeline import (
     DecoderStage,
     check_pipeline_model,
+    cut_stages,
     local_stages,
-    materialise_stages,
     stage_layer_counts,
     stage_layer_ids,
 )
@@ -92,8 +92,8 @@ def test_stage_weights_are_the_whole_models_and_nothing_else(layers, first, last
     whole.to_empty(device="cpu")
     whole.init_weights(seed=3)
     want = dict(whole.named_parameters())
-    model = materialise_stages(build_meta("llama3", args), layers, first=first, last=last, device="cpu", seed=3,
-                               dtype=torch.float32)  # fmt: skip
+    model = build_meta("llama3", args)
+    record = cut_stages(model, layers, first=first, last=last, device="cpu", seed=3, dtype=torch.float32, mesh=None)
     got = dict(model.named_parameters())
     assert list(model.layers.keys()) == layers
     assert (model.tok_embeddings is not None) == first
@@ -105,6 +105,10 @@ def test_stage_weights_are_the_whole_models_and_nothing_else(layers, first, last
     for k in got:
         assert torch.equal(got[k], want[k]), k  # the same draw as the whole model's, bit for bit
     assert all(p.device.type == "cpu" for p in model.parameters())
+    # the other stages were drawn one module at a time, never held together
+    assert record.peak_full_bytes <= record.budget_bytes == max(
+        sum(p.numel() * 4 for p in m.parameters(recurse=False)) for m in whole.modules()
+    )
 
 
 def test_stages_chained_compute_the_whole_models_loss():
@@ -120,8 +124,9 @@ def test_stages_chained_compute_the_whole_models_loss():
     positions = torch.cat([torch.arange(6), torch.arange(10)]).expand(2, -1).clone()
     positions[1] = torch.arange(16)
     _, want = whole.loss(tokens, labels, positions=positions, segment_ids=segments)
-    parts = [materialise_stages(build_meta("llama3", args), ids, first=i == 0, last=i == 1, device="cpu", seed=5,
-                                dtype=torch.float32) for i, ids in enumerate((["0", "1", "2"], ["3"]))]  # fmt: skip
+    parts = [build_meta("llama3", args) for _ in range(2)]
+    for i, (part, ids) in enumerate(zip(parts, (["0", "1", "2"], ["3"]))):
+        cut_stages(part, ids, first=i == 0, last=i == 1, device="cpu", seed=5, dtype=torch.float32, mesh=None)
     s0 = DecoderStage(parts[0], ["0", "1", "2"], first=True, last=False)
     s1 = DecoderStage(parts[1], ["3"], first=False, last=True)
     h = s0(tokens, positions=positions, segment_ids=segments)

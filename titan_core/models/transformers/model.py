@@ -55,6 +55,9 @@ from torch import nn
 from titan_core.config.loader import ConfigError
 from titan_core.models.common.args import TransformerArgs
 from titan_core.models.common.attention import NaiveAttention, SDPAttention
+from titan_core.models.common.init_stand_in import (
+    is_stand_in, is_unwritten_value, stand_in_like, stand_in_unwritten, unwritten_mark,
+)  # fmt: skip
 from titan_core.models.common.layers import CrossEntropyHead, softcap
 from titan_core.models.common.param_counts import count_params
 from titan_core.models.common.protocol import ModelBase
@@ -84,18 +87,9 @@ def _core_for(module: nn.Module, softcapped: bool) -> nn.Module:
     return NaiveAttention() if softcapped or needs_naive(type(module)) else SDPAttention()
 
 
-def _unset(dtype: torch.dtype):
-    """The fill that marks a tensor no init wrote: NaN, or the lowest integer (bool: none can be told)."""
-    if dtype.is_floating_point or dtype.is_complex:
-        return float("nan")
-    return False if dtype == torch.bool else torch.iinfo(dtype).min
-
-
 def _never_written(t: torch.Tensor) -> bool:
-    if not t.numel() or t.dtype == torch.bool:
-        return False
-    mark = _unset(t.dtype)
-    return bool(torch.isnan(t).all()) if isinstance(mark, float) else bool((t == mark).all())
+    """Whether no init wrote `t` (it still holds the not-yet-written mark init_weights filled it with)."""
+    return stand_in_unwritten(t) if is_stand_in(t) else is_unwritten_value(t)
 
 
 def _build_hf(cls: type, config, dtype: torch.dtype = torch.float32) -> nn.Module:
@@ -267,7 +261,8 @@ class TransformersCausalLM(ModelBase):
         self.untie()
         if device.type != "meta":
             for t in [*self.parameters(), *self.buffers()]:
-                t.data.fill_(_unset(t.dtype))
+                if not is_stand_in(t):  # a sharded init's stand-in is made with the mark when first touched
+                    t.data.fill_(unwritten_mark(t.dtype))
         devices = [device] if device.type not in ("cpu", "meta") else []
         with torch.random.fork_rng(devices=devices, device_type=device.type if devices else "cuda"):
             if seed is not None:
@@ -353,7 +348,7 @@ class TransformersCausalLM(ModelBase):
         """Give a tied output head a parameter of its own again (`retie` shares it once more)."""
         head, emb = self.hf.get_output_embeddings(), self.hf.get_input_embeddings()
         if head is not None and emb is not None and head.weight is emb.weight:
-            head.weight = nn.Parameter(torch.empty_like(emb.weight), requires_grad=emb.weight.requires_grad)
+            head.weight = stand_in_like(emb.weight)
 
     # ---- forward -----------------------------------------------------------------------
     def hidden(self, tokens, *, positions=None, segment_ids=None) -> torch.Tensor:

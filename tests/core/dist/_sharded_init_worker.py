@@ -1,0 +1,132 @@
+"""One rank of the sharded-init test: `python _sharded_init_worker.py all OUT PORT_FILE HF_DIR`.
+
+Started by titan_core.runtime.launcher (2 gloo ranks). For every case (a path and a parallelism),
+builds the Trainer (on meta, parallelised there, only this rank's shards made real and
+initialised: titan_core/parallel/sharded_init.py) and the one-process model of the same config
+(materialised whole, `init_weights(seed)`, cast: the init every gate compares against), gathers
+each sharded parameter and compares the two bit for bit. Then the memory case: the resident set a
+wider model's sharded build adds, against the one-process build of the same model. Writes
+OUT/rank_<r>.json.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+import torch  # noqa: E402
+from _cases import flux_cfg, tiny_cfg  # noqa: E402
+from torch.distributed.tensor import DTensor  # noqa: E402
+
+from titan_core.config.dtypes import DTYPES  # noqa: E402
+from titan_core.runtime import devices, distributed  # noqa: E402
+from titan_core.training.model_builder import build_model_from_config  # noqa: E402
+from titan_core.training.trainer import Trainer  # noqa: E402
+
+WIDE = ("--model.overrides={n_layers=16, dim=512, n_heads=8, n_kv_heads=4, head_dim=64, ffn_hidden_dim=1024, "
+        "vocab_size=4096}")  # fmt: skip
+"""About 38M parameters (152 MB in fp32), none over 8.4 MB: what a rank adds by building it shows
+whether it held the whole model or its half."""
+
+
+def cases(out: Path, port: str, hf_dir: Path) -> dict:
+    hf = lambda name: ("--model.family=transformers", f"--model.hf_config={hf_dir / name}")  # noqa: E731
+    return {
+        "native_simple_fsdp": tiny_cfg("llama3", out / "a"),
+        "native_fsdp2": tiny_cfg("llama3", out / "b", "--parallelism.data_parallel=fsdp2"),
+        "native_tp": tiny_cfg("qwen3", out / "c", "--parallelism.tp=2", "--parallelism.sequence_parallel"),
+        "native_ep": tiny_cfg("qwen3_moe", out / "d", "--parallelism.ep=2"),
+        "native_cp": tiny_cfg("glimmer", out / "e", "--parallelism.cp=2"),
+        "native_pp": tiny_cfg("llama3", out / "f", "--parallelism.pp=2", "--training.grad_accum=2"),
+        "native_bf16": tiny_cfg("llama3", out / "g", "--training.dtype=bfloat16",
+                                "--training.mixed_precision_param=bfloat16"),  # fmt: skip
+        "port_simple_fsdp": tiny_cfg("llama3", out / "h", f"--model.module_file={port}"),
+        "port_fsdp2": tiny_cfg("llama3", out / "i", f"--model.module_file={port}", "--parallelism.data_parallel=fsdp2"),
+        "transformers_simple_fsdp": _hf(tiny_cfg("llama3", out / "j", *hf("llama_tied.json"))),
+        "transformers_fsdp2": _hf(tiny_cfg("llama3", out / "k", *hf("gpt2.json"), "--parallelism.data_parallel=fsdp2")),
+        "transformers_ep": _hf(tiny_cfg("llama3", out / "l", *hf("qwen3_moe.json"), "--parallelism.ep=2")),
+        "flux_simple_fsdp": flux_cfg(out / "m"),
+        "flux_fsdp2": flux_cfg(out / "n", "--parallelism.data_parallel=fsdp2"),
+    }
+
+
+def _hf(cfg):
+    cfg.model.overrides = {}
+    return cfg
+
+
+def one_process(cfg) -> dict[str, torch.Tensor]:
+    """The one-process init of `cfg`'s model: whole, initialised from the seed, cast to the training dtype."""
+    _, _, model = build_model_from_config(cfg.model)
+    model.to_empty(device="cpu")
+    model.init_weights(seed=cfg.training.seed)
+    return dict(model.to(DTYPES[cfg.training.dtype]).named_parameters())
+
+
+def compare(cfg) -> dict:
+    trainer = Trainer(cfg, quiet=True)
+    want = one_process(cfg)
+    unequal, compared = [], 0
+    for name, p in trainer.model.named_parameters():
+        got = p.full_tensor() if isinstance(p, DTensor) else p.detach()
+        compared += 1
+        if got.dtype != want[name].dtype or not torch.equal(got, want[name]):
+            unequal.append(name)
+    record = trainer.sharded_init
+    res = {"compared": compared, "unequal": unequal, "peak_full_bytes": record.peak_full_bytes,
+           "budget_bytes": record.budget_bytes, "largest_param_bytes": max(t.numel() * 4 for t in want.values()),
+           "whole_bytes": sum(t.numel() * 4 for t in want.values())}  # fmt: skip
+    trainer.close()
+    return res
+
+
+def rss_rise(build) -> int:
+    """The most the resident set rose above its level before `build()` ran, in bytes (VmHWM)."""
+    before = _rss()
+    devices.reset_peak_memory(torch.device("cpu"))
+    kept = build()
+    rise = devices.peak_memory_bytes(torch.device("cpu")) - before
+    del kept
+    return rise
+
+
+def _rss() -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    raise RuntimeError("no VmRSS")
+
+
+def memory(out: Path) -> dict:
+    cfg = tiny_cfg("llama3", out / "wide", WIDE, "--training.seq_len=16", batch_size=1)
+
+    def sharded():
+        trainer = Trainer(cfg, quiet=True)
+        own = sum(p.to_local().numel() * 4 for p in trainer.model.parameters())
+        return trainer, own, trainer.sharded_init.budget_bytes
+
+    def whole():
+        return one_process(cfg)
+
+    holder = {}
+    sharded_rise = rss_rise(lambda: holder.setdefault("s", sharded()))
+    trainer, own, budget = holder.pop("s")
+    trainer.close()
+    whole_rise = rss_rise(whole)
+    whole_bytes = sum(t.numel() * 4 for t in one_process(cfg).values())
+    return {"sharded_rise": sharded_rise, "whole_rise": whole_rise, "own_bytes": own, "budget_bytes": budget,
+            "whole_bytes": whole_bytes}  # fmt: skip
+
+
+def main(out: Path, port: str, hf_dir: Path) -> None:
+    with distributed.process_group(torch.device("cpu"), timeout_s=120) as state:
+        res = {name: compare(cfg) for name, cfg in cases(out, port, hf_dir).items()}
+        res["memory"] = memory(out)
+    (out / f"rank_{state.rank}.json").write_text(json.dumps(res))
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[2]), sys.argv[3], Path(sys.argv[4]))  # argv[1]: the scenario, "all" (run_worker's form)
