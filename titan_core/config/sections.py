@@ -216,6 +216,20 @@ class GraphTrainer:
 
 
 @dataclass(kw_only=True)
+class ActivationCheckpoint:
+    mode: Literal["none", "full", "selective"] = "none"
+    """Activations recomputed in the backward instead of kept, per decoder block (eager and per-block compile;
+    the Graph Trainer has graph_trainer.memory_policy): none keeps them all; full keeps only each block's
+    inputs; selective: as `selective` says."""
+    selective: Literal["op", "layer"] = "op"
+    """With mode = selective. op: every block keeps the outputs of its matmuls, attention and collectives
+    and recomputes the rest (norms, activations, RoPE); layer: every `layer_period`-th block (0, p, 2p, ...)
+    recomputed whole, the others kept."""
+    layer_period: int = checked(2, AT_LEAST_1)
+    """With selective = layer: recompute one block in every `layer_period` (>= 1; 1 is the same as full)."""
+
+
+@dataclass(kw_only=True)
 class Kernels:
     loss: Literal["plain", "fused_ce"] = "plain"
     """Cross-entropy: plain materialises [tokens, vocab] logits; fused_ce computes loss and grads in token chunks."""
@@ -314,6 +328,7 @@ class JobConfig:
     parallelism: Parallelism = field(default_factory=Parallelism)
     compile: Compile = field(default_factory=Compile)
     graph_trainer: GraphTrainer = field(default_factory=GraphTrainer)
+    activation_checkpoint: ActivationCheckpoint = field(default_factory=ActivationCheckpoint)
     kernels: Kernels = field(default_factory=Kernels)
     checkpoint: Checkpoint = field(default_factory=Checkpoint)
     metrics: Metrics = field(default_factory=Metrics)

@@ -142,7 +142,8 @@ class TrainSetup:
     data_parallel: str = "none"
     """none | simple_fsdp | fsdp2: decides whether gathered parameter copies exist and how many."""
     memory_policy: str = "none"
-    """none (eager) | default | full | offload (the Graph Trainer's policies)."""
+    """none (eager) | default | full | offload: the Graph Trainer's policies, or what eager activation
+    checkpointing keeps (`eager_policy`)."""
     loss: str = "plain"
     """plain | fused_ce (kernels.loss)."""
     ce_chunk: int = 1024
@@ -169,7 +170,7 @@ class TrainSetup:
             shard_degree=shard,
             tp=1 if degrees is None or dp == "none" else max(1, degrees.tp),
             data_parallel=dp,
-            memory_policy=gt.memory_policy if gt.enable else "none",
+            memory_policy=gt.memory_policy if gt.enable else eager_policy(cfg.activation_checkpoint),
             loss=cfg.kernels.loss,
             ce_chunk=cfg.kernels.ce_chunk,
             attention=cfg.kernels.attention,
@@ -177,6 +178,15 @@ class TrainSetup:
             device_type=device_type,
             runtime_bytes=RUNTIME_BYTES.get(device_type, 0),
         )
+
+
+def eager_policy(ac) -> str:
+    """The memory policy whose saved activations eager activation checkpointing keeps: full keeps block
+    inputs (the Graph Trainer's `full`), selective op the matmul and attention outputs (`default`);
+    selective layer is counted as `none` (an over-estimate by the blocks it recomputes)."""
+    if ac.mode == "full":
+        return "full"
+    return "default" if ac.mode == "selective" and ac.selective == "op" else "none"
 
 
 @dataclass(frozen=True)

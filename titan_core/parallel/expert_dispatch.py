@@ -27,6 +27,8 @@ import torch
 import torch.distributed as dist
 import torch.distributed._functional_collectives as funcol
 
+from titan_core.parallel.activation_checkpoint import in_recompute
+
 
 def capacity(capacity_factor: float, tokens: int, top_k: int, n_experts: int) -> int | None:
     """Rows one expert takes from one source rank in one MoE call: ceil(cf x tokens x top_k /
@@ -86,7 +88,8 @@ class ExpertDispatch:
         # the one host read of the call: split sizes (and the dropped count) for the collectives
         host = torch.cat([counts.sum().reshape(1), kept, received]).tolist()
         routed, kept_h, received_h = host[0], host[1 : 1 + self.n_experts], host[1 + self.n_experts :]
-        self.dropped += routed - sum(kept_h)
+        if not in_recompute():  # activation checkpointing runs this forward again in the backward: count once
+            self.dropped += routed - sum(kept_h)
         send = [sum(kept_h[r * self.n_local : (r + 1) * self.n_local]) for r in range(self.ep)]
         recv = [sum(received_h[r * self.n_local : (r + 1) * self.n_local]) for r in range(self.ep)]
 

@@ -44,6 +44,7 @@ from titan_core.models.common.stats import model_flops_per_token
 from titan_core.models.flux.config import flux_of
 from titan_core.training.optim import build_lr_scheduler, build_optimizer
 from titan_core.parallel import build_mesh, check_parallelism, clip_grad_norm_, dp_coordinates, parallelize
+from titan_core.parallel.activation_checkpoint import apply_activation_checkpoint, check_activation_checkpoint
 from titan_core.parallel.context_parallel import loss_group, loss_world, sequence_split
 from titan_core.parallel.expert_parallel import dropped_rows, expert_dispatch
 from titan_core.parallel.mesh import build_expert_mesh, dp_group
@@ -143,6 +144,7 @@ class Trainer:
         set_determinism(cfg.training.seed, cfg.training.deterministic)
         self.out_dir = Path(cfg.metrics.output_dir)
 
+        check_activation_checkpoint(cfg)  # before anything is built
         self.family, self.args, model = build_model_from_config(cfg.model)
         # checkpoint.initial_hf's header check runs on meta: a checkpoint that does not fit stops the run here
         initial = initial_weights(cfg, model)
@@ -192,6 +194,8 @@ class Trainer:
         self.ep_dispatch = expert_dispatch(model)
         """ep > 1: the experts' token dispatch, whose dropped rows each step's row counts (None otherwise)."""
         loaded = initial.load(model) if initial is not None else None  # each rank reads its own shards
+        self.checkpointed = apply_activation_checkpoint(model, cfg)
+        """Module paths of the blocks whose activations are recomputed in the backward ([activation_checkpoint])."""
         # execution modes (titan_core/compile): per-block compile now, the Graph Trainer over the optimizer
         self.compiled_modules = execution.apply_per_block_compile(model, cfg) if cfg.compile.enable else []
 

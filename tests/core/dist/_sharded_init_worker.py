@@ -121,10 +121,33 @@ def memory(out: Path) -> dict:
             "whole_bytes": whole_bytes}  # fmt: skip
 
 
+AC_CASES = ("native_simple_fsdp", "native_fsdp2", "native_tp", "native_ep", "native_cp", "native_pp",
+            "transformers_simple_fsdp", "transformers_fsdp2", "flux_simple_fsdp")  # fmt: skip
+"""The cases also trained with [activation_checkpoint] (full and selective op) against without it."""
+
+
+def curve(cfg, mode: str, selective: str = "op", steps: int = 2) -> list[list[float]]:
+    cfg.activation_checkpoint.mode, cfg.activation_checkpoint.selective = mode, selective
+    cfg.metrics.output_dir = f"{cfg.metrics.output_dir}_{mode}_{selective}"
+    trainer = Trainer(cfg, quiet=True)
+    rows = []
+    for _ in range(steps):
+        trainer.step += 1
+        row = trainer.train_step()
+        rows.append([row["loss"], row["grad_norm"]])
+    trainer.close()
+    return rows
+
+
 def main(out: Path, port: str, hf_dir: Path) -> None:
     with distributed.process_group(torch.device("cpu"), timeout_s=120) as state:
         res = {name: compare(cfg) for name, cfg in cases(out, port, hf_dir).items()}
         res["memory"] = memory(out)
+        res["ac"] = {
+            name: {mode: curve(cases(out / f"ac_{mode}", port, hf_dir)[name], mode)
+                   for mode in ("none", "full", "selective")}
+            for name in AC_CASES
+        }  # fmt: skip
     (out / f"rank_{state.rank}.json").write_text(json.dumps(res))
 
 

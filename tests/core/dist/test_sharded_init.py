@@ -1,6 +1,7 @@
 """Sharded from the first byte: each rank builds its shards on meta and initialises them to the
 one-process init's values, bit for bit, on every path and parallelism, without ever holding the
-whole model (titan_core/parallel/sharded_init.py). One 2-rank launch (_sharded_init_worker.py)."""
+whole model (titan_core/parallel/sharded_init.py); and activation checkpointing under each
+parallelism. One 2-rank launch (_sharded_init_worker.py)."""
 
 from __future__ import annotations
 
@@ -52,7 +53,8 @@ def _hf_configs(folder: Path) -> Path:
     small = dict(vocab_size=256, hidden_size=64, num_hidden_layers=2, num_attention_heads=4)
     transformers.LlamaConfig(**small, intermediate_size=128, num_key_value_heads=2,
                              tie_word_embeddings=True).to_json_file(folder / "llama_tied.json")  # fmt: skip
-    transformers.GPT2Config(vocab_size=256, n_embd=64, n_layer=2, n_head=4).to_json_file(folder / "gpt2.json")
+    transformers.GPT2Config(vocab_size=256, n_embd=64, n_layer=2, n_head=4, attn_pdrop=0.0, resid_pdrop=0.0, embd_pdrop=0.0,
+                            bos_token_id=0, eos_token_id=0).to_json_file(folder / "gpt2.json")
     transformers.Qwen3MoeConfig(**small, intermediate_size=128, moe_intermediate_size=32, num_key_value_heads=2,
                                 num_experts=4, num_experts_per_tok=2, head_dim=16).to_json_file(
         folder / "qwen3_moe.json")  # fmt: skip
@@ -91,3 +93,16 @@ def test_no_rank_holds_the_whole_model_while_building(ranks):
         assert m["whole_rise"] >= 0.8 * m["whole_bytes"], m
         assert m["sharded_rise"] <= m["own_bytes"] + m["budget_bytes"] + 24 * MIB, m
         assert m["sharded_rise"] < 0.7 * m["whole_bytes"], m
+
+
+AC_CASES = ["native_simple_fsdp", "native_fsdp2", "native_tp", "native_ep", "native_cp", "native_pp",
+            "transformers_simple_fsdp", "transformers_fsdp2", "flux_simple_fsdp"]  # fmt: skip
+
+
+@pytest.mark.parametrize("case", AC_CASES)
+def test_activation_checkpointing_changes_nothing_under_each_parallelism(ranks, case):
+    """fp32, 2 steps: full and selective-op checkpointing give the losses and grad norms of no checkpointing,
+    bit for bit (the recompute runs the same ops, collectives included, in the same order on every rank)."""
+    for rank in ranks:
+        runs = rank["ac"][case]
+        assert runs["full"] == runs["none"] and runs["selective"] == runs["none"], runs
