@@ -91,11 +91,30 @@ def bf16_rounding(ctx: RungContext, cfg, bf16_row: dict) -> dict:
     }
 
 
+def _checkpoint_refused(ctx: RungContext, cfg, full: dict, full_details: dict) -> RungResult:
+    """The attempt of a --weights checkpoint whose headers do not fit the full model: nothing trained, the
+    gate fails on full_model_checkpoint_matches (the training criteria are not measured)."""
+    why = (f"the --weights checkpoint does not fit the model ({full['full_model_checkpoint']}): the model was "
+           "not trained; details.full_model.checkpoint names each tensor")  # fmt: skip
+    ctx.log(f"eager: {why}")
+    return RungResult(
+        measurements=EagerMeasurements(**full, precision=gate_recipe.precision(cfg.training)),
+        files_read=gate_recipe.files_read(ctx, cfg) + [p.resolve() for p in eager_from_weights.checkpoint_files(cfg)],
+        command=gate_recipe.next_step_command(ctx),
+        details={"not_trained": why, "model": ctx.workspace.model_label(), **full_details},
+    )
+
+
 def run(ctx: RungContext) -> RungResult:
     cfg = gate_recipe.job_config(ctx)
     args = gate_recipe.model_args(cfg)
     t = cfg.training
     overrides = gate_recipe.announce(ctx, cfg, "eager")
+    # the full model on meta and the --weights headers first: a checkpoint that does not fit the model is
+    # said in seconds, before minutes of training the twin
+    full, full_details = full_model.probe(ctx, cfg)
+    if full.get("full_model_checkpoint_problems"):
+        return _checkpoint_refused(ctx, cfg, full, full_details)
     ctx.log(
         f"eager: batch {t.batch_size} x {t.seq_len} tokens, repeated, "
         f"{t.dtype}, device {cfg.device.type}; metrics -> {ctx.attempt_dir / 'metrics.jsonl'}"
@@ -118,8 +137,7 @@ def run(ctx: RungContext) -> RungResult:
     # a run from checkpoint.initial_hf: its step 1 against transformers' loss of the same checkpoint
     from_weights, weights_details = eager_from_weights.step1_vs_transformers(ctx, cfg, args, measurements)
     measurements.update(from_weights)
-    full, full_details = full_model.probe(ctx, cfg)  # the full-size model, on meta (a twin trained above)
-    measurements.update(full)
+    measurements.update(full)  # the full-size model, on meta (a twin trained above)
     files = gate_recipe.files_read(ctx, cfg) + [p.resolve() for p in eager_from_weights.checkpoint_files(cfg)]
     return RungResult(
         measurements=measurements,

@@ -136,3 +136,30 @@ def test_a_packed_batch_is_scored_one_document_at_a_time(tmp_path, ckpt):
     assert math.isclose(theirs, hf_loss(ckpt, batch.tokens, batch.labels, batch.segment_ids), rel_tol=1e-6)
     ours = Trainer(cfg, quiet=True).train().metrics[0]["loss"]
     assert abs(ours - theirs) / theirs <= BOUND
+
+
+def test_a_checkpoint_that_does_not_fit_is_refused_before_anything_trains(tmp_path, ckpt):
+    """The header check runs first: a checkpoint short of a tensor fails the gate in seconds, naming the
+    tensor, and the model is not trained (no metrics were written)."""
+    import shutil
+    import time
+
+    broken = tmp_path / "broken"
+    shutil.copytree(ckpt, broken)
+    index = json.loads((broken / "model.safetensors.index.json").read_text())
+    dropped = "model.layers.1.mlp.down_proj.weight"
+    del index["weight_map"][dropped]
+    (broken / "model.safetensors.index.json").write_text(json.dumps(index))
+    ws = _workspace(tmp_path, broken, "short")
+    started = time.monotonic()
+    res = onboard("next-step", "short", "--dir", tmp_path)
+    assert res.exit_code == 1, res.output
+    entry = _eager_entry(ws)
+    failed = {c["name"] for c in entry["criteria"] if not c["ok"]}
+    assert "full_model_checkpoint_matches" in failed
+    assert entry["measurements"]["full_model_checkpoint_problems"] >= 1
+    assert "the model was not trained" in entry["details"]["not_trained"]
+    assert dropped in json.dumps(entry["details"]["full_model"]["checkpoint"])
+    assert not (ws / "runs" / "eager" / f"attempt-{entry['attempt']}" / "metrics.jsonl").exists()
+    assert "the --weights checkpoint does not fit the model" in res.stderr
+    assert time.monotonic() - started < 60  # the header check alone, not 20 training steps
