@@ -62,6 +62,7 @@ def materialise_sharded(
     init_dtypes: dict[str, torch.dtype],
     cast_to: torch.dtype,
     dropped: frozenset[str] = frozenset(),
+    draw: bool = True,
 ) -> InitRecord:
     """Give a parallelised meta `model` this rank's shards on `device` and initialise them with its
     own `init_weights(seed)`, equal to the one-process init (module docstring).
@@ -70,7 +71,9 @@ def materialise_sharded(
     model's dtypes before it was cast, `init_dtypes_of`). `cast_to`: the training dtype the
     one-process build casts the initialised model to; a buffer then goes on to the dtype it has
     now (what mixed precision made of it on meta). `dropped`: parameters no module of this rank
-    keeps (another pipeline stage's): drawn in order and dropped, never materialised.
+    keeps (another pipeline stage's): drawn in order and dropped, never materialised. `draw=False`:
+    every parameter is loaded next (checkpoint.initial_hf), so only the buffers are initialised and no
+    parameter is held whole even for a moment.
     """
     final = {n: b.dtype for n, b in model.named_buffers()}
     _to_empty(model, device, dropped)
@@ -88,7 +91,8 @@ def materialise_sharded(
                 slots[id(param)] = Slot(fqn, param.shape, init_dtypes.get(fqn, param.dtype), device, target)
             per_module[id(module)] = per_module.get(id(module), 0) + slots[id(param)].nbytes
             restore.append((module, pname, param))
-    record = InitRecord(budget_bytes=max(per_module.values(), default=0), write=_write_slice, gather=_whole)
+    record = InitRecord(budget_bytes=max(per_module.values(), default=0), draw=draw, write=_write_slice,
+                        gather=_whole)  # fmt: skip
     record.slots = list(slots.values())
     stand_ins = {key: StandIn(slot, record) for key, slot in slots.items()}
     for module, pname, param in restore:
@@ -100,6 +104,8 @@ def materialise_sharded(
     finally:
         _put_back(model, restore)
     unwritten = [s.name for s in record.slots if s.target is not None and (s.state == "new" or s.unwritten_at_close)]
+    if not draw:  # a checkpoint writes every parameter next
+        unwritten = []
     if unwritten:
         raise ShardedInitError(
             f"init_weights(seed) writes no value into {', '.join(unwritten[:5])}"

@@ -173,8 +173,9 @@ class Trainer:
             model = model.to(dtype)
             self.mesh = build_mesh(self.degrees, self.device.type)
             parallelize(model, cfg, self.mesh, build_expert_mesh(self.degrees, self.device.type))
+            # a checkpoint to load next fills every parameter: only the buffers need the init then
             self.sharded_init = materialise_sharded(
-                model, self.device, cfg.training.seed, init_dtypes=init_dtypes, cast_to=dtype
+                model, self.device, cfg.training.seed, init_dtypes=init_dtypes, cast_to=dtype, draw=initial is None
             )
         dp_rank, self.dp_world = 0, 1
         self.dp_group = None

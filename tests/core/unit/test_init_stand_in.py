@@ -92,3 +92,20 @@ def test_returning_to_a_parameter_whose_shards_hold_another_dtype_is_refused():
 def test_a_parameter_the_init_never_writes_is_refused_by_name():
     with pytest.raises(ShardedInitError, match=r"writes no value into layers\.0\.bias, layers\.1\.weight"):
         _stand_in_built("unwritten")
+
+
+def test_without_draws_no_parameter_is_held_whole_and_the_buffers_are_still_made():
+    """A checkpoint loads every parameter next (checkpoint.initial_hf): the init's draws are skipped, its buffers
+    (the decoder's RoPE frequencies) computed as the one-process init computes them."""
+    from titan_core.models import build_meta, resolve_args
+
+    args = resolve_args("llama3", "debugmodel", {"n_layers": 2})
+    whole = build_meta("llama3", args)
+    whole.to_empty(device="cpu")
+    whole.init_weights(seed=1)
+    model = build_meta("llama3", args)
+    record = materialise_sharded(model, torch.device("cpu"), 1, init_dtypes=init_dtypes_of(model),
+                                 cast_to=torch.float32, draw=False)  # fmt: skip
+    assert record.peak_full_bytes == 0 and all(s.state == "closed" for s in record.slots)
+    assert torch.equal(model.inv_freq, whole.inv_freq)
+    assert all(p.device.type == "cpu" for p in model.parameters())

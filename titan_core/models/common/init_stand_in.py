@@ -63,6 +63,10 @@ class InitRecord:
     several modules share counts in each). When a new parameter would pass it, the parameters
     touched longest ago are closed first, so an init that finishes one module before the next
     (and a shared bias touched by two modules in a row) never touches a closed one."""
+    draw: bool = True
+    """False: every parameter is about to be loaded (a checkpoint), so the init's draws are skipped: a
+    stand-in runs its ops on a meta tensor (no memory, nothing drawn, nothing written); the buffers the
+    init computes are still computed."""
     write: Callable[[torch.Tensor, torch.Tensor], None] = lambda target, full: target.copy_(full)
     """Puts a closed parameter's values (the full tensor) into its target (this rank's slice)."""
     gather: Callable[[torch.Tensor], torch.Tensor] = lambda target: target
@@ -82,13 +86,16 @@ class InitRecord:
             return slot.full
         while self._open and sum(s.nbytes for s in self._open) + slot.nbytes > self.budget_bytes:
             self._close(self._open.pop(0))
-        if slot.state == "closed":
+        if not self.draw:
+            full = torch.empty(slot.shape, dtype=slot.dtype, device="meta")
+        elif slot.state == "closed":
             full = self._reopened(slot)
         else:  # marked as not yet written, as the one-process transformers path marks every tensor first
             full = torch.full(slot.shape, unwritten_mark(slot.dtype), dtype=slot.dtype, device=slot.device)
         slot.full, slot.state = full, "open"
         self._open.append(slot)
-        self.peak_full_bytes = max(self.peak_full_bytes, sum(s.nbytes for s in self._open))
+        if self.draw:  # a meta stand-in holds no memory
+            self.peak_full_bytes = max(self.peak_full_bytes, sum(s.nbytes for s in self._open))
         return slot.full
 
     def _reopened(self, slot: Slot) -> torch.Tensor:
@@ -112,6 +119,9 @@ class InitRecord:
             self._close(self._open.pop(0))
 
     def _close(self, slot: Slot) -> None:
+        if not self.draw:
+            slot.full, slot.state = None, "closed"
+            return
         with torch.no_grad():
             slot.unwritten_at_close = is_unwritten_value(slot.full)
             if slot.target is not None:
@@ -188,6 +198,8 @@ def is_stand_in(t: torch.Tensor) -> bool:
 def stand_in_unwritten(t: torch.Tensor) -> bool:
     """For a stand-in: whether no init has written its parameter yet (without touching it)."""
     slot = t.slot
+    if not t.record.draw:  # every parameter is loaded next: none needs a value of its own
+        return False
     if slot.state == "new":
         return True
     if slot.state == "open":
