@@ -181,6 +181,10 @@ class Parallelism:
     """Pipeline schedule (torch.distributed.pipelining); interleaved1F1B puts 2 stages on each rank."""
     pp_layers: list = field(default_factory=list)
     """Decoder layers per stage, in order (empty: split by layer count as evenly as possible)."""
+    reshard_after_forward: bool = False
+    """SimpleFSDP: gather each weight again in the backward instead of keeping the forward's gathered copy, so a
+    rank holds one layer's gathered weights at a time, not the model's (one more all-gather per weight per
+    step; eager only). FSDP2 reshards after forward by itself."""
     timeout_s: float = checked(300.0, POSITIVE)
     """Seconds (> 0) a collective may wait for the other ranks before it fails the run (a hung or dead rank)."""
 

@@ -20,6 +20,7 @@ from titan_core.parallel.grads import clip_grad_norm_
 from titan_core.parallel.local import local_tensor
 from titan_core.parallel.mesh import Degrees, build_mesh, dp_coordinates, dp_dim_names, resolve_degrees
 from titan_core.parallel.pipeline import check_pipeline
+from titan_core.parallel.regather import check_regather
 from titan_core.parallel.simple_fsdp import MixedPrecision, apply_simple_fsdp, stored_parameter
 from titan_core.parallel.tensor_parallel import apply_tensor_parallel, plan_for
 
@@ -46,6 +47,7 @@ def check_parallelism(cfg: JobConfig, world_size: int) -> Degrees:
     check_context_parallel(cfg, degrees)
     check_expert_parallel(cfg, degrees)
     check_pipeline(cfg, degrees)
+    check_regather(cfg)
     if mode == "none":
         if world_size > 1:
             raise ConfigError(

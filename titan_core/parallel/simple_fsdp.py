@@ -28,6 +28,8 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Partial, Placement, Replicate, Shard, distribute_tensor
 
+from titan_core.parallel.regather import observe
+
 _CLASS_CACHE: dict[tuple[type, tuple[str, ...]], type] = {}
 
 
@@ -61,11 +63,17 @@ class Gather:
         self.tp_mesh = tp_mesh
         self.tp_placement = tp_placement
 
-    def __call__(self, stored: DTensor) -> torch.Tensor:
+    def gather_local(self, stored: DTensor) -> torch.Tensor:
+        """The gathered (and cast) weight as a plain tensor: this rank's TP slice, whole over the dp ranks."""
         full = stored.redistribute(
             placements=self.compute, forward_dtype=self.forward_dtype, backward_dtype=self.backward_dtype
         )
-        local = full.to_local(grad_placements=self.grad)
+        return full.to_local(grad_placements=self.grad)
+
+    def __call__(self, stored: DTensor) -> torch.Tensor:
+        local = self.gather_local(stored)
+        if local.untyped_storage().data_ptr() != stored._local_tensor.untyped_storage().data_ptr():
+            observe(local, self, stored)  # a gathered copy: reshard_after_forward and its measure (regather.py)
         if self.tp_placement is None:
             return local
         # A tensor-parallel weight: its TP module computes with a DTensor on the tp mesh.

@@ -18,6 +18,7 @@ from titan_core.data.base import Batch
 from titan_core.models.common.decoder import Transformer
 from titan_core.parallel import clip_grad_norm_, dp_coordinates, mixed_precision
 from titan_core.parallel.pipeline import Pipeline, build_pipeline
+from titan_core.parallel.regather import regathering
 from titan_core.training.token_mean import micro_batch_term
 
 
@@ -26,6 +27,7 @@ class PipelineStep:
 
     def __init__(self, model: Transformer, cfg: JobConfig, mesh: DeviceMesh, device: torch.device):
         self.training = cfg.training
+        self.cfg = cfg
         _, self.dp_world = dp_coordinates(mesh)
         self.n_tokens: torch.Tensor | None = None
         """The step's global count of valid labels, set before the schedule runs (its loss_fn reads it)."""
@@ -45,7 +47,9 @@ class PipelineStep:
         # stacked on dim 0, the schedule splits them back into these same micro-batches
         kwargs = {k: torch.cat([b.loss_kwargs()[k] for b in batches]) for k, v in batches[0].loss_kwargs().items()
                   if v is not None}  # fmt: skip
-        losses = self.pipe.run(torch.cat([b.tokens for b in batches]), torch.cat([b.labels for b in batches]), **kwargs)
+        with regathering(self.cfg):  # the schedule's forwards: gathered weights gathered again in its backwards
+            losses = self.pipe.run(torch.cat([b.tokens for b in batches]), torch.cat([b.labels for b in batches]),
+                                   **kwargs)  # fmt: skip
         total = torch.zeros((), device=n_tokens.device)
         for term in losses:  # in micro-batch order, as the eager step sums them
             total += term.detach().float()

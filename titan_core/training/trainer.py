@@ -48,6 +48,7 @@ from titan_core.parallel.activation_checkpoint import apply_activation_checkpoin
 from titan_core.parallel.context_parallel import loss_group, loss_world, sequence_split
 from titan_core.parallel.expert_parallel import dropped_rows, expert_dispatch
 from titan_core.parallel.mesh import build_expert_mesh, dp_group
+from titan_core.parallel.regather import regathering
 from titan_core.models.common.init_stand_in import InitRecord
 from titan_core.parallel.sharded_init import init_dtypes_of, materialise_sharded
 from titan_core.measure.profiler import StepProfiler
@@ -250,7 +251,8 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         total = torch.zeros((), device=self.device)
         for b in batches:
-            loss, ce = self.model.loss(b.tokens, b.labels, **b.loss_kwargs())
+            with regathering(self.cfg):  # reshard_after_forward: gathered weights gathered again in the backward
+                loss, ce = self.model.loss(b.tokens, b.labels, **b.loss_kwargs())
             term = micro_batch_term(loss, ce, b.labels, n_tokens, dp_world=self.loss_world, grad_accum=cfg.grad_accum)
             term.backward()
             total += term.detach().float()

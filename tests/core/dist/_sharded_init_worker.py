@@ -22,6 +22,7 @@ from _cases import flux_cfg, tiny_cfg  # noqa: E402
 from torch.distributed.tensor import DTensor  # noqa: E402
 
 from titan_core.config.dtypes import DTYPES  # noqa: E402
+from titan_core.parallel.regather import GatheredBytes  # noqa: E402
 from titan_core.runtime import devices, distributed  # noqa: E402
 from titan_core.training.model_builder import build_model_from_config  # noqa: E402
 from titan_core.training.trainer import Trainer  # noqa: E402
@@ -139,6 +140,32 @@ def curve(cfg, mode: str, selective: str = "op", steps: int = 2) -> list[list[fl
     return rows
 
 
+REGATHER_CASES = ("native_simple_fsdp", "native_ep", "native_bf16", "transformers_simple_fsdp",
+                  "flux_simple_fsdp")  # fmt: skip
+"""The cases also trained with parallelism.reshard_after_forward against without it."""
+FOUR_LAYERS = {"n_layers": 4, "dim": 128, "ffn_hidden_dim": 256}
+
+
+def regather(cfg, reshard: bool, steps: int = 2) -> dict:
+    """2 steps with and without reshard_after_forward: each step's loss, grad norm and the most bytes of
+    gathered weights alive at once (regather.GatheredBytes)."""
+    cfg.parallelism.reshard_after_forward = reshard
+    cfg.metrics.output_dir = f"{cfg.metrics.output_dir}_regather_{reshard}"
+    if cfg.model.family != "transformers" and cfg.model.family != "flux":
+        cfg.model.overrides = {**cfg.model.overrides, **FOUR_LAYERS}  # the 4-layer model of the issue's check
+    trainer = Trainer(cfg, quiet=True)
+    rows, peaks = [], []
+    for _ in range(steps):
+        trainer.step += 1
+        with GatheredBytes() as gathered:
+            row = trainer.train_step()
+        rows.append([row["loss"], row["grad_norm"]])
+        peaks.append(gathered.peak_bytes)
+    whole = sum(p.numel() * p.element_size() for p in trainer.model.parameters())  # this rank's shards
+    trainer.close()
+    return {"curve": rows, "peak_gathered": max(peaks), "shard_bytes": whole}
+
+
 def main(out: Path, port: str, hf_dir: Path) -> None:
     with distributed.process_group(torch.device("cpu"), timeout_s=120) as state:
         res = {name: compare(cfg) for name, cfg in cases(out, port, hf_dir).items()}
@@ -148,6 +175,10 @@ def main(out: Path, port: str, hf_dir: Path) -> None:
                    for mode in ("none", "full", "selective")}
             for name in AC_CASES
         }  # fmt: skip
+        res["regather"] = {
+            name: {str(flag): regather(cases(out / f"rg_{flag}", port, hf_dir)[name], flag) for flag in (False, True)}
+            for name in REGATHER_CASES
+        }
     (out / f"rank_{state.rank}.json").write_text(json.dumps(res))
 
 

@@ -1,0 +1,139 @@
+"""Activation checkpointing's policies side by side: what the forward keeps for the backward, the step's
+peak, the step time against no checkpointing, and the numerics.
+
+Per shape (the demo's llama3 debugmodel at seq 1024; a 2-layer slice of Llama 3 8B's widths: dim 4096,
+32 heads, 8 KV heads, MLP 14336, at seq 1024 with an 8192-token vocabulary so that its embedding does not
+dwarf the two blocks), one process builds a Trainer per policy (`[activation_checkpoint]`: none, full,
+selective op, selective layer with period 2), fp32, one process, batch 1, and measures:
+
+- kept_after_forward: the bytes of tensors the forward leaves alive for the backward (titan_core's
+  TensorPeak over `model.loss`: what it allocated and still holds at its end), the loss included;
+  `saved_fraction` = 1 - kept / kept under none (full: >= 0.6 expected);
+- step_peak: the most tensor bytes alive at once during forward + backward (TensorPeak);
+- numerics: each policy's loss and every gradient of the same batch against none, bit for bit;
+- time: one forward + backward per sample, each policy against none, interleaved
+  (titan_core.measure.timing.compare: ratio with its 99% interval).
+
+    nice python bench/activation_checkpoint.py [--shapes demo,slice8b] [--min-rounds N --max-rounds N] [--out FILE]
+
+Prints one JSON document on stdout; progress on stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+os.environ.setdefault("TORCH_DEVICE_BACKEND_AUTOLOAD", "0")
+
+import _report  # noqa: E402
+
+SHAPES = {
+    "demo": {"overrides": "{}", "seq": 1024},
+    "slice8b": {
+        "overrides": "{n_layers = 2, dim = 4096, n_heads = 32, n_kv_heads = 8, head_dim = 128, "
+                     "ffn_hidden_dim = 14336, vocab_size = 8192}",
+        "seq": 1024,
+    },
+}  # fmt: skip
+POLICIES = {
+    "none": [],
+    "full": ["--activation_checkpoint.mode=full"],
+    "selective_op": ["--activation_checkpoint.mode=selective", "--activation_checkpoint.selective=op"],
+    "selective_layer_2": ["--activation_checkpoint.mode=selective", "--activation_checkpoint.selective=layer",
+                          "--activation_checkpoint.layer_period=2"],
+}  # fmt: skip
+
+
+def run_shape(shape: str, protocol, work: str) -> dict:
+    import torch
+
+    from titan_core.config import load_config
+    from titan_core.measure.timing import compare
+    from titan_core.memory.tensor_peak import TensorPeak
+    from titan_core.training.trainer import Trainer
+
+    spec = SHAPES[shape]
+    trainers, batch = {}, None
+    for name, flags in POLICIES.items():
+        cfg = load_config(None, [
+            "--model.family=llama3", "--model.flavor=debugmodel", f"--model.overrides={spec['overrides']}",
+            "--parallelism.data_parallel=none", "--device.type=cpu", "--training.batch_size=1",
+            f"--training.seq_len={spec['seq']}", f"--metrics.output_dir={work}/{shape}_{name}", *flags,
+        ])  # fmt: skip
+        trainers[name] = Trainer(cfg, quiet=True)
+        batch = batch or next(trainers[name].data)
+
+    def forward_backward(name: str) -> dict:
+        model = trainers[name].model
+        model.zero_grad(set_to_none=True)
+        with TensorPeak() as fwd:
+            loss, _ = model.loss(batch.tokens, batch.labels, **batch.loss_kwargs())
+        kept = fwd.live_bytes
+        with TensorPeak() as bwd:
+            loss.backward()
+        grads = {n: p.grad.clone() for n, p in model.named_parameters()}
+        return {"loss": loss.item(), "kept": kept, "backward_peak": bwd.peak_bytes, "grads": grads}
+
+    runs = {}
+    for name in POLICIES:
+        _report.progress(f"{shape}: {name}")
+        runs[name] = forward_backward(name)
+    base = runs["none"]
+    out = {"shape": shape, "seq": spec["seq"], "policies": {}, "comparisons": []}
+    for name, r in runs.items():
+        out["policies"][name] = {
+            "checkpointed_blocks": trainers[name].checkpointed,
+            "kept_after_forward": r["kept"],
+            "saved_fraction": round(1 - r["kept"] / base["kept"], 4),
+            "step_peak": r["kept"] + r["backward_peak"],
+            "loss_bit_identical": r["loss"] == base["loss"],
+            "grads_bit_identical": all(torch.equal(g, base["grads"][n]) for n, g in r["grads"].items()),
+        }
+
+    def sample(name: str):
+        def one() -> float:
+            import time
+
+            model = trainers[name].model
+            model.zero_grad(set_to_none=True)
+            start = time.perf_counter()
+            loss, _ = model.loss(batch.tokens, batch.labels, **batch.loss_kwargs())
+            loss.backward()
+            return time.perf_counter() - start
+
+        return one
+
+    for name in POLICIES:
+        if name != "none":
+            _report.progress(f"{shape}: timing {name} against none")
+            cmp = compare(sample(name), sample("none"), protocol)
+            out["comparisons"].append(_report.entry(cmp, name, "none", shape=shape))
+    return out
+
+
+def main() -> None:
+    import tempfile
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--shapes", default="demo,slice8b")
+    ap.add_argument("--out", default="", help="also write the JSON here")
+    _report.add_protocol_args(ap)
+    a = ap.parse_args()
+    protocol = _report.protocol_from(a)
+    report = {"benchmark": "activation_checkpoint", "load_avg_1m": {"start": _report.load()},
+              "protocol": protocol.__dict__, "shapes": [], "comparisons": []}  # fmt: skip
+    with tempfile.TemporaryDirectory(prefix="ac_bench_") as work:
+        for shape in a.shapes.split(","):
+            res = run_shape(shape, protocol, work)
+            report["comparisons"] += res.pop("comparisons")
+            report["shapes"].append(res)
+    report["full_saves_at_least_60_percent"] = all(s["policies"]["full"]["saved_fraction"] >= 0.6
+                                                   for s in report["shapes"])  # fmt: skip
+    report["bit_identical"] = all(p["loss_bit_identical"] and p["grads_bit_identical"]
+                                  for s in report["shapes"] for p in s["policies"].values())  # fmt: skip
+    _report.emit(report, a.out)
+
+
+if __name__ == "__main__":
+    main()
