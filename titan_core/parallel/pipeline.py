@@ -117,7 +117,6 @@ def check_pipeline(cfg: JobConfig, degrees: Degrees) -> None:
         (cfg.model.module_file, "model.module_file (a port): pp > 1 splits the shared decoder only"),
         (cfg.compile.enable, "compile.enable (per-block compile)"),
         (cfg.graph_trainer.enable, "graph_trainer.enable (the Graph Trainer)"),
-        (cfg.checkpoint.enable, "checkpoint.enable (saving and resuming pipeline stages)"),
         (cfg.checkpoint.export_hf, "checkpoint.export_hf (the export gathers the whole model)"),
         (cfg.checkpoint.initial_hf, "checkpoint.initial_hf (loading weights into pipeline stages)"),
         (cfg.validation.enable, "validation.enable (the held-out loss through the pipeline)"),

@@ -33,7 +33,12 @@ _OBSERVERS: list = []
 
 
 def observe(local: torch.Tensor, gather, stored) -> None:
-    """Gather's one call: `local` is the gathered weight of `stored` (a plain tensor)."""
+    """Gather's one call: `local` is the gathered weight of `stored` (a plain tensor). Nothing is read of it
+    unless an observer is on (an eager step: a traced or compiled one never has one)."""
+    if not _OBSERVERS:
+        return
+    if local.untyped_storage().data_ptr() == stored._local_tensor.untyped_storage().data_ptr():
+        return  # nothing was gathered (no data-parallel dimension over more than one rank): the shard itself
     for o in _OBSERVERS:
         o.gathered(local, gather, stored)
 

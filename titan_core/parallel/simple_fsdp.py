@@ -72,8 +72,7 @@ class Gather:
 
     def __call__(self, stored: DTensor) -> torch.Tensor:
         local = self.gather_local(stored)
-        if local.untyped_storage().data_ptr() != stored._local_tensor.untyped_storage().data_ptr():
-            observe(local, self, stored)  # a gathered copy: reshard_after_forward and its measure (regather.py)
+        observe(local, self, stored)  # reshard_after_forward and the gathered-bytes measure (regather.py)
         if self.tp_placement is None:
             return local
         # A tensor-parallel weight: its TP module computes with a DTensor on the tp mesh.

@@ -15,7 +15,7 @@ opaque entry per rank, because each rank's value differs and DCP would otherwise
 only one rank's copy of a non-tensor value.
 
 Resuming on another world size works: DCP reshards model and optimizer DTensors to the new
-mesh, a rank without a saved entry of its own takes rank 0's, and the data position
+mesh (pipeline stages too: each stage saves the parameters it holds under the whole model's names), a rank without a saved entry of its own takes rank 0's, and the data position
 carries over when the global batch (batch_size x data-parallel ranks) is unchanged,
 because loaders address rows by global batch index (see titan_core/data/loader.py).
 
@@ -38,6 +38,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
     get_model_state_dict,
     get_optimizer_state_dict,
     set_model_state_dict,
@@ -50,6 +51,10 @@ from titan_core.config.sections import JobConfig
 __all__ = ["Checkpointer", "rng_state", "set_rng_state"]
 
 _STEP_DIR = re.compile(r"step-(\d+)")
+FLAT = StateDictOptions(flatten_optimizer_state_dict=True)
+"""The optimizer's hyperparameters stored per parameter (`param_groups.<fqn>.lr`), not as one list of groups:
+DCP keeps one rank's copy of a non-tensor value, and pipeline stages hold different parameters, so each
+stage's groups must be keys of their own (a stage given another's groups loses its learning rate)."""
 
 
 def _dist_on() -> bool:
@@ -143,7 +148,7 @@ class Checkpointer:
         torch.save(per_rank, buf)
         state = {
             "model": get_model_state_dict(model),
-            "optimizer": get_optimizer_state_dict(model, optimizer),
+            "optimizer": get_optimizer_state_dict(model, optimizer, options=FLAT),
             "ranks": {f"rank_{_rank()}": buf.getvalue()},
         }
         if lr_scheduler is not None:
@@ -194,7 +199,7 @@ class Checkpointer:
             )
         state: dict[str, Any] = {
             "model": get_model_state_dict(model),
-            "optimizer": get_optimizer_state_dict(model, optimizer),
+            "optimizer": get_optimizer_state_dict(model, optimizer, options=FLAT),
             "ranks": {key: b""},
         }
         if lr_scheduler is not None:
@@ -202,7 +207,7 @@ class Checkpointer:
         with _single_process_ok():
             dcp.load(state, checkpoint_id=path)
         set_model_state_dict(model, state["model"])
-        set_optimizer_state_dict(model, optimizer, state["optimizer"])
+        set_optimizer_state_dict(model, optimizer, state["optimizer"], options=FLAT)
         if lr_scheduler is not None:
             lr_scheduler.load_state_dict(state["lr_scheduler"])
         per_rank = torch.load(io.BytesIO(state["ranks"][key]), weights_only=True)

@@ -28,6 +28,26 @@ SCENARIOS = {
 }
 
 
+CKPT = ("--checkpoint.enable", "--checkpoint.interval=2", "--checkpoint.folder=ckpt")
+
+
+def checkpoints(out: Path, corpus: Path, rank: int) -> dict:
+    """pp = 2 with DCP checkpoints: a run that saves at steps 2 and 4, and one that resumes from its step 2."""
+    import shutil
+
+    import torch.distributed as dist
+
+    pp = ("--parallelism.pp=2", "--parallelism.dp_shard=1")
+    full = Trainer(case_cfg("1F1B", corpus, out / "ckpt_full", *pp, *CKPT, batch_size=BATCH), quiet=True).train()
+    if rank == 0:  # the resumed run finds step 2 only
+        shutil.copytree(out / "ckpt_full" / "ckpt" / "step-2", out / "ckpt_resume" / "ckpt" / "step-2")
+    dist.barrier()
+    resumed = Trainer(case_cfg("1F1B", corpus, out / "ckpt_resume", *pp, *CKPT, "--checkpoint.resume=true",
+                               batch_size=BATCH), quiet=True).train()  # fmt: skip
+    return {"full": [r["loss"] for r in full.metrics], "resumed": [r["loss"] for r in resumed.metrics],
+            "resumed_from": resumed.resumed_from, "saved": sorted(p.name for p in (out / "ckpt_full" / "ckpt").iterdir())}
+
+
 def main() -> None:
     scenario, out, corpus = sys.argv[1], Path(sys.argv[2]), Path(sys.argv[3])
     res = {}
@@ -49,6 +69,8 @@ def main() -> None:
                 "wq_local_rows": stored.to_local().shape[0],
                 "wq_rows": stored.shape[0],
             }
+        if scenario == "pp2":
+            res["checkpoints"] = checkpoints(out, corpus, state.rank)
     (out / f"rank_{state.rank}.json").write_text(json.dumps(res))
 
 

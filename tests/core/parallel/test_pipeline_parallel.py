@@ -158,7 +158,6 @@ def _cfg(tmp_path, *extra: str, dp_shard: int = 1):
         (("--parallelism.tp=2",), 4, r"parallelism\.pp > 1 with tp > 1 is not supported"),
         (("--compile.enable",), 2, r"does not support compile\.enable"),
         (("--graph_trainer.enable",), 2, r"does not support graph_trainer\.enable"),
-        (("--checkpoint.enable",), 2, r"does not support checkpoint\.enable"),
         (("--checkpoint.export_hf=hf",), 2, r"does not support checkpoint\.export_hf"),
         (("--checkpoint.initial_hf=hf",), 2, r"does not support checkpoint\.initial_hf"),
         (("--validation.enable",), 2, r"does not support validation\.enable"),
@@ -203,7 +202,7 @@ def _launch(scenario: str, nproc: int, root: Path) -> list[dict]:
                             f"_pp_worker.py {scenario} on {nproc} ranks", log_dir=out / "logs")  # fmt: skip
     assert result.exit_code == 0, result.failure
     ranks = [json.loads((out / f"rank_{r}.json").read_text()) for r in range(nproc)]
-    for name in ranks[0]:
+    for name in [n for n in ranks[0] if n != "checkpoints"]:
         params: dict[str, torch.Tensor] = {}
         for r in range(nproc):
             got = torch.load(out / f"{name}.rank{r}.pt")
@@ -275,3 +274,22 @@ def test_pp2_with_data_parallel_matches_one_process(pp2dp2, root, name):
     shards = 2 if name == "dp_shard2" else 1  # each stage sharded over its dp_shard ranks, replicated otherwise
     assert all(r[name]["wq_local_rows"] * shards == r[name]["wq_rows"] for r in ranks)
     _same_run(ranks[0][name], _reference(root, FOUR_RANKS[name][0], 2 * BATCH), param_rel=DP_PARAM_REL)
+
+
+def test_pp2_checkpoints_resume_exactly_and_on_one_process(pp2, root):
+    """A pp = 2 run saves DCP checkpoints (each stage its own parameters and AdamW state, the hyperparameters
+    per parameter); resuming its step 2 at pp = 2 gives the uninterrupted run's later losses bit for bit, and
+    one process (pp = 1) resumes the same checkpoint to the same losses within fp32 rounding."""
+    r0, r1 = pp2
+    ck = r0["checkpoints"]
+    assert ck == r1["checkpoints"] and ck["saved"] == ["step-2", f"step-{STEPS}"]
+    assert ck["resumed_from"] == 2 and ck["resumed"] == ck["full"][2:]
+    import shutil
+
+    one = root / "pp2" / "ckpt_one_process"
+    shutil.copytree(root / "pp2" / "ckpt_full" / "ckpt" / "step-2", one / "ckpt" / "step-2")
+    cfg = case_cfg("1F1B", root / "corpus", one, "--parallelism.data_parallel=simple_fsdp", "--checkpoint.enable",
+                   "--checkpoint.interval=2", "--checkpoint.folder=ckpt", "--checkpoint.resume=true", batch_size=BATCH)
+    result = Trainer(cfg, quiet=True).train()
+    assert result.resumed_from == 2
+    assert curve_max_rel([r["loss"] for r in result.metrics], ck["full"][2:])[0] <= PP_REL
