@@ -141,6 +141,9 @@ class TrainSetup:
     """Tensor-parallel degree, a factor of shard_degree (see the module docstring)."""
     data_parallel: str = "none"
     """none | simple_fsdp | fsdp2: decides whether gathered parameter copies exist and how many."""
+    reshard_after_forward: bool = False
+    """SimpleFSDP gathers each weight again in the backward (parallelism.reshard_after_forward): one block's
+    gathered weights alive at a time, not the model's."""
     memory_policy: str = "none"
     """none (eager) | default | full | offload: the Graph Trainer's policies, or what eager activation
     checkpointing keeps (`eager_policy`)."""
@@ -170,6 +173,7 @@ class TrainSetup:
             shard_degree=shard,
             tp=1 if degrees is None or dp == "none" else max(1, degrees.tp),
             data_parallel=dp,
+            reshard_after_forward=cfg.parallelism.reshard_after_forward,
             memory_policy=gt.memory_policy if gt.enable else eager_policy(cfg.activation_checkpoint),
             loss=cfg.kernels.loss,
             ce_chunk=cfg.kernels.ce_chunk,
@@ -300,7 +304,9 @@ def estimate_memory(m: ModelShape, s: TrainSetup) -> MemoryEstimate:
     grads = params  # gradients of the stored (sharded) parameters, in their dtype
     state = 2 * params  # AdamW's exp_avg and exp_avg_sq, shaped like the parameters
     gathered = 0
-    if s.data_parallel == "simple_fsdp" and (shard > 1 or cb != pb):
+    if s.data_parallel == "simple_fsdp" and s.reshard_after_forward and (shard > 1 or cb != pb):
+        gathered = _ceil_div(m.largest_block_params, tp) * cb  # the block whose forward or backward runs now
+    elif s.data_parallel == "simple_fsdp" and (shard > 1 or cb != pb):
         # the gather (or cast) makes a new tensor per use, and the matmul keeps it for the backward;
         # under TP each rank gathers its slice of the blocks, embedding and head over the dp ranks
         gathered = (_ceil_div(m.params - whole, tp) + whole) * cb

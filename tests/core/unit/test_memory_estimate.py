@@ -128,6 +128,10 @@ def test_estimate_moves_the_way_the_step_does():
     assert est(param_dtype="bfloat16", compute_dtype="bfloat16").params * 2 == est().params
     sharded = est(shard_degree=4, data_parallel="fsdp2")
     assert sharded.optimizer_state == -(-shape.params // 4) * 4 * 2
+    # SimpleFSDP keeps every gathered weight through the backward unless it gathers them again there
+    kept = est(shard_degree=4, data_parallel="simple_fsdp")
+    again = est(shard_degree=4, data_parallel="simple_fsdp", reshard_after_forward=True)
+    assert kept.gathered_params == shape.params * 4 and again.gathered_params == shape.largest_block_params * 4
     # several processes make only their shards real (plus the parameter the init draws whole); one builds it all
     assert sharded.materialise == sharded.params + shape.largest_param * 4 + sharded.overhead
     assert est().materialise == (shape.params + shape.largest_param) * 4 + sharded.overhead > sharded.materialise
