@@ -14,7 +14,7 @@ selective op, selective layer with period 2), fp32, one process, batch 1, and me
 - time: one forward + backward per sample, each policy against none, interleaved
   (titan_core.measure.timing.compare: ratio with its 99% interval).
 
-    nice python bench/activation_checkpoint.py [--shapes demo,slice8b] [--min-rounds N --max-rounds N] [--out FILE]
+    nice python bench/activation_checkpoint.py [--shapes demo,slice8b]  (tiny: a smoke run) [--min-rounds N --max-rounds N] [--out FILE]
 
 Prints one JSON document on stdout; progress on stderr.
 """
@@ -29,6 +29,7 @@ os.environ.setdefault("TORCH_DEVICE_BACKEND_AUTOLOAD", "0")
 import _report  # noqa: E402
 
 SHAPES = {
+    "tiny": {"overrides": "{n_layers = 2, dim = 64, n_heads = 4, n_kv_heads = 2, vocab_size = 256}", "seq": 128},
     "demo": {"overrides": "{}", "seq": 1024},
     "slice8b": {
         "overrides": "{n_layers = 2, dim = 4096, n_heads = 32, n_kv_heads = 8, head_dim = 128, "
@@ -121,8 +122,7 @@ def main() -> None:
     _report.add_protocol_args(ap)
     a = ap.parse_args()
     protocol = _report.protocol_from(a)
-    report = {"benchmark": "activation_checkpoint", "load_avg_1m": {"start": _report.load()},
-              "protocol": protocol.__dict__, "shapes": [], "comparisons": []}  # fmt: skip
+    report = _report.start("activation_checkpoint", protocol, shapes=[])
     with tempfile.TemporaryDirectory(prefix="ac_bench_") as work:
         for shape in a.shapes.split(","):
             res = run_shape(shape, protocol, work)

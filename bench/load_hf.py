@@ -97,6 +97,15 @@ def write_checkpoint(folder: Path, a) -> int:
     return nbytes
 
 
+def add_checkpoint_args(ap: argparse.ArgumentParser, *, hidden=2048, layers=10, vocab=32000, mlp=1024) -> None:
+    """The written checkpoint's shape and shard size (`write_checkpoint` reads them), with these defaults."""
+    ap.add_argument("--hidden", type=int, default=hidden)
+    ap.add_argument("--layers", type=int, default=layers)
+    ap.add_argument("--vocab", type=int, default=vocab)
+    ap.add_argument("--mlp", type=int, default=mlp, help="intermediate_size")
+    ap.add_argument("--shard", default="300MB", help="save_pretrained's max_shard_size")
+
+
 def worker(a) -> None:
     """One rank: `a.rounds` loads, with rank 0's baseline reads between them; writes rank_<r>.json."""
     import resource
@@ -165,11 +174,7 @@ def worker(a) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--hidden", type=int, default=2048)
-    ap.add_argument("--layers", type=int, default=10)
-    ap.add_argument("--vocab", type=int, default=32000)
-    ap.add_argument("--mlp", type=int, default=1024, help="intermediate_size")
-    ap.add_argument("--shard", default="300MB", help="save_pretrained's max_shard_size")
+    add_checkpoint_args(ap)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--out", default="", help="also write the JSON here")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)

@@ -38,6 +38,7 @@ os.environ.setdefault("TORCH_DEVICE_BACKEND_AUTOLOAD", "0")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import _report  # noqa: E402
+from load_hf import add_checkpoint_args  # noqa: E402  the checkpoint writer's options, shared
 
 LAYOUTS = {
     "simple_fsdp": ["--parallelism.data_parallel=simple_fsdp"],
@@ -113,11 +114,7 @@ def run_layout(ckpt: Path, work: Path, world: int, name: str, flags: list[str], 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--hidden", type=int, default=2048)
-    ap.add_argument("--layers", type=int, default=6)
-    ap.add_argument("--vocab", type=int, default=8192)
-    ap.add_argument("--mlp", type=int, default=4096, help="intermediate_size")
-    ap.add_argument("--shard", default="300MB", help="save_pretrained's max_shard_size")
+    add_checkpoint_args(ap, layers=6, vocab=8192, mlp=4096)
     ap.add_argument("--worlds", type=int, nargs="+", default=[4, 8])
     ap.add_argument("--mmap-threshold", type=int, default=0,
                     help="MALLOC_MMAP_THRESHOLD_ for the ranks (0: glibc's own sliding threshold)")

@@ -106,3 +106,17 @@ def test_ladder_speedup_tiny(tmp_path):
     assert report["final"]["tokens_per_step"] == 128 and report["hf"]["tokens_per_step"] == 64
     assert set(report["tokens_per_s"]) == {"hf", "baseline", "final"}
     assert all(v > 0 for v in report["tokens_per_s"].values())
+
+
+def test_activation_checkpoint_bench_tiny():
+    """Every policy's numerics bit-identical to none, what the forward keeps smaller under full, and each policy
+    timed against none through the timing protocol."""
+    report = _run("activation_checkpoint.py", "--shapes", "tiny")
+    (shape,) = report["shapes"]
+    policies = shape["policies"]
+    assert set(policies) == {"none", "full", "selective_op", "selective_layer_2"}
+    assert report["bit_identical"] and all(p["grads_bit_identical"] for p in policies.values())
+    assert policies["full"]["kept_after_forward"] < policies["none"]["kept_after_forward"]
+    assert policies["selective_layer_2"]["checkpointed_blocks"] == ["layers.0"]
+    for name in ("full", "selective_op", "selective_layer_2"):
+        _check(report, name, "none")
