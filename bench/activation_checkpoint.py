@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import time
 
 os.environ.setdefault("TORCH_DEVICE_BACKEND_AUTOLOAD", "0")
 
@@ -55,48 +56,28 @@ def run_shape(shape: str, protocol, work: str) -> dict:
     from titan_core.training.trainer import Trainer
 
     spec = SHAPES[shape]
-    trainers, batch = {}, None
-    for name, flags in POLICIES.items():
+
+    def build(name: str) -> Trainer:
         cfg = load_config(None, [
             "--model.family=llama3", "--model.flavor=debugmodel", f"--model.overrides={spec['overrides']}",
             "--parallelism.data_parallel=none", "--device.type=cpu", "--training.batch_size=1",
-            f"--training.seq_len={spec['seq']}", f"--metrics.output_dir={work}/{shape}_{name}", *flags,
+            f"--training.seq_len={spec['seq']}", f"--metrics.output_dir={work}/{shape}_{name}", *POLICIES[name],
         ])  # fmt: skip
-        trainers[name] = Trainer(cfg, quiet=True)
-        batch = batch or next(trainers[name].data)
+        return Trainer(cfg, quiet=True)
 
-    def forward_backward(name: str) -> dict:
-        model = trainers[name].model
+    def forward_backward(trainer: Trainer) -> dict:
+        model = trainer.model
         model.zero_grad(set_to_none=True)
         with TensorPeak() as fwd:
             loss, _ = model.loss(batch.tokens, batch.labels, **batch.loss_kwargs())
         kept = fwd.live_bytes
         with TensorPeak() as bwd:
             loss.backward()
-        grads = {n: p.grad.clone() for n, p in model.named_parameters()}
-        return {"loss": loss.item(), "kept": kept, "backward_peak": bwd.peak_bytes, "grads": grads}
+        return {"loss": loss.item(), "kept": kept, "backward_peak": bwd.peak_bytes}
 
-    runs = {}
-    for name in POLICIES:
-        _report.progress(f"{shape}: {name}")
-        runs[name] = forward_backward(name)
-    base = runs["none"]
-    out = {"shape": shape, "seq": spec["seq"], "policies": {}, "comparisons": []}
-    for name, r in runs.items():
-        out["policies"][name] = {
-            "checkpointed_blocks": trainers[name].checkpointed,
-            "kept_after_forward": r["kept"],
-            "saved_fraction": round(1 - r["kept"] / base["kept"], 4),
-            "step_peak": r["kept"] + r["backward_peak"],
-            "loss_bit_identical": r["loss"] == base["loss"],
-            "grads_bit_identical": all(torch.equal(g, base["grads"][n]) for n, g in r["grads"].items()),
-        }
-
-    def sample(name: str):
+    def sample(trainer: Trainer):
         def one() -> float:
-            import time
-
-            model = trainers[name].model
+            model = trainer.model
             model.zero_grad(set_to_none=True)
             start = time.perf_counter()
             loss, _ = model.loss(batch.tokens, batch.labels, **batch.loss_kwargs())
@@ -105,11 +86,30 @@ def run_shape(shape: str, protocol, work: str) -> dict:
 
         return one
 
+    # one policy beside none at a time (every model built from the same seed: the same weights)
+    none = build("none")
+    batch = next(none.data)
+    _report.progress(f"{shape}: none")
+    base = forward_backward(none)
+    want = {n: p.grad.clone() for n, p in none.model.named_parameters()}
+    out = {"shape": shape, "seq": spec["seq"], "policies": {}, "comparisons": []}
     for name in POLICIES:
+        trainer = none if name == "none" else build(name)
+        _report.progress(f"{shape}: {name}")
+        r = base if name == "none" else forward_backward(trainer)
+        out["policies"][name] = {
+            "checkpointed_blocks": trainer.checkpointed,
+            "kept_after_forward": r["kept"],
+            "saved_fraction": round(1 - r["kept"] / base["kept"], 4),
+            "step_peak": r["kept"] + r["backward_peak"],
+            "loss_bit_identical": r["loss"] == base["loss"],
+            "grads_bit_identical": all(torch.equal(p.grad, want[n]) for n, p in trainer.model.named_parameters()),
+        }
         if name != "none":
             _report.progress(f"{shape}: timing {name} against none")
-            cmp = compare(sample(name), sample("none"), protocol)
+            cmp = compare(sample(trainer), sample(none), protocol)
             out["comparisons"].append(_report.entry(cmp, name, "none", shape=shape))
+            del trainer
     return out
 
 
