@@ -14,7 +14,9 @@ selective op, selective layer with period 2), fp32, one process, batch 1, and me
 - time: one forward + backward per sample, each policy against none, interleaved
   (titan_core.measure.timing.compare: ratio with its 99% interval).
 
-    nice python bench/activation_checkpoint.py [--shapes demo,slice8b]  (tiny: a smoke run) [--min-rounds N --max-rounds N] [--out FILE]
+    nice python bench/activation_checkpoint.py [--shapes demo,slice8b] [--min-rounds N --max-rounds N] [--out FILE]
+
+(`--shapes tiny`: a smoke run.)
 
 Prints one JSON document on stdout; progress on stderr.
 """

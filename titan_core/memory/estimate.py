@@ -260,7 +260,8 @@ class MemoryEstimate:
         phase = self.phase
         text = f"estimated peak {format_bytes(self.total)} per process{sharded} at the {phase}"
         if phase == "materialise":
-            text += (" (one process builds the whole model in fp32 before casting it)" if s and s.data_parallel == "none"
+            one = s is not None and s.data_parallel == "none"
+            text += (" (one process builds the whole model in fp32 before casting it)" if one
                      else " (the shards, and the largest parameter whole in fp32 while the init draws it)")
         else:
             runtime = [f"runtime {format_bytes(self.overhead)}"] if self.overhead else []

@@ -147,8 +147,9 @@ def check_regather(cfg) -> None:
             f"parallelism.reshard_after_forward re-gathers SimpleFSDP's weights; data_parallel = '{p.data_parallel}' "
             "has none to re-gather (fsdp2 reshards after forward by itself); set it to false"
         )
-    for on, what in ((cfg.compile.enable, "per-block compile (its gathers run inside the compiled graph)"),
-                     (cfg.graph_trainer.enable, "the Graph Trainer (its memory_policy decides what it keeps)")):  # fmt: skip
+    modes = ((cfg.compile.enable, "per-block compile (its gathers run inside the compiled graph)"),
+             (cfg.graph_trainer.enable, "the Graph Trainer (its memory_policy decides what it keeps)"))
+    for on, what in modes:
         if on:
             raise ConfigError(
                 f"parallelism.reshard_after_forward with {what} is not supported: it re-gathers through "

@@ -4,8 +4,9 @@ The trainer builds the model on meta, parallelises it there (every parameter bec
 of this rank's shard, still without storage), and only then gives it memory: `materialise_sharded`
 allocates each rank's shards and runs the model's own `init_weights(seed)` against them. The
 initial values must be the one-process seeded init's, bit for bit (a sharded run is compared
-with one process, so both must start from the same weights), and that init draws the whole model in order from one generator, so each
-rank makes every draw the one-process init makes, in the same order, and keeps only its slice:
+with one process, so both must start from the same weights), and that init draws the whole
+model in order from one generator, so each rank makes every draw the one-process init makes, in
+the same order, and keeps only its slice:
 
 - while `init_weights` runs, every parameter is a stand-in with no storage
   (titan_core/models/common/init_stand_in.py); the first op that touches one gives it a full

@@ -53,8 +53,8 @@ def _hf_configs(folder: Path) -> Path:
     small = dict(vocab_size=256, hidden_size=64, num_hidden_layers=2, num_attention_heads=4)
     transformers.LlamaConfig(**small, intermediate_size=128, num_key_value_heads=2,
                              tie_word_embeddings=True).to_json_file(folder / "llama_tied.json")  # fmt: skip
-    transformers.GPT2Config(vocab_size=256, n_embd=64, n_layer=2, n_head=4, attn_pdrop=0.0, resid_pdrop=0.0, embd_pdrop=0.0,
-                            bos_token_id=0, eos_token_id=0).to_json_file(folder / "gpt2.json")
+    transformers.GPT2Config(vocab_size=256, n_embd=64, n_layer=2, n_head=4, attn_pdrop=0.0, resid_pdrop=0.0,
+                            embd_pdrop=0.0, bos_token_id=0, eos_token_id=0).to_json_file(folder / "gpt2.json")
     transformers.Qwen3MoeConfig(**small, intermediate_size=128, moe_intermediate_size=32, num_key_value_heads=2,
                                 num_experts=4, num_experts_per_tok=2, head_dim=16).to_json_file(
         folder / "qwen3_moe.json")  # fmt: skip

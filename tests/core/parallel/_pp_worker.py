@@ -45,7 +45,8 @@ def checkpoints(out: Path, corpus: Path, rank: int) -> dict:
     resumed = Trainer(case_cfg("1F1B", corpus, out / "ckpt_resume", *pp, *CKPT, "--checkpoint.resume=true",
                                batch_size=BATCH), quiet=True).train()  # fmt: skip
     return {"full": [r["loss"] for r in full.metrics], "resumed": [r["loss"] for r in resumed.metrics],
-            "resumed_from": resumed.resumed_from, "saved": sorted(p.name for p in (out / "ckpt_full" / "ckpt").iterdir())}
+            "resumed_from": resumed.resumed_from,
+            "saved": sorted(p.name for p in (out / "ckpt_full" / "ckpt").iterdir())}
 
 
 def main() -> None:
