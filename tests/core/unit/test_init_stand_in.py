@@ -85,7 +85,7 @@ def test_an_init_that_returns_to_a_closed_parameter_gathers_it_again_exactly():
 
 
 def test_returning_to_a_parameter_whose_shards_hold_another_dtype_is_refused():
-    with pytest.raises(ShardedInitError, match=r"returns to layers\.0\.weight .* bfloat16, not the torch\.float32"):
+    with pytest.raises(ShardedInitError, match=r"returns to layers\.0\.weight .*bfloat16, not the torch\.float32"):
         _stand_in_built("returns", torch.bfloat16)
 
 

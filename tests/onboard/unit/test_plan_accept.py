@@ -109,30 +109,38 @@ def test_onboard_plan_exits_1_naming_titan_cores_reason_when_only_refused_layout
     assert all(g["reason"] and g["count"] and g["layouts"] for g in out["refused"]["reasons"])
 
 
-def test_pp_is_chosen_only_while_the_recipe_saves_no_checkpoints_and_says_so(tmp_path):
+def test_pp_is_chosen_with_checkpoints_and_dropped_for_a_feature_it_refuses(tmp_path):
     # Qwen3-30B-A3B at 4k tokens on 32 H100s: a 4-stage pipeline predicts the most tokens/s
     ws = _workspace(tmp_path, "Qwen3-30B-A3B", EARNED)
     res = runner.invoke(app, ["plan", ws, "--dir", str(tmp_path), "--target", "h100:32", "--json"])
     assert res.exit_code == 0, res.stderr
     out = json.loads(res.stdout)
     assert out["degrees"]["pp"] > 1 and out["chosen"]["mode"] == "eager"
-    assert "checkpoint.enable" in out["refused_features"] and "does not support checkpoint.enable" in out[
-        "refused_features"]["checkpoint.enable"]  # fmt: skip
-    assert "a run of this recipe saves no checkpoints" in out["degrees_why"]["pp"]
+    # pp saves and resumes DCP checkpoints: not among what it refuses; validation still is
+    assert "checkpoint.enable" not in out["refused_features"]
+    assert "does not support validation.enable" in out["refused_features"]["validation.enable"]
+    assert "a run of this recipe runs without them" in out["degrees_why"]["pp"]
     levers = {lv["key"]: lv for lv in out["levers"]}  # the recipe's per-block compile: titan_core refuses it with pp
     assert levers["compile.enable"]["plan"] is False and "pp > 1 does not support compile" in levers[
         "compile.enable"]["why"]  # fmt: skip
     cfg = load_config(out["recipe"])
-    assert not cfg.checkpoint.enable and not cfg.compile.enable and cfg.parallelism.pp == out["degrees"]["pp"]
+    assert not cfg.compile.enable and cfg.parallelism.pp == out["degrees"]["pp"]
     check_parallelism(cfg, 32)  # titan_core runs what was written
-    # a recipe that trains the real model saves checkpoints: then no pipeline, and the plan says why
     recipe = tmp_path / "onboarding" / ws / "recipe.toml"
+    # a recipe that saves checkpoints keeps its pipeline
     recipe.write_text(recipe.read_text() + "\n[checkpoint]\nenable = true\n")
     res = runner.invoke(app, ["plan", ws, "--dir", str(tmp_path), "--target", "h100:32", "--json", "--force"])
     assert res.exit_code == 0, res.stderr
     saving = json.loads(res.stdout)
-    assert saving["degrees"]["pp"] == 1 and "checkpoint.enable" not in saving["refused_features"]
-    assert "does not support checkpoint.enable" in saving["degrees_why"]["pp"]
-    assert any("does not support checkpoint.enable" in g["reason"] for g in saving["refused"]["reasons"])
+    assert saving["degrees"]["pp"] == out["degrees"]["pp"] and "checkpoint.enable" not in saving["refused_features"]
     cfg = load_config(saving["recipe"])
-    assert cfg.checkpoint.enable and check_parallelism(cfg, 32).pp == 1
+    assert cfg.checkpoint.enable and check_parallelism(cfg, 32).pp == out["degrees"]["pp"]
+    # one that validates does not (titan_core refuses validation under pp): then no pipeline, and the plan says why
+    recipe.write_text(recipe.read_text() + "\n[validation]\nenable = true\n")
+    res = runner.invoke(app, ["plan", ws, "--dir", str(tmp_path), "--target", "h100:32", "--json", "--force"])
+    assert res.exit_code == 0, res.stderr
+    validating = json.loads(res.stdout)
+    assert validating["degrees"]["pp"] == 1 and "validation.enable" not in validating["refused_features"]
+    assert "does not support validation.enable" in validating["degrees_why"]["pp"]
+    cfg = load_config(validating["recipe"])
+    assert cfg.validation.enable and check_parallelism(cfg, 32).pp == 1
