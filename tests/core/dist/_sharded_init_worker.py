@@ -169,7 +169,7 @@ def regather(cfg, reshard: bool, steps: int = 2) -> dict:
 def main(out: Path, port: str, hf_dir: Path) -> None:
     with distributed.process_group(torch.device("cpu"), timeout_s=120) as state:
         res = {name: compare(cfg) for name, cfg in cases(out, port, hf_dir).items()}
-        res["memory"] = memory(out)
+        res["memory"] = memory(out) if sys.platform.startswith("linux") else {}  # /proc/self/status: Linux
         res["ac"] = {
             name: {mode: curve(cases(out / f"ac_{mode}", port, hf_dir)[name], mode)
                    for mode in ("none", "full", "selective")}

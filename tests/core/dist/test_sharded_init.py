@@ -11,7 +11,6 @@ from pathlib import Path
 import pytest
 from _cases import run_worker
 
-pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/status (Linux)")
 
 PORT = '''
 import torch
@@ -81,6 +80,7 @@ def test_sharded_init_equals_the_one_process_init(ranks, case):
         assert 0 < res["peak_full_bytes"] <= res["budget_bytes"] < res["whole_bytes"] / 2, res
 
 
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads the resident set from /proc/self/status")
 def test_no_rank_holds_the_whole_model_while_building(ranks):
     """What building the wider model adds to a rank's resident set: its half of the model plus one module's
     full tensors (and allocator slack), where the one-process build of the same model adds the whole."""
