@@ -52,21 +52,16 @@ master weights (training.mixed_precision_param), as a recipe the plan writes doe
 STEP_BOUND = 0.7
 
 
-def vm_hwm() -> int:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1]) * 1024
-    raise RuntimeError("no VmHWM in /proc/self/status (Linux only)")
-
-
 def worker(a) -> None:
     """One rank: the empty peak, the build's, the step's; writes rank_<r>.json."""
     import safetensors.torch  # noqa: F401  what the load uses, imported by an empty rank too
     import torch
 
     from titan_core.config import load_config
-    from titan_core.runtime import distributed
+    from titan_core.runtime import devices, distributed
     from titan_core.training.trainer import Trainer
+
+    cpu = torch.device("cpu")
 
     torch.set_num_threads(1)
     ckpt = Path(a.ckpt)
@@ -77,13 +72,13 @@ def worker(a) -> None:
         *json.loads(a.flags),
     ])  # fmt: skip
     with distributed.process_group(torch.device("cpu"), timeout_s=900) as state:
-        empty = vm_hwm()
+        empty = devices.peak_memory_bytes(cpu)  # VmHWM: the peak resident set so far
         trainer = Trainer(cfg, quiet=True)
-        built = vm_hwm()
+        built = devices.peak_memory_bytes(cpu)
         own = sum(p.to_local().numel() * p.element_size() for p in trainer.model.parameters())
         trainer.step += 1
         row = trainer.train_step()
-        stepped = vm_hwm()
+        stepped = devices.peak_memory_bytes(cpu)
         out = {"rank": state.rank, "empty": empty, "built": built, "stepped": stepped, "own_bytes": own,
                "loss": row["loss"], "budget_bytes": trainer.sharded_init.budget_bytes}  # fmt: skip
     (Path(a.work) / f"rank_{state.rank}.json").write_text(json.dumps(out))
