@@ -225,8 +225,10 @@ def check_float8_on_cpu(result) -> None:
         assert row["loss_rel"] <= row["loss_bound"] == FLOAT8_LOSS_REL
         assert row["timed_against"] == "none" and row["holder_step_time_s"] > 0 and row["step_time_s"] > 0
         check_comparison(row["timing"], kernels.protocol().min_effect)
-        # emulation is never faster: slower, unless this machine's load left it not measured
-        assert row["outcome"] in ("slower", "not measured") and row["kept"] is False and row["reason"]
+        # emulation is never faster, so never kept; where it converts few linears (the MoE model's
+        # experts stay bf16) the slowdown can sit inside the interval: indistinguishable
+        assert row["outcome"] in ("slower", "indistinguishable", "not measured"), row["outcome"]
+        assert row["kept"] is False and row["reason"]
     assert result.details["field_choices"]["float8"]["value"] == "none"
     assert "kernels.float8" not in {e.key for e in result.recipe_edits}
 
