@@ -17,10 +17,9 @@ step (`measure`). The rows are fresh each step (data.repeat_batch off) and the s
   process the same B rows in the recipe's grad_accum micro-batches.
 - pp = 2, the recipe's pp_schedule: two stages, both ranks the same B rows in grad_accum
   micro-batches (the schedule's micro-batches); the one process the same micro-batches.
-- cp and ep together, the one combination of the three titan_core composes: cp = ep = 2 on the
-  same 2 ranks (ep carved from cp). Any other combination the recipe asks (pp with cp or ep) is
-  checked with titan_core's own refusal first; 4 ranks would run only a combination titan_core
-  accepts that 2 cannot show, and today there is none.
+- combinations: cp and ep together run cp = ep = 2 on the same 2 ranks (ep carved from cp); pp and
+  ep on 4 (2 stages, each over 2 data-parallel ranks the experts are split across). A combination
+  titan_core refuses (pp with cp) is checked with titan_core's own refusal first, and never launched.
 
 What a proof changes from the recipe, each said in the log and in the degree's `notes`: a
 seq_len that 2 x cp does not divide is cut to the largest multiple below it; rows dropped at the

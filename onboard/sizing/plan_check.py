@@ -43,6 +43,7 @@ from titan_core.config import ConfigError, load_config
 from titan_core.config.loader import get_key, set_key
 from titan_core.models.common.mapping_errors import KernelUnavailable
 from titan_core.parallel import check_parallelism
+from titan_core.parallel.pipeline import STAGES_PER_RANK
 from titan_core.runtime import launcher
 from titan_core.training.model_builder import build_meta_model
 
@@ -110,6 +111,11 @@ def check_degrees(cfg, planned) -> dict[str, Any]:
     notes = [f"{', '.join(f'{n} = 2' for n in names)} on {world} processes (plan: "
              f"{', '.join(f'{n} = {getattr(rp, n)}' for n in names)})"]  # fmt: skip
     run.training.batch_size = max(1, cfg.training.batch_size // dp)
+    layers = gate_recipe.model_args(run).n_layers
+    if "pp" in names and 2 * STAGES_PER_RANK[p.pp_schedule] > layers:
+        p.pp_schedule = "1F1B"
+        notes.append(f"parallelism.pp_schedule 1F1B (plan: {rp.pp_schedule}): its {2 * STAGES_PER_RANK[rp.pp_schedule]} "
+                     f"stages at pp = 2 need as many layers, and the model run here has {layers}")  # fmt: skip
     if "pp" in names and run.training.grad_accum < 2:
         run.training.grad_accum = 2
         notes.append("training.grad_accum 2: a pipeline of 2 stages needs 2 microbatches at least")

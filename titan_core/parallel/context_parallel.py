@@ -91,15 +91,6 @@ def check_context_parallel(cfg: JobConfig, degrees: Degrees) -> None:
         )
     if family in DIFFUSION_FAMILIES:
         raise ConfigError(f"parallelism.cp > 1 splits token rows of a decoder; {family}'s image/text attention is not")
-    if degrees.pp > 1 or degrees.tp > 1:
-        raise ConfigError(
-            f"parallelism.cp = {cp} composes with data parallelism only (pp = {degrees.pp}, tp = {degrees.tp}): "
-            "cp with pp or tp is not implemented"
-        )
-    if cfg.compile.enable or cfg.graph_trainer.enable:
-        raise ConfigError(
-            f"parallelism.cp = {cp} runs eager only: compile.enable / graph_trainer.enable are not implemented with it"
-        )
 
 
 def balanced_index(seq_len: int, cp: int, rank: int, device=None) -> torch.Tensor:

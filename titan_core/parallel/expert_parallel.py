@@ -70,8 +70,6 @@ def check_expert_parallel(cfg: JobConfig, degrees: Degrees) -> None:
             f"parallelism.ep = {ep} with tp = {degrees.tp}: expert weights are split over ep ranks and have no "
             "tensor-parallel plan; set tp = 1"
         )
-    if degrees.pp > 1:
-        raise ConfigError(f"parallelism.ep = {ep} with pp = {degrees.pp} is not built yet (untested); set pp = 1")
     if cfg.graph_trainer.enable:
         raise ConfigError(
             f"parallelism.ep = {ep}: the dispatch reads its all-to-all sizes on the host in every MoE layer, "

@@ -37,7 +37,10 @@ from titan_core.models.common.layers import rope_cos_sin
 from titan_core.parallel.mesh import Degrees
 from titan_core.models.common.init_stand_in import InitRecord
 from titan_core.parallel.sharded_init import init_dtypes_of, materialise_sharded
+from titan_core.parallel.context_parallel import apply_context_parallel, fsdp_mesh
+from titan_core.parallel.expert_parallel import apply_expert_parallel
 from titan_core.parallel.simple_fsdp import MixedPrecision, apply_simple_fsdp
+from titan_core.parallel.tensor_parallel import apply_tensor_parallel
 from titan_core.training.model_builder import resolve_model_args
 
 STAGES_PER_RANK = {"gpipe": 1, "1F1B": 1, "interleaved1F1B": 2}
@@ -110,16 +113,11 @@ def check_pipeline(cfg: JobConfig, degrees: Degrees) -> None:
         return
     if p.data_parallel != "simple_fsdp":
         raise ConfigError(f"parallelism.pp = {degrees.pp} needs data_parallel = 'simple_fsdp', not '{p.data_parallel}'")
-    for name in ("tp", "cp", "ep"):
-        if getattr(degrees, name) > 1:
-            raise ConfigError(f"parallelism.pp > 1 with {name} > 1 is not supported: set one of them to 1")
     unsupported = (
         (cfg.model.module_file, "model.module_file (a port): pp > 1 splits the shared decoder only"),
-        (cfg.compile.enable, "compile.enable (per-block compile)"),
         (cfg.graph_trainer.enable, "graph_trainer.enable (the Graph Trainer)"),
         (cfg.checkpoint.export_hf, "checkpoint.export_hf (the export gathers the whole model)"),
         (cfg.checkpoint.initial_hf, "checkpoint.initial_hf (loading weights into pipeline stages)"),
-        (cfg.validation.enable, "validation.enable (the held-out loss through the pipeline)"),
     )
     for on, what in unsupported:
         if on:
@@ -152,7 +150,8 @@ def check_pipeline_model(model: nn.Module, family: str) -> None:
 
 def cut_stages(
     model: Transformer, layer_names: list[str], *, first: bool, last: bool, device, seed: int,
-    dtype: torch.dtype, mesh: DeviceMesh | None, mp: MixedPrecision | None = None,
+    dtype: torch.dtype, mesh: DeviceMesh | None, mp: MixedPrecision | None = None, family: str = "",
+    sequence_parallel: bool = False, expert_mesh: DeviceMesh | None = None, capacity_factor: float = 0.0,
 ) -> InitRecord:
     """Keep, shard and initialise only the parts of the meta `model` this rank runs (in place).
 
@@ -170,7 +169,16 @@ def cut_stages(
     init_dtypes = init_dtypes_of(model)
     model.to(dtype)
     if mesh is not None:
-        apply_simple_fsdp(model, mesh, mp, frozenset(), model.params_kept_fp32(mp.param_dtype), skip=dropped)
+        partial: frozenset[str] = frozenset()
+        if "tp" in mesh.mesh_dim_names:  # the model's own plan, as without pp; the other stages' parts too (dropped)
+            partial = apply_tensor_parallel(model, family, mesh["tp"], sequence_parallel=sequence_parallel)
+        if "cp" in mesh.mesh_dim_names:  # each stage's attention over the cp group's chunks of the same rows
+            apply_context_parallel(model, mesh["cp"])
+            mesh = fsdp_mesh(mesh)
+        kept, experts = model.params_kept_fp32(mp.param_dtype), frozenset()
+        if expert_mesh is not None:  # this pp rank's experts over its (edp, ep) ranks, as without pp
+            experts = apply_expert_parallel(model, expert_mesh, mp, kept, capacity_factor)
+        apply_simple_fsdp(model, mesh, mp, partial, kept, skip=dropped | experts)
         model.buffers_follow(mp.param_dtype)
     record = materialise_sharded(model, device, seed, init_dtypes=init_dtypes, cast_to=dtype, dropped=dropped)
     for k in [k for k in model.layers if k not in keep]:
@@ -248,6 +256,16 @@ class Pipeline:
         )
         return losses
 
+    def evaluate(self, tokens: torch.Tensor, labels: torch.Tensor, **kwargs) -> list[torch.Tensor]:
+        """`run`'s forward only (no backward, no gradients): each micro-batch's loss_fn value on the
+        last stage, [] elsewhere."""
+        losses: list[torch.Tensor] = []
+        args = (tokens,) if self.first else ()
+        with torch.no_grad():
+            self.schedule.eval(*args, target=labels if self.last else None, losses=losses if self.last else None,
+                               **kwargs)  # fmt: skip
+        return losses
+
 
 def pp_submesh(mesh: DeviceMesh) -> DeviceMesh:
     """The mesh of this rank's stage replicas: every dimension but `pp` (SimpleFSDP shards over it)."""
@@ -261,6 +279,7 @@ def build_pipeline(
     device: torch.device,
     mp: MixedPrecision,
     scale: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+    expert_mesh: DeviceMesh | None = None,
 ) -> Pipeline:
     """Cut the meta `model` to this rank's stages (in place: it keeps only their modules),
     materialise, initialise, cast and shard them, and build the schedule.
@@ -279,7 +298,9 @@ def build_pipeline(
     first, last = 0 in mine, stages - 1 in mine
     local_layers = [k for i in mine for k in per_stage[i]]
     record = cut_stages(model, local_layers, first=first, last=last, device=device, seed=cfg.training.seed,
-                        dtype=DTYPES[cfg.training.dtype], mesh=pp_submesh(mesh), mp=mp)  # fmt: skip
+                        dtype=DTYPES[cfg.training.dtype], mesh=pp_submesh(mesh), mp=mp, family=cfg.model.family,
+                        sequence_parallel=p.sequence_parallel, expert_mesh=expert_mesh,
+                        capacity_factor=p.ep_capacity_factor)  # fmt: skip
     modules = [DecoderStage(model, per_stage[i], first=i == 0, last=i == stages - 1) for i in mine]
     group = mesh.get_group("pp")
     pipe_stages = [

@@ -11,30 +11,58 @@ rank's optimizer steps only the parameters of its own stages.
 from __future__ import annotations
 
 import torch
+import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
 
 from titan_core.config.sections import JobConfig
 from titan_core.data.base import Batch
 from titan_core.models.common.decoder import Transformer
-from titan_core.parallel import clip_grad_norm_, dp_coordinates, mixed_precision
+from titan_core.parallel import clip_grad_norm_, mixed_precision
+from titan_core.parallel.context_parallel import loss_world
 from titan_core.parallel.pipeline import Pipeline, build_pipeline
 from titan_core.parallel.regather import regathering
-from titan_core.training.token_mean import micro_batch_term
+from titan_core.training.token_mean import micro_batch_term, valid_tokens
 
 
 class PipelineStep:
     """This rank's stages of `model` (cut, materialised and sharded here, in place) and its step."""
 
-    def __init__(self, model: Transformer, cfg: JobConfig, mesh: DeviceMesh, device: torch.device):
+    def __init__(
+        self, model: Transformer, cfg: JobConfig, mesh: DeviceMesh, device: torch.device,
+        expert_mesh: DeviceMesh | None = None,
+    ):
         self.training = cfg.training
         self.cfg = cfg
-        _, self.dp_world = dp_coordinates(mesh)
+        # the token mean's scale: ranks holding distinct tokens (data-parallel peers, and cp's of the same rows)
+        self.dp_world = loss_world(mesh)
         self.n_tokens: torch.Tensor | None = None
         """The step's global count of valid labels, set before the schedule runs (its loss_fn reads it)."""
-        self.pipe: Pipeline = build_pipeline(model, cfg, mesh, device, mixed_precision(cfg), self._term)
+        self.pipe: Pipeline = build_pipeline(model, cfg, mesh, device, mixed_precision(cfg), self._term, expert_mesh)
         self.sharded_init = self.pipe.sharded_init
+        self._held_out = False
+        """Whether the schedule is running a validation's forward (its loss_fn then sums, not scales)."""
+
+    def held_out_sums(self, batches: list[Batch]) -> torch.Tensor:
+        """The sum over `batches` (training.grad_accum micro-batches, the schedule's count) of each one's
+        head mean times its valid labels, through every stage, forward only; the same on every pp rank
+        (the last stage computes it, an all-reduce over the pp group hands it to the others). fp32."""
+        kwargs = {k: torch.cat([b.loss_kwargs()[k] for b in batches]) for k, v in batches[0].loss_kwargs().items()
+                  if v is not None}  # fmt: skip
+        self._held_out = True
+        try:
+            sums = self.pipe.evaluate(torch.cat([b.tokens for b in batches]),
+                                      torch.cat([b.labels for b in batches]), **kwargs)  # fmt: skip
+        finally:
+            self._held_out = False
+        device = batches[0].labels.device
+        total = torch.stack(sums).sum() if sums else torch.zeros((), dtype=torch.float32, device=device)
+        dist.all_reduce(total, group=self.pipe.group)
+        return total
 
     def _term(self, ce: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        if self._held_out:  # a validation's forward: the head mean weighed by its valid labels (0 for none)
+            n = valid_tokens(labels)
+            return torch.where(n > 0, ce.detach().float() * n, 0.0)
         # the decoder's loss is its cross-entropy (no aux term under pp: check_pipeline_model)
         return micro_batch_term(ce, ce, labels, self.n_tokens, dp_world=self.dp_world,
                                 grad_accum=self.training.grad_accum)  # fmt: skip

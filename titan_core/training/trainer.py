@@ -163,7 +163,8 @@ class Trainer:
         dtype = DTYPES[cfg.training.dtype]
         if self.degrees.pp > 1:  # this rank materialises, initialises and shards its own stages only
             self.mesh = build_mesh(self.degrees, self.device.type)
-            self.pipeline = PipelineStep(model, cfg, self.mesh, self.device)
+            self.pipeline = PipelineStep(model, cfg, self.mesh, self.device,
+                                         build_expert_mesh(self.degrees, self.device.type))  # fmt: skip
             self.sharded_init = self.pipeline.sharded_init
         elif self.dist is None:  # one process, no mesh: the whole model is this rank's
             model.to_empty(device=self.device)
@@ -204,7 +205,7 @@ class Trainer:
         self.optimizer = build_optimizer(self.model, cfg.optimizer)
         self.lr_scheduler = build_lr_scheduler(self.optimizer, cfg.lr_scheduler, cfg.training.steps)
         self.graph_step = (
-            execution.graph_train_step(self.model, self.optimizer, cfg, dp_world=self.dp_world)
+            execution.graph_train_step(self.model, self.optimizer, cfg, dp_world=self.loss_world)
             if cfg.graph_trainer.enable
             else None
         )
@@ -214,7 +215,9 @@ class Trainer:
         # the held-out loss of [validation]; a held-out set with no batch is refused here, before step 1
         self.validator = Validator(cfg, vocab_size=self.args.vocab_size, dp_rank=dp_rank, dp_world=self.dp_world,
                                    dp_group=self.dp_group, device=self.device, flux=flux_of(model),
-                                   split=self.split)  # fmt: skip
+                                   split=self.split,
+                                   held_out_sums=self.pipeline.held_out_sums if self.pipeline else None,
+                                   micro_batches=cfg.training.grad_accum)  # fmt: skip
         self.checkpointer = Checkpointer.from_config(cfg)
         self.profiler = StepProfiler(cfg.profiler, self._under_output(cfg.profiler.folder), self.rank)
         self.logger = MetricsLogger(

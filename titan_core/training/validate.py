@@ -18,7 +18,10 @@ How it runs:
 - The recipe's execution mode where the mode allows it. Per-block compile: the compiled blocks run
   the forward (they recompile once for eval / no_grad). The Graph Trainer: its captured program is
   the whole step, backward and optimizer included, so validation runs the model's plain (eager)
-  forward over the weights the captured step wrote back.
+  forward over the weights the captured step wrote back. Pipeline stages (pp > 1): the schedule's
+  forward-only pass over `training.grad_accum` micro-batches at a time (a last short group is filled
+  with micro-batches without a valid label, which add nothing), the sum read on the last stage and
+  summed over the pp group.
 - The held-out data is read by the training data's own machinery (`build_data_loader` with
   data.path replaced by validation.path, `data.repeat_batch` off, the run's data-parallel
   sharding), and each validation rewinds it to its start: the same batches every time. A
@@ -35,6 +38,8 @@ from __future__ import annotations
 
 import copy
 import math
+from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -43,7 +48,7 @@ import torch.distributed as dist
 from titan_core.config.loader import ConfigError
 from titan_core.config.sections import JobConfig
 from titan_core.data import build_data_loader
-from titan_core.data.base import mix_seed
+from titan_core.data.base import IGNORE_INDEX, Batch, mix_seed
 from titan_core.training.token_mean import valid_tokens
 
 _SEED_SALT = 0x7A11D
@@ -105,6 +110,8 @@ class Validator:
         device: torch.device | str = "cpu",
         flux=None,
         split=None,
+        held_out_sums: Callable[[list[Batch]], torch.Tensor] | None = None,
+        micro_batches: int = 1,
     ):
         self.enabled = cfg.validation.enable
         self.freq = cfg.validation.freq
@@ -114,6 +121,10 @@ class Validator:
         self.dp_group = dp_group
         self.split = split
         """cp > 1: this rank's share of each row (parallel/context_parallel.SequenceSplit); None otherwise."""
+        self.held_out_sums = held_out_sums
+        """pp > 1: the pipeline's forward of `micro_batches` micro-batches at once, returning the sum of each
+        one's head mean times its valid labels over every stage (training/pipeline_step.py); None: model.loss."""
+        self.micro_batches = micro_batches
         self.device = torch.device(device)
         self._results: dict[int, dict[str, Any]] = {}
         self.loader = None
@@ -174,15 +185,25 @@ class Validator:
         tokens = torch.zeros((), dtype=torch.int64, device=self.device)
         try:
             with torch.no_grad():
+                pending: list[Batch] = []
                 for batch in self._batches():
                     batch = batch.to(self.device)
                     if self.split is not None:
                         batch = self.split(batch)
+                    tokens += valid_tokens(batch.labels)
+                    if self.held_out_sums is not None:  # the pipeline takes its micro-batches together
+                        pending.append(batch)
+                        if len(pending) == self.micro_batches:
+                            total += self.held_out_sums(pending)
+                            pending = []
+                        continue
                     _, ce = model.loss(batch.tokens, batch.labels, **batch.loss_kwargs())
                     n = valid_tokens(batch.labels)
                     # a micro-batch without a valid label has a 0/0 head mean: it adds nothing
                     total += torch.where(n > 0, ce.detach().float() * n, 0.0)
-                    tokens += n
+                if pending:  # the last, short group: filled with micro-batches without a valid label (add 0)
+                    blank = replace(pending[-1], labels=torch.full_like(pending[-1].labels, IGNORE_INDEX))
+                    total += self.held_out_sums(pending + [blank] * (self.micro_batches - len(pending)))
         finally:
             model.train(was_training)
         if self.dp_group is not None:

@@ -30,8 +30,10 @@ CASES: dict[str, tuple[str, str, tuple[str, ...]]] = {
     # 4 stages of one layer, two per rank (0 and 2 on rank 0)
     "interleaved1F1B": ("llama3", "vocab_size = 256", ("--parallelism.pp_schedule=interleaved1F1B",)),
     "layers_1_3": ("llama3", "vocab_size = 256", ("--parallelism.pp_layers=1,3",)),
-    # packed documents: positions and segment ids reach every stage
-    "packed": ("llama3", "vocab_size = 512", ("--data.source=text", "--data.pack_documents=true")),
+    # packed documents: positions and segment ids reach every stage; the held-out loss through the stages
+    # (3 micro-batches: one group of the schedule's 4, filled with a blank one), at steps 2 and 3
+    "packed": ("llama3", "vocab_size = 512", ("--data.source=text", "--data.pack_documents=true",
+                                            "--validation.enable", "--validation.freq=2", "--validation.steps=3")),
     # experts without the load-balancing term (a loss over every stage's routing: refused under pp)
     "moe": ("qwen3_moe", "vocab_size = 256, n_experts = 4, top_k = 2, moe_hidden_dim = 64, aux_loss_coef = 0.0",
             ("--parallelism.pp_schedule=gpipe",)),
@@ -50,7 +52,9 @@ def case_cfg(name: str, corpus: Path, out: Path, *parallel: str, batch_size: int
     family, model, flags = CASES[name]
     if not parallel:
         flags = tuple(f for f in flags if not f.startswith("--parallelism."))
-    text = (f"--data.path={corpus / 'train.txt'}",) if "--data.source=text" in flags else ()
+    text = ()
+    if "--data.source=text" in flags:
+        text = (f"--data.path={corpus / 'train.txt'}", f"--validation.path={corpus / 'val.txt'}")
     return load_config(
         None,
         [

@@ -63,6 +63,8 @@ def main() -> None:
             res[name] = {
                 "loss": [r["loss"] for r in rows],
                 "grad_norm": [r["grad_norm"] for r in rows],
+                "val_loss": [r.get("val_loss") for r in rows],
+                "val_tokens": [r.get("val_tokens") for r in rows],
                 "stages": t.pipeline.pipe.stage_indices,
                 "layers": list(t.model.layers.keys()),
                 "has_embedding": t.model.tok_embeddings is not None,

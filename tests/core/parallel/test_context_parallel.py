@@ -89,18 +89,10 @@ def test_refuses_a_kernel_without_an_explicit_mask(tmp_path, kernel):
         check_parallelism(_cfg(tmp_path, f"--kernels.attention={kernel}"), 2)
 
 
-@pytest.mark.parametrize(
-    "extra, says",
-    [
-        (("--model.family=transformers",), "transformers path"),
-        (("--parallelism.tp=2", "--parallelism.dp_shard=1", "--parallelism.cp=2"), "pp or tp is not implemented"),
-        (("--compile.enable",), "runs eager only"),
-    ],
-)
-def test_refuses_what_cp_does_not_compose_with(tmp_path, extra, says):
-    world = 4 if "--parallelism.tp=2" in extra else 2
-    with pytest.raises(ConfigError, match=says):
-        check_parallelism(_cfg(tmp_path, *extra), world)
+def test_refuses_the_transformers_path(tmp_path):
+    # cp composes with tp, pp, ep, compile and the Graph Trainer (tests/core/dist/test_compose.py)
+    with pytest.raises(ConfigError, match="transformers path"):
+        check_parallelism(_cfg(tmp_path, "--model.family=transformers"), 2)
 
 
 def test_a_core_without_an_explicit_mask_is_refused_when_wrapped():

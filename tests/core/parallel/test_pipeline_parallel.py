@@ -155,12 +155,9 @@ def _cfg(tmp_path, *extra: str, dp_shard: int = 1):
         (("--parallelism.data_parallel=fsdp2",), 2,
          r"parallelism\.pp = 2 needs data_parallel = 'simple_fsdp', not 'fsdp2'"),
         (("--parallelism.data_parallel=none",), 2, r"needs data_parallel = 'simple_fsdp', not 'none'"),
-        (("--parallelism.tp=2",), 4, r"parallelism\.pp > 1 with tp > 1 is not supported"),
-        (("--compile.enable",), 2, r"does not support compile\.enable"),
         (("--graph_trainer.enable",), 2, r"does not support graph_trainer\.enable"),
         (("--checkpoint.export_hf=hf",), 2, r"does not support checkpoint\.export_hf"),
         (("--checkpoint.initial_hf=hf",), 2, r"does not support checkpoint\.initial_hf"),
-        (("--validation.enable",), 2, r"does not support validation\.enable"),
         (("--model.module_file=model.py",), 2, r"does not support model\.module_file"),
     ],
 )
@@ -235,6 +232,7 @@ def _reference(root: Path, name: str, batch_size: int) -> dict:
     rows = t.train().metrics
     assert len(rows) == STEPS and t.cfg.training.grad_accum == GRAD_ACCUM
     return {"loss": [r["loss"] for r in rows], "grad_norm": [r["grad_norm"] for r in rows],
+            "val_loss": [r.get("val_loss") for r in rows], "val_tokens": [r.get("val_tokens") for r in rows],
             "params": {n: p.detach().clone() for n, p in t.model.named_parameters()}}  # fmt: skip
 
 
@@ -242,6 +240,12 @@ def _same_run(got: dict, want: dict, param_rel: float = PP_REL) -> None:
     assert curve_max_rel(got["loss"], want["loss"])[0] <= PP_REL, (got["loss"], want["loss"])
     assert curve_max_rel(got["grad_norm"], want["grad_norm"])[0] <= PP_REL, (got["grad_norm"], want["grad_norm"])
     assert want["loss"][0] != want["loss"][-1]  # the weights moved: the comparison covers 3 updates
+    # the held-out loss where validation ran (through the stages), at the same steps over the same tokens
+    assert got["val_tokens"] == want["val_tokens"]
+    held = [i for i, v in enumerate(want["val_loss"]) if v is not None]
+    assert all(got["val_loss"][i] is not None for i in held) and sum(v is not None for v in got["val_loss"]) == len(held)
+    if held:
+        assert curve_max_rel([got["val_loss"][i] for i in held], [want["val_loss"][i] for i in held])[0] <= PP_REL
     assert set(got["params"]) == set(want["params"])  # the stages together hold the whole model once
     worst = max(rel_l2(got["params"][k], want["params"][k]) for k in want["params"])
     assert worst <= param_rel, worst
@@ -252,6 +256,8 @@ def test_pp2_matches_one_process(pp2, root, name):
     r0, r1 = pp2
     assert r0[name]["loss"] == r1[name]["loss"] and r0[name]["grad_norm"] == r1[name]["grad_norm"]
     _same_run(r0[name], _reference(root, name, BATCH))
+    if name == "packed":  # validated after steps 2 and 3 (freq 2, and the last step)
+        assert [v is not None for v in r0[name]["val_loss"]] == [False, True, True]
 
 
 def test_pp2_stage_placement(pp2):

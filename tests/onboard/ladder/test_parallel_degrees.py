@@ -107,7 +107,7 @@ def test_a_combination_titan_core_refuses_fails_the_gate_without_a_launch(narrow
     assert m["parallel_degrees"]["cp"]["refused"] == "a refusal of cp"  # the rank's own `error:` line
     combo = m["parallel_degrees"]["cp+pp"]
     assert combo["world_size"] == 4 and combo["proved"] is False
-    assert combo["refused"].startswith("parallelism.cp = 2 composes with data parallelism only (pp = 2, tp = 1)")
+    assert combo["refused"].startswith("parallelism.cp = 2 with pp = 2: the pipeline's stages pass whole rows")
     assert m["parallel_degrees_unproved_why"][2] == f"cp+pp: titan_core refuses it: {combo['refused']}"
     assert m["parallel_degrees_max_rel_err"] == math.inf and ctx.runs == []  # a refusal trains nothing
     assert any("not proved: cp+pp: titan_core refuses it" in line for line in lines)

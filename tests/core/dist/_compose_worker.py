@@ -1,0 +1,47 @@
+"""One rank of the composition matrix: `python _compose_worker.py WORLD OUT`.
+
+Started by titan_core.runtime.launcher. Trains every combination of _compose_cases.COMBOS whose world
+size is WORLD, in one process group, and writes its loss and grad norm per step (and what titan_core
+built: its mesh, compiled blocks, pipeline stages, the experts' dispatch, a captured step) to OUT/rank_<r>.json.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+import torch  # noqa: E402
+from _compose_cases import COMBOS, STEPS, combo_cfg  # noqa: E402
+
+from titan_core.runtime import distributed  # noqa: E402
+from titan_core.training.trainer import Trainer  # noqa: E402
+
+
+def run(name: str, out: Path) -> dict:
+    t = Trainer(combo_cfg(name, out / name), quiet=True)
+    rows = []
+    for _ in range(STEPS):
+        t.step += 1
+        rows.append(t.train_step())
+    return {
+        "loss": [r["loss"] for r in rows],
+        "grad_norm": [r["grad_norm"] for r in rows],
+        "compiled": len(t.compiled_modules),
+        "mesh": dict(zip(t.mesh.mesh_dim_names, t.mesh.shape)),
+        "stages": t.pipeline.pipe.stage_indices if t.pipeline is not None else None,
+        "ep_dispatch": t.ep_dispatch is not None,
+        "captured": t.graph_step is not None,
+    }
+
+
+def main(world: int, out: Path) -> None:
+    with distributed.process_group(torch.device("cpu"), timeout_s=180) as state:
+        res = {name: run(name, out) for name, (w, _, _) in COMBOS.items() if w == world}
+        (out / f"rank_{state.rank}.json").write_text(json.dumps(res))
+
+
+if __name__ == "__main__":
+    main(int(sys.argv[1]), Path(sys.argv[2]))
