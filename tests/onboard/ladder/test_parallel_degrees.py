@@ -31,6 +31,7 @@ from onboard.rungs.parallel_degrees import DegreeProof
 from onboard.sizing.fit import choose_twin, gate_fit
 from onboard.sizing.twin import derive_twin
 from onboard.workspace.scaffold import plan_workspace
+from titan_core.config.loader import ConfigError
 from titan_core.models import get_family
 from titan_core.measure.numerics import curve_max_rel
 from titan_core.runtime.launcher import LaunchResult, WorldRun
@@ -98,6 +99,15 @@ def test_a_combination_titan_core_refuses_fails_the_gate_without_a_launch(narrow
     ws = with_degrees(narrow_ws("llama3"), 'cp = 2\npp = 2\npp_schedule = "1F1B"', grad_accum=2)
     launched = []
     monkeypatch.setattr("titan_core.runtime.launcher.run_world", refusing_world(launched))
+    # titan_core composes cp with pp now: its check stands in refusing the pair, as it refuses what it does not run
+    check = parallel_degrees.check_parallelism
+
+    def refusing_the_pair(cfg, world):
+        if cfg.parallelism.cp > 1 and cfg.parallelism.pp > 1:
+            raise ConfigError(f"parallelism.cp = {cfg.parallelism.cp} with pp = {cfg.parallelism.pp}: a stand-in refusal")
+        return check(cfg, world)
+
+    monkeypatch.setattr(parallel_degrees, "check_parallelism", refusing_the_pair)
     lines = []
     ctx = ctx_for(ws, tmp_path, lines)
     m = parallel_degrees.run(ctx, gate_recipe.job_config(ctx))
@@ -107,7 +117,7 @@ def test_a_combination_titan_core_refuses_fails_the_gate_without_a_launch(narrow
     assert m["parallel_degrees"]["cp"]["refused"] == "a refusal of cp"  # the rank's own `error:` line
     combo = m["parallel_degrees"]["cp+pp"]
     assert combo["world_size"] == 4 and combo["proved"] is False
-    assert combo["refused"].startswith("parallelism.cp = 2 with pp = 2: the pipeline's stages pass whole rows")
+    assert combo["refused"] == "parallelism.cp = 2 with pp = 2: a stand-in refusal"
     assert m["parallel_degrees_unproved_why"][2] == f"cp+pp: titan_core refuses it: {combo['refused']}"
     assert m["parallel_degrees_max_rel_err"] == math.inf and ctx.runs == []  # a refusal trains nothing
     assert any("not proved: cp+pp: titan_core refuses it" in line for line in lines)

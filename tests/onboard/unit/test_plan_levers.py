@@ -61,7 +61,7 @@ def test_one_execution_mode_and_the_experts_the_chosen_option_runs():
     assert (eager["graph_trainer.enable"].plan, eager["compile.enable"].plan) == (False, True)
     assert not eager["compile.enable"].changed and "kernels.moe" not in eager
     # an eager layout titan_core refuses compiled (CP, PP) runs uncompiled, titan_core's reason in the why
-    why = "parallelism.cp = 4 runs eager only"
+    why = "parallelism.reshard_after_forward runs eager only"
     off = by_key(mode_levers(cfg, MOE, target, kernels, "none", kernels.moe, compile=False, compile_refused=why))
     assert off["compile.enable"].changed and off["compile.enable"].plan is False and why in off["compile.enable"].why
     eager = by_key(mode_levers(cfg, MOE, target, kernels, "none", kernels.moe, captured_refused=why))
