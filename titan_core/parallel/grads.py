@@ -45,18 +45,26 @@ def _mesh_norm(grads: list[torch.Tensor], foreach: bool) -> torch.Tensor:
 
 @torch.no_grad()
 def clip_grad_norm_(
-    params: Iterable[torch.nn.Parameter], max_norm: float, foreach: bool = True, group=None
+    params: Iterable[torch.nn.Parameter], max_norm: float, foreach: bool = True, group=None,
+    counted_elsewhere: Iterable[torch.nn.Parameter] = (),
 ) -> torch.Tensor:
     """Clip gradients to a global L2 norm of `max_norm` (<= 0: measure only); returns the norm before clipping.
 
     `group`: the ranks that hold the other parameters (pipeline stages, each with its own `params`):
-    the norm is then over all of theirs, one all-reduce of the squared norms."""
-    grads = [p.grad for p in params if p.grad is not None]
-    if not grads:
+    the norm is then over all of theirs, one all-reduce of the squared norms. `counted_elsewhere`: those of
+    `params` another rank of `group` holds too (a tied weight's second copy): clipped, not counted again."""
+    params = [p for p in params if p.grad is not None]
+    if not params:
         return torch.zeros(())
-    locals_ = [local_tensor(g) for g in grads]
+    again = {id(p) for p in counted_elsewhere}
+    grads = [p.grad for p in params if id(p) not in again]
+    locals_ = [local_tensor(p.grad) for p in params]
     one_rank = all(not isinstance(g, DTensor) or g.device_mesh.size() == 1 for g in grads)
-    norm = total_norm(locals_, foreach=foreach) if one_rank else _mesh_norm(grads, foreach)
+    counted = [local_tensor(g) for g in grads]
+    if not grads:  # every gradient here is counted by another rank of `group`
+        norm = torch.zeros((), device=locals_[0].device)
+    else:
+        norm = total_norm(counted, foreach=foreach) if one_rank else _mesh_norm(grads, foreach)
     if group is not None:
         # squares summed in fp64 where the device has it, as total_norm does
         wide = torch.float64 if norm.device.type in ("cpu", "cuda") else norm.dtype

@@ -5,7 +5,10 @@ as evenly as the layer count allows (earlier stages take the remainder) or as
 `parallelism.pp_layers` says. The first stage also holds the token embedding; the last the
 final norm, the output head and the loss head, which the schedule's `loss_fn` runs on the
 last stage's output. Stage i lives on pp rank i % pp: one stage per rank, two with
-`interleaved1F1B`. Micro-batches are the step's `training.grad_accum` micro-batches.
+`interleaved1F1B`. Micro-batches are the step's `training.grad_accum` micro-batches. With tied
+embeddings the last stage holds a copy of the embedding weight for its head: the two copies start
+equal (the same init draw), their gradients are summed between the first and the last pp rank before
+the optimizer step (so both take the one-process step), and the norm counts the weight once.
 
 A rank never holds the whole model: its stages are sharded with SimpleFSDP on meta over the
 data-parallel dimensions of the mesh (the `pp` dimension left out), so its gradients are reduced
@@ -25,6 +28,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
+import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
@@ -39,6 +43,7 @@ from titan_core.models.common.init_stand_in import InitRecord
 from titan_core.parallel.sharded_init import init_dtypes_of, materialise_sharded
 from titan_core.parallel.context_parallel import apply_context_parallel, fsdp_mesh
 from titan_core.parallel.expert_parallel import apply_expert_parallel
+from titan_core.parallel.local import local_tensor
 from titan_core.parallel.simple_fsdp import MixedPrecision, apply_simple_fsdp
 from titan_core.parallel.tensor_parallel import apply_tensor_parallel
 from titan_core.training.model_builder import resolve_model_args
@@ -128,7 +133,7 @@ def check_pipeline(cfg: JobConfig, degrees: Degrees) -> None:
 
 def check_pipeline_model(model: nn.Module, family: str) -> None:
     """ConfigError unless `model` is the shared decoder run as written (its blocks, embedding and
-    heads are what a stage holds), with an untied output head and no MoE loss spanning stages."""
+    heads are what a stage holds), with no MoE loss spanning stages."""
     cls = type(model)
     if not isinstance(model, Transformer) or cls.hidden is not Transformer.hidden or cls.loss is not Transformer.loss:
         raise ConfigError(
@@ -136,11 +141,6 @@ def check_pipeline_model(model: nn.Module, family: str) -> None:
             f"'{family}' builds {cls.__name__}, which is not run through it"
         )
     args = model.args
-    if args.tie_embeddings:
-        raise ConfigError(
-            "parallelism.pp > 1 with tied embeddings (tie_embeddings) is not supported: the first and last "
-            "stages would share one weight"
-        )
     if args.aux_loss_coef and any(args.layer_is_moe(i) for i in range(args.n_layers)):
         raise ConfigError(
             f"parallelism.pp > 1 with an MoE load-balancing loss (aux_loss_coef = {args.aux_loss_coef}) is not "
@@ -162,7 +162,8 @@ def cut_stages(
     modules are deleted afterwards.
     """
     keep = set(layer_names)
-    placed = {"tok_embeddings": first, "norm": last, "output": last}
+    tied = model.output is None  # the head reads the embedding's weight: the last stage holds a copy of it
+    placed = {"tok_embeddings": first or (last and tied), "norm": last, "output": last}
     foreign = tuple(f"layers.{k}." for k in model.layers if k not in keep)
     foreign += tuple(f"{name}." for name, _ in model.named_children() if not placed.get(name, True))
     dropped = frozenset(n for n, _ in model.named_parameters() if n.startswith(foreign))
@@ -183,7 +184,7 @@ def cut_stages(
     record = materialise_sharded(model, device, seed, init_dtypes=init_dtypes, cast_to=dtype, dropped=dropped)
     for k in [k for k in model.layers if k not in keep]:
         del model.layers[k]
-    if not first:
+    if not placed["tok_embeddings"]:
         model.tok_embeddings = None
     if not last:
         model.norm = None
@@ -206,7 +207,8 @@ class DecoderStage(nn.Module):
         self.tok_embeddings = model.tok_embeddings if first else None
         self.layers = nn.ModuleDict({k: model.layers[k] for k in layer_names})
         self.norm = model.norm if last else None
-        self.output = model.output if last else None
+        # the output head's weight holder: the head, or with tied embeddings the embedding (its copy here)
+        self.output = (model.output if model.output is not None else model.tok_embeddings) if last else None
         self.loss_head = model.loss_head if last else None
         self.register_buffer("inv_freq", model.inv_freq, persistent=False)
 
@@ -240,6 +242,23 @@ class Pipeline:
     """Whether this rank holds the last stage (it is given the labels and computes the loss)."""
     sharded_init: InitRecord
     """How the stages' shards were initialised (sharded_init.py)."""
+    tied: nn.Parameter | None = None
+    """Tied embeddings: this rank's copy of the embedding weight the first stage reads and the last
+    stage's head reads (None: untied, or a rank holding neither stage)."""
+    tie_group: object = None
+    """The ranks holding the two copies of `tied` for the same rows (the first and the last pp rank)."""
+
+    def sum_tied_grads(self) -> None:
+        """Give both copies of a tied weight the sum of their gradients (the one-process gradient of the
+        shared weight), so the two optimizers take the same step and the copies stay equal."""
+        if self.tied is not None and self.tied.grad is not None:
+            dist.all_reduce(local_tensor(self.tied.grad), group=self.tie_group)
+
+    @property
+    def counted_elsewhere(self) -> tuple[nn.Parameter, ...]:
+        """Parameters whose gradient another pp rank also holds and counts in the global norm (the last
+        stage's copy of a tied weight): clipped here, counted once."""
+        return (self.tied,) if self.tied is not None and self.last and not self.first else ()
 
     def run(self, tokens: torch.Tensor, labels: torch.Tensor, **kwargs) -> list[torch.Tensor]:
         """One step's forward and backward over the micro-batches stacked on dim 0 (the schedule
@@ -318,4 +337,24 @@ def build_pipeline(
     else:
         cls = Schedule1F1B if p.pp_schedule == "1F1B" else ScheduleGPipe
         schedule = cls(pipe_stages[0], n_microbatches=n, loss_fn=loss_fn, scale_grads=False)
-    return Pipeline(modules, mine, schedule, group, first, last, record)
+    pipe = Pipeline(modules, mine, schedule, group, first, last, record)
+    if model.output is None and model.args.tie_embeddings:
+        pipe.tie_group = tie_group(mesh, pp)
+        if first or last:
+            pipe.tied = model.tok_embeddings._parameters["weight"]
+    return pipe
+
+
+def tie_group(mesh: DeviceMesh, pp: int):
+    """The process group of this rank's first and last pp ranks (the same coordinates on every other
+    dimension): where a tied embedding's two copies live. Collective: every rank calls it."""
+    if pp == 2:
+        return mesh.get_group("pp")
+    ranks = mesh.mesh.reshape(pp, -1)  # pp is the mesh's outermost dimension (mesh.py)
+    mine = None
+    for j in range(ranks.shape[1]):
+        pair = [int(ranks[0, j]), int(ranks[-1, j])]
+        group = dist.new_group(pair)  # every rank creates every pair's group, in the same order
+        if dist.get_rank() in pair:
+            mine = group
+    return mine

@@ -81,8 +81,10 @@ class PipelineStep:
         total = torch.zeros((), device=n_tokens.device)
         for term in losses:  # in micro-batch order, as the eager step sums them
             total += term.detach().float()
+        self.pipe.sum_tied_grads()  # tied embeddings: the first and last stage's copies, one gradient
         params = [p for p in model.parameters() if p.grad is not None]
-        grad_norm = clip_grad_norm_(params, self.training.max_norm, foreach=True, group=self.pipe.group)
+        grad_norm = clip_grad_norm_(params, self.training.max_norm, foreach=True, group=self.pipe.group,
+                                    counted_elsewhere=self.pipe.counted_elsewhere)  # fmt: skip
         optimizer.step()
         self.n_tokens = None
         return total, grad_norm

@@ -7,6 +7,7 @@ built: its mesh, compiled blocks, pipeline stages, the experts' dispatch, a capt
 
 from __future__ import annotations
 
+import hashlib
 import json
 import sys
 from pathlib import Path
@@ -15,9 +16,19 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 import torch  # noqa: E402
 from _compose_cases import COMBOS, STEPS, combo_cfg  # noqa: E402
+from torch.distributed.tensor import DTensor  # noqa: E402
 
 from titan_core.runtime import distributed  # noqa: E402
 from titan_core.training.trainer import Trainer  # noqa: E402
+
+
+def _digest(embedding) -> str | None:
+    """The sha256 of this rank's embedding weight, whole (a collective over its shards), None without one."""
+    if embedding is None:
+        return None
+    w = embedding._parameters["weight"]
+    full = w.full_tensor() if isinstance(w, DTensor) else w
+    return hashlib.sha256(full.detach().contiguous().numpy().tobytes()).hexdigest()
 
 
 def run(name: str, out: Path) -> dict:
@@ -33,6 +44,7 @@ def run(name: str, out: Path) -> dict:
         "mesh": dict(zip(t.mesh.mesh_dim_names, t.mesh.shape)),
         "stages": t.pipeline.pipe.stage_indices if t.pipeline is not None else None,
         "ep_dispatch": t.ep_dispatch is not None,
+        "embedding": _digest(t.model.tok_embeddings),
         "captured": t.graph_step is not None,
     }
 

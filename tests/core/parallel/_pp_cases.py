@@ -34,11 +34,13 @@ CASES: dict[str, tuple[str, str, tuple[str, ...]]] = {
     # (3 micro-batches: one group of the schedule's 4, filled with a blank one), at steps 2 and 3
     "packed": ("llama3", "vocab_size = 512", ("--data.source=text", "--data.pack_documents=true",
                                             "--validation.enable", "--validation.freq=2", "--validation.steps=3")),
+    # tied embeddings: the first stage's embedding and the last stage's head are copies of one weight
+    "tied": ("llama3", "vocab_size = 256, tie_embeddings = true", ("--parallelism.pp_schedule=1F1B",)),
     # experts without the load-balancing term (a loss over every stage's routing: refused under pp)
     "moe": ("qwen3_moe", "vocab_size = 256, n_experts = 4, top_k = 2, moe_hidden_dim = 64, aux_loss_coef = 0.0",
             ("--parallelism.pp_schedule=gpipe",)),
 }
-TWO_RANKS = ("gpipe", "1F1B", "interleaved1F1B", "layers_1_3", "packed", "moe")
+TWO_RANKS = ("gpipe", "1F1B", "interleaved1F1B", "layers_1_3", "packed", "tied", "moe")
 """pp = 2 on 2 ranks."""
 FOUR_RANKS: dict[str, tuple[str, tuple[str, ...]]] = {
     # run: (case, data-parallel flags): pp = 2 on 4 ranks, each stage on 2 data-parallel ranks

@@ -31,22 +31,24 @@ SCENARIOS = {
 CKPT = ("--checkpoint.enable", "--checkpoint.interval=2", "--checkpoint.folder=ckpt")
 
 
-def checkpoints(out: Path, corpus: Path, rank: int) -> dict:
-    """pp = 2 with DCP checkpoints: a run that saves at steps 2 and 4, and one that resumes from its step 2."""
+def checkpoints(out: Path, corpus: Path, rank: int, case: str = "1F1B") -> dict:
+    """pp = 2 with DCP checkpoints: a run that saves at steps 2 and 4, and one that resumes from its step 2
+    (case "tied": both stages save their copy of the tied weight under its one name)."""
     import shutil
 
     import torch.distributed as dist
 
     pp = ("--parallelism.pp=2", "--parallelism.dp_shard=1")
-    full = Trainer(case_cfg("1F1B", corpus, out / "ckpt_full", *pp, *CKPT, batch_size=BATCH), quiet=True).train()
+    tag = "" if case == "1F1B" else f"_{case}"
+    full = Trainer(case_cfg(case, corpus, out / f"ckpt_full{tag}", *pp, *CKPT, batch_size=BATCH), quiet=True).train()
     if rank == 0:  # the resumed run finds step 2 only
-        shutil.copytree(out / "ckpt_full" / "ckpt" / "step-2", out / "ckpt_resume" / "ckpt" / "step-2")
+        shutil.copytree(out / f"ckpt_full{tag}" / "ckpt" / "step-2", out / f"ckpt_resume{tag}" / "ckpt" / "step-2")
     dist.barrier()
-    resumed = Trainer(case_cfg("1F1B", corpus, out / "ckpt_resume", *pp, *CKPT, "--checkpoint.resume=true",
+    resumed = Trainer(case_cfg(case, corpus, out / f"ckpt_resume{tag}", *pp, *CKPT, "--checkpoint.resume=true",
                                batch_size=BATCH), quiet=True).train()  # fmt: skip
     return {"full": [r["loss"] for r in full.metrics], "resumed": [r["loss"] for r in resumed.metrics],
             "resumed_from": resumed.resumed_from,
-            "saved": sorted(p.name for p in (out / "ckpt_full" / "ckpt").iterdir())}
+            "saved": sorted(p.name for p in (out / f"ckpt_full{tag}" / "ckpt").iterdir())}
 
 
 def main() -> None:
@@ -74,6 +76,7 @@ def main() -> None:
             }
         if scenario == "pp2":
             res["checkpoints"] = checkpoints(out, corpus, state.rank)
+            res["checkpoints_tied"] = checkpoints(out, corpus, state.rank, "tied")
     (out / f"rank_{state.rank}.json").write_text(json.dumps(res))
 
 

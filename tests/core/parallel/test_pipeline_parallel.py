@@ -178,8 +178,7 @@ def test_accepted_configs(tmp_path):
 
 @pytest.mark.parametrize(
     "family, overrides, match",
-    [("llama3", {**TINY, "tie_embeddings": True}, "tied embeddings"),
-     ("qwen3_moe", {**TINY, "n_experts": 4, "top_k": 2, "moe_hidden_dim": 64, "aux_loss_coef": 0.01},
+    [("qwen3_moe", {**TINY, "n_experts": 4, "top_k": 2, "moe_hidden_dim": 64, "aux_loss_coef": 0.01},
       r"MoE load-balancing loss \(aux_loss_coef = 0\.01\)"),
      ("flux", {}, "splits the shared decoder")],  # fmt: skip
 )
@@ -199,7 +198,7 @@ def _launch(scenario: str, nproc: int, root: Path) -> list[dict]:
                             f"_pp_worker.py {scenario} on {nproc} ranks", log_dir=out / "logs")  # fmt: skip
     assert result.exit_code == 0, result.failure
     ranks = [json.loads((out / f"rank_{r}.json").read_text()) for r in range(nproc)]
-    for name in [n for n in ranks[0] if n != "checkpoints"]:
+    for name in [n for n in ranks[0] if not n.startswith("checkpoints")]:
         params: dict[str, torch.Tensor] = {}
         for r in range(nproc):
             got = torch.load(out / f"{name}.rank{r}.pt")
@@ -267,8 +266,12 @@ def test_pp2_stage_placement(pp2):
     assert (r0["interleaved1F1B"]["stages"], r1["interleaved1F1B"]["stages"]) == ([0, 2], [1, 3])
     assert (r0["interleaved1F1B"]["layers"], r1["interleaved1F1B"]["layers"]) == (["0", "2"], ["1", "3"])
     assert (r0["layers_1_3"]["layers"], r1["layers_1_3"]["layers"]) == (["0"], ["1", "2", "3"])
-    for name in CASES:  # the embedding on the first stage only, the head on the last only
-        assert (r0[name]["has_embedding"], r1[name]["has_embedding"]) == (True, False)
+    for name in CASES:  # the embedding on the first stage only (and its copy on the last when tied), the head on the last
+        tied = name == "tied"
+        assert (r0[name]["has_embedding"], r1[name]["has_embedding"]) == (True, tied)
+        if tied:  # no head of its own: the embedding's copy is its weight
+            assert (r0[name]["has_head"], r1[name]["has_head"]) == (False, False)
+            continue
         assert (r0[name]["has_head"], r1[name]["has_head"]) == (False, True)
 
 
@@ -290,6 +293,8 @@ def test_pp2_checkpoints_resume_exactly_and_on_one_process(pp2, root):
     ck = r0["checkpoints"]
     assert ck == r1["checkpoints"] and ck["saved"] == ["step-2", f"step-{STEPS}"]
     assert ck["resumed_from"] == 2 and ck["resumed"] == ck["full"][2:]
+    tied = r0["checkpoints_tied"]  # each stage's copy of the tied weight saved and resumed under its one name
+    assert tied == r1["checkpoints_tied"] and tied["resumed_from"] == 2 and tied["resumed"] == tied["full"][2:]
     import shutil
 
     one = root / "pp2" / "ckpt_one_process"
