@@ -38,6 +38,7 @@ from titan_core.config.loader import ConfigError
 from titan_core.config.sections import JobConfig
 from titan_core.models.common.decoder import Transformer
 from titan_core.models.common.layers import rope_cos_sin
+from titan_core.models.common.moe import load_balancing_loss
 from titan_core.parallel.mesh import Degrees
 from titan_core.models.common.init_stand_in import InitRecord
 from titan_core.parallel.sharded_init import init_dtypes_of, materialise_sharded
@@ -133,18 +134,12 @@ def check_pipeline(cfg: JobConfig, degrees: Degrees) -> None:
 
 def check_pipeline_model(model: nn.Module, family: str) -> None:
     """ConfigError unless `model` is the shared decoder run as written (its blocks, embedding and
-    heads are what a stage holds), with no MoE loss spanning stages."""
+    heads are what a stage holds)."""
     cls = type(model)
     if not isinstance(model, Transformer) or cls.hidden is not Transformer.hidden or cls.loss is not Transformer.loss:
         raise ConfigError(
             f"parallelism.pp > 1 splits the shared decoder (titan_core/models/common/decoder.py); model family "
             f"'{family}' builds {cls.__name__}, which is not run through it"
-        )
-    args = model.args
-    if args.aux_loss_coef and any(args.layer_is_moe(i) for i in range(args.n_layers)):
-        raise ConfigError(
-            f"parallelism.pp > 1 with an MoE load-balancing loss (aux_loss_coef = {args.aux_loss_coef}) is not "
-            "supported: its routing statistics span every stage; set aux_loss_coef = 0 in model.overrides or pp = 1"
         )
 
 
@@ -199,7 +194,10 @@ class DecoderStage(nn.Module):
 
     forward(tokens or hidden states, positions=None, segment_ids=None) -> hidden states (final-normed
     on the last stage); `cross_entropy(h, labels)` is the model's loss head on them. Every stage
-    computes RoPE from the positions itself, as `Transformer.hidden` does once.
+    computes RoPE from the positions itself, as `Transformer.hidden` does once. A model with an MoE
+    load-balancing loss passes its routing statistics along too: forward(h, stats, ...) -> (h, stats),
+    each stage adding its layers' to the running sum (zeros [2, n_experts] on the first), in layer order
+    as `Transformer.hidden` sums them, so the last stage holds every layer's and computes the loss.
     """
 
     def __init__(self, model: Transformer, layer_names: list[str], *, first: bool, last: bool):
@@ -211,16 +209,24 @@ class DecoderStage(nn.Module):
         self.output = (model.output if model.output is not None else model.tok_embeddings) if last else None
         self.loss_head = model.loss_head if last else None
         self.register_buffer("inv_freq", model.inv_freq, persistent=False)
+        args = model.args
+        self.moe_layers = sum(args.layer_is_moe(i) for i in range(args.n_layers)) if args.aux_loss_coef else 0
+        """MoE layers of the whole model when its load-balancing loss is on (0: no statistics passed)."""
+        self.n_experts = args.n_experts if self.moe_layers else 0
 
-    def forward(self, x, positions=None, segment_ids=None):
+    def forward(self, x, stats=None, positions=None, segment_ids=None):
         h = x if self.tok_embeddings is None else self.tok_embeddings(x)
         if positions is None:
             positions = torch.arange(h.shape[1], device=h.device).expand(h.shape[0], -1)
         cos, sin = rope_cos_sin(self.inv_freq, positions, h.dtype)
+        if self.moe_layers and stats is None:  # the first stage: 0 + the first layer's is that layer's, exactly
+            stats = torch.zeros(2, self.n_experts, dtype=torch.float32, device=h.device)
         for block in self.layers.values():
-            # the routing statistics matter only to an aux loss, refused under pp (check_pipeline_model)
-            h, _ = block(h, cos, sin, segment_ids)
-        return h if self.norm is None else self.norm(h)
+            h, layer_stats = block(h, cos, sin, segment_ids)
+            if self.moe_layers:
+                stats = stats + layer_stats
+        h = h if self.norm is None else self.norm(h)
+        return (h, stats) if self.moe_layers else h
 
     def cross_entropy(self, h: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         return self.loss_head(h, self.output.weight, labels)
@@ -297,14 +303,15 @@ def build_pipeline(
     mesh: DeviceMesh,
     device: torch.device,
     mp: MixedPrecision,
-    scale: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+    scale: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor],
     expert_mesh: DeviceMesh | None = None,
 ) -> Pipeline:
     """Cut the meta `model` to this rank's stages (in place: it keeps only their modules),
     materialise, initialise, cast and shard them, and build the schedule.
 
-    `scale(ce, labels)`: a micro-batch's loss term from its mean cross-entropy (the caller's
-    token-mean rule); the schedule differentiates it, and the sum over micro-batches is the step loss.
+    `scale(loss, ce, labels)`: a micro-batch's loss term from its loss (with any load-balancing term)
+    and mean cross-entropy (the caller's token-mean rule); the schedule differentiates it, and the sum
+    over micro-batches is the step loss.
     """
     check_pipeline_model(model, cfg.model.family)
     p = cfg.parallelism
@@ -327,8 +334,13 @@ def build_pipeline(
     ]
     head = modules[-1]  # the last stage, when this rank holds it
 
-    def loss_fn(h: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        return scale(head.cross_entropy(h, labels), labels)
+    def loss_fn(out, labels: torch.Tensor) -> torch.Tensor:
+        h, stats = out if head.moe_layers else (out, None)
+        ce = head.cross_entropy(h, labels)
+        if stats is None:
+            return scale(ce, ce, labels)
+        # the model's own loss (Transformer.loss): one load-balancing term over every layer's statistics
+        return scale(ce + model.args.aux_loss_coef * load_balancing_loss(stats, head.moe_layers), ce, labels)
 
     n = cfg.training.grad_accum
     # scale_grads=False: each micro-batch's term is already its share of the step's mean (`scale`)

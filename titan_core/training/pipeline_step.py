@@ -1,7 +1,7 @@
 """One optimizer step through the pipeline schedule (parallelism.pp > 1; titan_core/parallel/pipeline.py).
 
 The step is the eager step's arithmetic, run by the schedule: each micro-batch's loss term is
-`micro_batch_term` of the last stage's cross-entropy (titan_core/training/token_mean.py), so
+`micro_batch_term` of the last stage's loss and cross-entropy (titan_core/training/token_mean.py), so
 the terms sum to the same global token-mean loss as with pp = 1 and the same grad_accum, and
 the gradients are those of that loss (the schedule does not rescale them). The gradient norm
 is over every stage's parameters (the squared norms all-reduced over the pp group), and each
@@ -59,12 +59,11 @@ class PipelineStep:
         dist.all_reduce(total, group=self.pipe.group)
         return total
 
-    def _term(self, ce: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    def _term(self, loss: torch.Tensor, ce: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         if self._held_out:  # a validation's forward: the head mean weighed by its valid labels (0 for none)
             n = valid_tokens(labels)
             return torch.where(n > 0, ce.detach().float() * n, 0.0)
-        # the decoder's loss is its cross-entropy (no aux term under pp: check_pipeline_model)
-        return micro_batch_term(ce, ce, labels, self.n_tokens, dp_world=self.dp_world,
+        return micro_batch_term(loss, ce, labels, self.n_tokens, dp_world=self.dp_world,
                                 grad_accum=self.training.grad_accum)  # fmt: skip
 
     def update(self, model: torch.nn.Module, optimizer, batches: list[Batch], n_tokens: torch.Tensor):

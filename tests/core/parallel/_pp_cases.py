@@ -36,11 +36,14 @@ CASES: dict[str, tuple[str, str, tuple[str, ...]]] = {
                                             "--validation.enable", "--validation.freq=2", "--validation.steps=3")),
     # tied embeddings: the first stage's embedding and the last stage's head are copies of one weight
     "tied": ("llama3", "vocab_size = 256, tie_embeddings = true", ("--parallelism.pp_schedule=1F1B",)),
-    # experts without the load-balancing term (a loss over every stage's routing: refused under pp)
+    # experts without the load-balancing term
     "moe": ("qwen3_moe", "vocab_size = 256, n_experts = 4, top_k = 2, moe_hidden_dim = 64, aux_loss_coef = 0.0",
             ("--parallelism.pp_schedule=gpipe",)),
+    # with it: every layer's routing statistics passed from stage to stage (4 stages, two per rank), one loss
+    "moe_aux": ("qwen3_moe", "vocab_size = 256, n_experts = 4, top_k = 2, moe_hidden_dim = 64, aux_loss_coef = 0.1",
+                ("--parallelism.pp_schedule=interleaved1F1B",)),
 }
-TWO_RANKS = ("gpipe", "1F1B", "interleaved1F1B", "layers_1_3", "packed", "tied", "moe")
+TWO_RANKS = ("gpipe", "1F1B", "interleaved1F1B", "layers_1_3", "packed", "tied", "moe", "moe_aux")
 """pp = 2 on 2 ranks."""
 FOUR_RANKS: dict[str, tuple[str, tuple[str, ...]]] = {
     # run: (case, data-parallel flags): pp = 2 on 4 ranks, each stage on 2 data-parallel ranks
