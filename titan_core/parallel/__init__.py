@@ -62,7 +62,12 @@ def check_parallelism(cfg: JobConfig, world_size: int) -> Degrees:
             )
         if cfg.model.module_file:
             raise ConfigError("parallelism.tp > 1 is not available for a ported model (model.module_file)")
-        plan_for(cfg.model.family)
+        plan = plan_for(cfg.model.family)
+        if cfg.parallelism.sequence_parallel and plan.no_sequence_parallel:
+            raise ConfigError(
+                f"parallelism.sequence_parallel with family '{cfg.model.family}': {plan.no_sequence_parallel}; "
+                "set sequence_parallel = false"
+            )
     if cfg.parallelism.sequence_parallel:
         if degrees.tp == 1:
             raise ConfigError("parallelism.sequence_parallel splits the sequence over TP ranks: it needs tp > 1")

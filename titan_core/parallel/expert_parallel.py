@@ -48,7 +48,7 @@ EXPERTS_PATTERN = "layers.*.moe.experts"
 """The native swap path of the experts (a model's `swap_refusals` says why its own cannot be used)."""
 EXPERT_DIMS = ("dp_replicate", "edp", "ep")
 """The expert mesh's dimensions the expert weights live on, those of more than one rank and always ep
-(pp and tp hold other layers or slices)."""
+(pp ranks hold other layers; tp peers hold the same experts, the MoE layers running whole on each)."""
 
 
 def check_expert_parallel(cfg: JobConfig, degrees: Degrees) -> None:
@@ -64,11 +64,6 @@ def check_expert_parallel(cfg: JobConfig, degrees: Degrees) -> None:
     if p.data_parallel != "simple_fsdp":
         raise ConfigError(
             f"parallelism.ep = {ep} composes with data_parallel = 'simple_fsdp' only, not '{p.data_parallel}'"
-        )
-    if degrees.tp > 1:
-        raise ConfigError(
-            f"parallelism.ep = {ep} with tp = {degrees.tp}: expert weights are split over ep ranks and have no "
-            "tensor-parallel plan; set tp = 1"
         )
     if cfg.graph_trainer.enable:
         raise ConfigError(

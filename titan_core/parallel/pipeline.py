@@ -123,7 +123,6 @@ def check_pipeline(cfg: JobConfig, degrees: Degrees) -> None:
         (cfg.model.module_file, "model.module_file (a port): pp > 1 splits the shared decoder only"),
         (cfg.graph_trainer.enable, "graph_trainer.enable (the Graph Trainer)"),
         (cfg.checkpoint.export_hf, "checkpoint.export_hf (the export gathers the whole model)"),
-        (cfg.checkpoint.initial_hf, "checkpoint.initial_hf (loading weights into pipeline stages)"),
     )
     for on, what in unsupported:
         if on:
@@ -147,6 +146,7 @@ def cut_stages(
     model: Transformer, layer_names: list[str], *, first: bool, last: bool, device, seed: int,
     dtype: torch.dtype, mesh: DeviceMesh | None, mp: MixedPrecision | None = None, family: str = "",
     sequence_parallel: bool = False, expert_mesh: DeviceMesh | None = None, capacity_factor: float = 0.0,
+    draw: bool = True,
 ) -> InitRecord:
     """Keep, shard and initialise only the parts of the meta `model` this rank runs (in place).
 
@@ -154,7 +154,8 @@ def cut_stages(
     `mesh`: kept whole, as one process of the stage would hold them); the sharded init
     (sharded_init.py) then draws every parameter in the one-process order and keeps this rank's
     slices, so the other stages' parameters are drawn and dropped, never held together; their
-    modules are deleted afterwards.
+    modules are deleted afterwards. `draw` False (a checkpoint fills every parameter next): no draws,
+    only the buffers computed.
     """
     keep = set(layer_names)
     tied = model.output is None  # the head reads the embedding's weight: the last stage holds a copy of it
@@ -176,7 +177,8 @@ def cut_stages(
             experts = apply_expert_parallel(model, expert_mesh, mp, kept, capacity_factor)
         apply_simple_fsdp(model, mesh, mp, partial, kept, skip=dropped | experts)
         model.buffers_follow(mp.param_dtype)
-    record = materialise_sharded(model, device, seed, init_dtypes=init_dtypes, cast_to=dtype, dropped=dropped)
+    record = materialise_sharded(model, device, seed, init_dtypes=init_dtypes, cast_to=dtype, dropped=dropped,
+                                 draw=draw)  # fmt: skip
     for k in [k for k in model.layers if k not in keep]:
         del model.layers[k]
     if not placed["tok_embeddings"]:
@@ -326,7 +328,7 @@ def build_pipeline(
     record = cut_stages(model, local_layers, first=first, last=last, device=device, seed=cfg.training.seed,
                         dtype=DTYPES[cfg.training.dtype], mesh=pp_submesh(mesh), mp=mp, family=cfg.model.family,
                         sequence_parallel=p.sequence_parallel, expert_mesh=expert_mesh,
-                        capacity_factor=p.ep_capacity_factor)  # fmt: skip
+                        capacity_factor=p.ep_capacity_factor, draw=not cfg.checkpoint.initial_hf)  # fmt: skip
     modules = [DecoderStage(model, per_stage[i], first=i == 0, last=i == stages - 1) for i in mine]
     group = mesh.get_group("pp")
     pipe_stages = [

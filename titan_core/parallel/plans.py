@@ -20,14 +20,15 @@ outputs are reduce-scattered instead of all-reduced (same bytes, 1/tp the activa
 The embedding's sum over ranks is a reduce-scatter into chunks, and the loss head
 all-gathers the final norm's chunks (its gradient reduce-scattered back).
 
-A family without an entry has no plan, and `parallelism.tp > 1` is refused for it:
-qwen3_moe's experts would need expert parallelism or a per-expert split, not this plan.
+An MoE decoder's plan splits the attention and leaves the MoE layers whole on every tp rank
+(MOE_DECODER); their experts are split by expert parallelism, not by tp. A family without an entry
+has no plan, and `parallelism.tp > 1` is refused for it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from torch.distributed.tensor import Replicate, Shard
 from torch.distributed.tensor.parallel import (
@@ -57,6 +58,11 @@ class TPPlan:
     sp_partial_grad: tuple[str, ...]
     """Sequence parallel: parameter paths (block-relative, or model-level with a leading '/') applied
     to a rank's chunk of positions, whose grads sum over TP."""
+    optional: tuple[str, ...] = ()
+    """Block children some blocks do not have (an MoE layer has no `feed_forward`): the styles and
+    quantities under them apply to the blocks that have them."""
+    no_sequence_parallel: str = ""
+    """Why this plan refuses sequence parallel ("": it takes it)."""
 
 
 class EmbeddingRowwise(RowwiseParallel):
@@ -116,4 +122,17 @@ DENSE_DECODER = TPPlan(
     sp_partial_grad=("attention_norm.weight", "ffn_norm.weight", "/norm.weight"),
 )
 
-TP_PLANS: dict[str, TPPlan] = {"llama3": DENSE_DECODER, "qwen3": DENSE_DECODER, "glimmer": DENSE_DECODER}
+MOE_DECODER = replace(
+    DENSE_DECODER,
+    optional=("feed_forward",),
+    no_sequence_parallel=(
+        "the MoE layers run whole (replicated over tp) on the whole sequence; a sequence-split residual would "
+        "route each tp rank's positions alone"
+    ),
+)
+"""An MoE decoder: attention (and any dense MLP layer) split as DENSE_DECODER; the MoE layers, router and
+experts, replicated over tp: every tp rank routes the same tokens, its experts split by expert
+parallelism (ep carved from dp_shard x cp) or whole, so their gradients need no sum over tp."""
+
+TP_PLANS: dict[str, TPPlan] = {"llama3": DENSE_DECODER, "qwen3": DENSE_DECODER, "glimmer": DENSE_DECODER,
+                               "qwen3_moe": MOE_DECODER}  # fmt: skip

@@ -59,13 +59,21 @@ def apply_tensor_parallel(
     partial: set[str] = set()
     for idx, block in model.layers.items():
         where = f"layers.{idx}"
+        absent = tuple(f"{c}" for c in plan.optional if getattr(block, c, None) is None)
+
+        def applies(dotted: str, absent=absent) -> bool:
+            return not any(dotted == c or dotted.startswith(f"{c}.") for c in absent)
+
         for quantity, dotted in plan.divisible.items():
+            if not applies(dotted):
+                continue
             n = _lookup(block, dotted, where)
             if n % tp:
                 raise ConfigError(f"tensor parallel: tp ({tp}) does not divide the {quantity} of {where} ({n})")
-        for path in block_plan:
+        styles = {path: style for path, style in block_plan.items() if applies(path)}
+        for path in styles:
             _lookup(block, path, where)
-        parallelize_module(block, tp_mesh, {path: style() for path, style in block_plan.items()}, src_data_rank=None)
+        parallelize_module(block, tp_mesh, {path: style() for path, style in styles.items()}, src_data_rank=None)
         for path, attrs in plan.local_counts.items():
             module = _lookup(block, path, where)
             for attr in attrs:

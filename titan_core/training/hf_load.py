@@ -89,27 +89,34 @@ class InitialWeights:
     direct: list[_Direct]
     groups: list[_Group]
 
-    def load(self, model: nn.Module) -> LoadStats:
-        """Fill `model` (materialised; plain or DTensor parameters) from the checkpoint, in place."""
+    def load(self, model: nn.Module, *, stages: bool = False) -> LoadStats:
+        """Fill `model` (materialised; plain or DTensor parameters) from the checkpoint, in place.
+
+        `stages`: `model` holds this rank's pipeline stages only (parallel/pipeline.py cut it from the
+        checked model): the tensors of the other stages are neither refused nor read."""
         start = time.perf_counter()
         report = self.checked.report
         stats = LoadStats(str(self.folder), report.tensors, report.data_bytes)
         targets = dict(model.state_dict(keep_vars=True))
         wanted = [d.native for d in self.direct] + [n for g in self.groups for n in g.native]
         absent = [n for n in wanted if n not in targets]
-        if absent:
+        if absent and not stages:
             raise ConfigError(f"the model built here has no {', '.join(absent[:SHOWN])}: it is not the model checked")
+        direct = [d for d in self.direct if d.native in targets]
+        groups = [_Group(g.hf, [n for n in g.native if n in targets]) for g in self.groups]
         done: set[int] = set()  # a tied tensor under two names is filled once
         handles = _Handles(self._files())
         try:
             with torch.no_grad():
-                for d in sorted(self.direct, key=lambda d: self._file_of(d.hf)):  # each file opened in turn
+                for d in sorted(direct, key=lambda d: self._file_of(d.hf)):  # each file opened in turn
                     if id(targets[d.native]) not in done:
                         done.add(id(targets[d.native]))
                         header = self.checked.headers.tensors[d.hf]
                         stats.bytes_read += _read_direct(handles, header, d, targets[d.native])
                 handles.close()
-                for group in self.groups:
+                for group in groups:
+                    if not group.native:  # another stage's
+                        continue
                     tensors = self._read_whole(group.hf, handles)
                     stats.bytes_read += sum(t.numel() * t.element_size() for t in tensors.values())
                     converted = self.checked.reader.from_hf(tensors)

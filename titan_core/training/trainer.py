@@ -196,7 +196,8 @@ class Trainer:
         self.model = model
         self.ep_dispatch = expert_dispatch(model)
         """ep > 1: the experts' token dispatch, whose dropped rows each step's row counts (None otherwise)."""
-        loaded = initial.load(model) if initial is not None else None  # each rank reads its own shards
+        # each rank reads its own shards (of its own stages under pp)
+        loaded = initial.load(model, stages=self.pipeline is not None) if initial is not None else None
         self.checkpointed = apply_activation_checkpoint(model, cfg)
         """Module paths of the blocks whose activations are recomputed in the backward ([activation_checkpoint])."""
         # execution modes (titan_core/compile): per-block compile now, the Graph Trainer over the optimizer

@@ -3,7 +3,8 @@
 Started by titan_core.runtime.launcher (2 gloo ranks). Loads the tiny Llama in CKPT through
 checkpoint.initial_hf under SimpleFSDP, recording every read safetensors serves this rank (a
 slice's ranges, or a whole tensor), trains 3 steps, exports in 1 MB shards, and takes 10 greedy
-tokens from the sharded model. Writes OUT/rank_<r>.json.
+tokens from the sharded model; then one step from the same load under FSDP2, tensor parallel and
+two pipeline stages. Writes OUT/rank_<r>.json.
 """
 
 from __future__ import annotations
@@ -75,9 +76,13 @@ def main(out: Path, ckpt: Path) -> None:
         }
         hf_load._open = real_open
         modes = {"fsdp2": ["--parallelism.data_parallel=fsdp2"],
-                 "tp": ["--parallelism.data_parallel=simple_fsdp", "--parallelism.tp=2"]}  # fmt: skip
+                 "tp": ["--parallelism.data_parallel=simple_fsdp", "--parallelism.tp=2"],
+                 "pp": ["--parallelism.data_parallel=simple_fsdp", "--parallelism.pp=2", "--parallelism.dp_shard=1",
+                        "--training.grad_accum=2"]}  # fmt: skip
         for name, extra in modes.items():
-            batch = 2 if name == "tp" else 1  # TP ranks share their rows: the one data-parallel rank takes both
+            # TP ranks share their rows: the one data-parallel rank takes both; pp's two stages, both rows as
+            # two micro-batches of one
+            batch = 2 if name == "tp" else 1
             t = Trainer(tiny_cfg(ckpt, out / name, *extra, batch_size=batch), quiet=True)
             res[name] = {"loss": t.train().metrics[0]["loss"], "weights_from": t.weights_from}
     (out / f"rank_{state.rank}.json").write_text(json.dumps(res))

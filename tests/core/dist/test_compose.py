@@ -67,7 +67,8 @@ def test_every_combination_matches_one_process(tmp_path, world):
 
 REFUSED = {
     # flags: what the refusal names (README's table of combinations still refused, with the reasons)
-    ("--parallelism.tp=2", "--parallelism.ep=2", "--parallelism.dp_shard=2"): "no tensor-parallel plan",
+    ("--parallelism.tp=2", "--parallelism.ep=2", "--parallelism.dp_shard=2", "--parallelism.sequence_parallel"):
+        "the MoE layers run whole (replicated over tp)",
     ("--parallelism.ep=2", "--parallelism.dp_shard=2", "--graph_trainer.enable"): "one captured program",
     ("--parallelism.pp=2", "--parallelism.dp_shard=1", "--graph_trainer.enable"): "graph_trainer.enable",
 }
@@ -84,7 +85,7 @@ def _world(flags: tuple[str, ...]) -> int:
 
 @pytest.mark.parametrize("flags", list(REFUSED), ids=["_".join(f.split(".")[-1] for f in fl) for fl in REFUSED])
 def test_still_refused_combinations_say_why_in_one_line(tmp_path, flags):
-    family = "qwen3_moe" if "--parallelism.ep=2" in flags else "llama3"
+    family = "qwen3_moe" if "--parallelism.ep=2" in flags else "llama3"  # the MoE model where ep is asked
     with pytest.raises(ConfigError) as e:
         check_parallelism(tiny_cfg(family, tmp_path, *flags), _world(flags))
     assert REFUSED[flags] in str(e.value) and "\n" not in str(e.value)

@@ -1,5 +1,5 @@
 """checkpoint.initial_hf and the sharded export on 2 gloo ranks under SimpleFSDP (and the load under
-FSDP2 and tensor parallel): the step-1 loss is transformers' on the same global batch, each rank
+FSDP2, tensor parallel and pipeline stages): the step-1 loss is transformers' on the same global batch, each rank
 reads only its own rows of each tensor (safetensors slices, never a whole tensor), and the gathered
 export reloads with AutoModelForCausalLM and generates what the sharded model generates."""
 
@@ -44,7 +44,7 @@ def test_step1_loss_is_transformers_on_the_global_batch(runs):
     want = hf_loss(ckpt, batch.tokens, batch.labels)
     assert rel(ranks[0]["loss"][0], want) <= LOSS_REL, (ranks[0]["loss"][0], want)
     assert ranks[0]["weights_from"].startswith(f"loaded initial weights from {ckpt} (")
-    for mode in ("fsdp2", "tp"):  # the same load into FSDP2's shards and into tensor-parallel slices
+    for mode in ("fsdp2", "tp", "pp"):  # the same load into FSDP2's shards, tensor-parallel slices, pipeline stages
         assert ranks[0][mode]["loss"] == ranks[1][mode]["loss"]
         assert rel(ranks[0][mode]["loss"], want) <= LOSS_REL, (mode, ranks[0][mode]["loss"], want)
         assert ranks[0][mode]["weights_from"].startswith("loaded initial weights")

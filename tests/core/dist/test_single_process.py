@@ -57,8 +57,8 @@ def test_bad_degrees_say_the_arithmetic(p, world, needle):
 
 def test_tp_needs_a_plan_and_simple_fsdp():
     cfg = JobConfig()
-    cfg.model.family, cfg.parallelism.tp = "qwen3_moe", 2
-    with pytest.raises(ConfigError, match="tensor parallel has no plan for family 'qwen3_moe'"):
+    cfg.model.family, cfg.parallelism.tp = "flux", 2
+    with pytest.raises(ConfigError, match="tensor parallel has no plan for family 'flux'"):
         check_parallelism(cfg, 2)
     cfg.model.family, cfg.parallelism.data_parallel = "llama3", "fsdp2"
     with pytest.raises(ConfigError, match="composes with data_parallel = 'simple_fsdp' only, not 'fsdp2'"):

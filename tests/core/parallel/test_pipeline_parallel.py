@@ -157,7 +157,6 @@ def _cfg(tmp_path, *extra: str, dp_shard: int = 1):
         (("--parallelism.data_parallel=none",), 2, r"needs data_parallel = 'simple_fsdp', not 'none'"),
         (("--graph_trainer.enable",), 2, r"does not support graph_trainer\.enable"),
         (("--checkpoint.export_hf=hf",), 2, r"does not support checkpoint\.export_hf"),
-        (("--checkpoint.initial_hf=hf",), 2, r"does not support checkpoint\.initial_hf"),
         (("--model.module_file=model.py",), 2, r"does not support model\.module_file"),
     ],
 )

@@ -60,10 +60,10 @@ def test_a_layout_titan_core_refuses_is_never_chosen():
     plan, peaks = _llama8b()
     c = plan.chosen
     assert c is not None and c.refused is None and c.layout.cp > 1 and c.compile  # CP compiles per block
-    # titan_core's own refusal: CP inside pipeline stages
+    # titan_core's own refusal: pipeline stages sharded by FSDP2 (they are SimpleFSDP's)
     refused = [o for _, o, _ in peaks if o.fits and o.refused is not None]
-    assert refused and all(o.layout.cp > 1 and o.layout.pp > 1 for o in refused)
-    assert all("the pipeline's stages pass whole rows" in o.refused for o in refused)
+    assert refused and all(o.layout.pp > 1 and o.data_parallel == "fsdp2" for o in refused)
+    assert all("needs data_parallel = 'simple_fsdp', not 'fsdp2'" in o.refused for o in refused)
     summary = plan.to_dict()["refused"]
     assert summary["options"] == len(refused)
     assert sum(g["count"] for g in summary["reasons"]) == summary["options"]
@@ -116,16 +116,16 @@ def test_onboard_plan_exits_1_naming_titan_cores_reason_when_only_refused_layout
     assert all(g["reason"] and g["count"] and g["layouts"] for g in out["refused"]["reasons"])
 
 
-def test_pp_is_chosen_with_checkpoints_and_dropped_for_a_feature_it_refuses(tmp_path):
+def test_pp_is_chosen_with_checkpoints_and_validation_and_dropped_for_a_feature_it_refuses(tmp_path):
     # Qwen3-30B-A3B at 4k tokens on 32 H100s: a 4-stage pipeline predicts the most tokens/s
     ws = _workspace(tmp_path, "Qwen3-30B-A3B", EARNED)
     res = runner.invoke(app, ["plan", ws, "--dir", str(tmp_path), "--target", "h100:32", "--json"])
     assert res.exit_code == 0, res.stderr
     out = json.loads(res.stdout)
     assert out["degrees"]["pp"] > 1 and out["chosen"]["mode"] == "compile"  # the stages' blocks compiled
-    # pp saves and resumes DCP checkpoints: not among what it refuses; validation still is
-    assert "checkpoint.enable" not in out["refused_features"]
-    assert "does not support validation.enable" in out["refused_features"]["validation.enable"]
+    # pp saves and resumes DCP checkpoints and validates: not among what it refuses; the HF export still is
+    assert "checkpoint.enable" not in out["refused_features"] and "validation.enable" not in out["refused_features"]
+    assert "does not support checkpoint.export_hf" in out["refused_features"]["checkpoint.export_hf"]
     assert "a run of this recipe runs without them" in out["degrees_why"]["pp"]
     levers = {lv["key"]: lv for lv in out["levers"]}  # the recipe's per-block compile, kept with the pipeline
     assert levers["compile.enable"]["plan"] is True and not levers["compile.enable"]["changed"]
@@ -141,12 +141,13 @@ def test_pp_is_chosen_with_checkpoints_and_dropped_for_a_feature_it_refuses(tmp_
     assert saving["degrees"]["pp"] == out["degrees"]["pp"] and "checkpoint.enable" not in saving["refused_features"]
     cfg = load_config(saving["recipe"])
     assert cfg.checkpoint.enable and check_parallelism(cfg, 32).pp == out["degrees"]["pp"]
-    # one that validates does not (titan_core refuses validation under pp): then no pipeline, and the plan says why
-    recipe.write_text(recipe.read_text() + "\n[validation]\nenable = true\n")
+    # one that exports does not (titan_core refuses the HF export under pp): then no pipeline, and the plan says why
+    recipe.write_text(recipe.read_text().replace("[checkpoint]\nenable = true\n",
+                                                 '[checkpoint]\nenable = true\nexport_hf = "hf"\n'))
     res = runner.invoke(app, ["plan", ws, "--dir", str(tmp_path), "--target", "h100:32", "--json", "--force"])
     assert res.exit_code == 0, res.stderr
-    validating = json.loads(res.stdout)
-    assert validating["degrees"]["pp"] == 1 and "validation.enable" not in validating["refused_features"]
-    assert "does not support validation.enable" in validating["degrees_why"]["pp"]
-    cfg = load_config(validating["recipe"])
-    assert cfg.validation.enable and check_parallelism(cfg, 32).pp == 1
+    exporting = json.loads(res.stdout)
+    assert exporting["degrees"]["pp"] == 1 and "checkpoint.export_hf" not in exporting["refused_features"]
+    assert "does not support checkpoint.export_hf" in exporting["degrees_why"]["pp"]
+    cfg = load_config(exporting["recipe"])
+    assert cfg.checkpoint.export_hf.endswith("hf") and check_parallelism(cfg, 32).pp == 1
