@@ -1,7 +1,8 @@
 """One rank of the composition matrix: `python _compose_worker.py WORLD OUT`.
 
 Started by titan_core.runtime.launcher. Trains every combination of _compose_cases.COMBOS whose world
-size is WORLD, in one process group, and writes its loss and grad norm per step (and what titan_core
+size is WORLD, in one process group: first the parameters each rank holds against the one-process
+init bit for bit, then STEPS steps; and writes its loss and grad norm per step (and what titan_core
 built: its mesh, compiled blocks, pipeline stages, the experts' dispatch, a captured step) to OUT/rank_<r>.json.
 """
 
@@ -16,6 +17,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 import torch  # noqa: E402
 from _compose_cases import COMBOS, STEPS, combo_cfg  # noqa: E402
+from _sharded_init_worker import one_process  # noqa: E402
 from torch.distributed.tensor import DTensor  # noqa: E402
 
 from titan_core.runtime import distributed  # noqa: E402
@@ -31,13 +33,24 @@ def _digest(embedding) -> str | None:
     return hashlib.sha256(full.detach().contiguous().numpy().tobytes()).hexdigest()
 
 
+def init_unequal(t: Trainer, cfg) -> list[str]:
+    """The parameters this rank holds whose sharded init (gathered whole) is not the one-process init bit for bit."""
+    want = one_process(cfg)
+    got = {n: (p.full_tensor() if isinstance(p, DTensor) else p.detach()) for n, p in t.model.named_parameters()}
+    return [n for n, g in got.items() if g.dtype != want[n].dtype or not torch.equal(g, want[n])]
+
+
 def run(name: str, out: Path) -> dict:
-    t = Trainer(combo_cfg(name, out / name), quiet=True)
+    cfg = combo_cfg(name, out / name)
+    t = Trainer(cfg, quiet=True)
+    unequal = init_unequal(t, cfg)
     rows = []
     for _ in range(STEPS):
         t.step += 1
         rows.append(t.train_step())
     return {
+        "init_unequal": unequal,
+        "init_compared": sum(1 for _ in t.model.parameters()),
         "loss": [r["loss"] for r in rows],
         "grad_norm": [r["grad_norm"] for r in rows],
         "compiled": len(t.compiled_modules),

@@ -1,7 +1,8 @@
 """The composition matrix (README, "Parallel degrees that compose"): every combination of
 _compose_cases.COMBOS trained on gloo, one launch per world size (4 ranks where two degrees meet, 8
-where three do), against one plain process on the same rows: fp32, 3 steps, every step's loss and
-grad norm within the gates' fp32 bound; and each run built what it names (its mesh, its pipeline
+where three do), against one plain process on the same rows: every parameter's sharded init equal to the
+one-process init bit for bit, then fp32, 3 steps, every step's loss and grad norm within the gates'
+fp32 bound; and each run built what it names (its mesh, its pipeline
 stages, its compiled blocks). The combinations titan_core still refuses are checked at the end, one
 line each, before anything is built.
 """
@@ -47,6 +48,8 @@ def test_every_combination_matches_one_process(tmp_path, world):
     for name in names:
         _, model, flags = COMBOS[name]
         got = ranks[0][name]
+        # the sharded init (parallelised on meta, each rank's shards drawn) is the one-process init, bit for bit
+        assert all(r[name]["init_compared"] > 0 and r[name]["init_unequal"] == [] for r in ranks), name
         for key in ("loss", "grad_norm"):
             err = max_rel(got[key], refs[model][key])
             assert err <= COMPOSE_REL, f"{name}: {key} {got[key]} vs one process {refs[model][key]} ({err:.2e})"
