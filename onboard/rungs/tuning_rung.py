@@ -5,7 +5,8 @@ The rung tunes the recipe as it trains (its execution mode and kernels), on the 
 order (never the eager gate's repeated batch, so two ways of splitting the same rows into
 micro-batches see the same tokens), in the optimisation handbook's order: the block sizes of the
 kernels the recipe kept (`ce_chunk` of fused_ce; attention and MoE expose none), the batch
-(tuning_search.py), the flags of this device kind (tuning_flags.py).
+(tuning_search.py), activation checkpointing where memory ended the batch search (the batch it buys:
+tuning_checkpoint.py), the flags of this device kind (tuning_flags.py).
 
 Every change is classified on step 1 against the recipe it would change (tuning_classify.py;
 diverged is rejected untimed), then timed against it per token by the one timing protocol and
@@ -25,6 +26,7 @@ from onboard.rungs import gate_recipe, run_compare, timing_profiles, train_run, 
 from onboard.ladder.contract import SHIPPED, RecipeEdit, RungContext, RungResult
 from onboard.rungs.execution_mode import recipe_mode
 from onboard.rungs.tuning_batch import BatchTrials, max_doublings
+from onboard.rungs.tuning_checkpoint import kept_not_exact, try_checkpointing
 from onboard.rungs.tuning_decisions import change_decision, keep_rule
 from onboard.ladder.measurements.training_measurements import TuningMeasurements
 from onboard.ladder.table import TUNING_KEYS
@@ -383,12 +385,17 @@ def run(ctx: RungContext) -> RungResult:
             tuner.block_sizes(args)
             budget, source = memory_budget(runs.device)
             batch = tuner.batch(fixed_global=global_batch_fixed(ctx), budget=budget, budget_source=source)
+            checkpointing = try_checkpointing(tuner, batch, fixed_global=global_batch_fixed(ctx),
+                                              precision=gate_recipe.precision(base.training))  # fmt: skip
             flag_rows = tuner.flags(cpu_count())
             final = final_check(tuner)
             prof = profile(tuner)
         finally:
             runs.close()
     m = summarise(tuner, final, batch, prof)
+    m.checkpoint_tried = checkpointing["tried"]
+    m.checkpoint_why = checkpointing["why"]
+    m.checkpoint_kept_not_exact = kept_not_exact(checkpointing, gate_recipe.precision(base.training))
     run_compare.beside_eager(m, ctx.evidence)
     beside_eager_tokens(m, ctx.evidence)
     edits = recipe_edits(tuner, recipe)
@@ -400,6 +407,6 @@ def run(ctx: RungContext) -> RungResult:
         ctx.log(f"tuning: recipe keeps {e.key} = {e.value!r} ({e.why}) if the gate passes")
     final.pop("rows")
     details = {"device": str(runs.device), "decisions": tuner.decisions, "changes": tuner.changes,
-               "not_tried": tuner.notes, "batch": batch, "flags": flag_rows, "tpu_flags": tpu, "final": final,
+               "not_tried": tuner.notes, "batch": batch, "activation_checkpoint": checkpointing, "flags": flag_rows, "tpu_flags": tpu, "final": final,
                "profile": prof}  # fmt: skip
     return gate_recipe.result(ctx, base, m, details, edits)

@@ -377,6 +377,14 @@ class TuningMeasurements(BesideEager):
     """{recipe key: value} of every tuned key before the rung."""
     final_values: dict = ABSENT
     """{recipe key: value} of every tuned key in the final recipe."""
+    # activation checkpointing (tuning_checkpoint.py), tried only where memory ended the batch search
+    checkpoint_tried: bool = ABSENT
+    """Whether a checkpointing mode was run at a larger batch (details.activation_checkpoint)."""
+    checkpoint_why: str = ABSENT
+    """Why it was tried, or why not."""
+    checkpoint_kept_not_exact: int = ABSENT
+    """Modes kept whose step 1 at the holder's own batch was not bit-identical (bf16: within rounding)
+    (count; must be 0)."""
     # the final recipe against the untuned one, then run whole
     final_recipe: str = ABSENT
     """Label of the final recipe (the last kept change's, or "untuned")."""

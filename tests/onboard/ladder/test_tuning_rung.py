@@ -94,6 +94,11 @@ def test_the_rung_passes_classifies_every_change_and_rejects_a_diverging_flag(na
     assert batch["stopped"] in ("memory", "throughput", "grid") and batch["why"] == m["batch_why"]
     assert all(t["peak_bytes"] > 0 and t["tokens_per_s"] > 0 for t in batch["tried"] if t["outcome"] != "over_memory")
     assert batch["budget_source"] == "MemAvailable in /proc/meminfo" or "cgroup" in batch["budget_source"]
+    # activation checkpointing buys a batch only where memory ended the search
+    ckpt = d["activation_checkpoint"]
+    assert m["checkpoint_tried"] == ckpt["tried"] == (batch["stopped"] == "memory") and m["checkpoint_kept_not_exact"] == 0
+    if not ckpt["tried"]:
+        assert "memory did not end the batch search" in ckpt["why"] and ckpt["modes"] == {}
 
     # the final recipe: classified against the untuned one on the same rows, run whole, profiled
     final = d["final"]
@@ -122,6 +127,15 @@ def test_a_binding_budget_keeps_the_batch_and_the_chunk_sweep_runs(narrow_ws, tm
     assert (m["batch_size"], m["grad_accum"]) == (4, 2) and [t["outcome"] for t in d["batch"]["tried"]] == ["start"]
     assert m["memory_budget_source"] == "a 1-byte test budget"
     assert not any(e.key.startswith("training.") for e in result.recipe_edits)
+    # memory ended the search: each checkpointing mode proved at the recipe's own batch (fp32: bit for bit),
+    # then run at the batch it would buy (8 x 1, the global batch fixed), over the budget there: not kept
+    ckpt = d["activation_checkpoint"]
+    assert m["checkpoint_tried"] and ckpt["tried"] and list(ckpt["modes"]) == ["selective", "full"]
+    for mode, row in ckpt["modes"].items():
+        assert row["same_batch_class"] == "bit_identical" and row["label"] == f"ac={mode},batch=8"
+        assert not row["kept"] and "over the limit" in row["why"] and row["peak_bytes"] > row["limit_bytes"]
+    assert m["checkpoint_kept_not_exact"] == 0 and "activation_checkpoint.mode" not in m["proposed_recipe_edits"]
+    assert any("ac=full at the holder's batch: bit_identical" in line for line in lines)
     # fused_ce's chunk over the CPU grid (from 64): 256 is one chunk of the 128 tokens per micro-batch;
     # 4096 is that same single chunk, so it runs only when 256 did not take the field
     chunks = [c for c in d["changes"] if c["step"] == "block_sizes"]
