@@ -13,7 +13,7 @@ AdamW step on one sequence of 64 tokens: (b) `step_ratio`, bound 0.7 at world 8 
 gradients and AdamW's two states are 4 x 1/world of the model; the rest is what a step gathers).
 
     nice python bench/sharded_build.py [--hidden 2048 --layers 6 --vocab 8192 --mlp 4096] [--worlds 4 8]
-        [--mmap-threshold BYTES] [--out FILE]
+        [--layouts simple_fsdp fsdp2 ...] [--mmap-threshold BYTES] [--out FILE]
 
 The resident set counts what the C allocator keeps, not only live tensors: glibc serves blocks under
 its sliding mmap threshold (up to 32 MiB) from heaps it rarely returns, so a step's freed gradients and
@@ -111,6 +111,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_checkpoint_args(ap, layers=6, vocab=8192, mlp=4096)
     ap.add_argument("--worlds", type=int, nargs="+", default=[4, 8])
+    ap.add_argument("--layouts", nargs="+", default=list(LAYOUTS), choices=list(LAYOUTS))
     ap.add_argument("--mmap-threshold", type=int, default=0,
                     help="MALLOC_MMAP_THRESHOLD_ for the ranks (0: glibc's own sliding threshold)")
     ap.add_argument("--out", default="", help="also write the JSON here")
@@ -136,8 +137,8 @@ def main() -> None:
         report["checkpoint"] = {"model_bytes": model_bytes,
                                 "shape": {k: getattr(a, k) for k in ("hidden", "layers", "vocab", "mlp")}}  # fmt: skip
         for world in a.worlds:
-            for name, flags in LAYOUTS.items():
-                flags = list(flags)
+            for name in a.layouts:
+                flags = list(LAYOUTS[name])
                 if name.startswith("tp2"):
                     flags.append(f"--parallelism.dp_shard={world // 2}")
                 _report.progress(f"world {world}: {name}")

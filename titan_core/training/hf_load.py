@@ -196,18 +196,33 @@ def _read_direct(handles: _Handles, header, d: _Direct, param: torch.Tensor) -> 
     if any(size == 0 for _, size in box):
         return 0
     sizes = [size for _, size in box]
-    row = math.prod(sizes[1:]) * header.nbytes / max(1, math.prod(header.shape))
+    # the file bytes one view row spans (a box narrow in a trailing dim still maps every page of its rows)
+    row = _span_bytes(header, source_box(d.view, [(box[0][0], 1), *box[1:]]))
     step = max(1, int(MAPPED // max(row, 1)))
     local, read = _local(param), 0
     for o in range(0, sizes[0], step):
         k = min(step, sizes[0] - o)
         part = [(box[0][0] + o, k), *box[1:]]
+        where = source_box(d.view, part)
         # a view of the mapped file: the copy below is the one read, converting to the parameter's dtype
-        data = handles.get(header.file, int(k * row)).get_slice(d.hf)[source_box(d.view, part)]
+        data = handles.get(header.file, _span_bytes(header, where)).get_slice(d.hf)[where]
         local[o : o + k].copy_(arrange(d.view, data, [k, *sizes[1:]]))
         read += data.numel() * data.element_size()
         del data
     return read
+
+
+def _span_bytes(header, where: tuple[slice, ...]) -> int:
+    """Bytes of the file from the first to the last element of the box `where` of tensor `header`
+    (row-major): the pages reading the box maps, whichever of them it needs."""
+    if not header.shape:
+        return header.nbytes
+    stride, first, last = 1, 0, 0
+    for n, s in zip(reversed(header.shape), reversed(where)):
+        first += s.start * stride
+        last += (s.stop - 1) * stride
+        stride *= n
+    return (last - first + 1) * header.nbytes // max(1, math.prod(header.shape))
 
 
 def _copy_local(param: torch.Tensor, full: torch.Tensor) -> None:

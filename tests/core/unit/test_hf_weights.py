@@ -228,6 +228,18 @@ def test_a_new_tensor_has_no_box():
     assert view_map(meta.reshape(2, 24), meta) is None
 
 
+def test_a_box_maps_the_file_bytes_from_its_first_to_its_last_element():
+    from types import SimpleNamespace
+
+    from titan_core.training.hf_load import _span_bytes
+
+    header = SimpleNamespace(shape=(6, 8), nbytes=6 * 8 * 4)  # fp32, row-major
+    # rows 1-2, columns 2-4: elements 10 .. 20, so 11 elements' bytes, though the box holds 6
+    assert _span_bytes(header, (slice(1, 3), slice(2, 5))) == 11 * 4
+    assert _span_bytes(header, (slice(0, 6), slice(0, 8))) == header.nbytes  # the whole tensor
+    assert _span_bytes(header, (slice(2, 4), slice(0, 8))) == 2 * 8 * 4  # whole rows: exactly their bytes
+
+
 # ---- the transformers path --------------------------------------------------------------------
 @pytest.mark.parametrize("tied", [False, True])
 def test_transformers_path_starts_from_the_checkpoint(tmp_path, ckpt, tied):
