@@ -242,7 +242,7 @@ def _launch(ctx: RungContext, proof: DegreeProof, cfg, world: int, timeout_s: fl
     rows = run.metrics
     proof.steps_run = len(rows)
     if run.launch.exit_code == 2:  # a rank's ConfigError (train.main prints "error: ..." and exits 2): no run
-        proof.refused = _refusal_line(run.launch)
+        proof.refused = run.launch.refusal()
         ctx.log(f"simple_fsdp: {proof.label} = 2 refused by titan_core: {proof.refused}")
         return None
     record_run(ctx, f"simple_fsdp: {proof.label} = 2", rows, cfg.training.steps)
@@ -252,16 +252,6 @@ def _launch(ctx: RungContext, proof: DegreeProof, cfg, world: int, timeout_s: fl
     proof.failure = f"the {world}-process run failed: {said}"
     ctx.log(f"simple_fsdp: {proof.label} = 2: {proof.failure}")
     return None
-
-
-def _refusal_line(launch) -> str:
-    """titan_core's one-line message out of the failed rank's output (its last `error: ...` line)."""
-    rank = launch.failed_rank
-    lines = launch.tails[rank] if rank is not None and rank < len(launch.tails) else []
-    for line in reversed(lines):
-        if line.strip().startswith("error: "):
-            return line.strip().removeprefix("error: ")
-    return (launch.failure or f"exit code {launch.exit_code}").splitlines()[0]
 
 
 def _baseline(ctx: RungContext, cfg, label: str) -> tuple[list[dict], str | None]:

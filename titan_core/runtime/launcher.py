@@ -63,6 +63,16 @@ class LaunchResult:
     command: list[str] = field(default_factory=list)
     """The torchrun command line that ran the world (`python -m torch.distributed.run ...`)."""
 
+    def refusal(self) -> str:
+        """The failed rank's own one-line refusal (its last `error: ...` line, without the prefix): what a
+        rank that exits 2 says of its bad input; else the first line of the failure report."""
+        rank = self.failed_rank
+        lines = self.tails[rank] if rank is not None and rank < len(self.tails) else []
+        for line in reversed(lines):
+            if line.strip().startswith("error: "):
+                return line.strip().removeprefix("error: ")
+        return (self.failure or f"exit code {self.exit_code}").splitlines()[0]
+
 
 def cpu_count() -> int:
     try:
@@ -299,8 +309,9 @@ def launch(argv: list[str], nproc: int, *, timeout_s: float | None = None) -> in
     """`python -m titan_core.train ARGV` on `nproc` local processes; returns the exit code.
 
     Bad input (config errors, degrees that do not fit `nproc`, TP without a plan) exits 2
-    before any process starts. Rank 0's output is echoed; every rank's output goes to
-    `<metrics.output_dir>/logs/rank_<r>.log`.
+    before any process starts; what only a rank can find (a model-level check, an init its shards
+    cannot reproduce) exits 2 too, with that rank's one `error:` line. Rank 0's output is echoed;
+    every rank's output goes to `<metrics.output_dir>/logs/rank_<r>.log`.
     """
     from titan_core.parallel import check_parallelism  # import-time cost: torch loads only when a run starts
 
@@ -324,7 +335,11 @@ def launch(argv: list[str], nproc: int, *, timeout_s: float | None = None) -> in
     except KeyboardInterrupt:
         print("interrupted: all ranks stopped", file=sys.stderr)
         return 130
-    if result.failure:
+    if result.exit_code == 2:  # a rank refused its input (a ConfigError): its one line, as one process says it
+        line = f"error: {result.refusal()}"
+        if not any(said.strip() == line for said in (result.tails[0] if result.tails else [])):  # not echoed yet
+            print(line, file=sys.stderr)
+    elif result.failure:
         print(result.failure, file=sys.stderr)
     return result.exit_code
 
