@@ -40,7 +40,7 @@ from titan_core.parallel.pipeline import check_pipeline_model
 
 from onboard.sizing.plan import Target, moe_kernel, offload_of, scan_of
 from onboard.sizing.plan_levers import Lever, merged, mode_levers
-from onboard.sizing.plan_memory import PlanShape
+from onboard.sizing.plan_memory import REGATHERING, PlanShape
 from onboard.sizing.plan_search import Option
 
 FEATURES = {
@@ -79,7 +79,8 @@ def planned_values(o: Option, target: Target, seq_len: int, levers: list[Lever],
         "training.dtype": "float32",
         "training.mixed_precision_param": "float32" if target.device_type == "cpu" else "bfloat16",
         "training.mixed_precision_reduce": "float32",
-        "parallelism.data_parallel": o.data_parallel, "parallelism.dp_shard": s.dp_shard,
+        "parallelism.data_parallel": "simple_fsdp" if o.data_parallel == REGATHERING else o.data_parallel,
+        "parallelism.reshard_after_forward": o.data_parallel == REGATHERING, "parallelism.dp_shard": s.dp_shard,
         "parallelism.dp_replicate": s.dp_replicate, "parallelism.tp": s.tp, "parallelism.ep": s.ep,
         "parallelism.cp": s.cp, "parallelism.pp": s.pp, "parallelism.sequence_parallel": False,
     }  # fmt: skip

@@ -18,8 +18,8 @@ dp_shard x cp x tp, and expert parallelism carved from dp_shard x cp (`ep` divid
 - gathered: the bf16 copies a data-parallel step computes with. FSDP2 (one unit per block, the
   root unit kept through the step) holds about two blocks in flight, the one computing and the
   prefetched next, plus the root's embedding and head; experts gathered over their edp ranks
-  only (1/ep of them). titan_core's SimpleFSDP keeps every gathered copy through the backward
-  (`SIMPLE_FSDP_REGATHERS`); under PP a stage keeps its weights gathered across its microbatches
+  only (1/ep of them). titan_core's SimpleFSDP keeps every gathered copy through the backward unless
+  it re-gathers (`REGATHERING`: then as FSDP2); under PP a stage keeps its weights gathered across its microbatches
   (torch.distributed.pipelining turns FSDP's reshard and gradient sync off until the last one);
 - activations: titan_core/memory/activations.py per token (the memory policy's saved tensors),
   on one TP rank's widths, for batch x seq/cp tokens (CP splits each sequence), over the stage's
@@ -46,12 +46,13 @@ from titan_core.memory.estimate import ModelShape, TrainSetup, tp_local
 from titan_core.models.common.param_counts import EXPERTS_CHILD
 
 MAX_BATCH = 4096
-SIMPLE_FSDP_REGATHERS = False
-"""Whether titan_core's SimpleFSDP gathers each block's weights again for its backward. False today:
-the gather is an ordinary op in the parametrization (titan_core/parallel/simple_fsdp.py), autograd
-saves the gathered weight for the matmul's backward, and the Graph Trainer's memory policy never
-recomputes a collective; so a SimpleFSDP step holds every gathered weight at once. TorchTitan's
-SimpleFSDP recomputes the gather under activation checkpointing; set True once titan_core does."""
+REGATHERING = "simple_fsdp_reshard"
+"""The plan's name for SimpleFSDP with `parallelism.reshard_after_forward`: each gathered weight is
+dropped after its forward and gathered again for its backward (titan_core/parallel/regather.py), so a
+step holds a block or two gathered, as FSDP2 does, for a second all-gather per step. Plain
+`simple_fsdp` keeps every gathered copy through the backward (autograd saves it for the matmul's)."""
+REGATHERS = ("fsdp2", REGATHERING)
+"""The data-parallel kinds that gather a block again for its backward."""
 SCHEDULES = ("1F1B", "interleaved1F1B", "gpipe")
 INTERLEAVE = 2
 """Stages per rank under interleaved1F1B (titan_core: "interleaved1F1B puts 2 stages on each rank")."""
@@ -233,7 +234,7 @@ def gathered_bytes(ps: PlanShape, lay: Layout, data_parallel: str, compute_dtype
     """The bf16 copies alive at once (module docstring): ~two blocks in flight or, under SimpleFSDP as
     titan_core runs it, every block of the stage; and the root's embedding and head, vocab-sharded over tp."""
     c = DTYPE_BYTES[compute_dtype]
-    regathers = (data_parallel == "fsdp2" or SIMPLE_FSDP_REGATHERS) and lay.pp == 1
+    regathers = data_parallel in REGATHERS and lay.pp == 1
     held = Fraction(min(2, stage_layers(ps, lay.pp)) if regathers else stage_layers(ps, lay.pp), ps.n_layers)
     return c * math.ceil(ps.block_params * held / lay.tp + ps.expert_params * held / lay.ep + Fraction(
         _ends(ps, lay.pp), lay.tp))  # fmt: skip

@@ -41,6 +41,7 @@ from typing import Any, Callable
 from titan_core.memory.estimate import TrainSetup
 
 from onboard.sizing.plan_memory import (
+    REGATHERING,
     DeviceMemory,
     Layout,
     MemSetup,
@@ -66,7 +67,9 @@ CLOSE = 0.2
 Its largest error over the published runs (plan_published.py) is 15% (the held-out Qwen3-235B-A22B row),
 rounded up here; a test holds the error within it."""
 DEGREES = ("tp", "ep", "cp", "pp", "dp_replicate")
-DP_ORDER = ("fsdp2", "simple_fsdp")
+DP_ORDER = ("fsdp2", "simple_fsdp", REGATHERING)
+"""Preferred in this order among close options: FSDP2 for an eager step, SimpleFSDP keeping its gathered
+weights, SimpleFSDP gathering them again in the backward (parallelism.reshard_after_forward: more traffic)."""
 PARALLEL = ("tp", "ep", "cp", "pp")
 
 
@@ -207,7 +210,7 @@ def search(ps: PlanShape, target, kernels: TrainSetup, *, seq_len: int, space: S
         micro = microbatches(lay, lay.dp * seq_len)
         for policy in policies if lay.pp == 1 else ("none",):
             eager = policy == "none"
-            for dp_kind in DP_ORDER if eager and lay.tp == 1 else ("simple_fsdp",):
+            for dp_kind in dp_kinds(lay, eager):
                 setup = MemSetup(policy=policy, data_parallel=dp_kind, seq_len=seq_len, grad_accum=micro,
                                  compute_dtype=compute, loss=kernels.loss, ce_chunk=kernels.ce_chunk,
                                  attention=kernels.attention, moe=moe_kernel(policy),
@@ -225,6 +228,16 @@ def search(ps: PlanShape, target, kernels: TrainSetup, *, seq_len: int, space: S
                         opt.refused = accept(opt) if accept is not None else None
                     out.append(opt)
     return out
+
+
+def dp_kinds(lay: Layout, eager: bool) -> tuple[str, ...]:
+    """The data-parallel kinds a layout runs in a mode: FSDP2 only eager without TP; SimpleFSDP's
+    re-gathering only eager outside a pipeline (titan_core's hooks see an eager backward; a stage keeps its
+    weights gathered across its microbatches); SimpleFSDP keeping its gathered weights always."""
+    if not eager:
+        return ("simple_fsdp",)
+    kinds = DP_ORDER if lay.tp == 1 else ("simple_fsdp", REGATHERING)
+    return tuple(k for k in kinds if k != REGATHERING or lay.pp == 1)
 
 
 def preference(o: Option) -> tuple:

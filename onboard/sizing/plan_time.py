@@ -180,7 +180,7 @@ def communication(ps: PlanShape, lay: Layout, x: StepInputs, hw: Hardware | None
     ends = (ps.embed_params + ps.head_params + ps.other_params) if lay.pp == 1 else max(
         ps.embed_params, (ps.head_params or ps.embed_params) + ps.other_params)  # fmt: skip
     # under PP a stage gathers once and reduces once per step (pipelining defers FSDP's reshard and sync)
-    gathers = 2 if (x.data_parallel == "fsdp2" or plan_memory.SIMPLE_FSDP_REGATHERS) and lay.pp == 1 else 1
+    gathers = 2 if x.data_parallel in plan_memory.REGATHERS and lay.pp == 1 else 1
     fsdp_rounds = micro if lay.pp == 1 else 1
     out: list[Collective] = []
 

@@ -39,7 +39,7 @@ from onboard.ladder.contract import RecipeEdit
 from onboard.sizing.plan import parse_target, plan_training
 from onboard.sizing.plan_accept import Acceptance, planned_values
 from onboard.sizing.plan_search import GLOBAL_TOKENS, Option
-from onboard.sizing.plan_memory import PlanShape
+from onboard.sizing.plan_memory import REGATHERING, PlanShape
 from onboard.sizing.plan_check import check_lines
 from onboard.sizing.plan_levers import Lever, planning_kernels
 from onboard.workspace.fsutil import BACKUP_INFIX, atomic_write_text, backup_aside
@@ -196,14 +196,17 @@ def recipe_edits(ws: Workspace, plan, levers: list[Lever]) -> list[RecipeEdit]:
     why = {d: f"{where}: {plan.reasons.get(d, s.name)}" for d in ("tp", "ep", "cp", "pp", "dp_replicate")}
     micro_why = (f"{where}: PP's microbatches, {o.microbatches // s.pp} per stage" if s.pp > 1
                  else f"{where}: one microbatch per step")  # fmt: skip
-    dp_why = ("FSDP2 gathers one block at a time" if o.data_parallel == "fsdp2" else
-              "SimpleFSDP (the captured step, TP, EP and PP compose with it)")  # fmt: skip
+    dp_why = {"fsdp2": "FSDP2 gathers one block at a time",
+              REGATHERING: "SimpleFSDP gathering each weight again for its backward (eager)"}.get(
+        o.data_parallel, "SimpleFSDP (the captured step, TP, EP and PP compose with it)")  # fmt: skip
     reasons = {
         "training.batch_size": batch_why, "training.seq_len": f"{where}: --seq", "training.grad_accum": micro_why,
         "training.dtype": f"{where}: fp32 master weights and AdamW state",
         "training.mixed_precision_param": f"{where}: the compute dtype the memory model assumes",
         "training.mixed_precision_reduce": f"{where}: gradients reduced in fp32",
         "parallelism.data_parallel": f"{where}: {dp_why}", "parallelism.dp_shard": f"{where}: {s.name}",
+        "parallelism.reshard_after_forward": f"{where}: {dp_why}" if o.data_parallel == REGATHERING else
+        f"{where}: the memory model counts the gathered weights as {o.data_parallel} keeps them",
         **{f"parallelism.{d}": why[d] for d in why},
         "parallelism.sequence_parallel": f"{where}: the memory model does not count it",
         "parallelism.pp_schedule": f"{where}: the schedule the plan predicts with",

@@ -1,6 +1,7 @@
 """FSDP2 (`torch.distributed.fsdp.fully_shard`): the hook-based, eager-oriented alternative.
 
-One FSDP unit per block plus the root (embeddings, final norm, output head). The trainer
+One FSDP unit per block, one for an untied token embedding, and the root (the final norm, the
+output head, and anything else). The trainer
 calls `model.loss(...)`, not `forward`, so `loss` is registered as a forward method:
 without it the root's parameters would never be gathered before use.
 """
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard, register_fsdp_forward_method
 
@@ -31,8 +33,23 @@ def apply_fsdp2(
     )
     for owner in sorted({name.rpartition(".")[0] for name in keep_stored}):
         fully_shard(model.get_submodule(owner), mesh=dp_mesh, mp_policy=MixedPrecisionPolicy())
+    # an untied embedding is a unit of its own: gathered for its lookup and freed after it, its gradient
+    # reduced at the end of the backward, not held gathered with the root's head through the step. The
+    # head stays the root's: the loss reads its weight without calling it (no forward for FSDP2 to hook)
+    embedding = getattr(model, "tok_embeddings", None)
+    if getattr(model, "output", None) is not None and _own_unit(embedding, keep_stored, model):
+        fully_shard(embedding, mesh=dp_mesh, mp_policy=policy)
     for block in model.layers.values():
         fully_shard(block, mesh=dp_mesh, mp_policy=policy)
     fully_shard(model, mesh=dp_mesh, mp_policy=policy)
     register_fsdp_forward_method(model, "loss")
     return model
+
+
+def _own_unit(module, keep_stored: frozenset[str], model) -> bool:
+    """Whether `module` (the embedding) can be a unit of its own: a module with parameters, none of them
+    kept in their stored dtype (those owners are units already)."""
+    if not isinstance(module, nn.Module) or not any(True for _ in module.parameters()):
+        return False
+    names = {n for n, p in model.named_parameters() if any(p is q for q in module.parameters())}
+    return not names & keep_stored

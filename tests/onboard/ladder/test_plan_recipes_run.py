@@ -138,6 +138,10 @@ def test_the_big_configs_on_v7x_write_recipes_titan_core_runs(tmp_path, name):
     assert (d["ep"] > 1) == (PUBLISHED[name][0] == "qwen3_moe")
     cfg = load_config(out["recipe"])
     levers = {lv["key"]: lv for lv in out["levers"]}
-    assert cfg.compile.enable != cfg.graph_trainer.enable  # one execution mode, never both
+    assert not (cfg.compile.enable and cfg.graph_trainer.enable)  # one execution mode, never both
     if cfg.compile.enable:  # the recipe's per-block compile, kept with every degree the plan chose
         assert not levers["compile.enable"]["changed"]
+    elif not cfg.graph_trainer.enable:  # eager: the recipe's compile dropped, with titan_core's reason
+        assert levers["compile.enable"]["changed"] and "titan_core refuses" in levers["compile.enable"]["why"]
+    if out["chosen"]["data_parallel"] == "simple_fsdp_reshard":  # re-gathering: eager, as titan_core runs it
+        assert cfg.parallelism.reshard_after_forward and not cfg.compile.enable and not cfg.graph_trainer.enable

@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 from onboard.cli.app import app
 from onboard.sizing.hardware import HARDWARE
 from onboard.sizing.plan import HEADROOM, parse_target, plan_training
-from onboard.sizing.plan_memory import PlanShape, device_memory
+from onboard.sizing.plan_memory import REGATHERING, PlanShape, device_memory
 from onboard.sizing.workspace_plan import plan_workspace_target
 from onboard.workspace.layout import Workspace
 from plan_models import accepting
@@ -60,10 +60,16 @@ def test_a_layout_titan_core_refuses_is_never_chosen():
     plan, peaks = _llama8b()
     c = plan.chosen
     assert c is not None and c.refused is None and c.layout.cp > 1 and c.compile  # CP compiles per block
-    # titan_core's own refusal: pipeline stages sharded by FSDP2 (they are SimpleFSDP's)
+    # titan_core's own refusals: pipeline stages sharded by FSDP2 (they are SimpleFSDP's), and SimpleFSDP's
+    # re-gathering under per-block compile (its hooks see only an eager backward; the eager option stands)
     refused = [o for _, o, _ in peaks if o.fits and o.refused is not None]
-    assert refused and all(o.layout.pp > 1 and o.data_parallel == "fsdp2" for o in refused)
-    assert all("needs data_parallel = 'simple_fsdp', not 'fsdp2'" in o.refused for o in refused)
+    fsdp2_pp = [o for o in refused if o.layout.pp > 1 and o.data_parallel == "fsdp2"]
+    compiled_regather = [o for o in refused if o.data_parallel == REGATHERING and o.compile]
+    assert fsdp2_pp and compiled_regather and len(fsdp2_pp) + len(compiled_regather) == len(refused)
+    assert all("needs data_parallel = 'simple_fsdp', not 'fsdp2'" in o.refused for o in fsdp2_pp)
+    assert all("reshard_after_forward with per-block compile" in o.refused for o in compiled_regather)
+    eager = [o for _, o, why in peaks if o.data_parallel == REGATHERING and not o.compile and o.fits]
+    assert eager and all(o.refused is None for o in eager)
     summary = plan.to_dict()["refused"]
     assert summary["options"] == len(refused)
     assert sum(g["count"] for g in summary["reasons"]) == summary["options"]

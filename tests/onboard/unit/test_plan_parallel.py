@@ -61,7 +61,7 @@ def eager(seq=4096, **kw) -> MemSetup:
 
 
 # ---- memory ----------------------------------------------------------------------------------------------
-def test_fsdp_gathers_two_blocks_where_simple_fsdp_keeps_the_whole_model(monkeypatch):
+def test_fsdp_gathers_two_blocks_where_simple_fsdp_keeps_the_whole_model():
     _, ps, _ = shapes("llama3", "70B")
     lay = Layout(64)
     per_block = eager()
@@ -70,9 +70,9 @@ def test_fsdp_gathers_two_blocks_where_simple_fsdp_keeps_the_whole_model(monkeyp
     assert two == 2 * math.ceil(2 * (L70_P - L70_R) / 80 + L70_R)  # bf16: two blocks and the root (embed, head)
     assert device_memory(ps, lay, whole, batch=1).gathered_params == 2 * L70_P  # titan_core's SimpleFSDP today
     assert two < 2 * L70_P / 10
-    # once SimpleFSDP gathers again for the backward, it costs what FSDP2 does
-    monkeypatch.setattr(plan_memory, "SIMPLE_FSDP_REGATHERS", True)
-    assert device_memory(ps, lay, whole, batch=1).gathered_params == two
+    # SimpleFSDP gathering again for the backward (reshard_after_forward) costs what FSDP2 does
+    regathering = replace(eager(), data_parallel=plan_memory.REGATHERING)
+    assert device_memory(ps, lay, regathering, batch=1).gathered_params == two
 
 
 def test_experts_are_divided_by_ep():
@@ -232,14 +232,15 @@ def test_what_would_fit_names_a_shorter_seq_and_more_devices():
     one = plan(parse_target("h100:1"), 4096)  # 8B x 16 bytes of weights and AdamW: over one H100
     assert one.chosen is None and one.seq_len == 4096
     assert "--target h100:4 fits --seq 4096 (FSDP 4" in one.would_fit  # h100:2 is 64 GiB of weights and state
-    # 8 devices between the smallest peaks at seq 2048 and 4096: --seq 2048 fits, 4096 is not cut silently
+    # 8 devices between the smallest peaks at seq 4096 and 8192 (below 4096 the optimizer step's moment, not
+    # the activations, is the smallest peak): --seq 4096 fits, 8192 is not cut silently
     peak = {s: min(o.estimate.total for o in plan(replace(parse_target("h100:8"), memory_bytes=GIB), s).options)
-            for s in (2048, 4096)}  # fmt: skip
-    assert peak[2048] < peak[4096]
-    mid = Target("h100", 8, "cuda", int((peak[2048] + peak[4096]) / 2 / 0.9), "set by the test", 989e12, 8)
-    cut = plan(mid, 4096)
-    assert cut.chosen is None and cut.seq_len == 4096 and "--seq 2048 fits here" in cut.would_fit
-    assert plan(mid, 2048).chosen is not None
+            for s in (4096, 8192)}  # fmt: skip
+    assert peak[4096] < peak[8192]
+    mid = Target("h100", 8, "cuda", int((peak[4096] + peak[8192]) / 2 / 0.9), "set by the test", 989e12, 8)
+    cut = plan(mid, 8192)
+    assert cut.chosen is None and cut.seq_len == 8192 and "--seq 4096 fits here" in cut.would_fit
+    assert plan(mid, 4096).chosen is not None
 
 
 def test_the_search_tries_each_degree_only_where_it_applies():
