@@ -1,8 +1,9 @@
-"""AdamW with no-decay groups, and the warmup + decay learning-rate schedule."""
+"""AdamW with no-decay groups (one pair per block), and the warmup + decay learning-rate schedule."""
 
 from __future__ import annotations
 
 import math
+import re
 
 import torch
 from torch import nn
@@ -25,9 +26,30 @@ def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
     ]
 
 
+_BLOCK = re.compile(r"^(.*?\.\d+)\.")
+"""A parameter's block: the first numbered container in its name ("layers.3", "model.layers.3")."""
+
+
+def per_block(model: nn.Module, groups: list[dict]) -> list[dict]:
+    """Each group cut into one group per block (parameters outside any block: one group), in order.
+
+    The foreach AdamW step makes whole-group temporaries (the denominators: one tensor per parameter of
+    the group), so one group for the model holds a second copy of every shard a rank owns at the step's
+    peak; a group per block holds one block's. Each element's arithmetic is the same either way."""
+    block_of = {id(p): (m.group(1) if (m := _BLOCK.match(n)) else "") for n, p in model.named_parameters()}
+    out = []
+    for g in groups:
+        runs: dict[str, list] = {}
+        for p in g["params"]:
+            runs.setdefault(block_of[id(p)], []).append(p)
+        out += [{**g, "params": ps} for ps in runs.values()]
+    return out
+
+
 def build_optimizer(model: nn.Module, cfg: OptConfig) -> torch.optim.Optimizer:
     return torch.optim.AdamW(
-        param_groups(model, cfg.weight_decay), lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps, foreach=True
+        per_block(model, param_groups(model, cfg.weight_decay)), lr=cfg.lr, betas=(cfg.beta1, cfg.beta2),
+        eps=cfg.eps, foreach=True,
     )
 
 
