@@ -246,7 +246,7 @@ def _scatter(old: list, used: list[int], new: list) -> list:
 def make_step_fn(model: nn.Module, layout: StepLayout, *, scan_layers: bool = False, guard=None, tagger=None):
     """The pure step function over flat tensors that `capture_train_step` traces (and eager can run)."""
     call = _LossCall(model)
-    stacking = plan_stacking(model, layout.param_names, layout.group_of) if scan_layers else None
+    stacking = plan_stacking(model, layout.param_names, layout.group_of, layout.hypers) if scan_layers else None
     packing = _Packing(layout, stacking)
     outside = stacking.others if stacking else range(layout.n_params)
     pnames = [f"model.{layout.param_names[i]}" for i in outside]

@@ -160,15 +160,20 @@ def _block_paths(model: nn.Module) -> list[str]:
     return [paths[id(b)] for b in blocks]
 
 
-def plan_stacking(model: nn.Module, param_names: list[str], group_of: list[int]) -> Stacking:
-    """Check the blocks can be scanned and map each block parameter name to its layers' positions."""
+def plan_stacking(model: nn.Module, param_names: list[str], group_of: list[int], hypers: list) -> Stacking:
+    """Check the blocks can be scanned and map each block parameter name to its layers' positions.
+
+    A stack is updated with its first layer's group's step scalars: its layers may sit in different groups
+    (titan_core's AdamW has a group pair per block) only where those groups' constants are equal; their
+    learning rates are the recipe's under one schedule, and they step together."""
     block_names = check_scannable(model)
     pos = {name: i for i, name in enumerate(param_names)}
     index = [[pos[f"{path}.{bn}"] for path in _block_paths(model)] for bn in block_names]
     for bn, row in zip(block_names, index):
-        if len({group_of[i] for i in row}) != 1:
+        if len({hypers[group_of[i]] for i in row}) != 1:
             raise ScanError(
-                f"{bn} sits in different optimizer param groups across layers; scan updates it as one stack"
+                f"{bn} sits in optimizer param groups of different hyperparameters across layers; scan updates it "
+                "as one stack"
             )
     stacked = {i for row in index for i in row}
     return Stacking(block_names, index, [i for i in range(len(param_names)) if i not in stacked])
