@@ -1,9 +1,9 @@
 """What each rank holds while the Trainer builds a model from an HF checkpoint and takes one step, as a
 fraction of the whole model's fp32 weights: sharded from the first byte.
 
-The bench writes a llama-shaped fp32 checkpoint (default: hidden 2048, 6 layers, vocab 8192, MLP 4096,
-about 1.0 GB, no tensor over 7% of it; load_hf.py's writer, transformers' `save_pretrained` in 300 MB
-shards), then for each layout (SimpleFSDP keeping its gathered weights and re-gathering them in the
+The bench writes a llama-shaped fp32 checkpoint (default: hidden 1024, 20 layers, vocab 8192, MLP 2816,
+about 0.97 GB, each block 5% of it: a depth like a real model's, where one block in flight is a small
+part of a rank's memory; load_hf.py's writer, transformers' `save_pretrained` in 300 MB shards), then for each layout (SimpleFSDP keeping its gathered weights and re-gathering them in the
 backward, FSDP2, and tp 2 x dp re-gathering, on 4 and on 8 gloo ranks) starts the ranks. Each rank imports what the
 build will use and joins the process group, and reads its peak resident set (VmHWM): what an empty rank
 holds. Then it builds the Trainer from the recipe (`checkpoint.initial_hf` = the checkpoint: on meta,
@@ -12,7 +12,7 @@ and reads the peak again: (a) `build_ratio` = (peak - empty) / model bytes, boun
 AdamW step on one sequence of 64 tokens: (b) `step_ratio`, bound 0.7 at world 8 (fp32 master weights,
 gradients and AdamW's two states are 4 x 1/world of the model; the rest is what a step gathers).
 
-    nice python bench/sharded_build.py [--hidden 2048 --layers 6 --vocab 8192 --mlp 4096] [--worlds 4 8]
+    nice python bench/sharded_build.py [--hidden 1024 --layers 20 --vocab 8192 --mlp 2816] [--worlds 4 8]
         [--layouts simple_fsdp fsdp2 ...] [--mmap-threshold BYTES] [--out FILE]
 
 The resident set counts what the C allocator keeps, not only live tensors: glibc serves blocks under
@@ -109,7 +109,7 @@ def run_layout(ckpt: Path, work: Path, world: int, name: str, flags: list[str], 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    add_checkpoint_args(ap, layers=6, vocab=8192, mlp=4096)
+    add_checkpoint_args(ap, hidden=1024, layers=20, vocab=8192, mlp=2816)
     ap.add_argument("--worlds", type=int, nargs="+", default=[4, 8])
     ap.add_argument("--layouts", nargs="+", default=list(LAYOUTS), choices=list(LAYOUTS))
     ap.add_argument("--mmap-threshold", type=int, default=0,

@@ -45,7 +45,7 @@ from titan_core.weights.strided import ViewMap, arrange, local_box, source_box, 
 _GROUP = re.compile(r"^(.*?\.\d+\.)")
 SHOWN = 4
 """Offending tensors a refusal names (its counts say how many there are in all)."""
-MAPPED = 16 * 2**20
+MAPPED = 8 * 2**20
 """Bytes read through one opening of a file before it is opened again (`_Handles`), and the size of
 the pieces a large tensor is read in: what a read holds in memory beyond the rank's own shards."""
 
