@@ -104,7 +104,9 @@ def _cfg(*extra: str, family: str = "qwen3_moe"):
     ("extra", "world", "says"),
     [
         (("--parallelism.ep=2", "--parallelism.data_parallel=fsdp2"), 2, "simple_fsdp' only"),
-        (("--parallelism.ep=2", "--parallelism.tp=2", "--parallelism.dp_shard=2"), 4, "set tp = 1"),
+        # ep with tp runs (tests/core/dist/test_compose.py); with sequence parallel the MoE layers would route a part
+        (("--parallelism.ep=2", "--parallelism.tp=2", "--parallelism.dp_shard=2", "--parallelism.sequence_parallel"), 4,
+         "set sequence_parallel = false"),
         (("--parallelism.ep=2", "--graph_trainer.enable"), 2, "graph_trainer.enable = false"),
         (("--parallelism.ep_capacity_factor=0.5",), 1, "only ep > 1 has"),
         (("--parallelism.ep=4",), 2, "must divide dp_shard x cp"),
