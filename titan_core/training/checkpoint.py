@@ -57,6 +57,13 @@ DCP keeps one rank's copy of a non-tensor value, and pipeline stages hold differ
 stage's groups must be keys of their own (a stage given another's groups loses its learning rate)."""
 
 
+def schedule_position(lr_scheduler) -> dict[str, int]:
+    """What a checkpoint keeps of the learning-rate schedule: how far it is. Not its per-group lists (base and
+    last lrs): DCP keeps one rank's copy of a non-tensor value, and pipeline stages hold different numbers of
+    AdamW groups (one pair per block); the groups' learning rates travel with the optimizer's hyperparameters."""
+    return {"last_epoch": lr_scheduler.last_epoch, "_step_count": lr_scheduler._step_count}
+
+
 def _dist_on() -> bool:
     return dist.is_available() and dist.is_initialized()
 
@@ -152,7 +159,7 @@ class Checkpointer:
             "ranks": {f"rank_{_rank()}": buf.getvalue()},
         }
         if lr_scheduler is not None:
-            state["lr_scheduler"] = lr_scheduler.state_dict()
+            state["lr_scheduler"] = schedule_position(lr_scheduler)
         with _single_process_ok():
             dcp.save(state, checkpoint_id=tmp)
         _barrier()
@@ -203,13 +210,15 @@ class Checkpointer:
             "ranks": {key: b""},
         }
         if lr_scheduler is not None:
-            state["lr_scheduler"] = lr_scheduler.state_dict()
+            state["lr_scheduler"] = schedule_position(lr_scheduler)
         with _single_process_ok():
             dcp.load(state, checkpoint_id=path)
         set_model_state_dict(model, state["model"])
         set_optimizer_state_dict(model, optimizer, state["optimizer"], options=FLAT)
-        if lr_scheduler is not None:
-            lr_scheduler.load_state_dict(state["lr_scheduler"])
+        if lr_scheduler is not None:  # the groups' learning rates came back with the optimizer's hyperparameters
+            lr_scheduler.last_epoch = state["lr_scheduler"]["last_epoch"]
+            lr_scheduler._step_count = state["lr_scheduler"]["_step_count"]
+            lr_scheduler._last_lr = [g["lr"] for g in optimizer.param_groups]
         per_rank = torch.load(io.BytesIO(state["ranks"][key]), weights_only=True)
         if per_rank["step"] != step:
             raise ConfigError(f"checkpoint {path} holds step {per_rank['step']}, not {step}: the folder was renamed")

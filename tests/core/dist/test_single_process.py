@@ -91,7 +91,7 @@ def test_tp_degree_must_divide_the_heads():
     "argv, needle",
     [
         (["--nproc", "3", "--parallelism.dp_replicate=2"], "does not divide the world size 3"),
-        (["--nproc", "2", "--model.family=qwen3_moe", "--parallelism.tp=2"], "no plan for family 'qwen3_moe'"),
+        (["--nproc", "2", "--model.family=flux", "--parallelism.tp=2"], "no plan for family 'flux'"),
         (["--nproc", "2", "--parallelism.data_parallel=none"], "WORLD_SIZE=2 but parallelism.data_parallel = 'none'"),
         (["--nproc", "0"], "--nproc must be >= 1"),
         (["--nproc", "two"], "--nproc expects a positive integer"),
