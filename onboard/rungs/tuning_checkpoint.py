@@ -13,15 +13,10 @@ kept ends the step. The Graph Trainer's own memory policy decides for a captured
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from titan_core.config.loader import with_keys
 from titan_core.memory.estimate import format_bytes
 
 from onboard.rungs.tuning_search import BatchShape
-
-if TYPE_CHECKING:
-    from onboard.rungs.tuning_rung import Tuner
 
 STEP = "activation_checkpoint"
 MODES = ("selective", "full")
@@ -37,8 +32,9 @@ def bigger(shape: BatchShape, fixed_global: bool) -> BatchShape | None:
     return BatchShape(shape.batch_size * 2, shape.grad_accum)
 
 
-def try_checkpointing(tuner: Tuner, batch: dict, *, fixed_global: bool, precision: str) -> dict:
-    """The step (module docstring): {tried, why, modes: {mode: {same_batch_class, peak_bytes, kept, why}}}."""
+def try_checkpointing(tuner, batch: dict, *, fixed_global: bool, precision: str) -> dict:
+    """The step (module docstring) on tuning_rung's Tuner `tuner` (its holder, runs, classify, trial and notes):
+    {tried, why, modes: {mode: {same_batch_class, peak_bytes, kept, why}}}."""
     out: dict = {"tried": False, "why": "", "modes": {}}
     if tuner.cfg.graph_trainer.enable:
         out["why"] = "the Graph Trainer's memory policy decides what a captured step saves"
@@ -63,7 +59,7 @@ def try_checkpointing(tuner: Tuner, batch: dict, *, fixed_global: bool, precisio
     return out
 
 
-def _mode(tuner: Tuner, mode: str, shape: BatchShape, limit: int, precision: str) -> dict:
+def _mode(tuner, mode: str, shape: BatchShape, limit: int, precision: str) -> dict:
     key = {"activation_checkpoint.mode": mode}
     same = f"ac={mode}"
     cfg = with_keys(tuner.cfg, key)

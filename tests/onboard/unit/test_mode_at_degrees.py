@@ -30,10 +30,14 @@ def test_plain_degrees_refuse_no_mode():
     assert accepted_modes(recipe(), MODES) == (MODES, {})
 
 
-def test_context_parallel_takes_neither_compiled_mode():
-    kept, refused = accepted_modes(recipe(cp=2), MODES)
-    assert kept == ["eager"] and set(refused) == {"compile", "graph_trainer"}
-    assert all("cp" in why or "context" in why for why in refused.values())
+def test_context_parallel_takes_every_mode():
+    assert accepted_modes(recipe(cp=2), MODES) == (MODES, {})
+
+
+def test_a_pipeline_refuses_the_graph_trainer_only():
+    kept, refused = accepted_modes(recipe(pp=2, pp_schedule="gpipe"), MODES)
+    assert kept == ["eager", "compile"] and list(refused) == ["graph_trainer"]
+    assert "pp > 1 does not support graph_trainer.enable" in refused["graph_trainer"]
 
 
 def test_expert_parallel_refuses_the_graph_trainer_only():
@@ -42,14 +46,14 @@ def test_expert_parallel_refuses_the_graph_trainer_only():
 
 
 def test_degrees_refused_in_eager_too_are_not_the_modes_doing():
-    # pp with cp is refused whatever the mode: the simple_fsdp rung names that, the mode choice does not
-    assert accepted_modes(recipe(pp=2, cp=2), MODES) == (MODES, {})
+    # ep x tp with sequence parallel is refused whatever the mode: the simple_fsdp rung names that
+    assert accepted_modes(recipe("qwen3_moe", ep=2, tp=2, sequence_parallel=True), MODES) == (MODES, {})
 
 
 def test_the_only_mode_left_is_written_without_timing():
-    cfg = recipe(cp=2)
+    cfg = recipe(pp=2, pp_schedule="gpipe")
     cfg.graph_trainer.enable = True
-    edits, record = _only_mode("graph_trainer", cfg, "eager", "graph_trainer", {"graph_trainer": "refused (cp)"})
+    edits, record = _only_mode("graph_trainer", cfg, "eager", "graph_trainer", {"graph_trainer": "refused (pp)"})
     assert [(e.key, e.value) for e in edits] == [("graph_trainer.enable", False)]
     assert record["execution_mode"] == "eager" and record["decisions"][0]["figure"] == "none"
     assert "only mode titan_core runs" in record["execution_mode_why"] and record["execution_mode_refused"]
