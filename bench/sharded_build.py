@@ -3,8 +3,9 @@ fraction of the whole model's fp32 weights: sharded from the first byte.
 
 The bench writes a llama-shaped fp32 checkpoint (default: hidden 1024, 20 layers, vocab 8192, MLP 2816,
 about 0.97 GB, each block 5% of it: a depth like a real model's, where one block in flight is a small
-part of a rank's memory; load_hf.py's writer, transformers' `save_pretrained` in 300 MB shards), then for each layout (SimpleFSDP keeping its gathered weights and re-gathering them in the
-backward, FSDP2, and tp 2 x dp re-gathering, on 4 and on 8 gloo ranks) starts the ranks. Each rank imports what the
+part of a rank's memory; load_hf.py's writer, transformers' `save_pretrained` in 300 MB shards), then
+for each layout (SimpleFSDP keeping its gathered weights and re-gathering them in the backward, FSDP2,
+and tp 2 x dp re-gathering, on 4 and on 8 gloo ranks) starts the ranks. Each rank imports what the
 build will use and joins the process group, and reads its peak resident set (VmHWM): what an empty rank
 holds. Then it builds the Trainer from the recipe (`checkpoint.initial_hf` = the checkpoint: on meta,
 parallelised there, its shards made real, the checkpoint read into them; titan_core/parallel/sharded_init.py)

@@ -17,9 +17,9 @@ step (`measure`). The rows are fresh each step (data.repeat_batch off) and the s
   process the same B rows in the recipe's grad_accum micro-batches.
 - pp = 2, the recipe's pp_schedule: two stages, both ranks the same B rows in grad_accum
   micro-batches (the schedule's micro-batches); the one process the same micro-batches.
-- combinations: cp and ep together run cp = ep = 2 on the same 2 ranks (ep carved from cp); pp and
-  ep on 4 (2 stages, each over 2 data-parallel ranks the experts are split across). A combination
-  titan_core refuses (pp with cp) is checked with titan_core's own refusal first, and never launched.
+- combinations: cp and ep together run cp = ep = 2 on the same 2 ranks (ep carved from cp); pp with
+  cp or ep on 4 (2 stages, each over 2 ranks). A combination is checked with titan_core's own
+  refusal first: one it refuses (a feature of the recipe it does not run with them) is never launched.
 
 What a proof changes from the recipe, each said in the log and in the degree's `notes`: a
 seq_len that 2 x cp does not divide is cut to the largest multiple below it; rows dropped at the

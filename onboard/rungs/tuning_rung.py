@@ -378,15 +378,16 @@ def run(ctx: RungContext) -> RungResult:
     if kind != "tpu":
         ctx.log(f"tuning: TPU flags rendered, not run (no TPU here): LIBTPU_INIT_ARGS='{tpu['libtpu_init_args']}'")
     runs = Runs(ctx, base)
+    precision = gate_recipe.precision(base.training)
     # a fresh process compiles each batch shape statically: so does this one (no dynamic-shape recompile)
     with train_run.process_threads(), torch._dynamo.config.patch(automatic_dynamic_shapes=False):
         try:
             tuner = Tuner(ctx, base, runs, kind)
             tuner.block_sizes(args)
             budget, source = memory_budget(runs.device)
-            batch = tuner.batch(fixed_global=global_batch_fixed(ctx), budget=budget, budget_source=source)
-            checkpointing = try_checkpointing(tuner, batch, fixed_global=global_batch_fixed(ctx),
-                                              precision=gate_recipe.precision(base.training))  # fmt: skip
+            fixed_global = global_batch_fixed(ctx)
+            batch = tuner.batch(fixed_global=fixed_global, budget=budget, budget_source=source)
+            checkpointing = try_checkpointing(tuner, batch, fixed_global=fixed_global, precision=precision)
             flag_rows = tuner.flags(cpu_count())
             final = final_check(tuner)
             prof = profile(tuner)
@@ -395,7 +396,7 @@ def run(ctx: RungContext) -> RungResult:
     m = summarise(tuner, final, batch, prof)
     m.checkpoint_tried = checkpointing["tried"]
     m.checkpoint_why = checkpointing["why"]
-    m.checkpoint_kept_not_exact = kept_not_exact(checkpointing, gate_recipe.precision(base.training))
+    m.checkpoint_kept_not_exact = kept_not_exact(checkpointing, precision)
     run_compare.beside_eager(m, ctx.evidence)
     beside_eager_tokens(m, ctx.evidence)
     edits = recipe_edits(tuner, recipe)
@@ -407,6 +408,6 @@ def run(ctx: RungContext) -> RungResult:
         ctx.log(f"tuning: recipe keeps {e.key} = {e.value!r} ({e.why}) if the gate passes")
     final.pop("rows")
     details = {"device": str(runs.device), "decisions": tuner.decisions, "changes": tuner.changes,
-               "not_tried": tuner.notes, "batch": batch, "activation_checkpoint": checkpointing, "flags": flag_rows, "tpu_flags": tpu, "final": final,
-               "profile": prof}  # fmt: skip
+               "not_tried": tuner.notes, "batch": batch, "activation_checkpoint": checkpointing, "flags": flag_rows,
+               "tpu_flags": tpu, "final": final, "profile": prof}  # fmt: skip
     return gate_recipe.result(ctx, base, m, details, edits)

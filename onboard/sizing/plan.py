@@ -345,9 +345,10 @@ def _choice_notes(ps: PlanShape, kernels: TrainSetup, target: Target, chosen: Op
                      f"{GLOBAL_TOKENS:,} tokens ({lay.dp} data-parallel ranks x {chosen.microbatches} microbatches x "
                      f"seq {seq_len})")  # fmt: skip
     if chosen.data_parallel == "simple_fsdp":
-        notes.append("SimpleFSDP keeps every gathered bf16 weight through the backward (autograd saves it; the captured "
-                     "step never recomputes a collective): the memory model counts them all; an eager step may gather "
-                     "them again instead (parallelism.reshard_after_forward, the plan's simple_fsdp_reshard)")
+        notes.append("SimpleFSDP keeps every gathered bf16 weight through the backward (autograd saves it; the "
+                     "captured step never recomputes a collective): the memory model counts them all; an eager step "
+                     "may gather them again instead (parallelism.reshard_after_forward: the plan's "
+                     "simple_fsdp_reshard)")
     if ps.is_moe and moe_kernel(kernels, target, chosen.policy) != kernels.moe:
         notes.append(f"kernels.moe = {moe_kernel(kernels, target, chosen.policy)}: a captured step needs static-shape "
                      f"experts (an eager step's would be {kernels.moe}); verify it on the target")  # fmt: skip

@@ -114,8 +114,9 @@ def check_degrees(cfg, planned) -> dict[str, Any]:
     layers = gate_recipe.model_args(run).n_layers
     if "pp" in names and 2 * STAGES_PER_RANK[p.pp_schedule] > layers:
         p.pp_schedule = "1F1B"
-        notes.append(f"parallelism.pp_schedule 1F1B (plan: {rp.pp_schedule}): its {2 * STAGES_PER_RANK[rp.pp_schedule]} "
-                     f"stages at pp = 2 need as many layers, and the model run here has {layers}")  # fmt: skip
+        stages = 2 * STAGES_PER_RANK[rp.pp_schedule]
+        notes.append(f"parallelism.pp_schedule 1F1B (plan: {rp.pp_schedule}): its {stages} stages at pp = 2 need as "
+                     f"many layers, and the model run here has {layers}")  # fmt: skip
     if "pp" in names and run.training.grad_accum < 2:
         run.training.grad_accum = 2
         notes.append("training.grad_accum 2: a pipeline of 2 stages needs 2 microbatches at least")

@@ -37,19 +37,13 @@ def apply_fsdp2(
     # reduced at the end of the backward, not held gathered with the root's head through the step. The
     # head stays the root's: the loss reads its weight without calling it (no forward for FSDP2 to hook)
     embedding = getattr(model, "tok_embeddings", None)
-    if getattr(model, "output", None) is not None and _own_unit(embedding, keep_stored, model):
-        fully_shard(embedding, mesh=dp_mesh, mp_policy=policy)
+    if getattr(model, "output", None) is not None and isinstance(embedding, nn.Module):
+        names = {f"tok_embeddings.{n}" for n, _ in embedding.named_parameters()}
+        if names and not names & keep_stored:  # an owner of a kept parameter is a unit already
+            fully_shard(embedding, mesh=dp_mesh, mp_policy=policy)
     for block in model.layers.values():
         fully_shard(block, mesh=dp_mesh, mp_policy=policy)
     fully_shard(model, mesh=dp_mesh, mp_policy=policy)
     register_fsdp_forward_method(model, "loss")
     return model
 
-
-def _own_unit(module, keep_stored: frozenset[str], model) -> bool:
-    """Whether `module` (the embedding) can be a unit of its own: a module with parameters, none of them
-    kept in their stored dtype (those owners are units already)."""
-    if not isinstance(module, nn.Module) or not any(True for _ in module.parameters()):
-        return False
-    names = {n for n, p in model.named_parameters() if any(p is q for q in module.parameters())}
-    return not names & keep_stored

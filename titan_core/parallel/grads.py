@@ -60,11 +60,12 @@ def clip_grad_norm_(
     grads = [p.grad for p in params if id(p) not in again]
     locals_ = [local_tensor(p.grad) for p in params]
     one_rank = all(not isinstance(g, DTensor) or g.device_mesh.size() == 1 for g in grads)
-    counted = [local_tensor(g) for g in grads]
     if not grads:  # every gradient here is counted by another rank of `group`
         norm = torch.zeros((), device=locals_[0].device)
+    elif one_rank:
+        norm = total_norm([local_tensor(g) for g in grads], foreach=foreach)
     else:
-        norm = total_norm(counted, foreach=foreach) if one_rank else _mesh_norm(grads, foreach)
+        norm = _mesh_norm(grads, foreach)
     if group is not None:
         # squares summed in fp64 where the device has it, as total_norm does
         wide = torch.float64 if norm.device.type in ("cpu", "cuda") else norm.dtype

@@ -18,7 +18,7 @@ from one generator: the sharded init (sharded_init.py) draws the other stages' p
 one at a time, and drops them with their modules.
 
     check_pipeline(cfg, degrees)             # ConfigError for what pipelining does not support here
-    pipe = build_pipeline(model, cfg, mesh, device, mp, scale)  # after build_mesh, before the optimizer
+    pipe = build_pipeline(model, cfg, mesh, device, scale)  # after build_mesh, before the optimizer
     losses = pipe.run(tokens, labels, positions=..., segment_ids=...)   # one step's forward + backward
 """
 
@@ -42,11 +42,8 @@ from titan_core.models.common.moe import load_balancing_loss
 from titan_core.parallel.mesh import Degrees
 from titan_core.models.common.init_stand_in import InitRecord
 from titan_core.parallel.sharded_init import init_dtypes_of, materialise_sharded
-from titan_core.parallel.context_parallel import apply_context_parallel, fsdp_mesh
-from titan_core.parallel.expert_parallel import apply_expert_parallel
+from titan_core.parallel.apply import parallelize
 from titan_core.parallel.local import local_tensor
-from titan_core.parallel.simple_fsdp import MixedPrecision, apply_simple_fsdp
-from titan_core.parallel.tensor_parallel import apply_tensor_parallel
 from titan_core.training.model_builder import resolve_model_args
 
 STAGES_PER_RANK = {"gpipe": 1, "1F1B": 1, "interleaved1F1B": 2}
@@ -144,14 +141,14 @@ def check_pipeline_model(model: nn.Module, family: str) -> None:
 
 def cut_stages(
     model: Transformer, layer_names: list[str], *, first: bool, last: bool, device, seed: int,
-    dtype: torch.dtype, mesh: DeviceMesh | None, mp: MixedPrecision | None = None, family: str = "",
-    sequence_parallel: bool = False, expert_mesh: DeviceMesh | None = None, capacity_factor: float = 0.0,
+    dtype: torch.dtype, mesh: DeviceMesh | None, cfg: JobConfig | None = None, expert_mesh: DeviceMesh | None = None,
     draw: bool = True,
 ) -> InitRecord:
     """Keep, shard and initialise only the parts of the meta `model` this rank runs (in place).
 
-    The parts this rank runs are sharded on meta (SimpleFSDP over `mesh` with policy `mp`; no
-    `mesh`: kept whole, as one process of the stage would hold them); the sharded init
+    The parts this rank runs are parallelised on meta as the whole model would be (`parallelize` with
+    `cfg` over `mesh`, the mesh without `pp`; no `mesh`: kept whole, as one process of the stage would
+    hold them); the sharded init
     (sharded_init.py) then draws every parameter in the one-process order and keeps this rank's
     slices, so the other stages' parameters are drawn and dropped, never held together; their
     modules are deleted afterwards. `draw` False (a checkpoint fills every parameter next): no draws,
@@ -165,18 +162,8 @@ def cut_stages(
     dropped = frozenset(n for n, _ in model.named_parameters() if n.startswith(foreign))
     init_dtypes = init_dtypes_of(model)
     model.to(dtype)
-    if mesh is not None:
-        partial: frozenset[str] = frozenset()
-        if "tp" in mesh.mesh_dim_names:  # the model's own plan, as without pp; the other stages' parts too (dropped)
-            partial = apply_tensor_parallel(model, family, mesh["tp"], sequence_parallel=sequence_parallel)
-        if "cp" in mesh.mesh_dim_names:  # each stage's attention over the cp group's chunks of the same rows
-            apply_context_parallel(model, mesh["cp"])
-            mesh = fsdp_mesh(mesh)
-        kept, experts = model.params_kept_fp32(mp.param_dtype), frozenset()
-        if expert_mesh is not None:  # this pp rank's experts over its (edp, ep) ranks, as without pp
-            experts = apply_expert_parallel(model, expert_mesh, mp, kept, capacity_factor)
-        apply_simple_fsdp(model, mesh, mp, partial, kept, skip=dropped | experts)
-        model.buffers_follow(mp.param_dtype)
+    if mesh is not None:  # the other stages' parts too (their plans apply), but SimpleFSDP leaves them
+        parallelize(model, cfg, mesh, expert_mesh, skip=dropped)
     record = materialise_sharded(model, device, seed, init_dtypes=init_dtypes, cast_to=dtype, dropped=dropped,
                                  draw=draw)  # fmt: skip
     for k in [k for k in model.layers if k not in keep]:
@@ -304,7 +291,6 @@ def build_pipeline(
     cfg: JobConfig,
     mesh: DeviceMesh,
     device: torch.device,
-    mp: MixedPrecision,
     scale: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor],
     expert_mesh: DeviceMesh | None = None,
 ) -> Pipeline:
@@ -326,9 +312,8 @@ def build_pipeline(
     first, last = 0 in mine, stages - 1 in mine
     local_layers = [k for i in mine for k in per_stage[i]]
     record = cut_stages(model, local_layers, first=first, last=last, device=device, seed=cfg.training.seed,
-                        dtype=DTYPES[cfg.training.dtype], mesh=pp_submesh(mesh), mp=mp, family=cfg.model.family,
-                        sequence_parallel=p.sequence_parallel, expert_mesh=expert_mesh,
-                        capacity_factor=p.ep_capacity_factor, draw=not cfg.checkpoint.initial_hf)  # fmt: skip
+                        dtype=DTYPES[cfg.training.dtype], mesh=pp_submesh(mesh), cfg=cfg, expert_mesh=expert_mesh,
+                        draw=not cfg.checkpoint.initial_hf)  # fmt: skip
     modules = [DecoderStage(model, per_stage[i], first=i == 0, last=i == stages - 1) for i in mine]
     group = mesh.get_group("pp")
     pipe_stages = [

@@ -59,7 +59,7 @@ def apply_tensor_parallel(
     partial: set[str] = set()
     for idx, block in model.layers.items():
         where = f"layers.{idx}"
-        absent = tuple(f"{c}" for c in plan.optional if getattr(block, c, None) is None)
+        absent = tuple(c for c in plan.optional if getattr(block, c, None) is None)
 
         def applies(dotted: str, absent=absent) -> bool:
             return not any(dotted == c or dotted.startswith(f"{c}.") for c in absent)

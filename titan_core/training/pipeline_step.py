@@ -17,11 +17,19 @@ from torch.distributed.device_mesh import DeviceMesh
 from titan_core.config.sections import JobConfig
 from titan_core.data.base import Batch
 from titan_core.models.common.decoder import Transformer
-from titan_core.parallel import clip_grad_norm_, mixed_precision
+from titan_core.parallel import clip_grad_norm_
 from titan_core.parallel.context_parallel import loss_world
 from titan_core.parallel.pipeline import Pipeline, build_pipeline
 from titan_core.parallel.regather import regathering
-from titan_core.training.token_mean import micro_batch_term, valid_tokens
+from titan_core.training.token_mean import micro_batch_term, weighted_head_mean
+
+
+def stacked(batches: list[Batch]) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
+    """(tokens, labels, loss kwargs) of the micro-batches stacked on dim 0: the schedule splits them back
+    into these same micro-batches."""
+    kwargs = {k: torch.cat([b.loss_kwargs()[k] for b in batches]) for k, v in batches[0].loss_kwargs().items()
+              if v is not None}  # fmt: skip
+    return torch.cat([b.tokens for b in batches]), torch.cat([b.labels for b in batches]), kwargs
 
 
 class PipelineStep:
@@ -37,7 +45,7 @@ class PipelineStep:
         self.dp_world = loss_world(mesh)
         self.n_tokens: torch.Tensor | None = None
         """The step's global count of valid labels, set before the schedule runs (its loss_fn reads it)."""
-        self.pipe: Pipeline = build_pipeline(model, cfg, mesh, device, mixed_precision(cfg), self._term, expert_mesh)
+        self.pipe: Pipeline = build_pipeline(model, cfg, mesh, device, self._term, expert_mesh)
         self.sharded_init = self.pipe.sharded_init
         self._held_out = False
         """Whether the schedule is running a validation's forward (its loss_fn then sums, not scales)."""
@@ -46,12 +54,10 @@ class PipelineStep:
         """The sum over `batches` (training.grad_accum micro-batches, the schedule's count) of each one's
         head mean times its valid labels, through every stage, forward only; the same on every pp rank
         (the last stage computes it, an all-reduce over the pp group hands it to the others). fp32."""
-        kwargs = {k: torch.cat([b.loss_kwargs()[k] for b in batches]) for k, v in batches[0].loss_kwargs().items()
-                  if v is not None}  # fmt: skip
+        tokens, labels, kwargs = stacked(batches)
         self._held_out = True
         try:
-            sums = self.pipe.evaluate(torch.cat([b.tokens for b in batches]),
-                                      torch.cat([b.labels for b in batches]), **kwargs)  # fmt: skip
+            sums = self.pipe.evaluate(tokens, labels, **kwargs)
         finally:
             self._held_out = False
         device = batches[0].labels.device
@@ -60,9 +66,8 @@ class PipelineStep:
         return total
 
     def _term(self, loss: torch.Tensor, ce: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        if self._held_out:  # a validation's forward: the head mean weighed by its valid labels (0 for none)
-            n = valid_tokens(labels)
-            return torch.where(n > 0, ce.detach().float() * n, 0.0)
+        if self._held_out:  # a validation's forward: the head mean weighed by its valid labels
+            return weighted_head_mean(ce, labels)
         return micro_batch_term(loss, ce, labels, self.n_tokens, dp_world=self.dp_world,
                                 grad_accum=self.training.grad_accum)  # fmt: skip
 
@@ -71,12 +76,9 @@ class PipelineStep:
         rank's share of the global token-mean loss: 0 off the last stage, grad norm), on the device."""
         optimizer.zero_grad(set_to_none=True)
         self.n_tokens = n_tokens
-        # stacked on dim 0, the schedule splits them back into these same micro-batches
-        kwargs = {k: torch.cat([b.loss_kwargs()[k] for b in batches]) for k, v in batches[0].loss_kwargs().items()
-                  if v is not None}  # fmt: skip
+        tokens, labels, kwargs = stacked(batches)
         with regathering(self.cfg):  # the schedule's forwards: gathered weights gathered again in its backwards
-            losses = self.pipe.run(torch.cat([b.tokens for b in batches]), torch.cat([b.labels for b in batches]),
-                                   **kwargs)  # fmt: skip
+            losses = self.pipe.run(tokens, labels, **kwargs)
         total = torch.zeros((), device=n_tokens.device)
         for term in losses:  # in micro-batch order, as the eager step sums them
             total += term.detach().float()

@@ -46,6 +46,13 @@ def global_valid_tokens(labels: list[torch.Tensor], group=None) -> torch.Tensor:
     return n
 
 
+def weighted_head_mean(ce: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """A micro-batch's head mean times its valid labels, fp32 and detached (a held-out sum's term); 0 for a
+    micro-batch without a valid label, whose head mean is 0/0."""
+    n = valid_tokens(labels)
+    return torch.where(n > 0, ce.detach().float() * n, 0.0)
+
+
 def micro_batch_term(
     loss: torch.Tensor,
     ce: torch.Tensor,

@@ -49,7 +49,7 @@ from titan_core.config.loader import ConfigError
 from titan_core.config.sections import JobConfig
 from titan_core.data import build_data_loader
 from titan_core.data.base import IGNORE_INDEX, Batch, mix_seed
-from titan_core.training.token_mean import valid_tokens
+from titan_core.training.token_mean import valid_tokens, weighted_head_mean
 
 _SEED_SALT = 0x7A11D
 """Mixed into training.seed for synthetic held-out rows: the training rows' seed would repeat them."""
@@ -198,9 +198,7 @@ class Validator:
                             pending = []
                         continue
                     _, ce = model.loss(batch.tokens, batch.labels, **batch.loss_kwargs())
-                    n = valid_tokens(batch.labels)
-                    # a micro-batch without a valid label has a 0/0 head mean: it adds nothing
-                    total += torch.where(n > 0, ce.detach().float() * n, 0.0)
+                    total += weighted_head_mean(ce, batch.labels)
                 if pending:  # the last, short group: filled with micro-batches without a valid label (add 0)
                     blank = replace(pending[-1], labels=torch.full_like(pending[-1].labels, IGNORE_INDEX))
                     total += self.held_out_sums(pending + [blank] * (self.micro_batches - len(pending)))

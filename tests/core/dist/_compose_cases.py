@@ -17,6 +17,8 @@ if str(Path(__file__).parents[1]) not in sys.path:  # the rank workers start wit
     sys.path.insert(0, str(Path(__file__).parents[1]))
 from _cases import SEQ_LEN, tiny_cfg  # noqa: E402
 
+from titan_core.parallel.mesh import smallest_world  # noqa: E402
+
 GLOBAL_BATCH = 8
 STEPS = 3
 GRAD_ACCUM = 2
@@ -33,43 +35,44 @@ MODELS: dict[str, tuple[str, str]] = {
     "tied4": ("llama3", f"{{n_layers=4, {SHAPE}, tie_embeddings=true}}"),
 }
 
-COMBOS: dict[str, tuple[int, str, tuple[str, ...]]] = {
-    # name: (world size, model (MODELS), flags beyond the tiny run)
-    "dp2_tp2": (4, "llama3", ("--parallelism.dp_shard=2", "--parallelism.tp=2")),
-    "cp2_tp2": (4, "llama3", ("--parallelism.dp_shard=1", "--parallelism.cp=2", "--parallelism.tp=2")),
-    "cp2_tp2_sp": (4, "llama3", ("--parallelism.dp_shard=1", "--parallelism.cp=2", "--parallelism.tp=2",
+COMBOS: dict[str, tuple[str, tuple[str, ...]]] = {
+    # name: (model (MODELS), flags beyond the tiny run); its world is what the degrees fill (`world_of`)
+    "dp2_tp2": ("llama3", ("--parallelism.dp_shard=2", "--parallelism.tp=2")),
+    "cp2_tp2": ("llama3", ("--parallelism.dp_shard=1", "--parallelism.cp=2", "--parallelism.tp=2")),
+    "cp2_tp2_sp": ("llama3", ("--parallelism.dp_shard=1", "--parallelism.cp=2", "--parallelism.tp=2",
                                  "--parallelism.sequence_parallel")),
-    "dp2_cp2_compile": (4, "llama3", ("--parallelism.dp_shard=2", "--parallelism.cp=2", *COMPILE)),
-    "pp2_tp2": (4, "llama3", ("--parallelism.dp_shard=1", "--parallelism.pp=2", "--parallelism.tp=2")),
-    "pp2_dp2_compile": (4, "llama3", ("--parallelism.dp_shard=2", "--parallelism.pp=2", *COMPILE)),
-    "dp2_ep2_compile": (4, "qwen3_moe", ("--parallelism.dp_shard=4", "--parallelism.ep=2", *COMPILE)),
-    "pp2_cp2": (4, "llama3", ("--parallelism.dp_shard=1", "--parallelism.pp=2", "--parallelism.cp=2")),
-    "ep2_tp2": (4, "qwen3_moe", ("--parallelism.dp_shard=2", "--parallelism.ep=2", "--parallelism.tp=2")),
-    "pp2_ep2": (4, "qwen3_moe", ("--parallelism.dp_shard=2", "--parallelism.pp=2", "--parallelism.ep=2")),
-    "dp2_cp2_graph": (4, "llama3", ("--parallelism.dp_shard=2", "--parallelism.cp=2", "--graph_trainer.enable")),
-    "pp2_dp2_tied": (4, "tied4", ("--parallelism.dp_shard=2", "--parallelism.pp=2")),
-    "pp2_ep2_tp2": (8, "qwen3_moe", ("--parallelism.dp_shard=2", "--parallelism.pp=2", "--parallelism.ep=2",
+    "dp2_cp2_compile": ("llama3", ("--parallelism.dp_shard=2", "--parallelism.cp=2", *COMPILE)),
+    "pp2_tp2": ("llama3", ("--parallelism.dp_shard=1", "--parallelism.pp=2", "--parallelism.tp=2")),
+    "pp2_dp2_compile": ("llama3", ("--parallelism.dp_shard=2", "--parallelism.pp=2", *COMPILE)),
+    "dp2_ep2_compile": ("qwen3_moe", ("--parallelism.dp_shard=4", "--parallelism.ep=2", *COMPILE)),
+    "pp2_cp2": ("llama3", ("--parallelism.dp_shard=1", "--parallelism.pp=2", "--parallelism.cp=2")),
+    "ep2_tp2": ("qwen3_moe", ("--parallelism.dp_shard=2", "--parallelism.ep=2", "--parallelism.tp=2")),
+    "pp2_ep2": ("qwen3_moe", ("--parallelism.dp_shard=2", "--parallelism.pp=2", "--parallelism.ep=2")),
+    "dp2_cp2_graph": ("llama3", ("--parallelism.dp_shard=2", "--parallelism.cp=2", "--graph_trainer.enable")),
+    "pp2_dp2_tied": ("tied4", ("--parallelism.dp_shard=2", "--parallelism.pp=2")),
+    "pp2_ep2_tp2": ("qwen3_moe", ("--parallelism.dp_shard=2", "--parallelism.pp=2", "--parallelism.ep=2",
                                      "--parallelism.tp=2")),
-    "pp4_dp2_tied": (8, "tied4", ("--parallelism.dp_shard=2", "--parallelism.pp=4", "--parallelism.pp_schedule=gpipe")),
-    "dp2_cp2_tp2": (8, "llama3", ("--parallelism.dp_shard=2", "--parallelism.cp=2", "--parallelism.tp=2")),
-    "dp2_pp2_tp2": (8, "llama3", ("--parallelism.dp_shard=2", "--parallelism.pp=2", "--parallelism.tp=2")),
+    "pp4_dp2_tied": ("tied4", ("--parallelism.dp_shard=2", "--parallelism.pp=4", "--parallelism.pp_schedule=gpipe")),
+    "dp2_cp2_tp2": ("llama3", ("--parallelism.dp_shard=2", "--parallelism.cp=2", "--parallelism.tp=2")),
+    "dp2_pp2_tp2": ("llama3", ("--parallelism.dp_shard=2", "--parallelism.pp=2", "--parallelism.tp=2")),
 }
 
 
-def dp_degree(flags: tuple[str, ...]) -> int:
-    """The data-parallel ranks of a combination (dp_shard x dp_replicate): the ranks reading distinct rows."""
-    dp = 1
-    for f in flags:
-        if f.startswith(("--parallelism.dp_shard=", "--parallelism.dp_replicate=")):
-            dp *= int(f.split("=")[1])
-    return dp
-
-
 def combo_cfg(name: str, out: Path):
-    world, model, flags = COMBOS[name]
+    """Combination `name`'s config: each data-parallel rank reads its share of the global batch (tp, cp and
+    pp peers read the same rows)."""
+    model, flags = COMBOS[name]
     family, shape = MODELS[model]
-    return tiny_cfg(family, out, f"--model.overrides={shape}", f"--training.grad_accum={GRAD_ACCUM}", *flags,
-                    batch_size=GLOBAL_BATCH // GRAD_ACCUM // dp_degree(flags), steps=STEPS)  # fmt: skip
+    cfg = tiny_cfg(family, out, f"--model.overrides={shape}", f"--training.grad_accum={GRAD_ACCUM}", *flags,
+                   steps=STEPS)  # fmt: skip
+    p = cfg.parallelism
+    cfg.training.batch_size = GLOBAL_BATCH // GRAD_ACCUM // (p.dp_shard * p.dp_replicate)
+    return cfg
+
+
+def world_of(name: str) -> int:
+    """The ranks combination `name`'s degrees fill."""
+    return smallest_world(combo_cfg(name, Path("unused")).parallelism)
 
 
 def reference_cfg(model: str, out: Path):
@@ -79,4 +82,4 @@ def reference_cfg(model: str, out: Path):
                     "--parallelism.data_parallel=none", batch_size=GLOBAL_BATCH // GRAD_ACCUM, steps=STEPS)  # fmt: skip
 
 
-__all__ = ["COMBOS", "MODELS", "SEQ_LEN", "combo_cfg", "reference_cfg"]
+__all__ = ["COMBOS", "MODELS", "SEQ_LEN", "combo_cfg", "reference_cfg", "world_of"]

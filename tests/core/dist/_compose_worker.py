@@ -16,7 +16,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).parent))
 
 import torch  # noqa: E402
-from _compose_cases import COMBOS, STEPS, combo_cfg  # noqa: E402
+from _compose_cases import COMBOS, STEPS, combo_cfg, world_of  # noqa: E402
 from _sharded_init_worker import one_process  # noqa: E402
 from torch.distributed.tensor import DTensor  # noqa: E402
 
@@ -64,7 +64,7 @@ def run(name: str, out: Path) -> dict:
 
 def main(world: int, out: Path) -> None:
     with distributed.process_group(torch.device("cpu"), timeout_s=180) as state:
-        res = {name: run(name, out) for name, (w, _, _) in COMBOS.items() if w == world}
+        res = {name: run(name, out) for name in COMBOS if world_of(name) == world}
         (out / f"rank_{state.rank}.json").write_text(json.dumps(res))
 
 

@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import pytest
 from _cases import max_rel, run_worker, tiny_cfg
-from _compose_cases import COMBOS, reference_cfg
+from _compose_cases import COMBOS, combo_cfg, reference_cfg, world_of
 
 from titan_core.config.loader import ConfigError
 from titan_core.parallel import check_parallelism
+from titan_core.parallel.mesh import smallest_world
 from titan_core.training.trainer import Trainer
 
 COMPOSE_REL = 1.0e-5
@@ -34,20 +35,14 @@ def _reference(model: str, out) -> dict:
     return {"loss": [r["loss"] for r in rows], "grad_norm": [r["grad_norm"] for r in rows]}
 
 
-def _expected_mesh(flags: tuple[str, ...]) -> dict[str, int]:
-    named = {f.split("=")[0].removeprefix("--parallelism."): int(f.split("=")[1])
-             for f in flags if f.startswith("--parallelism.") and "=" in f and f.split("=")[1].isdigit()}  # fmt: skip
-    return {n: v for n, v in named.items() if v > 1 and n != "ep"}
-
-
 @pytest.mark.parametrize("world", [4, 8])
 def test_every_combination_matches_one_process(tmp_path, world):
-    names = [n for n, (w, _, _) in COMBOS.items() if w == world]
+    names = [n for n in COMBOS if world_of(n) == world]
     ranks = run_worker(str(world), world, tmp_path, worker="_compose_worker.py", timeout_s=420 if world == 8 else 300)
-    refs = {fam: _reference(fam, tmp_path) for fam in {COMBOS[n][1] for n in names}}
+    refs = {m: _reference(m, tmp_path) for m in {COMBOS[n][0] for n in names}}
     for name in names:
-        _, model, flags = COMBOS[name]
-        got = ranks[0][name]
+        model, flags = COMBOS[name]
+        p, got = combo_cfg(name, tmp_path).parallelism, ranks[0][name]
         # the sharded init (parallelised on meta, each rank's shards drawn) is the one-process init, bit for bit
         assert all(r[name]["init_compared"] > 0 and r[name]["init_unequal"] == [] for r in ranks), name
         for key in ("loss", "grad_norm"):
@@ -55,14 +50,13 @@ def test_every_combination_matches_one_process(tmp_path, world):
             assert err <= COMPOSE_REL, f"{name}: {key} {got[key]} vs one process {refs[model][key]} ({err:.2e})"
         # every rank logs the same global loss (the pipeline's too: the last stage's, shared)
         assert all(r[name]["loss"] == got["loss"] for r in ranks), name
-        mesh = {n: v for n, v in got["mesh"].items() if v > 1}
-        assert _expected_mesh(flags).items() <= mesh.items(), (name, mesh)
+        asked = {n: getattr(p, n) for n in ("pp", "dp_replicate", "dp_shard", "cp", "tp") if getattr(p, n) > 1}
+        assert asked.items() <= got["mesh"].items(), (name, got["mesh"])
         assert (got["compiled"] > 0) == ("--compile.enable" in flags), name
         assert got["captured"] == ("--graph_trainer.enable" in flags), name
         assert got["ep_dispatch"] == ("--parallelism.ep=2" in flags), name  # the experts split, not just sharded
-        pp = next((int(f.split("=")[1]) for f in flags if f.startswith("--parallelism.pp=")), 1)
-        if pp > 1:  # one stage per pp rank, every stage present in the world
-            assert sorted({r[name]["stages"][0] for r in ranks}) == list(range(pp))
+        if p.pp > 1:  # one stage per pp rank, every stage present in the world
+            assert sorted({r[name]["stages"][0] for r in ranks}) == list(range(p.pp))
         if model == "tied4":  # the tied weight's copies (first and last stage, each on 2 dp ranks) equal after 3 steps
             held = [r[name]["embedding"] for r in ranks if r[name]["embedding"] is not None]
             assert len(held) == 4 and len(set(held)) == 1, name
@@ -77,18 +71,10 @@ REFUSED = {
 }
 
 
-def _world(flags: tuple[str, ...]) -> int:
-    """The ranks the flags' degrees fill (ep is carved from dp_shard: no ranks of its own)."""
-    world = 1
-    for f in flags:
-        name, _, value = f.removeprefix("--parallelism.").partition("=")
-        world *= int(value) if name in ("pp", "dp_shard", "cp", "tp") else 1
-    return world
-
-
 @pytest.mark.parametrize("flags", list(REFUSED), ids=["_".join(f.split(".")[-1] for f in fl) for fl in REFUSED])
 def test_still_refused_combinations_say_why_in_one_line(tmp_path, flags):
     family = "qwen3_moe" if "--parallelism.ep=2" in flags else "llama3"  # the MoE model where ep is asked
+    cfg = tiny_cfg(family, tmp_path, *flags)
     with pytest.raises(ConfigError) as e:
-        check_parallelism(tiny_cfg(family, tmp_path, *flags), _world(flags))
+        check_parallelism(cfg, smallest_world(cfg.parallelism))
     assert REFUSED[flags] in str(e.value) and "\n" not in str(e.value)

@@ -239,7 +239,7 @@ def _same_run(got: dict, want: dict, param_rel: float = PP_REL) -> None:
     # the held-out loss where validation ran (through the stages), at the same steps over the same tokens
     assert got["val_tokens"] == want["val_tokens"]
     held = [i for i, v in enumerate(want["val_loss"]) if v is not None]
-    assert all(got["val_loss"][i] is not None for i in held) and sum(v is not None for v in got["val_loss"]) == len(held)
+    assert [i for i, v in enumerate(got["val_loss"]) if v is not None] == held
     if held:
         assert curve_max_rel([got["val_loss"][i] for i in held], [want["val_loss"][i] for i in held])[0] <= PP_REL
     assert set(got["params"]) == set(want["params"])  # the stages together hold the whole model once
@@ -263,7 +263,7 @@ def test_pp2_stage_placement(pp2):
     assert (r0["interleaved1F1B"]["stages"], r1["interleaved1F1B"]["stages"]) == ([0, 2], [1, 3])
     assert (r0["interleaved1F1B"]["layers"], r1["interleaved1F1B"]["layers"]) == (["0", "2"], ["1", "3"])
     assert (r0["layers_1_3"]["layers"], r1["layers_1_3"]["layers"]) == (["0"], ["1", "2", "3"])
-    for name in CASES:  # the embedding on the first stage only (and its copy on the last when tied), the head on the last
+    for name in CASES:  # the embedding on the first stage only (a copy on the last when tied), the head on the last
         tied = name == "tied"
         assert (r0[name]["has_embedding"], r1[name]["has_embedding"]) == (True, tied)
         if tied:  # no head of its own: the embedding's copy is its weight

@@ -104,7 +104,8 @@ def test_a_combination_titan_core_refuses_fails_the_gate_without_a_launch(narrow
 
     def refusing_the_pair(cfg, world):
         if cfg.parallelism.cp > 1 and cfg.parallelism.pp > 1:
-            raise ConfigError(f"parallelism.cp = {cfg.parallelism.cp} with pp = {cfg.parallelism.pp}: a stand-in refusal")
+            p = cfg.parallelism
+            raise ConfigError(f"parallelism.cp = {p.cp} with pp = {p.pp}: a stand-in refusal")
         return check(cfg, world)
 
     monkeypatch.setattr(parallel_degrees, "check_parallelism", refusing_the_pair)

@@ -29,7 +29,8 @@ class StandInTuner:
 
     def trial(self, step, label, values):
         self.timed.append(label)
-        return {"kept": label in self.kept, "why": "faster" if label in self.kept else "not faster", "class": "rounding"}
+        kept = label in self.kept
+        return {"kept": kept, "why": "faster" if kept else "not faster", "class": "rounding"}
 
     def note(self, step, what, why, **extra):
         self.notes.append((what, why))
