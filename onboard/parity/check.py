@@ -147,7 +147,7 @@ def _run(root, res, m, weights_dir, batch, seq_len, seed, attn_implementation) -
     if ws.hf_config_path is not None and ws.hf_config_path.name == TWIN:
         # a feature the full model declares counts as exercised only where the twin holds it too
         full = read_hf_config(ws.hf_config_path.with_name(HF_CONFIG))
-        features.not_held(declared, config_object(full), f"the twin ({TWIN})")
+        features.not_held(declared, config_object(full), f"the twin ({TWIN})", hf.config)
     _combine(res, m, passes, declared)
 
 

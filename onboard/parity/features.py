@@ -17,6 +17,10 @@ a second pass ("features") with weights scaled until every soft-cap clips. Decla
 - padding, `pad_token_id`: pad ids in the batch (the last feature_pad_fraction of the
   first sequence: right padding).
 
+Where parity runs a twin, a feature of the full model's config the twin does not hold is
+declared and never exercised (`not_held`), and so is the GQA ratio (`gqa_ratio`) where the
+twin's query heads per key/value head differ from the full model's.
+
 "Clipped" is abs(x) >= cap: there the cap removes at least 24% of the value (tanh(1) = 0.76).
 Scores are read from inside the upstream's own eager attention (its module's
 `eager_attention_forward`, wrapped for the forward), pre-cap logits from the output
@@ -368,17 +372,36 @@ def _then(earlier: str, now: str) -> str:
     return f"{earlier}; then {now}" if earlier else now
 
 
-def not_held(features: dict[str, Feature], full_config, holder: str) -> list[str]:
+def not_held(features: dict[str, Feature], full_config, holder: str, twin_config=None) -> list[str]:
     """Where parity ran a twin: each feature the full model's config (`full_config`) declares and the
     twin's (`features`, declared from what the twin holds) does not, marked declared and exercised by
-    no pass, since the twin dropped it. Returns their names."""
+    no pass, since the twin dropped it; and, given the twin's config (`twin_config`), `gqa_ratio` where
+    the twin's query heads per key/value head differ from the full model's (a --twin-width that cannot
+    hold them, onboard/sizing/twin_heads.py): the key/value expansion parity ran is not the full
+    model's. Returns their names."""
     dropped = []
     for name, f in declare(full_config).items():
         if f.declared and not features[name].declared:
             how = f"the full model's config.json declares it, {holder} does not hold it: no parity pass ran it"
             features[name] = Feature(name, f.label, True, False, how=how, config=f.config)
             dropped.append(name)
+    full, twin = heads(full_config), heads(twin_config) if twin_config is not None else None
+    if full and twin and full[0] // full[1] != twin[0] // twin[1]:
+        layout = {"full": f"{full[0]}:{full[1]}", "twin": f"{twin[0]}:{twin[1]}"}
+        how = (f"full {layout['full']}, twin {layout['twin']}: the twin's key/value expansion groups differ; "
+               f"{holder} does not hold the full model's GQA ratio, no parity pass ran it")  # fmt: skip
+        features["gqa_ratio"] = Feature("gqa_ratio", "GQA ratio", True, False, how=how, config=layout)
+        dropped.append("gqa_ratio")
     return dropped
+
+
+def heads(config) -> tuple[int, int] | None:
+    """(query heads, key/value heads) of an upstream config, or None where it names no head counts."""
+    c = _text_config(config)
+    n = getattr(c, "num_attention_heads", None)
+    kv = getattr(c, "num_key_value_heads", None) or n
+    ok = all(isinstance(x, int) and not isinstance(x, bool) and x > 0 for x in (n, kv))
+    return (n, kv) if ok else None
 
 
 def idle(features: dict[str, Feature]) -> list[str]:

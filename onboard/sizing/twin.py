@@ -17,10 +17,14 @@ a CPU):
   that is not periodic); per-layer lists (layer_types, mlp_only_layers, no_rope_layers) are
   rewritten for the layers kept;
 - heads (onboard/sizing/twin_heads.py): MHA stays MHA, MQA keeps its one key/value head, GQA
-  keeps at least 2 key/value heads and its ratio where HEADS_WIDTH allows (32:8 -> 8:2);
-- hidden_size: WIDTH, or query heads x head_dim where the config derives head_dim from it
-  (no head_dim, or head_dim null) and a multiple of the query heads where its class demands that;
-- intermediate sizes (dense, expert, shared expert): scaled with hidden_size;
+  keeps 2 key/value heads and its ratio (32:8 -> 8:2, 64:8 -> 16:2, 64:4 -> 32:2), head_dim kept;
+- hidden_size: WIDTH whatever the heads, so twins of every family are equally wide. Where the
+  full config derives head_dim from hidden_size (no head_dim, or head_dim null) and the family
+  and its upstream class read an explicit one (Llama, Mistral, Mixtral), the twin's config.json
+  says head_dim explicitly; where the family derives it whatever the config says, hidden_size is
+  query heads x head_dim, the narrowest width that keeps the ratio. A multiple of the query heads
+  where the config class demands that, and of MULTIPLE (16, for float8's scaled matmul) where free;
+- intermediate sizes (dense, expert, shared expert): scaled with hidden_size, multiples of MULTIPLE;
 - vocab_size: VOCAB (token ids past it are moved to the same distance from its end);
 - a sliding window longer than WINDOW: WINDOW, so a short run's sequence crosses it;
 - experts: at most max(EXPERTS, 2 x top-k) (or `experts`), top-k kept and below the count.
@@ -37,6 +41,7 @@ field. The table's rows of what was kept are read from the twin itself.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -46,7 +51,7 @@ from titan_core.models.flux.config import flux_of_args
 
 from onboard.sizing.flux_twin import derive_flux_twin
 from onboard.sizing.shrink import moved_token_ids, shrinks, shrunk
-from onboard.sizing.twin_heads import WIDTH, HeadsError, kind, twin_heads
+from onboard.sizing.twin_heads import MULTIPLE, WIDTH, HeadsError, kind, ratio, twin_heads
 from onboard.sizing.twin_layers import (
     describe_layers, kinds_label, layer_kinds, pattern_layers, select_layers, select_lists,
 )  # fmt: skip
@@ -54,8 +59,6 @@ from onboard.sizing.twin_layers import (
 VOCAB = 2048
 WINDOW = 64
 """The debug models' shapes (titan_core/models/*/flavors.py): vocab 2048, window 64 (WIDTH: dim 256)."""
-MULTIPLE = 16
-"""Intermediate widths are rounded to a multiple of this (matmul-friendly, never below it)."""
 EXPERTS = 16
 """At most max(EXPERTS, 2 x top-k) experts: the reference expert loop (and HF's) runs a handful of
 small ops per expert, so 128 experts make a training step take seconds on a busy 2-core CPU, while
@@ -156,10 +159,14 @@ def derive_twin(
             rows.append(TwinRow(key, old, value, why))
 
     kept = _layers(cfg, twin, full, layers, put, rows)
-    # the class computes head_dim as hidden_size // heads when the config gives none (absent or null)
+    # the class computes head_dim as hidden_size // heads when the config gives none (absent or null):
+    # the twin says it explicitly where the family reads it, else its width is heads x head_dim
     derived = cfg.get(names["head_dim"]) is None
-    width_free = bool(getattr(adapter, "width_free", lambda c: True)(cfg)) and not derived
-    dim, heads = _heads_and_width(full, width, derived, width_free, put)
+    derives = derived and not _reads_head_dim(adapter, cfg, names["head_dim"], full)
+    if derived and not derives:
+        twin[names["head_dim"]] = full.head_dim
+    width_free = bool(getattr(adapter, "width_free", lambda c: True)(cfg)) and not derives
+    dim, heads = _heads_and_width(full, width, derives, width_free, put)
     scale = dim / full.dim
     put(
         "ffn_hidden_dim",
@@ -193,7 +200,7 @@ def derive_twin(
 
     args, _ = adapter.args_from_hf(twin)
     _check_faithful(full, cfg, args, twin, kept, heads)
-    rows += _kept_rows(full, cfg, args, twin)
+    rows += _kept_rows(full, cfg, args, twin, explicit=derived and not derives)
     return Twin(config=twin, rows=rows, full_args=full, args=args, layers=kept)
 
 
@@ -219,31 +226,74 @@ def _layers(cfg: dict, twin: dict, full: TransformerArgs, layers: int | None, pu
 
 
 def _heads_and_width(
-    full: TransformerArgs, width: int | None, derived: bool, width_free: bool, put
+    full: TransformerArgs, width: int | None, derives: bool, width_free: bool, put
 ) -> tuple[int, tuple[int, int]]:
     """Put the twin's heads and hidden_size (onboard/sizing/twin_heads.py); (hidden_size, (query heads,
-    key/value heads))."""
+    key/value heads)). `derives`: the family derives head_dim from hidden_size whatever the config says."""
     if width is not None and width < 1:
         raise TwinError(f"--twin-width {width}: must be a positive integer")
+    if width is not None and not derives and width % MULTIPLE:
+        near = sorted({width // MULTIPLE * MULTIPLE, -(-width // MULTIPLE) * MULTIPLE} - {0})
+        raise TwinError(
+            f"--twin-width {width}: a twin's widths are multiples of {MULTIPLE} (float8's scaled matmul needs "
+            f"dimensions divisible by 16); e.g. --twin-width {', '.join(map(str, near))}"
+        )
     try:
-        heads = twin_heads(full, width=width, derived=derived)
+        heads = twin_heads(full, width=width, derives=derives)
     except HeadsError as e:
         raise TwinError(str(e)) from None
     h, kv, hd = heads.n_heads, heads.n_kv_heads, full.head_dim
     target = width if width is not None else WIDTH
-    if derived:
-        dim, why_dim = h * hd, f"query heads x head_dim ({h} x {hd}): the config derives head_dim from it"
-    elif width_free:
-        dim, why_dim = target, "--twin-width" if width is not None else f"the debug models' width ({WIDTH})"
+    if derives:
+        dim, why_dim = h * hd, f"query heads x head_dim ({h} x {hd}): this model derives head_dim from it"
+        if width is None and kind(full) != "MHA":
+            why_dim += f", so this is the narrowest width that keeps the GQA ratio {ratio(full)}"
     else:
-        dim = -(-target // h) * h
-        why_dim = f"a multiple of the {h} query heads, which this config class requires"
+        dim, why_dim = target, "--twin-width" if width is not None else (
+            f"the debug models' width ({WIDTH}) whatever the heads, as for every family")  # fmt: skip
+        step = MULTIPLE if width_free else math.lcm(MULTIPLE, h)
+        if dim % step:
+            dim = -(-target // step) * step
+            why_dim = f"{target} rounded up to a multiple of the {h} query heads, which this config class requires"
     if dim > full.dim:
         dim, h, kv, why_dim = full.dim, full.n_heads, full.n_kv_heads, "the full model is no wider"
     put("n_heads", h, heads.why)
     put("n_kv_heads", kv, heads.why)
     put("dim", dim, why_dim)
     return dim, (h, kv)
+
+
+def _reads_head_dim(adapter: Any, cfg: dict, key: str, full: TransformerArgs) -> bool:
+    """Whether an explicit head_dim written into a config that derives it is read as written: by the
+    adapter, and upstream by the class of its model_type. A family's own model_types are read as its
+    adapter reads them (Llama, Mistral and Qwen2's classes take an explicit head_dim); another class
+    must declare head_dim (MixtralConfig does): one that does not keeps the key as a stray attribute,
+    and its model may derive head_dim from hidden_size regardless (Falcon's attention)."""
+    probe = 2 * full.head_dim
+    try:
+        read = adapter.args_from_hf({**cfg, key: probe})[0].head_dim
+    except Exception:  # noqa: BLE001 -- whatever the adapter refuses the key with: it does not take one
+        return False
+    if read != probe:
+        return False
+    model_type = cfg.get("model_type")
+    return model_type in getattr(adapter, "hf_model_types", ()) or _upstream_declares(model_type, key) is not False
+
+
+def _upstream_declares(model_type: Any, key: str) -> bool | None:
+    """Whether transformers' config class of `model_type` declares `key`; None where transformers is
+    not installed or has no such model_type (the adapter's reading then decides)."""
+    try:  # lazy: the [hf] extra
+        from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+    except ImportError:
+        return None
+    if not isinstance(model_type, str) or model_type not in CONFIG_MAPPING:
+        return None
+    try:
+        cls = CONFIG_MAPPING[model_type]
+    except Exception:  # noqa: BLE001 -- a class transformers cannot import here: nothing to say
+        return None
+    return any(key in vars(c) or key in vars(c).get("__annotations__", {}) for c in cls.__mro__)
 
 
 def _listed_window(cfg: dict, key: str) -> int | None:
@@ -304,12 +354,23 @@ def _check_faithful(
     )
 
 
-def _kept_rows(full: TransformerArgs, cfg: dict, twin: TransformerArgs, twin_cfg: dict) -> list[TwinRow]:
-    """The structural features, one row each, the twin column read from the twin itself."""
-    hd = TwinRow("head_dim", full.head_dim, twin.head_dim, "kept")
-    ratio = f"{twin.n_heads // twin.n_kv_heads} query heads a key/value head"
+def _kept_rows(
+    full: TransformerArgs, cfg: dict, twin: TransformerArgs, twin_cfg: dict, *, explicit: bool = False
+) -> list[TwinRow]:
+    """The structural features, one row each, the twin column read from the twin itself. `explicit`: the
+    twin's config says head_dim where the full one derives it from hidden_size."""
+    why_hd = "kept" + (", written into the twin's config (the full config derives it from hidden_size)" if explicit
+                       else "")  # fmt: skip
+    hd = TwinRow("head_dim", full.head_dim, twin.head_dim, why_hd)
+    per = f"{ratio(twin)} query heads a key/value head"
+    if ratio(twin) == ratio(full) or kind(full) == "MHA":
+        why_ratio = f"{kind(twin)}, {per}"
+    else:
+        why_ratio = (f"{kind(twin)}, {per}: the full model's ratio {ratio(full)} is not kept, so the twin's "
+                     "key/value expansion groups differ (parity names gqa_ratio among the features the twin does "
+                     "not hold)")  # fmt: skip
     out = [hd, TwinRow("GQA ratio", f"{full.n_heads}:{full.n_kv_heads}", f"{twin.n_heads}:{twin.n_kv_heads}",
-                       f"{kind(twin)}, {ratio}")]  # fmt: skip
+                       why_ratio)]  # fmt: skip
     full_kinds, twin_kinds = kinds_label(full, cfg), kinds_label(twin, twin_cfg)
     if "," in full_kinds:
         out.append(TwinRow("layer kinds", full_kinds, twin_kinds, "at least one layer of each kind"))

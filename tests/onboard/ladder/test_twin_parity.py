@@ -1,7 +1,7 @@
 """Parity on the default twin of a GQA model catches a key/value expansion in the wrong order.
 
-Llama-3.2-1B has 32 query heads on 8 key/value heads, as Llama-3.1-8B has (the 1B's twin is 256
-wide, the 8B's 1024 since it derives head_dim from hidden_size: parity here costs a quarter). A
+Llama-3.2-1B has 32 query heads on 8 key/value heads, as Llama-3.1-8B has (both twins are 256
+wide with 8:2 heads; the 1B's heads are 64 wide, the 8B's 128: parity here costs less). A
 port that expands the key/value heads with `repeat` (heads 0..7, 0..7, ...) where upstream uses
 `repeat_interleave` (0,0,0,0, 1,1,1,1, ...) pairs most query heads with the wrong keys. A twin
 with one key/value head cannot show it (both orders copy the one head); the default twin keeps

@@ -41,12 +41,13 @@ def test_twin_keeps_every_structural_feature(name):
     full, small = twin.full_args, twin.args
     for f in KEPT:
         assert getattr(small, f) == getattr(full, f), f
-    # GQA stays GQA with 2 key/value heads, its ratio kept or (past 1024 query wide) shrunk, as its row says
+    # GQA stays GQA with 2 key/value heads and its ratio, as its row says; head_dim kept, explicit in the twin
     ratio, kept_ratio = full.n_heads // full.n_kv_heads, small.n_heads // small.n_kv_heads
     heads_row = next(r for r in twin.rows if r.field == "num_attention_heads")
-    assert small.n_kv_heads == 2 and 2 <= kept_ratio <= ratio
-    assert (kept_ratio == ratio) == ("kept" in heads_row.why)
-    assert (kept_ratio < ratio) == ("--twin-width" in heads_row.why)
+    assert small.n_kv_heads == 2 and kept_ratio == ratio
+    assert "kept" in heads_row.why and "--twin-width" not in heads_row.why
+    assert twin.config.get("head_dim", cfg.get("head_dim")) == full.head_dim == small.head_dim
+    assert small.dim == 256  # every family's twin equally wide, whatever its heads
     assert small.n_layers == 2 and small.vocab_size == 2048
     assert small.dim < full.dim and small.ffn_hidden_dim < full.ffn_hidden_dim
     assert twin.config["model_type"] == cfg["model_type"] and twin.config["architectures"] == cfg["architectures"]
@@ -65,9 +66,10 @@ def test_twin_table_of_qwen3_235b():
     _, _, twin = twin_of("Qwen3-235B-A22B")
     rows = {r.field: r for r in twin.rows}
     assert (rows["num_hidden_layers"].full, rows["num_hidden_layers"].twin) == (94, 2)
-    assert (rows["num_attention_heads"].twin, rows["num_key_value_heads"].twin) == (6, 2)  # GQA 64:4 -> 6:2
-    assert "GQA ratio 16 shrunk to 3" in rows["num_key_value_heads"].why and "--twin-width 4096 keeps it" in rows[
-        "num_key_value_heads"].why  # fmt: skip
+    assert (rows["num_attention_heads"].twin, rows["num_key_value_heads"].twin) == (32, 2)  # GQA 64:4 -> 32:2
+    assert "GQA ratio 16 kept with 2 key/value heads" in rows["num_key_value_heads"].why
+    assert (rows["GQA ratio"].full, rows["GQA ratio"].twin) == ("64:4", "32:2")
+    assert (rows["hidden_size"].full, rows["hidden_size"].twin) == (4096, 256)
     assert (rows["moe_intermediate_size"].full, rows["moe_intermediate_size"].twin) == (1536, 96)  # x 256/4096
     assert (rows["num_experts"].full, rows["num_experts"].twin, rows["top_k"].twin) == (128, 16, 8)  # 2 x top-8
     assert rows["bos_token_id"].twin == 2048 - (151936 - 151643)
@@ -76,13 +78,20 @@ def test_twin_table_of_qwen3_235b():
 
 
 def test_width_rules_follow_the_config_class():
-    # Llama derives head_dim from hidden_size: the width is heads x head_dim, the knob must agree
+    # Llama's config derives head_dim from hidden_size, but LlamaConfig and the adapter read an explicit one:
+    # the twin writes head_dim 128 and stays 256 wide with the ratio's 16:2 heads
     _, _, llama = twin_of("Llama-3.1-70B")
-    assert (llama.args.dim, llama.args.n_heads, llama.args.head_dim) == (768, 6, 128)  # 64:8 as 6:2
-    with pytest.raises(TwinError, match=r"--twin-width 1000: .* head_dim 128.* e\.g\. --twin-width 768, 2048$"):
+    assert (llama.args.dim, llama.args.n_heads, llama.args.n_kv_heads, llama.args.head_dim) == (256, 16, 2, 128)
+    assert llama.config["head_dim"] == 128 and llama.config["hidden_size"] == 256
+    # a width is a multiple of 16 (float8's scaled matmul), the knob must agree
+    with pytest.raises(TwinError, match=r"--twin-width 1000: .*multiples of 16.* e\.g\. --twin-width 992, 1008$"):
         twin_of("Llama-3.1-70B", width=1000)
-    _, _, wide = twin_of("Llama-3.1-70B", width=2048)  # the width that keeps the ratio 8
+    _, _, wide = twin_of("Llama-3.1-70B", width=2048)  # a wider twin keeps the same heads
     assert (wide.args.dim, wide.args.n_heads, wide.args.n_kv_heads) == (2048, 16, 2)
+    # LlamaConfig wants hidden_size a multiple of the query heads: 128:8 keeps 32:2, so 272 rounds up to 288
+    _, _, big = twin_of("Llama-3.1-405B", width=272)
+    assert (big.args.dim, big.args.n_heads, big.args.n_kv_heads) == (288, 32, 2)
+    assert "a multiple of the 32 query heads" in next(r.why for r in big.rows if r.field == "hidden_size")
     # Qwen3 has an explicit head_dim: the width is free
     _, _, qwen = twin_of("Qwen3-8B", width=384)
     assert (qwen.args.dim, qwen.args.head_dim, qwen.args.n_heads, qwen.args.n_kv_heads) == (384, 128, 8, 2)
@@ -196,7 +205,7 @@ def test_new_model_twin_knobs_are_bad_input(tmp_path):
 
 
 @pytest.mark.hf
-@pytest.mark.parametrize("name", ["Llama-3.1-8B", "Qwen3-235B-A22B", "Mistral-7B-v0.1"])
+@pytest.mark.parametrize("name", ["Llama-3.1-8B", "Llama-3.1-70B", "Qwen3-235B-A22B", "Mistral-7B-v0.1", "Qwen2.5-7B"])
 def test_upstream_twin_has_the_native_twins_names_and_shapes(name, tmp_path):
     transformers = pytest.importorskip("transformers", reason="needs the [hf] extra")
     import torch

@@ -1,7 +1,8 @@
 """What a twin keeps that parity needs (onboard/sizing/twin_heads.py, twin_layers.py): the heads'
-layout (at least 2 key/value heads, the GQA ratio where it fits), one layer of each kind of a
-pattern that is not periodic, a working twin of a config whose head_dim is null, and features
-counted as exercised only where the twin holds them (onboard/parity/features.py `not_held`).
+layout (2 key/value heads and the GQA ratio, head_dim, at the same width for every family), one
+layer of each kind of a pattern that is not periodic, a working twin of a config whose head_dim is
+null, and features counted as exercised only where the twin holds them (onboard/parity/features.py
+`not_held`), a GQA ratio a --twin-width could not keep among them.
 """
 
 from __future__ import annotations
@@ -36,33 +37,48 @@ def llama(heads: int, kv: int) -> dict:
 @pytest.mark.parametrize(
     "cfg, heads, kv, dim",
     [
-        (llama(32, 8), 8, 2, 1024),  # GQA 4: kept, with 2 key/value heads
+        (llama(32, 8), 8, 2, 256),  # GQA 4: kept, with 2 key/value heads; head_dim written, the width free
         (PUBLISHED["Qwen3-0.6B"][2], 4, 2, 256),  # GQA 2 (16:8), width free
         (llama(32, 32), 2, 2, 256),  # MHA stays MHA
-        (llama(32, 1), 3, 1, 384),  # MQA keeps its one key/value head; 32 query heads of 128 shrink to 3
-        (PUBLISHED["Llama-3.1-70B"][2], 6, 2, 768),  # GQA 8 of 128 passes 1024: 3, the row names what keeps it
+        (llama(32, 1), 32, 1, 256),  # MQA keeps its one key/value head and its 32 query heads (the ratio)
+        (PUBLISHED["Llama-3.1-70B"][2], 16, 2, 256),  # GQA 8 of 128: kept as 16:2, at the common width
     ],
     ids=["32:8", "16:8", "MHA", "MQA", "64:8"],
 )
-def test_heads_keep_their_layout_and_the_gqa_ratio_where_it_fits(cfg, heads, kv, dim):
+def test_heads_keep_their_layout_and_the_gqa_ratio(cfg, heads, kv, dim):
     family = "qwen3" if cfg["model_type"] == "qwen3" else "llama3"
     twin = derive_twin(cfg, get_family(family).adapter)
     a, full = twin.args, twin.full_args
     assert (a.n_heads, a.n_kv_heads, a.dim, a.head_dim) == (heads, kv, dim, full.head_dim)
+    assert twin.config["head_dim"] == full.head_dim  # explicit in the twin, where the full config derives it
     rows = {r.field: r for r in twin.rows}
     assert rows["GQA ratio"].twin == f"{heads}:{kv}" and rows["GQA ratio"].full == f"{full.n_heads}:{full.n_kv_heads}"
-    why = rows["num_key_value_heads"].why if "num_key_value_heads" in rows else rows["num_attention_heads"].why
+    why = next((rows[f].why for f in ("num_key_value_heads", "num_attention_heads") if f in rows), None)
     ratio = full.n_heads // full.n_kv_heads
+    assert heads // kv == ratio and "not kept" not in rows["GQA ratio"].why
     if full.n_kv_heads == full.n_heads:
         assert why.startswith("MHA kept")
-    elif full.n_kv_heads == 1:
-        assert why.startswith("MQA kept")
-    elif heads // kv == ratio:
-        assert f"GQA ratio {ratio} kept with 2 key/value heads" in why
+    elif full.n_kv_heads == 1:  # every head kept: no heads row, the GQA row says what the twin holds
+        assert why is None and rows["GQA ratio"].why == f"MQA, {ratio} query heads a key/value head"
     else:
-        assert f"GQA ratio {ratio} shrunk to 3" in why and f"--twin-width {2 * ratio * full.head_dim} keeps it" in why
-        kept = derive_twin(cfg, get_family(family).adapter, width=2 * ratio * full.head_dim).args
-        assert (kept.n_heads // kept.n_kv_heads, kept.n_kv_heads) == (ratio, 2)
+        assert f"GQA ratio {ratio} kept with 2 key/value heads" in why
+
+
+def test_a_family_deriving_head_dim_regardless_keeps_the_ratio_at_the_narrowest_width():
+    # 64:8 of 128 where hidden_size sets head_dim whatever the config says: 16:2 is 2048 wide, and the row says why
+    cfg = PUBLISHED["Llama-3.1-70B"][2]
+    twin = derive_twin(cfg, DerivingAdapter())
+    a, rows = twin.args, {r.field: r for r in twin.rows}
+    assert (a.n_heads, a.n_kv_heads, a.head_dim, a.dim) == (16, 2, 128, 2048) and "head_dim" not in twin.config
+    assert "narrowest width that keeps the GQA ratio 8" in rows["hidden_size"].why
+    # a --twin-width such a family cannot split with the ratio shrinks it: the heads' and the GQA rows say so
+    small = derive_twin(cfg, DerivingAdapter(), width=768)
+    rows = {r.field: r for r in small.rows}
+    assert (small.args.n_heads, small.args.n_kv_heads) == (6, 2)
+    assert "GQA ratio 8 shrunk to 3" in rows["num_key_value_heads"].why
+    assert "--twin-width 2048 keeps it" in rows["num_key_value_heads"].why
+    assert rows["GQA ratio"].twin == "6:2" and "ratio 8 is not kept" in rows["GQA ratio"].why
+    assert "gqa_ratio" in rows["GQA ratio"].why  # what parity will name (test below)
 
 
 def test_a_dense_layer_listed_deep_in_an_moe_model_is_kept():
@@ -111,14 +127,20 @@ def test_sliding_layers_listed_one_by_one_are_held_by_the_twin():
 
 
 def test_a_null_head_dim_gets_a_working_twin_by_default():
-    # the port path reads Mixtral with its closest family's adapter; head_dim null means hidden_size / heads
+    # the port path reads Mixtral with its closest family's adapter; head_dim null means hidden_size / heads,
+    # and MixtralConfig (like the adapter) reads an explicit one: the twin says 128 and is 256 wide
     twin = derive_twin(MIXTRAL, LLAMA)
-    assert (twin.args.n_heads, twin.args.n_kv_heads, twin.args.head_dim, twin.args.dim) == (8, 2, 128, 1024)
-    assert twin.config["head_dim"] is None and twin.config["hidden_size"] == 1024
-    # a width the heads cannot split is refused, naming the widths that work
-    with pytest.raises(TwinError, match=r"^--twin-width 1000: .*e\.g\. --twin-width 1024$"):
+    assert (twin.args.n_heads, twin.args.n_kv_heads, twin.args.head_dim, twin.args.dim) == (8, 2, 128, 256)
+    assert twin.config["head_dim"] == 128 and twin.config["hidden_size"] == 256
+    # a width that is not a multiple of 16 is refused, naming the widths that work
+    with pytest.raises(TwinError, match=r"^--twin-width 1000: .*multiples of 16.*e\.g\. --twin-width 992, 1008$"):
         derive_twin(MIXTRAL, LLAMA, width=1000)
-    assert derive_twin(MIXTRAL, LLAMA, width=512).args.n_heads == 4  # 4:2, the row says what keeps 4
+    assert derive_twin(MIXTRAL, LLAMA, width=512).args.n_heads == 8  # 8:2: the width does not set the heads
+    # where the family derives head_dim whatever the config says, a width the heads cannot split is refused,
+    # naming the widths that work
+    with pytest.raises(TwinError, match=r"^--twin-width 1000: .*head_dim 128.*e\.g\. --twin-width 768, 1024$"):
+        derive_twin(MIXTRAL, DerivingAdapter(), width=1000)
+    assert derive_twin(MIXTRAL, DerivingAdapter(), width=512).args.n_heads == 4  # 4:2, the row says what keeps 4
 
 
 class DerivingAdapter:
@@ -143,5 +165,69 @@ def test_new_model_refuses_an_unsplittable_width_in_one_line(tmp_path):
     result = CliRunner().invoke(app, argv)
     assert result.exit_code == 2
     lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and "--twin-width 1024" in lines[0], result.stderr
+    assert len(lines) == 1 and "--twin-width 992, 1008" in lines[0], result.stderr
     assert not (tmp_path / "onboarding" / "mx").exists()
+
+
+GEMMA2 = {
+    "architectures": ["Gemma2ForCausalLM"], "model_type": "gemma2", "hidden_size": 3584, "head_dim": 256,
+    "intermediate_size": 14336, "num_attention_heads": 16, "num_key_value_heads": 8, "num_hidden_layers": 42,
+    "max_position_embeddings": 8192, "rms_norm_eps": 1e-06, "rope_theta": 10000.0, "sliding_window": 4096,
+    "attn_logit_softcapping": 50.0, "final_logit_softcapping": 30.0, "query_pre_attn_scalar": 256,
+    "hidden_activation": "gelu_pytorch_tanh", "tie_word_embeddings": True, "vocab_size": 256000, "bos_token_id": 2,
+    "eos_token_id": 1, "pad_token_id": 0,
+}  # fmt: skip
+"""Gemma-2-9B's config.json (architecture keys): the transformers path reads it."""
+PRODUCTION = {
+    **{name: (PUBLISHED[name][0], PUBLISHED[name][2], heads)
+       for name, heads in (("Qwen3-8B", (8, 2)), ("Qwen3-235B-A22B", (32, 2)), ("Llama-3.1-70B", (16, 2)),
+                           ("Llama-3.2-1B", (8, 2)))},
+    "Mixtral-8x7B": ("llama3", MIXTRAL, (8, 2)),
+    "Gemma-2-9B": ("transformers", GEMMA2, (4, 2)),
+}  # fmt: skip
+"""name: (family, config.json, the default twin's (query heads, key/value heads))."""
+
+
+@pytest.mark.parametrize("name", list(PRODUCTION))
+def test_production_twins_keep_the_gqa_ratio_at_a_common_width(name):
+    family, cfg, heads = PRODUCTION[name]
+    if family == "transformers":
+        pytest.importorskip("transformers", reason="the transformers path reads the config through its class")
+    adapter = get_family(family).adapter
+    twin = derive_twin(cfg, adapter)
+    a, full = twin.args, twin.full_args
+    assert (a.n_heads, a.n_kv_heads) == heads
+    assert a.n_heads // a.n_kv_heads == full.n_heads // full.n_kv_heads and a.n_heads % a.n_kv_heads == 0
+    assert a.head_dim == full.head_dim
+    assert a.n_kv_heads >= (1 if full.n_kv_heads == 1 else 2)
+    assert a.dim % 16 == 0 and a.dim <= 1024 and a.dim == 256  # every family equally wide
+    assert a.ffn_hidden_dim % 16 == 0 and a.moe_hidden_dim % 16 == 0
+    # twin.json as new-model writes it reads back through the family's adapter to the same args
+    assert adapter.args_from_hf(json.loads(json.dumps(twin.config)))[0] == a
+    rows = {r.field: r for r in twin.rows}
+    assert rows["GQA ratio"].twin == f"{heads[0]}:{heads[1]}" and "not kept" not in rows["GQA ratio"].why
+    if name == "Qwen3-235B-A22B":  # the MoE rules are the heads' neighbours, unchanged
+        assert (a.n_experts, a.top_k, a.moe_hidden_dim) == (16, 8, 96)
+
+
+@pytest.mark.hf
+def test_parity_names_a_gqa_ratio_the_twin_does_not_hold():
+    pytest.importorskip("transformers", reason="parity declares features from transformers' config class")
+    from onboard.parity import features
+    from titan_core.models.transformers.hf_classes import config_object
+
+    cfg = PUBLISHED["Llama-3.1-70B"][2]
+    full = config_object(cfg)
+    kept = derive_twin(cfg, LLAMA).config  # 16:2: the ratio 8 held
+    held = features.declare(config_object(kept))
+    assert features.not_held(held, full, "the twin (twin.json)", config_object(kept)) == []
+    assert features.exercised(held)
+    lost = derive_twin(cfg, DerivingAdapter(), width=768).config  # 6:2: the ratio 3
+    dropped = features.declare(config_object(lost))
+    assert features.not_held(dropped, full, "the twin (twin.json)", config_object(lost)) == ["gqa_ratio"]
+    assert not features.exercised(dropped)
+    assert features.idle(dropped) == [
+        "gqa_ratio (full 64:8, twin 6:2: the twin's key/value expansion groups differ; the twin (twin.json) does "
+        "not hold the full model's GQA ratio, no parity pass ran it)"
+    ]
+    assert dropped["gqa_ratio"].as_dict()["full"] == "64:8" and dropped["gqa_ratio"].as_dict()["twin"] == "6:2"
