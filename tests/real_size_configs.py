@@ -83,3 +83,12 @@ PUBLISHED = {
         "num_attention_heads": 64, "num_hidden_layers": 94, "num_key_value_heads": 4, "max_window_layers": 94,
     }),
 }  # fmt: skip
+
+MIXTRAL = {
+    "architectures": ["MixtralForCausalLM"], "model_type": "mixtral", "hidden_size": 4096, "head_dim": None,
+    "intermediate_size": 14336, "num_attention_heads": 32, "num_key_value_heads": 8, "num_hidden_layers": 32,
+    "num_local_experts": 8, "num_experts_per_tok": 2, "max_position_embeddings": 32768, "rms_norm_eps": 1e-05,
+    "rope_theta": 1000000.0, "sliding_window": None, "tie_word_embeddings": False, "vocab_size": 32000,
+    "bos_token_id": 1, "eos_token_id": 2, "hidden_act": "silu",
+}  # fmt: skip
+"""Mixtral-8x7B's config.json (architecture keys), head_dim null as its file has it."""

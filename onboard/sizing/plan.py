@@ -51,8 +51,10 @@ from onboard.sizing.plan_search import (
     Space,
     choose,
     degree_reasons,
+    ranked,
     refusal_summary,
     search,
+    why_chosen,
 )
 from onboard.sizing.plan_time import Efficiency, StepInputs, StepPrediction, efficiency_for, predict_step
 
@@ -124,8 +126,10 @@ static-shaped on accelerators (torch._grouped_mm in bf16; ragged_dot through the
 the dense one on a CPU. Not run here: a prediction, to verify on the target."""
 
 
-def moe_kernel(base: TrainSetup, target: Target, policy: str) -> str:
-    return CAPTURED_MOE[target.device_type] if policy in GRAPH_POLICIES and base.moe == "loop" else base.moe
+def moe_kernel(base: TrainSetup, target: Target, mode: str) -> str:
+    """The experts kernel a step of `mode` runs: a captured one (graph_trainer, scan) needs static shapes."""
+    captured = mode in ("graph_trainer", "scan")
+    return CAPTURED_MOE[target.device_type] if captured and base.moe == "loop" else base.moe
 
 
 @dataclass
@@ -143,6 +147,8 @@ class Plan:
     scan: tuple[bool, str]
     step: StepPrediction | None
     notes: list[str] = field(default_factory=list)
+    why_chosen: str = ""
+    """One sentence: why the chosen option won over the runner-up."""
     reasons: dict[str, str] = field(default_factory=dict)
     """Per degree (tp, ep, cp, pp, dp_replicate): its chosen value and why."""
     would_fit: str | None = None
@@ -155,10 +161,20 @@ class Plan:
         return self.seq_len  # the plan never changes the sequence asked for
 
     def ranked(self, limit: int = 20) -> list[Option]:
-        """The fitting options titan_core accepts, most predicted tokens/s first, those on the device before host
-        offload (whose transfers the time model does not count), at most `limit`."""
-        fitting = sorted((o for o in self.options if o.usable), key=lambda o: (o.policy == "offload", -o.tokens_per_s))
-        return fitting[:limit]
+        """The fitting options titan_core accepts in the plan's order (plan_search.ranked), at most `limit`."""
+        return ranked(self.options)[:limit]
+
+    def batch_by_policy(self) -> dict[str, dict[str, int]]:
+        """For the chosen layout and data-parallel kind: the most sequences per microbatch each mode's memory
+        policies fit (0: not one), whether titan_core runs them or not (what checkpointing buys)."""
+        c = self.chosen
+        if c is None:
+            return {}
+        out: dict[str, dict[str, int]] = {}
+        for o in self.options:
+            if o.layout == c.layout and (o.data_parallel == c.data_parallel or o.captured):
+                out.setdefault(o.mode, {})[o.policy] = o.largest_batch
+        return out
 
     def to_dict(self) -> dict[str, Any]:
         t, hw = self.target, self.target.hardware
@@ -179,7 +195,8 @@ class Plan:
             "options_accepted": sum(o.usable for o in self.options),
             "refused": refusal_summary(self.options),
             "options": [o.to_dict() for o in self.ranked()],
-            "chosen": c.to_dict() if c else None,
+            "chosen": c.to_dict() if c else None, "why_chosen": self.why_chosen,
+            "largest_batch_by_policy": self.batch_by_policy(),
             "degrees": c.layout.degrees() if c else None,
             "degrees_why": self.reasons,
             "global_batch_tokens": c.layout.dp * c.batch * c.microbatches * self.seq_len if c else None,
@@ -200,7 +217,7 @@ def activation_table(ps: PlanShape, base: TrainSetup, target: Target, seq_len: i
         if policy == "offload" and target.device_type == "cpu":
             continue
         s = replace(base, seq_len=seq_len, compute_dtype=compute, device_type=target.device_type,
-                    moe=moe_kernel(base, target, policy))  # fmt: skip
+                    moe=moe_kernel(base, target, "eager" if policy == "none" else "graph_trainer"))  # fmt: skip
         total = sum(n * layer_bytes_per_token(m, s, moe=moe, rope=rope, policy=policy) for moe, rope, n in m.layer_mix)
         out[policy] = round(total / ps.n_layers)
     return out
@@ -241,27 +258,25 @@ def plan_training(
 
     def run(t: Target, seq: int) -> list[Option]:
         def step_of(o: Option) -> StepPrediction:
-            if o.policy == "none":  # per-block compile as the option runs it (the recipe's, or off)
-                fast = o.compile
-            else:
-                fast = compiled if captured_compiled is None else captured_compiled
-            return _predict(ps, counts, fpt, t, o, seq_len=seq, kernels=kernels, compiled=fast, float8=float8,
-                            eff=eff)  # fmt: skip
+            inductor = compiled if captured_compiled is None else captured_compiled
+            return _predict(ps, counts, fpt, t, o, seq_len=seq, kernels=kernels, captured_compiled=inductor,
+                            float8=float8, eff=eff)  # fmt: skip
 
-        return search(ps, t, kernels, seq_len=seq, space=space, moe_kernel=lambda p: moe_kernel(kernels, t, p),
+        return search(ps, t, kernels, seq_len=seq, space=space, moe_kernel=lambda m: moe_kernel(kernels, t, m),
                       step_of=step_of, compiled=compiled, accept=accept)  # fmt: skip
 
     opts = run(target, seq_len)
     chosen = choose(opts)
-    offload, scan = offload_of(chosen), scan_of(ps, chosen)
+    offload, scan = offload_of(chosen), scan_of(ps, chosen, opts)
     notes = []
     notes.append("predictions: memory from onboard/sizing/plan_memory.py (titan_core's activation arithmetic), step "
                  "time from plan_time.py: compute at efficiencies calibrated on published runs plus a term per "
                  "collective over the target's links (hardware.py)")  # fmt: skip
     reasons: dict[str, str] = {}
-    would = None
+    would, why = None, ""
     if chosen is not None:
         reasons = degree_reasons(opts, chosen, ps, space)
+        why = why_chosen(opts, chosen)
         notes += _choice_notes(ps, kernels, target, chosen, seq_len)
     else:
         would = would_fit(opts, target, seq_len, min_seq, run)
@@ -270,7 +285,7 @@ def plan_training(
         target=target, seq_len=seq_len, params_total=total, params_active=active, flops_per_token=fpt(seq_len),
         options=opts, activations_per_token_layer=activation_table(ps, kernels, target, seq_len, tp),
         chosen=chosen, offload=offload, scan=scan, step=chosen.step if chosen else None, notes=notes,
-        reasons=reasons, would_fit=would, shape=ps,
+        why_chosen=why, reasons=reasons, would_fit=would, shape=ps,
     )  # fmt: skip
 
 
@@ -285,14 +300,19 @@ def offload_of(chosen: Option | None) -> tuple[bool, str]:
                   "true)")  # fmt: skip
 
 
-def scan_of(ps: PlanShape, chosen: Option | None) -> tuple[bool, str]:
-    """(whether the option's captured step scans over its layers, why): graph_trainer.scan_layers."""
-    if chosen is None or chosen.policy == "none":
-        return False, "the eager step fits: it is not captured" if chosen else "nothing fits"
-    if len(ps.base.layer_mix) == 1:
-        return True, (f"the captured step would trace {ps.n_layers} identical blocks; scan traces one "
+def scan_of(ps: PlanShape, chosen: Option | None, opts: list[Option] = ()) -> tuple[bool, str]:
+    """(whether the chosen option's captured step scans over its layers, why): graph_trainer.scan_layers."""
+    if chosen is None or not chosen.captured:
+        return False, "the chosen step is not captured" if chosen else "nothing fits"
+    if chosen.scan:
+        return True, (f"the captured step traces one of its {ps.n_layers} identical blocks and loops it "
                       "(graph_trainer.scan_layers = true); the memory model counts no bytes for it")  # fmt: skip
-    return False, "the blocks are not identical (layer kinds differ): scan cannot stack them"
+    if len(ps.base.layer_mix) > 1:
+        return False, "the blocks are not identical (layer kinds differ): scan cannot stack them"
+    same = [o for o in opts if o.scan and o.layout == chosen.layout and o.policy == chosen.policy and o.fits]
+    if same and same[0].refused:
+        return False, f"titan_core refuses scan for this model: {same[0].refused}"
+    return False, "the unrolled captured step ranked first"
 
 
 def _cached(flops_per_token: Callable[[int], float]) -> Callable[[int], float]:
@@ -306,34 +326,55 @@ def _cached(flops_per_token: Callable[[int], float]) -> Callable[[int], float]:
     return fpt
 
 
+def recompute_bytes(ps: PlanShape, lay: Layout, setup) -> float:
+    """Bytes per token, over one rank's layers on its TP widths, of what the eager step saves and the option's
+    memory policy does not keep (its backward makes them again): 0 for policy none."""
+    if setup.policy == "none":
+        return 0.0
+    m = tp_local(ps.base, lay.tp)
+    kept = "default" if setup.policy == "offload" else setup.policy
+    t = TrainSetup(batch_size=1, seq_len=max(1, setup.seq_len // lay.cp), compute_dtype=setup.compute_dtype,
+                   attention=setup.attention, moe=setup.moe, device_type=setup.device_type)  # fmt: skip
+    scale = plan_memory.stage_layers(ps, lay.pp) / ps.n_layers
+    return scale * sum(n * (layer_bytes_per_token(m, t, moe=moe, rope=rope, policy="none")
+                            - layer_bytes_per_token(m, t, moe=moe, rope=rope, policy=kept))
+                       for moe, rope, n in m.layer_mix)  # fmt: skip
+
+
 def _predict(ps: PlanShape, counts, fpt, target: Target, o: Option, *, seq_len: int, kernels: TrainSetup,
-             compiled: bool, float8: bool, eff: Efficiency) -> StepPrediction:  # fmt: skip
+             captured_compiled: bool, float8: bool, eff: Efficiency) -> StepPrediction:  # fmt: skip
     total, active = counts
-    moe = moe_kernel(kernels, target, o.policy)
+    moe = moe_kernel(kernels, target, o.mode)
     x = StepInputs(batch=o.batch, microbatches=o.microbatches, seq_len=seq_len, policy=o.policy,
                    data_parallel=o.data_parallel, flops_per_token=fpt(seq_len),
                    attention_flops_per_token=max(0.0, fpt(seq_len) - fpt(0)), inactive_params=total - active,
-                   dense_moe=ps.is_moe and moe == "dense", compiled=compiled, float8=float8)  # fmt: skip
+                   dense_moe=ps.is_moe and moe == "dense", mode=o.mode, captured_compiled=captured_compiled,
+                   float8=float8, recompute_bytes_per_token=recompute_bytes(ps, o.layout, o.setup))  # fmt: skip
     return predict_step(ps, o.layout, x, peak_bf16=target.peak_flops, peak_fp8=target.peak_fp8, hw=target.hardware,
                         eff=eff)  # fmt: skip
 
 
 def predict_layout(ps: PlanShape, counts, flops_per_token: Callable[[int], float], target: Target, layout: Layout, *,
                    seq_len: int, kernels: TrainSetup, batch: int, policy: str, microbatches: int = 1,
-                   data_parallel: str | None = None, compiled: bool = True, float8: bool = False,
-                   eff: Efficiency | None = None) -> Option:  # fmt: skip
+                   data_parallel: str | None = None, mode: str | None = None, compiled: bool = True,
+                   float8: bool = False, eff: Efficiency | None = None) -> Option:  # fmt: skip
     """One given layout at a given batch (a published run's), its memory and predicted step: what
-    `bench/plan_vs_published.py` sets beside the published figure. `option.largest_batch` says whether it fits."""
+    `bench/plan_vs_published.py` sets beside the published figure. `mode` (None: per-block compile or eager as
+    `compiled` says for policy none, else the Graph Trainer); `compiled` also says whether a captured step is
+    compiled by inductor. `option.largest_batch` says whether it fits."""
     eff = eff or efficiency_for(target.device_type)
-    dp_kind = data_parallel or ("fsdp2" if policy == "none" and layout.tp == 1 else "simple_fsdp")
+    mode = mode or (("compile" if compiled else "eager") if policy == "none" else "graph_trainer")
+    dp_kind = data_parallel or ("fsdp2" if mode in ("eager", "compile") and layout.tp == 1 else "simple_fsdp")
     setup = MemSetup(policy=policy, data_parallel=dp_kind, seq_len=seq_len, grad_accum=microbatches,
                      compute_dtype="float32" if target.device_type == "cpu" else "bfloat16", loss=kernels.loss,
-                     ce_chunk=kernels.ce_chunk, attention=kernels.attention, moe=moe_kernel(kernels, target, policy),
-                     device_type=target.device_type)  # fmt: skip
+                     ce_chunk=kernels.ce_chunk, attention=kernels.attention, moe=moe_kernel(kernels, target, mode),
+                     device_type=target.device_type,
+                     mode="graph_trainer" if mode == "scan" else mode)  # fmt: skip
     fit, _ = largest_batch(ps, layout, setup, target.budget)
-    o = Option(layout, policy, dp_kind, batch, fit, microbatches, device_memory(ps, layout, setup, batch=batch), setup)
+    o = Option(layout, policy, dp_kind, batch, fit, microbatches, device_memory(ps, layout, setup, batch=batch), setup,
+               mode=mode, budget=target.budget)  # fmt: skip
     o.step = _predict(ps, counts, _cached(flops_per_token), target, o, seq_len=seq_len, kernels=kernels,
-                      compiled=compiled, float8=float8, eff=eff)  # fmt: skip
+                      captured_compiled=compiled, float8=float8, eff=eff)  # fmt: skip
     return o
 
 
@@ -349,12 +390,11 @@ def _choice_notes(ps: PlanShape, kernels: TrainSetup, target: Target, chosen: Op
                      "captured step never recomputes a collective): the memory model counts them all; an eager step "
                      "may gather them again instead (parallelism.reshard_after_forward: the plan's "
                      "simple_fsdp_reshard)")
-    if ps.is_moe and moe_kernel(kernels, target, chosen.policy) != kernels.moe:
-        notes.append(f"kernels.moe = {moe_kernel(kernels, target, chosen.policy)}: a captured step needs static-shape "
+    if ps.is_moe and moe_kernel(kernels, target, chosen.mode) != kernels.moe:
+        notes.append(f"kernels.moe = {moe_kernel(kernels, target, chosen.mode)}: a captured step needs static-shape "
                      f"experts (an eager step's would be {kernels.moe}); verify it on the target")  # fmt: skip
-    if lay.tp > 1 or lay.ep > 1 or lay.cp > 1 or lay.pp > 1:
-        notes.append("`onboard plan --check` runs this recipe on one CPU process, then again with its tp / ep / cp / "
-                     "pp at 2 on gloo processes; the simple_fsdp rung proves those degrees exact against one process")
+    notes.append("`onboard plan --check` runs this recipe's layout here: each degree above 1 at 2 on gloo processes, "
+                 "its mode and memory policy, its sequence and batch where they fit, on the twin")
     return notes
 
 
@@ -370,14 +410,14 @@ def would_fit(opts: list[Option], target: Target, seq_len: int, min_seq: int, ru
     else:
         smallest = min(opts, key=lambda o: o.estimate.total)
         head = (f"nothing fits --seq {seq_len} on {target.count} x {target.kind}: the smallest peak is "
-                f"{format_bytes(smallest.estimate.total)} ({smallest.layout.name}, policy {smallest.policy}, batch 1) "
+                f"{format_bytes(smallest.estimate.total)} ({smallest.label}, batch 1) "
                 f"over the {format_bytes(target.budget)} a device has")  # fmt: skip
     hints = []
     seq = seq_len // 2
     while seq >= min_seq:
         got = choose(run(target, seq))
         if got is not None:
-            hints.append(f"--seq {seq} fits here ({got.layout.name}, policy {got.policy}, batch {got.batch})")
+            hints.append(f"--seq {seq} fits here ({got.label}, batch {got.batch})")
             break
         seq //= 2
     for k in MORE_DEVICES:
@@ -389,7 +429,7 @@ def would_fit(opts: list[Option], target: Target, seq_len: int, min_seq: int, ru
         got = choose(run(more, seq_len))
         if got is not None:
             hints.append(f"--target {target.kind}:{count} fits --seq {seq_len} ({got.layout.name}, "
-                         f"policy {got.policy}, batch {got.batch})")  # fmt: skip
+                         f"{got.mode}, {got.memory_label}, batch {got.batch})")  # fmt: skip
             break
     if not hints:
         most = target.count * MORE_DEVICES[-1]

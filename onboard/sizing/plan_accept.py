@@ -33,12 +33,13 @@ from titan_core.config import ConfigError
 from titan_core.config.loader import get_key
 from titan_core.config.sections import JobConfig
 from titan_core.memory.estimate import TrainSetup
+from titan_core.compile.graph_trainer.scan import check_scannable
 from titan_core.parallel import check_parallelism
 from titan_core.parallel.expert_parallel import check_expert_model
 from titan_core.parallel.mesh import Degrees
 from titan_core.parallel.pipeline import check_pipeline_model
 
-from onboard.sizing.plan import Target, moe_kernel, offload_of, scan_of
+from onboard.sizing.plan import Target, moe_kernel, offload_of
 from onboard.sizing.plan_levers import Lever, merged, mode_levers
 from onboard.sizing.plan_memory import REGATHERING, PlanShape
 from onboard.sizing.plan_search import Option
@@ -87,11 +88,22 @@ def planned_values(o: Option, target: Target, seq_len: int, levers: list[Lever],
     if s.pp > 1:
         out["parallelism.pp_schedule"] = s.pp_schedule
     out.update((lv.key, lv.plan) for lv in levers if lv.changed or lv.key == "graph_trainer.enable")
-    if o.policy != "none":
+    if o.captured:
         out.update({"graph_trainer.memory_policy": o.policy, "graph_trainer.split": offload,
-                    "graph_trainer.scan_layers": scan})  # fmt: skip
+                    "graph_trainer.scan_layers": scan, "activation_checkpoint.mode": "none"})  # fmt: skip
+    else:
+        out.update(ac_values(o.policy))
     out["device.type"] = target.device_type
     return out
+
+
+def ac_values(policy: str) -> dict[str, Any]:
+    """The [activation_checkpoint] keys of an eager or per-block compiled step keeping what `policy` keeps."""
+    if policy == "full":
+        return {"activation_checkpoint.mode": "full"}
+    if policy == "default":
+        return {"activation_checkpoint.mode": "selective", "activation_checkpoint.selective": "op"}
+    return {"activation_checkpoint.mode": "none"}
 
 
 class Acceptance:
@@ -111,14 +123,14 @@ class Acceptance:
         """The recipe's levers as option `o` runs them: the target's kernels and `o`'s execution mode (the
         refusals, when given, of `o`'s layout compiled or captured go into the mode's reasons)."""
         def mode() -> list[Lever]:
-            moe = moe_kernel(self.kernels, self.target, o.policy)
+            moe = moe_kernel(self.kernels, self.target, o.mode)
             return merged(self.levers + mode_levers(self.cfg, self.args, self.target, self.kernels, o.policy, moe,
-                                                    compile=o.compile, compile_refused=compile_refused,
+                                                    mode=o.mode, compile_refused=compile_refused,
                                                     captured_refused=captured_refused))  # fmt: skip
 
         if compile_refused or captured_refused:
             return mode()
-        key = (o.policy, o.compile)  # the values depend on these alone: one list per mode for every candidate
+        key = (o.policy, o.mode)  # the values depend on these alone: one list per mode for every candidate
         if key not in self._mode_levers:
             self._mode_levers[key] = mode()
         return self._mode_levers[key]
@@ -126,7 +138,7 @@ class Acceptance:
     def config(self, o: Option) -> JobConfig:
         """The config of the recipe `o` would write (the values only; with the full model)."""
         values = planned_values(o, self.target, o.setup.seq_len, self.levers_for(o), offload=offload_of(o)[0],
-                                scan=scan_of(self.shape, o)[0])  # fmt: skip
+                                scan=o.scan)  # fmt: skip
         return with_values(self.cfg, values)
 
     def __call__(self, o: Option) -> str | None:
@@ -155,6 +167,8 @@ class Acceptance:
         """titan_core's model-level refusals for these degrees (each asked once per argument: they read the
         model, which every option shares)."""
         asks = []
+        if cfg.graph_trainer.enable and cfg.graph_trainer.scan_layers:
+            asks.append((("scan",), lambda: check_scannable(self.model)))
         if degrees.pp > 1:
             asks.append((("pipeline", cfg.model.family), lambda: check_pipeline_model(self.model, cfg.model.family)))
         if degrees.ep > 1:

@@ -1,30 +1,29 @@
-"""`onboard plan --check`: does the recipe a plan wrote run? Loaded as a config, then two steps on
-the workspace's twin on this CPU, with the combination it sets.
+"""`onboard plan --check`: the recipe a plan wrote, run here as planned: its layout, its execution mode
+and memory policy, its sequence and batch, on the workspace's twin, shrunk only where this machine
+forces it, each shrink said.
 
-A plan is a prediction for a machine that is not here, but its recipe is a combination of levers
-(execution mode, kernels, precision, data-parallel kind) that must hold together: titan_core
-refuses two execution modes at once, and a combination can be non-finite at step 1 in its
-precision. So the check takes the plan's recipe as written (the loader's types and range
-checks), and runs it on the model the gates ran (the twin, or the full model when it fits here)
-for CHECK_STEPS steps, changing only what cannot hold on one CPU process, each change listed:
+A plan is a prediction for a machine that is not here, but its recipe is a combination (the mesh, the
+execution mode, activation checkpointing or the Graph Trainer's memory policy, kernels, precision) that
+must hold together, and a memory prediction that must hold for the layout it names. So the check takes
+the recipe as written (the loader's types and range checks) and trains it CHECK_STEPS steps on gloo
+processes of this CPU, on the model the gates ran (the twin, or the full model when it fits here):
 
-- the device (cpu), one process (every degree of the mesh 1: dp_shard, dp_replicate, tp, ep, cp, pp;
-  no sequence parallelism), this CPU's threads;
-- at most the gates' batch, microbatches and sequence (recipe.toml's: the twin's, short on a CPU);
-- a kernel that cannot run here (a TPU's splash attention, tokamax without the [jax] extra,
-  torch._grouped_mm traced in fp32) is replaced by the path the gates verified (sdpa; the dense
-  experts in a compiled or captured step, the loop otherwise): that lever is not checked here;
+- every planned degree above 1 at 2 (dp_shard, dp_replicate, tp, ep, cp, pp; ep is carved from
+  dp_shard x cp), at most MAX_RANKS processes: past it dp_replicate, then dp_shard go back to 1;
+- the planned execution mode, memory policy and kernels (a kernel that cannot run here, a TPU's splash
+  attention or grouped_mm traced in fp32, replaced by the path the gates verified, and said);
+- the planned batch per rank, halved only while a step would not fit this host's memory or
+  STEP_BUDGET_S of this CPU, then the planned sequence the same way (the longest that fits: the
+  activations of a long sequence are what the memory prediction is mostly about); a pipeline's
+  microbatches per stage as planned (PP_MICROBATCHES), its schedule unless the twin has too few layers;
 - nothing saved, exported or profiled; output under runs/plan-check/<target>.seqN.
 
-Then, when the plan sets tp, ep, cp or pp above 1, the same run again on a gloo mesh of this CPU's
-processes with each of them at 2 (together, as the recipe combines them; ep on 2 data-parallel
-ranks, since it is carved from dp_shard x cp), CHECK_STEPS steps, finite or not: a combination
-titan_core refuses fails the check with its message, as on the target it would fail the run.
-
-Everything else runs as the recipe says: the execution mode and its settings (compile backend,
-memory policy, scan, split), the dtypes, the kernels, the optimizer. The outcome: whether the
-recipe loads, whether titan_core accepted the combination (its refusal, if not), and each
-step's loss and grad norm, all finite or not.
+The outcome: whether the recipe loads, whether titan_core accepted the combination (its refusal, if
+not), what ran (degrees, ranks, mode, memory policy, sequence, batch), each step's loss and grad norm
+(all finite or not), and the memory: rank 0's tensors at its step's peak, counted at the dispatcher
+(metrics.tensor_peak: a CPU's resident set also holds what malloc keeps and the runtime's own), against
+titan_core's estimate for the same shrunk layout (the one memory model the plan fits with), within
+MEMORY_TOLERANCE; each as a fraction of this host's per-rank budget too.
 """
 
 from __future__ import annotations
@@ -35,32 +34,50 @@ import time
 from pathlib import Path
 from typing import Any
 
-from onboard.rungs import gate_recipe, train_run
+import torch
+
+from onboard.rungs import gate_recipe
 from onboard.rungs.kernel_compare import applicable_kernels
 from onboard.rungs.parallel_degrees import share_cores
 from onboard.workspace.layout import Workspace
 from titan_core.config import ConfigError, load_config
 from titan_core.config.loader import get_key, set_key
-from titan_core.models.common.mapping_errors import KernelUnavailable
+from titan_core.memory.budget import cpu_budget
+from titan_core.memory.preflight import estimate_for
+from titan_core.models.common.stats import flops_per_token
 from titan_core.parallel import check_parallelism
 from titan_core.parallel.pipeline import STAGES_PER_RANK
 from titan_core.runtime import launcher
+from titan_core.runtime.cpu_peak import measured_cpu_peak
 from titan_core.training.model_builder import build_meta_model
 
 CHECK_STEPS = 2
 """Steps the check runs: step 1 runs the plan's combination on fresh weights, step 2 on weights the
 optimizer has updated once (a non-finite update shows there)."""
-DEGREES = ("tp", "ep", "cp", "pp")
-"""The plan's degrees the check runs at 2 on gloo (data parallelism is what the gates ran already)."""
-DEGREES_TIMEOUT_S = 600.0
-"""A multi-process check that takes longer ends as failed, never a hung command."""
+DEGREES = ("dp_replicate", "dp_shard", "tp", "ep", "cp", "pp")
+MAX_RANKS = 8
+"""gloo processes the check starts at most (the mesh of every degree at 2 needs up to 32)."""
+SHED = ("dp_replicate", "dp_shard")
+"""Degrees set back to 1, in this order, while the world passes MAX_RANKS (the model parallelisms stay)."""
+STEP_BUDGET_S = 20.0
+"""The most one step may be predicted to take on this CPU (its FLOPs over CPU_EFFICIENCY of its measured
+peak); past it the sequence, then the batch, is halved."""
+CPU_EFFICIENCY = 0.1
+"""Fraction of this CPU's matmul peak a twin's training step reaches (small matmuls, gloo ranks sharing cores)."""
+MEMORY_SHARE = 0.5
+"""Fraction of this host's available memory the check's ranks may be predicted to take together."""
+MIN_SEQ = 64
+MEMORY_TOLERANCE = 0.25
+"""Measured over predicted memory of the shrunk layout must lie within 1 +- this."""
+CHECK_TIMEOUT_S = 900.0
+"""A check that takes longer ends as failed, never a hung command."""
 CPU_STAND_IN = {"attention": "sdpa"}
 """The path a kernel field falls back to on this CPU when the plan's kernel cannot run here
 (experts: `_moe_stand_in`, which depends on the execution mode)."""
 
 
 def check_plan_recipe(ws: Workspace, recipe_path: Path) -> dict[str, Any]:
-    """Load the plan's recipe and run it on the gates' model here (module docstring); JSON-ready."""
+    """Load the plan's recipe and run its layout here (module docstring); JSON-ready."""
     out: dict[str, Any] = {"recipe": str(recipe_path), "steps": CHECK_STEPS, "loads": False, "refused": None,
                            "changed_here": [], "rows": [], "finite": False, "ok": False}  # fmt: skip
     try:
@@ -70,80 +87,162 @@ def check_plan_recipe(ws: Workspace, recipe_path: Path) -> dict[str, Any]:
         return out
     out["loads"] = True
     cfg, changes = cpu_run_config(ws, planned)
-    out.update(model=ws.model_label(), mode=_mode(cfg), precision=gate_recipe.precision(cfg.training),
-               changed_here=changes)  # fmt: skip
-    start = time.perf_counter()
+    out.update(model=ws.model_label(), mode=_mode(cfg), precision=gate_recipe.precision(cfg.training))
     try:
-        with train_run.process_threads(), train_run.quiet_mesh_pickling():
-            result = train_run.build_trainer(cfg).train()
-    except (ConfigError, KernelUnavailable) as e:  # titan_core refuses the combination (two modes at once, ...)
+        world, shrinks = shrink_layout(cfg, planned)
+        degrees = check_parallelism(cfg, world)
+        shrinks += fit_here(cfg, degrees)
+        degrees = check_parallelism(cfg, world)
+        _, _, est = _estimate(cfg, degrees)
+    except ConfigError as e:  # titan_core refuses the combination (two modes at once, ...)
+        out["changed_here"] = changes
         out["refused"] = " ".join(str(e).split())
         return out
-    out["seconds"] = round(time.perf_counter() - start, 2)
-    out["rows"] = [{"step": r["step"], "loss": r["loss"], "grad_norm": r["grad_norm"]} for r in result.metrics]
-    out["stopped"] = result.stopped
-    out["finite"] = len(out["rows"]) == CHECK_STEPS and all(
-        math.isfinite(r["loss"]) and math.isfinite(r["grad_norm"]) for r in out["rows"]
-    )
-    out["ok"] = out["finite"]
-    if out["ok"] and degrees_needed(planned):
-        out["degrees"] = check_degrees(cfg, planned)
-        out["ok"] = out["degrees"]["finite"]
-    return out
-
-
-def degrees_needed(planned) -> list[str]:
-    """The plan's degrees beyond data parallelism that are above 1, e.g. ["ep"]."""
-    return [n for n in DEGREES if getattr(planned.parallelism, n) > 1]
-
-
-def check_degrees(cfg, planned) -> dict[str, Any]:
-    """The one-process check's run again with the plan's degrees at 2 on gloo (module docstring)."""
-    names = degrees_needed(planned)
-    run, rp = copy.deepcopy(cfg), planned.parallelism
-    p = run.parallelism
-    p.dp_replicate, p.dp_shard, p.sequence_parallel = 1, -1, rp.sequence_parallel and "tp" in names
-    p.pp_schedule, p.pp_layers = rp.pp_schedule, []
-    for n in names:
-        setattr(p, n, 2)
-    dp = 2 if "ep" in names and "cp" not in names else 1
-    world = dp * math.prod(2 for n in names if n in ("tp", "cp", "pp"))
-    notes = [f"{', '.join(f'{n} = 2' for n in names)} on {world} processes (plan: "
-             f"{', '.join(f'{n} = {getattr(rp, n)}' for n in names)})"]  # fmt: skip
-    run.training.batch_size = max(1, cfg.training.batch_size // dp)
-    layers = gate_recipe.model_args(run).n_layers
-    if "pp" in names and 2 * STAGES_PER_RANK[p.pp_schedule] > layers:
-        p.pp_schedule = "1F1B"
-        stages = 2 * STAGES_PER_RANK[rp.pp_schedule]
-        notes.append(f"parallelism.pp_schedule 1F1B (plan: {rp.pp_schedule}): its {stages} stages at pp = 2 need as "
-                     f"many layers, and the model run here has {layers}")  # fmt: skip
-    if "pp" in names and run.training.grad_accum < 2:
-        run.training.grad_accum = 2
-        notes.append("training.grad_accum 2: a pipeline of 2 stages needs 2 microbatches at least")
-    if "cp" in names and run.training.seq_len % 4:
-        run.training.seq_len = max(4, run.training.seq_len - run.training.seq_len % 4)
-        notes.append(f"training.seq_len {run.training.seq_len}: cp = 2 cuts each row into 4 equal chunks")
-    run.metrics.output_dir = str(Path(cfg.metrics.output_dir).with_name(Path(cfg.metrics.output_dir).name + "-degrees"))
-    share_cores(run, world)
-    out: dict[str, Any] = {"degrees": {n: 2 for n in names}, "world_size": world, "notes": notes, "refused": None,
-                           "rows": [], "finite": False}  # fmt: skip
+    out["changed_here"] = changes + shrinks
+    out["ran"] = ran(cfg, world)
+    share_cores(cfg, world)
+    start = time.perf_counter()
     try:
-        check_parallelism(run, world)
-        result = launcher.run_world(run, world, timeout_s=DEGREES_TIMEOUT_S)
+        result = launcher.run_world(cfg, world, timeout_s=CHECK_TIMEOUT_S)
     except ConfigError as e:
         out["refused"] = " ".join(str(e).split())
         return out
-    out["rows"] = [{"step": r["step"], "loss": r["loss"], "grad_norm": r["grad_norm"]} for r in result.metrics]
+    out["seconds"] = round(time.perf_counter() - start, 2)
+    rows = result.metrics
+    out["rows"] = [{"step": r["step"], "loss": r["loss"], "grad_norm": r["grad_norm"]} for r in rows]
     if not result.ok:
-        out["refused"] = (result.launch.failure or f"exit code {result.launch.exit_code}").splitlines()[0]
-    out["finite"] = result.ok and len(out["rows"]) == CHECK_STEPS and all(
-        math.isfinite(r["loss"]) and math.isfinite(r["grad_norm"]) for r in out["rows"]
+        out["refused"] = result.launch.refusal()
+    out["finite"] = result.ok and len(rows) == CHECK_STEPS and all(
+        math.isfinite(r["loss"]) and math.isfinite(r["grad_norm"]) for r in rows
     )
+    out["memory"] = memory_verdict(rows, est, world)
+    out["ok"] = out["finite"] and bool(out["memory"] and out["memory"]["within"])
+    return out
+
+
+def _estimate(cfg, degrees):
+    args = gate_recipe.model_args(cfg)
+    return estimate_for(cfg, build_meta_model(cfg.model, args), args, "cpu", degrees)
+
+
+def memory_verdict(rows: list[dict], est, world: int) -> dict[str, Any] | None:
+    """Rank 0's tensors at its step's peak (`tensor_peak_bytes`: parameters and optimizer state held, plus the most
+    the step allocated at once) against the estimate's training moments less its runtime constant (the
+    tensors it predicts), each also as a fraction of this host's per-rank budget."""
+    counted = [r["tensor_peak_bytes"] for r in rows if "tensor_peak_bytes" in r]
+    if not counted:
+        return None
+    measured = max(counted)
+    predicted = max(est.forward_backward, est.optimizer_step) - est.overhead
+    budget = cpu_budget()
+    per_rank = budget.bytes / world if budget else None
+    ratio = measured / predicted if predicted else math.inf
+    return {
+        "measured_bytes": measured, "predicted_bytes": predicted, "ratio": ratio,
+        "within": abs(ratio - 1) <= MEMORY_TOLERANCE, "tolerance": MEMORY_TOLERANCE,
+        "budget_per_rank_bytes": per_rank,
+        "measured_fraction": measured / per_rank if per_rank else None,
+        "predicted_fraction": predicted / per_rank if per_rank else None,
+        "how": "rank 0's tensors at its step's peak, counted at the dispatcher (metrics.tensor_peak), against "
+               "titan_core's estimate of the same layout (forward/backward turn and optimizer step, tensors only)",
+    }  # fmt: skip
+
+
+def ran(cfg, world: int) -> dict[str, Any]:
+    """What the check ran: every degree, the ranks, the mode, the memory policy, sequence, batch, microbatches."""
+    p, t = cfg.parallelism, cfg.training
+    ac = cfg.activation_checkpoint
+    return {
+        "degrees": {n: getattr(p, n) for n in DEGREES}, "pp_schedule": p.pp_schedule, "ranks": world,
+        "mode": _mode(cfg), "memory_policy": cfg.graph_trainer.memory_policy if cfg.graph_trainer.enable else None,
+        "activation_checkpoint": None if cfg.graph_trainer.enable else
+        (f"selective {ac.selective}" if ac.mode == "selective" else ac.mode),
+        "seq_len": t.seq_len, "batch": t.batch_size, "grad_accum": t.grad_accum,
+    }  # fmt: skip
+
+
+def shrink_layout(cfg, planned) -> tuple[int, list[dict[str, Any]]]:
+    """Every planned degree above 1 at 2, at most MAX_RANKS ranks (SHED first); (world, the shrinks said)."""
+    p, rp = cfg.parallelism, planned.parallelism
+    shrinks: list[dict[str, Any]] = []
+    for n in DEGREES:
+        setattr(p, n, 2 if getattr(rp, n) > 1 else 1)
+    p.sequence_parallel = rp.sequence_parallel and p.tp > 1
+
+    def world() -> int:
+        return p.pp * p.dp_replicate * p.dp_shard * p.cp * p.tp
+
+    for n in SHED:
+        if world() <= MAX_RANKS:
+            break
+        if n == "dp_shard" and p.ep > 1 and p.cp == 1:
+            continue  # ep is carved from dp_shard x cp: it keeps its ranks
+        setattr(p, n, 1)
+    for n in DEGREES:
+        here, plan = getattr(p, n), getattr(rp, n)
+        if here != plan:
+            why = (f"{MAX_RANKS} processes at most here" if plan > 1 and here == 1 else
+                   "each planned degree above 1 runs at 2 on this CPU's gloo processes")
+            shrinks.append({"key": f"parallelism.{n}", "plan": plan, "here": here, "why": why})
+    layers = gate_recipe.model_args(cfg).n_layers
+    if p.pp > 1 and 2 * STAGES_PER_RANK[p.pp_schedule] > layers:
+        shrinks.append({"key": "parallelism.pp_schedule", "plan": p.pp_schedule, "here": "1F1B",
+                        "why": f"{2 * STAGES_PER_RANK[p.pp_schedule]} stages at pp = 2 need as many layers; the model "
+                               f"run here has {layers}"})  # fmt: skip
+        p.pp_schedule = "1F1B"
+    if p.pp > 1:  # the plan's microbatches per stage, on 2 stages
+        micro = max(2, planned.training.grad_accum * 2 // max(1, rp.pp))
+        if micro != cfg.training.grad_accum:
+            shrinks.append({"key": "training.grad_accum", "plan": planned.training.grad_accum, "here": micro,
+                            "why": f"the plan's {planned.training.grad_accum // max(1, rp.pp)} microbatches per "
+                                   "stage, on 2 stages"})  # fmt: skip
+            cfg.training.grad_accum = micro
+    return world(), shrinks
+
+
+def fit_here(cfg, degrees) -> list[dict[str, Any]]:
+    """Halve the batch (then the sequence, the longest kept that fits) while a step of the shrunk layout would
+    not fit this host's memory (MEMORY_SHARE of it over the ranks) or STEP_BUDGET_S of this CPU; the shrinks
+    said."""
+    t, cp = cfg.training, max(1, cfg.parallelism.cp)
+    budget = cpu_budget()
+    room = budget.bytes * MEMORY_SHARE / degrees.world_size if budget else math.inf
+    args = gate_recipe.model_args(cfg)
+    peak = measured_cpu_peak(torch.float32) * CPU_EFFICIENCY
+    plan_seq, plan_batch = t.seq_len, t.batch_size
+
+    def fits() -> tuple[bool, str]:
+        est = _estimate(cfg, degrees)[2]
+        tokens = t.batch_size * t.seq_len * t.grad_accum * degrees.dp
+        seconds = flops_per_token(args, t.seq_len) * tokens / peak
+        if est.total > room:
+            return False, f"{est.total / 2**20:,.0f} MiB per rank, past this host's {room / 2**20:,.0f} MiB"
+        if seconds > STEP_BUDGET_S:
+            return False, f"a step predicted at {seconds:.0f} s on this CPU, past {STEP_BUDGET_S:.0f} s"
+        return True, ""
+
+    ok, why = fits()
+    batch_why = why
+    while not ok and t.batch_size > 1:
+        t.batch_size //= 2
+        ok, why = fits()
+    seq_why = why
+    while not ok and t.seq_len // 2 >= MIN_SEQ and (t.seq_len // 2) % (2 * cp) == 0:
+        t.seq_len //= 2
+        ok, why = fits()
+    out = []
+    if t.batch_size != plan_batch:
+        out.append({"key": "training.batch_size", "plan": plan_batch, "here": t.batch_size,
+                    "why": f"the largest that fits here (at the planned one: {batch_why})"})  # fmt: skip
+    if t.seq_len != plan_seq:
+        out.append({"key": "training.seq_len", "plan": plan_seq, "here": t.seq_len,
+                    "why": f"the longest that fits here at batch {t.batch_size} (at the planned one: {seq_why})"})
     return out
 
 
 def cpu_run_config(ws: Workspace, planned) -> tuple[Any, list[dict[str, Any]]]:
-    """(the plan's config as the check runs it here, each value changed: {key, plan, here, why})."""
+    """(the plan's config as the check runs it here before its layout is shrunk, each value changed: {key, plan,
+    here, why})."""
     gates = load_config(ws.recipe_path)
     cfg = copy.deepcopy(planned)
     changes: list[dict[str, Any]] = []
@@ -157,20 +256,14 @@ def cpu_run_config(ws: Workspace, planned) -> tuple[Any, list[dict[str, Any]]]:
     put("model.hf_config", gates.model.hf_config, "the model the gates ran (the twin when the full model "
         "does not fit here)")
     put("device.type", "cpu", "this machine")
-    put("device.threads", 0, "this CPU's own threads")
-    for key in ("parallelism.dp_shard", "parallelism.dp_replicate", "parallelism.tp", "parallelism.ep",
-                "parallelism.cp", "parallelism.pp"):  # fmt: skip
-        put(key, 1, "one process here")
-    put("parallelism.sequence_parallel", False, "one process here")
-    put("training.batch_size", min(cfg.training.batch_size, gates.training.batch_size), "the gates' batch at most")
-    put("training.grad_accum", min(cfg.training.grad_accum, gates.training.grad_accum),
-        "the gates' microbatches at most (the plan's are PP's, and PP is 1 here)")
-    put("training.seq_len", min(cfg.training.seq_len, gates.training.seq_len), "the gates' sequence at most")
+    put("device.threads", 0, "this CPU's cores shared by the check's processes")
     cfg.training.steps = CHECK_STEPS
     cfg.checkpoint.enable, cfg.checkpoint.export_hf, cfg.profiler.enable = False, "", False
+    cfg.validation.enable = False
     cfg.metrics.output_dir = str(ws.runs_dir / "plan-check" / Path(cfg.metrics.output_dir).name)
     cfg.metrics.rich = False
     cfg.metrics.log_freq = 1
+    cfg.metrics.tensor_peak = True  # the tensors each step holds, what the estimate counts
     for key, value, why in _cpu_kernels(cfg):
         put(key, value, why)
     return cfg, changes
@@ -201,29 +294,34 @@ def _mode(cfg) -> str:
     if cfg.compile.enable and cfg.graph_trainer.enable:
         return "compile + graph_trainer"
     if cfg.graph_trainer.enable:
-        return f"graph_trainer (memory policy {cfg.graph_trainer.memory_policy})"
-    return f"compile ({cfg.compile.backend})" if cfg.compile.enable else "eager"
+        scan = ", scanned" if cfg.graph_trainer.scan_layers else ""
+        return f"graph_trainer (memory policy {cfg.graph_trainer.memory_policy}{scan})"
+    ac = cfg.activation_checkpoint
+    policy = "" if ac.mode == "none" else f", activation checkpointing {ac.mode}"
+    policy += f" {ac.selective}" if ac.mode == "selective" else ""
+    return (f"compile ({cfg.compile.backend})" if cfg.compile.enable else "eager") + policy
 
 
 def check_lines(c: dict[str, Any]) -> list[str]:
     """The check as text."""
     head = f"check of {c['recipe']}:"
-    if not c["loads"] or (c["refused"] and "mode" not in c):
+    if not c["loads"] or (c["refused"] and "ran" not in c):
         return [head, f"  FAILED: {c['refused']}"]
-    lines = [head, f"  ran {c['model']} on this CPU, {c['mode']}, {c['precision']}, {c['steps']} steps"]
+    r = c["ran"]
+    above = ", ".join(f"{n} {v}" for n, v in r["degrees"].items() if v > 1) or "every degree 1"
+    lines = [head, f"  ran {c['model']} on {r['ranks']} gloo process(es) of this CPU ({above}), {c['mode']}, "
+             f"{c['precision']}, seq {r['seq_len']}, batch {r['batch']}, {r['grad_accum']} microbatch(es), "
+             f"{c['steps']} steps"]  # fmt: skip
     lines += [f"  here {ch['key']} = {ch['here']!r} (plan: {ch['plan']!r}): {ch['why']}" for ch in c["changed_here"]
               if ch["key"] != "model.hf_config"]  # fmt: skip
     if c["refused"]:
-        return lines + [f"  FAILED: titan_core refused the combination: {c['refused']}"]
-    lines += [f"  step {r['step']}: loss {r['loss']!r}, grad norm {r['grad_norm']!r}" for r in c["rows"]]
-    if not c["finite"]:
-        return lines + [f"  FAILED: not finite ({c['stopped']})"]
-    lines.append("  finite: every step's loss and grad norm")
-    d = c.get("degrees")
-    if d:
-        lines += [f"  then {note}" for note in d["notes"]]
-        if d["refused"]:
-            return lines + [f"  FAILED: {d['refused']}"]
-        lines += [f"  step {r['step']}: loss {r['loss']!r}, grad norm {r['grad_norm']!r}" for r in d["rows"]]
-        lines.append("  finite: every step's loss and grad norm" if d["finite"] else "  FAILED: not finite")
+        return lines + [f"  FAILED: {c['refused']}"]
+    lines += [f"  step {row['step']}: loss {row['loss']!r}, grad norm {row['grad_norm']!r}" for row in c["rows"]]
+    lines.append("  finite: every step's loss and grad norm" if c["finite"] else "  FAILED: not finite")
+    m = c.get("memory")
+    if m:
+        verdict = "within" if m["within"] else "FAILED: outside"
+        lines.append(f"  memory: measured {m['measured_bytes'] / 2**20:,.1f} MiB, predicted "
+                     f"{m['predicted_bytes'] / 2**20:,.1f} MiB (x{m['ratio']:.2f}, {verdict} "
+                     f"{m['tolerance']:.0%})")  # fmt: skip
     return lines

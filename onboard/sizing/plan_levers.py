@@ -64,7 +64,8 @@ def _is_moe(args: TransformerArgs) -> bool:
 
 
 # ---- before the plan: the kernels its memory model assumes --------------------------------------
-def planning_kernels(cfg, args: TransformerArgs, target, *, twin_args: TransformerArgs | None = None):
+def planning_kernels(cfg, args: TransformerArgs, target, *, twin_args: TransformerArgs | None = None,
+                     scores_pinned: bool = False):
     """(TrainSetup whose loss / attention / moe / ce_chunk the plan's memory model uses, levers).
 
     `cfg`: the workspace recipe; `args`: the full model; `twin_args`: the twin the gates ran, if any
@@ -78,7 +79,7 @@ def planning_kernels(cfg, args: TransformerArgs, target, *, twin_args: Transform
         base = replace(base, moe=moe.plan)
         if moe.changed or target.device_type == "cpu":
             levers.append(moe)
-    for lever in (_attention_lever(cfg, target), _loss_lever(cfg, args, target, twin_args),
+    for lever in (_attention_lever(cfg, target, scores_pinned), _loss_lever(cfg, args, target, twin_args),
                   _ce_chunk_lever(cfg, args, target, twin_args), _threads_lever(cfg, target)):  # fmt: skip
         if lever is None:
             continue
@@ -143,11 +144,16 @@ def _routed_moe(args: TransformerArgs, target) -> tuple[str | None, str]:
     return routed, ""
 
 
-def _attention_lever(cfg, target) -> Lever | None:
-    """naive materialises [heads, seq, seq] scores; tokamax on CUDA would be JAX on the GPU: sdpa instead."""
+def _attention_lever(cfg, target, scores_pinned: bool = False) -> Lever | None:
+    """naive materialises [heads, seq, seq] scores; tokamax on CUDA would be JAX on the GPU: sdpa instead. A
+    model whose every attention layer keeps the naive core (`scores_pinned`: soft-capped scores) keeps it."""
     have = cfg.kernels.attention
     if target.device_type == "cpu":
         return None
+    if scores_pinned and have == "naive":
+        return Lever("kernels.attention", have, have, "every attention layer caps its scores, which only the naive "
+                     "core applies: sdpa would change nothing; the memory model counts the [heads, seq, seq] "
+                     "scores")  # fmt: skip
     if have == "naive":
         return Lever("kernels.attention", have, "sdpa", "naive (the reference) holds every [seq, seq] score; "
                      "sdpa keeps O(seq) per query at the target's sequence")  # fmt: skip
@@ -193,16 +199,15 @@ def _threads_lever(cfg, target) -> Lever | None:
 
 # ---- after the plan: the execution mode of the chosen option -------------------------------------
 def mode_levers(cfg, args: TransformerArgs, target, kernels: TrainSetup, policy: str, moe: str, *,
-                compile: bool | None = None, compile_refused: str | None = None,
-                captured_refused: str | None = None) -> list[Lever]:  # fmt: skip
+                mode: str, compile_refused: str | None = None, captured_refused: str | None = None) -> list[Lever]:
     """The execution mode (one of per-block compile and the Graph Trainer, never both) and the experts
     kernel of the chosen option (`policy`: its memory policy; `moe`: what it runs, `plan.moe_kernel`;
-    `compile`: whether its eager step compiles per block, None: as the recipe; `compile_refused`:
-    titan_core's refusal of the same layout compiled, when the plan runs it uncompiled for that;
-    `captured_refused`: its refusal of the same layout's captured step, when the plan runs it eager)."""
-    captured = policy != "none"
-    where = f"the plan's memory policy {policy}"
-    step = "the Graph Trainer's captured step" if captured else "the eager step fits"
+    `mode`: eager | compile | graph_trainer | scan; `compile_refused`: titan_core's refusal of the same
+    layout compiled, when the plan runs it uncompiled for that; `captured_refused`: its refusal of the same
+    layout's captured step, when the plan runs it eager)."""
+    captured = mode in ("graph_trainer", "scan")
+    where = f"the plan's {mode} step, memory policy {policy}"
+    step = "the Graph Trainer's captured step" if captured else "an eager step"
     if not captured and captured_refused:
         step += f"; titan_core refuses the captured step with the chosen layout ({captured_refused})"
     levers = [Lever("graph_trainer.enable", cfg.graph_trainer.enable, captured, f"{where}: {step}")]
@@ -210,7 +215,7 @@ def mode_levers(cfg, args: TransformerArgs, target, kernels: TrainSetup, policy:
         levers.append(Lever("compile.enable", True, False, f"{where} is the Graph Trainer's, a second execution mode "
                             "titan_core refuses beside per-block compile (graph_trainer.compile = "
                             f"{cfg.graph_trainer.compile!r} says how the captured step is compiled)"))  # fmt: skip
-    elif cfg.compile.enable and compile is False:
+    elif cfg.compile.enable and mode == "eager":
         why = (f"titan_core refuses per-block compile with the chosen layout ({compile_refused}): the eager step "
                "runs uncompiled, as the eager rung verified" if compile_refused else
                "the plan's chosen eager step runs uncompiled, as the eager rung verified")  # fmt: skip

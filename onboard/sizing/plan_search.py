@@ -16,20 +16,21 @@ Which degrees are tried:
 - dp_replicate: 1, and powers of two leaving dp_shard >= 1 (HSDP: the shard group's collectives stay
   inside a host, the replicas all-reduce once per step);
 - ep (MoE only): 1, and powers of two dividing both dp_shard x cp and the expert count;
-- memory policy: none (the eager step: FSDP2 or SimpleFSDP without TP, SimpleFSDP with it; compiled
-  per block when the recipe's step is, and also uncompiled, the mode the eager rung verified), and the
-  Graph Trainer's default / full / offload (captured: SimpleFSDP); offload not on a CPU.
+- execution mode and memory policy: the eager step (FSDP2 or SimpleFSDP without TP, SimpleFSDP with it),
+  also compiled per block when the recipe's step is, each with activation checkpointing none, selective
+  op (`default`: the matmul outputs kept) or full; and the Graph Trainer's captured step with its
+  default / full / offload policy (SimpleFSDP; offload not on a CPU), also scanned over its layers where
+  they are identical. Each mode is priced at its own efficiency (plan_time.py).
 
 Each fitting option is then judged by titan_core (`accept`: the recipe the plan would write for it,
 through titan_core.parallel.check_parallelism and the model-level checks; onboard/sizing/plan_accept.py):
 a refused option keeps titan_core's one-line reason and is never chosen.
 
 Every layout is given the largest batch that fits, at most what keeps the global batch within
-GLOBAL_TOKENS; under PP the microbatches are PP_MICROBATCHES x pp. The chosen option has the most
-predicted tokens/s among those titan_core accepts; within CLOSE of it the simplest layout wins (fewest
-degrees above 1, then the milder memory policy, then the recipe's own execution mode, then FSDP2 for an
-eager step), since the time model is not more precise than that. Offload is chosen only when nothing
-fits on the device.
+GLOBAL_TOKENS; under PP the microbatches are PP_MICROBATCHES x pp. The options titan_core accepts are
+ranked by predicted step time (tokens/s per device); within TIE of each other by memory headroom (the
+fraction of the budget left), then the simpler layout. `why_chosen` says in a sentence why the winner won
+over the runner-up. Offload is chosen only when nothing fits on the device.
 """
 
 from __future__ import annotations
@@ -53,7 +54,12 @@ from onboard.sizing.plan_memory import (
 from onboard.sizing.plan_time import StepPrediction
 
 GRAPH_POLICIES = ("default", "full", "offload")
+EAGER_POLICIES = ("none", "default", "full")
+"""Activation checkpointing of an eager or per-block compiled step: none, selective op (the saved set of the
+Graph Trainer's `default`), full (block inputs only)."""
 POLICY_ORDER = ("none",) + GRAPH_POLICIES
+AC_NAMES = {"none": "no activation checkpointing", "default": "selective-op activation checkpointing",
+            "full": "full activation checkpointing"}
 MAX_CP = 16
 MIN_CP_CHUNK = 256
 MAX_PP = 16
@@ -62,10 +68,9 @@ PP_MICROBATCHES = 4
 GLOBAL_TOKENS = 16 * 2**20
 """Largest global batch a plan gives, in tokens: Llama 3 405B's pre-training batch reached 16M tokens
 (Llama 3 paper, section 3.4); beyond it a larger per-device batch buys speed with optimisation."""
-CLOSE = 0.2
-"""Within this fraction of the best predicted tokens/s the simplest layout wins: the time model's precision.
-Its largest error over the published runs (plan_published.py) is 15% (the held-out Qwen3-235B-A22B row),
-rounded up here; a test holds the error within it."""
+TIE = 0.02
+"""Options within this fraction of each other's predicted tokens/s tie: memory headroom decides, then the
+simpler layout (the fitted published rows agree with their predictions to within it)."""
 DEGREES = ("tp", "ep", "cp", "pp", "dp_replicate")
 DP_ORDER = ("fsdp2", "simple_fsdp", REGATHERING)
 """Preferred in this order among close options: FSDP2 for an eager step, SimpleFSDP keeping its gathered
@@ -89,6 +94,8 @@ class Space:
 class Option:
     layout: Layout
     policy: str
+    """What the step saves: none | default | full | offload (the Graph Trainer's policy, or the eager step's
+    activation checkpointing: default = selective op, full = full)."""
     data_parallel: str
     batch: int
     """Sequences per microbatch per data-parallel rank the plan runs (0: not even one fits)."""
@@ -100,11 +107,13 @@ class Option:
     setup: MemSetup | None = None
     """How it trains, for the memory model (device_memory(shape, layout, setup, batch=...))."""
     step: StepPrediction | None = None
-    compile: bool = False
-    """An eager step (policy none) compiled per block; a captured step is the Graph Trainer's (False)."""
+    mode: str = "eager"
+    """eager | compile (per block) | graph_trainer | scan (the captured step scanned over its layers)."""
     refused: str | None = None
     """titan_core's one-line refusal of the recipe this option would write (None: accepted, or not judged
     because it does not fit)."""
+    budget: int = 0
+    """The device's budget the option was fitted to (for its headroom)."""
 
     @property
     def usable(self) -> bool:
@@ -112,15 +121,33 @@ class Option:
         return self.fits and self.refused is None
 
     @property
-    def mode(self) -> str:
-        """The execution mode: graph_trainer (a captured step), compile (per block) or eager."""
-        return "graph_trainer" if self.policy != "none" else "compile" if self.compile else "eager"
+    def captured(self) -> bool:
+        """A Graph Trainer step (unrolled or scanned)."""
+        return self.mode in ("graph_trainer", "scan")
+
+    @property
+    def compile(self) -> bool:
+        return self.mode == "compile"
+
+    @property
+    def scan(self) -> bool:
+        return self.mode == "scan"
+
+    @property
+    def headroom(self) -> float:
+        """The fraction of the budget left at the planned batch."""
+        return 1 - self.estimate.total / self.budget if self.budget else 0.0
+
+    @property
+    def memory_label(self) -> str:
+        if self.captured:
+            return f"policy {self.policy}"
+        return AC_NAMES[self.policy]
 
     @property
     def label(self) -> str:
         """Layout, mode and memory policy in a few words (how reasons name an option)."""
-        return (f"{self.layout.name}, {self.data_parallel}, {self.mode}"
-                + (f" policy {self.policy}" if self.policy != "none" else ""))
+        return f"{self.layout.name}, {self.data_parallel}, {self.mode}, {self.memory_label}"
 
     @property
     def sharding(self) -> Layout:
@@ -142,13 +169,16 @@ class Option:
         e = self.estimate
         return {
             "sharding": self.layout.name, "degrees": self.layout.degrees(), "policy": self.policy, "mode": self.mode,
+            "activation_checkpoint": None if self.captured else {"none": "none", "default": "selective op",
+                                                                 "full": "full"}[self.policy],
             "data_parallel": self.data_parallel, "batch": self.batch, "largest_batch": self.largest_batch,
             "grad_accum": self.microbatches, "peak_bytes": e.total, "peak_at": e.phase, "params_bytes": e.params,
             "grads_bytes": e.grads, "optimizer_bytes": e.optimizer_state, "gathered_params_bytes": e.gathered_params,
             "activations_bytes": e.activations, "activations_host_bytes": e.activations_host,
-            "workspace_bytes": max(e.backward_workspace, e.optimizer_workspace),
+            "workspace_bytes": max(e.backward_workspace, e.optimizer_workspace), "headroom": self.headroom,
             "predicted_tokens_per_s_device": self.tokens_per_s, "predicted_mfu": self.step.mfu if self.step else None,
-            "refused": self.refused,
+            "predicted_step_s": self.step.step_time_s if self.step else None,
+            "exposed_comm_s": self.step.exposed_s if self.step else None, "refused": self.refused,
         }  # fmt: skip
 
 
@@ -196,33 +226,50 @@ def microbatches(lay: Layout, dp_tokens_per_seq: int) -> int:
     return max(lay.pp, min(want, GLOBAL_TOKENS // max(1, dp_tokens_per_seq)))
 
 
+def modes_of(lay: Layout, compiled: bool, scannable: bool) -> list[tuple[str, tuple[str, ...]]]:
+    """(mode, its memory policies) a layout is tried in: eager (and per-block compile when the recipe compiles)
+    with each activation-checkpointing policy; outside a pipeline the Graph Trainer's policies, also scanned
+    where the blocks are identical (a captured step is one program, a pipeline schedule is not)."""
+    out = [("eager", EAGER_POLICIES)] + ([("compile", EAGER_POLICIES)] if compiled else [])
+    if lay.pp == 1:
+        out.append(("graph_trainer", GRAPH_POLICIES))
+        if scannable:
+            out.append(("scan", GRAPH_POLICIES))
+    return out
+
+
 def search(ps: PlanShape, target, kernels: TrainSetup, *, seq_len: int, space: Space,
            moe_kernel: Callable[[str], str], step_of: Callable[[Option], StepPrediction],
            compiled: bool = False, accept: Callable[[Option], str | None] | None = None) -> list[Option]:  # fmt: skip
-    """Every layout with every memory policy, data-parallel kind and eager mode that applies (module
+    """Every layout in every mode with every memory policy and data-parallel kind that applies (module
     docstring), each with its batch, memory and, when it fits, its predicted step (`step_of`) and
-    titan_core's verdict (`accept(option)`: its refusal, None when it runs). `moe_kernel(policy)`: the
+    titan_core's verdict (`accept(option)`: its refusal, None when it runs). `moe_kernel(mode)`: the
     experts kernel it runs; `compiled`: the recipe compiles its eager step per block."""
-    policies = POLICY_ORDER if target.device_type != "cpu" else POLICY_ORDER[:-1]
     compute = "float32" if target.device_type == "cpu" else "bfloat16"
+    scannable = len(ps.base.layer_mix) == 1
     out: list[Option] = []
     for lay in layouts(ps, target, seq_len, space):
         micro = microbatches(lay, lay.dp * seq_len)
-        for policy in policies if lay.pp == 1 else ("none",):
-            eager = policy == "none"
-            for dp_kind in dp_kinds(lay, eager):
-                setup = MemSetup(policy=policy, data_parallel=dp_kind, seq_len=seq_len, grad_accum=micro,
-                                 compute_dtype=compute, loss=kernels.loss, ce_chunk=kernels.ce_chunk,
-                                 attention=kernels.attention, moe=moe_kernel(policy),
-                                 device_type=target.device_type)  # fmt: skip
-                fit, est = largest_batch(ps, lay, setup, target.budget)
-                cap = max(1, GLOBAL_TOKENS // (lay.dp * seq_len * micro))
-                batch = min(fit, cap)
-                if batch and batch != fit:
-                    est = device_memory(ps, lay, setup, batch=batch)
-                # a compiled eager step is what the compile rung earned; uncompiled is what the eager rung ran
-                for compile_ in ((True, False) if eager and compiled else (False,)):
-                    opt = Option(lay, policy, dp_kind, batch, fit, micro, est, setup, compile=compile_)
+        fitted: dict[tuple, tuple] = {}
+        for mode, policies in modes_of(lay, compiled, scannable):
+            for policy in policies:
+                if policy == "offload" and target.device_type == "cpu":
+                    continue  # on a CPU the host is the device
+                for dp_kind in dp_kinds(lay, mode):
+                    mem_mode = "graph_trainer" if mode == "scan" else mode
+                    setup = MemSetup(policy=policy, data_parallel=dp_kind, seq_len=seq_len, grad_accum=micro,
+                                     compute_dtype=compute, loss=kernels.loss, ce_chunk=kernels.ce_chunk,
+                                     attention=kernels.attention, moe=moe_kernel(mode),
+                                     device_type=target.device_type, mode=mem_mode)  # fmt: skip
+                    if setup not in fitted:  # scan holds what the unrolled step does
+                        fit, est = largest_batch(ps, lay, setup, target.budget)
+                        cap = max(1, GLOBAL_TOKENS // (lay.dp * seq_len * micro))
+                        batch = min(fit, cap)
+                        if batch and batch != fit:
+                            est = device_memory(ps, lay, setup, batch=batch)
+                        fitted[setup] = (batch, fit, est)
+                    batch, fit, est = fitted[setup]
+                    opt = Option(lay, policy, dp_kind, batch, fit, micro, est, setup, mode=mode, budget=target.budget)
                     if opt.fits:
                         opt.step = step_of(opt)
                         opt.refused = accept(opt) if accept is not None else None
@@ -230,33 +277,82 @@ def search(ps: PlanShape, target, kernels: TrainSetup, *, seq_len: int, space: S
     return out
 
 
-def dp_kinds(lay: Layout, eager: bool) -> tuple[str, ...]:
-    """The data-parallel kinds a layout runs in a mode: FSDP2 only eager without TP; SimpleFSDP's
-    re-gathering only eager outside a pipeline (titan_core's hooks see an eager backward; a stage keeps its
-    weights gathered across its microbatches); SimpleFSDP keeping its gathered weights always."""
-    if not eager:
+def dp_kinds(lay: Layout, mode: str) -> tuple[str, ...]:
+    """The data-parallel kinds a layout runs in a mode: FSDP2 only eager or compiled per block, without TP;
+    SimpleFSDP's re-gathering only outside a pipeline (a stage keeps its weights gathered across its
+    microbatches); SimpleFSDP keeping its gathered weights always. titan_core judges the rest."""
+    if mode in ("graph_trainer", "scan"):
         return ("simple_fsdp",)
     kinds = DP_ORDER if lay.tp == 1 else ("simple_fsdp", REGATHERING)
     return tuple(k for k in kinds if k != REGATHERING or lay.pp == 1)
 
 
+MODE_ORDER = ("compile", "eager", "scan", "graph_trainer")
+"""Among tied options: the per-block compiled step, the eager one, then the captured step (scanned first)."""
+
+
 def preference(o: Option) -> tuple:
-    """Among options within CLOSE of the fastest: the simplest layout, the milder memory policy, the
-    recipe's own execution mode (per-block compile when it has one), FSDP2 for an eager step, then speed."""
-    return (o.complexity, POLICY_ORDER.index(o.policy), not o.compile, DP_ORDER.index(o.data_parallel),
-            -o.tokens_per_s)  # fmt: skip
+    """Among options that tie on predicted speed (within TIE): the most memory headroom, then the simplest
+    layout, the milder memory policy, the mode, FSDP2 for an eager step, then speed."""
+    return (-round(o.headroom, 2), o.complexity, POLICY_ORDER.index(o.policy), MODE_ORDER.index(o.mode),
+            DP_ORDER.index(o.data_parallel), -o.tokens_per_s)  # fmt: skip
+
+
+def ranked(opts: list[Option]) -> list[Option]:
+    """The options titan_core accepts that fit, best first: on the device before host offload, then by predicted
+    tokens/s, options within TIE of the one above them ordered by `preference`."""
+    pool = [o for o in opts if o.usable]
+    on_device = sorted((o for o in pool if o.policy != "offload"), key=lambda o: -o.tokens_per_s)
+    offload = sorted((o for o in pool if o.policy == "offload"), key=lambda o: -o.tokens_per_s)
+    out: list[Option] = []
+    for group in (on_device, offload):
+        i = 0
+        while i < len(group):
+            top = group[i].tokens_per_s
+            tie = [o for o in group[i:] if o.tokens_per_s >= top * (1 - TIE)]
+            out += sorted(tie, key=preference)
+            i += len(tie)
+    return out
 
 
 def choose(opts: list[Option]) -> Option | None:
-    """The most predicted tokens/s on the device among the options titan_core accepts (offload only when
-    nothing else fits); within CLOSE of it the simplest layout, then the milder policy (module docstring)."""
-    on_device = [o for o in opts if o.usable and o.policy != "offload"]
-    pool = on_device or [o for o in opts if o.usable]
-    if not pool:
-        return None
-    best = max(o.tokens_per_s for o in pool)
-    near = [o for o in pool if o.tokens_per_s >= best * (1 - CLOSE)]
-    return min(near, key=preference)
+    """The first of `ranked`: the most predicted tokens/s on the device among the options titan_core accepts
+    (offload only when nothing else fits); a tie goes to memory headroom, then the simpler layout."""
+    order = ranked(opts)
+    return order[0] if order else None
+
+
+def why_chosen(opts: list[Option], chosen: Option) -> str:
+    """One sentence: why `chosen` won over the runner-up (the next option that differs in layout, mode, policy
+    or data-parallel kind), in the terms the prediction is made of."""
+    order = [o for o in ranked(opts) if o is not chosen and (o.layout, o.mode, o.policy, o.data_parallel) !=
+             (chosen.layout, chosen.mode, chosen.policy, chosen.data_parallel)]  # fmt: skip
+    if not order:
+        return f"{chosen.label}, batch {chosen.batch}: the only option that fits and titan_core runs"
+    r, c = order[0], chosen
+    head = (f"{c.label}, batch {c.batch}, predicts {c.tokens_per_s:,.0f} tokens/s per device against "
+            f"{r.tokens_per_s:,.0f} for the runner-up ({r.label}, batch {r.batch})")  # fmt: skip
+    if c.tokens_per_s < r.tokens_per_s * (1 + TIE) and r.tokens_per_s < c.tokens_per_s * (1 + TIE):
+        if round(c.headroom, 2) != round(r.headroom, 2):
+            return head + (f": a tie within {TIE:.0%}, decided by memory headroom, {c.headroom:.0%} of the "
+                           f"budget left against {r.headroom:.0%}")  # fmt: skip
+        return head + f": a tie within {TIE:.0%} and in headroom, decided by the simpler layout, policy and mode"
+    cs, rs = c.step, r.step
+    causes = []
+    if abs(cs.efficiency - rs.efficiency) > 1e-9:
+        causes.append(f"compute at {cs.efficiency:.3g} of peak against {rs.efficiency:.3g} ({c.mode} vs {r.mode})")
+    if abs(cs.recompute_s / cs.tokens_per_device - rs.recompute_s / rs.tokens_per_device) > 1e-12 or \
+            c.policy != r.policy:
+        causes.append(f"{c.memory_label} against {r.memory_label} ({cs.compute_s / cs.tokens_per_device * 1e6:.3g} "
+                      f"vs {rs.compute_s / rs.tokens_per_device * 1e6:.3g} us of compute per token)")
+    ce, re_ = cs.exposed_s / cs.tokens_per_device, rs.exposed_s / rs.tokens_per_device
+    if abs(ce - re_) > 1e-12:
+        causes.append(f"{cs.exposed_s:.3g} s of exposed communication per step against {rs.exposed_s:.3g} "
+                      f"({ce * 1e6:.3g} vs {re_ * 1e6:.3g} us per token)")
+    if cs.bubble != rs.bubble:
+        causes.append(f"a pipeline bubble of x{cs.bubble:.3g} against x{rs.bubble:.3g}")
+    why = "; ".join(causes) or "the same compute and communication per token at another batch"
+    return head + f", {c.tokens_per_s / r.tokens_per_s - 1:+.1%}: " + why
 
 
 def refusal_summary(opts: list[Option], limit: int = 8) -> dict[str, Any]:
@@ -315,10 +411,10 @@ def degree_reasons(opts: list[Option], chosen: Option, ps: PlanShape, space: Spa
             continue
         alt = max(others, key=lambda o: o.tokens_per_s)
         ratio = chosen.tokens_per_s / alt.tokens_per_s if alt.tokens_per_s else math.inf
-        other = f"{d} {getattr(alt.layout, d)} ({alt.layout.name}, policy {alt.policy}, batch {alt.batch})"
+        other = f"{d} {getattr(alt.layout, d)} ({alt.label}, batch {alt.batch})"
         if ratio < 1:
-            why = (f"the best with {other} predicts {1 / ratio:.3f}x its tokens/s, within {CLOSE:.0%}: the simpler "
-                   "layout is kept")  # fmt: skip
+            why = (f"the best with {other} predicts {1 / ratio:.3f}x its tokens/s, a tie within {TIE:.0%}: "
+                   "memory headroom, then the simpler layout, decided")  # fmt: skip
         else:
             why = f"predicted {ratio:.2f}x the tokens/s of the best with {other}"
         ones = [o for o in others if getattr(o.layout, d) == 1]
@@ -332,7 +428,7 @@ def degree_reasons(opts: list[Option], chosen: Option, ps: PlanShape, space: Spa
                 why += f"; no layout with {d} 1 fits"
         elif value > 1 and getattr(alt.layout, d) != 1:
             one = max(ones, key=lambda o: o.tokens_per_s)
-            why += (f"; the best with {d} 1 ({one.layout.name}, policy {one.policy}) predicts "
+            why += (f"; the best with {d} 1 ({one.label}) predicts "
                     f"{one.tokens_per_s / chosen.tokens_per_s:.2f}x its tokens/s")  # fmt: skip
         out[d] = f"{head}: {why}{refused}"
     return out

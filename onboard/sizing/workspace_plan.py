@@ -47,7 +47,7 @@ from onboard.workspace.layout import HF_CONFIG, Workspace
 from titan_core.config import ConfigError, load_config
 from titan_core.config.hf_config import read_hf_config
 from titan_core.memory.budget import cpu_budget
-from titan_core.memory.estimate import ModelShape, format_bytes
+from titan_core.memory.estimate import format_bytes
 from titan_core.models.common.param_counts import count_params
 from titan_core.models.common.stats import flops_per_token
 from titan_core.parallel.plans import TP_PLANS
@@ -93,11 +93,11 @@ def plan_workspace_target(ws: Workspace, target_spec: str, *, seq: int = DEFAULT
     target = _target(target_spec)
     cfg = load_config(ws.recipe_path)
     full, args, model = _full_model(ws, cfg)
-    shape = PlanShape.from_model(model, args, ModelShape.from_model(model, args))
+    shape = PlanShape.from_model(model, args)
     counts = count_params(model)
     tp_plan = full.family in TP_PLANS and not full.module_file
     twin_args = resolve_model_args(cfg.model) if ws.twin_path is not None else None
-    kernels, levers = planning_kernels(cfg, args, target, twin_args=twin_args)
+    kernels, levers = planning_kernels(cfg, args, target, twin_args=twin_args, scores_pinned=shape.base.scores_pinned)
     recipe = copy.deepcopy(cfg)
     recipe.model = full
     accept = Acceptance(recipe, args, model, shape, target, kernels, levers)
@@ -120,12 +120,12 @@ def plan_workspace_target(ws: Workspace, target_spec: str, *, seq: int = DEFAULT
 def _mode_refusals(options: list[Option], chosen: Option) -> dict[str, str | None]:
     """titan_core's refusals of the chosen eager layout in the other modes, for the mode levers' reasons:
     compiled per block (when the plan runs it uncompiled) and captured (the fastest refused policy)."""
-    if chosen.policy != "none":
+    if chosen.captured:
         return {}
     same = [o for o in options if o.layout == chosen.layout and o.fits and o.refused]
-    compiled = next((o.refused for o in same if o.policy == "none" and o.compile
+    compiled = next((o.refused for o in same if o.policy == chosen.policy and o.compile
                      and o.data_parallel == chosen.data_parallel), None) if not chosen.compile else None  # fmt: skip
-    captured = max((o for o in same if o.policy != "none"), key=lambda o: o.tokens_per_s, default=None)
+    captured = max((o for o in same if o.captured), key=lambda o: o.tokens_per_s, default=None)
     return {"compile_refused": compiled, "captured_refused": captured.refused if captured else None}
 
 
@@ -211,7 +211,9 @@ def recipe_edits(ws: Workspace, plan, levers: list[Lever]) -> list[RecipeEdit]:
         "parallelism.sequence_parallel": f"{where}: the memory model does not count it",
         "parallelism.pp_schedule": f"{where}: the schedule the plan predicts with",
         **{lv.key: f"{where}: {lv.why}" for lv in levers},
-        "graph_trainer.memory_policy": f"{where}: the mildest policy that fits",
+        "graph_trainer.memory_policy": f"{where}: {plan.why_chosen}",
+        "activation_checkpoint.mode": f"{where}: {plan.why_chosen}",
+        "activation_checkpoint.selective": f"{where}: keep the matmul and attention outputs, recompute the rest",
         "graph_trainer.split": f"{where}: {plan.offload[1]}", "graph_trainer.scan_layers": f"{where}: {plan.scan[1]}",
         "device.type": where,
     }  # fmt: skip
@@ -340,6 +342,10 @@ def plan_lines(r: dict) -> list[str]:
         "",
         f"chosen: {c['sharding']}, {c['mode']}, memory policy {c['policy']}, {c['data_parallel']}, batch {c['batch']}, "
         f"{c['grad_accum']} microbatch(es), global batch {r['global_batch_tokens']:,} tokens",
+        f"  why: {r['why_chosen']}",
+        "  largest batch of this layout per mode and memory policy: " + "; ".join(
+            f"{mode} " + ", ".join(f"{p} {b}" for p, b in pols.items())
+            for mode, pols in r["largest_batch_by_policy"].items()),
         *[f"  {why}" for why in r["degrees_why"].values()],
         f"host offload with the graph splitter: {'needed' if r['offload_needed'] else 'not needed'} "
         f"({r['offload_why']})",
@@ -348,8 +354,8 @@ def plan_lines(r: dict) -> list[str]:
         f"per device, {p['tokens_per_s']:,.0f} over {t['count']} devices",
         f"  compute {p['compute_s']:.3f} s ({p['how']})",
         *[f"  {cm['name']}: {format_bytes(cm['bytes'])} over {cm['link']} at "
-          f"{format_bytes(cm['bandwidth_bytes_per_s'])}/s, {cm['seconds']:.3f} s "
-          f"{'under the compute' if cm['overlapped'] else 'exposed'}" for cm in p["comm"]],
+          f"{format_bytes(cm['bandwidth_bytes_per_s'])}/s, {cm['seconds']:.3f} s, {cm['exposed_seconds']:.3f} s exposed "
+          f"({cm['overlap']})" for cm in p["comm"]],
         *_lever_lines(r["levers"]),
         f"recipe: {r['recipe']}",
         *([f"the edited recipe it replaced is kept as {r['backup']}"] if r.get("backup") else []),

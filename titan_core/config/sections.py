@@ -280,6 +280,12 @@ class Metrics:
     """Print metrics as a rich table (off: plain lines)."""
     tensorboard: bool = False
     """Also write every logged scalar as TensorBoard events under output_dir/tensorboard (needs the tensorboard package)."""
+    tensor_peak: bool = False
+    """Count each step's tensors at the dispatcher (titan_core/memory/tensor_peak.py) and log `tensor_peak_bytes`:
+    what this rank held in tensors at the step's peak (its parameters, gradients and optimizer state before the
+    step, plus the most the step allocated at once). A CPU's resident set (`peak_mem_bytes`) also holds what the
+    allocator keeps and the runtime's own memory; this is what the memory estimate counts. Slows each step; a
+    Graph Trainer's first step (its capture) is not counted."""
 
 
 @dataclass(kw_only=True)

@@ -23,11 +23,19 @@ ROUTED_EXPERTS = ("loop", "grouped_mm", "tokamax")
 """MoE kernels that compute each token on its top_k experts only; `dense` runs every expert on every token."""
 
 
-def scores_materialised(s) -> bool:
+def scores_materialised(s, m=None) -> bool:
     """Whether attention builds [heads, seq, seq] scores: the naive reference always; SDPA in
-    bf16 on a CPU too (models/common/attention.py picks the math backend there for accuracy)."""
+    bf16 on a CPU too (models/common/attention.py picks the math backend there for accuracy); and a
+    model whose layers keep the naive core whatever the kernel (`m.scores_pinned`: soft-capped scores)."""
     cpu_bf16 = s.device_type == "cpu" and s.compute_dtype == "bfloat16"
-    return s.attention == "naive" or (s.attention == "sdpa" and cpu_bf16)
+    pinned = bool(getattr(m, "scores_pinned", False))
+    return pinned or s.attention == "naive" or (s.attention == "sdpa" and cpu_bf16)
+
+
+def keys_per_query(s) -> int:
+    """Keys each query attends to: the sequence. A context-parallel rank's view (rank_activations in
+    estimate.py) counts seq / cp tokens, whose queries still attend to K and V gathered from every cp rank."""
+    return s.seq_len * max(1, getattr(s, "cp", 1))
 
 
 def _norm(width: int, c: int) -> int:
@@ -46,7 +54,7 @@ def layer_bytes_per_token(m, s, *, moe: bool, rope: bool, policy: str) -> int:
     c = DTYPE_BYTES[s.compute_dtype]
     d, qd, kd, f = m.dim, m.n_heads * m.head_dim, m.n_kv_heads * m.head_dim, m.ffn_hidden_dim
     routed = m.top_k if s.moe in ROUTED_EXPERTS else m.n_experts  # expert rows per token
-    scores = m.n_heads * s.seq_len if scores_materialised(s) else 0  # score elements per token
+    scores = m.n_heads * keys_per_query(s) if scores_materialised(s, m) else 0  # score elements per token
     x_in = d * c  # the block input, read by the first norm's backward (a block boundary)
     if policy == "full":
         return x_in  # only block boundaries survive the forward; the backward recomputes the rest
@@ -67,7 +75,7 @@ def layer_bytes_per_token(m, s, *, moe: bool, rope: bool, policy: str) -> int:
         out += 2 * (qd + kd) * c
     out += qd * c + lse + qd * c  # attention output, logsumexp, the contiguous copy wo reads
     if scores:  # k/v repeated to every query head, the fp32 softmax, its cast back (naive)
-        out += 2 * qd * c + scores * (4 + (c if c != 4 and s.attention == "naive" else 0))
+        out += 2 * qd * c + scores * (4 + (c if c != 4 and (s.attention == "naive" or getattr(m, "scores_pinned", False)) else 0))
     out += d * c + _norm(d, c)  # x + attn (the second norm's input), the second norm
     if moe:
         out += m.n_experts * 4  # router softmax probabilities (fp32)
@@ -123,8 +131,8 @@ def activation_bytes(m, s) -> tuple[int, int, int]:
     )
     expert_width = (m.top_k if s.moe in ROUTED_EXPERTS else m.n_experts) * m.moe_hidden_dim
     in_flight = (2 * m.dim + 3 * max(m.ffn_hidden_dim, expert_width)) * c
-    if scores_materialised(s):
-        in_flight += 2 * m.n_heads * s.seq_len * 4  # the softmax's gradient and the scores'
+    if scores_materialised(s, m):
+        in_flight += 2 * m.n_heads * keys_per_query(s) * 4  # the softmax's gradient and the scores'
     transient = max(loss_transient, tokens * (back + in_flight))
     if s.memory_policy == "offload" and s.device_type != "cpu":  # on a CPU the host is the device
         return loss_saved, layers, transient

@@ -29,22 +29,28 @@ The process's own allocations besides tensors are a measured constant per device
 (JAX buffers behind the bridge), and what an allocator keeps back: glibc leaves freed blocks
 under its sliding mmap threshold (at most 32 MiB each) resident, so small models on a CPU
 show a larger resident set than they need (tests/core/unit/test_memory_estimate.py); CUDA's
-caching allocator fragments. Tensor parallelism (TrainSetup.tp) splits the decoder blocks'
-parameters, the embedding and the output head (by vocabulary) and their gathered copies over
-the TP ranks, and the activations of the split widths (heads, MLP hidden units, the loss
-head's vocabulary); the final norm and the residual stream stay whole on every TP rank
-(sequence parallel's split of the residual stream is not counted).
+caching allocator fragments.
+
+The layout is titan_core's mesh (world = pp x dp_replicate x dp_shard x cp x tp, ep carved from
+dp_shard x cp), and the estimate is of the most loaded rank: the stage with the most blocks (and
+the embedding or the head), the blocks' dense part split over tp and the routed experts over ep,
+both sharded over dp_shard x cp; activations on TP's widths for seq / cp tokens of each sequence,
+times the micro-batches the pipeline schedule holds; CP adds one layer's all-gathered K and V. The
+final norm and the residual stream stay whole on every TP rank (sequence parallel's split of the
+residual stream is not counted). One model for both callers: the trainer's preflight
+(preflight.py, from the run's config and degrees) and `onboard plan`, which searches layouts with it.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING
+from fractions import Fraction
 
-from titan_core.memory.activations import DTYPE_BYTES, activation_bytes
+from titan_core.memory.activations import DTYPE_BYTES, activation_bytes, loss_bytes
+from titan_core.memory.shape import ModelShape, tp_local, tp_whole
 
-if TYPE_CHECKING:  # the arithmetic needs no torch: reports format sizes without loading it
-    from titan_core.models.common.protocol import TrainableModel
+__all__ = ["ModelShape", "TrainSetup", "MemoryEstimate", "estimate_memory", "format_bytes", "tp_local", "tp_whole"]
 
 RUNTIME_BYTES = {"cpu": 24 * 2**20}
 """The trainer's own allocations besides tensors (process group, dispatch caches, thread buffers).
@@ -55,74 +61,6 @@ runtime started, so it is already out of the budget; nothing is added."""
 
 
 @dataclass(frozen=True)
-class ModelShape:
-    """What the memory model needs to know about one model."""
-
-    params: int
-    """Distinct parameters of the built model (a tied embedding counts once)."""
-    largest_param: int
-    """Elements of the largest single parameter (the fp64 norm of clipping copies one at a time)."""
-    largest_block_params: int
-    """Parameters of the largest decoder block (FSDP2 gathers a block at a time)."""
-    dim: int
-    n_layers: int
-    n_heads: int
-    n_kv_heads: int
-    head_dim: int
-    vocab_size: int
-    ffn_hidden_dim: int
-    layer_mix: tuple[tuple[bool, bool, int], ...] = ()
-    """(is an MoE layer, rotates q and k, how many layers) per kind of layer; empty: all dense with RoPE."""
-    n_experts: int = 0
-    top_k: int = 0
-    moe_hidden_dim: int = 0
-    shared_expert_hidden_dim: int = 0
-    qk_norm: bool = False
-    final_softcap: bool = False
-    outside_blocks: int = 0
-    """Parameters outside the decoder blocks (embeddings, output head, final norm): a TP plan
-    splits the vocab x dim tables by vocabulary and leaves the rest whole (`tp_whole`)."""
-
-    def __post_init__(self) -> None:
-        if not self.layer_mix:
-            object.__setattr__(self, "layer_mix", ((False, True, self.n_layers),))
-
-    @property
-    def moe_layers(self) -> int:
-        return sum(n for moe, _, n in self.layer_mix if moe)
-
-    @classmethod
-    def from_model(cls, model: TrainableModel, args) -> ModelShape:
-        """Counts from the (meta) model itself, widths from its TransformerArgs."""
-        params = list(model.parameters())  # distinct: a tied weight appears once
-        blocks = list(model.layers.values())
-        per_block = [sum(p.numel() for p in b.parameters()) for b in blocks]
-        largest_block = max(per_block, default=0)
-        kinds = [(args.layer_is_moe(i), args.layer_uses_rope(i)) for i in range(args.n_layers)]
-        mix = tuple((moe, rope, kinds.count((moe, rope))) for moe, rope in sorted(set(kinds)))
-        return cls(
-            params=sum(p.numel() for p in params),
-            largest_param=max((p.numel() for p in params), default=0),
-            largest_block_params=largest_block,
-            outside_blocks=sum(p.numel() for p in params) - sum(per_block),
-            dim=args.dim,
-            n_layers=args.n_layers,
-            n_heads=args.n_heads,
-            n_kv_heads=args.n_kv_heads,
-            head_dim=args.head_dim,
-            vocab_size=args.vocab_size,
-            ffn_hidden_dim=args.ffn_hidden_dim,
-            layer_mix=mix,
-            n_experts=args.n_experts,
-            top_k=args.top_k,
-            moe_hidden_dim=args.moe_hidden_dim,
-            shared_expert_hidden_dim=args.shared_expert_hidden_dim,
-            qk_norm=args.qk_norm,
-            final_softcap=bool(args.final_softcap),
-        )
-
-
-@dataclass(frozen=True)
 class TrainSetup:
     """How the model is trained, as far as memory is concerned (one process's view)."""
 
@@ -130,23 +68,39 @@ class TrainSetup:
     """Sequences per micro-batch on this process."""
     seq_len: int
     grad_accum: int = 1
+    """Micro-batches per step (a pipeline's micro-batches under pp > 1)."""
     param_dtype: str = "float32"
     """Dtype the parameters (and so gradients and AdamW state) are stored in."""
     compute_dtype: str = "float32"
     """Dtype the model computes in (a data-parallel mixed-precision gather casts to it)."""
+    reduce_dtype: str = "float32"
+    """Dtype gradients are reduced in (training.mixed_precision_reduce)."""
     optimizer: str = "adamw"
-    shard_degree: int = 1
-    """How many ways parameters, gradients and optimizer state are split (dp_shard x tp)."""
-    tp: int = 1
-    """Tensor-parallel degree, a factor of shard_degree (see the module docstring)."""
     data_parallel: str = "none"
     """none | simple_fsdp | fsdp2: decides whether gathered parameter copies exist and how many."""
+    dp_shard: int = 1
+    """Ranks the parameters are sharded over (with cp: dp_shard x cp, TorchTitan's dp_shard_cp)."""
+    dp_replicate: int = 1
+    """Replicas of the shard group (HSDP): each holds the same shard."""
+    tp: int = 1
+    """Tensor-parallel degree: the blocks' widths, the embedding and the head (by vocabulary) split over it."""
+    ep: int = 1
+    """Expert-parallel degree, carved from dp_shard x cp: each rank holds 1/ep of every layer's experts."""
+    cp: int = 1
+    """Context-parallel degree: each sequence's tokens split over cp ranks, the weights sharded over them too."""
+    pp: int = 1
+    """Pipeline stages: a rank holds ceil(layers / pp) blocks, the first stage the embedding, the last the head."""
+    pp_schedule: str = "1F1B"
+    """1F1B | interleaved1F1B | gpipe: how many micro-batches' activations the first stage holds at once."""
     reshard_after_forward: bool = False
-    """SimpleFSDP gathers each weight again in the backward (parallelism.reshard_after_forward): one block's
-    gathered weights alive at a time, not the model's."""
+    """SimpleFSDP gathers each weight again in the backward (parallelism.reshard_after_forward): a block or
+    two gathered at a time, not the stage's."""
+    mode: str = "eager"
+    """eager | compile | graph_trainer: the Graph Trainer's functional update holds new parameters and states
+    beside the old ones; an eager or per-block compiled step runs torch's foreach AdamW."""
     memory_policy: str = "none"
-    """none (eager) | default | full | offload: the Graph Trainer's policies, or what eager activation
-    checkpointing keeps (`eager_policy`)."""
+    """none | default | full | offload: what the step saves for its backward (the Graph Trainer's policies,
+    or what eager activation checkpointing keeps: `eager_policy`)."""
     loss: str = "plain"
     """plain | fused_ce (kernels.loss)."""
     ce_chunk: int = 1024
@@ -157,23 +111,41 @@ class TrainSetup:
     """cpu | cuda | tpu: on a CPU offloaded activations stay in the same memory, and bf16 SDPA builds scores."""
     runtime_bytes: int = 0
     """What the training process allocates besides tensors (RUNTIME_BYTES of its device type)."""
+
+    @property
+    def shards(self) -> int:
+        """Ranks one parameter's shard is split over: dp_shard x cp (1 without data parallelism)."""
+        return 1 if self.data_parallel == "none" else max(1, self.dp_shard) * max(1, self.cp)
+
+    @property
+    def world(self) -> int:
+        return self.pp * self.dp_replicate * max(1, self.dp_shard) * self.cp * self.tp
+
     @classmethod
     def from_config(cls, cfg, degrees=None, *, device_type: str = "cpu") -> TrainSetup:
         """From a JobConfig, the run's parallel degrees (titan_core.parallel.Degrees; None: one
         process) and the type of the device it trains on."""
-        t, dp = cfg.training, cfg.parallelism.data_parallel
-        shard = 1 if degrees is None or dp == "none" else max(1, degrees.dp_shard) * max(1, degrees.tp)
+        t, p = cfg.training, cfg.parallelism
+        dp = p.data_parallel
         gt = cfg.graph_trainer
+        d = degrees
         return cls(
             batch_size=t.batch_size,
             seq_len=t.seq_len,
             grad_accum=t.grad_accum,
             param_dtype=t.dtype,
             compute_dtype=t.mixed_precision_param if dp != "none" else t.dtype,
-            shard_degree=shard,
-            tp=1 if degrees is None or dp == "none" else max(1, degrees.tp),
+            reduce_dtype=t.mixed_precision_reduce if dp != "none" else t.dtype,
             data_parallel=dp,
-            reshard_after_forward=cfg.parallelism.reshard_after_forward,
+            dp_shard=1 if d is None else max(1, d.dp_shard),
+            dp_replicate=1 if d is None else max(1, d.dp_replicate),
+            tp=1 if d is None else max(1, d.tp),
+            ep=1 if d is None else max(1, d.ep),
+            cp=1 if d is None else max(1, d.cp),
+            pp=1 if d is None else max(1, d.pp),
+            pp_schedule=p.pp_schedule,
+            reshard_after_forward=p.reshard_after_forward,
+            mode="graph_trainer" if gt.enable else "compile" if cfg.compile.enable else "eager",
             memory_policy=gt.memory_policy if gt.enable else eager_policy(cfg.activation_checkpoint),
             loss=cfg.kernels.loss,
             ce_chunk=cfg.kernels.ce_chunk,
@@ -256,7 +228,8 @@ class MemoryEstimate:
         opt = states + [f"grads {format_bytes(self.grads)}"]
         opt.append(f"update workspace {format_bytes(self.optimizer_workspace)}")
         parts = {"forward/backward turn": fb, "optimizer step": opt}
-        sharded = f", sharded {s.shard_degree} ways" if s and s.shard_degree > 1 else ""
+        ways = s.shards * s.tp if s else 1
+        sharded = f", sharded {ways} ways" if ways > 1 else ""
         phase = self.phase
         text = f"estimated peak {format_bytes(self.total)} per process{sharded} at the {phase}"
         if phase == "materialise":
@@ -293,36 +266,127 @@ def format_bytes(n: float | None, *, missing: str = "n/a") -> str:
 
 
 # ---- the estimate ------------------------------------------------------------------------
+SCHEDULES = ("1F1B", "interleaved1F1B", "gpipe")
+INTERLEAVE = 2
+"""Stages per rank under interleaved1F1B (titan_core/parallel/pipeline.py's STAGES_PER_RANK)."""
+REGATHERING_HOLDS = {"fsdp2": 2, "simple_fsdp": 1}
+"""Blocks whose gathered weights are alive at once when each is gathered again for its backward: FSDP2's
+current block and the one it prefetches; SimpleFSDP's re-gathering (regather.py) gathers inline, one."""
+
+
+def stage_layers(n_layers: int, pp: int) -> int:
+    """Blocks on the most loaded pipeline stage: the layers split as evenly as they go."""
+    return -(-n_layers // max(1, pp))
+
+
+def in_flight(s: TrainSetup) -> float:
+    """Micro-batches whose activations the first stage holds at once under its schedule: 1F1B warms up pp of
+    them; interleaved1F1B (v = INTERLEAVE stages per rank) (v-1) x pp + 2 x (pp-1) chunks of 1/v of the
+    rank's layers; GPipe runs every forward before any backward."""
+    if s.pp == 1:
+        return 1.0
+    if s.pp_schedule == "gpipe":
+        return float(s.grad_accum)
+    if s.pp_schedule == "interleaved1F1B":
+        return min(float(s.grad_accum), ((INTERLEAVE - 1) * s.pp + 2 * (s.pp - 1)) / INTERLEAVE)
+    return float(min(s.pp, s.grad_accum))
+
+
+def _ends(m: ModelShape, s: TrainSetup) -> Fraction:
+    """Elements of the embedding, head and final norm on the stage holding the most of them, on one TP rank
+    (the tables split by vocabulary, the norm whole); a tied head is the embedding, on the last stage too."""
+    tp = max(1, s.tp)
+    first = Fraction(m.embed_params, tp)
+    last = Fraction(m.head_params or m.embed_params, tp) + m.other_params
+    if s.pp == 1:
+        return Fraction(m.embed_params + m.head_params, tp) + m.other_params
+    return max(first, last)
+
+
+def stored_elements(m: ModelShape, s: TrainSetup) -> int:
+    """Parameters this rank stores (its shard of the most loaded stage): the blocks' dense part split over tp,
+    the routed experts over ep, and both sharded over dp_shard x cp (an expert's over the edp = dp_shard x cp
+    / ep ranks that share it); exact up to one rounding."""
+    frac = Fraction(stage_layers(m.n_layers, s.pp), m.n_layers)
+    dense = m.block_params * frac / max(1, s.tp) + _ends(m, s)
+    return math.ceil((dense + m.expert_params * frac) / s.shards)
+
+
+def gathered_elements(m: ModelShape, s: TrainSetup) -> int:
+    """Compute-dtype copies of parameters alive through forward and backward: a data-parallel gather (or cast)
+    makes a new tensor per use. FSDP2 and SimpleFSDP re-gathering hold REGATHERING_HOLDS blocks; SimpleFSDP
+    keeping its gathers holds the stage's (autograd saves each for its matmul's backward), as does any stage
+    of a pipeline (torch.distributed.pipelining defers the reshard to the last micro-batch); the root's
+    embedding and head stay gathered; experts are gathered over their edp ranks only (1/ep of them)."""
+    cast = DTYPE_BYTES[s.compute_dtype] != DTYPE_BYTES[s.param_dtype]
+    if s.data_parallel == "none" or (s.shards == 1 and not cast):
+        return 0
+    layers = stage_layers(m.n_layers, s.pp)
+    regathers = (s.data_parallel == "fsdp2" or s.reshard_after_forward) and s.pp == 1
+    held = Fraction(min(REGATHERING_HOLDS[s.data_parallel], layers) if regathers else layers, m.n_layers)
+    return math.ceil(m.block_params * held / max(1, s.tp) + m.expert_params * held / max(1, s.ep) + _ends(m, s))
+
+
+def _stage_shape(m: ModelShape, s: TrainSetup) -> ModelShape:
+    """One rank's model as its activations see it: TP's widths and vocab / tp, the stage's layers."""
+    local = tp_local(m, max(1, s.tp))
+    layers = stage_layers(m.n_layers, s.pp)
+    if layers == m.n_layers:
+        return local
+    mix = tuple((moe, rope, -(-n * layers // m.n_layers)) for moe, rope, n in m.layer_mix)
+    return replace(local, n_layers=layers, layer_mix=mix)
+
+
+def rank_activations(m: ModelShape, s: TrainSetup) -> tuple[int, int, int]:
+    """(saved on the device, saved on the host, transient) of one rank: the stage's layers at seq / cp tokens
+    per sequence on TP's widths, times the micro-batches its schedule holds (the first stage; the last holds
+    one and the loss head); under CP attention saves the all-gathered K and V of every layer (the rest of the
+    sequence's, beyond the seq / cp counted), and one layer's gather sits on the backward's transient."""
+    local = _stage_shape(m, s)
+    seq = max(1, s.seq_len // max(1, s.cp))
+    per = replace(s, seq_len=seq)
+    saved, host, transient = activation_bytes(local, per)
+    loss_saved = loss_bytes(local, per, s.batch_size * seq)[0]
+    device = saved
+    if s.pp > 1:  # the first stage holds `held` micro-batches of its layers; the last one and the loss head
+        held = in_flight(s)
+        layers = saved - loss_saved
+        device, host = max(layers * held, layers + loss_saved), host * held
+    kv = 0
+    if s.cp > 1:  # attention reads K and V gathered from every cp rank: the whole sequence's, per layer
+        kv = 2 * s.batch_size * s.seq_len * local.n_kv_heads * local.head_dim * DTYPE_BYTES[s.compute_dtype]
+        if s.memory_policy != "full":  # saved for attention's backward (full keeps the block inputs only)
+            device += kv * (s.cp - 1) / s.cp * local.n_layers * (in_flight(s) if s.pp > 1 else 1)
+    return int(device), int(host), int(transient + kv)
+
+
 def estimate_memory(m: ModelShape, s: TrainSetup) -> MemoryEstimate:
     """Peak bytes of one training process for `m` trained as `s` (see the module docstring)."""
     if s.optimizer != "adamw":
         raise ValueError(f"unknown optimizer '{s.optimizer}' (adamw)")
+    if s.pp_schedule not in SCHEDULES:
+        raise ValueError(f"unknown pipeline schedule '{s.pp_schedule}' ({' | '.join(SCHEDULES)})")
     pb, cb = DTYPE_BYTES[s.param_dtype], DTYPE_BYTES[s.compute_dtype]
-    shard, tp = max(1, s.shard_degree), max(1, s.tp)
-    whole = tp_whole(m) if tp > 1 else 0  # replicated over TP: sharded over the dp ranks only
-    stored = _ceil_div(m.params - whole, shard) + _ceil_div(whole, max(1, shard // tp))
+    stored = stored_elements(m, s)
     params = stored * pb
     grads = params  # gradients of the stored (sharded) parameters, in their dtype
     state = 2 * params  # AdamW's exp_avg and exp_avg_sq, shaped like the parameters
-    gathered = 0
-    if s.data_parallel == "simple_fsdp" and s.reshard_after_forward and (shard > 1 or cb != pb):
-        gathered = _ceil_div(m.largest_block_params, tp) * cb  # the block whose forward or backward runs now
-    elif s.data_parallel == "simple_fsdp" and (shard > 1 or cb != pb):
-        # the gather (or cast) makes a new tensor per use, and the matmul keeps it for the backward;
-        # under TP each rank gathers its slice of the blocks, embedding and head over the dp ranks
-        gathered = (_ceil_div(m.params - whole, tp) + whole) * cb
-    elif s.data_parallel == "fsdp2" and shard > 1:
-        gathered = 2 * m.largest_block_params * cb  # the current block and the prefetched next one
-    act, host, transient = activation_bytes(tp_local(m, tp), s)
-    if s.memory_policy != "none":
+    gathered = gathered_elements(m, s) * cb
+    act, host, transient = rank_activations(m, s)
+    if s.data_parallel != "none":
+        # a layer's backward makes its weights' gradients whole (the gathered weight's, in the compute dtype)
+        # before each is cast to the reduce dtype and reduce-scattered to this rank's shard, one at a time
+        layer = m.block_params / m.n_layers / max(1, s.tp) + m.expert_params / m.n_layers / max(1, s.ep)
+        transient += math.ceil(layer) * cb
+    if s.mode == "graph_trainer":
         # the functional update's new params and states; the clipped gradients stay alive beside
         # them (one foreach output: the list lives until its last element's use)
         opt_work = params + state
     else:  # torch's foreach AdamW: sqrt(exp_avg_sq) as one state-sized buffer; the fp64 norm of clipping
-        opt_work = max(params, _ceil_div(m.largest_param, shard) * 8)
+        opt_work = max(params, _ceil_div(m.largest_param, s.shards) * 8)
     # one process: fp32 weights (to_empty builds in the default dtype) plus one parameter's cast; several:
     # the shards in their stored dtype plus the parameter the init draws whole (sharded_init.py)
-    if s.data_parallel == "none":
+    if s.world == 1 and s.data_parallel == "none":
         materialise = (m.params + m.largest_param) * 4
     else:
         materialise = params + m.largest_param * 4
@@ -335,28 +399,6 @@ def estimate_memory(m: ModelShape, s: TrainSetup) -> MemoryEstimate:
         materialise=materialise + s.runtime_bytes,
         activations_host=host, setup=s,
     )  # fmt: skip
-
-
-def tp_local(m: ModelShape, tp: int) -> ModelShape:
-    """The widths one TP rank computes with: 1/tp of the query and key/value heads, of the MLP
-    hidden units and of the vocabulary (the dense decoder's TP plan, parallel/plans.py); the rest
-    stays whole."""
-    if tp <= 1:
-        return m
-    return replace(
-        m,
-        n_heads=max(1, m.n_heads // tp),
-        n_kv_heads=max(1, m.n_kv_heads // tp),
-        ffn_hidden_dim=max(1, m.ffn_hidden_dim // tp),
-        vocab_size=_ceil_div(m.vocab_size, tp),
-    )
-
-
-def tp_whole(m: ModelShape) -> int:
-    """Parameters outside the blocks that a TP plan leaves whole on every TP rank: all but the
-    vocab x dim tables (the embedding, and the head unless tied), which it splits by vocabulary."""
-    table = m.vocab_size * m.dim
-    return m.outside_blocks - min(2, m.outside_blocks // table) * table if table else m.outside_blocks
 
 
 def _ceil_div(a: int, b: int) -> int:

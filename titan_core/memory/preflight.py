@@ -102,7 +102,8 @@ def _needs_dense(shape: ModelShape, setup: TrainSetup) -> bool:
 
 def _graph(shape: ModelShape, setup: TrainSetup, policy: str) -> TrainSetup:
     """`setup` under a Graph Trainer memory policy (with the experts kernel it needs)."""
-    return replace(setup, memory_policy=policy, moe="dense" if _needs_dense(shape, setup) else setup.moe)
+    return replace(setup, mode="graph_trainer", memory_policy=policy,
+                   moe="dense" if _needs_dense(shape, setup) else setup.moe)  # fmt: skip
 
 
 def _policy_flags(shape: ModelShape, setup: TrainSetup, policy: str) -> str:
@@ -126,10 +127,10 @@ def _fewest_devices(shape: ModelShape, setup: TrainSetup, budget: Budget) -> int
     only its shards) that bring `setup` under `budget`; 0 when none up to MAX_DEVICES does."""
 
     def fits(n: int) -> bool:
-        sharded = replace(setup, shard_degree=n, data_parallel="fsdp2")
+        sharded = replace(setup, dp_shard=n, data_parallel="fsdp2", reshard_after_forward=False)
         return estimate_memory(shape, sharded).total <= budget.bytes
 
-    start = n = max(2, setup.shard_degree)
+    start = n = max(2, setup.dp_shard)
     while n < MAX_DEVICES and not fits(n):
         n *= 2
     if not fits(n):

@@ -62,3 +62,28 @@ def _holding(values):
             yield from _holding([getattr(t, name) for name in t.__tensor_flatten__()[0]])
         else:
             yield t
+
+
+def held_tensor_bytes(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None) -> int:
+    """Bytes of the tensors a rank holds into its next step: its parameters (a DTensor's local shard), its buffers
+    and the optimizer's state, each storage counted once. Not the gradients: a step sets them to None first
+    (zero_grad), so a TensorPeak around the step counts the ones it makes."""
+    seen: dict[int, int] = {}
+
+    def add(t) -> None:
+        if isinstance(t, torch.Tensor):
+            local = t.to_local() if hasattr(t, "to_local") else t
+            for held in _holding([local]):
+                storage = held.untyped_storage()
+                seen.setdefault(storage.data_ptr(), storage.nbytes())
+
+    with torch.no_grad():
+        for p in model.parameters():
+            add(p)
+        for b in model.buffers():
+            add(b)
+        for state in (optimizer.state.values() if optimizer is not None else ()):
+            for value in state.values():
+                add(value)
+    seen.pop(0, None)  # storage-less (meta) tensors
+    return sum(seen.values())

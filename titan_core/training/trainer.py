@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import math
 import os
+from contextlib import nullcontext
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,6 +39,7 @@ from titan_core.config.swaps import apply_swaps
 from titan_core.data import build_data_loader, report_data
 from titan_core.kernels import swaps_for
 from titan_core.memory.preflight import check_memory
+from titan_core.memory.tensor_peak import TensorPeak, held_tensor_bytes
 from titan_core.measure.metrics import MetricsLogger
 from titan_core.training.model_builder import build_model_from_config
 from titan_core.models.common.stats import model_flops_per_token
@@ -284,12 +286,15 @@ class Trainer:
             batches = [self.split(b) for b in batches]
         # the loss is the mean over the valid tokens of the whole global batch (titan_core/training/token_mean.py)
         n_tokens = global_valid_tokens([b.labels for b in batches], self.dp_group)
-        if self.graph_step is not None:  # Graph Trainer: _eager_update's work as one captured program
-            total, grad_norm = self.graph_step.run(batches, n_tokens)
-        elif self.pipeline is not None:  # pp > 1: the schedule runs the micro-batches through the stages
-            total, grad_norm = self.pipeline.update(self.model, self.optimizer, batches, n_tokens)
-        else:
-            total, grad_norm = self._eager_update(cfg, batches, n_tokens)
+        counting = self.cfg.metrics.tensor_peak and not (self.graph_step is not None and self.step == 1)
+        held = held_tensor_bytes(self.model, self.optimizer) if counting else 0
+        with TensorPeak() if counting else nullcontext() as peak:
+            if self.graph_step is not None:  # Graph Trainer: _eager_update's work as one captured program
+                total, grad_norm = self.graph_step.run(batches, n_tokens)
+            elif self.pipeline is not None:  # pp > 1: the schedule runs the micro-batches through the stages
+                total, grad_norm = self.pipeline.update(self.model, self.optimizer, batches, n_tokens)
+            else:
+                total, grad_norm = self._eager_update(cfg, batches, n_tokens)
         self.lr_scheduler.step()
         if self.world_size > 1:
             # each rank's total is dp_world times its share of the global token mean (plus the
@@ -304,6 +309,8 @@ class Trainer:
         # (token, expert) rows the capacity dropped this step, every rank and MoE layer: a host value
         # (the dispatch reads its split sizes on the host anyway)
         extra = {} if self.ep_dispatch is None else {"moe_dropped_tokens": dropped_rows(self.ep_dispatch, self.device)}
+        if counting:
+            extra["tensor_peak_bytes"] = held + peak.peak_bytes
         return _Queued(self.step, lr, values, lap, devices.peak_memory_bytes(self.device), extra)
 
     def _rows(self, queued: list[_Queued]) -> list[dict]:

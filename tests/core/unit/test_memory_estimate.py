@@ -126,12 +126,13 @@ def test_estimate_moves_the_way_the_step_does():
     assert acts[0] > acts[1] > acts[2]
     assert est(moe="dense").activations > est(moe="loop").activations  # every expert on every token
     assert est(param_dtype="bfloat16", compute_dtype="bfloat16").params * 2 == est().params
-    sharded = est(shard_degree=4, data_parallel="fsdp2")
+    sharded = est(dp_shard=4, data_parallel="fsdp2")
     assert sharded.optimizer_state == -(-shape.params // 4) * 4 * 2
     # SimpleFSDP keeps every gathered weight through the backward unless it gathers them again there
-    kept = est(shard_degree=4, data_parallel="simple_fsdp")
-    again = est(shard_degree=4, data_parallel="simple_fsdp", reshard_after_forward=True)
-    assert kept.gathered_params == shape.params * 4 and again.gathered_params == shape.largest_block_params * 4
+    kept = est(dp_shard=4, data_parallel="simple_fsdp")
+    again = est(dp_shard=4, data_parallel="simple_fsdp", reshard_after_forward=True)
+    ends = shape.embed_params + shape.head_params + shape.other_params  # the root's: embedding, head, final norm
+    assert kept.gathered_params == shape.params * 4 and again.gathered_params == (shape.largest_block_params + ends) * 4
     # several processes make only their shards real (plus the parameter the init draws whole); one builds it all
     assert sharded.materialise == sharded.params + shape.largest_param * 4 + sharded.overhead
     assert est().materialise == (shape.params + shape.largest_param) * 4 + sharded.overhead > sharded.materialise
@@ -243,3 +244,27 @@ def test_refusal_says_estimate_budget_and_the_largest_batch_that_fits():
     assert TWIN.format(device="CPU") in text
     cfg.device.memory_budget_gib = 0  # the machine's own budget: the debug model fits
     assert check_memory(cfg, model, args, torch.device("cpu"), degrees).total == est8.total
+
+
+# ---- the estimate against the tensors a step holds (metrics.tensor_peak) ------------------------
+@pytest.mark.parametrize("extra, counted", [
+    ([], [1, 2]),
+    (["--activation_checkpoint.mode=full"], [1, 2]),
+    (["--graph_trainer.enable=true", "--graph_trainer.memory_policy=default"], [2]),  # step 1 is the capture
+], ids=["eager", "eager-full-checkpointing", "graph-trainer"])  # fmt: skip
+def test_tensor_peak_is_what_the_estimate_predicts(tmp_path, extra, counted):
+    from titan_core.training.trainer import Trainer
+
+    cfg = load_config(None, ["--device.type=cpu", "--training.batch_size=4", "--training.seq_len=256",
+                             "--training.steps=2", "--metrics.rich=false", "--metrics.tensor_peak=true",
+                             f"--metrics.output_dir={tmp_path}", *extra])  # fmt: skip
+    trainer = Trainer(cfg, quiet=True)
+    try:
+        rows = trainer.train().metrics
+    finally:
+        trainer.close()
+    est = trainer.memory_estimate
+    assert [r["step"] for r in rows if "tensor_peak_bytes" in r] == counted
+    measured = max(r["tensor_peak_bytes"] for r in rows if "tensor_peak_bytes" in r)
+    predicted = max(est.forward_backward, est.optimizer_step) - est.overhead
+    assert abs(measured / predicted - 1) <= TOLERANCE, (measured, predicted, est.describe())

@@ -54,23 +54,23 @@ def test_one_execution_mode_and_the_experts_the_chosen_option_runs():
     cfg = from_dict(EARNED)
     target = parse_target("h100:64")
     kernels, levers = planning_kernels(cfg, MOE, target, twin_args=MOE_TWIN)
-    captured = by_key(merged(levers + mode_levers(cfg, MOE, target, kernels, "default", "grouped_mm")))
+    captured = by_key(merged(levers + mode_levers(cfg, MOE, target, kernels, "default", "grouped_mm", mode="graph_trainer")))
     assert (captured["graph_trainer.enable"].plan, captured["compile.enable"].plan) == (True, False)
     assert "refuses beside per-block compile" in captured["compile.enable"].why
-    eager = by_key(mode_levers(cfg, MOE, target, kernels, "none", kernels.moe))
+    eager = by_key(mode_levers(cfg, MOE, target, kernels, "none", kernels.moe, mode="compile"))
     assert (eager["graph_trainer.enable"].plan, eager["compile.enable"].plan) == (False, True)
     assert not eager["compile.enable"].changed and "kernels.moe" not in eager
     # an eager layout titan_core refuses compiled (CP, PP) runs uncompiled, titan_core's reason in the why
     why = "parallelism.reshard_after_forward runs eager only"
-    off = by_key(mode_levers(cfg, MOE, target, kernels, "none", kernels.moe, compile=False, compile_refused=why))
+    off = by_key(mode_levers(cfg, MOE, target, kernels, "none", kernels.moe, mode="eager", compile_refused=why))
     assert off["compile.enable"].changed and off["compile.enable"].plan is False and why in off["compile.enable"].why
-    eager = by_key(mode_levers(cfg, MOE, target, kernels, "none", kernels.moe, captured_refused=why))
+    eager = by_key(mode_levers(cfg, MOE, target, kernels, "none", kernels.moe, mode="compile", captured_refused=why))
     assert eager["graph_trainer.enable"].plan is False and why in eager["graph_trainer.enable"].why
     # the reference loop in an eager step stays; a captured step swaps it for the target's routed kernel
     loop = from_dict({"kernels": {"moe": "loop"}})
     kernels, levers = planning_kernels(loop, MOE, target)
     assert kernels.moe == "loop" and not by_key(levers).get("kernels.moe")
-    moe = by_key(mode_levers(loop, MOE, target, kernels, "default", "grouped_mm"))["kernels.moe"]
+    moe = by_key(mode_levers(loop, MOE, target, kernels, "default", "grouped_mm", mode="graph_trainer"))["kernels.moe"]
     assert (moe.recipe, moe.plan) == ("loop", "grouped_mm")
 
 
@@ -78,7 +78,7 @@ def test_a_dense_model_never_gets_kernels_moe():
     cfg = from_dict(EARNED)
     target = parse_target("v7x:64")
     kernels, levers = planning_kernels(cfg, DENSE, target)
-    levers = merged(levers + mode_levers(cfg, DENSE, target, kernels, "default", "tokamax"))
+    levers = merged(levers + mode_levers(cfg, DENSE, target, kernels, "default", "tokamax", mode="graph_trainer"))
     assert "kernels.moe" not in by_key(levers) and by_key(levers)["device.threads"].plan == 0
 
 

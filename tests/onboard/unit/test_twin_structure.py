@@ -15,18 +15,10 @@ from typer.testing import CliRunner
 from onboard.cli.app import app
 from onboard.sizing.twin import TwinError, derive_twin
 from onboard.sizing.twin_layers import layer_kinds
-from real_size_configs import PUBLISHED
+from real_size_configs import MIXTRAL, PUBLISHED
 from titan_core.models import get_family
 
 LLAMA = get_family("llama3").adapter
-MIXTRAL = {
-    "architectures": ["MixtralForCausalLM"], "model_type": "mixtral", "hidden_size": 4096, "head_dim": None,
-    "intermediate_size": 14336, "num_attention_heads": 32, "num_key_value_heads": 8, "num_hidden_layers": 32,
-    "num_local_experts": 8, "num_experts_per_tok": 2, "max_position_embeddings": 32768, "rms_norm_eps": 1e-05,
-    "rope_theta": 1000000.0, "sliding_window": None, "tie_word_embeddings": False, "vocab_size": 32000,
-    "bos_token_id": 1, "eos_token_id": 2, "hidden_act": "silu",
-}  # fmt: skip
-"""Mixtral-8x7B's config.json (architecture keys), head_dim null as its file has it."""
 
 
 def llama(heads: int, kv: int) -> dict:

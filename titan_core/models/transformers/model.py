@@ -178,6 +178,9 @@ class TransformersCausalLM(ModelBase):
                 module.core = _core_for(module, softcapped)
                 # read here, once: a source lookup inside forward would break a compiled block's graph
                 module.makes_own_mask = makes_own_mask(type(module))
+        self.attention_pinned_naive = softcapped
+        """Every attention core caps its scores, which only the naive core applies: kernels.attention swaps none
+        of them, and the memory model counts their [heads, seq, seq] scores."""
         for site in self.attention_sites.upstream:  # found here, once, for the same reason
             i, _, path = site.partition(".")
             module = blocks[int(i)].get_submodule(path)
