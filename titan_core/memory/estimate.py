@@ -38,7 +38,7 @@ both sharded over dp_shard x cp; activations on TP's widths for seq / cp tokens 
 times the micro-batches the pipeline schedule holds; CP adds one layer's all-gathered K and V. The
 final norm and the residual stream stay whole on every TP rank (sequence parallel's split of the
 residual stream is not counted). One model for both callers: the trainer's preflight
-(preflight.py, from the run's config and degrees) and `onboard plan`, which searches layouts with it.
+(preflight.py, from the run's config and degrees) and a planner searching layouts with it.
 """
 
 from __future__ import annotations
