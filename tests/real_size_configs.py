@@ -92,3 +92,12 @@ MIXTRAL = {
     "bos_token_id": 1, "eos_token_id": 2, "hidden_act": "silu",
 }  # fmt: skip
 """Mixtral-8x7B's config.json (architecture keys), head_dim null as its file has it."""
+GEMMA2_9B = {
+    "architectures": ["Gemma2ForCausalLM"], "model_type": "gemma2", "hidden_size": 3584, "head_dim": 256,
+    "intermediate_size": 14336, "num_attention_heads": 16, "num_key_value_heads": 8, "num_hidden_layers": 42,
+    "max_position_embeddings": 8192, "rms_norm_eps": 1e-06, "rope_theta": 10000.0, "sliding_window": 4096,
+    "attn_logit_softcapping": 50.0, "final_logit_softcapping": 30.0, "query_pre_attn_scalar": 256,
+    "hidden_activation": "gelu_pytorch_tanh", "tie_word_embeddings": True, "vocab_size": 256000, "bos_token_id": 2,
+    "eos_token_id": 1, "pad_token_id": 0,
+}  # fmt: skip
+"""Gemma-2-9B's config.json (architecture keys): alternating sliding and global layers, soft-capped scores."""

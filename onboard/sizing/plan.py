@@ -40,7 +40,6 @@ from onboard.sizing import plan_memory
 from onboard.sizing.plan_memory import (
     Layout,
     MemSetup,
-    PlanShape,
     device_memory,
     largest_batch,
 )
@@ -153,7 +152,7 @@ class Plan:
     """Per degree (tp, ep, cp, pp, dp_replicate): its chosen value and why."""
     would_fit: str | None = None
     """When nothing fits: one line saying what would (a shorter --seq, more devices, the layout there)."""
-    shape: PlanShape | None = None
+    shape: ModelShape | None = None
     """The model as the memory model split it."""
 
     @property
@@ -208,9 +207,9 @@ class Plan:
         }  # fmt: skip
 
 
-def activation_table(ps: PlanShape, base: TrainSetup, target: Target, seq_len: int, tp: int = 1) -> dict[str, int]:
+def activation_table(ps: ModelShape, base: TrainSetup, target: Target, seq_len: int, tp: int = 1) -> dict[str, int]:
     """Bytes one layer keeps per token under each policy, averaged over the layers (device or host)."""
-    m = tp_local(ps.base, tp)
+    m = tp_local(ps, tp)
     compute = "float32" if target.device_type == "cpu" else "bfloat16"
     out = {}
     for policy in ("none",) + GRAPH_POLICIES:
@@ -224,7 +223,7 @@ def activation_table(ps: PlanShape, base: TrainSetup, target: Target, seq_len: i
 
 
 def plan_training(
-    shape: ModelShape | PlanShape,
+    shape: ModelShape | ModelShape,
     counts,
     flops_per_token: Callable[[int], float],
     target: Target,
@@ -239,7 +238,7 @@ def plan_training(
     min_seq: int = 128,
     accept: Callable[[Option], str | None] | None = None,
 ) -> Plan:
-    """The plan (module docstring). `shape`: the model (a PlanShape counts its experts exactly; a
+    """The plan (module docstring). `shape`: the model (a ModelShape counts its experts exactly; a
     ModelShape's are derived from its widths); `counts`: (total, active) parameters; `flops_per_token(seq)`:
     the model's training FLOPs per token; `kernels`: a TrainSetup whose loss / attention / moe / ce_chunk
     are the recipe's; `compiled`: the eager step is compiled per block; `captured_compiled`: the Graph
@@ -250,7 +249,7 @@ def plan_training(
     without it every fitting option counts as accepted)."""
     if seq_len < 1:
         raise ConfigError(f"--seq {seq_len}: must be a positive number of tokens")
-    ps = shape if isinstance(shape, PlanShape) else PlanShape.from_shape(shape)
+    ps = shape
     total, active = counts
     space = Space(tp_plan=tp_plan, ep=ps.is_moe)
     eff = efficiency if isinstance(efficiency, Efficiency) else efficiency_for(target.device_type, efficiency)
@@ -300,14 +299,14 @@ def offload_of(chosen: Option | None) -> tuple[bool, str]:
                   "true)")  # fmt: skip
 
 
-def scan_of(ps: PlanShape, chosen: Option | None, opts: list[Option] = ()) -> tuple[bool, str]:
+def scan_of(ps: ModelShape, chosen: Option | None, opts: list[Option] = ()) -> tuple[bool, str]:
     """(whether the chosen option's captured step scans over its layers, why): graph_trainer.scan_layers."""
     if chosen is None or not chosen.captured:
         return False, "the chosen step is not captured" if chosen else "nothing fits"
     if chosen.scan:
         return True, (f"the captured step traces one of its {ps.n_layers} identical blocks and loops it "
                       "(graph_trainer.scan_layers = true); the memory model counts no bytes for it")  # fmt: skip
-    if len(ps.base.layer_mix) > 1:
+    if len(ps.layer_mix) > 1:
         return False, "the blocks are not identical (layer kinds differ): scan cannot stack them"
     same = [o for o in opts if o.scan and o.layout == chosen.layout and o.policy == chosen.policy and o.fits]
     if same and same[0].refused:
@@ -326,12 +325,12 @@ def _cached(flops_per_token: Callable[[int], float]) -> Callable[[int], float]:
     return fpt
 
 
-def recompute_bytes(ps: PlanShape, lay: Layout, setup) -> float:
+def recompute_bytes(ps: ModelShape, lay: Layout, setup) -> float:
     """Bytes per token, over one rank's layers on its TP widths, of what the eager step saves and the option's
     memory policy does not keep (its backward makes them again): 0 for policy none."""
     if setup.policy == "none":
         return 0.0
-    m = tp_local(ps.base, lay.tp)
+    m = tp_local(ps, lay.tp)
     kept = "default" if setup.policy == "offload" else setup.policy
     t = TrainSetup(batch_size=1, seq_len=max(1, setup.seq_len // lay.cp), compute_dtype=setup.compute_dtype,
                    attention=setup.attention, moe=setup.moe, device_type=setup.device_type)  # fmt: skip
@@ -341,7 +340,7 @@ def recompute_bytes(ps: PlanShape, lay: Layout, setup) -> float:
                        for moe, rope, n in m.layer_mix)  # fmt: skip
 
 
-def _predict(ps: PlanShape, counts, fpt, target: Target, o: Option, *, seq_len: int, kernels: TrainSetup,
+def _predict(ps: ModelShape, counts, fpt, target: Target, o: Option, *, seq_len: int, kernels: TrainSetup,
              captured_compiled: bool, float8: bool, eff: Efficiency) -> StepPrediction:  # fmt: skip
     total, active = counts
     moe = moe_kernel(kernels, target, o.mode)
@@ -354,7 +353,7 @@ def _predict(ps: PlanShape, counts, fpt, target: Target, o: Option, *, seq_len: 
                         eff=eff)  # fmt: skip
 
 
-def predict_layout(ps: PlanShape, counts, flops_per_token: Callable[[int], float], target: Target, layout: Layout, *,
+def predict_layout(ps: ModelShape, counts, flops_per_token: Callable[[int], float], target: Target, layout: Layout, *,
                    seq_len: int, kernels: TrainSetup, batch: int, policy: str, microbatches: int = 1,
                    data_parallel: str | None = None, mode: str | None = None, compiled: bool = True,
                    float8: bool = False, eff: Efficiency | None = None) -> Option:  # fmt: skip
@@ -378,7 +377,7 @@ def predict_layout(ps: PlanShape, counts, flops_per_token: Callable[[int], float
     return o
 
 
-def _choice_notes(ps: PlanShape, kernels: TrainSetup, target: Target, chosen: Option, seq_len: int) -> list[str]:
+def _choice_notes(ps: ModelShape, kernels: TrainSetup, target: Target, chosen: Option, seq_len: int) -> list[str]:
     notes = []
     lay = chosen.layout
     if chosen.batch < chosen.largest_batch:

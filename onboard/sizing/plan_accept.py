@@ -32,7 +32,7 @@ from typing import Any
 from titan_core.config import ConfigError
 from titan_core.config.loader import get_key
 from titan_core.config.sections import JobConfig
-from titan_core.memory.estimate import TrainSetup
+from titan_core.memory.estimate import ModelShape, TrainSetup
 from titan_core.compile.graph_trainer.scan import check_scannable
 from titan_core.parallel import check_parallelism
 from titan_core.parallel.expert_parallel import check_expert_model
@@ -41,7 +41,7 @@ from titan_core.parallel.pipeline import check_pipeline_model
 
 from onboard.sizing.plan import Target, moe_kernel, offload_of
 from onboard.sizing.plan_levers import Lever, merged, mode_levers
-from onboard.sizing.plan_memory import REGATHERING, PlanShape
+from onboard.sizing.plan_memory import REGATHERING
 from onboard.sizing.plan_search import Option
 
 FEATURES = {
@@ -109,7 +109,7 @@ def ac_values(policy: str) -> dict[str, Any]:
 class Acceptance:
     """titan_core's verdict on each option's recipe (module docstring); callable as `accept(option)`."""
 
-    def __init__(self, cfg: JobConfig, args, model, shape: PlanShape, target: Target, kernels: TrainSetup,
+    def __init__(self, cfg: JobConfig, args, model, shape: ModelShape, target: Target, kernels: TrainSetup,
                  levers: list[Lever]) -> None:  # fmt: skip
         """`cfg`: the workspace recipe with the full model (model.hf_config its config.json); `args`, `model`:
         the full model's arguments and meta model; `kernels`, `levers`: plan_levers.planning_kernels'."""

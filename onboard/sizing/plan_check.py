@@ -90,10 +90,10 @@ def check_plan_recipe(ws: Workspace, recipe_path: Path) -> dict[str, Any]:
     out.update(model=ws.model_label(), mode=_mode(cfg), precision=gate_recipe.precision(cfg.training))
     try:
         world, shrinks = shrink_layout(cfg, planned)
-        degrees = check_parallelism(cfg, world)
-        shrinks += fit_here(cfg, degrees)
-        degrees = check_parallelism(cfg, world)
-        _, _, est = _estimate(cfg, degrees)
+        meta = _meta(cfg)
+        shrinks += fit_here(cfg, check_parallelism(cfg, world), meta)
+        degrees = check_parallelism(cfg, world)  # again: the shorter sequence and batch are judged too
+        est = _estimate(cfg, degrees, meta)
     except ConfigError as e:  # titan_core refuses the combination (two modes at once, ...)
         out["changed_here"] = changes
         out["refused"] = " ".join(str(e).split())
@@ -120,9 +120,16 @@ def check_plan_recipe(ws: Workspace, recipe_path: Path) -> dict[str, Any]:
     return out
 
 
-def _estimate(cfg, degrees):
+def _meta(cfg) -> tuple[Any, Any]:
+    """(args, meta model) of the model the check runs, built once."""
     args = gate_recipe.model_args(cfg)
-    return estimate_for(cfg, build_meta_model(cfg.model, args), args, "cpu", degrees)
+    return args, build_meta_model(cfg.model, args)
+
+
+def _estimate(cfg, degrees, meta: tuple[Any, Any]):
+    """titan_core's estimate of one rank of `cfg` at `degrees` on this CPU (what its preflight computes)."""
+    args, model = meta
+    return estimate_for(cfg, model, args, "cpu", degrees)[2]
 
 
 def memory_verdict(rows: list[dict], est, world: int) -> dict[str, Any] | None:
@@ -200,19 +207,19 @@ def shrink_layout(cfg, planned) -> tuple[int, list[dict[str, Any]]]:
     return world(), shrinks
 
 
-def fit_here(cfg, degrees) -> list[dict[str, Any]]:
+def fit_here(cfg, degrees, meta: tuple[Any, Any]) -> list[dict[str, Any]]:
     """Halve the batch (then the sequence, the longest kept that fits) while a step of the shrunk layout would
     not fit this host's memory (MEMORY_SHARE of it over the ranks) or STEP_BUDGET_S of this CPU; the shrinks
     said."""
     t, cp = cfg.training, max(1, cfg.parallelism.cp)
     budget = cpu_budget()
     room = budget.bytes * MEMORY_SHARE / degrees.world_size if budget else math.inf
-    args = gate_recipe.model_args(cfg)
+    args = meta[0]
     peak = measured_cpu_peak(torch.float32) * CPU_EFFICIENCY
     plan_seq, plan_batch = t.seq_len, t.batch_size
 
     def fits() -> tuple[bool, str]:
-        est = _estimate(cfg, degrees)[2]
+        est = _estimate(cfg, degrees, meta)
         tokens = t.batch_size * t.seq_len * t.grad_accum * degrees.dp
         seconds = flops_per_token(args, t.seq_len) * tokens / peak
         if est.total > room:

@@ -1,6 +1,6 @@
 """Per-device memory of one training layout on a target: what a plan fits before anything runs.
 
-    ps = PlanShape.from_model(meta_model, args)
+    ps = ModelShape.from_model(meta_model, args)
     lay = Layout(dp_shard=64, ep=64)
     mem = device_memory(ps, lay, MemSetup(policy="none", data_parallel="fsdp2", seq_len=4096, ...), batch=2)
     mem.total, mem.phase, largest_batch(ps, lay, setup, budget)
@@ -15,13 +15,13 @@ linear in the batch, so the largest batch is solved, not searched.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from titan_core.memory import estimate as est
 from titan_core.memory.activations import loss_bytes
 from titan_core.memory.estimate import INTERLEAVE, SCHEDULES, MemoryEstimate, ModelShape, TrainSetup, estimate_memory
 
-__all__ = ["INTERLEAVE", "SCHEDULES", "DeviceMemory", "Layout", "MemSetup", "PlanShape", "REGATHERING", "REGATHERS",
+__all__ = ["INTERLEAVE", "SCHEDULES", "DeviceMemory", "Layout", "MemSetup", "REGATHERING", "REGATHERS",
            "device_memory", "largest_batch", "stage_layers", "stored_elements", "in_flight", "loss_head_bytes",
            "train_setup"]  # fmt: skip
 
@@ -35,51 +35,6 @@ REGATHERS = ("fsdp2", REGATHERING)
 """The data-parallel kinds that gather a block again for its backward."""
 DeviceMemory = MemoryEstimate
 """Bytes on one device (the most loaded PP stage): the parts and the three moments."""
-
-
-@dataclass(frozen=True)
-class PlanShape:
-    """The model as the planner reads it: titan_core's ModelShape (counts from the meta build, the routed
-    experts, embedding and head apart)."""
-
-    base: ModelShape
-
-    @property
-    def n_layers(self) -> int:
-        return self.base.n_layers
-
-    @property
-    def is_moe(self) -> bool:
-        return self.base.is_moe
-
-    @property
-    def block_params(self) -> int:
-        return self.base.block_params
-
-    @property
-    def expert_params(self) -> int:
-        return self.base.expert_params
-
-    @property
-    def embed_params(self) -> int:
-        return self.base.embed_params
-
-    @property
-    def head_params(self) -> int:
-        return self.base.head_params
-
-    @property
-    def other_params(self) -> int:
-        return self.base.other_params
-
-    @classmethod
-    def from_model(cls, model, args, shape: ModelShape | None = None) -> PlanShape:
-        return cls(shape or ModelShape.from_model(model, args))
-
-    @classmethod
-    def from_shape(cls, shape: ModelShape) -> PlanShape:
-        """From a ModelShape alone (one built without the model derives its experts from the widths)."""
-        return cls(shape)
 
 
 @dataclass(frozen=True)
@@ -164,14 +119,14 @@ def train_setup(lay: Layout, s: MemSetup, *, batch: int) -> TrainSetup:
     )  # fmt: skip
 
 
-def stage_layers(ps: PlanShape, pp: int) -> int:
+def stage_layers(ps: ModelShape, pp: int) -> int:
     """Blocks on the most loaded stage: the layers split as evenly as they go."""
     return est.stage_layers(ps.n_layers, pp)
 
 
-def stored_elements(ps: PlanShape, lay: Layout) -> int:
+def stored_elements(ps: ModelShape, lay: Layout) -> int:
     """Parameters this rank stores (its shard of the most loaded stage)."""
-    return est.stored_elements(ps.base, train_setup(lay, MemSetup("none", "fsdp2", 1), batch=1))
+    return est.stored_elements(ps, train_setup(lay, MemSetup("none", "fsdp2", 1), batch=1))
 
 
 def in_flight(lay: Layout, microbatches: int) -> float:
@@ -179,20 +134,20 @@ def in_flight(lay: Layout, microbatches: int) -> float:
     return est.in_flight(train_setup(lay, MemSetup("none", "fsdp2", 1, grad_accum=microbatches), batch=1))
 
 
-def loss_head_bytes(ps: PlanShape, lay: Layout, s: MemSetup, *, batch: int) -> tuple[int, int]:
+def loss_head_bytes(ps: ModelShape, lay: Layout, s: MemSetup, *, batch: int) -> tuple[int, int]:
     """(saved, transient) of the final norm and loss head for `batch` sequences on one rank, at the vocabulary
     one TP rank holds: fused_ce keeps one [ce_chunk, vocab / tp] fp32 chunk, plain [tokens, vocab / tp] logits."""
     t = train_setup(lay, s, batch=batch)
     seq = max(1, s.seq_len // lay.cp)
-    return loss_bytes(est.tp_local(ps.base, lay.tp), est.replace(t, seq_len=seq), batch * seq)
+    return loss_bytes(est.tp_local(ps, lay.tp), replace(t, seq_len=seq), batch * seq)
 
 
-def device_memory(ps: PlanShape, lay: Layout, s: MemSetup, *, batch: int) -> MemoryEstimate:
+def device_memory(ps: ModelShape, lay: Layout, s: MemSetup, *, batch: int) -> MemoryEstimate:
     """Bytes on the most loaded device of `lay` at `batch` sequences per micro-batch: titan_core's estimate."""
-    return estimate_memory(ps.base, train_setup(lay, s, batch=batch))
+    return estimate_memory(ps, train_setup(lay, s, batch=batch))
 
 
-def largest_batch(ps: PlanShape, lay: Layout, s: MemSetup, budget: int) -> tuple[int, MemoryEstimate]:
+def largest_batch(ps: ModelShape, lay: Layout, s: MemSetup, budget: int) -> tuple[int, MemoryEstimate]:
     """The largest batch in [1, MAX_BATCH] whose peak fits `budget`, and its memory (at batch 1 when none
     fits: 0). Every moment is a + b x batch, so it is solved from two evaluations."""
     one, two = device_memory(ps, lay, s, batch=1), device_memory(ps, lay, s, batch=2)

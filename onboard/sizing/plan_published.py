@@ -42,7 +42,7 @@ from titan_core.models.registry import build_meta, get_family
 from titan_core.parallel.plans import TP_PLANS
 
 from onboard.sizing.plan import CAPTURED_MOE, parse_target, predict_layout
-from onboard.sizing.plan_memory import Layout, PlanShape
+from onboard.sizing.plan_memory import Layout
 from onboard.sizing.plan_time import (
     COMPUTE_EFFICIENCY,
     EAGER_RATIO,
@@ -136,7 +136,7 @@ def _model(family: str, flavor: str):
     args = get_family(family).flavors[flavor]
     meta = build_meta(family, args)
     shape = ModelShape.from_model(meta, args)
-    return args, PlanShape.from_model(meta, args, shape), count_params(meta)
+    return args, shape, count_params(meta)
 
 
 _MODELS: dict[tuple[str, str], Any] = {}

@@ -39,14 +39,13 @@ import math
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from titan_core.memory.estimate import TrainSetup
+from titan_core.memory.estimate import ModelShape, TrainSetup
 
 from onboard.sizing.plan_memory import (
     REGATHERING,
     DeviceMemory,
     Layout,
     MemSetup,
-    PlanShape,
     device_memory,
     largest_batch,
     stage_layers,
@@ -190,9 +189,9 @@ def _pow2(limit: int) -> list[int]:
     return out
 
 
-def layouts(ps: PlanShape, target, seq_len: int, space: Space) -> list[Layout]:
+def layouts(ps: ModelShape, target, seq_len: int, space: Space) -> list[Layout]:
     """Every layout of the target's devices the module docstring allows."""
-    n, base = target.count, ps.base
+    n, base = target.count, ps
     tps = [1] + [t for t in _pow2(target.per_host) if space.tp_plan and n % t == 0
                  and all(w % t == 0 for w in (base.n_heads, base.n_kv_heads, base.ffn_hidden_dim))]  # fmt: skip
     cps = [1] + [c for c in _pow2(MAX_CP) if space.cp and seq_len % (2 * c) == 0 and seq_len // c >= MIN_CP_CHUNK]
@@ -238,7 +237,7 @@ def modes_of(lay: Layout, compiled: bool, scannable: bool) -> list[tuple[str, tu
     return out
 
 
-def search(ps: PlanShape, target, kernels: TrainSetup, *, seq_len: int, space: Space,
+def search(ps: ModelShape, target, kernels: TrainSetup, *, seq_len: int, space: Space,
            moe_kernel: Callable[[str], str], step_of: Callable[[Option], StepPrediction],
            compiled: bool = False, accept: Callable[[Option], str | None] | None = None) -> list[Option]:  # fmt: skip
     """Every layout in every mode with every memory policy and data-parallel kind that applies (module
@@ -246,7 +245,7 @@ def search(ps: PlanShape, target, kernels: TrainSetup, *, seq_len: int, space: S
     titan_core's verdict (`accept(option)`: its refusal, None when it runs). `moe_kernel(mode)`: the
     experts kernel it runs; `compiled`: the recipe compiles its eager step per block."""
     compute = "float32" if target.device_type == "cpu" else "bfloat16"
-    scannable = len(ps.base.layer_mix) == 1
+    scannable = len(ps.layer_mix) == 1
     out: list[Option] = []
     for lay in layouts(ps, target, seq_len, space):
         micro = microbatches(lay, lay.dp * seq_len)
@@ -372,14 +371,14 @@ def refusal_summary(opts: list[Option], limit: int = 8) -> dict[str, Any]:
     return {"options": sum(len(g) for g in groups.values()), "reasons": reasons}
 
 
-def degree_reasons(opts: list[Option], chosen: Option, ps: PlanShape, space: Space) -> dict[str, str]:
+def degree_reasons(opts: list[Option], chosen: Option, ps: ModelShape, space: Space) -> dict[str, str]:
     """Per degree (tp, ep, cp, pp, dp_replicate): the value chosen and why, against the best fitting
     option titan_core accepts with another value of that degree; and when a faster fitting one with
     another value was refused, titan_core's reason."""
     lay, out = chosen.layout, {}
     facts = {
-        "tp": f"{ps.base.n_heads // lay.tp} of {ps.base.n_heads} query heads per rank" if lay.tp > 1 else "",
-        "ep": f"{ps.base.n_experts // lay.ep} of {ps.base.n_experts} experts per rank per layer, each sharded over "
+        "tp": f"{ps.n_heads // lay.tp} of {ps.n_heads} query heads per rank" if lay.tp > 1 else "",
+        "ep": f"{ps.n_experts // lay.ep} of {ps.n_experts} experts per rank per layer, each sharded over "
               f"{lay.edp} ranks" if lay.ep > 1 else "",
         "cp": f"each sequence in {2 * lay.cp} load-balanced chunks, two per rank" if lay.cp > 1 else "",
         "pp": f"{stage_layers(ps, lay.pp)} layers per stage, {chosen.microbatches} microbatches, bubble "

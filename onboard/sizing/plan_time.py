@@ -58,9 +58,11 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from titan_core.memory.shape import ModelShape
+
 from onboard.sizing.hardware import Hardware
 from onboard.sizing import plan_memory
-from onboard.sizing.plan_memory import INTERLEAVE, Layout, PlanShape, stage_layers
+from onboard.sizing.plan_memory import INTERLEAVE, Layout, stage_layers
 
 COMPUTE_EFFICIENCY = {"cuda": 0.398, "tpu": 0.768, "cpu": 0.5}
 """Fraction of the bf16 peak a compiled step's executed FLOPs reach, per device type (plan_published.py's
@@ -243,7 +245,7 @@ def overlaps(x: StepInputs, hw: Hardware | None) -> str | None:
     return None
 
 
-def communication(ps: PlanShape, lay: Layout, x: StepInputs, hw: Hardware | None, compute_s: float = 0.0
+def communication(ps: ModelShape, lay: Layout, x: StepInputs, hw: Hardware | None, compute_s: float = 0.0
                   ) -> list[Collective]:  # fmt: skip
     """Every collective of one step of `lay`, per device, with its exposed seconds against `compute_s` (module
     docstring); none on a CPU target, whose processes share one host's memory (not modelled)."""
@@ -252,7 +254,7 @@ def communication(ps: PlanShape, lay: Layout, x: StepInputs, hw: Hardware | None
     c, red = 2, 4  # bf16 gathers, fp32 gradient reduction (the plan's mixed_precision_reduce)
     layers = stage_layers(ps, lay.pp)
     frac = layers / ps.n_layers
-    moe_layers = math.ceil(ps.base.moe_layers * frac)
+    moe_layers = math.ceil(ps.moe_layers * frac)
     tokens = x.batch * x.seq_len / lay.cp  # one microbatch's tokens on one rank
     micro = x.microbatches
     ends = (ps.embed_params + ps.head_params + ps.other_params) if lay.pp == 1 else max(
@@ -308,36 +310,36 @@ def communication(ps: PlanShape, lay: Layout, x: StepInputs, hw: Hardware | None
         out.append(Collective(f"HSDP all-reduce over {r}", nbytes, bw, ln, min(exposed, nbytes / bw),
                               "beside the backward" if hide else "inline with SimpleFSDP's gradient reduction"))
     if lay.tp > 1:
-        nbytes = micro * layers * 4 * 2 * (lay.tp - 1) / lay.tp * tokens * ps.base.dim * c
+        nbytes = micro * layers * 4 * 2 * (lay.tp - 1) / lay.tp * tokens * ps.dim * c
         bw, ln = link(lay.tp)
         out.append(Collective(f"TP all-reduces over {lay.tp}", nbytes, bw, ln, nbytes / bw,
                               "on the critical path: titan_core has no async TP"))
     if lay.ep > 1 and moe_layers:
-        nbytes = micro * moe_layers * 4 * (lay.ep - 1) / lay.ep * tokens / lay.tp * ps.base.top_k * ps.base.dim * c
+        nbytes = micro * moe_layers * 4 * (lay.ep - 1) / lay.ep * tokens / lay.tp * ps.top_k * ps.dim * c
         bw, ln = link(lay.tp * lay.ep, torus_hops(hw, lay.ep))
         out.append(Collective(f"EP all-to-all over {lay.ep}", nbytes, bw, ln, nbytes / bw,
                               "on the critical path: the experts wait for their tokens"))
     if lay.cp > 1:
-        kv = 2 * ps.base.n_kv_heads * ps.base.head_dim / lay.tp
+        kv = 2 * ps.n_kv_heads * ps.head_dim / lay.tp
         nbytes = micro * layers * 3 * (lay.cp - 1) / lay.cp * x.batch * x.seq_len * kv * c
         bw, ln = link(lay.tp * lay.cp)
         out.append(Collective(f"CP K/V exchange over {lay.cp}", nbytes, bw, ln, nbytes / bw,
                               "on the critical path: attention waits for the gathered K and V"))
     if lay.pp > 1:
-        nbytes = micro * 2 * tokens * ps.base.dim * c / lay.tp
+        nbytes = micro * 2 * tokens * ps.dim * c / lay.tp
         bw, ln = link(lay.world)
         out.append(Collective(f"PP send/recv between {lay.pp} stages", nbytes, bw, ln,
                               max(0.0, nbytes / bw - compute_s), "beside the other stages' compute"))
     return out
 
 
-def expert_rows(ps: PlanShape, lay: Layout, x: StepInputs) -> float:
+def expert_rows(ps: ModelShape, lay: Layout, x: StepInputs) -> float:
     """Tokens one local expert multiplies per microbatch: a rank's tokens x top_k spread over every expert,
     gathered from the ep ranks that share its experts."""
-    return x.batch * x.seq_len / lay.cp * ps.base.top_k * lay.ep / max(1, ps.base.n_experts)
+    return x.batch * x.seq_len / lay.cp * ps.top_k * lay.ep / max(1, ps.n_experts)
 
 
-def expert_slowdown(ps: PlanShape, lay: Layout, x: StepInputs, hw: Hardware | None, peak_bf16: float) -> float:
+def expert_slowdown(ps: ModelShape, lay: Layout, x: StepInputs, hw: Hardware | None, peak_bf16: float) -> float:
     """The roofline of a routed expert's matmul: [rows, dim] x [dim, hidden] in bf16 does about `rows` FLOPs per
     weight byte, so below peak / HBM bandwidth FLOPs per byte (the chip's ridge) it waits on memory by
     ridge / rows. EP multiplies an expert's rows by ep; that, beside the gathers it saves, is what it buys."""
@@ -354,7 +356,7 @@ def bubble(lay: Layout, microbatches: int) -> float:
     return (microbatches + warm) / microbatches
 
 
-def predict_step(ps: PlanShape, lay: Layout, x: StepInputs, *, peak_bf16: float, peak_fp8: float,
+def predict_step(ps: ModelShape, lay: Layout, x: StepInputs, *, peak_bf16: float, peak_fp8: float,
                  hw: Hardware | None, eff: Efficiency) -> StepPrediction:  # fmt: skip
     """The step time of `lay` (module docstring)."""
     world_share = lay.tp * lay.cp * lay.pp  # devices that share one data-parallel rank's sequences
@@ -374,7 +376,7 @@ def predict_step(ps: PlanShape, lay: Layout, x: StepInputs, *, peak_bf16: float,
     efficiency = eff.compute * ratio
     gain = 1 + (peak_fp8 / peak_bf16 - 1) * eff.float8_realised if x.float8 else 1.0
     # routed experts: their share of the linear FLOPs waits on HBM when an expert sees few rows
-    experts = 0.0 if x.dense_moe or not ps.is_moe else 6 * ps.expert_params * ps.base.top_k / ps.base.n_experts * tokens
+    experts = 0.0 if x.dense_moe or not ps.is_moe else 6 * ps.expert_params * ps.top_k / ps.n_experts * tokens
     slow = expert_slowdown(ps, lay, x, hw, peak_bf16)
     if slow > 1:
         parts.append(f"+ routed experts memory-bound x{slow:.3g} ({expert_rows(ps, lay, x):.0f} rows per expert)")

@@ -39,7 +39,7 @@ from onboard.ladder.contract import RecipeEdit
 from onboard.sizing.plan import parse_target, plan_training
 from onboard.sizing.plan_accept import Acceptance, planned_values
 from onboard.sizing.plan_search import GLOBAL_TOKENS, Option
-from onboard.sizing.plan_memory import REGATHERING, PlanShape
+from onboard.sizing.plan_memory import REGATHERING
 from onboard.sizing.plan_check import check_lines
 from onboard.sizing.plan_levers import Lever, planning_kernels
 from onboard.workspace.fsutil import BACKUP_INFIX, atomic_write_text, backup_aside
@@ -47,7 +47,7 @@ from onboard.workspace.layout import HF_CONFIG, Workspace
 from titan_core.config import ConfigError, load_config
 from titan_core.config.hf_config import read_hf_config
 from titan_core.memory.budget import cpu_budget
-from titan_core.memory.estimate import format_bytes
+from titan_core.memory.estimate import ModelShape, format_bytes
 from titan_core.models.common.param_counts import count_params
 from titan_core.models.common.stats import flops_per_token
 from titan_core.parallel.plans import TP_PLANS
@@ -93,11 +93,11 @@ def plan_workspace_target(ws: Workspace, target_spec: str, *, seq: int = DEFAULT
     target = _target(target_spec)
     cfg = load_config(ws.recipe_path)
     full, args, model = _full_model(ws, cfg)
-    shape = PlanShape.from_model(model, args)
+    shape = ModelShape.from_model(model, args)
     counts = count_params(model)
     tp_plan = full.family in TP_PLANS and not full.module_file
     twin_args = resolve_model_args(cfg.model) if ws.twin_path is not None else None
-    kernels, levers = planning_kernels(cfg, args, target, twin_args=twin_args, scores_pinned=shape.base.scores_pinned)
+    kernels, levers = planning_kernels(cfg, args, target, twin_args=twin_args, scores_pinned=shape.scores_pinned)
     recipe = copy.deepcopy(cfg)
     recipe.model = full
     accept = Acceptance(recipe, args, model, shape, target, kernels, levers)

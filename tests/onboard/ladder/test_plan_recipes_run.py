@@ -25,7 +25,7 @@ from onboard.cli.app import app
 from onboard.sizing.plan_time import COMPUTE_EFFICIENCY
 from onboard.sizing.plan_check import check_plan_recipe
 from onboard.workspace.layout import Workspace
-from real_size_configs import MIXTRAL, PUBLISHED
+from real_size_configs import GEMMA2_9B, MIXTRAL, PUBLISHED
 from titan_core.config import load_config
 from titan_core.parallel import check_parallelism
 
@@ -157,15 +157,6 @@ def test_the_big_configs_on_v7x_write_recipes_titan_core_runs(tmp_path, name):
         assert cfg.parallelism.reshard_after_forward and not cfg.compile.enable and not cfg.graph_trainer.enable
 
 
-GEMMA2_9B = {
-    "architectures": ["Gemma2ForCausalLM"], "model_type": "gemma2", "hidden_size": 3584, "head_dim": 256,
-    "intermediate_size": 14336, "num_attention_heads": 16, "num_key_value_heads": 8, "num_hidden_layers": 42,
-    "max_position_embeddings": 8192, "rms_norm_eps": 1e-06, "rope_theta": 10000.0, "sliding_window": 4096,
-    "attn_logit_softcapping": 50.0, "final_logit_softcapping": 30.0, "query_pre_attn_scalar": 256,
-    "hidden_activation": "gelu_pytorch_tanh", "tie_word_embeddings": True, "vocab_size": 256000, "bos_token_id": 2,
-    "eos_token_id": 1, "pad_token_id": 0,
-}  # fmt: skip
-"""Gemma-2-9B's config.json (architecture keys): alternating sliding and global layers, soft-capped scores."""
 PRODUCTION = {  # workspace: (config, path, target, --seq)
     "qwen3_8b": (PUBLISHED["Qwen3-8B"][2], "native", "v7x:8", 4096),
     "llama32_1b": (PUBLISHED["Llama-3.2-1B"][2], "native", "h100:8", 8192),
@@ -178,8 +169,6 @@ PRODUCTION = {  # workspace: (config, path, target, --seq)
 @pytest.mark.parametrize("ws", list(PRODUCTION))
 def test_every_production_config_plan_passes_its_own_check(tmp_path, ws):
     config, path, target, seq = PRODUCTION[ws]
-    if path == "transformers":
-        pytest.importorskip("transformers", reason="the transformers path builds transformers' own class")
     (tmp_path / f"{ws}.json").write_text(json.dumps(config))
     made = CliRunner().invoke(app, ["new-model", ws, "--hf-config", str(tmp_path / f"{ws}.json"), "--dir",
                                     str(tmp_path), "--device", "cpu", "--twin", "--path", path])  # fmt: skip

@@ -4,7 +4,7 @@ builds from a workspace's recipe): the recipe is the flavor with the plan's kern
 from __future__ import annotations
 
 from onboard.sizing.plan_accept import Acceptance
-from onboard.sizing.plan_memory import PlanShape
+from titan_core.memory.estimate import ModelShape
 from titan_core.config import from_dict
 from titan_core.memory.estimate import TrainSetup
 from titan_core.training.model_builder import build_meta_model, resolve_model_args
@@ -24,4 +24,4 @@ def accepting(family: str, flavor: str, target, kernels: TrainSetup, *, compiled
     })  # fmt: skip
     args = resolve_model_args(cfg.model)
     model = build_meta_model(cfg.model, args)
-    return Acceptance(cfg, args, model, PlanShape.from_model(model, args), target, kernels, [])
+    return Acceptance(cfg, args, model, ModelShape.from_model(model, args), target, kernels, [])

@@ -15,13 +15,13 @@ from typer.testing import CliRunner
 from onboard.cli.app import app
 from onboard.sizing.hardware import HARDWARE
 from onboard.sizing.plan import HEADROOM, parse_target, plan_training
-from onboard.sizing.plan_memory import REGATHERING, PlanShape, device_memory
+from onboard.sizing.plan_memory import REGATHERING, device_memory
 from onboard.sizing.workspace_plan import plan_workspace_target
 from onboard.workspace.layout import Workspace
 from plan_models import accepting
 from real_size_configs import PUBLISHED
 from titan_core.config import load_config
-from titan_core.memory.estimate import TrainSetup
+from titan_core.memory.estimate import ModelShape, TrainSetup
 from titan_core.models.common.param_counts import count_params
 from titan_core.models.common.stats import flops_per_token
 from titan_core.models.registry import build_meta, get_family
@@ -42,7 +42,7 @@ def _llama8b(memory_gib: float | None = None, *, refuse_cp: bool = False):
     layout refused on top, to show what the plan does when only refused layouts fit."""
     args = get_family("llama3").flavors["8B"]
     meta = build_meta("llama3", args)
-    ps, counts = PlanShape.from_model(meta, args), count_params(meta)
+    ps, counts = ModelShape.from_model(meta, args), count_params(meta)
     target = parse_target("h100:64")
     if memory_gib is not None:
         target = replace(target, memory_bytes=int(memory_gib * 2**30 / HEADROOM))

@@ -27,7 +27,6 @@ from onboard.sizing.plan import GIB, Target, parse_target, plan_training
 from onboard.sizing.plan_memory import (
     Layout,
     MemSetup,
-    PlanShape,
     device_memory,
     in_flight,
     loss_head_bytes,
@@ -60,7 +59,7 @@ def shapes(family: str, flavor: str):
     if (family, flavor) not in _MODELS:
         args = get_family(family).flavors[flavor]
         meta = build_meta(family, args)
-        _MODELS[family, flavor] = (args, PlanShape.from_model(meta, args), count_params(meta))
+        _MODELS[family, flavor] = (args, ModelShape.from_model(meta, args), count_params(meta))
     return _MODELS[family, flavor]
 
 
@@ -85,7 +84,7 @@ def test_fsdp_gathers_two_blocks_where_simple_fsdp_keeps_the_whole_model():
 
 def test_experts_are_divided_by_ep():
     _, ps, (total, _) = shapes("qwen3_moe", "235B-A22B")
-    assert ps.expert_params == Q235_EXPERTS and PlanShape.from_shape(ps.base).expert_params == Q235_EXPERTS
+    assert ps.expert_params == Q235_EXPERTS and ps.expert_params == Q235_EXPERTS
     assert ps.block_params + ps.expert_params + ps.embed_params + ps.head_params + ps.other_params == total
     one, eight = Layout(64), Layout(64, ep=8)
     g1, g8 = (device_memory(ps, lay, eager(), batch=1).gathered_params for lay in (one, eight))
@@ -274,4 +273,4 @@ def test_the_search_tries_each_degree_only_where_it_applies():
     assert {lay.ep for lay in lays} == {1, 2, 4, 8, 16, 32, 64}
     dense = ModelShape.from_model(build_meta("llama3", get_family("llama3").flavors["8B"]),
                                   get_family("llama3").flavors["8B"])  # fmt: skip
-    assert PlanShape.from_shape(dense).expert_params == 0
+    assert dense.expert_params == 0

@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 from onboard.cli.app import app
 from onboard.sizing.twin import TwinError, derive_twin
 from onboard.sizing.twin_layers import layer_kinds
-from real_size_configs import MIXTRAL, PUBLISHED
+from real_size_configs import GEMMA2_9B, MIXTRAL, PUBLISHED
 from titan_core.models import get_family
 
 LLAMA = get_family("llama3").adapter
@@ -161,21 +161,12 @@ def test_new_model_refuses_an_unsplittable_width_in_one_line(tmp_path):
     assert not (tmp_path / "onboarding" / "mx").exists()
 
 
-GEMMA2 = {
-    "architectures": ["Gemma2ForCausalLM"], "model_type": "gemma2", "hidden_size": 3584, "head_dim": 256,
-    "intermediate_size": 14336, "num_attention_heads": 16, "num_key_value_heads": 8, "num_hidden_layers": 42,
-    "max_position_embeddings": 8192, "rms_norm_eps": 1e-06, "rope_theta": 10000.0, "sliding_window": 4096,
-    "attn_logit_softcapping": 50.0, "final_logit_softcapping": 30.0, "query_pre_attn_scalar": 256,
-    "hidden_activation": "gelu_pytorch_tanh", "tie_word_embeddings": True, "vocab_size": 256000, "bos_token_id": 2,
-    "eos_token_id": 1, "pad_token_id": 0,
-}  # fmt: skip
-"""Gemma-2-9B's config.json (architecture keys): the transformers path reads it."""
 PRODUCTION = {
     **{name: (PUBLISHED[name][0], PUBLISHED[name][2], heads)
        for name, heads in (("Qwen3-8B", (8, 2)), ("Qwen3-235B-A22B", (32, 2)), ("Llama-3.1-70B", (16, 2)),
                            ("Llama-3.2-1B", (8, 2)))},
     "Mixtral-8x7B": ("llama3", MIXTRAL, (8, 2)),
-    "Gemma-2-9B": ("transformers", GEMMA2, (4, 2)),
+    "Gemma-2-9B": ("transformers", GEMMA2_9B, (4, 2)),
 }  # fmt: skip
 """name: (family, config.json, the default twin's (query heads, key/value heads))."""
 
