@@ -4,14 +4,18 @@ torchrun-ready: rank, world size and local rank come from RANK / WORLD_SIZE / LO
 `--nproc N` starts N local processes through titan_core.runtime.launcher instead.
 Bad input (unknown key, wrong type, a value outside its field's range, missing file, unknown
 family, unavailable device) prints one line and exits 2, without a traceback, before anything
-is written. A run stopped by a non-finite loss prints one line naming the step, the loss and
+is written. Under torchrun every rank meets the same bad input, so only local rank 0 prints the
+line (one per host, not one per rank); every rank also hands it to torchrun's error file (`refuse`).
+A run stopped by a non-finite loss prints one line naming the step, the loss and
 the last finite grad norm, and exits 1.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import sys
+import time
 
 from titan_core.runtime.argv import parse_argv, pop_option
 from titan_core.config.loader import ConfigError, check_ranges, load_config, to_toml
@@ -43,8 +47,7 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         result = run(cfg)
     except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+        return refuse(str(e))
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
@@ -68,6 +71,27 @@ def main(argv: list[str] | None = None) -> int:
     if not result.metrics:  # resumed from a checkpoint at (or past) the last step
         print(f"nothing to train: resumed at step {result.resumed_from} of {cfg.training.steps}", file=sys.stderr)
     return 0
+
+
+def refuse(message: str) -> int:
+    """Say a refusal of bad input once per host and return its exit code, 2.
+
+    Local rank 0 (or a process started without torchrun) prints `error: MESSAGE` on stderr; the other
+    ranks stay silent. Then every rank writes the line to TORCHELASTIC_ERROR_FILE, the file torchrun
+    gives each rank for its failure: torchrun's own report shows it, and titan_core.launch prints it when
+    no local rank 0 said it, so a refusal that only one rank meets (its data shard) is not lost. Local rank
+    0 writes it after printing, so its file says it printed, even when torchrun stopped it before its exit
+    (another rank refused first)."""
+    if os.environ.get("LOCAL_RANK", "0") == "0":
+        print(f"error: {message}", file=sys.stderr, flush=True)
+    error_file = os.environ.get("TORCHELASTIC_ERROR_FILE")
+    if error_file:
+        try:  # torchrun reads {"message": str, "timestamp": seconds} (its ProcessFailure)
+            with open(error_file, "w") as f:
+                json.dump({"message": f"error: {message}", "timestamp": int(time.time())}, f)
+        except OSError:  # its folder gone (torchrun stopping): the exit code still says bad input
+            pass
+    return 2
 
 
 def _is_dist_error(e: BaseException) -> bool:

@@ -85,6 +85,7 @@ def new_model(
             "unconsumed_keys": plan.unconsumed,
             "todos": plan.todos,
             "architecture_differences": plan.arch_differences,
+            "upstream_tensors": plan.upstream_tensors,
             "architecture_note": plan.arch_note,
             "warnings": [warning] if warning else [],
             "twin": (
@@ -188,10 +189,23 @@ def _print_status(out: Out, ws, states) -> None:
     waivers = list(ws.ledger.waivers().values())
     if waivers:
         lines = "\n".join(  # the reasons are a person's text, shown as written (no markup)
-            markup_safe(f"{w['rung']}/{w['criterion']}: {w['why']}  ({w.get('by')}, {w['time'][:19]})") for w in waivers
+            markup_safe(f"{w['rung']}/{w['criterion']}: {w['why']}  ({w.get('by')}, {w['time'][:19]})"
+                        + _ignored_waiver(w['rung'], w['criterion']))
+            for w in waivers
         )
         out.print(Panel(lines, title="WAIVED CRITERIA", border_style="bold red", style="red"))
     out.print(ladder_message(states))
+
+
+def _ignored_waiver(rung: str, criterion: str) -> str:
+    """"  IGNORED: <why>" for a waiver on record that no reader honours (finiteness, every run whole)."""
+    from onboard.ladder.gates import ChecklistError, load_checklist  # lazy: status of a plain ladder reads no checklist
+
+    try:
+        found = load_checklist(rung).criterion(criterion)
+    except ChecklistError:
+        return ""
+    return f"  IGNORED: {found.unwaivable_why()}" if found is not None and not found.waivable else ""
 
 
 @app.command("status")
@@ -299,7 +313,8 @@ def waive_cmd(
     dir: Path = DIR_OPTION,
     json_out: bool = JSON_OPTION,
 ):
-    """Waive one criterion of a rung, with a reason; shown in red in status and the report."""
+    """Waive one criterion of a rung, with a reason; shown in red in status and the report. Finiteness
+    and every run whole cannot be waived (gates.UNWAIVABLE_METRICS): a broken run proves nothing."""
 
     def body(out: Out) -> int:
         from onboard.ladder.gates import ChecklistError, load_checklist
@@ -315,9 +330,12 @@ def waive_cmd(
             checklist = load_checklist(rung)
         except ChecklistError:
             raise BadInput(f"rung '{rung}' is not built yet: it has no checklist to waive from") from None
-        if checklist.criterion(criterion) is None:
+        found = checklist.criterion(criterion)
+        if found is None:
             names = ", ".join(c.name for c in checklist.criteria)
             raise BadInput(f"rung '{rung}' has no criterion '{criterion}' (criteria: {names})")
+        if not found.waivable:  # finiteness, every run whole: a waived NaN would pass a run that proves nothing
+            raise BadInput(f"{rung}/{found.unwaivable_why()}")
         if not why.strip():
             raise BadInput("--why must say why the criterion is waived")
         with WorkspaceLock(ws.root):

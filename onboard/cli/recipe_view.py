@@ -5,7 +5,9 @@ continues training the user's checkpoint on the user's data with it (`continue_t
 Earned settings come from the ledger, not from the file's comments: each recipe edit a passed
 rung made (`recipe_edit` of its entry), shown when the recipe still holds that value; one a
 person has since changed by hand is listed as overridden, since no gate proved the new value
-until the ladder re-verifies it (`status` then shows the stale rungs).
+until the ladder re-verifies it (`status` then shows the stale rungs). What the ladder proves is
+re-derived as `status` derives it (onboard/ladder/states.py): each rung not passed is listed with
+its state and reason, and an edit whose rung's evidence does not stand (invalid, stale) says so.
 """
 
 from __future__ import annotations
@@ -16,9 +18,13 @@ import tomllib
 from pathlib import Path
 
 from onboard.errors import BadInput
+from onboard.sanitize import visible
+from onboard.ladder.states import ladder_states
+from onboard.ladder.table import default_specs
 from onboard.workspace.layout import Workspace
 from titan_core.config.loader import get_key
-from onboard.workspace.ledger import Status
+from titan_core.runtime.argv import LAUNCH
+from onboard.workspace.ledger import ACCEPTED, Status
 
 RDZV_PORT = 29500
 
@@ -35,6 +41,22 @@ def earned_settings(ws: Workspace, recipe: dict) -> list[dict]:
         now = get_key(recipe, key, None)
         out.append({**edit, "in_recipe": now == edit["value"], "recipe_value": now})
     return out
+
+
+def proof_of(ws: Workspace) -> list[dict]:
+    """Each rung's state as every reader re-derives it from the workspace's files ({rung, status,
+    reason}): what of the recipe the ladder proves now."""
+    return [{"rung": s.rung, "status": str(s.status), "reason": s.reason} for s in ladder_states(ws, default_specs())]
+
+
+def _mark_unproved(earned: list[dict], ladder: list[dict]) -> None:
+    """Say of each earned setting whose rung's evidence does not stand now (invalid, stale, ...) why."""
+    state = {r["rung"]: r for r in ladder}
+    for e in earned:
+        r = state.get(e["rung"])
+        e["proved"] = r is not None and r["status"] in ACCEPTED
+        e["not_proved_why"] = None if e["proved"] else f"{e['rung']} is {r['status'] if r else 'unknown'}" + (
+            f": {r['reason']}" if r and r.get("reason") else "")  # fmt: skip
 
 
 def _host_processes(ws: Workspace, recipe: dict) -> tuple[int, str]:
@@ -106,7 +128,7 @@ def _torchrun(ws: Workspace, recipe: dict, per_node: int) -> tuple[str, str]:
         how += ("; set --training.batch_size to the recipe's batch_size / the data-parallel ranks, so that "
                 "together they run the global batch the gates verified")  # fmt: skip
     line = shlex.join([
-        "torchrun", f"--nnodes={nnodes}", f"--nproc-per-node={per_node}", "--rdzv-backend=c10d",
+        *LAUNCH, f"--nnodes={nnodes}", f"--nproc-per-node={per_node}", "--rdzv-backend=c10d",
         f"--rdzv-endpoint=$HEAD_NODE:{RDZV_PORT}", f"--rdzv-id={ws.name}", "-m", "titan_core.train",
         "--config", "recipe.toml", *batch_flag,
     ])  # fmt: skip
@@ -149,7 +171,7 @@ def continue_training(ws: Workspace, recipe: dict, per_node: int, rows: int | No
         fill["$CHECKPOINT"] = "a Hugging Face model folder: config.json and model.safetensors (or its sharded index)"
     if tokenizer == "$TOKENIZER":
         fill["$TOKENIZER"] = "the model's tokenizer.json, or a folder holding it with tokenizer_config.json"
-    argv = ["torchrun", f"--nproc-per-node={per_node}", "-m", "titan_core.train", "--config", str(ws.recipe_path)]
+    argv = [*LAUNCH, f"--nproc-per-node={per_node}", "-m", "titan_core.train", "--config", str(ws.recipe_path)]
     if per_node > 1 and rows:
         argv.append(f"--training.batch_size={rows}")
     notes = []
@@ -180,11 +202,17 @@ def recipe_view(ws: Workspace) -> dict:
     if per_node > 1:
         this_host += f" --training.batch_size={rows}" if rows else ""
         why += f"; {rows_why}"
+    ladder = proof_of(ws)
+    earned = earned_settings(ws, recipe)
+    _mark_unproved(earned, ladder)
     return {
         "workspace": ws.name,
         "recipe": str(ws.recipe_path),
         "text": text,
-        "earned": earned_settings(ws, recipe),
+        "earned": earned,
+        "ladder": ladder,
+        "proved": all(r["status"] in ACCEPTED for r in ladder if r["status"] != Status.NOT_BUILT),
+        "not_proved": [r for r in ladder if r["status"] not in ACCEPTED and r["status"] != Status.NOT_BUILT],
         "commands": {
             "one_process": f"onboard train --config {config}",
             "this_host": this_host,
@@ -208,7 +236,14 @@ def recipe_lines(view: dict) -> list[str]:
         lines.append("  nothing yet: every value is new-model's default")
     for e in view["earned"]:
         state = "" if e["in_recipe"] else f"  [overridden by hand: the recipe now says {e['recipe_value']!r}]"
+        state += f"  [not proved: {e['not_proved_why']}]" if e.get("not_proved_why") else ""
         lines.append(f"  {e['key']} = {e['value']!r}  ({e['rung']} attempt {e['attempt']}: {e['why']}){state}")
+    lines += ["", "proved by the ladder:" if view["proved"] else "not proved yet (as `onboard status` derives it):"]
+    for r in view["not_proved"]:
+        # a reason quotes the workspace's files (paths, recorded values): made visible, never raw
+        lines.append(f"  {r['rung']}: {r['status']}" + (f": {visible(r['reason'])}" if r.get("reason") else ""))
+    if view["proved"]:
+        lines.append("  every built rung passed or does not apply, each re-derived from its own files")
     c = view["commands"]
     lines += [
         "",

@@ -1,5 +1,7 @@
-"""`onboard train --config RECIPE [--nproc N] [--json] [--section.key=value ...]`: train with a recipe,
-as `python -m titan_core.train` does, first saying how large the model is.
+"""`onboard train NAME [--steps N]` or `onboard train --config RECIPE`, each with [--nproc N] [--json]
+[--section.key=value ...]: train with a workspace's recipe (onboarding/NAME/recipe.toml, whose
+model.hf_config is the workspace's config) or any recipe, as `python -m titan_core.train` does, first
+saying how large the model is. `--steps N` is `--training.steps=N`.
 
 Before the first step it prints the model's parameters, in total and active per token (a MoE
 model's token uses top_k of its routed experts), counted by titan_core's `count_params` on the
@@ -16,10 +18,11 @@ import math
 import sys
 from contextlib import redirect_stdout
 from pathlib import Path
+from typing import Optional
 
 import typer
 
-from onboard.cli.shared import JSON_OPTION, Out, app, run_command
+from onboard.cli.shared import DIR_OPTION, JSON_OPTION, Out, app, check_dir, run_command
 from onboard.errors import BadInput
 
 
@@ -110,21 +113,51 @@ def _text_counts(argv: list[str]) -> None:
     print(counts_line(counts), flush=True)
 
 
+def train_argv(extra: list[str], config: Path | None, steps: int | None, base: Path) -> list[str]:
+    """titan_core's argv for `onboard train`: the recipe (--config, or the workspace NAME that comes
+    first among the extra arguments), `--steps` as training.steps, then the overrides as given."""
+    # NAME is not a typer argument: with unknown options allowed, click would hand it the first
+    # override (`--training.steps` of `--training.steps 5`). An override's value follows its key,
+    # so a workspace name can only be the first extra argument.
+    name = extra[0] if extra and not extra[0].startswith("-") else None
+    overrides = extra[1:] if name is not None else list(extra)
+    if name is not None and config is not None:
+        raise BadInput(f"give a workspace NAME ({name}) or --config {config}, not both")
+    if name is None and config is None:
+        raise BadInput("name what to train: onboard train NAME (a workspace) or onboard train --config RECIPE")
+    if steps is not None:
+        if steps < 1:
+            raise BadInput(f"--steps must be at least 1, got {steps}")
+        if any(a == "--training.steps" or a.startswith("--training.steps=") for a in overrides):
+            raise BadInput("--steps and --training.steps both set the steps: give one of them")
+        overrides.append(f"--training.steps={steps}")
+    if name is not None:
+        from onboard.workspace.layout import Workspace  # lazy: as the other commands, inside the command
+
+        config = Workspace.load(check_dir(base), name).recipe_path  # BadInput naming the workspaces there
+    # the recipe's relative paths: titan_core's loader anchors them to the recipe's folder
+    return ["--config", str(config), *overrides]
+
+
 @app.command(
     "train",
     context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
+    options_metavar="[NAME] [OPTIONS] [--section.key=value ...]",
 )
 def train_cmd(
     ctx: typer.Context,
-    config: Path = typer.Option(..., "--config", help="Recipe TOML."),
+    config: Optional[Path] = typer.Option(None, "--config", help="Recipe TOML (instead of a workspace NAME)."),
+    steps: Optional[int] = typer.Option(None, "--steps", help="Steps to train: training.steps of the recipe."),
     nproc: int = typer.Option(1, "--nproc", help="Local processes (ranks) to start; >1 goes through the launcher."),
+    dir: Path = DIR_OPTION,
     json_out: bool = JSON_OPTION,
 ):
-    """Train with a recipe, like `python -m titan_core.train --config RECIPE [--a.b=c ...]`; prints the
-    model's parameters (total, active per token) first."""
-    argv = ["--config", str(config), *ctx.args]  # the recipe's relative paths: titan_core's loader anchors them
+    """Train a workspace's recipe (onboard train NAME [--steps N]) or any recipe (onboard train --config
+    RECIPE), like `python -m titan_core.train --config RECIPE [--a.b=c ...]`; prints the model's
+    parameters (total, active per token) first."""
 
     def body(out: Out) -> int:
+        argv = train_argv(list(ctx.args), config, steps, dir)
         if nproc < 1:
             raise BadInput(f"--nproc must be at least 1, got {nproc}")
         if out.json:

@@ -14,7 +14,7 @@ from rich.text import Text
 
 from onboard.ladder.evidence import workspace_facts
 from onboard.ladder.decision import decision_records, headline
-from onboard.ladder.gates import fmt, fmt_threshold
+from onboard.ladder.gates import fmt, fmt_threshold, fmt_value, measured_decision
 from onboard.ladder.states import RungState, current_state, entry_error, ladder_message, shown_criteria
 from onboard.workspace.ledger import ACCEPTED, Entry, Status
 from onboard.sanitize import markup_safe, visible
@@ -68,8 +68,9 @@ def key_numbers(rung: str, entry: Entry | None) -> dict[str, Any]:
 
 
 def decisions_of(entry: Entry | None) -> list[dict]:
-    """The Decision records of a rung's latest entry (`decision_records`)."""
-    return decision_records(entry.details) if entry is not None else []
+    """The Decision records of a rung's latest entry (`decision_records`), an interval that measured
+    nothing shown as not measured (gates.measured_decision)."""
+    return [measured_decision(d) for d in decision_records(entry.details)] if entry is not None else []
 
 
 def headline_of(entry: Entry | None) -> str | None:
@@ -98,9 +99,11 @@ def criteria_table(criteria: list[dict], title: str | None = None) -> Table:
     for c in criteria:
         if c.get("waived"):
             ok = Text("WAIVED" + ("" if c.get("raw_ok") else " (failed)"), style="bold white on red")
+        elif c.get("not_applicable"):  # nothing to compare: never a passing number
+            ok = Text("n/a", style="cyan")
         else:
             ok = Text("ok", style="bold green") if c["ok"] else Text("FAIL", style="bold red")
-        table.add_row(*(markup_safe(v) for v in (c["name"], fmt(c.get("value")), fmt_threshold(c))), ok)
+        table.add_row(*(markup_safe(v) for v in (c["name"], fmt_value(c), fmt_threshold(c))), ok)
     return table
 
 
@@ -141,10 +144,14 @@ def state_dict(s: RungState) -> dict:
         "waived_criteria": [c["name"] for c in criteria if c.get("waived")],
         "recorded_status": last.status if last else None,
         "invalid_criteria": [
-            {k: c.get(k) for k in ("name", "metric", "value", "comparator", "threshold", "threshold_ref", "precision", "bound_why", "hint")}
+            {k: c.get(k) for k in ("name", "metric", "value", "comparator", "threshold", "threshold_ref", "precision",
+                                   "bound_why", "hint", "checks", "waiver_ignored")}  # fmt: skip
             for c in criteria
             if s.status == Status.INVALID and not c.get("ok")
         ],
+        # a criterion with nothing to compare says so, instead of a number that reads as a pass
+        "not_applicable_criteria": {c["name"]: c["not_applicable"] for c in criteria if c.get("not_applicable")},
+        "waivers_ignored": {c["name"]: c["waiver_ignored"] for c in criteria if c.get("waiver_ignored")},
     }
 
 
@@ -183,6 +190,8 @@ def show_outcome(print_, outcome) -> None:
     for c in outcome.criteria:
         if not c["ok"]:
             print_(Text.assemble((visible(c["name"]), "bold red"), ": ", visible(c["hint"], keep_newlines=True)))
+            if c.get("waiver_ignored"):
+                print_(Text.assemble(("  ", ""), visible(c["waiver_ignored"])))
         elif c.get("waived"):
             print_(Text.assemble(("WAIVED", "bold white on red"), visible(f" {c['name']}: {c['why']}")))
     recipe_edit = outcome.entry.recipe_edit if outcome.entry else None

@@ -25,7 +25,8 @@ from titan_core.config.loader import ConfigError
 
 from onboard.ladder.gates import Checklist, evaluate, gate_passed
 from onboard.ladder.evidence import not_applicable_problem
-from onboard.workspace.ledger import RUN_RECORD, Entry, Ledger, Status, duration_of, now_iso, run_record_text
+from onboard.workspace.ledger import RUN_RECORD, Entry, Ledger, Status, duration_of, now_iso
+from onboard.ladder.measurements.run_metrics import attempt_record_text, seal_runs, shown_runs
 from onboard.ladder.recipe_edit import RecipeEditError, apply_edits
 from onboard.errors import (
     EXIT_BAD_INPUT,
@@ -267,13 +268,14 @@ def _take(run: AttemptInputs, entry: Entry, result: RungResult, attempt_dir: Pat
     entry.files_read = files_read
     settle_runs(result.measurements, runs)
     entry.measurements = result.measurements.as_metrics()
+    sealed = seal_runs(run.ws, runs, attempt_dir)  # each run's metrics file named, with its sha256: readers re-read it
     # the timing profile it decided with
     entry.details = {**result.details, **timing_record(run.checklist, run.timing_profile)}
     if runs:
-        entry.details["gated_runs"] = runs
+        entry.details["gated_runs"] = shown_runs(sealed)
     entry.environment["device"] = str(result.details.get("device", run.ws.device))
     try:  # the attempt folder's own copy: a ledger entry without it is no evidence (evidence.check_entry)
-        atomic_write_text(attempt_dir / RUN_RECORD, run_record_text(entry))
+        atomic_write_text(attempt_dir / RUN_RECORD, attempt_record_text(entry, sealed))
     except OSError as e:
         error = f"{RUN_RECORD} could not be written: {type(e).__name__}: {e}"
         return Failure(error, _write_error(run.ws, attempt_dir), os_error=True)

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
+from titan_core.measure.metrics import read_metrics
 from titan_core.measure.run_stats import not_whole
 
 if TYPE_CHECKING:
@@ -40,7 +41,9 @@ class RungContext:
     SHIPPED, the checklists' own protocol, unless `next-step` was given another (compat, tests: "quick")."""
     runs: list[dict] = field(default_factory=list)
     """Every gated training run of the attempt, as `record_run` saw it: {run, steps_planned,
-    steps_run, problem}. The engine turns them into `runs_whole` (`settle_runs`)."""
+    steps_run, problem, metrics_file, losses, grad_norms}. The engine turns them into `runs_whole`
+    (`settle_runs`) and keeps them in the attempt folder's record, where every reader re-reads each
+    metrics file against them (onboard/ladder/measurements/run_metrics.py)."""
 
 
 @dataclass(frozen=True)
@@ -162,11 +165,54 @@ class GatedRuns(Measurements):
     """Each run that was not whole: "<run>: <the step and the quantity, or where it stopped>"."""
 
 
-def record_run(ctx: RungContext, label: str, rows: list[dict], planned: int) -> str | None:
+METRICS_FILE = "metrics.jsonl"
+"""The file a titan_core run writes its rows into (titan_core.measure.metrics), one per output folder."""
+
+
+def _signature(rows: list[dict]) -> list[tuple] | None:
+    """(step, loss, grad norm) of each row, the floats as their repr ("7.6123", "nan": exact, and strict
+    JSON even when not finite); None for rows that are not a run's."""
+    try:
+        return [(r.get("step", i), *(repr(float(r[k])) for k in ("loss", "grad_norm"))) for i, r in enumerate(rows, 1)]
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
+def find_metrics_file(attempt_dir: Path, rows: list[dict], claimed: set[str] = frozenset()) -> Path | None:
+    """The metrics.jsonl under the attempt folder whose rows are exactly `rows` (every step's loss and
+    grad norm, bit for bit): the file the run wrote, found without the rung naming it. One no earlier
+    run claimed comes first (two runs may log the same rows); None when no file holds them."""
+    want = _signature(rows)
+    if not rows or want is None or not Path(attempt_dir).is_dir():
+        return None
+    found = []
+    for path in sorted(Path(attempt_dir).rglob(METRICS_FILE)):
+        try:
+            if _signature(read_metrics(path)) == want:
+                found.append(path)
+        except (OSError, ValueError):
+            continue  # a file this run did not write (half-written, not rows): not its record
+    return next((p for p in found if str(p) not in claimed), found[0] if found else None)
+
+
+def record_run(ctx: RungContext, label: str, rows: list[dict], planned: int,
+               metrics_file: Path | None = None) -> str | None:  # fmt: skip
     """Record one gated run on `ctx.runs`; returns why it is not whole (None: every planned step ran,
-    its loss and grad norm finite). A gate passes only when every run it recorded is whole."""
+    its loss and grad norm finite). A gate passes only when every run it recorded is whole.
+
+    The run's metrics file (`metrics_file`, else the one under the attempt folder that holds exactly
+    these rows) and its loss and grad-norm curves are kept with it, so a reader can re-read the file
+    and find an edit, a cut or a deletion (DESIGN section 4)."""
     problem = not_whole(rows, planned)
-    ctx.runs.append({"run": label, "steps_planned": planned, "steps_run": len(rows), "problem": problem})
+    if metrics_file is None:
+        metrics_file = find_metrics_file(ctx.attempt_dir, rows, {r.get("metrics_file") for r in ctx.runs})
+    signature = _signature(rows)
+    ctx.runs.append({
+        "run": label, "steps_planned": planned, "steps_run": len(rows), "problem": problem,
+        "metrics_file": str(metrics_file) if metrics_file is not None else None,
+        "losses": [s[1] for s in signature] if signature else [],
+        "grad_norms": [s[2] for s in signature] if signature else [],
+    })  # fmt: skip
     if problem:
         ctx.log(f"{label}: not whole: {problem}")
     return problem

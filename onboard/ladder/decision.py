@@ -16,6 +16,8 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from onboard.ladder.gates import fmt_interval, interval_measured
+
 KEPT = "kept"
 """The candidate was faster (or saved the memory the rule asks): the recipe now holds it."""
 HELD = "held"
@@ -69,8 +71,9 @@ class Decision:
 
 
 def _finite_interval(cmp: dict) -> bool:
+    """An interval that can decide: finite, positive, and not so wide it says nothing (gates.interval_measured)."""
     return all(isinstance(cmp.get(k), (int, float)) and math.isfinite(cmp[k]) and cmp[k] > 0
-               for k in ("ratio", "ci_low", "ci_high"))  # fmt: skip
+               for k in ("ratio", "ci_low", "ci_high")) and interval_measured(cmp["ci_low"], cmp["ci_high"])  # fmt: skip
 
 
 def speed_figure(cmp: dict) -> tuple[float | None, list[float] | None]:
@@ -95,7 +98,7 @@ def decide(rung: str, lever: str, *, holder: Any, candidate: Any, comparison: di
     what = what or f"{lever}={candidate}"
     outcome = outcome_of(comparison)
     speedup, ci = speed_figure(comparison)
-    figure = f"{speedup:.2f}x ({ci[0]:.2f}-{ci[1]:.2f})" if speedup is not None else "no finite interval"
+    figure = f"{speedup:.2f}x ({fmt_interval(*ci)})" if speedup is not None else "no finite interval"
     if outcome == "faster":
         verdict, value = KEPT, candidate
         why = f"{what} is faster than {lever}={holder}: {figure}"
@@ -107,7 +110,7 @@ def decide(rung: str, lever: str, *, holder: Any, candidate: Any, comparison: di
         why = f"{what} and {lever}={holder} are indistinguishable: {figure}; {holder} stands"
     else:
         verdict, value = NOT_MEASURED, holder
-        reason = comparison.get("not_measured_why") or "no finite interval"
+        reason = comparison.get("not_measured_why") or "no finite interval narrow enough to decide"
         why = f"{what} against {lever}={holder} was not measured ({reason}); {holder} stands"
     reverses = set_by if verdict == KEPT and set_by and set_by != rung else None
     if reverses:
@@ -156,8 +159,8 @@ def headline(decisions: list[dict]) -> str:
     parts = []
     for d in decisions or ():
         name = d["lever"] if d["lever"] == "execution_mode" else f"{d['lever']}={d['candidate']}"
-        if d.get("figure") == "speed" and d.get("speedup") is not None and d.get("ci"):
-            fig = f"{d['speedup']:.2f}x ({d['ci'][0]:.2f}-{d['ci'][1]:.2f})"
+        if d.get("figure") == "speed" and d.get("speedup") is not None and d.get("ci") and interval_measured(*d["ci"]):
+            fig = f"{d['speedup']:.2f}x ({fmt_interval(*d['ci'])})"
         elif d.get("figure") == "memory" and d.get("memory_saving") is not None:
             fig = f"{d['memory_saving']:.0%} memory saved"
         elif d.get("figure") == "none":  # decided without timing (a correctness check, an unusable holder)

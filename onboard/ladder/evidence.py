@@ -1,11 +1,14 @@
 """The ledger is evidence, not a claim (DESIGN section 4): `check_entry` re-checks an accepted entry.
 
 A passed entry's recorded measurements are re-evaluated against its checklist with the waivers on
-the record when the attempt ended (a waiver added later does not turn an old failure into a pass) and
-the other rungs' evidence as it was when the attempt started (what its `evidence.<rung>.<metric>`
-thresholds resolved against); its attempt folder's own record (ledger.RUN_RECORD) must say the same,
-its times must be possible, and its rung's declaration may add a check (`evidence_problem`). A
-not_applicable entry must say why, carry no criteria, and its rung's own rule, recomputed, must agree.
+the record when the attempt ended (a waiver added later does not turn an old failure into a pass; one
+on finiteness or every run whole is ignored, gates.UNWAIVABLE_METRICS) and the other rungs' evidence
+as it was when the attempt started (what its `evidence.<rung>.<metric>` thresholds resolved against);
+its attempt folder's own record (ledger.RUN_RECORD) must say the same, and every file the pass rests
+on must agree with it: the files read (files_read, never empty) and each gated run's metrics.jsonl,
+re-read step by step (onboard/ladder/measurements/run_metrics.py). Its times must be possible, and its
+rung's declaration may add a check (`evidence_problem`). A not_applicable entry must say why, carry
+no criteria, its rung's own rule, recomputed, must agree, and it too must name the files it read.
 An entry that fails any of this is `invalid`: the current rung for `next-step`, which re-runs it.
 """
 
@@ -17,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable
 
 from onboard.ladder.gates import ChecklistError, evaluate
+from onboard.ladder.measurements.run_metrics import record_problem
 from onboard.workspace.ledger import RUN_RECORD, Entry, Ledger, Status, parse_iso, run_record
 from onboard.errors import BadInput
 
@@ -79,7 +83,8 @@ def describe(c: dict) -> str:
         ref = f" ({ref})" if ref else ""
         threshold = f"a threshold that is unavailable ({c['hint']})" if c["threshold"] is None else repr(c["threshold"])
         bound = f"{c['comparator']} {threshold}{ref}"
-    return f"{c['name']}: {c['metric']} = {value}, needs {bound}"
+    ignored = f" ({c['waiver_ignored']})" if c.get("waiver_ignored") else ""
+    return f"{c['name']}: {c['metric']} = {value}, needs {bound}{ignored}"
 
 
 def check_entry(entry: Entry, spec: Any, ws: "Workspace") -> Verdict:
@@ -95,6 +100,9 @@ def check_entry(entry: Entry, spec: Any, ws: "Workspace") -> Verdict:
             return Verdict("not_applicable, yet it records criteria (a rung that does not apply evaluates none)")
         if problem := not_applicable_problem(entry.rung, spec.declared.not_applicable, ws):
             return Verdict(f"ladder.json says not_applicable, but {problem}")
+        if not entry.files_read:  # staleness rests on them: an emptied list would keep it standing for ever
+            return Verdict("ladder.json says not_applicable, but it records no files_read: nothing it rests on "
+                           "is known")
         return Verdict(None)
     started, ended = _time(entry.started), _time(entry.ended)
     if started is None or ended is None:
@@ -114,7 +122,7 @@ def check_entry(entry: Entry, spec: Any, ws: "Workspace") -> Verdict:
     if failed:
         fails = "; ".join(describe(c) for c in failed)
         return Verdict(f"ladder.json says {status}, but its measurements fail {fails}", criteria)
-    if problem := run_folder_problem(entry, ws):
+    if problem := run_folder_problem(entry, ws, spec.declared.measurements):
         return Verdict(f"ladder.json says {status}, but {problem}", criteria)
     rung_check = spec.declared.evidence_problem
     if rung_check is not None and (problem := rung_check(ws, entry)):
@@ -148,10 +156,11 @@ def not_applicable_problem(rung: str, rule: Callable[..., str | None] | None, ws
     return None
 
 
-def run_folder_problem(entry: Entry, ws: "Workspace") -> str | None:
+def run_folder_problem(entry: Entry, ws: "Workspace", measured: type | None = None) -> str | None:
     """Why `entry` is not what this workspace's own run of it recorded: its attempt folder is not
-    runs/<rung>/attempt-<N>/ inside the workspace, or that folder's RUN_RECORD is missing or says
-    otherwise; None when they agree."""
+    runs/<rung>/attempt-<N>/ inside the workspace, that folder's RUN_RECORD is missing or says
+    otherwise, or the files it rests on (files read, each run's metrics) do not agree with it
+    (run_metrics.record_problem; `measured`: the rung's Measurements type); None when all agree."""
     key = f"runs/{entry.rung}/attempt-{entry.attempt}"
     folder = ws.root / key
     if entry.attempt_dir != key:
@@ -171,7 +180,7 @@ def run_folder_problem(entry: Entry, ws: "Workspace") -> str | None:
     for name, value in expected.items():
         if recorded.get(name) != value:
             return f"{path}, which its run wrote, disagrees on {_differing(name, value, recorded.get(name))}"
-    return None
+    return record_problem(entry, recorded, f"{key}/{RUN_RECORD}", ws, measured)
 
 
 def _differing(name: str, ours: Any, theirs: Any) -> str:

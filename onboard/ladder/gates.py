@@ -24,6 +24,17 @@ recipe gives `threshold: {fp32: ..., bf16: ...}` and `bound_why: {fp32: ..., bf1
 is that number), and is judged with the bound of the precision the attempt's runs computed in (its
 `precision` measurement); an attempt that recorded none fails it, and the result names the
 precision and the reason of the bound it used.
+
+Three optional keys say more of a criterion (DESIGN section 5):
+
+    checks: "what the criterion compares, in words"   # carried into every evaluated record
+    not_applicable_when: {metric: step1_loss_reference, startswith: "none", why: "..."}
+                                    # the criterion has nothing to compare: shown as not applicable with
+                                    # `why`, never as a passing number
+    waivable: false                 # `onboard waive` refuses it and a waiver on record is ignored
+
+Finiteness and "every run whole" (UNWAIVABLE_METRICS) are never waivable, whatever a file says:
+a waived NaN would make a run that proves nothing read as passed.
 """
 
 from __future__ import annotations
@@ -55,6 +66,16 @@ PRECISIONS = ("fp32", "bf16")
 threshold names both."""
 
 
+UNWAIVABLE_METRICS = frozenset({"all_finite", "runs_whole", "final_run_whole"})
+"""Metrics whose criterion no waiver can turn ok: every planned step ran, every loss and grad norm
+finite. A gate whose run broke proves nothing of the steps it did not run, so "waived" would be a
+pass with no evidence behind it. A checklist may mark more criteria `waivable: false`, never fewer."""
+
+INTERVAL_RATIO_CAP = 100.0
+"""An interval whose high end is more than this many times its low end says nothing a person can use
+(a bf16 timing with a near-zero end once printed as 0.00-512246.96): shown as not measured."""
+
+
 class ChecklistError(ValueError):
     """A malformed checklist file: a bug in the shipped data, never the user's input."""
 
@@ -69,10 +90,38 @@ class Criterion:
     hint: str
     bound_why: dict[str, str] = field(default_factory=dict)
     """{precision: why the bound is that number}, for a per-precision threshold."""
+    checks: str = ""
+    """What the criterion compares, in words (the checklist's `checks:`); "" where the name says it."""
+    not_applicable_when: dict[str, str] | None = None
+    """{metric, startswith, why}: when the attempt's `metric` starts with `startswith`, there is nothing
+    to compare and the criterion is recorded as not applicable with `why` (no value, no pass figure)."""
+    waivable_in_file: bool = True
+    """The checklist's `waivable:` (default true); `waivable` also holds UNWAIVABLE_METRICS."""
 
     @property
     def per_precision(self) -> bool:
         return isinstance(self.threshold, dict)
+
+    @property
+    def waivable(self) -> bool:
+        return self.waivable_in_file and self.metric not in UNWAIVABLE_METRICS
+
+    def unwaivable_why(self) -> str:
+        """Why a waiver of this criterion is refused (or ignored), one line."""
+        if self.metric in UNWAIVABLE_METRICS:
+            return (f"{self.name} cannot be waived: a run that stopped early or logged a non-finite value proves "
+                    "nothing of the steps it did not run")
+        return f"{self.name} cannot be waived (its checklist marks it waivable: false)"
+
+    def not_applicable_why(self, measurements: Mapping[str, Any]) -> str | None:
+        """Why the criterion does not apply to these measurements (`not_applicable_when`); None: it applies."""
+        rule = self.not_applicable_when
+        if not rule:
+            return None
+        value = measurements.get(rule["metric"])
+        if isinstance(value, str) and value.startswith(rule["startswith"]):
+            return rule["why"]
+        return None
 
     def bound(self, precision: str | None) -> tuple[Any, str | None, str | None]:
         """(threshold, why, problem) for a run in `precision`: the one threshold, or the precision's own."""
@@ -131,7 +180,9 @@ def parse_checklist(data: Any, source: str) -> Checklist:
             raise ChecklistError(f"{where}: duplicate criterion name '{item['name']}'")
         seen.add(item["name"])
         criteria.append(Criterion(item["name"], item["metric"], item["comparator"], threshold, item["hint"].strip(),
-                                  {k: " ".join(str(v).split()) for k, v in bound_why.items()}))  # fmt: skip
+                                  {k: " ".join(str(v).split()) for k, v in bound_why.items()},
+                                  " ".join(str(item.get("checks") or "").split()),
+                                  _not_applicable_rule(where, item), _waivable(where, item)))  # fmt: skip
     if not criteria:
         raise ChecklistError(f"{source}: no criteria (a gate with nothing to check would pass vacuously)")
     human = tuple(str(h) for h in (data.get("human") or []))
@@ -139,6 +190,25 @@ def parse_checklist(data: Any, source: str) -> Checklist:
     if not isinstance(params, dict):
         raise ChecklistError(f"{source}: params must be a mapping of name -> value")
     return Checklist(str(data["rung"]), str(data.get("title", data["rung"])), tuple(criteria), human, dict(params))
+
+
+def _not_applicable_rule(where: str, item: dict) -> dict[str, str] | None:
+    """A criterion's `not_applicable_when` ({metric, startswith, why}, each text), or None."""
+    rule = item.get("not_applicable_when")
+    if rule is None:
+        return None
+    if not isinstance(rule, dict) or set(rule) != {"metric", "startswith", "why"} or not all(
+        isinstance(v, str) and v.strip() for v in rule.values()
+    ):
+        raise ChecklistError(f"{where}: not_applicable_when must be {{metric, startswith, why}}, each text")
+    return {k: " ".join(v.split()) if k == "why" else v for k, v in rule.items()}
+
+
+def _waivable(where: str, item: dict) -> bool:
+    value = item.get("waivable", True)
+    if not isinstance(value, bool):
+        raise ChecklistError(f"{where}: waivable must be true or false")
+    return value
 
 
 def _check_per_precision(where: str, name: str, threshold: dict, bound_why: Any) -> None:
@@ -215,54 +285,65 @@ def evaluate(
     waivers: dict[str, dict] | None = None,
 ) -> list[dict]:
     """One result per criterion: {name, metric, comparator, value, threshold, threshold_ref, precision,
-    bound_why, ok, raw_ok, hint, waived, why} (precision and bound_why: None unless the bound is per precision).
+    bound_why, ok, raw_ok, hint, waived, why, checks, not_applicable, waiver_ignored} (precision and
+    bound_why: None unless the bound is per precision).
 
     `measurements`: a rung's declared Measurements, or the flat dict a ledger entry recorded
     (its `as_metrics()`). `waivers` maps criterion name -> waiver record; a waived criterion is
-    ok (raw_ok keeps what the measurement alone said) and carries the waiver's reason.
+    ok (raw_ok keeps what the measurement alone said) and carries the waiver's reason, except one
+    that cannot be waived (`Criterion.waivable`): its waiver is ignored and `waiver_ignored` says so.
+    A criterion with nothing to compare (`not_applicable_when`) is ok with no value, and
+    `not_applicable` says why.
     """
     if isinstance(measurements, Measurements):
         measurements = measurements.as_metrics()
     evidence, waivers = evidence or {}, waivers or {}
-    results = []
-    for c in checklist.criteria:
-        hint = c.hint
-        precision = measurements.get("precision") if c.per_precision else None
-        spec, bound_why, problem = c.bound(precision)
-        if problem is None:
-            threshold, problem = (
-                (None, None) if c.comparator == "is_true" else resolve_threshold(spec, measurements, evidence)
-            )
-        else:
-            threshold = None
-        if c.metric not in measurements or measurements[c.metric] is None:
-            value, raw_ok, hint = None, False, f"rung did not measure {c.metric}"
-        elif problem:
-            value, raw_ok, hint = measurements[c.metric], False, problem
-        else:
-            value = measurements[c.metric]
-            raw_ok, problem = check_value(c, value, threshold)
-            if problem:
-                hint = f"{problem}; {hint}"
-        waiver = waivers.get(c.name)
-        results.append(
-            {
-                "name": c.name,
-                "metric": c.metric,
-                "comparator": c.comparator,
-                "value": value,
-                "threshold": threshold,
-                "threshold_ref": spec if isinstance(spec, str) else None,
-                "precision": precision,
-                "bound_why": bound_why,
-                "ok": raw_ok or waiver is not None,
-                "raw_ok": raw_ok,
-                "hint": hint,
-                "waived": waiver is not None,
-                "why": waiver["why"] if waiver else None,
-            }
+    return [_evaluate_one(c, measurements, evidence, waivers.get(c.name)) for c in checklist.criteria]
+
+
+def _evaluate_one(c: Criterion, measurements: Mapping[str, Any], evidence: dict, waiver: dict | None) -> dict:
+    hint = c.hint
+    precision = measurements.get("precision") if c.per_precision else None
+    spec, bound_why, problem = c.bound(precision)
+    if problem is None:
+        threshold, problem = (
+            (None, None) if c.comparator == "is_true" else resolve_threshold(spec, measurements, evidence)
         )
-    return results
+    else:
+        threshold = None
+    not_applicable = c.not_applicable_why(measurements)
+    if not_applicable:  # nothing to compare: no number that reads as a pass
+        value, raw_ok = None, True
+    elif c.metric not in measurements or measurements[c.metric] is None:
+        value, raw_ok, hint = None, False, f"rung did not measure {c.metric}"
+    elif problem:
+        value, raw_ok, hint = measurements[c.metric], False, problem
+    else:
+        value = measurements[c.metric]
+        raw_ok, problem = check_value(c, value, threshold)
+        if problem:
+            hint = f"{problem}; {hint}"
+    ignored = None
+    if waiver is not None and not c.waivable:
+        ignored, waiver = f"the waiver on record ({waiver.get('why')}) is ignored: {c.unwaivable_why()}", None
+    return {
+        "name": c.name,
+        "metric": c.metric,
+        "comparator": c.comparator,
+        "value": value,
+        "threshold": None if not_applicable else threshold,
+        "threshold_ref": spec if isinstance(spec, str) else None,
+        "precision": precision,
+        "bound_why": bound_why,
+        "ok": raw_ok or waiver is not None,
+        "raw_ok": raw_ok,
+        "hint": hint,
+        "waived": waiver is not None,
+        "why": waiver["why"] if waiver else None,
+        "checks": c.checks or None,
+        "not_applicable": not_applicable,
+        "waiver_ignored": ignored,
+    }
 
 
 def gate_passed(results: list[dict]) -> bool:
@@ -291,8 +372,44 @@ def fmt(value: Any) -> str:
 
 # A recorded criterion is sure to have a name and ok (ledger.shape_problem); the rest of
 # what evaluate() writes may be missing from a hand-edited entry, so it is read with get.
+def fmt_value(c: dict) -> str:
+    """A criterion's value as a person reads it: "not applicable" where it had nothing to compare."""
+    return "not applicable" if c.get("not_applicable") else fmt(c.get("value"))
+
+
 def fmt_threshold(c: dict) -> str:
+    if c.get("not_applicable"):
+        return f"not applicable: {c['not_applicable']}"
     if c.get("comparator") == "is_true":
         return "is true"
     ref = "; ".join(filter(None, (c.get("threshold_ref"), c.get("precision") and f"{c['precision']} bound")))
     return f"{c.get('comparator', '?')} {fmt(c.get('threshold'))}" + (f" ({ref})" if ref else "")
+
+
+# ---- intervals -------------------------------------------------------------------------------
+def interval_measured(low: Any, high: Any) -> bool:
+    """Whether [low, high] is an interval a person can use: two finite numbers, 0 < low <= high, and
+    high / low at most INTERVAL_RATIO_CAP (a wider one is a timing that measured nothing)."""
+    lo, hi = _number(low), _number(high)
+    if lo is None or hi is None or isinstance(low, str) or isinstance(high, str):
+        return False
+    if not (math.isfinite(lo) and math.isfinite(hi)) or lo <= 0 or hi < lo:
+        return False
+    return hi / lo <= INTERVAL_RATIO_CAP
+
+
+def fmt_interval(low: Any, high: Any, digits: int = 2) -> str:
+    """"1.21-1.38", or "not measured" where the interval is not one (`interval_measured`): the one
+    way status, recipe and the report print an interval."""
+    if not interval_measured(low, high):
+        return "not measured"
+    return f"{float(low):.{digits}f}-{float(high):.{digits}f}"
+
+
+def measured_decision(d: dict) -> dict:
+    """A Decision record (onboard.ladder.decision) as views print it: an interval that is not
+    measured (`interval_measured`) is dropped, with its speed-up, so the headline says "not measured"."""
+    ci = d.get("ci")
+    if ci is None or (isinstance(ci, list) and len(ci) == 2 and interval_measured(*ci)):
+        return d
+    return {**d, "ci": None, "speedup": None}

@@ -25,7 +25,7 @@ from titan_core.models.transformers.hf_classes import config_object
 
 from onboard.parity import criteria
 from onboard.parity.compare import cap, compare_grads, round_trip
-from onboard.parity import feature_pass, features
+from onboard.parity import active_range, feature_pass, features
 from onboard.upstream.init_check import compare_init, init_stats
 from onboard.parity.localise import OutputRecorder, Row, compare_outputs, divergence, module_pairs, parameter_sources
 from onboard.parity.native import (
@@ -118,6 +118,7 @@ def _run(root, res, m, weights_dir, batch, seq_len, seed, attn_implementation) -
 
     # 2. the inputs: long enough for every window, with pad ids when the config has one
     declared = features.declare(hf.config)
+    active_range.declare_model(hf, declared)
     seq_len = features.seq_len_for(declared, seq_len, params)
     m["seq_len"] = seq_len
     vocab = predicted_vocab(hf.config.get_text_config())
@@ -140,7 +141,7 @@ def _run(root, res, m, weights_dir, batch, seq_len, seed, attn_implementation) -
             raise
 
     compare("weights" if weights_dir is not None else "seeded")
-    how = feature_pass.prepare_feature_pass(hf, declared, tokens, params)
+    how = feature_pass.prepare_feature_pass(hf, declared, tokens, params, seed=seed)
     if how is not None:
         load_converted(native, _port(adapter.from_hf, "adapter.from_hf", hf.state_dict()))
         compare("features", how)
@@ -149,6 +150,10 @@ def _run(root, res, m, weights_dir, batch, seq_len, seed, attn_implementation) -
         full = read_hf_config(ws.hf_config_path.with_name(HF_CONFIG))
         features.not_held(declared, config_object(full), f"the twin ({TWIN})", hf.config)
     _combine(res, m, passes, declared)
+    unreached = [] if ws.path_kind == "transformers" else (
+        active_range.unreached_keys(hf.config, declared, res.get("unconsumed_hf_keys")))  # fmt: skip
+    if unreached:
+        m.update(features_exercised=False, features_idle=m["features_idle"] + unreached)
 
 
 def _compare(record, hf, native, adapter, tokens, labels, pairs, declared, params) -> None:
@@ -165,6 +170,7 @@ def _compare(record, hf, native, adapter, tokens, labels, pairs, declared, param
             hf_out = hf(input_ids=tokens, use_cache=False)
             hf_logits = hf_out.logits
     features.record_probe(declared, probe, name, params, f" ({how})" if how else "")
+    active_range.record_more(declared, probe, hf, name, params, f" ({how})" if how else "")
     # a features pass may scale the logits up to a soft-cap (30 and more); their rounding scales with
     # them, so the largest difference is read in units of their RMS where that is above 1
     scale = max(1.0, float(hf_logits.detach().double().pow(2).mean().sqrt()))
@@ -304,6 +310,7 @@ def _combine(res, m, passes: list[dict], declared) -> None:
     res["features"] = {name: f.as_dict() for name, f in declared.items()}
     m["features_exercised"] = features.exercised(declared)
     m["features_idle"] = features.idle(declared)
+    m["features_proved"] = active_range.feature_summary(declared)
     for name, f in declared.items():
         if f.declared:
             m[f"feature_{name}"] = f.value

@@ -40,8 +40,13 @@ from typing import Any
 import torch
 from torch import nn
 
+from onboard.parity.watch import ClampWatch, ScoreWatch, layer_of
+
 SAMPLE = 1 << 18  # values kept per call for the quantile that sets the next scale
 
+
+SCORE_FEATURES = ("attention_softcap", "attention_sinks", "layer_kinds")
+"""The features read from the upstream's attention scores (the eager attention is wrapped for them)."""
 
 ROUTER_NAMES = ("gate", "router")
 """What transformers' MoE blocks name their router module."""
@@ -206,6 +211,9 @@ class Probe:
         self.attention, self.final = _Stat(sample), _Stat(sample)
         self.expert_counts: dict[str, torch.Tensor] = {}
         self.router_inputs: dict[str, torch.Tensor] = {}  # kept when sampling, to rebalance routing
+        self.scores = ScoreWatch()
+        self.clamps: ClampWatch | None = None
+        self._names = {id(m): n for n, m in model.named_modules()}
         self._undo: list = []
 
     def routers(self) -> dict[str, nn.Module]:
@@ -239,9 +247,16 @@ class Probe:
             if name.rpartition(".")[2] in ROUTER_NAMES and not any(f == name or f.startswith(name + ".") for f in found)
         }  # fmt: skip
 
+    def _reads_scores(self) -> bool:
+        return any(self.features[n].declared for n in SCORE_FEATURES if n in self.features)
+
     def __enter__(self):
-        if self.features["attention_softcap"].declared:
+        if self._reads_scores():
             self._wrap_eager_attention()
+        # every clamp is watched: the first pass finds which ones a config number bounds (active_range.py)
+        self.clamps = ClampWatch(self.model, sample=self.sample)
+        self.clamps.__enter__()
+        self._undo.append(self._close_clamps)
         if self.features["final_softcap"].declared:
             cap = float(self.features["final_softcap"].config["cap"])
             head = self.model.get_output_embeddings()
@@ -277,6 +292,10 @@ class Probe:
                      parent.register_forward_hook(after)):  # fmt: skip
             self._undo.append(undo.remove)
 
+    def _close_clamps(self) -> None:
+        self.clamps.__exit__(None, None, None)
+        self.clamps.close()
+
     def __exit__(self, *exc):
         for undo in reversed(self._undo):
             undo()
@@ -304,7 +323,6 @@ class Probe:
 
     def _wrap_eager_attention(self) -> None:
         """Wrap `eager_attention_forward` of every module that defines an attention class of the model."""
-        cap = float(self.features["attention_softcap"].config["cap"])
         modules = {sys.modules[type(m).__module__] for m in self.model.modules() if "Attention" in type(m).__name__}
         for module in modules:
             original = getattr(module, "eager_attention_forward", None)
@@ -312,15 +330,16 @@ class Probe:
                 continue
 
             def wrapped(mod, query, key, value, attention_mask, *a, _original=original, **kw):
-                if kw.get("softcap") is not None:
-                    self._scores(mod, query, key, attention_mask, kw.get("scaling"), cap)
+                self._scores(mod, query, key, attention_mask, kw.get("scaling"), kw.get("softcap"))
                 return _original(mod, query, key, value, attention_mask, *a, **kw)
 
             module.eager_attention_forward = wrapped
             self._undo.append(lambda m=module, o=original: setattr(m, "eager_attention_forward", o))
 
     @torch.no_grad()
-    def _scores(self, mod, query, key, mask, scaling, cap: float) -> None:
+    def _scores(self, mod, query, key, mask, scaling, softcap) -> None:
+        """The scores as upstream computes them before any cap: the soft-cap's clipped fraction, each
+        layer's spread and its sink's mass (watch.ScoreWatch)."""
         scaling = mod.head_dim**-0.5 if scaling is None else scaling
         scores = (query @ _repeat_kv(key, query.shape[1]).transpose(-2, -1)) * scaling
         if mask is not None:
@@ -328,7 +347,11 @@ class Probe:
         else:
             s_q, s_k = scores.shape[-2:]
             valid = torch.ones(s_q, s_k, dtype=torch.bool).tril(s_k - s_q)
-        self.attention.add(scores.abs(), cap, valid)
+        if softcap is not None and self.features["attention_softcap"].declared:
+            self.attention.add(scores.abs(), float(self.features["attention_softcap"].config["cap"]), valid)
+        sinks = getattr(mod, "sinks", None)
+        self.scores.add(layer_of(self._names.get(id(mod), "")), scores, valid,
+                        sinks if isinstance(sinks, torch.Tensor) else None)  # fmt: skip
 
     def min_tokens_per_expert(self) -> tuple[int, str | None]:
         if not self.expert_counts:

@@ -97,6 +97,8 @@ class OutputRecorder:
     def __init__(self, model: nn.Module, names: list[str]):
         self.outputs: dict[str, torch.Tensor] = {}
         self.inputs: dict[str, torch.Tensor] = {}
+        self.choices: dict[str, torch.Tensor] = {}
+        """A module's integer input beside its first (the experts an MoE's experts module is told to run)."""
         self.versions: dict[str, int] = {}
         self.order: list[str] = []
         modules = dict(model.named_modules())
@@ -118,6 +120,10 @@ class OutputRecorder:
             given = given if given is not None else kwargs.get("hidden_states", _first_tensor(kwargs))
             if given is not None:
                 self.inputs[name] = given.detach()
+            ints = [t for t in (*args, *kwargs.values()) if isinstance(t, torch.Tensor) and t is not given
+                    and not t.is_floating_point() and t.dtype != torch.bool]  # fmt: skip
+            if len(ints) == 1:
+                self.choices[name] = ints[0].detach()
             self.order.append(name)
 
         return record
@@ -193,6 +199,16 @@ def _same_input(name: str, native_rec: OutputRecorder, upstream_rec: OutputRecor
     return not rel_l2(a, b) > tol
 
 
+def _same_choice(name: str, native_rec: OutputRecorder, upstream_rec: OutputRecorder, pairs) -> bool | None:
+    """Whether the module was given the same integer choice on both sides (the experts each token runs,
+    compared as sets per token: top-k order is not a difference); None where either side has none."""
+    a, b = native_rec.choices.get(name), upstream_rec.choices.get(pairs.get(name, ""))
+    if a is None or b is None or a.numel() != b.numel() or a.dim() == 0:
+        return None
+    k = a.shape[-1]
+    return torch.equal(a.reshape(-1, k).sort(-1).values, b.reshape(-1, k).long().sort(-1).values.to(a.dtype))
+
+
 def _is_ids_module(name: str, native_rec: OutputRecorder) -> bool:
     given = native_rec.inputs.get(name)
     return given is not None and not given.is_floating_point()
@@ -227,6 +243,15 @@ def attribute(
     same = _same_input(first.native, native_rec, upstream_rec, pairs, tol)
     if same is None:
         return first, f"{first.native} is the first compared output that differs; everything compared before it agrees"
+    if same and _same_choice(first.native, native_rec, upstream_rec, pairs) is False:
+        parent = next((r for r in sorted(rows, key=lambda r: -len(r.native))
+                       if first.native.startswith(r.native + ".") and r.diverged(tol)), None)  # fmt: skip
+        if parent is not None:
+            return parent, (
+                f"{first.native} receives the same hidden states on both sides but is told to run other experts: "
+                f"the routing inside {parent.native} (the choice made from the router's scores, e.g. a "
+                "score-correction bias, group limits, top-k) differs"
+            )
     if same:
         return first, f"{first.native} receives the same input on both sides and returns a different output"
     # walk out through the diverged ancestors whose input differs too: the error is inside the

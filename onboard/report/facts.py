@@ -41,6 +41,7 @@ from typing import Any
 from titan_core.config.loader import MISSING, ConfigError, apply_overrides, from_dict, get_key, to_dict
 
 from onboard.ladder.decision import KEPT, decision_records
+from onboard.ladder.gates import measured_decision
 from onboard.workspace.ledger import Status, parse_iso
 from titan_core.measure.metrics import read_metrics
 
@@ -78,8 +79,9 @@ class Record:
     @property
     def decisions(self) -> list[dict]:
         """The rung's Decision records (onboard.ladder.decision, `details.decisions`); [] for a rung
-        that recorded none, or an older ledger's other shape under that key."""
-        return decision_records(self.details)
+        that recorded none, or an older ledger's other shape under that key. An interval that measured
+        nothing is dropped with its speed-up (gates.measured_decision): the report says not measured."""
+        return [measured_decision(d) for d in decision_records(self.details)]
 
     @property
     def field_choices(self) -> dict:

@@ -20,6 +20,7 @@ from onboard.report.facts import BASELINE, Bar, MemoryBar, ParityPoints, PolicyB
 from onboard.report.steps import TIMED_APART, Factor, Step
 from onboard.workspace.fsutil import atomic_write_bytes
 from titan_core.memory.estimate import format_bytes
+from onboard.ladder.gates import fmt_interval, interval_measured
 
 DPI = 110
 MIB = 2**20
@@ -81,7 +82,9 @@ def _bar_label(f: Factor, *, cumulative: bool) -> str:
         return f"{f.speedup:.2f}x\ntimed apart:\nno interval"
     if f.low is None:
         return f"{f.speedup:.2f}x\nno interval"
-    lines = [f"{f.speedup:.2f}x", f"({f.low:.2f}-{f.high:.2f})", f.outcome or ""]
+    if not interval_measured(f.low, f.high):
+        return f"{f.speedup:.2f}x\ninterval:\nnot measured"
+    lines = [f"{f.speedup:.2f}x", f"({fmt_interval(f.low, f.high)})", f.outcome or ""]
     if cumulative or f.links > 1:
         lines[-1] += f"{', ' if f.outcome else ''}>= {f.confidence:.0%}"
     return "\n".join(lines)

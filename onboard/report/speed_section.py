@@ -15,6 +15,7 @@ from onboard.report.pictures import bar_kind, fmt_seconds
 from onboard.report.steps import Factor, Step, step_text
 from onboard.report.html import table
 from onboard.ladder.decision import KEPT, headline
+from onboard.ladder.gates import fmt_interval, interval_measured
 from titan_core.memory.estimate import format_bytes
 
 
@@ -66,8 +67,10 @@ def factor_cell(f: Factor | None, kind: str = "", *, bold: bool = False) -> str:
         return f"{x} (timed apart: no interval)"
     if f.low is None:
         return f"{x} {f.outcome or ''} (no interval)".replace("  ", " ")
+    if not interval_measured(f.low, f.high):  # a product of intervals can itself be too wide to say anything
+        return f"{x} {f.outcome or ''} (interval: not measured)".replace("  ", " ")
     conf = f"{f.confidence:.0%}" if f.links < 2 else f">= {f.confidence:.0%} by the union bound"
-    return f"{x} ({f.low:.2f}-{f.high:.2f}, {conf}) {f.outcome}"
+    return f"{x} ({fmt_interval(f.low, f.high)}, {conf}) {f.outcome}"
 
 
 def _protocol_row(steps: list[Step]) -> list[str]:

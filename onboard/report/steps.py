@@ -28,6 +28,7 @@ from typing import Any
 from onboard.report.facts import BASELINE, TIMED, Record, _num, decision_name, recipe_mode
 from onboard.workspace.ledger import Status
 from onboard.ladder.decision import KEPT
+from onboard.ladder.gates import interval_measured
 
 TIMED_APART = "timed apart: no interval"
 MODE_ELSEWHERE = "the execution mode is the graph_trainer rung's decision (its bar)"
@@ -95,7 +96,8 @@ def _rounds(record: dict) -> str:
 def _factor(speedup: float, low, high, confidence, outcome, how: str) -> Factor:
     """A speed-up with its interval at `confidence`, or without one where the interval is not usable."""
     outcome = outcome if isinstance(outcome, str) else None
-    if low is None or high is None or low <= 0 or confidence is None or not 0 < confidence < 1:
+    # an interval that measured nothing (not finite, a low end at 0, ends 100x apart) is no interval
+    if not interval_measured(low, high) or confidence is None or not 0 < confidence < 1:
         return Factor(speedup, outcome=outcome, how=how)
     return Factor(speedup, low, high, 1 - confidence, outcome, True, how)
 

@@ -16,7 +16,7 @@ from pathlib import Path
 from onboard.errors import BadInput
 from onboard.ladder.evidence import INVALID, workspace_facts
 from onboard.workspace.fsutil import atomic_write_text
-from onboard.ladder.gates import ChecklistError
+from onboard.ladder.gates import ChecklistError, load_checklist
 from onboard.ladder.states import NOT_BUILT, ladder_states
 from onboard.ladder.table import RungSpec, default_specs
 from onboard.workspace.ledger import ACCEPTED, Status, now_iso
@@ -47,7 +47,7 @@ from onboard.report.pictures import (
     write_picture,
 )
 from onboard.ladder.decision import decision_records
-from onboard.ladder.gates import fmt, fmt_threshold
+from onboard.ladder.gates import fmt, fmt_threshold, fmt_value, measured_decision
 from onboard.ladder.states import ladder_message, shown_criteria
 from onboard.workspace.layout import REPORT, Workspace
 from onboard.sanitize import html_safe, visible
@@ -68,9 +68,19 @@ def _waivers(ws: Workspace) -> list[str]:
     ]
     lines += table(
         ["rung", "criterion", "why", "by", "when"],
-        [[f"**{w['rung']}**", f"**{w['criterion']}**", w["why"], w.get("by", ""), w["time"][:19]] for w in waivers],
-    )
+        [[f"**{w['rung']}**", f"**{w['criterion']}**", w["why"] + _ignored(w), w.get("by", ""), w["time"][:19]]
+         for w in waivers],
+    )  # fmt: skip
     return lines + [""]
+
+
+def _ignored(waiver: dict) -> str:
+    """What the report adds to a waiver no gate counts (finiteness, every run whole: gates.UNWAIVABLE_METRICS)."""
+    try:
+        c = load_checklist(waiver["rung"]).criterion(waiver["criterion"])
+    except ChecklistError:  # a rung not built yet: its waiver has nothing to count against
+        return ""
+    return f" (**ignored**: {c.unwaivable_why()})" if c is not None and not c.waivable else ""
 
 
 def _criteria(criteria: list[dict]) -> list[str]:
@@ -78,14 +88,22 @@ def _criteria(criteria: list[dict]) -> list[str]:
     for c in criteria:
         if c.get("waived"):
             ok = "🔴 **WAIVED**" + ("" if c.get("raw_ok") else " (failed)") + f": {c.get('why')}"
+        elif c.get("not_applicable"):  # nothing to compare: said, never shown as a passing number
+            ok = "➖ not applicable"
         else:
             ok = "✅ ok" if c["ok"] else "❌ **FAIL**"
-        rows.append([c["name"], fmt(c.get("value")), fmt_threshold(c), ok])
+            ok += " (waiver ignored: it cannot be waived)" if c.get("waiver_ignored") else ""
+        rows.append([c["name"], fmt_value(c), fmt_threshold(c), ok])
     lines = table(["criterion", "value", "threshold", "ok"], rows) if rows else ["(no criteria evaluated)"]
+    said = [c for c in criteria if c.get("checks")]
+    if said:
+        lines += ["", "What each criterion compares:", ""]
+        lines += [f"- **{c['name']}**: {c['checks']}" for c in said]
     failed = [c for c in criteria if not c["ok"]]
     if failed:
         lines += ["", "Hints for the failed criteria:", ""]
-        lines += [f"- **{c['name']}**: {c['hint']}" for c in failed]
+        lines += [f"- **{c['name']}**: {c['hint']}" + (f" ({c['waiver_ignored']})" if c.get("waiver_ignored") else "")
+                  for c in failed]  # fmt: skip
     return lines
 
 
@@ -126,7 +144,7 @@ def _evidence(ws: Workspace, entry: dict, status: str) -> list[str]:
 
 def _decisions(entry: dict) -> list[str]:
     """The rung's decisions: its headline (what `onboard status` prints), then one row per lever decided."""
-    decisions = decision_records(entry.get("details") or {})
+    decisions = [measured_decision(d) for d in decision_records(entry.get("details") or {})]
     if not decisions:
         return []
     rows = [[f"`{d['lever']}`", f"`{json.dumps(d['holder'])}`", f"`{json.dumps(d['candidate'])}`",

@@ -36,6 +36,7 @@ from onboard.ladder.decision import HELD, KEPT, NOT_ELIGIBLE, Decision, decide, 
 from onboard.rungs.gate_recipe import resolved_device_type
 from titan_core.measure.timing import Comparison, compare, compare_samples
 from titan_core.runtime import launcher
+from titan_core.runtime.argv import LAUNCH
 from titan_core.measure.numerics import curve_max_rel, rel
 import torch
 from titan_core.training.model_builder import resolve_model_args
@@ -251,7 +252,7 @@ def run_details(ctx: RungContext, runs: dict[str, tuple[list[dict], str | None]]
                 "rank_logs": key(out / name / "logs"),
                 # run_world wrote the resolved recipe there and ran it under torchrun (titan_core's
                 # launcher adds only per-rank logs, the hang timeout and dying with its parent)
-                "command": f"torchrun --standalone --nproc-per-node={world} -m titan_core.train "
+                "command": f"{' '.join(LAUNCH)} --standalone --nproc-per-node={world} -m titan_core.train "
                 f"--config {out / name / 'world_recipe.toml'}",
             }
             for name in RUNS

@@ -4,8 +4,9 @@ process's thread count given back after it, recorded as a gated run (onboard/lad
 from __future__ import annotations
 
 import contextlib
+from pathlib import Path
 
-from onboard.ladder.contract import RungContext, record_run
+from onboard.ladder.contract import METRICS_FILE, RungContext, record_run
 from onboard.rungs.gate_recipe import announce, job_config, recipe
 from titan_core.config.loader import check_ranges, set_key
 from titan_core.runtime.quiet import quiet_loggers
@@ -55,7 +56,8 @@ def train(ctx: RungContext, cfg, label: str):
         raise RuntimeError(f"{label}: training ran no step")
     if result.stopped:
         ctx.log(f"{label}: {result.stopped}")
-    record_run(ctx, label, result.metrics, cfg.training.steps)
+    # the file it wrote, named: the ledger's readers re-read it against the rows recorded here
+    record_run(ctx, label, result.metrics, cfg.training.steps, Path(cfg.metrics.output_dir) / METRICS_FILE)
     return trainer, result
 
 

@@ -51,6 +51,7 @@ from titan_core.memory.estimate import ModelShape, format_bytes
 from titan_core.models.common.param_counts import count_params
 from titan_core.models.common.stats import flops_per_token
 from titan_core.parallel.plans import TP_PLANS
+from titan_core.runtime.argv import LAUNCH
 from titan_core.runtime.cpu_peak import measured_cpu_peak
 from titan_core.training.model_builder import build_meta_model, resolve_model_args
 
@@ -232,7 +233,7 @@ def torchrun_line(ws: Workspace, plan, recipe: Path) -> str:
     t = plan.target
     nnodes = max(1, t.count // t.per_host)
     line = shlex.join([
-        "torchrun", f"--nnodes={nnodes}", f"--nproc-per-node={min(t.per_host, t.count)}", "--rdzv-backend=c10d",
+        *LAUNCH, f"--nnodes={nnodes}", f"--nproc-per-node={min(t.per_host, t.count)}", "--rdzv-backend=c10d",
         f"--rdzv-endpoint=HEAD_NODE:{RDZV_PORT}", f"--rdzv-id={ws.name}-{t.name}", "-m", "titan_core.train",
         "--config", recipe.name,
     ])  # fmt: skip

@@ -7,7 +7,9 @@ has no QK-norm where Qwen3-MoE has one. `new-model --path port` therefore builds
 the meta device (transformers' class from config.json, never remote code; the family's model
 with the args its adapter reads) and compares one decoder layer at a time, each reduced to the
 same few features (`layer_features`); every feature that differs becomes one line for the README
-and one `TODO(port)` in model.py. What names and shapes cannot show is arch_semantics.py's. Module
+and one `TODO(port)` in model.py. What names and shapes cannot show is arch_semantics.py's; the
+upstream parameters and buffers the family adapter has no name for (a tensor that is no module's
+weight, an attention sink, a routing buffer) are arch_tensors.py's, also TODOs of adapter.py. Module
 names are a convention, not a contract: the lines say where to look, and the parity gate proves the port.
 """
 
@@ -21,6 +23,7 @@ from torch import nn
 
 from onboard.upstream.hf_model import UpstreamError, causal_lm, hf_config_object
 from onboard.workspace import arch_semantics as sem
+from onboard.workspace.arch_tensors import UpstreamTensor, refusal_lines, tensor_differences, tensor_lines
 from titan_core.models import build_meta, get_family
 from titan_core.models.common.hf_adapter import AdapterError
 
@@ -43,6 +46,11 @@ class ArchDiff:
     note: str | None = None
     """Why the structure could not be compared (transformers missing, unknown model_type), else None."""
     upstream_class: str | None = None
+    tensors: list[UpstreamTensor] = field(default_factory=list)
+    """Upstream parameters and persistent buffers the family adapter has no name for, or names in
+    another layout (arch_tensors.py); each is also one of `differences`, grouped by module."""
+    adapter_lines: list[str] = field(default_factory=list)
+    """The lines of `differences` adapter.py acts on (those tensors, the adapter's refusals): its TODOs."""
 
 
 def _norm_places(names: list[str]) -> tuple[dict[str, str], list[str]]:
@@ -333,4 +341,9 @@ def architecture_differences(cfg: dict, family: str) -> ArchDiff:
         line if len(layers) == len(up_layers) else f"{line} (layers {', '.join(map(str, layers))})"
         for line, layers in found.items()
     ]
-    return ArchDiff(differences=lines + model_lines, upstream_class=cls)
+    tensors, refusals = tensor_differences(model, cfg, family, args)
+    mapping = tensor_lines(tensors, cfg, family=family, n_layers=len(up_layers))
+    mapping += refusal_lines(refusals, family=family, n_layers=len(up_layers))
+    return ArchDiff(
+        differences=lines + mapping + model_lines, upstream_class=cls, tensors=tensors, adapter_lines=mapping
+    )

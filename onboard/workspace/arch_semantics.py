@@ -20,6 +20,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from onboard.sanitize import visible
+
 # what a module's code raises when it cannot run on a probe input (a norm that wants another shape)
 PROBE_ERRORS = (RuntimeError, TypeError, ValueError, AttributeError, IndexError, NotImplementedError)
 ROPE_FLAGS = ("rope_interleave", "rope_interleaved", "rotary_interleaved", "rotary_emb_interleaved", "interleaved_rope")
@@ -196,3 +198,199 @@ def meaning_lines(cfg: dict[str, Any], adapter, used: set[str], *, family: str, 
             f"`config.{key}` and implement that in model.py (adapter.py: stop passing it to the family's field)"
         )
     return lines
+
+
+# ---- config keys of a known pattern: the concrete change ----------------------------------------
+def _int(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def rope_skip_interval(nope: list[int], n_layers: int) -> int | None:
+    """The k with `TransformerArgs.rope_skip_every = k` skipping RoPE on exactly the layers `nope`
+    (layers i with (i + 1) % k == 0), None when no interval does."""
+    for k in range(1, n_layers + 1):
+        if [i for i in range(n_layers) if (i + 1) % k == 0] == nope:
+            return k
+    return None
+
+
+def _skip_rope(nope: list[int], n_layers: int, *, source: str) -> str:
+    if not nope:
+        return f"{source}: every layer applies RoPE (no NoPE layer): args.rope_skip_every = 0, nothing to change"
+    every = rope_skip_interval(nope, n_layers)
+    if every:
+        return (
+            f"{source}: layers {nope} skip RoPE (NoPE), one in every {every}: set TransformerArgs.rope_skip_every = "
+            f"{every} in adapter.py's extra_args_from_hf (layers i with (i + 1) % {every} == 0 then skip it: the "
+            "Block builds Attention(use_rope=args.layer_uses_rope(i)))"
+        )
+    return (
+        f"{source}: layers {nope} skip RoPE (NoPE) at no fixed interval, which rope_skip_every cannot say: carry the "
+        "list in args.extra (adapter.py) and build Attention(use_rope=bool(args.extra['no_rope_layers'][i])) in "
+        "model.py's Block (a per-layer check in the port's attention)"
+    )
+
+
+def _no_rope_layers(cfg: dict[str, Any], value: Any) -> str:
+    n = _int(cfg.get("num_hidden_layers")) or 0
+    if isinstance(value, list) and not value:
+        return "empty: transformers fills it from no_rope_layer_interval (that key's line says what to set)"
+    if not (isinstance(value, list) and len(value) == n and all(_int(v) in (0, 1) for v in value)):
+        return ("a per-layer RoPE flag (1: RoPE, 0: NoPE), not one per layer here: read what upstream's attention "
+                "does with it; Attention(use_rope=...) per layer in model.py's Block")  # fmt: skip
+    return _skip_rope([i for i, v in enumerate(value) if not v], n, source="1 = RoPE, 0 = none")
+
+
+def _no_rope_interval(cfg: dict[str, Any], value: Any) -> str:
+    listed = cfg.get("no_rope_layers")
+    if isinstance(listed, list) and listed:
+        return (
+            "transformers uses it only to fill a missing no_rope_layers; this config lists them, so no_rope_layers "
+            "decides which layers skip RoPE (its line says what to set)"
+        )
+    n, every = _int(cfg.get("num_hidden_layers")) or 0, _int(value)
+    if not every or every < 1:
+        return "not a positive layer count: read what upstream does with it"
+    return _skip_rope([i for i in range(n) if (i + 1) % every == 0], n, source=f"a NoPE layer every {every}")
+
+
+def _swiglu_limit(cfg: dict[str, Any], value: Any) -> str:
+    alpha = (f"; with swiglu_alpha = {cfg['swiglu_alpha']} GPT-OSS computes glu = gate * sigmoid(alpha * gate) "
+             "and out = (up + 1) * glu") if "swiglu_alpha" in cfg else ""  # fmt: skip
+    return (
+        f"clamped SwiGLU: upstream clamps the gate to at most {value} and up to [-{value}, {value}] before the "
+        f"activation{alpha}; titan_core's FeedForward and Experts compute silu(gate) * up unclamped: model.py's "
+        "MLP / experts compute upstream's form, the limit read into args.extra by adapter.py"
+    )
+
+
+def _swiglu_alpha(cfg: dict[str, Any], value: Any) -> str:
+    return (
+        f"the SwiGLU's sigmoid slope: glu = gate * sigmoid({value} * gate) (silu has slope 1; GPT-OSS also "
+        "multiplies by up + 1, clamped by swiglu_limit): model.py's experts compute it, the value read into "
+        "args.extra by adapter.py"
+    )
+
+
+def _first_dense(cfg: dict[str, Any], value: Any) -> str:
+    n = _int(value)
+    if not n:
+        return "0: every layer is MoE, nothing to change"
+    first = "the first layer has" if n == 1 else f"the first {n} layers have"
+    return (
+        f"{first} a dense MLP, the rest MoE: TransformerArgs.dense_layers = list(range({n})) in adapter.py's "
+        "extra_args_from_hf"
+    )
+
+
+def _moe_layers(cfg: dict[str, Any], value: Any) -> str:
+    n = _int(cfg.get("num_hidden_layers")) or 0
+    if not isinstance(value, list):
+        return "the MoE layers' indices: read them and set TransformerArgs.dense_layers to the others"
+    dense = [i for i in range(n) if i not in value]
+    if not dense:
+        return "every layer is MoE: TransformerArgs.dense_layers = [] (the default), nothing to change"
+    return f"the other layers are dense: TransformerArgs.dense_layers = {dense} in adapter.py's extra_args_from_hf"
+
+
+def _moe_step(cfg: dict[str, Any], value: Any) -> str:
+    if value == 1:
+        return "every layer is MoE: TransformerArgs.moe_every = 1 (the default), nothing to change"
+    return (
+        f"layers i with (i + 1) % {value} == 0 are MoE, the rest dense: TransformerArgs.moe_every = {value} in "
+        "adapter.py's extra_args_from_hf"
+    )
+
+
+def _shared_experts(cfg: dict[str, Any], value: Any) -> str:
+    n, width = _int(value), _int(cfg.get("moe_intermediate_size"))
+    if not n:
+        return "no shared expert: nothing to change"
+    size = f" = {n * width}" if width else ""
+    return (
+        f"{n} shared expert(s), one dense SwiGLU of n_shared_experts * moe_intermediate_size{size} every token "
+        f"goes through, added to the routed experts' output: args.shared_expert_hidden_dim{size} in adapter.py's "
+        "extra_args_from_hf (MoE(..., shared_hidden_dim=...) builds it), its weights mapped to moe.shared_expert.*"
+    )
+
+
+def _shared_width(cfg: dict[str, Any], value: Any) -> str:
+    return (
+        f"the shared expert's hidden width: args.shared_expert_hidden_dim = {value} in adapter.py's "
+        "extra_args_from_hf (titan_core's MoE adds it ungated; a shared_expert_gate upstream is model.py's)"
+    )
+
+
+def _groups(cfg: dict[str, Any], value: Any) -> str:
+    groups, keep = _int(cfg.get("n_group")) or 1, _int(cfg.get("topk_group")) or 1
+    if groups <= 1 or keep >= groups:
+        return "one expert group (or all kept): group-limited routing is plain top-k, nothing to change"
+    return (
+        f"group-limited routing: the experts fall in {groups} groups and each token keeps the {keep} groups with "
+        "the highest sum of their top-2 scores, then picks its top-k among their experts: the port's own router "
+        "(titan_core's Router picks among all experts)"
+    )
+
+
+def _routed_scale(cfg: dict[str, Any], value: Any) -> str:
+    if value == 1 or value == 1.0:
+        return "1.0: nothing to change"
+    return (
+        f"the routed experts' weights are multiplied by {value} after the top-k (after norm_topk_prob's "
+        "renormalisation): the port's router or MoE, the factor read into args.extra by adapter.py"
+    )
+
+
+def _scoring(cfg: dict[str, Any], value: Any) -> str:
+    if str(value).lower() == "softmax":
+        return "softmax scores, as titan_core's Router: nothing to change"
+    return f"router scores by {value!r} instead of a softmax over all experts: the port's own router"
+
+
+def _mla(cfg: dict[str, Any], value: Any) -> str:
+    return (
+        "a size of multi-head latent attention (DeepSeek MLA; the upstream tensors' MLA line names its weights): "
+        "model.py's own attention reads it from args.extra, put there by adapter.py"
+    )
+
+
+def _rope_flag(cfg: dict[str, Any], value: Any) -> str:
+    if not value:
+        return "RoPE on the two halves of each head, as the families' apply_rope: nothing to change"
+    return "RoPE on adjacent pairs (interleaved): the RoPE layout line says what to change"
+
+
+KEY_CHANGES = {
+    **{key: _mla for key in ("q_lora_rank", "kv_lora_rank", "qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim")},
+    **{key: _rope_flag for key in ROPE_FLAGS},
+    "no_rope_layers": _no_rope_layers,
+    "no_rope_layer_interval": _no_rope_interval,
+    "swiglu_limit": _swiglu_limit,
+    "swiglu_alpha": _swiglu_alpha,
+    "first_k_dense_replace": _first_dense,
+    "moe_layers": _moe_layers,
+    "interleave_moe_layer_step": _moe_step,
+    "decoder_sparse_step": _moe_step,
+    "n_shared_experts": _shared_experts,
+    "shared_expert_intermediate_size": _shared_width,
+    "n_group": _groups,
+    "topk_group": _groups,
+    "routed_scaling_factor": _routed_scale,
+    "scoring_func": _scoring,
+    "norm_topk_prob": lambda cfg, v: f"TransformerArgs.norm_topk_prob = {bool(v)} in adapter.py's extra_args_from_hf "
+    "(renormalise the kept top-k weights to sum to 1)",
+    "num_experts_per_tok": lambda cfg, v: f"TransformerArgs.top_k = {v} in adapter.py's extra_args_from_hf",
+    "n_routed_experts": lambda cfg, v: f"TransformerArgs.n_experts = {v} in adapter.py's extra_args_from_hf",
+    "num_local_experts": lambda cfg, v: f"TransformerArgs.n_experts = {v} in adapter.py's extra_args_from_hf",
+    "moe_intermediate_size": lambda cfg, v: f"TransformerArgs.moe_hidden_dim = {v} (each routed expert's width) "
+    "in adapter.py's extra_args_from_hf",
+}
+"""{config key: its value -> the concrete change a port makes}, for keys of a known pattern."""
+
+
+def key_change(cfg: dict[str, Any], key: str) -> str | None:
+    """The concrete change a port makes for config key `key` of `cfg`, from its value; None when the
+    key is of no known pattern (the scaffold's generic hint applies)."""
+    change = KEY_CHANGES.get(key)
+    # the value is the config's text: made visible, as every line of the TODOs and the README is
+    return visible(change(cfg, cfg[key])) if change is not None and key in cfg else None

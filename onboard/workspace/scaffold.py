@@ -7,6 +7,7 @@ into place, so bad input (exit 2) leaves nothing behind and a crash leaves no ha
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import secrets
@@ -25,6 +26,7 @@ from onboard.workspace.lock import WorkspaceLock
 from onboard.workspace.layout import (
     HF_CONFIG, LEDGER, TWIN, name_lock, recover_locked, temp_prefix, validate_name, workspaces_dir,
 )  # fmt: skip
+from onboard.workspace import arch_semantics as sem
 from onboard.workspace.arch_diff import architecture_differences
 from onboard.workspace.render import render
 from titan_core.config import ConfigError
@@ -88,6 +90,9 @@ class Plan:
     """Structural differences the config keys cannot show (a port: onboard/workspace/arch_diff.py)."""
     arch_note: str | None = None
     """Why the structure was not compared, when it was not."""
+    upstream_tensors: list[dict] = field(default_factory=list)
+    """The upstream tensors the family adapter has no name for or names in another layout, one record
+    each (arch_tensors.UpstreamTensor as a dict); their lines are among `arch_differences`."""
     closest_reason: str = ""
     args_summary: str = ""
     attention: str = ""
@@ -117,6 +122,7 @@ class Plan:
             "unconsumed_keys": self.unconsumed,
             "todos": self.todos,
             "architecture_differences": self.arch_differences,
+            "upstream_tensors": self.upstream_tensors,
             "onboard_version": _version(),
         }
 
@@ -213,8 +219,10 @@ def _canonical_keys(family: str) -> set[str]:
     return fam.adapter.args_from_hf(fam.adapter.hf_config(args))[1]
 
 
-def _hint(key: str) -> str:
-    return next(
+def _hint(cfg: dict, key: str) -> str:
+    """What a port does with an unconsumed key: the concrete change for a key of a known pattern
+    (arch_semantics.key_change, from its value), else KEY_HINTS' pointer by the key's name."""
+    return sem.key_change(cfg, key) or next(
         (h for sub, h in KEY_HINTS if sub in key),
         "decide whether it changes the computation; implement it here or confirm it is irrelevant to training",
     )
@@ -313,18 +321,20 @@ def plan_workspace(
         unconsumed = sorted(k for k in cfg if k not in NEUTRAL_KEYS and k not in _canonical_keys(family))
         adapter_todos.append(f"the {family} adapter cannot read config.json: {e}; override args_from_hf below")
         todos.append(adapter_todos[-1])
-    arch_differences, arch_note = [], None
+    arch_differences, arch_note, upstream_tensors = [], None, []
     if path_kind == "port":
         diff = architecture_differences(cfg, family)
         arch_differences, arch_note = diff.differences, diff.note
+        upstream_tensors = [dataclasses.asdict(t) for t in diff.tensors]
+        adapter_todos += diff.adapter_lines  # the tensors adapter.py must name (also model.py's, as architecture:)
         todos += [f"architecture: {d}" for d in arch_differences]
-        todos += [f"`{k}` = {json.dumps(cfg[k], sort_keys=True)} is not read by the {family} family: {_hint(k)}"
+        todos += [f"`{k}` = {json.dumps(cfg[k], sort_keys=True)} is not read by the {family} family: {_hint(cfg, k)}"
                   for k in unconsumed]
     plan = Plan(
         name=name, root=root, family=family, flavor=flavor, path_kind=path_kind, model_type=model_type,
         source=source, device=device, hf_config=cfg, hf_config_text=text, weights=weights_dir,
         unconsumed=unconsumed, todos=todos, adapter_todos=adapter_todos, closest_reason=closest_reason,
-        arch_differences=arch_differences, arch_note=arch_note,
+        arch_differences=arch_differences, arch_note=arch_note, upstream_tensors=upstream_tensors,
         args_summary=args_summary, threads=threads,
     )  # fmt: skip
     plan.files = render(plan)

@@ -70,9 +70,12 @@ def _record_inputs(model: TrainableModel, batch) -> dict[str, tuple[tuple, dict]
 
         handles.append(mod.register_forward_pre_hook(hook, with_kwargs=True))
 
+    # force_eager: `Module.compile` compiles the module's whole call, hooks included, so this forward
+    # would trace the recording hook once per block (its `path` a new constant each time) and warn
+    # "hit config.recompile_limit" about a hook of ours, which reads like a problem of the model
     @torch._dynamo.disable
     def run():
-        with torch.no_grad():
+        with torch.no_grad(), torch.compiler.set_stance("force_eager"):
             model.loss(batch.tokens, batch.labels, **batch.loss_kwargs())
 
     try:

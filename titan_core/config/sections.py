@@ -58,6 +58,7 @@ POSITIVE = Range(0, lo_open=True)
 FRACTION = Range(0, 1)
 DECAY_RATE = Range(0, 1, hi_open=True)
 DEGREE = Range(1, also=(-1,), also_why="fill from the world size")
+EPOCH_BOUND = Range(1, also=(0,), also_why="no bound")
 
 
 def checked(default: Any, accepted: Range) -> Any:
@@ -129,6 +130,10 @@ class Data:
     """Pack documents into sequences and emit segment ids so attention stays within a document."""
     repeat_batch: bool = False
     """Train on the first micro-batch at every step (data the model can memorise: the loss must fall)."""
+    min_valid_fraction: float = checked(0.5, FRACTION)
+    """Refuse data whose usable rows are fewer than this share (in [0, 1]) of its non-blank rows, on the first rows before step 1 and on each rank's shard once read whole: mostly bad rows are a wrong file or data.field, not noise (0: never refuse)."""
+    max_epochs: int = checked(100, EPOCH_BOUND)
+    """Refuse a run whose planned steps need more passes over its data than this (>= 1 or 0 (no bound)): fine-tuning makes a few, a small SFT set tens; past 100 a model memorises its few documents, and the data is almost surely mostly missing (a path, a field, a filter)."""
 
 
 @dataclass(kw_only=True)

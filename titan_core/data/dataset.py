@@ -33,6 +33,7 @@ import atexit
 import hashlib
 import json
 import logging
+import math
 import weakref
 from collections import Counter
 from typing import Any
@@ -41,7 +42,10 @@ from titan_core.config.loader import ConfigError
 from titan_core.config.sections import Data
 from titan_core.data.base import Batch, RowLoader, stack_rows
 from titan_core.data.chat import BadRow, check_messages, conversation_tokens, template_for
-from titan_core.data.dataset_files import BAD_REASONS, SKIP, find_data_files, open_dataset, probe, row_value, text_of
+from titan_core.data.coverage import Plan, check_epochs, check_valid_fraction, epochs_text
+from titan_core.data.dataset_files import (
+    BAD_REASONS, PROBE_ROWS, SKIP, find_data_files, open_dataset, probe, row_value, text_of,
+)  # fmt: skip
 from titan_core.data.packing import PackedStream, PieceStream, document_tokens
 from titan_core.data.tokenizer import build_tokenizer
 
@@ -62,6 +66,8 @@ _GROUP = 64
 """Rows read and tokenized together (one encode_batch) when the stream needs more tokens ..."""
 _GROUP_CHARS = 1 << 16
 """... or fewer once their text reaches this many characters: what was read ahead is saved in the state."""
+_MEASURE_CHARS = 1 << 20
+"""Text read at most before step 1 to find one pass's length (with PROBE_ROWS rows): about a second of tokenizing."""
 
 
 class DatasetLoader(RowLoader):
@@ -71,8 +77,12 @@ class DatasetLoader(RowLoader):
     """Start over at the end of the rows (training). False: `next` raises StopIteration once the
     rows run out (a held-out set read once); the last, incomplete row is dropped."""
 
-    def __init__(self, data: Data, *, vocab_size: int, **kw):
+    def __init__(self, data: Data, *, vocab_size: int, plan: Plan | None = None, **kw):
         super().__init__(**kw)
+        self.plan = None if self.repeat_batch else plan
+        """The rows this rank is asked for over the run (None: a held-out set, or one repeated batch):
+        what data.max_epochs bounds."""
+        self.min_valid_fraction, self.max_epochs = data.min_valid_fraction, data.max_epochs
         self.chat = data.format == "chat"
         self.files = find_data_files(data.path)
         if self.chat and data.tokenizer != "hf":
@@ -90,7 +100,9 @@ class DatasetLoader(RowLoader):
         )
         self.template = template_for(data.chat_template, self.tokenizer) if self.chat else None
         self.packed = data.pack_documents
-        probe(self.files, self.column, chat=self.chat)
+        seen = probe(self.files, self.column, chat=self.chat)  # the same first rows on every rank: one verdict
+        check_valid_fraction(seen.valid, seen.rows, self.min_valid_fraction, where=seen.where(self.files),
+                             bad=_reasons(seen.bad))  # fmt: skip
         self._base = open_dataset(self.files, self.column)
         template_key = hashlib.sha256(self.template.source.encode()).hexdigest()[:16] if self.template else ""
         self._identity_dict = {
@@ -102,8 +114,15 @@ class DatasetLoader(RowLoader):
         }  # fmt: skip
         self._first: Batch | None = None
         self._it = None
+        self._quiet = False
+        self.pass_rows: float | None = None
+        """Rows one pass over this rank's shard makes (None until a pass has ended); with pass_tokens and
+        pass_documents, what the bounds of coverage.py judge and what the epochs are counted in."""
+        self.pass_tokens = self.pass_documents = 0
         self._reset()
         _LIVE.add(self)
+        if self.plan is not None and self.max_epochs:
+            self._measure_pass()
 
     # ---- position --------------------------------------------------------------------
     def _new_stream(self):
@@ -119,9 +138,29 @@ class DatasetLoader(RowLoader):
         self.documents = 0
         """Documents (or conversations) that went into the stream, over every epoch."""
         self.epoch_documents = 0
+        self.epoch_rows = 0.0
+        """Rows the documents of this epoch make (packing.py's `add`)."""
+        self.epoch_tokens = 0
+        self.rows_taken = 0
+        """Rows emitted, over every epoch: the epochs done are rows_taken / pass_rows."""
+        self.chars_read = 0
         self.bad: Counter[str] = Counter()
         self._stream = self._new_stream()
         self._open("")
+
+    def _measure_pass(self) -> None:
+        """Before step 1, so that a corpus too small for the plan is refused before anything is written
+        (and the epochs of a run shorter than one pass are known): read this rank's rows until one pass
+        ends (`_next_epoch` then judges it) or PROBE_ROWS rows or _MEASURE_CHARS characters were read,
+        then rewind. A larger shard is judged when the run's own first pass ends: a shard too small for
+        the plan ends its first pass within 1 / data.max_epochs of the run."""
+        self._quiet = True  # the run reads these rows again and logs what it finds then
+        try:
+            while self.epoch == 0 and self.rows_read < PROBE_ROWS and self.chars_read < _MEASURE_CHARS:
+                self._fill()
+        finally:
+            self._quiet = False
+            self._reset()
 
     def _open(self, position: str) -> None:
         """This rank's shard of the rows, at the start of the epoch ("") or at a saved position
@@ -160,14 +199,13 @@ class DatasetLoader(RowLoader):
             return  # the same rows again: counted in the first pass
         self.bad[reason] += 1
         n = sum(self.bad.values())
-        if n & (n - 1) == 0:  # 1, 2, 4, 8, ...: the log stays short however many rows are bad
+        if n & (n - 1) == 0 and not self._quiet:  # 1, 2, 4, 8, ...: the log stays short however many rows are bad
             log.warning("data: %s so far; skipped, not trained on", self._bad_text())
 
     def _bad_text(self) -> str:
         n = sum(self.bad.values())
         where = f" (data-parallel rank {self.dp_rank})" if self.dp_world > 1 else ""
-        parts = ", ".join(f"{BAD_REASONS[r]}: {c}" for r, c in sorted(self.bad.items()))
-        return f"{n} bad row{'s' if n != 1 else ''} in {self.files.where()}{where} ({parts})"
+        return f"{n} bad row{'s' if n != 1 else ''} in {self.files.where()}{where} ({_reasons(self.bad)})"
 
     def _fill(self) -> bool:
         """Read up to _GROUP usable rows into the stream; False at the end of a non-endless epoch."""
@@ -188,10 +226,12 @@ class DatasetLoader(RowLoader):
                     chars += len(values[-1]) if not self.chat else sum(len(m["content"]) for m in values[-1])
             except BadRow as bad:
                 self._count_bad(bad.reason)
+        self.chars_read += chars
         docs, targets = self._tokenize(values)
         self.documents += len(docs)
         self.epoch_documents += len(docs)
-        self._stream.add(docs, targets)
+        self.epoch_tokens += sum(len(d) for d in docs)
+        self.epoch_rows += self._stream.add(docs, targets)
         return True
 
     def _tokenize(self, values: list) -> tuple[list[list[int]], list[list[bool]] | None]:
@@ -219,18 +259,34 @@ class DatasetLoader(RowLoader):
                 f"document in a whole pass over its {self.rows_read} rows"
                 + (f" ({self._bad_text()})" if self.bad else "")
             )
+        if self.epoch == 0 and not math.isnan(self.epoch_rows):
+            self.pass_rows, self.pass_tokens = self.epoch_rows, self.epoch_tokens
+            self.pass_documents = self.epoch_documents
+            if self.plan is not None:
+                self._judge_pass()
         if not self.endless:
             return False
         self.epoch += 1
         self.rows_read = 0
         self.epoch_documents = 0
+        self.epoch_rows, self.epoch_tokens = 0.0, 0
         self._open("")
         return True
+
+    def _judge_pass(self) -> None:
+        """A whole pass over this rank's shard against data.min_valid_fraction and data.max_epochs."""
+        shard = f" (data-parallel rank {self.dp_rank} of {self.dp_world}'s shard)" if self.dp_world > 1 else ""
+        where = f"data file {self.files.where()}{shard}"
+        rows = self.pass_documents + sum(self.bad.values())
+        check_valid_fraction(self.pass_documents, rows, self.min_valid_fraction, where=where, bad=_reasons(self.bad))
+        has = f"{self.pass_documents:,} document{'s' if self.pass_documents != 1 else ''}, {self.pass_tokens:,} tokens"
+        check_epochs(self.pass_rows, self.plan, self.max_epochs, where=where, has=has)
 
     def _row(self):
         while not self._stream.ready():
             if not self._fill():
                 raise StopIteration
+        self.rows_taken += 1
         return self._stream.take()
 
     def _batch(self) -> Batch:
@@ -268,6 +324,8 @@ class DatasetLoader(RowLoader):
         return {
             **super().state_dict(), "epoch": self.epoch, "rows_read": self.rows_read, "documents": self.documents,
             "epoch_documents": self.epoch_documents, "bad": dict(self.bad), "dataset_position": position,
+            "epoch_rows": self.epoch_rows, "epoch_tokens": self.epoch_tokens, "rows_taken": self.rows_taken,
+            "pass": None if self.pass_rows is None else [self.pass_rows, self.pass_tokens, self.pass_documents],
             **self._stream.state(),
         }  # fmt: skip
 
@@ -284,20 +342,37 @@ class DatasetLoader(RowLoader):
         self.rows_read = int(state["rows_read"])
         self.documents = int(state["documents"])
         self.epoch_documents = int(state["epoch_documents"])
+        # a state saved before the rows of an epoch were counted: this epoch's are unknown (nan), not judged
+        self.epoch_rows, self.epoch_tokens = float(state.get("epoch_rows", math.nan)), int(state.get("epoch_tokens", 0))
+        self.rows_taken = int(state.get("rows_taken", 0))
+        if state.get("pass") is not None:
+            rows, self.pass_tokens, self.pass_documents = state["pass"]
+            self.pass_rows = float(rows)
         self.bad = Counter(state["bad"])
         self._stream = self._new_stream()
         self._stream.load(state)
         self._open(state["dataset_position"])
 
     # ---- report ----------------------------------------------------------------------
+    def epochs(self) -> float | None:
+        """Passes over this rank's shard the emitted rows make (1.6: one and most of a second); None while
+        the first pass has not ended, so that its length is unknown."""
+        return None if not self.pass_rows else self.rows_taken / self.pass_rows
+
     def report(self) -> dict[str, Any]:
-        """What this rank read: epochs, rows, documents and bad rows by reason (BAD_REASONS' keys)."""
-        return {"epoch": self.epoch, "rows_read": self.rows_read, "documents": self.documents,
-                "bad_rows": sum(self.bad.values()), "bad": dict(self.bad)}  # fmt: skip
+        """What this rank read: the epoch it is in, the epochs done (a fraction, None before a pass
+        ended), rows, documents and bad rows by reason (BAD_REASONS' keys)."""
+        return {"epoch": self.epoch, "epochs": self.epochs(), "rows_read": self.rows_read,
+                "documents": self.documents, "bad_rows": sum(self.bad.values()), "bad": dict(self.bad)}  # fmt: skip
 
     def summary_line(self) -> str:
         bad = self._bad_text() if self.bad else f"no bad row in {self.files.where()}"
-        return f"data: {self.documents} documents in {self.epoch + 1} epoch(s); {bad}"
+        return f"data: {self.documents} documents read, {epochs_text(self.epochs())} trained on; {bad}"
+
+
+def _reasons(bad: Counter) -> str:
+    """Bad rows by reason, as the report says them: 'broken JSON line: 2, empty: 1'."""
+    return ", ".join(f"{BAD_REASONS[r]}: {c}" for r, c in sorted(bad.items()))
 
 
 def report_data(loader) -> dict[str, Any]:

@@ -21,16 +21,17 @@ import glob
 import hashlib
 import json
 import os
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from titan_core.config.loader import ConfigError
-from titan_core.data.chat import BadRow
+from titan_core.data.chat import BadRow, check_messages
 
 SUFFIXES = {".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "json", ".parquet": "parquet", ".txt": "text"}
 PROBE_ROWS = 1000
-"""Rows read before training to check that the field exists."""
+"""Rows read before training to check that the field exists and to count the usable ones."""
 
 BAD_REASONS = {
     "broken_json": "broken JSON line",
@@ -174,18 +175,42 @@ def text_of(value: Any) -> str:
     return value
 
 
-def probe(files: DataFiles, column: str, *, chat: bool) -> None:
-    """Read the first PROBE_ROWS rows (of all ranks together): a ConfigError when there is no row,
-    or when no row has `column` (a .txt corpus has its text by construction)."""
+@dataclass
+class Probe:
+    """What the first PROBE_ROWS rows of the files hold (every rank reads the same ones)."""
+
+    rows: int
+    """Non-blank rows read."""
+    valid: int
+    """Of them, rows whose value is a document (text) or a well-formed conversation (chat)."""
+    bad: Counter
+    """The others, by reason (BAD_REASONS' keys)."""
+    complete: bool
+    """The files ended within PROBE_ROWS rows: the counts are the whole corpus's."""
+
+    def where(self, files: DataFiles) -> str:
+        return f"data file {files.where()}" if self.complete else f"the first {self.rows} rows of {files.where()}"
+
+
+def probe(files: DataFiles, column: str, *, chat: bool) -> Probe:
+    """Read the first PROBE_ROWS rows (of all ranks together) and count them: a ConfigError when there
+    is no row, or when no row has `column` (a .txt corpus has its text by construction)."""
     ds = open_dataset(files, column)
-    rows, has, seen_keys, broken = 0, 0, set(), 0
+    rows, has, seen_keys, broken, read, bad = 0, 0, set(), 0, 0, Counter()
     for example in ds.take(PROBE_ROWS):
+        read += 1
         try:
-            if row_value(example, files.kind, column) is SKIP:
+            value = row_value(example, files.kind, column)
+            if value is SKIP:
                 continue
             has += 1
-        except BadRow as bad:
-            broken += bad.reason == "broken_json"
+            if chat:
+                check_messages(value)
+            else:
+                text_of(value)
+        except BadRow as why:
+            broken += why.reason == "broken_json"
+            bad[why.reason] += 1
         rows += 1
         if files.kind == "jsonl":
             try:
@@ -203,3 +228,4 @@ def probe(files: DataFiles, column: str, *, chat: bool) -> None:
         if broken:
             detail += f"; {broken} of the {rows} rows are broken JSON lines"
         raise ConfigError(f"{name} '{column}': no row of the first {rows} of {files.where()} has it ({detail})")
+    return Probe(rows, rows - sum(bad.values()), bad, complete=read < PROBE_ROWS)

@@ -13,8 +13,11 @@ import torch
 from titan_core.config.loader import ConfigError
 from titan_core.config.sections import JobConfig
 from titan_core.data.base import RowLoader, mix_seed
+from titan_core.data.coverage import Plan
+from titan_core.data.dataset_files import find_data_files
 from titan_core.data.flow import FlowLoader
-from titan_core.data.text import TextLoader
+from titan_core.data.hf_tokenizer import locate
+from titan_core.data.text import TextLoader, find_text_files
 from titan_core.models.flux.config import FluxConfig
 
 
@@ -75,9 +78,34 @@ def build_data_loader(
             f"not '{cfg.data.source}'"
         )
     if cfg.data.source == "text":
-        return TextLoader(cfg.data, vocab_size=vocab_size, **kw)
+        return TextLoader(cfg.data, vocab_size=vocab_size, plan=training_plan(cfg), **kw)
     if cfg.data.source == "dataset":
         from titan_core.data.dataset import DatasetLoader  # import-time cost: `datasets` loads only for this source
 
-        return DatasetLoader(cfg.data, vocab_size=vocab_size, **kw)
+        return DatasetLoader(cfg.data, vocab_size=vocab_size, plan=training_plan(cfg), **kw)
     raise ConfigError(f"data.source '{cfg.data.source}' is not one of synthetic, text, dataset")
+
+
+def training_plan(cfg: JobConfig) -> Plan | None:
+    """The rows each data-parallel rank is asked for over the run (data.max_epochs bounds them); None for
+    the held-out loader, which training/validate.py builds from a copy of the config whose data.path is
+    validation.path: it is read once per validation, not for the training plan. (A run that validates
+    on its own training data is left unbounded by this too: the two configs cannot be told apart.)"""
+    if cfg.validation.enable and cfg.data.path == cfg.validation.path:
+        return None
+    t = cfg.training
+    return Plan(steps=t.steps, grad_accum=t.grad_accum, batch_size=t.batch_size, seq_len=t.seq_len)
+
+
+def check_data_paths(cfg: JobConfig) -> None:
+    """The files `cfg.data` and `[validation]` read, and the tokenizer's, found (ConfigError, one line, when
+    one is missing): what a launcher checks once before it starts any process, without reading the data."""
+    source = cfg.data.source
+    if source == "synthetic":
+        return
+    find = find_data_files if source == "dataset" else find_text_files
+    find(cfg.data.path)
+    if cfg.validation.enable and cfg.validation.path:
+        find(cfg.validation.path, what="validation.path")
+    if cfg.data.tokenizer == "hf":
+        locate(cfg.data.tokenizer_path)

@@ -93,9 +93,10 @@ class PackedStream:
         self.target = torch.empty(0, dtype=torch.bool) if with_target else None
         self.next_doc = 0
 
-    def add(self, docs: list[list[int]], targets: list[list[bool]] | None = None) -> None:
+    def add(self, docs: list[list[int]], targets: list[list[bool]] | None = None) -> float:
+        """Append documents; returns the rows they make (their tokens / seq_len, a fraction of a row counts)."""
         if not docs:
-            return
+            return 0.0
         numbers = torch.repeat_interleave(
             torch.arange(self.next_doc, self.next_doc + len(docs)), torch.tensor([len(d) for d in docs])
         )
@@ -104,6 +105,7 @@ class PackedStream:
         self.docs = torch.cat([self.docs, numbers])
         if self.target is not None:
             self.target = torch.cat([self.target, _flat_target(targets, docs)])
+        return sum(len(d) for d in docs) / self.seq_len
 
     def ready(self) -> bool:
         return self.tokens.numel() >= self.seq_len + 1
@@ -142,13 +144,16 @@ class PieceStream:
         self.truncate = truncate
         self.pieces: list[tuple[torch.Tensor, torch.Tensor | None]] = []
 
-    def add(self, docs: list[list[int]], targets: list[list[bool]] | None = None) -> None:
+    def add(self, docs: list[list[int]], targets: list[list[bool]] | None = None) -> float:
+        """Append documents; returns the rows they make (one per piece kept)."""
+        before = len(self.pieces)
         for i, doc in enumerate(docs):
             ids = torch.tensor(doc, dtype=torch.int64)
             tgt = torch.tensor(targets[i], dtype=torch.bool) if targets is not None else None
             spans = document_pieces(0, len(doc), self.seq_len)
             for s, e in spans[:1] if self.truncate else spans:
                 self.pieces.append((ids[s:e], None if tgt is None else tgt[s:e]))
+        return float(len(self.pieces) - before)
 
     def ready(self) -> bool:
         return bool(self.pieces)

@@ -22,25 +22,27 @@ import torch
 from titan_core.config.loader import ConfigError
 from titan_core.config.sections import Data
 from titan_core.data.base import RowLoader
+from titan_core.data.coverage import Plan, check_epochs
 from titan_core.data.packing import document_pieces, document_tokens, packed_row, padded_row
 from titan_core.data.tokenizer import build_tokenizer, corpus_key
 
 _PARAGRAPH_BREAK = re.compile(r"\n[ \t]*\n")
 
 
-def find_text_files(path: str) -> list[Path]:
-    """The file at `path`, or every *.txt under the folder `path` (recursively, sorted)."""
+def find_text_files(path: str, *, what: str = "data.path") -> list[Path]:
+    """The file at `path`, or every *.txt under the folder `path` (recursively, sorted); `what` names
+    the field the path came from, for the refusal."""
     if not path:
-        raise ConfigError("data.path is empty: data.source = 'text' needs a .txt file or a folder of them")
+        raise ConfigError(f"{what} is empty: data.source = 'text' needs a .txt file or a folder of them")
     p = Path(path).expanduser()
     if not p.exists():
-        raise ConfigError(f"data.path '{path}' does not exist")
+        raise ConfigError(f"{what} '{path}' does not exist")
     if p.is_file():
         return [p]
     files = sorted(f for f in p.rglob("*.txt") if f.is_file())
     if not files:
-        what = "is an empty folder" if not any(p.iterdir()) else "holds no .txt files"
-        raise ConfigError(f"data.path '{path}' {what}")
+        holds = "is an empty folder" if not any(p.iterdir()) else "holds no .txt files"
+        raise ConfigError(f"{what} '{path}' {holds}")
     return files
 
 
@@ -62,7 +64,7 @@ def split_documents(text: str) -> list[str]:
 class TextLoader(RowLoader):
     """Rows of tokenised local text; see the module docstring for the layout."""
 
-    def __init__(self, data: Data, *, vocab_size: int, **kw):
+    def __init__(self, data: Data, *, vocab_size: int, plan: Plan | None = None, **kw):
         super().__init__(**kw)
         files = find_text_files(data.path)
         texts = read_texts(files)
@@ -94,6 +96,11 @@ class TextLoader(RowLoader):
                 f"fewer than one global batch (batch_size {self.batch_size} x {self.dp_world} ranks = {need}): "
                 "add text or lower training.batch_size / training.seq_len"
             )
+        if plan is not None and not self.repeat_batch:  # rows wrap into the next epoch: bounded by data.max_epochs
+            tokens = int(self.stream.numel())
+            has = f"{self.num_documents:,} document{'s' if self.num_documents != 1 else ''}, {tokens:,} tokens"
+            check_epochs(self.num_rows, plan, data.max_epochs, where=f"data.path '{data.path}'", has=has,
+                         dp_world=self.dp_world)  # fmt: skip
 
     def _build_stream(self, docs: list[str], vocab_size: int) -> None:
         tok = self.tokenizer

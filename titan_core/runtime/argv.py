@@ -8,6 +8,10 @@ from __future__ import annotations
 
 from titan_core.config.loader import ConfigError
 
+LAUNCH = ("python", "-m", "titan_core.launch")
+"""How a multi-process run starts: torchrun's own launcher with the config checked first (titan_core/launch.py);
+torchrun's options follow, then `-m titan_core.train --config RECIPE`."""
+
 USAGE = """usage: python -m titan_core.train [--config RECIPE.toml] [--print-config] [--nproc N] [--section.key=value ...]
 
   --config PATH      TOML recipe (sections: model, training, data, optimizer, lr_scheduler,

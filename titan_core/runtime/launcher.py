@@ -9,22 +9,28 @@ from the same entry point, and torchrun stops every rank as soon as one fails. A
 - dying with the caller: torchrun runs under die_with_parent asking for SIGTERM, which it turns
   into stopping its ranks (a SIGKILL would leave them running, each in a session of its own);
 - per-rank logs: torchrun writes each rank's stdout and stderr to files, which are followed into
-  `rank_<r>.log` (both streams, in the order read), a tail per rank and, if asked, rank 0's echo;
+  `rank_<r>.log` (both streams, in the order read), a tail per rank and, if asked, rank 0's echo,
+  which stops where rank 0 starts a traceback: the failure is reported once, at the end, and the
+  traceback stays in its log;
 - a bound: `timeout_s` ends a run that outlives it (a hang torchrun would wait on for ever);
 - a report: the rank torchrun names as the first failure, its exit code, its exception and the
-  tail of its output, and what became of the other ranks.
+  tail of its output, and what became of the other ranks; for a rank killed by a signal (kill -9,
+  the OOM killer), which left no traceback of its own, one line: which rank, which signal, where
+  the logs are.
 
-Exit code: 0, the failing rank's code (128 + signal when killed), 124 on timeout, 2 for bad
-input found before anything starts. An interrupt of the launcher itself (Ctrl-C's
-KeyboardInterrupt, or whatever exception a SIGTERM handler of the caller raises) stops torchrun,
-which stops its ranks, and then goes on up to the caller: it is the caller's run that was
-interrupted, and a result with a nonzero code would read as a failed run. `launch` (the command
-line) turns a Ctrl-C into exit 130.
+`LaunchResult.exit_code`: 0, the failing rank's code (128 + signal when killed), 124 on timeout, 2 for
+bad input found before anything starts. `launch` (the command line) exits 0, 2 (bad input), 124 or 1
+for every other failure (a killed rank included: it is the run that failed, not the launcher). An
+interrupt of the launcher itself (Ctrl-C's KeyboardInterrupt, or whatever exception a SIGTERM handler
+of the caller raises) stops torchrun, which stops its ranks, and then goes on up to the caller: it is
+the caller's run that was interrupted, and a result with a nonzero code would read as a failed run.
+`launch` (the command line) turns a Ctrl-C into exit 130.
 """
 
 from __future__ import annotations
 
 import collections
+import json
 import os
 import re
 import signal
@@ -62,13 +68,18 @@ class LaunchResult:
     log_dir: Path | None = None
     command: list[str] = field(default_factory=list)
     """The torchrun command line that ran the world (`python -m torch.distributed.run ...`)."""
+    errors: dict[int, str] = field(default_factory=dict)
+    """What ranks wrote to torchrun's error file (TORCHELASTIC_ERROR_FILE), by rank: the refusal of a
+    rank that does not print it (titan_core.train's `refuse`)."""
 
     def refusal(self) -> str:
-        """The failed rank's own one-line refusal (its last `error: ...` line, without the prefix): what a
-        rank that exits 2 says of its bad input; else the first line of the failure report."""
+        """The failed rank's own one-line refusal (its last `error: ...` line, or what it wrote to its error
+        file, without the prefix): what a rank that exits 2 says of its bad input; else the first line of
+        the failure report."""
         rank = self.failed_rank
         lines = self.tails[rank] if rank is not None and rank < len(self.tails) else []
-        for line in reversed(lines):
+        said = [*lines, self.errors.get(rank, "")] if rank is not None else lines
+        for line in reversed(said):
             if line.strip().startswith("error: "):
                 return line.strip().removeprefix("error: ")
         return (self.failure or f"exit code {self.exit_code}").splitlines()[0]
@@ -130,6 +141,8 @@ class _RankOutput:
         self.root, self.echo_rank0 = root, echo_rank0
         self.tails = [collections.deque(maxlen=TAIL_LINES) for _ in range(nproc)]
         self.logs = [open(log_dir / f"rank_{r}.log", "w") if log_dir else None for r in range(nproc)]
+        self.echoing = echo_rank0
+        """Still echoing rank 0: off from the first line of a traceback on (the report at the end says it once)."""
         self.files: dict[tuple[int, str], object] = {}
         self.partial: dict[tuple[int, str], str] = {}
 
@@ -156,10 +169,26 @@ class _RankOutput:
                     self.tails[rank].append(line)
                     if log:
                         log.write(line + "\n")
-                    if self.echo_rank0 and rank == 0:
-                        print(line, file=sys.stderr, flush=True)
+                    if self.echoing and rank == 0:
+                        self.echoing = not _TRACEBACK.match(line)
+                        if self.echoing:
+                            print(line, file=sys.stderr, flush=True)
             if log:
                 log.flush()
+
+    def errors(self) -> dict[int, str]:
+        """The messages ranks left in torchrun's error files (`<run>/attempt_0/<rank>/error.json`), by rank."""
+        out = {}
+        for file in self.root.glob("*/attempt_0/*/error.json"):
+            try:
+                message = json.loads(file.read_text()).get("message")
+            except (OSError, ValueError, AttributeError):  # a rank killed while writing it: no message
+                continue
+            if isinstance(message, dict):  # torchrun's own format for an uncaught exception (its @record)
+                message = message.get("message")
+            if isinstance(message, str) and file.parent.name.isdigit():
+                out[int(file.parent.name)] = message
+        return out
 
     def last_output(self, rank: int) -> float | None:
         """When the rank last wrote (seconds since the epoch): about when it failed, for one that did."""
@@ -198,6 +227,8 @@ def _describe_exit(code: int) -> str:
     return f"exit code {code}"
 
 
+_TRACEBACK = re.compile(r"^(?:\[rank\d+\]:\s*)?Traceback \(most recent call last\):")
+"""The first line of a Python traceback, with the rank prefix torch's excepthook adds under torchrun."""
 _EXCEPTION = re.compile(r"^(?:\[rank\d+\]:\s*)?([A-Za-z_][\w.]*(?:Error|Exception|Interrupt)(?::\s.*)?)$")
 
 
@@ -265,10 +296,11 @@ def launch_command(
             said.seek(0)
             code, failure, rank = _summarise(nproc, proc.returncode, said.read(), output, started,
                                              timeout_s=timeout_s if timed_out else None)  # fmt: skip
+            errors = output.errors()
     if failure and log_dir is not None:
-        failure += f"; full logs: {log_dir}"
+        failure += f"; each rank's output: {log_dir}/rank_<r>.log"
     tails = [list(t) for t in output.tails]
-    return LaunchResult(code, failure, rank, time.monotonic() - t0, tails, log_dir, command)
+    return LaunchResult(code, failure, rank, time.monotonic() - t0, tails, log_dir, command, errors)
 
 
 def _summarise(
@@ -287,6 +319,12 @@ def _summarise(
         said_last = _tail_block(said.splitlines()[-TAIL_LINES:])
         return _shell_code(code), f"error: torchrun failed ({_describe_exit(code)}):\n{said_last}", None
     (rank, code), *after = failures
+    if code < 0 and code != -signal.SIGTERM:  # killed from outside: no traceback, its tail says nothing of why
+        others = [f"rank {r} {'stopped' if c == -signal.SIGTERM else _describe_exit(c)}" for r, c in after]
+        then = f"; then {', '.join(others)}" if others else ""
+        return _shell_code(code), (f"error: rank {rank} of {nproc} was {_describe_exit(code)} "
+                   f"{time.time() - started:.1f} s after start (a signal from outside the run: kill, the "
+                   f"out-of-memory killer){then}"), rank  # fmt: skip
     tail = list(output.tails[rank])
     raised = exception_line(tail)  # first: a one-line summary of this message (a table, a log line) says what failed
     last = output.last_output(rank)
@@ -308,12 +346,13 @@ def _summarise(
 def launch(argv: list[str], nproc: int, *, timeout_s: float | None = None) -> int:
     """`python -m titan_core.train ARGV` on `nproc` local processes; returns the exit code.
 
-    Bad input (config errors, degrees that do not fit `nproc`, TP without a plan) exits 2
-    before any process starts; what only a rank can find (a model-level check, an init its shards
-    cannot reproduce) exits 2 too, with that rank's one `error:` line. Rank 0's output is echoed;
-    every rank's output goes to `<metrics.output_dir>/logs/rank_<r>.log`.
+    Bad input (config errors, degrees that do not fit `nproc`, TP without a plan, a data or tokenizer
+    path that does not exist) exits 2 before any process starts; what only a rank can find (a model-level
+    check, an init its shards cannot reproduce) exits 2 too, with that rank's one `error:` line. Rank 0's
+    output is echoed up to a traceback; every rank's output goes to `<metrics.output_dir>/logs/rank_<r>.log`.
     """
-    from titan_core.parallel import check_parallelism  # import-time cost: torch loads only when a run starts
+    from titan_core.data.loader import check_data_paths  # import-time cost: torch loads only when a run starts
+    from titan_core.parallel import check_parallelism  # import-time cost: as above
 
     try:
         config, print_config, overrides = parse_argv(list(argv))
@@ -321,6 +360,8 @@ def launch(argv: list[str], nproc: int, *, timeout_s: float | None = None) -> in
         for warning in check_nproc(nproc, cfg.device.type):
             print(f"warning: {warning}", file=sys.stderr)
         check_parallelism(cfg, nproc)
+        if not print_config:
+            check_data_paths(cfg)  # once here, not once per rank
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -335,13 +376,20 @@ def launch(argv: list[str], nproc: int, *, timeout_s: float | None = None) -> in
     except KeyboardInterrupt:
         print("interrupted: all ranks stopped", file=sys.stderr)
         return 130
+    return finish(result)
+
+
+def finish(result: LaunchResult) -> int:
+    """Say how an echoed run (`echo_rank0`) ended and return the command line's exit code: a rank's
+    refusal as its one line (unless rank 0's echo said it already), exit 2; any other failure as the
+    report, exit 1 (124 for a timeout)."""
     if result.exit_code == 2:  # a rank refused its input (a ConfigError): its one line, as one process says it
         line = f"error: {result.refusal()}"
         if not any(said.strip() == line for said in (result.tails[0] if result.tails else [])):  # not echoed yet
             print(line, file=sys.stderr)
     elif result.failure:
         print(result.failure, file=sys.stderr)
-    return result.exit_code
+    return result.exit_code if result.exit_code in (0, 2, EXIT_TIMEOUT) else 1
 
 
 @dataclass

@@ -14,7 +14,9 @@ peak host memory is about one shard plus one layer group, never the whole model.
 
 Everything is written into a dot-folder beside the target and renamed into place at the end, so
 a partial export never looks complete; an existing target is first renamed to a dated backup
-beside it (`<target>.backup-<UTC time>`, titan_core/runtime/files.py), never deleted.
+beside it (`<target>.backup-<UTC time>`, titan_core/runtime/files.py), never deleted. Every file
+gets the mode a plain write gives (safetensors writes 0600), and a write that fails for want of
+space (safetensors says so in a SafetensorError) is an OSError naming the target, nothing left.
 Which existing target may be replaced is `replace`'s choice: "own" (the trainer's: only an
 earlier export of this module, which marks its safetensors with `exported_by`, or an empty
 folder), "force" (anything), "never".
@@ -42,7 +44,7 @@ from titan_core.config.sections import Model as ModelConfig
 from titan_core.models.common.hf_adapter import AdapterError
 from titan_core.models.common.tied import stored_once
 from titan_core.models.registry import get_family
-from titan_core.runtime.files import backup_aside
+from titan_core.runtime.files import backup_aside, default_mode
 from titan_core.training.model_builder import args_from_hf_config, model_adapter
 from titan_core.weights.header_check import INDEX, SINGLE
 from titan_core.weights.st_headers import read_header
@@ -67,14 +69,30 @@ def _rank() -> int:
 
 def tokenizer_files(data: Data) -> list[tuple[Path, str]]:
     """(source, name in the export) of the run's own tokenizer (data.tokenizer = "hf"): its
-    tokenizer.json and the config files beside it; [] for another tokenizer."""
-    if data.tokenizer != "hf" or not data.tokenizer_path:
+    tokenizer.json and the config files beside it; [] for another tokenizer (byte, bpe: no HF
+    tokenizer to ship). ConfigError when the hf tokenizer is not there: an export without it
+    would not load in AutoTokenizer."""
+    if data.tokenizer != "hf":
         return []
-    path = Path(data.tokenizer_path)
-    folder = path if path.is_dir() else path.parent
-    main = path if path.is_file() else folder / "tokenizer.json"
-    out = [(main, "tokenizer.json")] if main.is_file() else []
-    return out + [(folder / n, n) for n in TOKENIZER_FILES if (folder / n).is_file()]
+    return hf_tokenizer_files(data.tokenizer_path, what="data.tokenizer_path")
+
+
+def hf_tokenizer_files(path: str | Path, *, what: str) -> list[tuple[Path, str]]:
+    """(source, name in the export) of the tokenizer.json `path` names (or the folder holding one)
+    and the TOKENIZER_FILES beside it; ConfigError naming `what` when there is none."""
+    if not str(path):
+        raise ConfigError(f"{what} is empty: it names the run's tokenizer.json, or a folder holding one")
+    path = Path(path).expanduser()
+    if path.is_dir():
+        main = path / "tokenizer.json"
+        if not main.is_file():
+            raise ConfigError(f"the tokenizer is missing: {path} ({what}) holds no tokenizer.json")
+    elif path.is_file():
+        main = path
+    else:
+        raise ConfigError(f"the tokenizer is missing: {path} ({what}) does not exist")
+    folder = main.parent
+    return [(main, "tokenizer.json")] + [(folder / n, n) for n in TOKENIZER_FILES if (folder / n).is_file()]
 
 
 def is_export(folder: Path) -> bool:
@@ -161,8 +179,32 @@ def export_hf(
     finally:
         if writer is not None and tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)  # not published: nothing partial is left behind
-    _agree(failure)
+    _agree(_said_of(failure, tmp, out))
     return out
+
+
+_OS_ERROR = re.compile(r"\(os error (\d+)\)")
+"""How safetensors' SafetensorError carries the OS's error: "... No space left on device (os error 28)"."""
+
+
+def _said_of(failure: Exception | None, tmp: Path, out: Path) -> Exception | None:
+    """An OS failure while writing as an OSError naming the export's target (the temp folder it
+    happened in is gone by now): safetensors' SafetensorError wraps one in its message, and write()
+    names no file at all. Anything else as it was."""
+    if isinstance(failure, OSError):
+        where = failure.filename
+        named = isinstance(where, (str, os.PathLike)) and not Path(where).is_relative_to(tmp)
+        if named or failure.errno is None:
+            return failure
+        code = failure.errno
+    # by name: the class lives in safetensors' compiled module, an optional extra
+    elif type(failure).__name__ == "SafetensorError" and (m := _OS_ERROR.search(str(failure))):
+        code = int(m.group(1))
+    else:
+        return failure
+    said = OSError(code, os.strerror(code), str(out))
+    said.__cause__ = failure
+    return said
 
 
 def _attempt(fn) -> Exception | None:
@@ -270,6 +312,8 @@ def _finish(writer: _ShardWriter, config: dict, tokenizer, tmp: Path, out: Path)
     (tmp / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
     for src, name in tokenizer:
         shutil.copyfile(src, tmp / name)
+    for path in tmp.iterdir():  # safetensors writes 0600: a shipped folder is read by others (and by a team's jobs)
+        os.chmod(path, default_mode())
     _publish(tmp, out)
 
 

@@ -78,6 +78,8 @@ class ParityMeasurements(Measurements):
     """Every feature the config declares (soft-cap, window, padding, MoE routing) was active in a pass."""
     features_idle: list[str] = ABSENT
     """The declared features no pass had active (empty when features_exercised): what the gate could not see."""
+    features_proved: list[str] = ABSENT
+    """What each pass proved, one line per exercised feature: "name (pass): how" (onboard/parity/active_range.py)."""
     features: dict[str, Any] = flattened()
     """feature_<name>: how much a declared feature was exercised (onboard/parity/features.py: the
     soft-capped fraction, seq_len over the window, pad ids, the fewest tokens per expert)."""

@@ -29,6 +29,7 @@ def _cfg(path, tok_dir, *, batch_size=2, seq_len=48, **data) -> JobConfig:
     cfg.training.batch_size, cfg.training.seq_len = batch_size, seq_len
     cfg.data.source, cfg.data.path, cfg.data.format = "dataset", str(path), "chat"
     cfg.data.tokenizer, cfg.data.tokenizer_path = "hf", str(tok_dir)
+    cfg.data.max_epochs = 0  # a few conversations read for a batch or two, not for 30 steps (test_data_coverage.py)
     for k, v in data.items():
         setattr(cfg.data, k, v)
     return cfg
@@ -129,7 +130,8 @@ def test_bad_conversations_are_counted(tmp_path, tok_dir):
         {"text": "no messages"},
     ]
     path = write_jsonl(tmp_path / "c.jsonl", good[:1] + bad + good[1:])
-    loader = build_data_loader(_cfg(path, tok_dir), vocab_size=VOCAB)
+    # mostly bad on purpose: counted here, not refused (data.min_valid_fraction: test_data_coverage.py)
+    loader = build_data_loader(_cfg(path, tok_dir, min_valid_fraction=0.0), vocab_size=VOCAB)
     next(loader)
     assert loader.report()["bad"] == {"non_string": 1, "empty": 1, "malformed": 1, "no_assistant": 1, "missing": 1}
     # a template that raises for a conversation, and one that rewrites earlier turns, skip it too

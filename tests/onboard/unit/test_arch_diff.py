@@ -36,11 +36,17 @@ def port_plan(tmp_path: Path, cfg: dict, name: str = "p"):
 def test_olmo2_post_norms_and_full_width_qk_norm(tmp_path):
     plan = port_plan(tmp_path, hf_config("olmo2"))
     assert plan.family == "llama3" and plan.unconsumed == []  # the keys alone show nothing
-    [norms, qk] = plan.arch_differences
+    [norms, qk, post_ffn] = plan.arch_differences
     assert norms.startswith("norm placement: Olmo2DecoderLayer has post-attention")
     assert "post-MLP (on the MLP output) `post_feedforward_layernorm`" in norms
     assert "the llama3 Block has pre-attention `attention_norm`, pre-MLP `ffn_norm`" in norms
     assert qk.startswith("QK-norm: Olmo2DecoderLayer has QK-norm over the full width") and "[64]" in qk
+    # the post-MLP norm's weight: a tensor llama3's key table has no name for (llama's
+    # post_attention_layernorm it names, as its pre-MLP norm: the placement line says otherwise)
+    assert post_ffn.startswith(
+        "upstream tensor the llama3 adapter has no name for: `model.layers.{i}.post_feedforward_layernorm.weight` [64]"
+        " (Olmo2RMSNorm, every layer); config keys: rms_norm_eps = 1e-05: a norm the llama3 family's Block lacks"
+    )
     readme, model = plan.files["README.md"], plan.files["model.py"]
     assert "## Architecture differences the config keys cannot show" in readme and f"- {norms}" in readme
     assert "# TODO(port): architecture: norm placement: Olmo2DecoderLayer" in model
@@ -66,9 +72,14 @@ def test_qwen2_moe_gated_shared_expert_bias_and_no_qk_norm(tmp_path):
 @pytest.mark.hf
 def test_phi3_fused_projections_are_named(tmp_path):
     diff = architecture_differences(hf_config("phi3"), "llama3")
-    [attn, mlp] = diff.differences
+    [attn, mlp, qkv, gate_up] = diff.differences
     assert attn.startswith("attention projections: Phi3DecoderLayer has `self_attn.o_proj`, `self_attn.qkv_proj`")
     assert mlp.startswith("MLP projections: Phi3DecoderLayer has `mlp.down_proj`, `mlp.gate_up_proj`;")
+    # and the weights the adapter must split, each with what to split it into
+    assert qkv.startswith("upstream tensor the llama3 adapter has no name for: `model.layers.{i}.self_attn.qkv_proj")
+    assert "splits its rows into wq [n_heads * head_dim] and wk, wv [n_kv_heads * head_dim]" in qkv
+    assert "`model.layers.{i}.mlp.gate_up_proj.weight` [256, 64] (Phi3MLP, every layer)" in gate_up
+    assert "chunk(2): gate first" in gate_up
 
 
 @pytest.mark.hf
@@ -95,7 +106,7 @@ def test_new_model_prints_and_returns_the_differences(tmp_path):
     )
     assert result.exit_code == 0, result.stderr
     data = json.loads(result.stdout)
-    assert len(data["architecture_differences"]) == 2 and data["architecture_note"] is None
+    assert len(data["architecture_differences"]) == 3 and data["architecture_note"] is None
     human = CliRunner().invoke(
         app,
         ["new-model", "o2", "--hf-config", str(path), "--path", "port", "--dir", str(tmp_path)],

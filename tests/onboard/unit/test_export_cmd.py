@@ -1,6 +1,8 @@
-"""`onboard export NAME --to DIR [--from CHECKPOINT]`: the workspace's newest checkpoint (or the one named,
-or its checkpoint.initial_hf weights) exported as the run's own export writes it; an existing DIR only
-with --force (kept as a dated backup); nothing to export is bad input that says to train first."""
+"""`onboard export NAME --to DIR [--from CHECKPOINT | --from-initial]`: the workspace's newest checkpoint
+(or the one named, or with --from-initial its untrained checkpoint.initial_hf weights) exported as the
+run's own export writes it, with the run's tokenizer, which AutoTokenizer then loads; an existing DIR
+only with --force (kept as a dated backup); nothing to export is bad input that says to train first.
+(The guards without transformers: test_export_guards.py.)"""
 
 from __future__ import annotations
 
@@ -42,24 +44,26 @@ def _recipe(ws):
 def test_nothing_to_export_says_train_first(ws):
     result = onboard("export", "tiny", "--to", ws / "out", "--dir", ws)
     assert result.exit_code == 2
-    assert "no checkpoint to export" in result.stderr and "train first: onboard train --config" in result.stderr
+    assert "no checkpoint to export" in result.stderr and "train first (onboard train tiny)" in result.stderr
     assert not (ws / "out").exists()
 
 
 def test_initial_weights_export_and_force_keeps_a_backup(ws):
     with open(_recipe(ws), "a") as f:
         f.write(f'\n[checkpoint]\ninitial_hf = "{ws / "llama"}"\n')
-    result = onboard("export", "tiny", "--to", ws / "out", "--dir", ws, "--json")
+    untrained = onboard("export", "tiny", "--to", ws / "out", "--dir", ws)
+    assert untrained.exit_code == 2 and "--from-initial" in untrained.stderr  # never a silent fall-back
+    result = onboard("export", "tiny", "--to", ws / "out", "--dir", ws, "--json", "--from-initial")
     assert result.exit_code == 0, result.stderr
     report = json.loads(result.stdout)
-    assert report["from"] == f"checkpoint.initial_hf {ws / 'llama'}"
+    assert report["from"] == f"checkpoint.initial_hf {ws / 'llama'} (untrained)"
     assert report["files"] == ["config.json", "model.safetensors"]
     got, want = load_file(ws / "out" / "model.safetensors"), load_file(ws / "llama" / "model.safetensors")
     assert sorted(got) == sorted(want) and all(torch.equal(got[k], want[k]) for k in want)
-    again = onboard("export", "tiny", "--to", ws / "out", "--dir", ws)
+    again = onboard("export", "tiny", "--to", ws / "out", "--dir", ws, "--from-initial")
     assert again.exit_code == 2 and "exists: pass --force" in again.stderr
     before = (ws / "out" / "model.safetensors").read_bytes()
-    forced = onboard("export", "tiny", "--to", ws / "out", "--dir", ws, "--force", "--json")
+    forced = onboard("export", "tiny", "--to", ws / "out", "--dir", ws, "--force", "--json", "--from-initial")
     assert forced.exit_code == 0, forced.stderr
     [backup] = ws.glob("out.backup-*")
     assert json.loads(forced.stdout)["backup"] == str(backup)
@@ -80,3 +84,24 @@ def test_the_newest_checkpoint_exports_as_the_run_itself_did(ws):
     assert config == json.loads((ws / "run_export" / "config.json").read_text())
     bad = onboard("export", "tiny", "--to", ws / "out2", "--from", ws / "nowhere", "--dir", ws)
     assert bad.exit_code == 2 and "--from" in bad.stderr
+
+
+def test_a_checkpoint_export_carries_the_tokenizer_autotokenizer_loads(ws):
+    """The probe's case: `--from` a checkpoint of a run trained with the model's own tokenizer."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    tok = ws / "tok"
+    tok.mkdir()
+    tokenizer = Tokenizer(models.WordLevel(vocab={"<unk>": 0, "<s>": 1, "</s>": 2, "hello": 3}, unk_token="<unk>"))
+    tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tokenizer.save(str(tok / "tokenizer.json"))
+    (tok / "tokenizer_config.json").write_text(json.dumps({"bos_token": "<s>", "eos_token": "</s>"}))
+    trained = onboard("train", "tiny", "--dir", ws, "--steps", 1, "--training.batch_size=1", "--training.seq_len=16",
+                      "--checkpoint.enable")  # fmt: skip
+    assert trained.exit_code == 0, trained.stderr
+    step = ws / "onboarding" / "tiny" / "runs" / "train" / "checkpoints" / "step-1"
+    result = onboard("export", "tiny", "--to", ws / "out", "--from", step, "--tokenizer", tok, "--dir", ws)
+    assert result.exit_code == 0, result.stderr
+    loaded = transformers.AutoTokenizer.from_pretrained(ws / "out")
+    assert loaded("hello").input_ids[-1] == 3 and loaded.eos_token == "</s>"
+    assert transformers.AutoModelForCausalLM.from_pretrained(ws / "out").config.vocab_size == 256

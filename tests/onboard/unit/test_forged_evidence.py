@@ -26,12 +26,13 @@ from onboard.ladder.states import entry_error
 from onboard.ladder.table import RungSpec
 from onboard.ladder.states import ladder_states
 from onboard.engine.next_step import next_step
-from onboard.workspace.ledger import RUN_RECORD, Entry, Ledger, run_record_text
+from onboard.workspace.ledger import RUN_RECORD, Entry, Ledger
 from onboard.parity.results import written_by_this_run
 from onboard.ladder.template_check import TEST_FILE, expected_text, tamper_problem
 from onboard.workspace.layout import Workspace
 from onboard.workspace.scaffold import plan_workspace, write_workspace
 from test_cli import LLAMA
+from attempt_folders import write_attempt_folder
 
 
 def _ladder_fakes():
@@ -174,11 +175,10 @@ def forge_parity_pass(ws: Workspace) -> None:
     demo = next(e for e in REPORT_LADDER["attempts"] if e["rung"] == "parity")
     eager_ended = ws.ledger.entries("eager")[-1].ended
     entry = Entry(rung="parity", attempt=1, status="passed", started=eager_ended, ended=eager_ended,
-                  attempt_dir="runs/parity/attempt-1", measurements=demo["measurements"])  # fmt: skip
-    folder = ws.root / entry.attempt_dir
-    folder.mkdir(parents=True)
-    (folder / RUN_RECORD).write_text(run_record_text(entry))
-    tamper(ws, lambda d: d["attempts"].append(entry.to_dict()))
+                  attempt_dir="runs/parity/attempt-1", measurements=demo["measurements"],
+                  files_read=ws.hashes(["recipe.toml", "adapter.py", "test_parity.py", "config.json"]))  # fmt: skip
+    forged = write_attempt_folder(ws, entry.to_dict())
+    tamper(ws, lambda d: d["attempts"].append(forged))
 
 
 def test_tampered_test_parity_is_invalid_in_status_and_the_rerun_refuses_it(ws):

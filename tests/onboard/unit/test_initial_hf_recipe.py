@@ -17,6 +17,8 @@ from pathlib import Path
 import pytest
 from torch.distributed.run import get_args_parser
 
+from titan_core.runtime.argv import LAUNCH
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "core"))  # the tiny checkpoint and data helpers
 from hf_data import doc_text, write_jsonl, write_tokenizer  # noqa: E402
 from hf_tiny import write_tiny_llama  # noqa: E402
@@ -88,8 +90,8 @@ def _continue_command(tmp_path: Path, filled: dict[str, Path]):
         line = line.replace(name, str(value))
     assert "$" not in line
     argv = shlex.split(line)
-    assert argv[0] == "torchrun"
-    run = get_args_parser().parse_args(argv[1:])  # torchrun's own parser accepts it
+    assert tuple(argv[:3]) == LAUNCH
+    run = get_args_parser().parse_args(argv[3:])  # torchrun's own parser accepts it
     assert (run.module, run.training_script) == (True, "titan_core.train")
     return run.training_script_args, go
 

@@ -22,7 +22,8 @@ import pytest
 from test_report_files import demo_ws  # noqa: F401  (a finished ladder: the demo's ledger entries and run records)
 from test_structure import ROOT, cycles, import_graph
 
-from onboard.workspace.ledger import RUN_RECORD, Entry, parse_iso, run_record_text
+from attempt_folders import write_attempt_folder
+from onboard.workspace.ledger import parse_iso
 
 LAYERS = (
     "__main__",  # python -m onboard
@@ -104,7 +105,7 @@ def test_imports_point_down_the_layers_and_no_layers_form_a_cycle():
 def complete_ws(demo_ws):  # noqa: F811
     """The demo's ledger with its last rung too: tuning's entry from a real `onboard demo` climb
     (tuning_entry.json; it kept no change, so the recipe stays), dated after the kernels rung and
-    given its run record and this workspace's file hashes, as the engine writes them."""
+    given its attempt folder (record, metrics) and this workspace's file hashes, as the engine writes them."""
     ws = demo_ws
     data = json.loads(ws.ledger.path.read_text())
     entry = json.loads((Path(__file__).parent / "tuning_entry.json").read_text())
@@ -113,10 +114,8 @@ def complete_ws(demo_ws):  # noqa: F811
     entry["ended"] = (last + timedelta(seconds=49)).isoformat()
     entry["attempt_dir"] = "runs/tuning/attempt-1"
     entry["files_read"] = ws.hashes(list(entry["files_read"]))
-    data["attempts"].append(entry)
+    data["attempts"].append(write_attempt_folder(ws, entry))  # its record and its runs' metrics files
     ws.ledger.path.write_text(json.dumps(data, indent=1))
-    (ws.root / entry["attempt_dir"]).mkdir(parents=True)
-    (ws.root / entry["attempt_dir"] / RUN_RECORD).write_text(run_record_text(Entry.from_dict(entry)))
     return ws
 
 

@@ -169,3 +169,15 @@ def test_bf16_decided_untimed_is_a_decision_with_no_figure(ws, tmp_path):
     assert [(e.key, e.value) for e in edits] == [("training.mixed_precision_param", "bfloat16")]
     assert (d["verdict"], d["figure"], d["speedup"], d["ci"]) == ("kept", "none", None, None)
     assert "training.dtype" in d["why"] and "training.dtype" in choice["mixed_precision_why"]
+
+
+def test_an_interval_too_wide_to_say_anything_decides_nothing_and_prints_as_not_measured():
+    """A bf16 timing once recorded "0.00-512246.96": finite, positive, and no use to anyone."""
+    wide = {"ratio": 0.5, "ci_low": 1e-6, "ci_high": 0.9, "outcome": "faster", "confidence": 0.99, "rounds": 5}
+    d = decision.decide("tuning", "training.batch_size", holder=4, candidate=8, comparison=wide)
+    assert d.verdict == decision.NOT_MEASURED and d.value == 4 and d.speedup is None
+    assert "was not measured" in d.why and "1000000" not in d.why
+    narrow = {**wide, "ci_low": 0.4, "ci_high": 0.6}
+    kept = decision.decide("tuning", "training.batch_size", holder=4, candidate=8, comparison=narrow)
+    assert kept.verdict == decision.KEPT and "2.00x (1.67-2.50)" in kept.why
+    assert decision.headline([{**kept.to_dict(), "ci": [1e-3, 5e5]}]) == "training.batch_size=8: not measured kept"

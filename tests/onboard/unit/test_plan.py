@@ -17,6 +17,8 @@ from dataclasses import replace
 
 import pytest
 from torch.distributed.run import get_args_parser
+
+from titan_core.runtime.argv import LAUNCH
 from typer.testing import CliRunner
 
 from onboard.cli.app import app
@@ -229,7 +231,8 @@ def test_onboard_plan_writes_the_target_recipe_and_torchrun(tmp_path):
     assert load_config(root / "recipe.toml").model.hf_config.endswith("twin.json")  # recipe.toml untouched
     cd, _, line = out["torchrun"].partition(" && ")
     argv = shlex.split(line)
-    args = get_args_parser().parse_args(argv[1:])
+    assert tuple(argv[:3]) == LAUNCH
+    args = get_args_parser().parse_args(argv[3:])
     assert (args.nnodes, args.nproc_per_node) == ("8", "8") and argv[-1] == "recipe.h100-64.seq4096.toml"
     text = runner.invoke(app, ["plan", "l70", "--dir", str(tmp_path), "--target", "h100:64"])
     assert text.exit_code == 0 and "PREDICTED step time" in text.stdout and f"chosen: {c['sharding']}" in text.stdout

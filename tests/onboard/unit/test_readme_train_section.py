@@ -13,6 +13,7 @@ import contextlib
 import io
 import re
 import shlex
+import subprocess
 import sys
 import tomllib
 from pathlib import Path
@@ -23,7 +24,7 @@ import typer
 from typer.testing import CliRunner
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "core"))  # the tiny checkpoint and data helpers
-from hf_data import conversation, doc_text, write_jsonl, write_tokenizer  # noqa: E402
+from hf_data import conversation, doc_text, vocab_size, write_jsonl, write_tokenizer  # noqa: E402
 from hf_tiny import write_tiny_llama  # noqa: E402
 from tiny_flags import tiny_run_flags  # noqa: E402
 
@@ -63,10 +64,19 @@ def command_lines() -> list[list[str]]:
     return out
 
 
+LAUNCH = ["python", "-m", "titan_core.launch"]
+"""How the section's multi-process lines start: torchrun's arguments follow, then `-m titan_core.train ARGS`."""
+
+
+def launch_lines() -> list[list[str]]:
+    return [c for c in command_lines() if c[:3] == LAUNCH]
+
+
 def train_argv(words: list[str]) -> list[str]:
-    """The titan_core.train arguments of a torchrun line (`torchrun [opts] -m titan_core.train ARGS`)."""
-    assert words[0] == "torchrun" and "-m" in words, words
-    i = words.index("-m")
+    """The titan_core.train arguments of a launch line (`python -m titan_core.launch [torchrun's options]
+    -m titan_core.train ARGS`)."""
+    assert words[:3] == LAUNCH and "-m" in words[3:], words
+    i = words.index("-m", 3)
     assert words[i + 1] == "titan_core.train", words
     return words[i + 2 :]
 
@@ -153,9 +163,9 @@ def test_every_key_the_prose_names_exists(where):
 def test_every_override_and_onboard_option_exists(where):
     cli = typer.main.get_command(app)
     lines = command_lines()
-    torchrun = [c for c in lines if c[0] == "torchrun"]
-    assert len(torchrun) == 2
-    for words in torchrun:
+    launches = launch_lines()
+    assert len(launches) == 2 and not [c for c in lines if c[0] == "torchrun"]
+    for words in launches:
         config, _, overrides = parse_argv([fill(w, where) for w in train_argv(words)])
         assert config == RECIPE
         cfg = load_config(config, overrides)
@@ -181,7 +191,7 @@ def test_every_override_and_onboard_option_exists(where):
 def test_the_loop_it_shows_runs_exports_and_reloads(where, capsys):
     from titan_core.train import main
 
-    first = next(c for c in command_lines() if c[0] == "torchrun")
+    first = launch_lines()[0]
     root = where["root"]
     # later flags win: 2 steps in seconds (not the README's 1000), the metrics where the recipe puts them
     tiny = tiny_run_flags(root / OUTPUT, steps=2, batch_size=2) + ["--validation.freq=1", "--validation.steps=1"]
@@ -206,3 +216,111 @@ def test_the_loop_it_shows_runs_exports_and_reloads(where, capsys):
     with contextlib.redirect_stdout(shown):
         exec(compile(snippet.replace('"exported/mymodel"', repr(str(exported))), "README.md", "exec"), {})
     assert shown.getvalue().strip()
+
+
+def test_the_multi_process_line_refuses_a_missing_data_path_once(where):
+    """Checked once by the launcher before any rank starts: one line, exit 2, no rank's copy of it, no
+    torchrun traceback, nothing written."""
+    words = [fill(w, where) for w in launch_lines()[0]]
+    words = ["--data.path=data/missing.jsonl" if w.startswith("--data.path=") else w for w in words]
+    done = subprocess.run([sys.executable, *words[1:]], cwd=where["root"], capture_output=True, text=True,
+                          timeout=300)  # fmt: skip
+    said = [line for line in done.stderr.splitlines() if not line.startswith("warning: ")]  # a 1-core machine's
+    assert done.returncode == 2 and said == ["error: data.path 'data/missing.jsonl' does not exist"], done.stderr
+    assert not (where["root"] / OUTPUT).exists()
+
+
+def _flat(section_text: str) -> str:
+    return " ".join(section_text.split())
+
+
+def _rows(path: Path, tok_dir: Path, seq_len: int, **data) -> list:
+    from titan_core.config import JobConfig
+    from titan_core.data import build_data_loader
+
+    cfg = JobConfig()
+    cfg.training.batch_size, cfg.training.seq_len = 1, seq_len
+    cfg.data.source, cfg.data.path = "dataset", str(path)
+    cfg.data.tokenizer, cfg.data.tokenizer_path = "hf", str(tok_dir)
+    cfg.data.max_epochs = 0  # two documents read for one row, not a training plan
+    for k, v in data.items():
+        setattr(cfg.data, k, v)
+    return next(build_data_loader(cfg, vocab_size=vocab_size()))
+
+
+def test_from_text_to_loss_is_what_the_packing_does(tmp_path):
+    """The section's account of a packed row (BOS when the tokenizer adds one, EOS after each document, the
+    label across a boundary dropped, positions restarting, attention per document), held against a row
+    the loader makes of two documents, and a tiny model's logits on it against each document alone."""
+    import torch
+
+    from titan_core.data import IGNORE_INDEX, load_hf_tokenizer
+    from titan_core.training.model_builder import build_model_from_config
+
+    text = _flat(section())
+    for claim in ("BOS + its tokens + EOS, where BOS comes only when the tokenizer adds one",
+                  "attention stays inside each document and positions restart at 0 where a document starts",
+                  "the label of a document's last token, its EOS, is dropped (-100)", "EOS itself is a label",
+                  "padded with EOS whose labels are dropped"):  # fmt: skip
+        assert claim in text, claim
+    docs = [doc_text(1), doc_text(2)]
+    path = write_jsonl(tmp_path / "two.jsonl", [{"text": d} for d in docs])
+    with_bos = write_tokenizer(tmp_path / "tok")  # add_bos_token: true
+    no_bos = write_tokenizer(tmp_path / "tok_qwen", config={"bos_token": None, "eos_token": "</s>"})
+    for folder, bos in ((with_bos, True), (no_bos, False)):
+        tok = load_hf_tokenizer(str(folder), model_vocab_size=vocab_size())
+        ids = [[tok.bos_id] * bos + tok.encode(d) + [tok.eos_id] for d in docs]
+        a, b = len(ids[0]), len(ids[1])
+        row = _rows(path, folder, a + b - 1)  # one row holds both documents: S + 1 tokens
+        assert row.tokens[0].tolist() == (ids[0] + ids[1])[:-1]
+        want = (ids[0] + ids[1])[1:]
+        want[a - 1] = IGNORE_INDEX  # the first document's EOS: its next token opens the second
+        assert row.labels[0].tolist() == want and want[a - 2] == tok.eos_id  # EOS is a label
+        assert row.segment_ids[0].tolist() == [0] * a + [1] * (b - 1)
+        assert row.positions[0].tolist() == list(range(a)) + list(range(b - 1))
+    tok = load_hf_tokenizer(str(with_bos), model_vocab_size=vocab_size())
+    ids = [[tok.bos_id] + tok.encode(d) + [tok.eos_id] for d in docs]
+    a, b = len(ids[0]), len(ids[1])
+    # not packed: the first document in a row of its own, padded with EOS whose labels are dropped
+    alone = _rows(path, with_bos, a + 4, pack_documents=False)
+    assert alone.tokens[0].tolist() == ids[0] + [tok.eos_id] * 4 and alone.segment_ids is None
+    assert alone.labels[0].tolist() == ids[0][1:] + [IGNORE_INDEX] * 5
+    # attention inside each document: a tiny model's logits on the packed row are each document's alone
+    cfg = load_config(None, ["--model.overrides={n_layers = 1, dim = 32, n_heads = 2, n_kv_heads = 2, "
+                             f"ffn_hidden_dim = 64, vocab_size = {vocab_size()}}}"])  # fmt: skip
+    model = build_model_from_config(cfg.model)[2]
+    model.to_empty(device="cpu")
+    model.init_weights(seed=0)
+    row = _rows(path, with_bos, a + b - 1)
+    with torch.no_grad():
+        packed = model(row.tokens, positions=row.positions, segment_ids=row.segment_ids)
+        first, second = model(torch.tensor([ids[0]])), model(torch.tensor([ids[1][:-1]]))
+        ignored = model(row.tokens)  # the same row without the mask: the second document sees the first
+    torch.testing.assert_close(packed[0, :a], first[0], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(packed[0, a:], second[0], rtol=1e-5, atol=1e-5)
+    assert not torch.allclose(ignored[0, a:], second[0], rtol=1e-3, atol=1e-3)
+
+
+def test_chat_targets_are_the_assistants_header_content_and_end_of_turn(tmp_path):
+    from titan_core.data import IGNORE_INDEX, load_hf_tokenizer
+
+    text = _flat(section())
+    assert "no BOS or EOS added: the template writes its own" in text
+    assert "its header (" in text and "its content and its end-of-turn token" in text
+    assert "system and user turns are context, their labels dropped" in text
+    assert "Packed, conversations follow one another like documents (nothing added between them)" in text
+    tok_dir = write_tokenizer(tmp_path / "tok")
+    convs = [conversation(1), conversation(2)]  # system, user, assistant(, user, assistant)
+    path = write_jsonl(tmp_path / "chat.jsonl", convs)
+    tok = load_hf_tokenizer(str(tok_dir), model_vocab_size=vocab_size())
+    # the hf_data template: "{{ bos_token }}" then "<|role|> content <|end|> " per message
+    turns = [[tok.encode(f"<|{m['role']}|> {m['content']} <|end|>") for m in c["messages"]] for c in convs]
+    whole = [[tok.bos_id] + [t for turn in ts for t in turn] for ts in turns]
+    row = _rows(path, tok_dir, len(whole[0]) + len(whole[1]) - 1, format="chat")
+    assert row.tokens[0].tolist() == (whole[0] + whole[1])[:-1]  # the template's BOS; no EOS of the loader's
+    assert row.segment_ids[0].tolist() == [0] * len(whole[0]) + [1] * (len(whole[1]) - 1)
+    targets = [t for c, ts in zip(convs, turns) for m, turn in zip(c["messages"], ts) for t in turn
+               if m["role"] == "assistant"]  # fmt: skip
+    assert [x for x in row.labels[0].tolist() if x != IGNORE_INDEX] == targets
+    header, end = tok.encode("<|assistant|>")[0], tok.encode("<|end|>")[0]
+    assert targets.count(header) == 3 and targets.count(end) == 3  # each assistant turn's header and end of turn

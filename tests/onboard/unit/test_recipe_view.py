@@ -9,6 +9,8 @@ import shlex
 from test_cli import assert_bad_input, onboard
 from torch.distributed.run import get_args_parser
 
+from titan_core.runtime.argv import LAUNCH
+
 from onboard.workspace.ledger import Ledger
 from onboard.ladder.recipe_edit import RecipeEdit, apply_edits
 from onboard.workspace.layout import Workspace
@@ -53,8 +55,8 @@ def test_the_recipe_lists_what_a_rung_earned_and_a_hand_override(tmp_path):
 def parse_torchrun(line: str):
     cd, command = line.split(" && ", 1)
     argv = shlex.split(command.replace("$NNODES", "4").replace("$HEAD_NODE", "10.0.0.1"))
-    assert argv[0] == "torchrun"
-    return get_args_parser().parse_args(argv[1:])
+    assert tuple(argv[:3]) == LAUNCH  # torchrun with the config checked first (titan_core/launch.py)
+    return get_args_parser().parse_args(argv[3:])
 
 
 def test_commands_fill_the_torchrun_line_from_the_recipe(tmp_path):

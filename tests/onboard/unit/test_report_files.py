@@ -10,7 +10,7 @@ import pytest
 
 from onboard.ladder.table import default_specs
 from onboard.ladder.states import ladder_states
-from onboard.workspace.ledger import RUN_RECORD, Entry, Ledger, run_record_text
+from onboard.workspace.ledger import Ledger
 from onboard.ladder.recipe_edit import apply_edits
 from onboard.report.steps import waterfall_steps
 from onboard.report.speed_section import factor_cell
@@ -23,14 +23,15 @@ FIXTURE = json.loads((Path(__file__).parent / "report_ladder.json").read_text())
 FINAL_RECIPE = {"compile": {"enable": True}}  # what graph_trainer's recorded edit left in the demo recipe
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 from test_report_pictures import attempts, latest, mode_timing, png_size, recs, speed
+from attempt_folders import write_attempt_folder
 
 
 # ---- onboard report, end to end ------------------------------------------------------------------
 @pytest.fixture
 def demo_ws(tmp_path) -> Workspace:
     """A scaffolded workspace holding the demo's ledger, its recipe edit applied, the recorded
-    file hashes made this workspace's own and each attempt's folder holding the record its run
-    wrote (so every rung reads passed, not stale or invalid)."""
+    file hashes made this workspace's own and each attempt's folder holding the record and the
+    metrics files its run wrote (attempt_folders.py; so every rung reads passed, not stale or invalid)."""
     root = write_workspace(plan_workspace("llama3_debug", tmp_path, preset="llama3/debugmodel", device="cpu"))
     apply_edits(root / "recipe.toml", [RecipeEdit("compile.enable", True, "graph_trainer rung: compile is faster")])
     ws = Workspace.load(tmp_path, "llama3_debug")
@@ -39,10 +40,9 @@ def demo_ws(tmp_path) -> Workspace:
     for e in data["attempts"]:
         e["files_read"] = ws.hashes(list(e["files_read"]))
         e["environment"]["device"] = "cpu" if e["rung"] != "parity" else "auto"
+    # each attempt folder as the engine writes it: its record, and the metrics of every run it counts
+    data["attempts"] = [write_attempt_folder(ws, e) for e in data["attempts"]]
     (root / "ladder.json").write_text(json.dumps(data, indent=1))
-    for e in data["attempts"]:
-        (root / e["attempt_dir"]).mkdir(parents=True)
-        (root / e["attempt_dir"] / RUN_RECORD).write_text(run_record_text(Entry.from_dict(e)))
     parity = next(e for e in data["attempts"] if e["rung"] == "parity")
     (root / parity["attempt_dir"] / "results.json").write_text(json.dumps(FIXTURE["parity_results"]))
     return Workspace.load(tmp_path, "llama3_debug")

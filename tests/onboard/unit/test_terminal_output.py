@@ -99,7 +99,7 @@ def test_a_table_cell_from_a_checkpoint_name():
 
 def test_the_report_files(made):
     d, _ = made
-    onboard("waive", "m", "eager", "all_finite", "--why", WHY, "--dir", d)
+    onboard("waive", "m", "eager", "loss_falls", "--why", WHY, "--dir", d)
     onboard("report", "m", "--dir", d)
     ws = d / "onboarding" / "m"
     md, page = (ws / "REPORT.md").read_text(), (ws / "report.html").read_text()

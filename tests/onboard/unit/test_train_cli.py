@@ -59,3 +59,67 @@ def test_train_json_bad_input_is_one_json_error(tmp_path, args):
     result = runner.invoke(app, ["train", "--config", str(recipe), "--json", *args])
     assert result.exit_code == 2
     assert set(json.loads(result.stdout)) == {"error", "exit_code"}
+
+
+# ---- onboard train NAME [--steps N]: the workspace's recipe -------------------------------------
+def _started(monkeypatch) -> list:
+    """titan_core.train.main replaced: what argv `onboard train` would train with (the counts come first)."""
+    started = []
+    monkeypatch.setattr(titan_core.train, "main", lambda argv: started.append(argv) or 0)
+    return started
+
+
+def test_train_name_runs_the_workspaces_recipe_with_steps(tmp_path):
+    recipe = _recipe(tmp_path, "llama3/debugmodel")
+    result = runner.invoke(app, ["train", "llama3", "--steps", "1", "--dir", str(tmp_path), "--json",
+                                 "--training.batch_size=1", "--training.seq_len=16"])  # fmt: skip
+    assert result.exit_code == 0, result.stderr
+    data = json.loads(result.stdout)
+    # the recipe's own output folder (relative to the recipe), so the workspace's recipe is what ran
+    assert data["run"] == str((recipe.parent / "runs" / "train").resolve())
+    assert data["steps_planned"] == data["steps_run"] == 1 and data["exit_code"] == 0
+
+
+@pytest.mark.parametrize("args, argv_tail", [
+    (["llama3", "--steps", "3", "--training.batch_size", "2"], ["--training.batch_size", "2", "--training.steps=3"]),
+    (["llama3"], []),
+])  # fmt: skip
+def test_train_name_hands_titan_core_the_recipe_and_the_overrides(tmp_path, monkeypatch, args, argv_tail):
+    recipe = _recipe(tmp_path, "llama3/debugmodel")
+    started = _started(monkeypatch)
+    result = runner.invoke(app, ["train", *args, "--dir", str(tmp_path)])
+    assert result.exit_code == 0, result.stderr
+    assert started == [["--config", str(recipe.resolve()), *argv_tail]]
+
+
+def test_train_config_keeps_working_with_a_spaced_override(tmp_path, monkeypatch):
+    recipe = _recipe(tmp_path, "llama3/debugmodel")
+    started = _started(monkeypatch)
+    result = runner.invoke(app, ["train", "--config", str(recipe), "--training.steps", "2", "--steps", "4"])
+    assert result.exit_code == 2 and "--steps and --training.steps" in result.stderr  # two answers: refused
+    result = runner.invoke(app, ["train", "--config", str(recipe), "--training.steps", "2"])
+    assert result.exit_code == 0, result.stderr
+    assert started == [["--config", str(recipe), "--training.steps", "2"]]
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["nope"], "no workspace 'nope'"),
+    (["llama3", "--config", "RECIPE"], "not both"),
+    ([], "onboard train NAME"),
+    (["llama3", "--steps", "0"], "--steps must be at least 1"),
+])  # fmt: skip
+def test_train_name_bad_input_is_one_line_exit_2(tmp_path, monkeypatch, args, needle):
+    recipe = _recipe(tmp_path, "llama3/debugmodel")
+    started = _started(monkeypatch)
+    argv = [str(recipe) if a == "RECIPE" else a for a in args]
+    result = runner.invoke(app, ["train", *argv, "--dir", str(tmp_path)])
+    assert result.exit_code == 2 and started == []
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and needle in lines[0], result.stderr
+
+
+def test_train_help_shows_the_name_form():
+    result = runner.invoke(app, ["train", "--help"], env={"COLUMNS": "200"})
+    assert result.exit_code == 0
+    assert "train [NAME] [OPTIONS]" in result.stdout and "onboard train NAME [--steps N]" in result.stdout
+    assert "--steps" in result.stdout and "--config" in result.stdout
