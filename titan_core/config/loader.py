@@ -15,11 +15,11 @@ from typing import Any, Literal, get_args, get_origin
 
 import tomli_w
 
+from titan_core.config.config_error import ConfigError
+from titan_core.config.files import read_config_file
 from titan_core.config.sections import JobConfig
 
 
-class ConfigError(ValueError):
-    """Bad user input in a recipe or an override; entry points turn it into exit code 2."""
 
 
 def did_you_mean(name: str, options: list[str]) -> str:
@@ -174,10 +174,9 @@ def with_keys(cfg: Any, values: dict[str, Any]) -> Any:
 
 def load_toml(path: str | Path) -> dict:
     path = Path(path)
-    if not path.is_file():
-        raise ConfigError(f"config file not found: {path}")
+    text = read_config_file(path, what="config file")  # a FIFO named, a huge file refused unread
     try:
-        return tomllib.loads(path.read_text())
+        return tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(f"malformed TOML in {path}: {e}") from None
 

@@ -73,3 +73,19 @@ def test_a_config_at_the_cap_is_read(tmp_path):
     with pytest.raises(ConfigError, match=r"over|bytes"):
         read_config_file(path, limit=len(text) - 1)
     assert read_config_file(path, limit=len(text)) == text
+
+
+def test_a_recipe_is_read_through_the_same_reader(tmp_path):
+    """titan_core.train --config names a FIFO for what it is, and refuses a huge file unread."""
+    import os
+
+    import pytest
+
+    from titan_core.config import ConfigError, load_config
+
+    fifo = tmp_path / "recipe.toml"
+    os.mkfifo(fifo)
+    with pytest.raises(ConfigError, match="is a FIFO, not a regular file"):
+        load_config(fifo)
+    with pytest.raises(ConfigError, match="config file not found"):
+        load_config(tmp_path / "missing.toml")
