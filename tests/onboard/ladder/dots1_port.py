@@ -219,17 +219,8 @@ PLANTS = {
 }
 
 
-def dots1_config(**extra):
-    import transformers as tf
-
-    return tf.Dots1Config(**{**CONFIG, **extra})
-
-
 def dots1_workspace(base: Path, name: str, **config) -> Path:
     """`new-model NAME --hf-config dots1.json --path port`, then the agent's port."""
-    from test_parity_support import add_adapter_methods, new_workspace
+    from test_parity_support import port_workspace
 
-    root = new_workspace(base, name, dots1_config(**config), path="port")
-    (root / "model.py").write_text(PORT_MODEL)
-    add_adapter_methods(root, ADAPTER_METHODS)
-    return root
+    return port_workspace(base, name, "Dots1Config", {**CONFIG, **config}, PORT_MODEL, ADAPTER_METHODS)

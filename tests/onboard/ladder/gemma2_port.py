@@ -173,17 +173,8 @@ CONFIG = dict(
 )  # fmt: skip
 
 
-def gemma2_config(**extra):
-    import transformers as tf
-
-    return tf.Gemma2Config(**{**CONFIG, **extra})
-
-
 def gemma2_workspace(base: Path, name: str, **config) -> Path:
     """`new-model NAME --hf-config gemma2.json --path port`, then the agent's port."""
-    from test_parity_support import add_adapter_methods, new_workspace
+    from test_parity_support import port_workspace
 
-    root = new_workspace(base, name, gemma2_config(**config), path="port")
-    (root / "model.py").write_text(PORT_MODEL)
-    add_adapter_methods(root, ADAPTER_METHODS)
-    return root
+    return port_workspace(base, name, "Gemma2Config", {**CONFIG, **config}, PORT_MODEL, ADAPTER_METHODS)

@@ -281,17 +281,8 @@ PLANTS = {
 }
 
 
-def gpt_oss_config(**extra):
-    import transformers as tf
-
-    return tf.GptOssConfig(**{**CONFIG, **extra})
-
-
 def gpt_oss_workspace(base: Path, name: str, **config) -> Path:
     """`new-model NAME --hf-config gpt_oss.json --path port`, then the agent's port."""
-    from test_parity_support import add_adapter_methods, new_workspace
+    from test_parity_support import port_workspace
 
-    root = new_workspace(base, name, gpt_oss_config(**config), path="port")
-    (root / "model.py").write_text(PORT_MODEL)
-    add_adapter_methods(root, ADAPTER_METHODS)
-    return root
+    return port_workspace(base, name, "GptOssConfig", {**CONFIG, **config}, PORT_MODEL, ADAPTER_METHODS)

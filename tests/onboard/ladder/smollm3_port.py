@@ -129,17 +129,8 @@ PLANTS = {
 }
 
 
-def smollm3_config(**extra):
-    import transformers as tf
-
-    return tf.SmolLM3Config(**{**CONFIG, **extra})
-
-
 def smollm3_workspace(base: Path, name: str, **config) -> Path:
     """`new-model NAME --hf-config smollm3.json --path port`, then the agent's port."""
-    from test_parity_support import add_adapter_methods, new_workspace
+    from test_parity_support import port_workspace
 
-    root = new_workspace(base, name, smollm3_config(**config), path="port")
-    (root / "model.py").write_text(PORT_MODEL)
-    add_adapter_methods(root, ADAPTER_METHODS)
-    return root
+    return port_workspace(base, name, "SmolLM3Config", {**CONFIG, **config}, PORT_MODEL, ADAPTER_METHODS)

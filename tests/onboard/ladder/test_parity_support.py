@@ -48,6 +48,17 @@ def new_workspace(base: Path, name: str, config, *, path: str | None = None) -> 
     return write_workspace(plan_workspace(name, base, hf_config=cfg_path, path=path, device="cpu"))
 
 
+def port_workspace(base: Path, name: str, config_class: str, config: dict, model: str, adapter_methods: str) -> Path:
+    """`new-model NAME --hf-config <transformers' `config_class`(**config)> --path port`, then the agent's
+    port: model.py replaced by `model`, `adapter_methods` added to adapter.py's Adapter."""
+    import transformers
+
+    root = new_workspace(base, name, getattr(transformers, config_class)(**config), path="port")
+    (root / "model.py").write_text(model)
+    add_adapter_methods(root, adapter_methods)
+    return root
+
+
 def add_adapter_methods(root: Path, methods: str) -> None:
     """Add methods to the workspace's `class Adapter` (as an agent edits adapter.py)."""
     path = root / "adapter.py"

@@ -21,7 +21,7 @@ from onboard.cli.export_cmd import check_target
 from onboard.errors import BadInput
 from onboard.workspace.scaffold import plan_workspace, write_workspace
 
-safetensors_torch = pytest.importorskip("safetensors.torch")
+import safetensors.torch as safetensors_torch
 NARROW = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
               intermediate_size=128, vocab_size=256)  # fmt: skip
 
