@@ -2,7 +2,8 @@
 
 Speed goes through titan_core.measure.timing (`compare`: interleaved, with an interval); the report
 records the protocol's settings and the machine's 1-minute load at start and end, and
-lists every comparison as `Comparison.to_dict()` plus its `describe()` line. Progress goes
+lists every comparison as `Comparison.to_dict()` plus its line (onboard.ladder.gates.comparison_line:
+an interval that measured nothing prints "not measured", never 0.00-1343427.45). Progress goes
 to stderr, so stdout is the one JSON document.
 """
 
@@ -12,9 +13,9 @@ import argparse
 import json
 import os
 import sys
-from dataclasses import asdict
 from pathlib import Path
 
+from onboard.ladder.gates import comparison_line
 from titan_core.measure.timing import Comparison, TimingProtocol
 
 
@@ -47,7 +48,8 @@ def add_protocol_args(ap: argparse.ArgumentParser) -> None:
 
 def protocol_from(a: argparse.Namespace) -> TimingProtocol:
     """The protocol the command line asked for (TimingProtocol.from_dict: unset flags keep the defaults)."""
-    return TimingProtocol.from_dict({field: getattr(a, field) for field in PROTOCOL_FLAGS})
+    # a bench's figure is its answer: measured until its interval is narrow, not only until it decides
+    return TimingProtocol.from_dict({"stop_when_settled": False, **{field: getattr(a, field) for field in PROTOCOL_FLAGS}})
 
 
 def protocol_args(p: TimingProtocol) -> list[str]:
@@ -56,9 +58,9 @@ def protocol_args(p: TimingProtocol) -> list[str]:
 
 
 def entry(cmp: Comparison, candidate: str, baseline: str, **context) -> dict:
-    """One comparison as the reports list it: what was compared, the describe() line, to_dict()."""
-    return {**context, "candidate": candidate, "baseline": baseline, "describe": cmp.describe(candidate, baseline),
-            **cmp.to_dict()}  # fmt: skip
+    """One comparison as the reports list it: what was compared, its line (`comparison_line`), to_dict()."""
+    return {**context, "candidate": candidate, "baseline": baseline,
+            "describe": comparison_line(cmp, candidate, baseline), **cmp.to_dict()}  # fmt: skip
 
 
 def speedup_interval(c: dict) -> list[float] | None:
@@ -72,7 +74,7 @@ def speedup_interval(c: dict) -> list[float] | None:
 
 def start(benchmark: str, protocol: TimingProtocol, **fields) -> dict:
     """A report to fill in: `comparisons` takes `entry(...)`s; `emit` finishes and prints it."""
-    return {"benchmark": benchmark, "timing_protocol": asdict(protocol), "load_avg_1m": {"start": load()},
+    return {"benchmark": benchmark, "timing_protocol": protocol.settings(), "load_avg_1m": {"start": load()},
             **fields, "comparisons": []}  # fmt: skip
 
 

@@ -7,9 +7,10 @@ CommCounter (titan_core/parallel/comm.py) for collective counts and payload byte
 is reported through titan_core.measure.timing: both sharded Trainers live in the same ranks and
 `compare(fsdp2_step, simple_fsdp_step)` steps them interleaved (each sample one
 `train_step()`, its time the slowest rank's, so every rank takes the same decisions).
-The one-process run is a separate launch: beside it each sharded mode gets
-`compare_samples` (unpaired, wider). Step time, tokens/s and MFU of each run are its
-steady window (titan_core.measure.run_stats). Prints JSON, with the protocol's settings and the load.
+The one-process run is a separate launch, timed apart: beside it each sharded mode gets the
+ratio of their median step times as context (`timed_apart`: no interval and no faster / slower,
+since load moves runs timed apart as much as a mode can). Step time, tokens/s and MFU of each run
+are its steady window (titan_core.measure.run_stats). Prints JSON, with the protocol's settings and the load.
 
     python bench/data_parallel.py [--nproc 2] [--steps 8] [--shapes debugmodel,wide] [--none-threads 1]
                                   [--min-rounds N --max-rounds N]
@@ -19,9 +20,7 @@ steady window (titan_core.measure.run_stats). Prints JSON, with the protocol's s
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
-import math
 import os
 import sys
 import tempfile
@@ -81,11 +80,9 @@ def worker(opts) -> None:
     from titan_core.measure.run_stats import RunStats
     from titan_core.measure.timing import compare
 
-    # every rank times the same rounds, so the other ranks are "other processes" on the cores and a
-    # retry one rank decides alone would desynchronise the collectives: the machine is not judged here
-    protocol = dataclasses.replace(
-        _report.protocol_from(opts), max_foreign_cores=math.inf, max_load_change=math.inf, retries_when_disturbed=0
-    )
+    # every rank must time the same rounds (a round one rank took alone would desynchronise the
+    # collectives): the protocol judges no load and retries nothing, and the clock below is agreed
+    protocol = _report.protocol_from(opts)
     modes = opts.mode.split(",")
     steps = max(opts.steps, 2 + protocol.warmup + protocol.max_rounds) if len(modes) == 2 else opts.steps
     trainers = {m: _trainer(opts, m, steps) for m in modes}  # the first one made the process group: close it last
@@ -168,13 +165,13 @@ def main() -> None:
 
     import torch
 
+    from onboard.ladder.gates import timed_apart
     from titan_core.runtime.launcher import cpu_count, launch_command
-    from titan_core.measure.timing import compare_samples
 
     protocol = _report.protocol_from(opts)
     modes = [m for m in opts.modes.split(",") if m]
     report = _report.start("data_parallel", protocol, device=opts.device, cpu_cores=cpu_count(),
-                           torch=torch.__version__, param_dtype=opts.param_dtype, runs=[])  # fmt: skip
+                           torch=torch.__version__, param_dtype=opts.param_dtype, runs=[], timed_apart=[])  # fmt: skip
     with tempfile.TemporaryDirectory(prefix="bench_dp_") as tmp:
         for shape in opts.shapes.split(","):
             # the one-process run alone; the sharded modes together, compared interleaved
@@ -210,9 +207,15 @@ def main() -> None:
                 _report.progress(res)
             ok = {r["mode"]: r for r in report["runs"] if r["shape"] == shape and "error" not in r}
             for m in [m for m in ok if m != "none"] if "none" in ok else []:
-                cmp = compare_samples(ok[m]["step_times_s"], ok["none"]["step_times_s"], protocol)
-                if cmp is not None:  # two runs timed apart: unpaired, says so in its line
-                    report["comparisons"].append(_report.entry(cmp, m, "none", shape=shape))
+                # two launches timed apart: their medians side by side as context, no interval, no outcome
+                mine, alone = ok[m]["step_time_median_s"], ok["none"]["step_time_median_s"]
+                line = timed_apart(mine, alone, "one process", m)
+                report["timed_apart"].append({
+                    "shape": shape, "candidate": m, "baseline": "none", "candidate_median_s": mine,
+                    "baseline_median_s": alone, "baseline_over_candidate": alone / mine if mine else None,
+                    "describe": line,
+                })  # fmt: skip
+                _report.progress(f"{shape}: {line}")
     _report.emit(report)
 
 

@@ -28,7 +28,6 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import asdict
 
 os.environ.setdefault("TORCH_DEVICE_BACKEND_AUTOLOAD", "0")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -105,8 +104,8 @@ def _interleaved(shape: str, modes: list[str], device: str, dtype: str, protocol
 
     p = TimingProtocol.from_dict(protocol)
     modes = ["eager"] + [m for m in modes if m != "eager"]
-    # enough for the lr schedule of the most-stepped (eager), a disturbed comparison's retries included
-    steps = 1 + len(modes) * (p.warmup + p.max_rounds) * (1 + p.retries_when_disturbed)
+    # enough for the lr schedule of the most-stepped (eager)
+    steps = 1 + len(modes) * (p.warmup + p.max_rounds)
     trainers = {}
     for mode in modes:
         t = Trainer(_cfg(shape, mode, steps, device, dtype), quiet=True)
@@ -201,7 +200,7 @@ def main() -> None:
             _report.progress(report["train"][-1])
         if not a.skip_interleaved and any(m != "eager" for m in modes):
             job = {"kind": "interleaved", "shape": shape, "modes": modes, "device": a.device, "dtype": a.dtype,
-                   "protocol": asdict(protocol)}  # fmt: skip
+                   "protocol": protocol.settings()}  # fmt: skip
             res = _subprocess(job, a.timeout)
             if "error" in res:
                 report.setdefault("errors", []).append(res)

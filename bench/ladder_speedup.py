@@ -4,7 +4,8 @@ In one process, on the same data (the baseline's first micro-batch, repeated), e
 training step (forward, cross-entropy, backward, AdamW):
 
 - `hf`: the upstream transformers model built from the workspace's config.json, in eager PyTorch
-  (sdpa attention, fp32), at the baseline's batch: what a user starts from;
+  (sdpa attention, fp32, AdamW and gradient clipping as transformers' Trainer does them), at the
+  baseline's batch and thread count: what a user starts from;
 - `baseline`: the workspace's recipe as the eager rung first ran it (eager mode, and every key a
   rung edited set back to its value before the first edit, from the ledger);
 - `final`: the workspace's recipe.toml as the ladder left it (execution mode, kernels, tuned batch
@@ -40,7 +41,9 @@ SCHEDULED_STEPS = 10_000  # the timed rounds never run past the lr schedule
 
 
 def value_before(entry: dict, key: str, edit: dict):
-    """(value before this recipe edit, known) from what the editing rung recorded."""
+    """(value before this recipe edit, known) from what the editing rung recorded: the edit's own
+    `before`, the tuning rung's untuned values, or the holder of the rung's Decision record of the
+    key (the ledger's `details.decisions`, a list of onboard.ladder.decision.Decision records)."""
     if "before" in edit:
         return edit["before"], True
     if key in MODE_KEYS:
@@ -48,10 +51,10 @@ def value_before(entry: dict, key: str, edit: dict):
     m, d = entry.get("measurements") or {}, entry.get("details") or {}
     if entry["rung"] == "tuning" and key in (m.get("untuned_values") or {}):
         return m["untuned_values"][key], True
-    field = key.removeprefix("kernels.")
-    was = ((d.get("decisions") or {}).get(field) or {}).get("was")
-    if entry["rung"] == "kernels" and was is not None:
-        return was, True
+    decisions = d.get("decisions")
+    for record in decisions if isinstance(decisions, list) else ():
+        if isinstance(record, dict) and record.get("lever") == key and "holder" in record:
+            return record["holder"], True
     return None, False
 
 
@@ -101,6 +104,17 @@ def trainer_of(cfg, out: Path):
     return Trainer(cfg, quiet=True)
 
 
+def ratio_entry(c: dict) -> dict:
+    """One pair's throughput ratio with its interval and outcome; an interval too wide to say anything
+    (onboard.ladder.gates.interval_measured) is "not measured", with neither interval nor outcome."""
+    from onboard.ladder.gates import interval_measured
+
+    interval = _report.speedup_interval(c)
+    if interval is None or not interval_measured(*interval) or c["outcome"] == "not measured":
+        return {"throughput": None, "interval": None, "outcome": "not measured", "rounds": c["rounds"]}
+    return {"throughput": c["speedup"], "interval": interval, "outcome": c["outcome"], "rounds": c["rounds"]}
+
+
 def tokens(cfg) -> int:
     t = cfg.training
     return t.batch_size * t.grad_accum * t.seq_len
@@ -135,6 +149,7 @@ def main() -> None:
     try:
         cfgs = {"baseline": base_cfg, "final": final_cfg}
         trainers = {name: trainer_of(cfg, out / name) for name, cfg in cfgs.items()}
+        threads["final"] = trainers["final"].threads  # device.adapt_threads may have taken fewer
         batch = next(trainers["baseline"].data)  # its first micro-batch: repeat_batch yields it at every step
         hf = build_hf(root, final_cfg)
         opt = torch.optim.AdamW(hf.parameters(), lr=final_cfg.optimizer.lr, foreach=True)
@@ -144,6 +159,8 @@ def main() -> None:
             flat = logits.flatten(0, 1).float()
             loss = torch.nn.functional.cross_entropy(flat, batch.labels.flatten(), ignore_index=-100)
             loss.backward()
+            # as transformers' Trainer does by default, and as the recipe does (its max_norm)
+            torch.nn.utils.clip_grad_norm_(hf.parameters(), base_cfg.training.max_norm, foreach=True)
             opt.step()
             opt.zero_grad(set_to_none=True)
 
@@ -183,8 +200,7 @@ def main() -> None:
         # each side's median over all its timed samples; the ratios are the paired estimates, which a
         # machine whose load drifts between comparisons leaves trustworthy where these medians are not
         report["tokens_per_s"] = {name: 1 / statistics.median(times) for name, times in pooled.items()}
-        report["ratios"] = {f"{c['candidate']}_vs_{c['baseline']}": {"throughput": c["speedup"], "interval":
-            _report.speedup_interval(c), "outcome": c["outcome"]} for c in report["comparisons"]}  # fmt: skip
+        report["ratios"] = {f"{c['candidate']}_vs_{c['baseline']}": ratio_entry(c) for c in report["comparisons"]}
     finally:
         distributed.teardown(state)
     _report.emit(report, opts.out)

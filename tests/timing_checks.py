@@ -22,10 +22,10 @@ def expected_outcome(ratio: float, ci_low: float, ci_high: float, min_effect: fl
 def check_comparison(c, min_effect: float) -> None:
     """AssertionError unless `c` (a Comparison or its dict) is self-consistent under `min_effect`."""
     c = c if isinstance(c, dict) else c.to_dict()
-    assert c["ci_low"] <= c["ratio"] <= c["ci_high"], c
-    if c["outcome"] == "not measured":  # a disturbed machine or no finite interval: it must say which
+    if c["outcome"] == "not measured":  # no finite interval, no rounds, no budget left: it must say which
         assert isinstance(c.get("not_measured_why"), str) and c["not_measured_why"], c
         return
+    assert c["ci_low"] <= c["ratio"] <= c["ci_high"], c
     want = expected_outcome(c["ratio"], c["ci_low"], c["ci_high"], min_effect)
     assert c["outcome"] == want, (
         f"outcome {c['outcome']!r}, but ratio {c['ratio']:.4g} in [{c['ci_low']:.4g}, {c['ci_high']:.4g}] "

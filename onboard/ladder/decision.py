@@ -25,8 +25,9 @@ HELD = "held"
 INDISTINGUISHABLE = "indistinguishable"
 """The interval does not separate them: the holder stands."""
 NOT_MEASURED = "not measured"
-"""No figure that can decide (an interval that is not finite, a load that moved, a peak not
-measured): the holder stands and the record says why."""
+"""No figure that can decide (an interval that is not finite or not interleaved, a timing budget
+spent, a peak not measured): the holder stands and the record says why. A loaded machine is not
+one: both sides' interleaved rounds share the load, and the record keeps it beside the figure."""
 NOT_ELIGIBLE = "not eligible"
 """The candidate failed a correctness check before any timing: the holder stands."""
 
@@ -62,7 +63,8 @@ class Decision:
     memory_saving: float | None = None
     """1 - candidate peak / holder peak, when both peaks were measured."""
     load: dict[str, Any] = field(default_factory=dict)
-    """The machine's load around the timing (load_before, load_after, foreign_cores) as the comparison recorded it."""
+    """The machine's load around the timing (load_before, load_after, foreign_cores, load_note) as the
+    comparison recorded it: beside the figure, never instead of it (titan_core.measure.timing)."""
     reverses: str | None = None
     """When the holder was put there by an earlier rung and this decision replaced it: that rung's name."""
 
@@ -71,7 +73,10 @@ class Decision:
 
 
 def _finite_interval(cmp: dict) -> bool:
-    """An interval that can decide: finite, positive, and not so wide it says nothing (gates.interval_measured)."""
+    """An interval that can decide: paired (interleaved rounds; two runs timed apart never decide), finite,
+    positive, and not so wide it says nothing (gates.interval_measured)."""
+    if cmp.get("paired") is False:
+        return False
     return all(isinstance(cmp.get(k), (int, float)) and math.isfinite(cmp[k]) and cmp[k] > 0
                for k in ("ratio", "ci_low", "ci_high")) and interval_measured(cmp["ci_low"], cmp["ci_high"])  # fmt: skip
 
@@ -112,6 +117,9 @@ def decide(rung: str, lever: str, *, holder: Any, candidate: Any, comparison: di
         verdict, value = NOT_MEASURED, holder
         reason = comparison.get("not_measured_why") or "no finite interval narrow enough to decide"
         why = f"{what} against {lever}={holder} was not measured ({reason}); {holder} stands"
+    if comparison.get("load_note") and verdict != NOT_MEASURED:
+        # interleaved rounds shared the load, so it decided; the person reads what the machine was doing
+        why += f" (timed while {comparison['load_note'].split(':')[0]})"
     reverses = set_by if verdict == KEPT and set_by and set_by != rung else None
     if reverses:
         why += f"; this reverses the {reverses} rung's {lever}={holder}, its interval ruled out by this one"
@@ -119,7 +127,7 @@ def decide(rung: str, lever: str, *, holder: Any, candidate: Any, comparison: di
         rung=rung, lever=lever, holder=holder, candidate=candidate, value=value, verdict=verdict, figure="speed",
         why=why, speedup=speedup, ci=ci, confidence=comparison.get("confidence"), rounds=comparison.get("rounds"),
         outcome=outcome, reverses=reverses,
-        load={k: comparison.get(k) for k in ("load_before", "load_after", "foreign_cores") if k in comparison},
+        load={k: comparison.get(k) for k in ("load_before", "load_after", "foreign_cores", "load_note") if k in comparison},
     )  # fmt: skip
 
 

@@ -50,6 +50,7 @@ import yaml
 
 from onboard.ladder.contract import Measurements
 from onboard.workspace.resources import data_file
+from titan_core.measure.timing import INTERVAL_RATIO_CAP  # the one cap: a comparison this wide is not measured
 
 COMPARATORS = {
     "<=": operator.le,
@@ -70,11 +71,6 @@ UNWAIVABLE_METRICS = frozenset({"all_finite", "runs_whole", "final_run_whole"})
 """Metrics whose criterion no waiver can turn ok: every planned step ran, every loss and grad norm
 finite. A gate whose run broke proves nothing of the steps it did not run, so "waived" would be a
 pass with no evidence behind it. A checklist may mark more criteria `waivable: false`, never fewer."""
-
-INTERVAL_RATIO_CAP = 100.0
-"""An interval whose high end is more than this many times its low end says nothing a person can use
-(a bf16 timing with a near-zero end once printed as 0.00-512246.96): shown as not measured."""
-
 
 class ChecklistError(ValueError):
     """A malformed checklist file: a bug in the shipped data, never the user's input."""
@@ -404,6 +400,48 @@ def fmt_interval(low: Any, high: Any, digits: int = 2) -> str:
     if not interval_measured(low, high):
         return "not measured"
     return f"{float(low):.{digits}f}-{float(high):.{digits}f}"
+
+
+TIMED_APART = "context (timed apart, no interval)"
+"""The label of a ratio of two runs timed apart, wherever one is printed or recorded. Load moves
+runs timed minutes apart as much as a change can, so nothing bounds their ratio: it carries no
+interval and no faster / slower / indistinguishable (only an interleaved, paired
+titan_core.measure.timing.compare does, DESIGN section 7), and never decides."""
+
+
+def fmt_seconds(s: float | None) -> str:
+    """A step time as a person reads it: "41 ms", "1.20 s", "not recorded"."""
+    if s is None:
+        return "not recorded"
+    return f"{s * 1e3:.0f} ms" if s < 1 else f"{s:.2f} s"
+
+
+def timed_apart(candidate_s: Any, baseline_s: Any, baseline: str, candidate: str = "") -> str:
+    """Two runs' median step times side by side as context, e.g. "context (timed apart, no interval):
+    median step 41 ms against eager's 63 ms, 1.54x" (the baseline's time over the candidate's: above 1
+    the candidate's steps took less time); without both times, which one is missing."""
+    cand, base = _seconds(candidate_s), _seconds(baseline_s)
+    if cand is None or base is None:
+        missing = baseline if base is None else candidate or "this run"
+        return f"{TIMED_APART}: no ratio ({missing} recorded no step time)"
+    whose = f"{candidate}'s median step" if candidate else "median step"
+    return f"{TIMED_APART}: {whose} {fmt_seconds(cand)} against {baseline}'s {fmt_seconds(base)}, {base / cand:.2f}x"
+
+
+def _seconds(value: Any) -> float | None:
+    """A recorded time that can be divided by: a finite, positive number (a hand edit may hold anything)."""
+    number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    return float(value) if number and math.isfinite(value) and value > 0 else None
+
+
+def comparison_line(cmp: Any, candidate: str, baseline: str) -> str:
+    """One interleaved comparison (a titan_core.measure.timing.Comparison) in a line: its describe(),
+    unless its interval measured nothing (`interval_measured`), which describe() would print as is
+    (0.00-512246.96): then no interval and no outcome, "not measured"."""
+    if interval_measured(cmp.ci_low, cmp.ci_high):
+        return cmp.describe(candidate, baseline)
+    why = cmp.not_measured_why or "its interval is not finite or too wide to say anything"
+    return f"{candidate} against {baseline}: interval not measured ({why}; {cmp.rounds} rounds)"
 
 
 def measured_decision(d: dict) -> dict:

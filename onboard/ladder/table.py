@@ -37,7 +37,8 @@ MODE_KEYS = frozenset({"compile.enable", "graph_trainer.enable"})
 itself (eager, or its own), so an edit of these keys leaves their evidence standing."""
 
 TUNING_KEYS = frozenset({"kernels.ce_chunk", "training.batch_size", "training.grad_accum", "device.threads",
-                         "graph_trainer.compile", "tpu.libtpu_init_flags", "activation_checkpoint.mode"})  # fmt: skip
+                         "device.adapt_threads", "graph_trainer.compile", "tpu.libtpu_init_flags",
+                         "activation_checkpoint.mode"})  # fmt: skip
 """The recipe keys the tuning rung may edit. Its gate proves its own edits: the final recipe against
 the untuned one the earlier rungs verified, on the same rows, and the final recipe run whole; so
 tuning's edit of these keys leaves the earlier rungs' evidence standing (a hand edit of them, like

@@ -45,8 +45,6 @@ from onboard.ladder.gates import measured_decision
 from onboard.workspace.ledger import Status, parse_iso
 from titan_core.measure.metrics import read_metrics
 
-OTHER_RUNS = ("eager_", "baseline_")
-"""Measurement prefixes that repeat another run's number beside a rung's own."""
 TIMED = (Status.PASSED, Status.STALE)
 """States whose entries stand for what the ladder holds; stale ones are marked on their bar."""
 BASELINE = "eager"
@@ -412,50 +410,3 @@ def parity_points(results: dict, status: str) -> ParityPoints | None:
     first = (loc.get("first") or {}).get("native")
     modules = [r["native"] for r in table]
     return ParityPoints(modules, rel, float(loc["tolerance_rel_l2"]), first, status, loc.get("pass"))
-
-
-# ---- memory ----------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class MemoryBar:
-    label: str
-    rung: str
-    peak_mem_bytes: int
-
-
-@dataclass(frozen=True)
-class PolicyBar:
-    policy: str
-    device_bytes: int
-    host_bytes: int
-    chosen: bool
-
-
-def memory_bars(recs: list[Record]) -> list[MemoryBar]:
-    """The recorded peak memory of each rung's timed run (and of the variants it timed beside it)."""
-    out = []
-    for rec in recs:
-        for key, value in rec.m.items():
-            # eager_peak_mem_bytes and the like repeat another rung's number beside this one's
-            if key.endswith("peak_mem_bytes") and not key.startswith(OTHER_RUNS) and isinstance(value, int):
-                variant = key.removesuffix("peak_mem_bytes").rstrip("_")
-                rank0 = " (rank 0)" if rec.m.get("world_size", 1) != 1 else ""  # sharded runs report rank 0's rows
-                out.append(MemoryBar(f"{rec.rung}{' ' + variant if variant else ''}{rank0}", rec.rung, value))
-    return out
-
-
-def policy_bars(recs: list[Record]) -> tuple[str | None, list[PolicyBar]]:
-    """(rung, saved activation bytes per memory policy) from the last rung that measured them."""
-    for rec in reversed(recs):
-        m = rec.m
-        saved = {
-            k.removeprefix("saved_activation_bytes_"): v
-            for k, v in m.items()
-            if k.startswith("saved_activation_bytes_") and isinstance(v, int)
-        }
-        if saved:
-            chosen = m.get("memory_policy_choice", m.get("memory_policy"))
-            return rec.rung, [
-                PolicyBar(p, b, int(m.get(f"saved_activation_host_bytes_{p}") or 0), p == chosen)
-                for p, b in saved.items()
-            ]
-    return None, []

@@ -1,5 +1,6 @@
 """The report's pictures: PNGs drawn with matplotlib's Agg canvas, from onboard.report.facts
-(the waterfall: from onboard.report.steps, each rung's interleaved timing and their product).
+(the waterfall: from onboard.report.steps, each rung's interleaved timing and their product; the
+memory picture: from onboard.report.memory_facts, run peaks and tensor bytes per kernel apart).
 
 Each `draw_*` takes the data those modules computed from the ledger and returns a Figure
 that draws exactly that data (a test reads the bar heights and line points back from its
@@ -16,11 +17,12 @@ import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 
-from onboard.report.facts import BASELINE, Bar, MemoryBar, ParityPoints, PolicyBar, Series, ValSeries
-from onboard.report.steps import TIMED_APART, Factor, Step
+from onboard.report.facts import BASELINE, Bar, ParityPoints, Series, ValSeries
+from onboard.report.memory_facts import MemoryBar, PolicyBar, TensorPeaks
+from onboard.report.steps import Factor, Step
 from onboard.workspace.fsutil import atomic_write_bytes
 from titan_core.memory.estimate import format_bytes
-from onboard.ladder.gates import fmt_interval, interval_measured
+from onboard.ladder.gates import TIMED_APART, fmt_interval, interval_measured
 
 DPI = 110
 MIB = 2**20
@@ -50,12 +52,6 @@ def png_bytes(fig) -> bytes:
     return buf.getvalue()
 
 
-def fmt_seconds(s: float | None) -> str:
-    if s is None:
-        return "not recorded"
-    return f"{s * 1e3:.0f} ms" if s < 1 else f"{s:.2f} s"
-
-
 # ---- waterfall -------------------------------------------------------------------------------
 def bar_kind(bar: Bar) -> str:
     """The kind of a timed run (the report's table of timed runs)."""
@@ -77,11 +73,10 @@ def _step_tick(s: Step) -> str:
 
 
 def _bar_label(f: Factor, *, cumulative: bool) -> str:
-    """Speed-up, interval, outcome; a product of intervals says its confidence (the union bound's)."""
+    """Speed-up, interval, outcome; a product of intervals says its confidence (the union bound's). A ratio
+    timed apart is context (no interval, no outcome); an interval that measured nothing, not measured."""
     if not f.protocol:
-        return f"{f.speedup:.2f}x\ntimed apart:\nno interval"
-    if f.low is None:
-        return f"{f.speedup:.2f}x\nno interval"
+        return f"{f.speedup:.2f}x\ncontext:\ntimed apart,\nno interval"
     if not interval_measured(f.low, f.high):
         return f"{f.speedup:.2f}x\ninterval:\nnot measured"
     lines = [f"{f.speedup:.2f}x", f"({fmt_interval(f.low, f.high)})", f.outcome or ""]
@@ -98,11 +93,12 @@ def _floating(ax, x: int, f: Factor, color: str, gid: str) -> None:
     rect.set_linewidth(1.2 if f.protocol else 1.8)
     if not f.protocol:
         rect.set_hatch(HATCH)
-    if f.low is not None:
+    measured = interval_measured(f.low, f.high)  # an interval that measured nothing gets no whisker
+    if measured:
         ax.errorbar([x], [f.speedup], yerr=[[f.speedup - f.low], [f.high - f.speedup]], fmt="none", ecolor="black",
                     elinewidth=1.1, capsize=5, gid=f"{gid}-ci")  # fmt: skip
     up = f.speedup >= 1
-    end = (f.high if up else f.low) if f.low is not None else f.speedup
+    end = (f.high if up else f.low) if measured else f.speedup
     label = _bar_label(f, cumulative=gid.startswith("cumulative"))
     ax.annotate(label, (x, end), ha="center", va="bottom" if up else "top", fontsize=7.5, xytext=(0, 3 if up else -3),
                 textcoords="offset points")  # fmt: skip
@@ -149,7 +145,7 @@ def _log_axis(ax, values: list[float], n: int) -> None:
 def _ends(f: Factor | None) -> list[float]:
     if f is None:
         return []
-    return [f.speedup] + ([f.low, f.high] if f.low is not None else [])
+    return [f.speedup] + ([f.low, f.high] if interval_measured(f.low, f.high) else [])
 
 
 def _draw_steps(ax, steps: list[Step]) -> None:
@@ -211,7 +207,7 @@ def draw_waterfall(steps: list[Step]):
     ax_s.set_gid("waterfall-steps")
     ax_c.set_gid("waterfall-cumulative")
     how = "its own interleaved timing" + (f", {conf:.0%} interval" if conf else "")
-    how += "; hatched: timed apart, no interval" if apart else ""
+    how += f"; hatched: {TIMED_APART}" if apart else ""
     ax_s.set_title(f"Each rung: speed-up over the recipe before it ({how})", fontsize=10.5)
     ax_c.set_title("The recipe so far: the kept steps multiplied (interval: the product of theirs; its confidence "
                    "by the union bound)", fontsize=10.5)  # fmt: skip
@@ -316,42 +312,79 @@ def draw_parity(p: ParityPoints):
 
 
 # ---- memory ----------------------------------------------------------------------------------
-def draw_memory(mem: list[MemoryBar], policy_rung: str | None, policies: list[PolicyBar], *, device: str | None):
-    """Peak memory of each rung's timed runs (left); saved activations per memory policy (right)."""
-    fig = _figure(max(9.0, 0.9 * len(mem) + (5 if policies else 1)), 5.5)
+def draw_memory(mem: list[MemoryBar], policy_rung: str | None, policies: list[PolicyBar], *, device: str | None,
+                tensors: TensorPeaks | None = None):  # fmt: skip
+    """Peak memory of each rung's timed runs (left; on CPU the process's RSS); with `tensors`, the
+    kernels rung's tensor bytes per kernel beside it (what its memory rule decides by, in its own
+    unit: onboard.report.memory_facts), or why there are none; saved activations per memory policy (right)."""
+    widths = [max(len(mem), 1)] + ([max(len(tensors.bars), 3)] if tensors is not None else [])
+    widths += [len(policies) + 1] if policies else []
+    fig = _figure(max(9.0, 0.9 * sum(widths) + 1), 5.5)
+    axes = list(fig.subplots(1, len(widths), width_ratios=widths)) if len(widths) > 1 else [fig.subplots()]
+    _draw_run_peaks(axes.pop(0), mem, device)
+    if tensors is not None:
+        _draw_tensor_peaks(axes.pop(0), tensors)
     if policies:
-        axes = fig.subplots(1, 2, width_ratios=(max(len(mem), 1), len(policies) + 1))
-    else:
-        axes = [fig.subplots()]
-    ax = axes[0]
+        _draw_policies(axes.pop(0), policy_rung, policies)
+    return fig
+
+
+def _draw_run_peaks(ax, mem: list[MemoryBar], device: str | None) -> None:
     peaks = [b.peak_mem_bytes / MIB for b in mem]
     ax.bar(range(len(mem)), peaks, color="#1f77b4", gid="peak_mem_bytes")
     for i, b in enumerate(mem):
         ax.annotate(format_bytes(b.peak_mem_bytes), (i, peaks[i]), ha="center", va="bottom", fontsize=7.5)
     ax.set_xticks(range(len(mem)), [b.label for b in mem], rotation=30, ha="right", fontsize=8)
     ax.set_ylim(0, max(peaks) * 1.15)
-    what = "the process's peak resident set" if device == "cpu" else "the allocator's peak"
+    what = "the process's peak resident set (RSS)" if device == "cpu" else "the allocator's peak"
     ax.set_ylabel(f"peak memory (MiB; {what})")
     ax.set_title("Peak memory per run", fontsize=11)
     ax.set_gid("peak-memory")
-    if policies:
-        ax_p = axes[1]
-        x = range(len(policies))
-        device = [p.device_bytes / MIB for p in policies]
-        ax_p.bar(x, device, color="#ff7f0e", label="kept on the device", gid="saved_device_bytes")
-        ax_p.bar(x, [p.host_bytes / MIB for p in policies], bottom=device, color="#c5b0d5",
-                 label="offloaded to host", gid="saved_host_bytes")  # fmt: skip
-        total = [p.device_bytes + p.host_bytes for p in policies]
-        for i, p in enumerate(policies):
-            text = format_bytes(p.device_bytes) + (f"\n+ {format_bytes(p.host_bytes)} host" if p.host_bytes else "")
-            ax_p.annotate(text, (i, total[i] / MIB), ha="center", va="bottom", fontsize=7.5)
-        ax_p.set_ylim(0, max(total) / MIB * 1.25)
-        ax_p.set_xticks(list(x), [p.policy + (" (recipe)" if p.chosen else "") for p in policies], fontsize=8)
-        ax_p.set_ylabel("saved activations (MiB)")
-        ax_p.set_title(f"Saved activations per memory policy ({policy_rung})", fontsize=11)
-        ax_p.legend(fontsize=7.5, loc="upper center")
-        ax_p.set_gid("saved-activations")
-    return fig
+
+
+def _draw_tensor_peaks(ax, t: TensorPeaks) -> None:
+    """A bar per kernel choice measured; one not measured (or a ledger with none) says so, drawn as no bar."""
+    ax.set_gid("tensor-peaks")
+    ax.set_title("Tensor memory per kernel (kernels rung:\nwhat its memory rule decides by)", fontsize=11)
+    if not t.bars:  # an older ledger: words, not a zero
+        ax.text(0.5, 0.5, "\n".join(textwrap.wrap(t.why_none, 34)), ha="center", va="center", fontsize=9,
+                style="italic", color="#555555", transform=ax.transAxes, gid="tensor-peaks-none")  # fmt: skip
+        ax.set_xticks([])
+        ax.set_yticks([])
+        return
+    shown = [(i, b) for i, b in enumerate(t.bars) if b.peak_bytes is not None]
+    top = max([b.peak_bytes / MIB for _, b in shown] + [1.0])
+    ax.bar([i for i, _ in shown], [b.peak_bytes / MIB for _, b in shown], color="#9467bd", gid="tensor_peak_bytes")
+    for i, b in enumerate(t.bars):
+        if b.peak_bytes is None:
+            ax.annotate("not\nmeasured", (i, 0), ha="center", va="bottom", fontsize=7.5, style="italic",
+                        color="#555555", xytext=(0, 4), textcoords="offset points")  # fmt: skip
+            continue
+        text = "\n".join([format_bytes(b.peak_bytes), *textwrap.wrap(b.saving_text, 12)])
+        ax.annotate(text, (i, b.peak_bytes / MIB), ha="center", va="bottom", fontsize=7)
+    ax.set_xticks(range(len(t.bars)), [b.label + (" (recipe)" if b.held else "") for b in t.bars], rotation=30,
+                  ha="right", fontsize=8)  # fmt: skip
+    ax.set_xlim(-0.6, len(t.bars) - 0.4)  # room for a last choice that has no bar, only its words
+    ax.set_ylim(0, top * 1.3)
+    ax.set_ylabel(f"tensor bytes at the fp32 step's peak (MiB)\n{t.unit}", fontsize=8.5)
+
+
+def _draw_policies(ax_p, policy_rung: str | None, policies: list[PolicyBar]) -> None:
+    x = range(len(policies))
+    device = [p.device_bytes / MIB for p in policies]
+    ax_p.bar(x, device, color="#ff7f0e", label="kept on the device", gid="saved_device_bytes")
+    ax_p.bar(x, [p.host_bytes / MIB for p in policies], bottom=device, color="#c5b0d5",
+             label="offloaded to host", gid="saved_host_bytes")  # fmt: skip
+    total = [p.device_bytes + p.host_bytes for p in policies]
+    for i, p in enumerate(policies):
+        text = format_bytes(p.device_bytes) + (f"\n+ {format_bytes(p.host_bytes)} host" if p.host_bytes else "")
+        ax_p.annotate(text, (i, total[i] / MIB), ha="center", va="bottom", fontsize=7.5)
+    ax_p.set_ylim(0, max(total) / MIB * 1.25)
+    ax_p.set_xticks(list(x), [p.policy + (" (recipe)" if p.chosen else "") for p in policies], fontsize=8)
+    ax_p.set_ylabel("saved activations (MiB)")
+    ax_p.set_title(f"Saved activations per memory policy ({policy_rung})", fontsize=11)
+    ax_p.legend(fontsize=7.5, loc="upper center")
+    ax_p.set_gid("saved-activations")
 
 
 # ---- writing ---------------------------------------------------------------------------------

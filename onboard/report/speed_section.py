@@ -3,23 +3,24 @@ numbers in words.
 
 Two kinds of number, never mixed: the figures the rungs decided by (each candidate timed
 interleaved against the recipe it would change, with an interval: onboard.ladder.decision, and
-the waterfall's onboard.report.steps), and the step times of runs timed apart (no interval,
-labelled so). Only the first is ever bold: the summary's headline is the kept decisions' figures
-(`decision_lines`), in the very text `onboard status` prints (decision.headline).
+the waterfall's onboard.report.steps), and the step times of runs timed apart: context, labelled
+so (gates.TIMED_APART), with no interval and no faster / slower. Only the first is ever bold: the
+summary's headline is the kept decisions' figures (`decision_lines`), in the very text `onboard
+status` prints (decision.headline). Every interval is printed through gates.fmt_interval.
 """
 
 from __future__ import annotations
 
 from onboard.report.facts import TIMED, Bar, Record, decision_name
-from onboard.report.pictures import bar_kind, fmt_seconds
-from onboard.report.steps import Factor, Step, step_text
+from onboard.report.pictures import bar_kind
+from onboard.report.steps import NOT_MEASURED, Factor, Step, step_text
 from onboard.report.html import table
 from onboard.ladder.decision import KEPT, headline
-from onboard.ladder.gates import fmt_interval, interval_measured
+from onboard.ladder.gates import TIMED_APART, fmt_interval, fmt_seconds, interval_measured
 from titan_core.memory.estimate import format_bytes
 
 
-TIMED_APART = (
+APART_NOTE = (
     "The step times above are two runs timed minutes apart: on a shared machine load moves them as much as a "
     "change can, so their ratio is not a decision. What the ladder kept was decided by the interleaved "
     "figures at the top of this summary, which the waterfall shows."
@@ -32,9 +33,9 @@ WATERFALL_TEXT = (
     "and outcome; for a rung that recorded decisions, its kept decisions' figures (those of the summary). "
     "Bottom: the speed-ups the ladder kept, multiplied along; the interval is the product of "
     "theirs, and by the union bound it holds with at least the confidence shown (1 minus the sum of the "
-    "intervals' miss rates), if the changes compose. Hatched bars, *timed apart: no interval*, are the ratio of "
-    "two runs timed minutes apart (no interleaved record in the ledger): nothing bounds them, and a product "
-    "with one of them has no interval."
+    f"intervals' miss rates), if the changes compose. Hatched bars, *{TIMED_APART}*, are the ratio of "
+    "two runs timed minutes apart (no interleaved record in the ledger): nothing bounds them, so they carry no "
+    "interval and no outcome, and a product with one of them has none either."
 )
 
 
@@ -53,7 +54,7 @@ def _ratio(a, b) -> str:
 
 
 def _apart(ratio: str) -> str:
-    return f"{ratio} (timed apart, not a decision)" if ratio else ""
+    return f"{ratio} {TIMED_APART}, not a decision" if ratio else ""
 
 
 def factor_cell(f: Factor | None, kind: str = "", *, bold: bool = False) -> str:
@@ -64,11 +65,9 @@ def factor_cell(f: Factor | None, kind: str = "", *, bold: bool = False) -> str:
         return "baseline (1x)" if kind == "baseline" else "1x (the baseline's)"
     x = f"**{f.speedup:.2f}x**" if bold else f"{f.speedup:.2f}x"
     if not f.protocol:
-        return f"{x} (timed apart: no interval)"
-    if f.low is None:
-        return f"{x} {f.outcome or ''} (no interval)".replace("  ", " ")
-    if not interval_measured(f.low, f.high):  # a product of intervals can itself be too wide to say anything
-        return f"{x} {f.outcome or ''} (interval: not measured)".replace("  ", " ")
+        return f"{x} {TIMED_APART}"
+    if not interval_measured(f.low, f.high):  # none kept, or a product of intervals too wide to say anything
+        return f"{x} ({NOT_MEASURED})"
     conf = f"{f.confidence:.0%}" if f.links < 2 else f">= {f.confidence:.0%} by the union bound"
     return f"{x} ({fmt_interval(f.low, f.high)}, {conf}) {f.outcome}"
 
@@ -123,14 +122,8 @@ def speed_table(bars: list[Bar], facts: dict, cpu: bool, steps: list[Step]) -> l
     timed = f"{f.source} rung" + ("" if f.measured else ", carried: the final recipe was not timed as a whole")
     mfu = [f"{x.mfu:.1%}" if x.mfu is not None else "not recorded" for x in (b, f)]
     rows = [
-        [
-            "step time",
-            fmt_seconds(b.step_time_s),
-            fmt_seconds(f.step_time_s),
-            f"{facts['speedup']:.2f}x (two runs timed apart: no interval, not a decision)"
-            if "speedup" in facts
-            else "",
-        ],
+        ["step time", fmt_seconds(b.step_time_s), fmt_seconds(f.step_time_s),
+         _apart(f"{facts['speedup']:.2f}x") if "speedup" in facts else ""],  # fmt: skip
         ["tokens/s", _tokens(b.tokens_per_s), _tokens(f.tokens_per_s), _apart(_ratio(f.tokens_per_s, b.tokens_per_s))],
         ["MFU", *mfu, "on CPU against the matmul peak measured here: indicative" if cpu else ""],
         [
@@ -140,7 +133,7 @@ def speed_table(bars: list[Bar], facts: dict, cpu: bool, steps: list[Step]) -> l
         ],
         _protocol_row(steps),
     ]
-    lines = table(["", "eager baseline", f"final recipe ({timed})", ""], rows) + ["", TIMED_APART, ""]
+    lines = table(["", "eager baseline", f"final recipe ({timed})", ""], rows) + ["", APART_NOTE, ""]
     odd = facts["not_like_for_like"]
     if odd:
         listed = "; ".join(f"**{x['label']}** ({x['setting']})" for x in odd)

@@ -8,8 +8,10 @@ every keep/choose rung does now) gets the kept decisions' figures multiplied, so
 `status` and the summary print; none kept: the one timed decision's figure, not kept. graph_trainer's
 execution-mode Decision is the mode's bar, and compile (which decides nothing) gets none. An older
 ledger's records are read per rung (PER_RUNG); where no record exists the step is the ratio of two
-runs timed apart (`protocol` False): no interval, drawn hatched. eager is the baseline (1x); parity
-times nothing.
+runs timed apart (`protocol` False): context, with no interval and no outcome (gates.TIMED_APART),
+drawn hatched. A timing whose interval measured nothing (gates.interval_measured) keeps its ratio
+but no interval and no outcome: "interval: not measured". eager is the baseline (1x); parity times
+nothing.
 
 The cumulative product multiplies the steps the recipe kept, each measured against the recipe the
 earlier kept steps left, so it telescopes to the final recipe's speed-up over eager if the changes
@@ -28,9 +30,10 @@ from typing import Any
 from onboard.report.facts import BASELINE, TIMED, Record, _num, decision_name, recipe_mode
 from onboard.workspace.ledger import Status
 from onboard.ladder.decision import KEPT
-from onboard.ladder.gates import interval_measured
+from onboard.ladder.gates import TIMED_APART, fmt_interval, interval_measured
 
-TIMED_APART = "timed apart: no interval"
+NOT_MEASURED = "interval: not measured"
+"""What stands for an interval that measured nothing (and for the outcome it cannot carry)."""
 MODE_ELSEWHERE = "the execution mode is the graph_trainer rung's decision (its bar)"
 NO_CHANGE = "no change kept"
 MODE_RUNGS = ("compile", "graph_trainer")
@@ -46,7 +49,8 @@ class Factor:
     alpha: float | None = None
     """Summed miss rates (1 - confidence) of the intervals multiplied into [low, high]; None: no interval."""
     outcome: str | None = None
-    """faster | slower | indistinguishable; None when timed apart."""
+    """faster | slower | indistinguishable (or the comparison's "not measured"); None when timed apart
+    or when the interval measured nothing: an outcome is only ever said with its interval."""
     protocol: bool = True
     """Measured by the interleaved timing protocol; False: two runs timed apart."""
     how: str = ""
@@ -67,8 +71,9 @@ ONE = Factor(1.0, 1.0, 1.0, 0.0, None, True, "", 0)
 
 
 def _outcome_of(low: float | None, high: float | None) -> str | None:
-    """A product's outcome from its interval alone (its factors' min_effect does not carry over)."""
-    if low is None:
+    """A product's outcome from its interval alone (its factors' min_effect does not carry over); None
+    where that interval is none or measured nothing (too wide: the product of wide factors)."""
+    if not interval_measured(low, high):
         return None
     return "faster" if low > 1 else "slower" if high < 1 else "indistinguishable"
 
@@ -94,11 +99,12 @@ def _rounds(record: dict) -> str:
 
 
 def _factor(speedup: float, low, high, confidence, outcome, how: str) -> Factor:
-    """A speed-up with its interval at `confidence`, or without one where the interval is not usable."""
+    """A speed-up with its interval at `confidence`, or without one (and without an outcome, which
+    only an interval can carry) where the interval is not usable."""
     outcome = outcome if isinstance(outcome, str) else None
     # an interval that measured nothing (not finite, a low end at 0, ends 100x apart) is no interval
     if not interval_measured(low, high) or confidence is None or not 0 < confidence < 1:
-        return Factor(speedup, outcome=outcome, how=how)
+        return Factor(speedup, how=how)
     return Factor(speedup, low, high, 1 - confidence, outcome, True, how)
 
 
@@ -284,9 +290,11 @@ def step_text(f: Factor | None, kind: str) -> str:
         return "baseline 1.00x"
     if f is None:
         return "not timed" if kind == "not timed" else NO_CHANGE if kind == "not kept" else "no timing recorded"
-    if not f.protocol or f.low is None:
-        return f"{f.speedup:.2f}x {TIMED_APART}" if not f.protocol else f"{f.speedup:.2f}x {f.outcome}, no interval"
-    return f"{f.speedup:.2f}x ({f.low:.2f}-{f.high:.2f}) {f.outcome}"
+    if not f.protocol:
+        return f"{f.speedup:.2f}x {TIMED_APART}"
+    if not interval_measured(f.low, f.high):  # none kept, or a product too wide to say anything
+        return f"{f.speedup:.2f}x {NOT_MEASURED}"
+    return f"{f.speedup:.2f}x ({fmt_interval(f.low, f.high)}) {f.outcome}"
 
 
 def _context(recs: list[Record]) -> dict:

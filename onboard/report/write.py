@@ -26,15 +26,14 @@ from onboard.report.facts import (
     Record,
     ValSeries,
     loss_series,
-    memory_bars,
     parity_points,
-    policy_bars,
     records,
     speedup,
     val_loss_series,
     waterfall_bars,
 )
 from onboard.report.html import DETAILS_CLOSE, DETAILS_OPEN, render, table
+from onboard.report.memory_facts import TensorPeaks, memory_bars, policy_bars, tensor_lines, tensor_peaks
 from onboard.report.speed_section import decision_lines, kept_decisions, speed_table, waterfall_lines
 from onboard.ladder.decision import headline
 from onboard.report.steps import Step, waterfall_steps
@@ -47,6 +46,7 @@ from onboard.report.pictures import (
     write_picture,
 )
 from onboard.ladder.decision import decision_records
+from onboard.ladder.measurements.retired import shown_measurements
 from onboard.ladder.gates import fmt, fmt_threshold, fmt_value, measured_decision
 from onboard.ladder.states import ladder_message, shown_criteria
 from onboard.workspace.layout import REPORT, Workspace
@@ -198,7 +198,8 @@ def _rung_section(ws: Workspace, state, spec: RungSpec) -> list[str]:
         rows = [[f"`{e['key']}`", f"`{json.dumps(e['value'])}`", e["why"]] for e in edit["edits"]]
         lines += table(["key", "value", "why"], rows)
     lines += _decisions(entry)
-    measurements = entry.get("measurements") or {}
+    # an older ledger's interval and outcome on two runs timed apart are not shown (measurements/retired.py)
+    measurements = shown_measurements(entry.get("measurements") or {})
     if measurements:
         lines += ["", *table(["measurement", "value"], [[k, fmt(v)] for k, v in measurements.items()])]
     lines += _details(entry)
@@ -300,7 +301,8 @@ def _parity_results(ws: Workspace, rec: Record) -> tuple[dict | None, str]:
     return None, f"parity attempt {rec.entry.get('attempt')} left no results.json"
 
 
-def _draw_pictures(ws: Workspace, recs: list[Record], steps: list[Step], val: list[ValSeries]) -> list[Picture]:
+def _draw_pictures(ws: Workspace, recs: list[Record], steps: list[Step], val: list[ValSeries],
+                   tensors: TensorPeaks) -> list[Picture]:  # fmt: skip
     """Draw and write every picture there is data for; one with none is removed (it would show old data)."""
     parity = next((r for r in recs if r.rung == "parity"), None)
     points, parity_why = None, "the parity rung has not run"
@@ -327,8 +329,8 @@ def _draw_pictures(ws: Workspace, recs: list[Record], steps: list[Step], val: li
         (PARITY, "Parity along the model", (lambda: draw_parity(points)) if points else None, parity_why),
         (
             MEMORY,
-            "Memory per rung",
-            (lambda: draw_memory(mem, policy_rung, policies, device=device)) if mem else None,
+            "Memory: each run's peak, and each kernel's tensor bytes",
+            (lambda: draw_memory(mem, policy_rung, policies, device=device, tensors=tensors)) if mem else None,
             "no rung recorded peak memory",
         ),
     ]
@@ -354,7 +356,8 @@ def _val_lines(val: list[ValSeries]) -> list[str]:
     return lines + [""]
 
 
-def _pictures_section(pictures: list[Picture], bars: list[Bar], steps: list[Step], val: list[ValSeries]) -> list[str]:
+def _pictures_section(pictures: list[Picture], bars: list[Bar], steps: list[Step], val: list[ValSeries],
+                      tensors: TensorPeaks) -> list[str]:  # fmt: skip
     lines = ["## Pictures", ""]
     for pic in pictures:
         lines += [f"![{pic.title}]({pic.name})" if pic.path else f"*{pic.title}: not drawn: {pic.why}.*", ""]
@@ -362,6 +365,8 @@ def _pictures_section(pictures: list[Picture], bars: list[Bar], steps: list[Step
             lines += waterfall_lines(bars, steps)
         if pic.name == LOSS and pic.path:
             lines += _val_lines(val)
+        if pic.name == MEMORY and pic.path:
+            lines += tensor_lines(tensors)
     return lines
 
 
@@ -411,7 +416,9 @@ def write_report_files(ws: Workspace, specs: list[RungSpec] | None = None) -> Re
     val = val_loss_series(recs, ws.root)
     facts["validation"] = [{"rung": v.rung, "run": v.run, "file": v.file, "steps": v.steps, "val_loss": v.values}
                            for v in val]  # fmt: skip
-    pictures = _draw_pictures(ws, recs, steps, val)
+    tensors = tensor_peaks(recs)
+    facts["tensor_peaks"] = [dataclasses.asdict(b) for b in tensors.bars] or tensors.why_none
+    pictures = _draw_pictures(ws, recs, steps, val, tensors)
     lines = [
         f"# Onboarding report: {ws.name}",
         "",
@@ -422,7 +429,7 @@ def write_report_files(ws: Workspace, specs: list[RungSpec] | None = None) -> Re
         *([""] if mismatches else []),
         *summary,
         *_waivers(ws),
-        *_pictures_section(pictures, bars, steps, val),
+        *_pictures_section(pictures, bars, steps, val, tensors),
         "## Ladder",
         "",
         *table(

@@ -17,6 +17,7 @@ import dataclasses
 from onboard.ladder import decision
 from onboard.rungs import gate_recipe, mode_recipe, timing_profiles, train_run
 from onboard.ladder.contract import RecipeEdit, RungContext
+from onboard.ladder.gates import comparison_line
 from titan_core.config.loader import ConfigError
 from titan_core.measure.timing import compare
 from titan_core.parallel import check_parallelism
@@ -101,9 +102,9 @@ def mode_decision(rung: str, holder: str, vs_holder: dict, head_to_head, *, set_
         winner = max((m for m in MODES if m in vs_holder), key=estimate)
     d = decision.decide(rung, LEVER, holder=holder, candidate=winner, comparison=vs_holder[winner].to_dict(),
                         set_by=set_by)  # fmt: skip
-    notes = [vs_holder[m].describe(m, holder) for m in vs_holder if m != winner]
+    notes = [comparison_line(vs_holder[m], m, holder) for m in vs_holder if m != winner]
     if head_to_head is not None and len(beat) == 2:
-        notes.append(f"head to head {head_to_head.describe(beat[1], beat[0])}: {winner}, "
+        notes.append(f"head to head {comparison_line(head_to_head, beat[1], beat[0])}: {winner}, "
                      + ("faster" if winner == beat[1] else "the simpler, as the later was not faster"))  # fmt: skip
     return dataclasses.replace(d, why=d.why + "".join(f"; {n}" for n in notes))
 
@@ -123,7 +124,7 @@ def choose(ctx: RungContext, base, *, rung: str, moe: str | None, modes: list[st
     if not others:  # every other mode refused at the recipe's degrees: nothing to time
         return _only_mode(rung, recipe, holder, current, refused)
     ctx.log(f"{rung}: the recipe's mode {holder} against {', '.join(others)} (interleaved steps, "
-            f"{proto.confidence:.0%} interval); it stands unless one is faster")  # fmt: skip
+            f"{proto.confidence:.0%} interval; {proto.describe_budget()}); it stands unless one is faster")  # fmt: skip
     trainers = {}
     try:
         with train_run.process_threads(), train_run.quiet_mesh_pickling():
@@ -132,12 +133,12 @@ def choose(ctx: RungContext, base, *, rung: str, moe: str | None, modes: list[st
             sample = {m: (lambda t=t: t.train_step()["step_time_s"]) for m, t in trainers.items()}
             vs_holder = {m: compare(sample[m], sample[holder], proto) for m in others}
             for m, c in vs_holder.items():
-                ctx.log(f"{rung}: {c.describe(m, holder)}")
+                ctx.log(f"{rung}: {comparison_line(c, m, holder)}")
             beat = [m for m in MODES if m in vs_holder and _faster(vs_holder[m])]
             head_to_head = None
             if len(beat) == 2:
                 head_to_head = compare(sample[beat[1]], sample[beat[0]], proto)
-                ctx.log(f"{rung}: {head_to_head.describe(beat[1], beat[0])}")
+                ctx.log(f"{rung}: {comparison_line(head_to_head, beat[1], beat[0])}")
     finally:
         for t in trainers.values():
             t.close()

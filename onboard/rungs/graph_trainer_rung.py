@@ -227,7 +227,7 @@ def timed(plan: Plan, m: GraphTrainerMeasurements, details: dict) -> None:
     ctx.log(
         f"graph_trainer: {m.graphs_per_step} program per step, {m.host_syncs} host syncs, "
         f"{'bit-identical' if m.bit_identical else 'NOT bit-identical'} to eager over {m.exact_steps} steps; "
-        f"{m.step_time_median_s * 1e3:.0f} ms/step with compile={gt.compile}; {m.vs_eager_text}"
+        f"compile={gt.compile}; beside eager's run, {m.vs_eager_context}"
     )
     out = ctx.attempt_dir
     details.update(

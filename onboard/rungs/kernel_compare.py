@@ -38,6 +38,7 @@ from titan_core.models.flux.config import flux_of_args
 from titan_core.models.registry import build_meta
 from titan_core.runtime import devices
 
+from onboard.ladder.gates import comparison_line
 from onboard.upstream.hf_model import perturb_constants
 
 #: The plain path each kernel is compared with (float8's "none": the bf16 linears; a precision
@@ -484,5 +485,5 @@ def measure_kernel(
             models[pick].zero_grad(set_to_none=True)
             side["peak_memory_bytes"] = _step_peak(models[pick], b, device)
         out[name] = side
-    out["describe"] = timing.describe(flag, out["reference"])
+    out["describe"] = comparison_line(timing, flag, out["reference"])
     return out

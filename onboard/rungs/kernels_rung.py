@@ -299,7 +299,7 @@ class Bench:
         """The measurements that say where the kernels were compared and timed."""
         t, (cb, cs, why) = self.cfg.training, self.compare
         return dict(compare_dtype="float32", compare_batch_size=cb, compare_seq_len=cs, compare_shape_why=why,
-                    measure_batch_size=t.batch_size, measure_seq_len=t.seq_len, timing_protocol=vars(self.proto),
+                    measure_batch_size=t.batch_size, measure_seq_len=t.seq_len, timing_protocol=self.proto.settings(),
                     recipe_dtype=str(self.dtype).removeprefix("torch."), captured=self.captured,
                     execution_mode=self.mode)  # fmt: skip
 
@@ -363,7 +363,7 @@ def announce(bench: Bench, applicable: dict[str, str | None]) -> None:
         f"kernels: {n_apply} of {len(applicable)} kernel flags apply on {bench.device_type}, judged in the recipe's "
         f"execution mode ({bench.mode}); fp32 comparison at {cb} x {cs} tokens, whole training steps of the "
         f"recipe at {t.batch_size} x {t.seq_len} against the value it holds (interleaved, {proto.min_rounds}-"
-        f"{proto.max_rounds} rounds, {proto.confidence:.0%} interval)"
+        f"{proto.max_rounds} rounds, {proto.confidence:.0%} interval); timing: {proto.describe_budget()}"
     )
 
 

@@ -1,14 +1,14 @@
-"""Compare runs: a run's steady window (speed, memory) and the same beside the eager rung's evidence
-(ratios, and the timing protocol's interval on the step-time ratio)."""
+"""Compare runs: a run's steady window (speed, memory) and the same beside the eager rung's evidence:
+ratios of runs timed apart, context only (no interval, no outcome: gates.TIMED_APART)."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from onboard.ladder.contract import RungContext
+from onboard.ladder.gates import timed_apart
 from onboard.ladder.measurements.training_measurements import BesideEager
 from titan_core.measure.run_stats import RunStats
-from titan_core.measure.timing import compare_samples
 
 
 def run_stats(rows: list[dict]) -> dict[str, Any]:
@@ -17,17 +17,15 @@ def run_stats(rows: list[dict]) -> dict[str, Any]:
 
 
 def beside_eager(m: BesideEager, evidence: dict) -> None:
-    """Put this run's step times and peak memory beside the eager rung's: ratios, and the
-    timing protocol's interval on the step-time ratio (two runs timed apart: unpaired)."""
+    """Put this run's median step time and peak memory beside the eager rung's, as context: the two
+    runs were timed apart, so their ratio has no interval and says no faster or slower (what the
+    recipe keeps is decided by interleaved comparisons: onboard.ladder.decision)."""
     ev = evidence.get("eager") or {}
     m.eager_step_time_median_s = ev.get("step_time_median_s")
     m.eager_peak_mem_bytes = ev.get("peak_mem_bytes")
     if ev.get("step_time_median_s"):
         m.speedup_vs_eager = ev["step_time_median_s"] / m.step_time_median_s
-    cmp = compare_samples(m.get("step_times_s") or [], ev.get("step_times_s") or [])
-    m.vs_eager = cmp.to_dict() if cmp else None
-    m.vs_eager_text = cmp.describe("this run", "eager") if cmp else "no interval (eager evidence has no step times)"
-    m.speedup_vs_eager_ci = cmp.short() if cmp else None
+    m.vs_eager_context = timed_apart(m.step_time_median_s, ev.get("step_time_median_s"), "eager")
     if ev.get("peak_mem_bytes"):
         m.peak_mem_vs_eager = m.peak_mem_bytes / ev["peak_mem_bytes"]
 

@@ -33,8 +33,9 @@ from onboard.rungs import run_compare, gate_recipe, parallel_degrees, timing_pro
 from onboard.ladder.measurements.training_measurements import SimpleFsdpMeasurements
 from onboard.ladder.contract import RecipeEdit, RungContext, RungResult, record_run
 from onboard.ladder.decision import HELD, KEPT, NOT_ELIGIBLE, Decision, decide, holder_set_by
+from onboard.ladder.gates import timed_apart
 from onboard.rungs.gate_recipe import resolved_device_type
-from titan_core.measure.timing import Comparison, compare, compare_samples
+from titan_core.measure.timing import Comparison, compare
 from titan_core.runtime import launcher
 from titan_core.runtime.argv import LAUNCH
 from titan_core.measure.numerics import curve_max_rel, rel
@@ -155,9 +156,11 @@ def measure(fp32: list[dict], bf16: list[dict], fsdp2: list[dict], *, baseline: 
         "fsdp2_step1_loss_rel_err": rel(fsdp2[0]["loss"], first["loss"]) if fsdp2 else None,
     }
     if fsdp2:
+        # two launches timed apart: context beside SimpleFSDP, never an interval or a faster / slower
         m["fsdp2_over_simple_fsdp_step_time"] = m["fsdp2_step_time_median_s"] / m["step_time_median_s"]
-        cmp = compare_samples(run_compare.run_stats(fsdp2)["step_times_s"], stats["step_times_s"])
-        m["fsdp2_vs_simple_fsdp"] = cmp.describe("FSDP2", "SimpleFSDP") if cmp else None
+        m["fsdp2_vs_simple_fsdp_context"] = timed_apart(
+            m["fsdp2_step_time_median_s"], m["step_time_median_s"], "SimpleFSDP", "FSDP2"
+        )
     if eager_evidence:
         m["eager_step1_loss_rel_err"] = rel(first["loss"], float(eager_evidence["step1_loss_repr"]))
         m["eager_step1_grad_norm_rel_err"] = rel(first["grad_norm"], float(eager_evidence["step1_grad_norm_repr"]))
@@ -192,7 +195,7 @@ def run(ctx: RungContext) -> RungResult:
         f"(vs {m.baseline}); bf16 curve max rel {m.bf16_loss_curve_max_rel:.2e}; step time "
         f"{m.step_time_median_s * 1e3:.0f} ms SimpleFSDP"
         + (
-            f", {m.fsdp2_step_time_median_s * 1e3:.0f} ms FSDP2 ({m.fsdp2_vs_simple_fsdp})"
+            f", {m.fsdp2_step_time_median_s * 1e3:.0f} ms FSDP2 ({m.fsdp2_vs_simple_fsdp_context})"
             if fsdp2
             else ", FSDP2 failed"
         )
@@ -280,6 +283,7 @@ def time_precisions(ctx: RungContext, base, *, candidate: str = BF16, holder: st
                 trainers[dtype] = train_run.build_trainer(cfg)
                 trainers[dtype].train_step()  # warm-up outside the timed rounds
             proto = timing_profiles.protocol(RUNG, ctx.timing_profile)
+            ctx.log(f"simple_fsdp: {candidate} params against {holder}, interleaved steps; timing: {proto.describe_budget()}")
             step = {k: (lambda t=t: t.train_step()["step_time_s"]) for k, t in trainers.items()}
             return compare(step[candidate], step[holder], proto)
     finally:
@@ -347,6 +351,6 @@ def recipe_choices(ctx: RungContext, base, m: dict, timing=None) -> tuple[list, 
         "data_parallel_choice": recipe.parallelism.data_parallel,
         "data_parallel_why": (
             "SimpleFSDP stays: the compile and graph_trainer rungs verify it (FSDP2 measured beside it: "
-            f"{m.get('fsdp2_vs_simple_fsdp') or 'failed'})"
+            f"{m.get('fsdp2_vs_simple_fsdp_context') or 'failed'})"
         ),
     }, [d.to_dict()]

@@ -21,16 +21,13 @@ from titan_core.measure.timing import TimingProtocol
 
 TIMING_PROFILES: dict[str, dict[str, Any]] = {
     SHIPPED: {},
-    # quick runs where background work is expected (tests, `onboard compat` beside other jobs), and its
-    # decisions are recorded as quick and decide nothing a person relies on: the machine is not judged
+    # quick runs (tests, `onboard compat` beside other jobs): their decisions are recorded as quick
+    # and decide nothing a person relies on
     "quick": {
         "warmup": 1,
         "min_rounds": 2,
         "max_rounds": 3,
         "max_seconds": 2.0,
-        "max_foreign_cores": float("inf"),
-        "max_load_change": float("inf"),
-        "retries_when_disturbed": 0,
     },
 }
 """Each profile's settings over the checklist's `params.timing` (SHIPPED: none)."""

@@ -88,9 +88,10 @@ def memory_budget(device) -> tuple[int | None, str]:
 class Tuner:
     """The recipe holding each field as the steps go (`holder`), and every change tried (`changes`)."""
 
-    def __init__(self, ctx: RungContext, base, runs: Runs, device_kind: str):
+    def __init__(self, ctx: RungContext, base, runs: Runs, device_kind: str, proto: TimingProtocol | None = None):
         self.ctx, self.runs, self.kind = ctx, runs, device_kind
-        self.proto = protocol(ctx.timing_profile)
+        self.proto = proto or protocol(ctx.timing_profile)
+        """The rung's one protocol: its budget_s bounds every comparison of the attempt together."""
         self.base = base
         self.holder, self.cfg = UNTUNED, base
         self.changes: list[dict] = []
@@ -304,6 +305,11 @@ def recipe_edits(tuner: Tuner, recipe) -> list[RecipeEdit]:
         change = next(c for c in reversed(tuner.changes) if c["kept"] and key in c["values"])
         speed = change["describe"] or change["why"]
         edits.append(RecipeEdit(key, final, f"tuning rung ({change['step']}): {speed}; {change['class']}"))
+    threads = get_key(tuner.cfg, "device.threads")
+    if any(e.key == "device.threads" for e in edits) and threads > 1 and not recipe.device.adapt_threads:
+        edits.append(RecipeEdit("device.adapt_threads", True, f"tuning rung: threads={threads} was timed here; a run "
+                                "takes the cores free at its start, as one busy core makes spinning threads wait "
+                                "on each other"))  # fmt: skip
     return edits
 
 
@@ -347,7 +353,7 @@ def summarise(tuner: Tuner, final: dict, batch: dict, prof: dict) -> TuningMeasu
         "profile_sum_rel_err": prof.get("sum_rel_err"),
         "profile_within_tolerance": prof.get("sum_rel_err", math.inf) <= param("profile_sum_tolerance"),
         "profile_trace": prof.get("trace"),
-        "timing_protocol": vars(tuner.proto),
+        "timing_protocol": tuner.proto.settings(),
         "device_kind": tuner.kind,
         "precision": gate_recipe.precision(tuner.cfg.training),
     })  # fmt: skip
@@ -373,7 +379,7 @@ def run(ctx: RungContext) -> RungResult:
     ctx.log(f"tuning: the recipe in its own mode on {kind}, batch {base.training.batch_size} x {base.training.seq_len}"
             f"{' x ' + str(base.training.grad_accum) if base.training.grad_accum > 1 else ''}; every change timed per "
             f"token against the recipe it would change ({proto.min_rounds}-{proto.max_rounds} interleaved rounds, "
-            f"{proto.max_seconds:g} s cap, {proto.confidence:.0%} interval)")  # fmt: skip
+            f"{proto.confidence:.0%} interval; timing: {proto.describe_budget()})")  # fmt: skip
     tpu = tpu_flags_rendered(base)
     if kind != "tpu":
         ctx.log(f"tuning: TPU flags rendered, not run (no TPU here): LIBTPU_INIT_ARGS='{tpu['libtpu_init_args']}'")
@@ -382,7 +388,7 @@ def run(ctx: RungContext) -> RungResult:
     # a fresh process compiles each batch shape statically: so does this one (no dynamic-shape recompile)
     with train_run.process_threads(), torch._dynamo.config.patch(automatic_dynamic_shapes=False):
         try:
-            tuner = Tuner(ctx, base, runs, kind)
+            tuner = Tuner(ctx, base, runs, kind, proto)
             tuner.block_sizes(args)
             budget, source = memory_budget(runs.device)
             fixed_global = global_batch_fixed(ctx)

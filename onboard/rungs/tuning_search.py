@@ -15,7 +15,7 @@ would reach below 1. Each larger batch is
 3. timed against the batch holding the field, per token, by the caller's `compare` (the one
    timing protocol): `faster` takes the field and the search goes on; `slower` or
    `indistinguishable` means throughput stopped improving, and the smaller batch stays;
-   `not measured` (a disturbed machine, no finite interval) decides nothing: it stays too.
+   `not measured` (no finite interval, the budget spent) decides nothing: it stays too.
 
 The budget is a number the caller passes in (the device's free memory, or a test's), so the
 memory stop can be made to bind anywhere. Every batch tried is recorded with its peak memory

@@ -323,6 +323,12 @@ class Device:
     """Target device; auto picks cuda when available, else cpu (never tpu)."""
     threads: int = checked(0, NON_NEGATIVE)
     """CPU intra-op threads (>= 0; 0 leaves torch's default)."""
+    adapt_threads: bool = False
+    """At start, run with fewer than `threads` intra-op threads when other processes hold some of the
+    cores: as many as are free (measured over ~0.4 s, at least 1), said in one line. OpenMP threads that
+    share a core with another process wait on each other at every parallel region (2 threads on a
+    2-core machine with one core busy: 3.7x slower than 1). The count changes the order of matmul
+    sums, so a run that must repeat another bit for bit leaves it off (the default)."""
     memory_budget_gib: float = checked(0.0, NON_NEGATIVE)
     """GiB one process may use (>= 0; 0 reads it from the device); a run whose memory estimate exceeds it is refused before it allocates."""
 

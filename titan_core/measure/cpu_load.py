@@ -206,6 +206,24 @@ def foreign_cores(before: LoadSnapshot, after: LoadSnapshot) -> float | None:
     return max(0.0, (after.busy_s - before.busy_s - (after.own_s - before.own_s)) / wall)
 
 
+def free_cores(window_s: float = 0.4, probe=snapshot, sleep=time.sleep) -> float | None:
+    """Cores of ours that other processes leave free, on average over `window_s` now (at least the
+    window the tick counters resolve); None where it cannot be measured (no /proc/stat)."""
+    before = probe()
+    sleep(max(window_s, min_window_s(before)))
+    after = probe()
+    foreign = foreign_cores(before, after)
+    return None if foreign is None else max(0.0, after.cores - foreign)
+
+
+def threads_for(threads: int, free: float | None) -> int:
+    """The intra-op threads a run that adapts takes: `threads`, or the free cores when fewer are free
+    (rounded to the nearest, at least 1); `threads` itself when the free cores are unknown."""
+    if free is None or threads <= 1:
+        return threads
+    return max(1, min(threads, int(free + 0.5)))
+
+
 def load_rise_own_bound(before: LoadSnapshot, after: LoadSnapshot) -> float:
     """The most the 1-minute load average can have risen between the snapshots from this process's
     own work: it counts runnable threads, so a step on N threads raises it towards N whatever else

@@ -5,16 +5,27 @@ and 0.137 s in one run here. So every keep/choose decision (a kernel, an executi
 a batch size, a flag) and every benchmark ratio goes through `compare`: the two candidates
 run interleaved, A B B A A B ..., so drift in the machine's load falls on both alike; each
 round gives one paired ratio candidate / baseline, the estimate is their geometric mean with
-a Student-t interval on the mean of the log ratios, and rounds go on until the interval is
-narrow enough or a cap is reached (TimingProtocol says each number). The outcome is `slower`
-or `faster` only when the interval excludes 1 *and* the estimate is beyond `min_effect`,
-otherwise `indistinguishable`; a comparison the machine's load disturbed (`cpu_load`), or
-whose interval is not finite, is `not measured`, which never decides: a caller treats every
-outcome but `faster` and `slower` as "what it holds stands".
+a Student-t interval on the mean of the log ratios. The outcome is `slower` or `faster` only
+when the interval excludes 1 *and* the estimate is beyond `min_effect`, otherwise
+`indistinguishable`; a comparison whose interval is not finite, that kept fewer than two
+rounds or that its budget left no time for is `not measured`, which never decides: a caller
+treats every outcome but `faster` and `slower` as "what it holds stands".
 
-`ratio` is always candidate time / baseline time: above 1 the candidate is slower.
-`compare_samples` applies the same statistics to two runs timed apart (unpaired), for
-putting one run's step times beside another's; it says `paired: false` and is wider.
+**Load decides nothing; it is recorded.** Other processes on the machine slow both sides'
+interleaved steps alike, so a paired interval that rules out 1 decides whatever the foreign
+load (on a shared machine that is the measurement that matters: a thread count that doubles
+the step when a core is busy). The machine's load is kept beside the answer (`load_before`,
+`load_after`, `foreign_cores`, and `load_note` when it was heavy or moved) for a person to read.
+
+**Rounds stop once the answer is known**: the outcome settled (the interval excludes 1 beyond
+`min_effect`), the interval narrow enough, or a settled outcome unreachable within the rounds
+and seconds left (the interval projected at the most rounds the budget allows still holds 1).
+Looking after every round from `min_rounds` on makes a 99% interval's error rate a few percent
+rather than one; `min_effect` keeps such an error small. `budget_s` bounds every comparison of
+one protocol object together (a caller's whole timing budget: several comparisons, one clock).
+
+`ratio` is always candidate time / baseline time: above 1 the candidate is slower. Two runs
+timed apart are never compared here: their ratio is context, without an interval or an outcome.
 """
 
 from __future__ import annotations
@@ -29,8 +40,31 @@ from functools import lru_cache
 from titan_core.measure import cpu_load
 from titan_core.measure.cpu_load import LoadSnapshot
 
+INTERVAL_RATIO_CAP = 100.0
+"""An interval whose high end is more than this many times its low end says nothing a person can use
+(a two-round bf16 timing once gave 0.00-512246.96): such a comparison is `not measured`."""
+
 NOT_MEASURED = "not measured"
 """The outcome of a comparison no figure of which may decide (see the module docstring)."""
+
+
+FOREIGN_NOTE_CORES = 0.5
+"""Other processes holding more cores than this on ours, on average, is said beside the answer (`load_note`)."""
+LOAD_NOTE_CHANGE = 1.0
+"""The 1-minute load average moving more than this (beyond this process's own threads) is said too."""
+
+
+class Budget:
+    """Seconds that every comparison of one protocol may take together, counted from the first."""
+
+    def __init__(self, seconds: float):
+        self.seconds = seconds
+        self.started: float | None = None
+
+    def left(self, now: float) -> float:
+        if self.started is None:
+            self.started = now
+        return self.seconds - (now - self.started)
 
 
 @dataclass(frozen=True)
@@ -40,7 +74,7 @@ class TimingProtocol:
     warmup: int = 1
     """Rounds run and discarded before any is kept."""
     min_rounds: int = 6
-    """Kept rounds before the interval may stop the measuring (and the fewest a decision rests on)."""
+    """Kept rounds before any stopping rule may stop the measuring (and the fewest a decision rests on)."""
     max_rounds: int = 40
     """Kept rounds at most: past this the answer is whatever the interval says then."""
     max_seconds: float = 120.0
@@ -51,28 +85,25 @@ class TimingProtocol:
     """Two-sided confidence of the interval."""
     min_effect: float = 0.02
     """A ratio within 1 x/÷ (1 + this) is `indistinguishable` however narrow its interval."""
-    max_foreign_cores: float = 0.5
-    """The most cores' worth of CPU other processes may hold on our cores, on average over the
-    comparison (`cpu_load.foreign_cores`). Half a core: on a machine of a few cores that is
-    enough to land on one side's steps more than the other's and skew a paired ratio by more
-    than `min_effect`. inf: never judged."""
-    max_load_change: float = 1.0
-    """The most the 1-minute load average may move between the comparison's start and end, less
-    the rise this process's own threads explain (`cpu_load.load_rise_own_bound`): one more
-    runnable job than when it began. inf: never judged."""
-    retries_when_disturbed: int = 1
-    """How many times a disturbed comparison runs again, whole, before it is `not measured`."""
+    stop_when_settled: bool = True
+    """Stop as soon as the outcome is settled or out of reach (a decision needs no more); False: go on
+    until the interval is narrow or a cap is hit (a benchmark, whose figure is the answer)."""
+    budget_s: float = math.inf
+    """Wall-clock seconds all comparisons timed with this protocol object may take together (a
+    caller's whole timing budget): each comparison's cap is what is left of it, and one that starts with
+    nothing left is `not measured`. inf: no budget beyond `max_seconds` per comparison."""
+    budget: Budget | None = field(default=None, compare=False, repr=False)
+    """The shared clock of `budget_s` (made from it; `dataclasses.replace` keeps sharing it)."""
 
     def __post_init__(self):
         if self.min_rounds < 2 or self.max_rounds < self.min_rounds or self.warmup < 0:
             raise ValueError(f"timing protocol needs 2 <= min_rounds <= max_rounds and warmup >= 0: {self}")
         if not (0 < self.confidence < 1) or self.ci_half_width <= 0 or self.min_effect < 0:
             raise ValueError(f"timing protocol needs 0 < confidence < 1, ci_half_width > 0, min_effect >= 0: {self}")
-        if not (self.max_foreign_cores >= 0 and self.max_load_change >= 0 and self.retries_when_disturbed >= 0):
-            raise ValueError(
-                f"timing protocol needs max_foreign_cores >= 0, max_load_change >= 0 (inf: not judged) and "
-                f"retries_when_disturbed >= 0: {self}"
-            )
+        if not (self.max_seconds > 0 and self.budget_s > 0):
+            raise ValueError(f"timing protocol needs max_seconds > 0 and budget_s > 0 (inf: none): {self}")
+        if self.budget is None and math.isfinite(self.budget_s):
+            object.__setattr__(self, "budget", Budget(self.budget_s))
 
     @classmethod
     def from_dict(cls, values: dict | None) -> "TimingProtocol":
@@ -81,13 +112,23 @@ class TimingProtocol:
         `min_rounds`, a `max_rounds` below the default lowers it too (a short smoke run). Unknown
         keys are an error naming them."""
         values = {k: v for k, v in (values or {}).items() if v is not None}
-        known = set(cls.__dataclass_fields__)
+        known = set(cls.__dataclass_fields__) - {"budget"}
         unknown = sorted(set(values) - known)
         if unknown:
             raise ValueError(f"unknown timing protocol keys {unknown} (known: {', '.join(sorted(known))})")
         if "min_rounds" not in values and "max_rounds" in values:
             values["min_rounds"] = min(cls.min_rounds, values["max_rounds"])
         return cls(**values)
+
+    def settings(self) -> dict:
+        """The protocol's settings as plain values (a report's record of what it timed with)."""
+        return {k: getattr(self, k) for k in self.__dataclass_fields__ if k != "budget"}
+
+    def describe_budget(self) -> str:
+        """How long this protocol may time, in one line a caller prints before its comparisons."""
+        each = f"each comparison at most {self.max_rounds} rounds and {self.max_seconds:g} s"
+        whole = f"{self.budget_s:g} s of timing in all, " if math.isfinite(self.budget_s) else ""
+        return f"{whole}{each}, stopping once its outcome is settled or out of reach"
 
 
 @dataclass
@@ -107,7 +148,9 @@ class Comparison:
     rounds: int
     """Kept rounds (pairs) the answer rests on."""
     stopped: str
-    """Why measuring stopped: interval (narrow enough), max_rounds, max_seconds."""
+    """Why measuring stopped: settled (the interval excludes 1 beyond min_effect), interval (narrow
+    enough), unreachable (no settled outcome within the rounds and seconds left), max_rounds,
+    max_seconds, budget (the protocol's budget_s ran out)."""
     candidate_median_s: float
     baseline_median_s: float
     paired: bool = True
@@ -120,8 +163,9 @@ class Comparison:
     None where it was not measured (no /proc/stat, a window too short to resolve, unpaired runs)."""
     not_measured_why: str | None = None
     """Why the outcome is `not measured`: the figure and the protocol's limit it broke."""
-    attempts: int = 1
-    """Comparisons run for this answer, retries of a disturbed one included."""
+    load_note: str | None = None
+    """What the machine's load did meanwhile when it was heavy or moved (FOREIGN_NOTE_CORES,
+    LOAD_NOTE_CHANGE): said beside the answer, which it does not change (both sides saw it)."""
     candidate_times_s: list[float] = field(default_factory=list)
     baseline_times_s: list[float] = field(default_factory=list)
 
@@ -137,15 +181,11 @@ class Comparison:
 
     def describe(self, candidate: str = "candidate", baseline: str = "baseline") -> str:
         """One line with the interval, e.g. 'fused_ce is 1.42x faster than plain (99% CI 1.35-1.50x, 12 rounds)';
-        for `not measured`, why, and a finite interval only as one that decides nothing."""
+        for `not measured`, why (and no interval)."""
         pct = f"{self.confidence:.0%}"
         if self.outcome == NOT_MEASURED:
             why = self.not_measured_why or "no figure may decide"
-            line = f"{candidate} against {baseline} was not measured: {why} ({self.rounds} rounds{self._how()})"
-            if self.finite:
-                interval = f"{pct} CI {self.ci_low:.2f}-{self.ci_high:.2f}"
-                line += f"; its time ratio {self.ratio:.2f} ({interval}) decides nothing"
-            return line
+            return f"{candidate} against {baseline} was not measured: {why} ({self.rounds} rounds{self._how()})"
         if self.outcome == "faster":
             lo, hi = 1 / self.ci_high, 1 / self.ci_low
             head = f"{candidate} is {1 / self.ratio:.2f}x faster than {baseline}"
@@ -168,15 +208,13 @@ class Comparison:
         return f"{head} ({lo:.2f}-{hi:.2f})"
 
     def _how(self) -> str:
-        parts = [] if self.paired else ["unpaired"]
-        if self.stopped not in ("interval", "samples"):
-            parts.append(f"stopped at {self.stopped}")
+        parts = []
+        if self.stopped not in ("interval", "settled"):
+            parts.append(f"stopped: {self.stopped}" if self.stopped == "unreachable" else f"stopped at {self.stopped}")
         if self.load_before is not None:
             parts.append(f"load {self.load_before:.1f}")
         if self.foreign_cores is not None:
             parts.append(f"other processes {self.foreign_cores:.2f} cores")
-        if self.attempts > 1:
-            parts.append(f"attempt {self.attempts}")
         return "".join(f", {p}" for p in parts)
 
     def to_dict(self, *, with_samples: bool = False) -> dict:
@@ -243,7 +281,7 @@ def _exp(x: float) -> float:
 def _result(mean, lo, hi, cand, base, protocol, stopped, *, paired, **machine) -> Comparison:
     """The Comparison of a log-ratio estimate `mean` with its interval [lo, hi]; `not measured` when
     the interval is not finite or rests on fewer than 2 rounds. `machine`: load_before, load_after,
-    foreign_cores, attempts."""
+    foreign_cores, load_note."""
     rounds = min(len(cand), len(base))
     c = Comparison(
         outcome=_outcome(mean, lo, hi, protocol),
@@ -264,24 +302,27 @@ def _result(mean, lo, hi, cand, base, protocol, stopped, *, paired, **machine) -
         c.outcome, c.not_measured_why = NOT_MEASURED, f"{rounds} kept round(s): an interval needs at least 2"
     elif not c.finite:
         c.outcome, c.not_measured_why = NOT_MEASURED, f"the interval ({c.ci_low:.3g}-{c.ci_high:.3g}) is not finite"
+    elif c.ci_high / c.ci_low > INTERVAL_RATIO_CAP:
+        c.outcome = NOT_MEASURED
+        c.not_measured_why = f"the interval ({c.ci_low:.3g}-{c.ci_high:.3g}) is too wide to say anything"
     return c
 
 
-def _disturbance(before: LoadSnapshot, after: LoadSnapshot, foreign: float | None, p: TimingProtocol) -> str | None:
-    """What disturbed a comparison between the two snapshots, against the protocol's limits; None: nothing."""
-    why = []
-    if foreign is not None and foreign > p.max_foreign_cores:
-        why.append(f"another process held {foreign:.2f} cores on average (limit {p.max_foreign_cores:g})")
+def _load_note(before: LoadSnapshot, after: LoadSnapshot, foreign: float | None) -> str | None:
+    """What the machine's load did between the two snapshots, when it was heavy or moved; None: quiet."""
+    said = []
+    if foreign is not None and foreign > FOREIGN_NOTE_CORES:
+        said.append(f"other processes held {foreign:.2f} cores on average")
     if before.load_1m is not None and after.load_1m is not None:
         change = after.load_1m - before.load_1m
-        beyond_own = change - cpu_load.load_rise_own_bound(before, after)
-        if beyond_own > p.max_load_change:
-            why.append(f"the 1-minute load average rose {before.load_1m:.2f} -> {after.load_1m:.2f}, {beyond_own:.2f} "
-                       f"more than this process's own threads explain (limit {p.max_load_change:g})")  # fmt: skip
-        elif change < -p.max_load_change:
-            why.append(f"the 1-minute load average fell {before.load_1m:.2f} -> {after.load_1m:.2f} "
-                       f"(limit {p.max_load_change:g})")  # fmt: skip
-    return "; ".join(why) or None
+        if change - cpu_load.load_rise_own_bound(before, after) > LOAD_NOTE_CHANGE:
+            said.append(f"the 1-minute load average rose {before.load_1m:.2f} -> {after.load_1m:.2f}, beyond this "
+                        "process's own threads")  # fmt: skip
+        elif change < -LOAD_NOTE_CHANGE:
+            said.append(f"the 1-minute load average fell {before.load_1m:.2f} -> {after.load_1m:.2f}")
+    if not said:
+        return None
+    return "; ".join(said) + ": both sides' interleaved rounds ran under it"
 
 
 def compare(
@@ -292,39 +333,66 @@ def compare(
     clock: Callable[[], float] = time.perf_counter,
     probe: Callable[[], LoadSnapshot] = cpu_load.snapshot,
 ) -> Comparison:
-    """Time `candidate` against `baseline` interleaved until the ratio is known well enough.
+    """Time `candidate` against `baseline` interleaved until the answer is known (module docstring).
 
     Each callable runs one sample (e.g. one training step, synchronised) and returns its
-    duration in seconds (`timed` makes one from a function). `clock` measures only the
-    wall-clock cap, so a test can script both the samples and the time; `probe` snapshots the
-    machine around each attempt (`cpu_load.snapshot`), so a test can script its load too.
+    duration in seconds (`timed` makes one from a function). `clock` measures the wall-clock
+    caps, so a test can script both the samples and the time; `probe` snapshots the machine
+    around the comparison (`cpu_load.snapshot`), so a test can script its load too.
     """
     p = protocol or TimingProtocol()
-    for attempt in range(1, p.retries_when_disturbed + 2):
-        before = probe()
-        estimate = _rounds(candidate, baseline, p, clock)
-        after = probe()
-        foreign = cpu_load.foreign_cores(before, after)
-        disturbed = _disturbance(before, after, foreign, p)
-        if disturbed is None:
-            break
-    mean, lo, hi, cand, base, stopped = estimate
-    c = _result(mean, lo, hi, cand, base, p, stopped, paired=True, load_before=before.load_1m,
-                load_after=after.load_1m, foreign_cores=foreign, attempts=attempt)  # fmt: skip
-    if disturbed is not None:
-        every = f", as in each of the {attempt} attempts" if attempt > 1 else ""
-        c.outcome = NOT_MEASURED
-        c.not_measured_why = "; ".join(w for w in (disturbed + every, c.not_measured_why) if w)
-    return c
+    cap = p.max_seconds
+    if p.budget is not None:
+        left = p.budget.left(clock())
+        if left <= 0:
+            c = Comparison(outcome=NOT_MEASURED, ratio=math.nan, ci_low=0.0, ci_high=math.inf,
+                           confidence=p.confidence, rounds=0, stopped="budget", candidate_median_s=math.nan,
+                           baseline_median_s=math.nan)  # fmt: skip
+            c.not_measured_why = f"the timing budget of {p.budget_s:g} s was spent before this comparison began"
+            return c
+        cap = min(cap, left)
+    before = probe()
+    mean, lo, hi, cand, base, stopped = _rounds(candidate, baseline, p, clock, cap)
+    after = probe()
+    foreign = cpu_load.foreign_cores(before, after)
+    if stopped == "max_seconds" and cap < p.max_seconds:
+        stopped = "budget"
+    return _result(mean, lo, hi, cand, base, p, stopped, paired=True, load_before=before.load_1m,
+                   load_after=after.load_1m, foreign_cores=foreign, load_note=_load_note(before, after, foreign))  # fmt: skip
 
 
-def _rounds(candidate, baseline, p: TimingProtocol, clock) -> tuple:
+def _settled(mean: float, lo: float, hi: float, n: int, elapsed: float, p: TimingProtocol, cap: float) -> str | None:
+    """Why the rounds may stop after `n` kept ones (None: go on): the outcome is settled, the interval
+    is narrow, or no settled outcome can be reached with the rounds the caps leave (the interval's
+    half-width projected there, the spread as it is now, still reaches 1)."""
+    if n < p.min_rounds:
+        return None
+    if p.stop_when_settled and _outcome(mean, lo, hi, p) != "indistinguishable":
+        return "settled"
+    half = (hi - lo) / 2
+    if half <= math.log1p(p.ci_half_width):
+        return "interval"
+    if not p.stop_when_settled:
+        return None
+    per_round = elapsed / n if n else math.inf
+    reachable = min(p.max_rounds, n + int(max(0.0, cap - elapsed) / per_round) if per_round > 0 else p.max_rounds)
+    if reachable <= n:
+        return None  # the caps stop it next, saying which
+    spread = half / t_quantile(0.5 + p.confidence / 2, n - 1) * math.sqrt(n)  # the log ratios' stdev
+    projected = t_quantile(0.5 + p.confidence / 2, reachable - 1) * spread / math.sqrt(reachable)
+    if projected >= abs(mean) or abs(mean) < math.log1p(p.min_effect) and projected > math.log1p(p.ci_half_width):
+        return "unreachable"
+    return None
+
+
+def _rounds(candidate, baseline, p: TimingProtocol, clock, cap: float) -> tuple:
     """One comparison's interleaved rounds: (mean, low, high, candidate times, baseline times, stopped)."""
     start = clock()
     cand: list[float] = []
     base: list[float] = []
     logs: list[float] = []
     stopped = "max_rounds"
+    kept_from = None
     for i in range(p.warmup + p.max_rounds):
         # A B, then B A: each candidate goes first half of the time
         if i % 2 == 0:
@@ -333,47 +401,25 @@ def _rounds(candidate, baseline, p: TimingProtocol, clock) -> tuple:
             b = baseline()
             c = candidate()
         if i < p.warmup:
+            kept_from = clock()
             continue
         if c <= 0 or b <= 0:
             raise ValueError(f"a timed sample must be positive seconds, got candidate {c}, baseline {b}")
         cand.append(c)
         base.append(b)
         logs.append(math.log(c / b))
-        if len(logs) >= p.min_rounds:
-            _, lo, hi = _interval(logs, p.confidence)
-            if (hi - lo) / 2 <= math.log1p(p.ci_half_width):
-                stopped = "interval"
+        now = clock()
+        if len(logs) >= 2:
+            mean, lo, hi = _interval(logs, p.confidence)
+            why = _settled(mean, lo, hi, len(logs), now - (kept_from if kept_from is not None else start),
+                           p, cap - ((kept_from if kept_from is not None else start) - start))  # fmt: skip
+            if why is not None:
+                stopped = why
                 break
-        if clock() - start > p.max_seconds and len(logs) >= 2:
+        if now - start > cap and len(logs) >= 2:
             stopped = "max_seconds"
             break
     return (*_interval(logs, p.confidence), cand, base, stopped)
-
-
-def compare_samples(
-    candidate_times: list[float], baseline_times: list[float], protocol: TimingProtocol | None = None
-) -> Comparison | None:
-    """The same answer for two runs timed apart: Welch's interval on the mean log times.
-
-    None when either side has fewer than two samples (no interval can be had); `not measured`
-    when the interval is not finite. The machine was not watched: no load, no retry.
-    """
-    p = protocol or TimingProtocol()
-    a = [math.log(t) for t in candidate_times if t > 0]
-    b = [math.log(t) for t in baseline_times if t > 0]
-    if len(a) < 2 or len(b) < 2:
-        return None
-    va, vb = statistics.variance(a) / len(a), statistics.variance(b) / len(b)
-    mean = statistics.fmean(a) - statistics.fmean(b)
-    se = math.sqrt(va + vb)
-    # Welch-Satterthwaite degrees of freedom
-    df = (
-        max(1, int((va + vb) ** 2 / ((va**2 / (len(a) - 1)) + (vb**2 / (len(b) - 1)))))
-        if se > 0
-        else len(a) + len(b) - 2
-    )
-    half = t_quantile(0.5 + p.confidence / 2, df) * se
-    return _result(mean, mean - half, mean + half, candidate_times, baseline_times, p, "samples", paired=False)
 
 
 def timed(fn: Callable[[], object], sync: Callable[[], None] | None = None) -> Callable[[], float]:

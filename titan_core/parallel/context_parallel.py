@@ -49,14 +49,13 @@ from __future__ import annotations
 
 import torch
 import torch.distributed._functional_collectives as funcol
-import torch.nn.functional as F
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 
 from titan_core.config.loader import ConfigError
 from titan_core.config.sections import JobConfig
 from titan_core.data.base import Batch
-from titan_core.models.common.attention import NaiveAttention, SDPAttention, _cpu_bf16_math, mask_from_positions
+from titan_core.models.common.attention import NaiveAttention, SDPAttention, mask_from_positions, sdpa
 from titan_core.models.common.mapping_errors import KernelRefusesModel
 from titan_core.models.registry import DIFFUSION_FAMILIES, TRANSFORMERS_FAMILY
 from titan_core.parallel.mesh import Degrees, dp_dim_names
@@ -174,10 +173,7 @@ class ContextParallelAttention(nn.Module):
             raise KernelRefusesModel("context parallel: attention sinks need kernels.attention = naive")
         if softcap:
             raise KernelRefusesModel("context parallel: a soft-capped attention needs kernels.attention = naive")
-        with _cpu_bf16_math(q):
-            return F.scaled_dot_product_attention(
-                q, k_full, v_full, attn_mask=mask, scale=scale, enable_gqa=q.shape[1] != k.shape[1]
-            )
+        return sdpa(q, k_full, v_full, attn_mask=mask, scale=scale, enable_gqa=q.shape[1] != k.shape[1])
 
 
 def apply_context_parallel(model: nn.Module, cp_mesh: DeviceMesh) -> int:

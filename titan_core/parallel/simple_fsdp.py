@@ -28,6 +28,7 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Partial, Placement, Replicate, Shard, distribute_tensor
 
+from titan_core.models.common.init_stand_in import StandIn
 from titan_core.parallel.regather import observe
 
 _CLASS_CACHE: dict[tuple[type, tuple[str, ...]], type] = {}
@@ -70,6 +71,9 @@ class Gather:
         )
         return full.to_local(grad_placements=self.grad)
 
+    def reads(self, stored) -> bool:
+        return isinstance(stored, DTensor)
+
     def __call__(self, stored: DTensor) -> torch.Tensor:
         local = self.gather_local(stored)
         observe(local, self, stored)  # reshard_after_forward and the gathered-bytes measure (regather.py)
@@ -81,6 +85,26 @@ class Gather:
         )
 
 
+class Cast:
+    """Reads a parameter of a one-process run (nothing to gather, nothing to reduce) in the compute dtype.
+
+    On a mesh of one rank a gather is the stored tensor itself and the gradient's mean is over one
+    rank: a DTensor would only add its dispatch to every read, gradient and optimizer op (about 10%
+    of the demo model's eager step). So the parameter stays a plain tensor, read through `.to`,
+    whose backward casts the gradient to the stored dtype as the reduce would."""
+
+    def __init__(self, mp: MixedPrecision):
+        self.dtype = mp.param_dtype
+
+    def reads(self, stored) -> bool:
+        # a sharded init's stand-in (sharded_init.py) is read as itself while the init writes it; anything
+        # else in the slot (the parameter, a traced step's functional stand-in for it) is cast
+        return not isinstance(stored, StandIn)
+
+    def __call__(self, stored: torch.Tensor) -> torch.Tensor:
+        return stored.to(self.dtype)
+
+
 def _gathered_class(base: type, names: tuple[str, ...]) -> type:
     key = (base, names)
     if key not in _CLASS_CACHE:
@@ -88,8 +112,9 @@ def _gathered_class(base: type, names: tuple[str, ...]) -> type:
         def reader(name):
             def read(self):
                 stored = self._parameters[name]
+                gather = self._simple_fsdp_gathers[name]
                 # not a DTensor only while a sharded init runs (sharded_init.py): the full stand-in itself
-                return self._simple_fsdp_gathers[name](stored) if isinstance(stored, DTensor) else stored
+                return gather(stored) if gather.reads(stored) else stored
 
             return property(read)
 
@@ -162,6 +187,8 @@ def apply_simple_fsdp(
     otherwise, left as they are (expert weights on the expert mesh: expert_parallel.py).
     """
     tp_mesh = mesh["tp"] if "tp" in mesh.mesh_dim_names else None
+    if mesh.size() == 1:
+        return _one_process(model, mp, keep_stored, skip)
     done: dict[int, tuple[nn.Parameter, Gather]] = {}
     for mod_name, module in model.named_modules():
         gathers: dict[str, Gather] = {}
@@ -181,6 +208,21 @@ def apply_simple_fsdp(
         if gathers:
             module.__class__ = _gathered_class(type(module), tuple(sorted(gathers)))
             module._simple_fsdp_gathers = gathers
+    return model
+
+
+def _one_process(model: nn.Module, mp: MixedPrecision, keep_stored: frozenset[str], skip: frozenset[str]) -> nn.Module:
+    """SimpleFSDP on a mesh of one rank: plain parameters, each read through a `Cast` where the policy
+    computes in another dtype than the stored one (the gather and the mean-reduce are the identity)."""
+    for mod_name, module in model.named_modules():
+        reads = {}
+        for pname, param in module._parameters.items():
+            fqn = f"{mod_name}.{pname}" if mod_name else pname
+            if param is not None and fqn not in skip | keep_stored and param.dtype != mp.param_dtype:
+                reads[pname] = Cast(mp)
+        if reads:
+            module.__class__ = _gathered_class(type(module), tuple(sorted(reads)))
+            module._simple_fsdp_gathers = reads
     return model
 
 

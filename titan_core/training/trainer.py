@@ -40,6 +40,7 @@ from titan_core.data import build_data_loader, report_data
 from titan_core.kernels import swaps_for
 from titan_core.memory.preflight import check_memory
 from titan_core.memory.tensor_peak import TensorPeak, held_tensor_bytes
+from titan_core.measure import cpu_load
 from titan_core.measure.metrics import MetricsLogger
 from titan_core.training.model_builder import build_model_from_config
 from titan_core.models.common.stats import model_flops_per_token
@@ -128,8 +129,11 @@ class Trainer:
         self.cfg = cfg
         self.rank, self.world_size, local_rank = distributed.current_ranks()
         self.degrees = check_parallelism(cfg, self.world_size)
+        self.threads = cfg.device.threads
+        """The intra-op threads this run took (device.threads, or the free cores with adapt_threads; 0: torch's)."""
         if cfg.device.threads:
-            torch.set_num_threads(cfg.device.threads)
+            self.threads = self._threads(cfg.device, quiet)
+            torch.set_num_threads(self.threads)
         self.device = devices.resolve_device(
             cfg.device.type, local_rank=local_rank, libtpu_init_flags=cfg.tpu.libtpu_init_flags
         )
@@ -241,6 +245,24 @@ class Trainer:
         self.weights_from = weights_line(cfg, loaded, self.resumed_from)
         if self.weights_from and self.rank == 0 and not quiet:
             print(self.weights_from, file=sys.stderr)
+
+    def _threads(self, device_cfg, quiet: bool) -> int:
+        """device.threads, or with adapt_threads the cores other processes leave free now (said)."""
+        wanted = device_cfg.threads
+        if wanted <= 1 or (quiet and not device_cfg.adapt_threads):
+            return wanted
+        free = cpu_load.free_cores()
+        n = cpu_load.threads_for(wanted, free)
+        if not device_cfg.adapt_threads:  # the recipe assumes idle cores: say so when they are not
+            if n < wanted and self.rank == 0:
+                print(f"warning: device.threads = {wanted} assumes {wanted} idle cores, but other processes leave "
+                      f"{free:.1f} free now: each step may take several times longer (device.adapt_threads = true "
+                      "takes the free ones)", file=sys.stderr)  # fmt: skip
+            return wanted
+        if n < wanted and self.rank == 0 and not quiet:
+            print(f"device: {n} intra-op thread{'s' * (n > 1)}, not {wanted}: other processes leave "
+                  f"{free:.1f} of this process's cores free now (device.adapt_threads)", file=sys.stderr)
+        return n
 
     def close(self, *, together: bool = False) -> None:
         """Release the process group if this trainer created it (idempotent); `together`: every

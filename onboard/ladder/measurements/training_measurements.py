@@ -40,14 +40,11 @@ class BesideEager(SteadyRun):
     eager_peak_mem_bytes: int | None = ABSENT
     """The eager rung's peak memory (bytes); None without eager evidence."""
     speedup_vs_eager: float = ABSENT
-    """Eager's median step time over this run's (x; > 1: this run is faster)."""
-    vs_eager: dict | None = ABSENT
-    """The timing protocol's unpaired comparison of the two step-time samples (ratio, interval,
-    outcome: titan_core.measure.timing.Comparison.to_dict); None: eager recorded no step times."""
-    vs_eager_text: str = ABSENT
-    """`vs_eager` in one line, or why there is no interval."""
-    speedup_vs_eager_ci: str | None = ABSENT
-    """The speedup with its interval, short (e.g. "1.29x (1.21-1.38)", "~1 (0.93-1.08)")."""
+    """Eager's median step time over this run's (x; above 1 this run's steps took less time): context,
+    two runs timed apart, so no interval and not a decision (vs_eager_context says it in words)."""
+    vs_eager_context: str = ABSENT
+    """The two median step times and their ratio in one line, labelled context (gates.timed_apart),
+    e.g. "context (timed apart, no interval): median step 41 ms against eager's 63 ms, 1.54x"."""
     peak_mem_vs_eager: float = ABSENT
     """This run's peak memory over eager's (x; < 1: it uses less)."""
 
@@ -211,9 +208,10 @@ class SimpleFsdpMeasurements(SteadyRun):
     fsdp2_step1_loss_rel_err: float | None = ABSENT
     """FSDP2's step-1 loss against SimpleFSDP's (fraction): a difference there points at the model."""
     fsdp2_over_simple_fsdp_step_time: float = ABSENT
-    """FSDP2's median step time over SimpleFSDP's (x)."""
-    fsdp2_vs_simple_fsdp: str | None = ABSENT
-    """The timing protocol's unpaired comparison of the two, in one line."""
+    """FSDP2's median step time over SimpleFSDP's (x): context, two runs timed apart, not a decision."""
+    fsdp2_vs_simple_fsdp_context: str | None = ABSENT
+    """The two median step times side by side, labelled context (gates.timed_apart: no interval, no
+    outcome); None: FSDP2 failed."""
     eager_step1_loss_rel_err: float = ABSENT
     """The sharded step-1 loss against the eager evidence (fraction), whatever the baseline."""
     eager_step1_grad_norm_rel_err: float = ABSENT
@@ -344,7 +342,8 @@ class GraphTrainerMeasurements(ModeRun):
     compile_rung_step_time_median_s: float = ABSENT
     """The compile rung's median step time (seconds), where it passed."""
     speedup_vs_compile_rung: float = ABSENT
-    """The compile rung's median step time over the timed run's (x; > 1: the Graph Trainer is faster)."""
+    """The compile rung's median step time over the timed run's (x; above 1 the Graph Trainer's steps took
+    less time): context, two runs timed apart, no interval and not a decision (execution_mode is that)."""
     # 4. the choice, once parts 1 and 2 hold
     execution_mode: str = ABSENT
     """The mode the recipe trains in from now on: eager, compile or graph_trainer."""

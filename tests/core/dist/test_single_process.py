@@ -123,11 +123,12 @@ def test_nproc_above_the_cores_warns(tmp_path, capfd):
 
 @pytest.mark.parametrize("family", ["llama3", "glimmer", "qwen3_moe"])
 def test_world_size_1_simple_fsdp_is_bit_identical_to_eager(tmp_path, family):
-    """A Shard(0) DTensor over one rank gathers to itself: same losses, norms and weights, bit for bit."""
+    """SimpleFSDP over one rank has nothing to gather or reduce: its parameters stay plain tensors (a
+    DTensor would only add dispatch to every op) and the run equals eager's bit for bit."""
     eager = Trainer(tiny_cfg(family, tmp_path / "eager", "--parallelism.data_parallel=none"), quiet=True)
     sharded = Trainer(tiny_cfg(family, tmp_path / "sfsdp"), quiet=True)
     try:
-        assert isinstance(next(sharded.model.parameters()), DTensor)
+        assert not any(isinstance(p, DTensor) for p in sharded.model.parameters())
         for _ in range(3):
             for t in (eager, sharded):
                 t.step += 1
@@ -135,9 +136,30 @@ def test_world_size_1_simple_fsdp_is_bit_identical_to_eager(tmp_path, family):
             assert (a["loss"], a["grad_norm"]) == (b["loss"], b["grad_norm"])
         params = dict(sharded.model.named_parameters())
         for name, p in eager.model.named_parameters():
-            assert torch.equal(p, params[name].to_local()), name
+            assert torch.equal(p, params[name]), name
     finally:
         sharded.close()
+
+
+def test_world_size_1_mixed_precision_reads_every_stored_tensor_in_the_compute_dtype(tmp_path):
+    """One process with bf16 params: fp32 stored, read in bf16; a traced step's functional stand-in in
+    the parameter's slot (what the Graph Trainer's capture puts there) is read in bf16 too, so the
+    captured step computes what eager does. The sharded init's StandIn alone is read as itself."""
+    from titan_core.models.common.init_stand_in import StandIn, Slot
+
+    t = Trainer(tiny_cfg("llama3", tmp_path, "--training.mixed_precision_param=bfloat16"), quiet=True)
+    try:
+        head = t.model.output
+        assert head._parameters["weight"].dtype == torch.float32 and head.weight.dtype == torch.bfloat16
+        stored = head._parameters["weight"]
+        head._parameters["weight"] = stored.detach().clone()  # a plain tensor, as torch.func.functional_call puts
+        assert head.weight.dtype == torch.bfloat16 and torch.equal(head.weight, stored.detach().bfloat16())
+        stand_in = StandIn(Slot("output.weight", stored.shape, torch.float32, stored.device, None))
+        head._parameters["weight"] = stand_in
+        assert head.weight is stand_in
+        head._parameters["weight"] = stored
+    finally:
+        t.close()
 
 
 def test_repeat_batch_override_of_the_entry(tmp_path):

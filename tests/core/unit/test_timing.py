@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import random
 import time
 
 import pytest
 
-from titan_core.measure.timing import TimingProtocol, compare, compare_samples, t_quantile, timed
+from titan_core.measure.timing import TimingProtocol, compare, t_quantile, timed
 
 
 def _sampler(rng: random.Random, median: float, sigma: float, spikes: float = 0.0):
@@ -57,7 +58,8 @@ def test_the_ratio_and_its_interval_cover_the_truth():
     rng = random.Random(7)
     c = compare(_sampler(rng, 0.3, 0.1), _sampler(rng, 0.2, 0.1))
     assert c.outcome == "slower" and c.ci_low <= 1.5 <= c.ci_high and c.ci_low > 1
-    assert c.stopped == "interval" and c.rounds >= TimingProtocol().min_rounds
+    # a 1.5x difference is settled at the first round a decision may rest on
+    assert c.stopped == "settled" and c.rounds == TimingProtocol().min_rounds
     text = c.describe("A", "B")
     assert "slower" in text and "CI" in text and "rounds" in text
 
@@ -78,11 +80,42 @@ def test_warmup_rounds_are_discarded_and_rounds_interleave():
     assert c.ratio == pytest.approx(1.0) and c.outcome == "indistinguishable" and c.rounds == 3
 
 
-def test_a_noisy_pair_stops_at_the_cap_and_decides_nothing_it_cannot_see():
+def test_a_noisy_pair_stops_once_no_outcome_is_reachable_and_decides_nothing():
     rng = random.Random(3)
-    p = TimingProtocol(max_rounds=8)
+    p = TimingProtocol(max_rounds=40)
     c = compare(_sampler(rng, 0.104, 0.6), _sampler(rng, 0.1, 0.6), p)
-    assert c.stopped == "max_rounds" and c.rounds == 8 and c.outcome == "indistinguishable"
+    # 60% noise on a 4% difference: 40 rounds could not exclude 1, so it stops long before them
+    assert c.stopped == "unreachable" and c.rounds < 20 and c.outcome == "indistinguishable"
+    assert "stopped: unreachable" in c.describe()
+
+
+def test_a_noisy_pair_whose_outcome_is_in_reach_runs_on_to_the_cap():
+    rng = random.Random(3)
+    p = TimingProtocol(min_rounds=4, max_rounds=8, ci_half_width=0.001)
+    c = compare(_sampler(rng, 0.13, 0.08), _sampler(rng, 0.1, 0.08), p)
+    assert c.stopped in ("settled", "max_rounds") and c.rounds >= 4
+    if c.stopped == "max_rounds":
+        assert c.rounds == 8
+
+
+def test_a_real_difference_stops_as_soon_as_settled():
+    now = [0.0]
+    rng = random.Random(11)
+
+    def sampler(mean):
+        def sample():
+            now[0] += mean
+            return mean * math.exp(rng.gauss(0, 0.03))
+
+        return sample
+
+    c = compare(sampler(0.2), sampler(0.1), TimingProtocol(min_rounds=4, max_rounds=40), clock=lambda: now[0])
+    assert c.outcome == "slower" and c.stopped == "settled" and c.rounds == 4
+    # a benchmark, whose figure is the answer, goes on until the interval is narrow
+    bench = TimingProtocol(min_rounds=4, max_rounds=40, ci_half_width=0.01, stop_when_settled=False)
+    c = compare(sampler(0.2), sampler(0.1), bench, clock=lambda: now[0])
+    assert c.outcome == "slower" and c.stopped in ("interval", "max_rounds") and c.rounds > 4
+    assert c.stopped == "max_rounds" or c.ci_high / c.ci_low <= 1.01**2
 
 
 def test_the_wall_clock_cap_stops_measuring():
@@ -101,20 +134,31 @@ def test_the_wall_clock_cap_stops_measuring():
 
 def test_a_small_real_difference_below_the_minimum_effect_is_indistinguishable():
     rng = random.Random(1)
-    p = TimingProtocol(max_rounds=40, ci_half_width=0.002)
+    p = TimingProtocol(min_rounds=30, max_rounds=40, ci_half_width=0.002)
     c = compare(_sampler(rng, 0.101, 0.005), _sampler(rng, 0.1, 0.005), p)
     assert c.ci_low > 1 and c.outcome == "indistinguishable"
+    # with the stopping rules free to look early, it stops once no settled outcome is in reach
+    early = compare(_sampler(rng, 0.101, 0.005), _sampler(rng, 0.1, 0.005), TimingProtocol(ci_half_width=0.002))
+    assert early.outcome == "indistinguishable" and early.stopped == "unreachable" and early.rounds < 40
 
 
-def test_unpaired_samples_use_the_same_rules():
-    rng = random.Random(5)
-    fast = [0.1 * math.exp(rng.gauss(0, 0.05)) for _ in range(15)]
-    slow = [0.2 * math.exp(rng.gauss(0, 0.05)) for _ in range(15)]
-    c = compare_samples(slow, fast)
-    assert c.outcome == "slower" and not c.paired and 1.8 < c.ratio < 2.2
-    same = compare_samples(fast[:7], fast[7:])
-    assert same.outcome == "indistinguishable"
-    assert compare_samples([0.1], fast) is None
+def test_a_budget_bounds_every_comparison_of_one_protocol_together():
+    now = [0.0]
+
+    def sample():
+        now[0] += 1.0
+        return 1.0 + 0.5 * (now[0] % 3)
+
+    p = TimingProtocol(max_seconds=100.0, budget_s=15.0)
+    first = compare(sample, sample, p, clock=lambda: now[0])
+    assert first.stopped == "budget" and now[0] >= 15.0
+    second = compare(sample, sample, dataclasses.replace(p, max_rounds=30), clock=lambda: now[0])
+    assert second.outcome == "not measured" and second.rounds == 0 and second.stopped == "budget"
+    assert second.not_measured_why == "the timing budget of 15 s was spent before this comparison began"
+    assert "decides nothing" not in second.describe() and second.short().startswith("not measured (the timing budget")
+    assert "15 s of timing in all" in p.describe_budget()
+    with pytest.raises(ValueError, match="budget_s > 0"):
+        TimingProtocol(budget_s=0)
 
 
 def test_bad_protocols_and_samples_are_refused():

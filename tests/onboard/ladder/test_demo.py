@@ -82,6 +82,22 @@ def test_demo_climbs_every_built_rung_and_prints_the_ladder(tmp_path):
             where = f"beside the rest of the suite (its test waited {waited:.0f} s; paused {demo.paused_s:.0f} s)"
         print(f"demo took {wall:.0f} s {where}: {guard.start.describe()} at start, {end.describe()} at end")
     assert_train_reproduces_the_verified_step(ws, ledger, tmp_path / "train")
+    assert_ladder_speedup_reads_the_ledger(ws, ledger)
+
+
+def assert_ladder_speedup_reads_the_ledger(ws: Path, ledger: dict) -> None:
+    """bench/ladder_speedup.py runs on the workspace the demo left (its ledger's decisions are Decision
+    records): the baseline restores every key a rung edited from what that rung recorded, none assumed,
+    and its three pairs are timed (two rounds each: a smoke run, the figures are the bench's to make)."""
+    bench = Path(__file__).resolve().parents[3] / "bench" / "ladder_speedup.py"
+    run = subprocess.run([sys.executable, str(bench), str(ws), "--warmup-rounds=0", "--max-rounds=2"],
+                         capture_output=True, text=True, timeout=900)  # fmt: skip
+    assert run.returncode == 0, run.stderr[-3000:]
+    report = json.loads(run.stdout)
+    edited = {e["key"] for a in ledger["attempts"] for e in (a.get("recipe_edit") or {}).get("edits", [])}
+    assert set(report["baseline"]["restored"]) == edited and report["baseline"]["assumed_default"] == {}
+    assert set(report["ratios"]) == {"baseline_vs_hf", "final_vs_baseline", "final_vs_hf"}
+    assert all(c["rounds"] == 2 and c["paired"] for c in report["comparisons"])
 
 
 def assert_sharded_step_is_the_eager_evidence(ledger: dict) -> None:

@@ -12,7 +12,7 @@ import pytest
 from timing_checks import check_comparison
 
 from onboard.errors import BadInput
-from onboard.ladder.gates import evaluate, gate_passed, load_checklist
+from onboard.ladder.gates import evaluate, gate_passed, load_checklist, timed_apart
 from onboard.rungs import gate_recipe
 from onboard.rungs import parallel_degrees
 from onboard.rungs import simple_fsdp_rung as simple_fsdp
@@ -149,6 +149,9 @@ def test_measurements_judged_by_the_checklist(tmp_path):
     assert [name for name, r in results.items() if not r["ok"]] == ["step1_grad_norm"]
     assert m["bf16_loss_curve_max_rel"] == pytest.approx(0.01 / 5.1)
     assert m["fsdp2_step1_loss_rel_err"] == 0.0 and m["fsdp2_over_simple_fsdp_step_time"] == 1.0
+    # two launches timed apart: context, with no interval and no outcome
+    assert m["fsdp2_vs_simple_fsdp_context"].startswith("context (timed apart, no interval): FSDP2's median step")
+    assert "CI" not in m["fsdp2_vs_simple_fsdp_context"] and "faster" not in m["fsdp2_vs_simple_fsdp_context"]
     m = simple_fsdp.measure(rows([7.0] * n, norm=3.0), bf16, [], baseline=(7.0, 3.0), eager_evidence=None, steps=n)
     assert m["fsdp2_step_time_median_s"] is None  # FSDP2 failed: recorded, not judged
     assert gate_passed(evaluate(load_checklist("simple_fsdp"), {**m, "world_size": 2, "bf16_loss_curve_max_rel": 0,
@@ -173,7 +176,8 @@ def test_bf16_is_kept_only_when_faster_and_on_the_fp32_curve(debug_ws, tmp_path)
     ctx = ctx_for(debug_ws, tmp_path)
     faster = compare(lambda: 0.1, lambda: 0.2)  # bf16 steps, fp32 steps: noiseless, twice as fast
     tie = compare(lambda: 0.2, lambda: 0.2)
-    m = {"bf16_loss_curve_max_rel": 0.001, "fsdp2_vs_simple_fsdp": "FSDP2 is 1.4x faster (...)"}
+    m = {"bf16_loss_curve_max_rel": 0.001,
+         "fsdp2_vs_simple_fsdp_context": timed_apart(0.14, 0.2, "SimpleFSDP", "FSDP2")}
     edits, choice, (d,) = simple_fsdp.recipe_choices(ctx, None, m, timing=faster)
     assert [(e.key, e.value) for e in edits] == [("training.mixed_precision_param", "bfloat16")]
     assert "is faster than training.mixed_precision_param=float32: 2.00x" in choice["mixed_precision_why"]

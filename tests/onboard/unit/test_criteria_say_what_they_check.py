@@ -97,5 +97,5 @@ def test_status_and_the_report_print_a_degenerate_decision_interval_as_not_measu
     assert decision_factor(measured_decision(decision([1e-6, 5.0]))) is None  # no speed-up on a wide interval
     assert decision_factor(decision([1e-6, 5.0])).low is None  # the report's own reader drops it too
     wide = Factor(1.5, 0.01, 40.0, 0.01, "indistinguishable", True, "", 2)  # a product of intervals, 4000x apart
-    assert factor_cell(wide) == "1.50x indistinguishable (interval: not measured)"
+    assert factor_cell(wide) == "1.50x (interval: not measured)"  # and no outcome the interval cannot carry
     assert factor_cell(Factor(1.5, 1.2, 1.8, 0.01, "faster")) == "1.50x (1.20-1.80, 99%) faster"

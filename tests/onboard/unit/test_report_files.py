@@ -66,8 +66,8 @@ def test_report_writes_the_pictures_the_summary_and_a_self_contained_html(demo_w
         "**cpu**",
         "5,573,888 parameters",
         "final recipe (compile rung)",
-        "| step time | 211 ms | 171 ms | 1.23x (two runs timed apart: no interval, not a decision) |",
-        "| tokens/s | 2,429 | 2,988 | 1.23x (timed apart, not a decision) |",
+        "| step time | 211 ms | 171 ms | 1.23x context (timed apart, no interval), not a decision |",
+        "| tokens/s | 2,429 | 2,988 | 1.23x context (timed apart, no interval), not a decision |",
         "| MFU | 36.5% | 44.9% |",
         "| peak memory | 553 MiB | 670 MiB |",
         "Not like-for-like",
@@ -93,8 +93,8 @@ def test_report_writes_the_pictures_the_summary_and_a_self_contained_html(demo_w
     assert "Decisions: none recorded yet" in summary and "x**" not in summary
     pictures = report.split("## Pictures", 1)[1].split("\n## ", 1)[0]
     assert f"| 3 | compile | compile mode vs eager: compile chosen | kept | {compile_cell} |" in pictures
-    assert "*timed apart: no interval*" in pictures and "union bound" in pictures
-    assert compile_cell in page and "timed apart: no interval" in page
+    assert "*context (timed apart, no interval)*" in pictures and "union bound" in pictures
+    assert compile_cell in page and "context (timed apart, no interval)" in page
     protocol = out["summary"]["protocol_speedup"]
     assert (protocol["speedup"], protocol["protocol"]) == (pytest.approx(speed(mode_timing(by, "compile"))[0]), True)
 

@@ -2,8 +2,9 @@
 
 report_ladder.json is a finished demo ladder (`onboard demo`, llama3 debugmodel on the 2-core
 CPU), trimmed: every rung's latest entry with its measurements, the loss curves and the
-first rows of parity's per-module table; graph_trainer's execution-mode record and
-simple_fsdp's bf16-vs-fp32 timing as the rungs record them now. The pure functions of
+first rows of parity's per-module table; graph_trainer's execution-mode record,
+simple_fsdp's bf16-vs-fp32 timing and the kernels rung's tensor peaks per kernel (details.peaks)
+as the rungs record them now. The pure functions of
 onboard.report.facts and onboard.report.steps are checked against its entries, and the drawn
 artists (bar heights, line points, read back from each Figure's Axes) against those functions.
 """
@@ -25,12 +26,11 @@ from onboard.report.speed_section import factor_cell
 from onboard.report.facts import (
     Record,
     loss_series,
-    memory_bars,
     parity_points,
-    policy_bars,
     speedup,
     waterfall_bars,
 )
+from onboard.report.memory_facts import memory_bars, policy_bars
 
 FIXTURE = json.loads((Path(__file__).parent / "report_ladder.json").read_text())
 FINAL_RECIPE = {"compile": {"enable": True}}  # what graph_trainer's recorded edit left in the demo recipe
@@ -209,7 +209,7 @@ def test_rungs_without_an_interleaved_record_are_timed_apart_hatched_and_the_png
     for rung, value in expected.items():
         f = steps[rung].factor
         assert (f.speedup, f.low, f.high, f.protocol, f.outcome) == (pytest.approx(value), None, None, False, None)
-        assert steps[rung].source == rung and steps[rung].text.endswith("timed apart: no interval")
+        assert steps[rung].source == rung and steps[rung].text.endswith("context (timed apart, no interval)")
     final = steps["final recipe"].cumulative  # compile was kept: the product has no interval
     assert (final.speedup, final.low, final.protocol) == (pytest.approx(expected["compile"]), None, False)
     assert steps["eager"].factor.protocol and steps["parity"].factor is None
@@ -218,9 +218,9 @@ def test_rungs_without_an_interleaved_record_are_timed_apart_hatched_and_the_png
         rect, top = bar_of(fig, f"step:{rung}")
         assert rect.get_hatch() == rp.HATCH and top == pytest.approx(expected[rung])
     texts = [t.get_text() for t in axes(fig, "waterfall-steps").texts]
-    assert texts.count(f"{expected['compile']:.2f}x\ntimed apart:\nno interval") == 1
+    assert texts.count(f"{expected['compile']:.2f}x\ncontext:\ntimed apart,\nno interval") == 1
     assert not [c for ax in fig.axes for c in ax.collections if (c.get_gid() or "").endswith("-ci")]  # no whisker
-    assert "timed apart: no interval" in [t.get_text() for t in fig.legends[0].get_texts()]
+    assert "context (timed apart, no interval)" in [t.get_text() for t in fig.legends[0].get_texts()]
     path = rp.write_picture(fig, tmp_path / "waterfall.png")
     assert png_size(path.read_bytes()) == (round(fig.get_figwidth() * rp.DPI), round(fig.get_figheight() * rp.DPI))
 
