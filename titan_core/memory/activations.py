@@ -24,12 +24,16 @@ ROUTED_EXPERTS = ("loop", "grouped_mm", "tokamax")
 
 
 def scores_materialised(s, m=None) -> bool:
-    """Whether attention builds [heads, seq, seq] scores: the naive reference always; SDPA in
-    bf16 on a CPU too (models/common/attention.py picks the math backend there for accuracy); and a
-    model whose layers keep the naive core whatever the kernel (`m.scores_pinned`: soft-capped scores)."""
-    cpu_bf16 = s.device_type == "cpu" and s.compute_dtype == "bfloat16"
+    """Whether attention builds [heads, seq, seq] scores: the naive reference always, and a model whose
+    layers keep the naive core whatever the kernel (`m.scores_pinned`: soft-capped scores)."""
     pinned = bool(getattr(m, "scores_pinned", False))
-    return pinned or s.attention == "naive" or (s.attention == "sdpa" and cpu_bf16)
+    return pinned or s.attention == "naive"
+
+
+def sdpa_upcast(s, m=None) -> bool:
+    """Whether SDPA runs on fp32 copies of bf16 q, k, v (a CPU: models/common/attention.py `sdpa`), which
+    its backward keeps with its fp32 output."""
+    return s.device_type == "cpu" and s.compute_dtype == "bfloat16" and s.attention == "sdpa" and not scores_materialised(s, m)
 
 
 def keys_per_query(s) -> int:
@@ -74,6 +78,8 @@ def layer_bytes_per_token(m, s, *, moe: bool, rope: bool, policy: str) -> int:
     if rope:
         out += 2 * (qd + kd) * c
     out += qd * c + lse + qd * c  # attention output, logsumexp, the contiguous copy wo reads
+    if sdpa_upcast(s, m):  # the flash backward reads fp32 q, k, v and its fp32 output instead of the bf16 one
+        out += (2 * qd + 2 * kd) * 4 - qd * c
     if scores:  # k/v repeated to every query head, the fp32 softmax, its cast back (naive)
         out += 2 * qd * c + scores * (4 + (c if c != 4 and (s.attention == "naive" or getattr(m, "scores_pinned", False)) else 0))
     out += d * c + _norm(d, c)  # x + attn (the second norm's input), the second norm
@@ -133,6 +139,8 @@ def activation_bytes(m, s) -> tuple[int, int, int]:
     in_flight = (2 * m.dim + 3 * max(m.ffn_hidden_dim, expert_width)) * c
     if scores_materialised(s, m):
         in_flight += 2 * m.n_heads * keys_per_query(s) * 4  # the softmax's gradient and the scores'
+    elif sdpa_upcast(s, m):
+        in_flight += (m.n_heads + 2 * m.n_kv_heads) * m.head_dim * 4  # fp32 gradients of q, k, v
     transient = max(loss_transient, tokens * (back + in_flight))
     if s.memory_policy == "offload" and s.device_type != "cpu":  # on a CPU the host is the device
         return loss_saved, layers, transient

@@ -108,7 +108,7 @@ class TrainSetup:
     """sdpa and the fused kernels keep O(seq) per query; naive materialises the scores."""
     moe: str = "loop"
     device_type: str = "cpu"
-    """cpu | cuda | tpu: on a CPU offloaded activations stay in the same memory, and bf16 SDPA builds scores."""
+    """cpu | cuda | tpu: on a CPU offloaded activations stay in the same memory, and bf16 SDPA attends on fp32 copies."""
     runtime_bytes: int = 0
     """What the training process allocates besides tensors (RUNTIME_BYTES of its device type)."""
 

@@ -187,7 +187,7 @@ def apply_simple_fsdp(
     otherwise, left as they are (expert weights on the expert mesh: expert_parallel.py).
     """
     tp_mesh = mesh["tp"] if "tp" in mesh.mesh_dim_names else None
-    if mesh.size() == 1:
+    if mesh.size() == 1 and _world_size() == 1:  # other ranks (pipeline stages) expect the DTensor form
         return _one_process(model, mp, keep_stored, skip)
     done: dict[int, tuple[nn.Parameter, Gather]] = {}
     for mod_name, module in model.named_modules():
@@ -211,8 +211,12 @@ def apply_simple_fsdp(
     return model
 
 
+def _world_size() -> int:
+    return torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1
+
+
 def _one_process(model: nn.Module, mp: MixedPrecision, keep_stored: frozenset[str], skip: frozenset[str]) -> nn.Module:
-    """SimpleFSDP on a mesh of one rank: plain parameters, each read through a `Cast` where the policy
+    """SimpleFSDP of a one-process run: plain parameters, each read through a `Cast` where the policy
     computes in another dtype than the stored one (the gather and the mean-reduce are the identity)."""
     for mod_name, module in model.named_modules():
         reads = {}
