@@ -154,13 +154,15 @@ class Comparison:
     candidate_median_s: float
     baseline_median_s: float
     paired: bool = True
+    """True for every answer `compare` gives; an older record of two runs timed apart says False, and
+    nothing reads such a record as a decision."""
     load_before: float | None = None
     """The machine's 1-minute load average when measuring began (None where the OS has none)."""
     load_after: float | None = None
     """The 1-minute load average when measuring ended."""
     foreign_cores: float | None = None
     """Cores' worth of CPU other processes held on our cores during the (last) attempt, on average;
-    None where it was not measured (no /proc/stat, a window too short to resolve, unpaired runs)."""
+    None where it was not measured (no /proc/stat, a window too short to resolve)."""
     not_measured_why: str | None = None
     """Why the outcome is `not measured`: the figure and the protocol's limit it broke."""
     load_note: str | None = None
@@ -278,7 +280,7 @@ def _exp(x: float) -> float:
     return math.exp(x) if x < 709.0 else math.inf
 
 
-def _result(mean, lo, hi, cand, base, protocol, stopped, *, paired, **machine) -> Comparison:
+def _result(mean, lo, hi, cand, base, protocol, stopped, **machine) -> Comparison:
     """The Comparison of a log-ratio estimate `mean` with its interval [lo, hi]; `not measured` when
     the interval is not finite or rests on fewer than 2 rounds. `machine`: load_before, load_after,
     foreign_cores, load_note."""
@@ -293,7 +295,6 @@ def _result(mean, lo, hi, cand, base, protocol, stopped, *, paired, **machine) -
         stopped=stopped,
         candidate_median_s=statistics.median(cand),
         baseline_median_s=statistics.median(base),
-        paired=paired,
         candidate_times_s=list(cand),
         baseline_times_s=list(base),
         **machine,
@@ -357,7 +358,7 @@ def compare(
     foreign = cpu_load.foreign_cores(before, after)
     if stopped == "max_seconds" and cap < p.max_seconds:
         stopped = "budget"
-    return _result(mean, lo, hi, cand, base, p, stopped, paired=True, load_before=before.load_1m,
+    return _result(mean, lo, hi, cand, base, p, stopped, load_before=before.load_1m,
                    load_after=after.load_1m, foreign_cores=foreign, load_note=_load_note(before, after, foreign))  # fmt: skip
 
 
