@@ -12,7 +12,7 @@ compute through SimpleFSDP's gather at one rank):
   and the Graph Trainer (the whole step captured; `--graph-compile inductor` compiles it whole);
 - per mode: tokens/s over whole steps after two warm-up steps, each step between two device
   synchronisations (median, min, max and the interquartile spread); MFU, titan_core's own
-  `flops_per_token(args, seq)` over the bf16 peak of onboard/sizing/hardware.py's table; the
+  `flops_per_token(args, seq)` over the bf16 peak of onboard/sizing/plan/hardware.py's table; the
   trainer's memory estimate against `torch.cuda.max_memory_allocated()` of the steady steps, and
   their ratio; the step-1 loss, which the three modes must agree on;
 - fused linear cross-entropy (kernels.loss = fused_ce) against the plain loss on the 8B slice at the
@@ -125,12 +125,12 @@ def peak(device: dict) -> dict:
     if device["type"] != "cuda":
         return {"flops": None, "source": "CPU: each part's trainer peak, the best matmul rate measured on this "
                 "machine (titan_core/runtime/cpu_peak.py); CPU MFU is indicative"}  # fmt: skip
-    from onboard.sizing.hardware import HARDWARE
+    from onboard.sizing.plan.hardware import HARDWARE
 
     for kind, hw in HARDWARE.items():
         if hw.device_type == "cuda" and kind in device["name"].lower():
-            return {"flops": hw.peak_bf16, "source": f"onboard/sizing/hardware.py HARDWARE[{kind!r}]: {hw.source}"}
-    return {"flops": None, "source": f"no row of onboard/sizing/hardware.py names {device['name']!r}: each part "
+            return {"flops": hw.peak_bf16, "source": f"onboard/sizing/plan/hardware.py HARDWARE[{kind!r}]: {hw.source}"}
+    return {"flops": None, "source": f"no row of onboard/sizing/plan/hardware.py names {device['name']!r}: each part "
             "uses the trainer's (titan_core.runtime.devices.PEAK_BF16_FLOPS; nan when unknown)"}  # fmt: skip
 
 

@@ -1,6 +1,6 @@
 """`onboard plan`'s predictions beside published training runs: tokens/s per device and MFU, with the ratio.
 
-Each published run (onboard/sizing/plan_published.py, each with its source: TorchTitan's Llama 3.1 8B
+Each published run (onboard/sizing/plan/published.py, each with its source: TorchTitan's Llama 3.1 8B
 on 8 and 128 H100s, its 70B on 256, its SimpleFSDP pair; MaxText's Llama 3.1 70B and 405B and
 Qwen3-235B-A22B on TPU v7x) is re-created on meta, nothing allocated: the model's flavor, the target
 from the plan's device table, the published layout, batch, memory policy and execution mode. The ratio
@@ -23,9 +23,9 @@ import time
 
 os.environ.setdefault("TORCH_DEVICE_BACKEND_AUTOLOAD", "0")
 
-from onboard.sizing.hardware import table_rows  # noqa: E402
-from onboard.sizing.plan_published import PUBLISHED, constants_in_use, derive_constants, predicted  # noqa: E402
-from onboard.sizing.plan_search import TIE  # noqa: E402
+from onboard.sizing.plan.hardware import table_rows  # noqa: E402
+from onboard.sizing.plan.published import PUBLISHED, constants_in_use, derive_constants, predicted  # noqa: E402
+from onboard.sizing.plan.search import TIE  # noqa: E402
 
 BAND = (0.75, 1.33)
 """The band a held-out predicted / published ratio should fall in."""

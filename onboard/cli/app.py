@@ -54,7 +54,7 @@ def new_model(
 
     def body(out: Out) -> int:
         from onboard.workspace.scaffold import plan_workspace, write_workspace
-        from onboard.sizing.twin_setup import apply_twin
+        from onboard.sizing.twin.setup import apply_twin
 
         def not_causal_reason(cfg):  # the transformers path's probe; compat loads only when it is asked
             from onboard.compat.causal import not_causal_reason
@@ -108,7 +108,7 @@ def new_model(
         if warning:
             out.print(f"[bold yellow]warning:[/] {markup_safe(warning)}", soft_wrap=True)
         if choice.twin is not None:
-            from onboard.sizing.twin_setup import twin_table
+            from onboard.sizing.twin.setup import twin_table
 
             reason = markup_safe(choice.reason)
             out.print(f"[bold]the gates run on a twin[/] (twin.json), because {reason}", soft_wrap=True)

@@ -63,7 +63,7 @@ def plan_cmd(
     what would fit when nothing does, or when --check finds the recipe does not run."""
 
     def body(out: Out) -> int:
-        from onboard.sizing.workspace_plan import plan_lines, plan_result
+        from onboard.sizing.plan.workspace import plan_lines, plan_result
         from onboard.workspace.layout import Workspace
 
         ws = Workspace.load(check_dir(dir), name)
@@ -76,7 +76,7 @@ def plan_cmd(
                 out.emit(result)
             return EXIT_FAILED
         if check and result["recipe"]:
-            from onboard.sizing.plan_check import check_plan_recipe
+            from onboard.sizing.plan.check import check_plan_recipe
 
             out.log(f"checking {Path(result['recipe']).name} on this CPU ...")
             result["check"] = check_plan_recipe(ws, Path(result["recipe"]))

@@ -1,6 +1,6 @@
 """The contract between the ladder engine and every rung (DESIGN section 4).
 
-A rung module `onboard/rungs/<rung>_rung.py` exposes `RUNG = "<rung>"` and `run(ctx: RungContext) ->
+A rung module (`onboard/rungs/<rung>_rung.py`, or `<rung>/rung.py` for a rung with parts of its own) exposes `RUNG = "<rung>"` and `run(ctx: RungContext) ->
 RungResult`: it does the work and returns its declared `Measurements` and the `RecipeEdit`s it earned.
 It never decides pass or fail (the engine evaluates `checklists/<rung>.yaml`) and never writes ladder.json
 or recipe.toml (the engine applies the edits only when the gate passed, onboard.ladder.recipe_edit). Bad

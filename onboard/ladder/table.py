@@ -117,9 +117,9 @@ TABLE: dict[str, Rung] = {
         Rung("compile", CompileMeasurements, "onboard.rungs.compile_rung", reads_all_but_mode, earns=MODE_EARNS),
         Rung("graph_trainer", GraphTrainerMeasurements, "onboard.rungs.graph_trainer_rung", reads_all_but_mode,
              earns=MODE_EARNS),
-        Rung("kernels", KernelsMeasurements, "onboard.rungs.kernels_rung", reads_all_but_tuning,
+        Rung("kernels", KernelsMeasurements, "onboard.rungs.kernels.rung", reads_all_but_tuning,
              earns=frozenset({"kernels.*"})),
-        Rung("tuning", TuningMeasurements, "onboard.rungs.tuning_rung", earns=TUNING_KEYS),
+        Rung("tuning", TuningMeasurements, "onboard.rungs.tuning.rung", earns=TUNING_KEYS),
     )
 }  # fmt: skip
 """Every rung of DESIGN section 1, in ladder order (RUNGS)."""

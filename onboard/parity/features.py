@@ -400,7 +400,7 @@ def not_held(features: dict[str, Feature], full_config, holder: str, twin_config
     twin's (`features`, declared from what the twin holds) does not, marked declared and exercised by
     no pass, since the twin dropped it; and, given the twin's config (`twin_config`), `gqa_ratio` where
     the twin's query heads per key/value head differ from the full model's (a --twin-width that cannot
-    hold them, onboard/sizing/twin_heads.py): the key/value expansion parity ran is not the full
+    hold them, onboard/sizing/twin/heads.py): the key/value expansion parity ran is not the full
     model's. Returns their names."""
     dropped = []
     for name, f in declare(full_config).items():

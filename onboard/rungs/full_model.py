@@ -1,7 +1,7 @@
 """A part of the eager rung (not a rung): the full-size model, checked without materialising it.
 
 The eager rung trains the workspace's model, which is a twin when the full model does not fit here
-(onboard/sizing/twin_setup.py); this probe checks the full model of config.json all the same, on the
+(onboard/sizing/twin/setup.py); this probe checks the full model of config.json all the same, on the
 meta device, so no byte of it is allocated:
 
 - it builds: the recipe's [model] section with config.json as its architecture, as `onboard train`

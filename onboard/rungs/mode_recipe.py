@@ -9,7 +9,7 @@ from pathlib import Path
 
 from onboard.rungs.gate_recipe import compute_dtype, resolved_device_type
 from titan_core.config.loader import set_key
-from onboard.rungs.kernel_compare import applicable_kernels
+from onboard.rungs.kernels.compare import applicable_kernels
 from titan_core.config.swaps import swap_applicability
 from titan_core.training.model_builder import build_meta_model
 

@@ -1,5 +1,5 @@
 """Will the gates' runs fit on the device a new workspace is set up for? `new-model` asks, and
-derives a twin (onboard/sizing/twin.py) when the full model does not fit.
+derives a twin (onboard/sizing/twin/derive.py) when the full model does not fit.
 
 The answer comes from titan_core's memory model (titan_core/memory/estimate.py), the one the
 trainer refuses oversized runs with, applied to the workspace's own recipe and the model
@@ -26,7 +26,7 @@ import torch
 
 from onboard.errors import BadInput
 from onboard.rungs.simple_fsdp_rung import world_size
-from onboard.sizing.twin import TwinError, derive_twin
+from onboard.sizing.twin.derive import TwinError, derive_twin
 from titan_core.config import from_dict
 from titan_core.memory.budget import device_budget
 from titan_core.memory.estimate import format_bytes
@@ -62,7 +62,7 @@ class TwinChoice:
     """What new-model decided about a twin, and the rows of its table."""
 
     twin: Any | None
-    """onboard.sizing.twin.Twin, or None when the gates run the full model."""
+    """onboard.sizing.twin.derive.Twin, or None when the gates run the full model."""
     reason: str
     full_fit: GateFit | None = None
     twin_fit: GateFit | None = None

@@ -5,7 +5,7 @@
     entries_of(layer_types, kept)               # a per-layer list cut to the kept layers
     moved_token_ids(cfg, move)                  # {"eos_token_id": ...}: the ids `move` changes
 
-A twin (onboard/sizing/twin.py) keeps the full model's structure at a debug model's size: its head
+A twin (onboard/sizing/twin/derive.py) keeps the full model's structure at a debug model's size: its head
 layout and head_dim, its layer pattern's periods, its sizes scaled with the width. A tiny config
 (onboard/compat/tiny.py) is the smallest a transformers config class builds, set through the class's
 own arguments. They differ in how small, and share:

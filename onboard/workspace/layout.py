@@ -24,7 +24,7 @@ WORKSPACES = "onboarding"
 RECIPE = "recipe.toml"
 HF_CONFIG = "config.json"
 TWIN = "twin.json"
-"""The twin the gates run on when the full model does not fit here (onboard/sizing/twin.py)."""
+"""The twin the gates run on when the full model does not fit here (onboard/sizing/twin/derive.py)."""
 LEDGER = "ladder.json"
 REPORT = "REPORT.md"
 

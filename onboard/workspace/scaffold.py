@@ -100,7 +100,7 @@ class Plan:
     attention_why: str = ""
     threads: tuple[int, str] | None = None
     twin: dict | None = None
-    """The twin the gates run on (onboard/sizing/twin_setup.py): {config, rows, summary, reason}; None: the full model."""
+    """The twin the gates run on (onboard/sizing/twin/setup.py): {config, rows, summary, reason}; None: the full model."""
     files: dict[str, str] = field(default_factory=dict)
     backup: Path | None = None
     """Where `--force` moved the workspace it replaced (`<NAME>.backup-<time>` beside it); None when none."""

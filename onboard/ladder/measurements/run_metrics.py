@@ -66,7 +66,7 @@ DERIVED: dict[type, tuple[tuple[str, dict[str, str]], ...]] = {
 }  # fmt: skip
 """{rung's Measurements: ((run label, {measurement: what of that run's rows}), ...)}: the measurements a
 rung takes straight from one gated run's rows (onboard/rungs/eager_rung.py `measure`, compile_rung.py
-`measure_run`, simple_fsdp_rung.py `measure`, tuning_rung.py `summarise`), by the label it records the
+`measure_run`, simple_fsdp_rung.py `measure`, tuning/rung.py `summarise`), by the label it records the
 run under. A reader re-derives each from that run's metrics file."""
 
 

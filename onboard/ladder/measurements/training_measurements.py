@@ -376,7 +376,7 @@ class TuningMeasurements(BesideEager):
     """{recipe key: value} of every tuned key before the rung."""
     final_values: dict = ABSENT
     """{recipe key: value} of every tuned key in the final recipe."""
-    # activation checkpointing (tuning_checkpoint.py), tried only where memory ended the batch search
+    # activation checkpointing (tuning/checkpoint.py), tried only where memory ended the batch search
     checkpoint_tried: bool = ABSENT
     """Whether a checkpointing mode was run at a larger batch (details.activation_checkpoint)."""
     checkpoint_why: str = ABSENT

@@ -21,8 +21,8 @@ from titan_core.config.swaps import (
     registered_swaps,
     swap_applicability,
 )
-from onboard.rungs.kernel_compare import applicable_kernels, compare_kernel
-from onboard.rungs.kernel_compare import KERNEL_FLAGS
+from onboard.rungs.kernels.compare import applicable_kernels, compare_kernel
+from onboard.rungs.kernels.compare import KERNEL_FLAGS
 from titan_core.kernels.fused_ce import FusedCrossEntropyHead
 from titan_core.kernels.moe import GroupedMMExperts
 from titan_core.models import build_meta, resolve_args

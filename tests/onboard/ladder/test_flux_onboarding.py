@@ -15,7 +15,7 @@ from onboard.cli.app import app
 from onboard.parity.check import check_workspace
 from onboard.parity.criteria import asserted_criteria
 from onboard.rungs import eager_rung
-from onboard.rungs.kernel_compare import build_model_with, forward, kernels_for, make_batch
+from onboard.rungs.kernels.compare import build_model_with, forward, kernels_for, make_batch
 from onboard.workspace.scaffold import plan_workspace, write_workspace
 from titan_core.measure.numerics import rel_l2
 from titan_core.models.common.attention import NaiveAttention
@@ -137,7 +137,7 @@ FLUX1_DEV = {
 
 def test_flux1_dev_gets_a_twin_and_is_counted_whole_on_meta(tmp_path):
     from onboard.parity.diffusion import diffusers_model
-    from onboard.sizing.twin_setup import apply_twin
+    from onboard.sizing.twin.setup import apply_twin
     from titan_core.models.registry import build_meta
 
     path = tmp_path / "config.json"

@@ -29,7 +29,7 @@ from onboard.rungs import gate_recipe
 from onboard.rungs import parallel_degrees
 from onboard.rungs.parallel_degrees import DegreeProof
 from onboard.sizing.fit import choose_twin, gate_fit
-from onboard.sizing.twin import derive_twin
+from onboard.sizing.twin.derive import derive_twin
 from onboard.workspace.scaffold import plan_workspace
 from titan_core.config.loader import ConfigError
 from titan_core.models import get_family

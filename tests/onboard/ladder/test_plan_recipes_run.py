@@ -22,8 +22,8 @@ import pytest
 from typer.testing import CliRunner
 
 from onboard.cli.app import app
-from onboard.sizing.plan_time import COMPUTE_EFFICIENCY
-from onboard.sizing.plan_check import check_plan_recipe
+from onboard.sizing.plan.step_time import COMPUTE_EFFICIENCY
+from onboard.sizing.plan.check import check_plan_recipe
 from onboard.workspace.layout import Workspace
 from real_size_configs import GEMMA2_9B, MIXTRAL, PUBLISHED
 from titan_core.config import load_config

@@ -23,7 +23,7 @@ from onboard.parity.native import build_native, load_adapter, native_args, nativ
 from onboard.rungs import full_model
 from onboard.rungs import gate_recipe
 from onboard.ladder.contract import RungContext
-from onboard.sizing.twin_setup import apply_twin
+from onboard.sizing.twin.setup import apply_twin
 from onboard.workspace.layout import Workspace
 from onboard.workspace.scaffold import plan_workspace, write_workspace
 from test_parity_support import add_adapter_methods

@@ -24,17 +24,17 @@ from onboard.ladder.states import ladder_states
 from onboard.engine.next_step import next_step
 from onboard.rungs import eager_rung as eager
 from onboard.rungs import gate_recipe
-from onboard.rungs import tuning_classify
+from onboard.rungs.tuning import classify as tuning_classify
 from onboard.ladder.contract import RungContext, settle_runs
-from onboard.rungs.tuning_runs import Runs
+from onboard.rungs.tuning.runs import Runs
 from onboard.workspace.layout import Workspace
-from onboard.rungs import tuning_flags as flag_table
-from onboard.rungs.tuning_classify import CLASSES
-from onboard.rungs.tuning_profile import CATEGORIES
+from onboard.rungs.tuning import flags as flag_table
+from onboard.rungs.tuning.classify import CLASSES
+from onboard.rungs.tuning.profile import CATEGORIES
 
 # whole_machine: the rung times its changes, and the climbs beside it would be its noise
 pytestmark = [pytest.mark.slow, pytest.mark.whole_machine]
-MODULE = "onboard.rungs.tuning_rung"
+MODULE = "onboard.rungs.tuning.rung"
 tuning = importlib.import_module(MODULE)
 
 DIVERGING = flag_table.Flag(

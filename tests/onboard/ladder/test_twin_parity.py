@@ -21,7 +21,7 @@ import torch.nn.functional as F
 
 from onboard.parity.check import check_workspace
 from onboard.parity.criteria import asserted_criteria
-from onboard.sizing.twin_setup import apply_twin
+from onboard.sizing.twin.setup import apply_twin
 from onboard.workspace.scaffold import plan_workspace, write_workspace
 from real_size_configs import PUBLISHED
 from titan_core.models.common import attention

@@ -3,7 +3,7 @@ builds from a workspace's recipe): the recipe is the flavor with the plan's kern
 
 from __future__ import annotations
 
-from onboard.sizing.plan_accept import Acceptance
+from onboard.sizing.plan.accept import Acceptance
 from titan_core.memory.estimate import ModelShape
 from titan_core.config import from_dict
 from titan_core.memory.estimate import TrainSetup

@@ -13,7 +13,7 @@ import pytest
 
 from onboard.ladder import decision
 from onboard.rungs import timing_profiles
-from onboard.rungs.tuning_rung import recipe_edits
+from onboard.rungs.tuning.rung import recipe_edits
 from titan_core.config.sections import JobConfig
 from titan_core.measure.cpu_load import LoadSnapshot
 from titan_core.measure.timing import compare

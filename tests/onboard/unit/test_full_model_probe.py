@@ -18,7 +18,7 @@ from onboard.rungs import full_model
 from onboard.rungs import gate_recipe
 from onboard.ladder.contract import RungContext
 from onboard.workspace.scaffold import plan_workspace, write_workspace
-from onboard.sizing.twin_setup import apply_twin
+from onboard.sizing.twin.setup import apply_twin
 from onboard.workspace.layout import Workspace
 from real_size_configs import PUBLISHED
 from test_checkpoint_headers import hf_state_dict, meta_specs, write_fake, write_real

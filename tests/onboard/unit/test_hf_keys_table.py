@@ -1,5 +1,5 @@
 """One HF-name table (titan_core/models/common/hf_keys.py) behind everything that reads a config's keys:
-the families' adapters, the twin (onboard/sizing/twin.py) and the header check
+the families' adapters, the twin (onboard/sizing/twin/derive.py) and the header check
 (titan_core/weights/header_check.py). Each name of the table is tried with each reader: a family
 exports and reads a field under the table's first name, a twin of a config that writes a size under
 another of its names shrinks it under that name (no second key beside it), and the header check finds
@@ -17,7 +17,7 @@ import torch
 from safetensors.torch import save_file
 from torch import nn
 
-from onboard.sizing.twin import derive_twin
+from onboard.sizing.twin.derive import derive_twin
 from real_size_configs import PUBLISHED
 from titan_core.models import FAMILY_NAMES, get_family
 from titan_core.models.common.args import TransformerArgs

@@ -24,7 +24,7 @@ from hf_data import doc_text, write_jsonl, write_tokenizer  # noqa: E402
 from hf_tiny import write_tiny_llama  # noqa: E402
 from test_cli import onboard  # noqa: E402
 
-from onboard.sizing.twin_setup import apply_twin  # noqa: E402
+from onboard.sizing.twin.setup import apply_twin  # noqa: E402
 from onboard.workspace.scaffold import plan_workspace, write_workspace  # noqa: E402
 from titan_core.config import load_config  # noqa: E402
 from titan_core.runtime.argv import parse_argv  # noqa: E402

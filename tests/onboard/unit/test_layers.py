@@ -127,8 +127,9 @@ def test_status_of_a_climbed_ladder_loads_no_torch_and_no_rung(complete_ws):
         "from typer.testing import CliRunner\n"
         "from onboard.cli.app import app\n"
         f"r = CliRunner().invoke(app, ['status', {ws.name!r}, '--dir', {str(ws.root.parent.parent)!r}, '--json'])\n"
-        "mods = sorted(m for m in sys.modules if m == 'torch' or m.startswith('torch.') or\n"
-        "              (m.startswith('onboard.rungs.') and m.endswith('_rung')))\n"
+        "from onboard.ladder.table import TABLE\n"
+        "runners = {r.runner for r in TABLE.values()}\n"
+        "mods = sorted(m for m in sys.modules if m == 'torch' or m.startswith('torch.') or m in runners)\n"
         "print(__import__('json').dumps({'exit': r.exit_code, 'out': r.stdout, 'loaded': mods}))\n"
     )
     env = {**os.environ, "TORCH_DEVICE_BACKEND_AUTOLOAD": "0"}

@@ -22,11 +22,11 @@ from titan_core.runtime.argv import LAUNCH
 from typer.testing import CliRunner
 
 from onboard.cli.app import app
-from onboard.sizing.hardware import HARDWARE
-from onboard.sizing.plan import GIB, HEADROOM, Target, parse_target, plan_training
-from onboard.sizing.plan_memory import device_memory, stored_elements
-from onboard.sizing.plan_search import TIE
-from onboard.sizing.plan_time import COMPUTE_EFFICIENCY
+from onboard.sizing.plan.hardware import HARDWARE
+from onboard.sizing.plan.training import GIB, HEADROOM, Target, parse_target, plan_training
+from onboard.sizing.plan.memory import device_memory, stored_elements
+from onboard.sizing.plan.search import TIE
+from onboard.sizing.plan.step_time import COMPUTE_EFFICIENCY
 from plan_models import accepting
 from real_size_configs import PUBLISHED
 from titan_core.memory.activations import layer_bytes_per_token

@@ -13,10 +13,10 @@ from dataclasses import replace
 from typer.testing import CliRunner
 
 from onboard.cli.app import app
-from onboard.sizing.hardware import HARDWARE
-from onboard.sizing.plan import HEADROOM, parse_target, plan_training
-from onboard.sizing.plan_memory import REGATHERING, device_memory
-from onboard.sizing.workspace_plan import plan_workspace_target
+from onboard.sizing.plan.hardware import HARDWARE
+from onboard.sizing.plan.training import HEADROOM, parse_target, plan_training
+from onboard.sizing.plan.memory import REGATHERING, device_memory
+from onboard.sizing.plan.workspace import plan_workspace_target
 from onboard.workspace.layout import Workspace
 from plan_models import accepting
 from real_size_configs import PUBLISHED

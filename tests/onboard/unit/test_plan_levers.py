@@ -14,9 +14,9 @@ from types import SimpleNamespace
 from typer.testing import CliRunner
 
 from onboard.cli.app import app
-from onboard.sizing.plan import parse_target
-from onboard.sizing.plan_levers import merged, mode_levers, planning_kernels
-from onboard.sizing.workspace_plan import recipe_name
+from onboard.sizing.plan.training import parse_target
+from onboard.sizing.plan.levers import merged, mode_levers, planning_kernels
+from onboard.sizing.plan.workspace import recipe_name
 from real_size_configs import PUBLISHED
 from titan_core.config import from_dict
 from titan_core.models.registry import get_family

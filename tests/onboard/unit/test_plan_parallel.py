@@ -21,10 +21,10 @@ import pytest
 from typer.testing import CliRunner
 
 from onboard.cli.app import app
-from onboard.sizing import plan_memory
-from onboard.sizing.hardware import HARDWARE
-from onboard.sizing.plan import GIB, Target, parse_target, plan_training
-from onboard.sizing.plan_memory import (
+from onboard.sizing.plan import memory as plan_memory
+from onboard.sizing.plan.hardware import HARDWARE
+from onboard.sizing.plan.training import GIB, Target, parse_target, plan_training
+from onboard.sizing.plan.memory import (
     Layout,
     MemSetup,
     device_memory,
@@ -32,7 +32,7 @@ from onboard.sizing.plan_memory import (
     loss_head_bytes,
     stored_elements,
 )
-from onboard.sizing.plan_time import (
+from onboard.sizing.plan.step_time import (
     COMPUTE_EFFICIENCY,
     Efficiency,
     StepInputs,

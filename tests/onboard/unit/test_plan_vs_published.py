@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from onboard.sizing.plan_published import PUBLISHED, constants_in_use, derive_constants
-from onboard.sizing.plan_search import TIE
+from onboard.sizing.plan.published import PUBLISHED, constants_in_use, derive_constants
+from onboard.sizing.plan.search import TIE
 
 ROOT = Path(__file__).resolve().parents[3]
 

@@ -20,10 +20,10 @@ Which degrees are tried:
   also compiled per block when the recipe's step is, each with activation checkpointing none, selective
   op (`default`: the matmul outputs kept) or full; and the Graph Trainer's captured step with its
   default / full / offload policy (SimpleFSDP; offload not on a CPU), also scanned over its layers where
-  they are identical. Each mode is priced at its own efficiency (plan_time.py).
+  they are identical. Each mode is priced at its own efficiency (plan/step_time.py).
 
 Each fitting option is then judged by titan_core (`accept`: the recipe the plan would write for it,
-through titan_core.parallel.check_parallelism and the model-level checks; onboard/sizing/plan_accept.py):
+through titan_core.parallel.check_parallelism and the model-level checks; onboard/sizing/plan/accept.py):
 a refused option keeps titan_core's one-line reason and is never chosen.
 
 Every layout is given the largest batch that fits, at most what keeps the global batch within
@@ -41,7 +41,7 @@ from typing import Any, Callable
 
 from titan_core.memory.estimate import ModelShape, TrainSetup
 
-from onboard.sizing.plan_memory import (
+from onboard.sizing.plan.memory import (
     REGATHERING,
     DeviceMemory,
     Layout,
@@ -50,7 +50,7 @@ from onboard.sizing.plan_memory import (
     largest_batch,
     stage_layers,
 )
-from onboard.sizing.plan_time import StepPrediction
+from onboard.sizing.plan.step_time import StepPrediction
 
 GRAPH_POLICIES = ("default", "full", "offload")
 EAGER_POLICIES = ("none", "default", "full")

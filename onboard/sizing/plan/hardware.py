@@ -9,7 +9,7 @@ in titan_core/memory/budget.py, `PEAK_BF16_FLOPS` in titan_core/runtime/devices.
 MFU uses that peak, so a plan's MFU means the same); a row reads them from there rather than
 keeping a second copy, and adds what only a plan needs: the float8 peak and the links.
 
-HBM bandwidth sets the roofline of a matmul with few rows (plan_time.py: routed experts).
+HBM bandwidth sets the roofline of a matmul with few rows (plan/step_time.py: routed experts).
 Links, in bytes per second one device moves in ONE direction (a ring collective's bottleneck):
 - scale-up: TPU ICI (the published figure is bidirectional per chip, over all its ports: halved
   here), NVLink / Infinity Fabric (bidirectional per GPU: halved);

@@ -1,7 +1,7 @@
 """Rung 6, `kernels`: each fused kernel equals the plain PyTorch path it replaces (DESIGN sections 5 and 6),
 and the recipe holds, per field, the value whole training steps earned.
 
-For every kernel flag titan_core knows (`onboard.rungs.kernel_compare.KERNEL_FLAGS`) the rung asks
+For every kernel flag titan_core knows (`onboard.rungs.kernels.compare.KERNEL_FLAGS`) the rung asks
 whether it applies to this model on this device (`applicable_kernels`; one that does not is
 recorded as not_applicable with the reason, never skipped). For each that applies it
 
@@ -9,13 +9,13 @@ recorded as not_applicable with the reason, never skipped). For each that applie
    weights and batch, fp32 (`compare_kernel`): loss, logits and every parameter's gradient,
    relative L2 (titan_core.measure.numerics); the recipe's other kernel settings (ce_chunk, z_loss, ...)
    are on both sides;
-2. checks it in the recipe's execution mode (`onboard.rungs.kernel_modes.mode_check`): no graph
+2. checks it in the recipe's execution mode (`onboard.rungs.kernels.modes.mode_check`): no graph
    break under per-block compile, no host sync and a clean capture under the Graph Trainer;
    a kernel that fails there is no candidate, with that reason.
 
 kernels.float8 is a precision change, not a kernel of the same arithmetic: its recipes (tensorwise,
 rowwise) are judged against the bf16 recipe by their own documented bound instead of steps 1-2
-(`onboard.rungs.kernels_float8`: each converted layer, and the recipe's loss over its steps).
+(`onboard.rungs.kernels.float8`: each converted layer, and the recipe's loss over its steps).
 
 The checklist judges the worst errors over all kernels (float8's by its own criteria). Then, per
 field (loss, attention, moe, float8),
@@ -35,15 +35,17 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from onboard.ladder.gates import check_value
-from onboard.rungs import gate_recipe, kernels_float8, kernels_steps, timing_profiles, train_run
+from onboard.rungs import gate_recipe, timing_profiles, train_run
+from onboard.rungs.kernels import float8 as kernels_float8
+from onboard.rungs.kernels import steps as kernels_steps
 from onboard.ladder.contract import SHIPPED, RungContext, RungResult
 from onboard.rungs.execution_mode import recipe_mode
-from onboard.rungs.kernels_decide import MemoryRule, all_decisions, decide_all, field_inputs, mark_rows
+from onboard.rungs.kernels.decide import MemoryRule, all_decisions, decide_all, field_inputs, mark_rows
 from onboard.ladder.measurements.kernels_measurements import KernelsMeasurements
 from titan_core.measure.timing import TimingProtocol
-from onboard.rungs.kernel_compare import PRECISION_FIELDS, REFERENCE, applicable_kernels, compare_kernel, parse_flag
-from onboard.rungs.kernel_compare import step_peak
-from onboard.rungs.kernel_modes import mode_check
+from onboard.rungs.kernels.compare import PRECISION_FIELDS, REFERENCE, applicable_kernels, compare_kernel, parse_flag
+from onboard.rungs.kernels.compare import step_peak
+from onboard.rungs.kernels.modes import mode_check
 from titan_core.config.swaps import SwapNotApplicable
 from titan_core.kernels import KernelRefusesModel
 from titan_core.runtime import devices

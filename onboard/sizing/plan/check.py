@@ -37,7 +37,7 @@ from typing import Any
 import torch
 
 from onboard.rungs import gate_recipe
-from onboard.rungs.kernel_compare import applicable_kernels
+from onboard.rungs.kernels.compare import applicable_kernels
 from onboard.rungs.parallel_degrees import share_cores
 from onboard.workspace.layout import Workspace
 from titan_core.config import ConfigError, load_config

@@ -1,4 +1,4 @@
-"""`new-model`'s twin: decide it (onboard/sizing/fit.py's rule), derive it (onboard/sizing/twin.py),
+"""`new-model`'s twin: decide it (onboard/sizing/fit.py's rule), derive it (onboard/sizing/twin/derive.py),
 and put it into the planned workspace before anything is written.
 
 With a twin the workspace holds twin.json next to config.json, recipe.toml's `[model]

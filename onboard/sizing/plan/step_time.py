@@ -47,7 +47,7 @@ stages' compute: exposed only past it.
 
     step = compute x bubble + sum of exposed seconds
 
-The constants come from published runs (onboard/sizing/plan_published.py; `bench/plan_vs_published.py`
+The constants come from published runs (onboard/sizing/plan/published.py; `bench/plan_vs_published.py`
 prints every prediction beside its figure, fitted rows apart from held-out ones); `derive_constants`
 there recomputes them from the table.
 """
@@ -60,12 +60,12 @@ from typing import Any
 
 from titan_core.memory.shape import ModelShape
 
-from onboard.sizing.hardware import Hardware
-from onboard.sizing import plan_memory
-from onboard.sizing.plan_memory import INTERLEAVE, Layout, stage_layers
+from onboard.sizing.plan.hardware import Hardware
+from onboard.sizing.plan import memory as plan_memory
+from onboard.sizing.plan.memory import INTERLEAVE, Layout, stage_layers
 
 COMPUTE_EFFICIENCY = {"cuda": 0.398, "tpu": 0.768, "cpu": 0.5}
-"""Fraction of the bf16 peak a compiled step's executed FLOPs reach, per device type (plan_published.py's
+"""Fraction of the bf16 peak a compiled step's executed FLOPs reach, per device type (plan/published.py's
 `derive_constants` recomputes each from its row).
 cuda: TorchTitan, Llama 3.1 8B on 8 x H100, FSDP + torch.compile, 6,667 tokens/s per GPU (row
 "torchtitan-llama3.1-8b-compile"): the efficiency at which this model predicts that figure.

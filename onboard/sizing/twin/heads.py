@@ -1,4 +1,4 @@
-"""A twin's attention heads and width (onboard/sizing/twin.py puts them into the twin's config).
+"""A twin's attention heads and width (onboard/sizing/twin/derive.py puts them into the twin's config).
 
     heads = twin_heads(full_args, width=None, derives=False)   # Heads(n_heads=16, n_kv_heads=2, ...)
 

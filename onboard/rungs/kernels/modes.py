@@ -19,7 +19,7 @@ from torch import nn
 from titan_core.compile import explain_blocks, graph_breaks_total
 from titan_core.compile.graph_trainer import CaptureError, find_host_syncs
 from titan_core.config.sections import Kernels, Optimizer
-from onboard.rungs.kernel_compare import build_model_with, kernels_for, make_batch, parse_flag
+from onboard.rungs.kernels.compare import build_model_with, kernels_for, make_batch, parse_flag
 from titan_core.models.common.args import TransformerArgs
 from titan_core.training.optim import build_optimizer
 

@@ -8,14 +8,14 @@ not runs.
 
 The pieces, one job each:
 - hardware.py: the one table of device kinds (memory, bf16 and float8 peaks, links, sources);
-- plan_memory.py: bytes per device of a layout (per-block gathers under FSDP2, experts over ep,
+- plan/memory.py: bytes per device of a layout (per-block gathers under FSDP2, experts over ep,
   vocab-sharded head under TP, the fused loss head, activations over cp, PP's stages and in-flight
   microbatches);
-- plan_time.py: compute at calibrated efficiencies plus a term per collective, overlap stated;
-- plan_search.py: the layouts tried, the choice, and why each degree has its value;
-- plan_accept.py: titan_core's verdict on each candidate (the recipe it would write, checked by
+- plan/step_time.py: compute at calibrated efficiencies plus a term per collective, overlap stated;
+- plan/search.py: the layouts tried, the choice, and why each degree has its value;
+- plan/accept.py: titan_core's verdict on each candidate (the recipe it would write, checked by
   titan_core itself): a combination titan_core refuses is never chosen, and the plan says why;
-- plan_published.py: the published runs the efficiencies come from.
+- plan/published.py: the published runs the efficiencies come from.
 
 The sequence asked for is never changed: when nothing fits at it, the plan has no chosen option and
 `would_fit` says, in one line, what would (a shorter --seq, or more devices and the layout there;
@@ -35,15 +35,15 @@ from titan_core.memory.activations import layer_bytes_per_token
 from titan_core.memory.budget import GIB
 from titan_core.memory.estimate import ModelShape, TrainSetup, format_bytes, tp_local
 
-from onboard.sizing.hardware import HARDWARE, KINDS, PER_HOST, Hardware
-from onboard.sizing import plan_memory
-from onboard.sizing.plan_memory import (
+from onboard.sizing.plan.hardware import HARDWARE, KINDS, PER_HOST, Hardware
+from onboard.sizing.plan import memory as plan_memory
+from onboard.sizing.plan.memory import (
     Layout,
     MemSetup,
     device_memory,
     largest_batch,
 )
-from onboard.sizing.plan_search import (
+from onboard.sizing.plan.search import (
     GLOBAL_TOKENS,
     GRAPH_POLICIES,
     Option,
@@ -55,7 +55,7 @@ from onboard.sizing.plan_search import (
     search,
     why_chosen,
 )
-from onboard.sizing.plan_time import Efficiency, StepInputs, StepPrediction, efficiency_for, predict_step
+from onboard.sizing.plan.step_time import Efficiency, StepInputs, StepPrediction, efficiency_for, predict_step
 
 __all__ = ["GIB", "HEADROOM", "KINDS", "PER_HOST", "Plan", "Target", "parse_target", "plan_training"]
 
@@ -268,8 +268,8 @@ def plan_training(
     chosen = choose(opts)
     offload, scan = offload_of(chosen), scan_of(ps, chosen, opts)
     notes = []
-    notes.append("predictions: memory from onboard/sizing/plan_memory.py (titan_core's activation arithmetic), step "
-                 "time from plan_time.py: compute at efficiencies calibrated on published runs plus a term per "
+    notes.append("predictions: memory from onboard/sizing/plan/memory.py (titan_core's activation arithmetic), step "
+                 "time from plan/step_time.py: compute at efficiencies calibrated on published runs plus a term per "
                  "collective over the target's links (hardware.py)")  # fmt: skip
     reasons: dict[str, str] = {}
     would, why = None, ""

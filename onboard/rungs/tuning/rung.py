@@ -5,14 +5,14 @@ The rung tunes the recipe as it trains (its execution mode and kernels), on the 
 order (never the eager gate's repeated batch, so two ways of splitting the same rows into
 micro-batches see the same tokens), in the optimisation handbook's order: the block sizes of the
 kernels the recipe kept (`ce_chunk` of fused_ce; attention and MoE expose none), the batch
-(tuning_search.py), activation checkpointing where memory ended the batch search (the batch it buys:
-tuning_checkpoint.py), the flags of this device kind (tuning_flags.py).
+(tuning/search.py), activation checkpointing where memory ended the batch search (the batch it buys:
+tuning/checkpoint.py), the flags of this device kind (tuning/flags.py).
 
-Every change is classified on step 1 against the recipe it would change (tuning_classify.py;
+Every change is classified on step 1 against the recipe it would change (tuning/classify.py;
 diverged is rejected untimed), then timed against it per token by the one timing protocol and
-kept only by the keep rule (tuning_decisions.py), each recording its Decision. Then the final
+kept only by the keep rule (tuning/decisions.py), each recording its Decision. Then the final
 recipe (every kept change together) is classified against the untuned recipe on the same rows,
-run once as a whole through `Trainer.train`, and profiled (tuning_profile.py). The kept values
+run once as a whole through `Trainer.train`, and profiled (tuning/profile.py). The kept values
 come back as recipe edits, written by the engine only when the gate passed.
 """
 
@@ -22,23 +22,24 @@ import copy
 import math
 from typing import Any
 
-from onboard.rungs import gate_recipe, run_compare, timing_profiles, train_run, tuning_flags as flag_table
+from onboard.rungs import gate_recipe, run_compare, timing_profiles, train_run
+from onboard.rungs.tuning import flags as flag_table
 from onboard.ladder.contract import SHIPPED, RecipeEdit, RungContext, RungResult
 from onboard.rungs.execution_mode import recipe_mode
-from onboard.rungs.tuning_batch import BatchTrials, max_doublings
-from onboard.rungs.tuning_checkpoint import kept_not_exact, try_checkpointing
-from onboard.rungs.tuning_decisions import change_decision, keep_rule
+from onboard.rungs.tuning.batch import BatchTrials, max_doublings
+from onboard.rungs.tuning.checkpoint import kept_not_exact, try_checkpointing
+from onboard.rungs.tuning.decisions import change_decision, keep_rule
 from onboard.ladder.measurements.training_measurements import TuningMeasurements
 from onboard.ladder.table import TUNING_KEYS
-from onboard.rungs.tuning_runs import Runs
+from onboard.rungs.tuning.runs import Runs
 from titan_core.config.loader import get_key, load_toml, with_keys
 from titan_core.measure.run_stats import not_whole
 from titan_core.measure.timing import TimingProtocol
 from titan_core.memory.estimate import format_bytes
 from titan_core.runtime.launcher import cpu_count
-from onboard.rungs.tuning_search import search
-from onboard.rungs.tuning_classify import classify, curve_check
-from onboard.rungs.tuning_profile import profile_steps
+from onboard.rungs.tuning.search import search
+from onboard.rungs.tuning.classify import classify, curve_check
+from onboard.rungs.tuning.profile import profile_steps
 from titan_core.memory.budget import device_budget
 import torch
 

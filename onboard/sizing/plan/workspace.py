@@ -1,20 +1,20 @@
 """`onboard plan NAME --target KIND[:COUNT] [--seq N]`: the full model of a workspace, planned for
 the machine it will train on, and the recipe to run it there.
 
-The arithmetic is onboard/sizing/plan.py (the search over dp_shard, dp_replicate, tp, ep, cp and
+The arithmetic is onboard/sizing/plan/training.py (the search over dp_shard, dp_replicate, tp, ep, cp and
 pp, the per-device memory model, the step time with a term per collective). This module reads the
 workspace: the full model of config.json (not the twin the gates ran) built on meta through
 the recipe's [model] section, the levers the ladder earned in recipe.toml (re-decided for the
-target where the twin's size or this machine earned them: onboard/sizing/plan_levers.py), and
+target where the twin's size or this machine earned them: onboard/sizing/plan/levers.py), and
 writes `recipe.<kind>-<count>.seq<seq>.toml`: recipe.toml with every flag the ladder earned,
 plus the planned model file, mesh (every degree), batch, microbatches, sequence, precision, memory
 policy and execution mode, each line with its reason, and the `torchrun` line that runs it.
 Nothing is allocated. Each candidate is the recipe it would write, judged by titan_core itself
-(onboard/sizing/plan_accept.py): a combination titan_core refuses is never written, and the result
+(onboard/sizing/plan/accept.py): a combination titan_core refuses is never written, and the result
 lists the refused ones with titan_core's reasons. The sequence is the one asked for: when nothing
 titan_core accepts fits it, no recipe is written and the result's `error` is one line saying what
 would (exit 1 in `onboard plan`).
-`onboard plan --check` then runs that recipe on the twin (onboard/sizing/plan_check.py).
+`onboard plan --check` then runs that recipe on the twin (onboard/sizing/plan/check.py).
 
 A person may edit the recipe a plan wrote (it is theirs to take to the cluster), so plan knows its
 own file by a stamp: its first line holds the sha256 of the rest as plan wrote it (`STAMP`). Plan
@@ -36,12 +36,12 @@ import torch
 from onboard.ladder.recipe_edit import RecipeEditError, edit_text
 from onboard.errors import BadInput
 from onboard.ladder.contract import RecipeEdit
-from onboard.sizing.plan import parse_target, plan_training
-from onboard.sizing.plan_accept import Acceptance, planned_values
-from onboard.sizing.plan_search import GLOBAL_TOKENS, Option
-from onboard.sizing.plan_memory import REGATHERING
-from onboard.sizing.plan_check import check_lines
-from onboard.sizing.plan_levers import Lever, planning_kernels
+from onboard.sizing.plan.training import parse_target, plan_training
+from onboard.sizing.plan.accept import Acceptance, planned_values
+from onboard.sizing.plan.search import GLOBAL_TOKENS, Option
+from onboard.sizing.plan.memory import REGATHERING
+from onboard.sizing.plan.check import check_lines
+from onboard.sizing.plan.levers import Lever, planning_kernels
 from onboard.workspace.fsutil import BACKUP_INFIX, atomic_write_text, backup_aside
 from onboard.workspace.layout import HF_CONFIG, Workspace
 from titan_core.config import ConfigError, load_config

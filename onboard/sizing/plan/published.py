@@ -2,7 +2,7 @@
 the rows that test it without having set anything.
 
     rows = [predicted(row) for row in PUBLISHED]     # predicted / published, per row
-    derive_constants()                               # the constants plan_time.py holds, recomputed
+    derive_constants()                               # the constants plan/step_time.py holds, recomputed
 
 Each row is a run someone published, re-created here on meta (the family's flavor of the model, its
 target from hardware.py, the published layout, batch, memory policy and execution mode). Every row
@@ -41,9 +41,9 @@ from titan_core.models.common.stats import flops_per_token
 from titan_core.models.registry import build_meta, get_family
 from titan_core.parallel.plans import TP_PLANS
 
-from onboard.sizing.plan import CAPTURED_MOE, parse_target, predict_layout
-from onboard.sizing.plan_memory import Layout
-from onboard.sizing.plan_time import (
+from onboard.sizing.plan.training import CAPTURED_MOE, parse_target, predict_layout
+from onboard.sizing.plan.memory import Layout
+from onboard.sizing.plan.step_time import (
     COMPUTE_EFFICIENCY,
     EAGER_RATIO,
     FLOAT8_REALISED,
@@ -190,7 +190,7 @@ def _is_reference(row: Published) -> bool:
 
 
 def derive_constants(rounds: int = 3) -> dict[str, float]:
-    """The constants plan_time.py holds, recomputed from PUBLISHED: each calibrating row's constant scaled
+    """The constants plan/step_time.py holds, recomputed from PUBLISHED: each calibrating row's constant scaled
     until its prediction meets its figure (float8's by bisection: its effect is not proportional)."""
     eff = Efficiency(COMPUTE_EFFICIENCY["cuda"], EAGER_RATIO, FLOAT8_REALISED, GRAPH_AS_IS_RATIO)
     tpu = COMPUTE_EFFICIENCY["tpu"]

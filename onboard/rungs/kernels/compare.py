@@ -2,13 +2,13 @@
 computes what the plain path computes (`compare_kernel`: loss, logits, every gradient), the peak
 memory of one step with it (`step_peak`), and a bare model's forward + backward with it timed
 against another choice (`measure_kernel`; the kernels rung times its keep decisions on the recipe's
-whole training steps instead, onboard/rungs/kernels_steps.py).
+whole training steps instead, onboard/rungs/kernels/steps.py).
 
 Each flag is compared with the plain path of its field (REFERENCE): the model built twice from the
 same weights, once with the kernel's swap and once with the reference's. Errors are
 titan_core.measure.numerics' relative L2; timings go through titan_core.measure.timing. The float8
 flags (PRECISION_FIELDS) change the precision: `applicable_kernels` says where they run, and the
-rung judges them by their own bound against bf16 (onboard/rungs/kernels_float8.py), not here.
+rung judges them by their own bound against bf16 (onboard/rungs/kernels/float8.py), not here.
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ from onboard.ladder.gates import comparison_line
 from onboard.upstream.hf_model import perturb_constants
 
 #: The plain path each kernel is compared with (float8's "none": the bf16 linears; a precision
-#: change, judged by its own bound instead of the fp32 comparison, onboard/rungs/kernels_float8.py).
+#: change, judged by its own bound instead of the fp32 comparison, onboard/rungs/kernels/float8.py).
 REFERENCE = {"loss": "plain", "attention": "naive", "moe": "loop", "float8": "none"}
 #: Every kernel flag, in the order they are reported: within a field, simplest first.
 KERNEL_FLAGS = (

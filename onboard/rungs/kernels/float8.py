@@ -36,8 +36,8 @@ import torch
 from torch import nn
 
 from onboard.rungs import gate_recipe, train_run
-from onboard.rungs.kernel_compare import build_model_with, kernels_for, parse_flag
-from onboard.rungs.kernel_modes import mode_check
+from onboard.rungs.kernels.compare import build_model_with, kernels_for, parse_flag
+from onboard.rungs.kernels.modes import mode_check
 from titan_core.config.swaps import SwapNotApplicable, swap_applicability, swap_selection
 from titan_core.kernels import KernelUnavailable
 from titan_core.kernels.float8 import FLOAT8_GRAD_REL_L2, FLOAT8_LOSS_REL, FLOAT8_OUTPUT_REL_L2, float8_swap

@@ -25,7 +25,7 @@ def derive_flux_twin(
     cfg: dict[str, Any], adapter: Any, *, layers: int | None = None, width: int | None = None
 ) -> tuple[dict[str, Any], list[tuple[str, Any, Any, str]]]:
     """(the twin's config, its rows: (key, full, twin, why)) of the diffusers config `cfg` as
-    `adapter` reads it (onboard/sizing/twin.py makes the Twin). `layers`: total blocks (split
+    `adapter` reads it (onboard/sizing/twin/derive.py makes the Twin). `layers`: total blocks (split
     between the two kinds, both kept); `width` is refused (the width follows the heads here).
     ValueError for a knob out of range."""
     full = flux_config(adapter.args_from_hf(cfg)[0])

@@ -11,12 +11,12 @@ coefficient, the expert layout.
 
 What shrinks, and to what (the debug models' cost, so eager and parity run in seconds on
 a CPU):
-- layers (onboard/sizing/twin_layers.py): the first ones holding one full period of the layer
+- layers (onboard/sizing/twin/layers.py): the first ones holding one full period of the layer
   pattern (sliding/full alternation, RoPE-skip layers, MoE every k-th layer) after the leading
   dense layers, at least MIN_LAYERS, then the first layer of each kind those miss (a pattern
   that is not periodic); per-layer lists (layer_types, mlp_only_layers, no_rope_layers) are
   rewritten for the layers kept;
-- heads (onboard/sizing/twin_heads.py): MHA stays MHA, MQA keeps its one key/value head, GQA
+- heads (onboard/sizing/twin/heads.py): MHA stays MHA, MQA keeps its one key/value head, GQA
   keeps 2 key/value heads and its ratio (32:8 -> 8:2, 64:8 -> 16:2, 64:4 -> 32:2), head_dim kept;
 - hidden_size: WIDTH whatever the heads, so twins of every family are equally wide. Where the
   full config derives head_dim from hidden_size (no head_dim, or head_dim null) and the family
@@ -49,10 +49,10 @@ from titan_core.models.common.args import TransformerArgs
 from titan_core.config.hf_keys import names_in
 from titan_core.models.flux.config import flux_of_args
 
-from onboard.sizing.flux_twin import derive_flux_twin
+from onboard.sizing.twin.flux import derive_flux_twin
 from onboard.sizing.shrink import moved_token_ids, shrinks, shrunk
-from onboard.sizing.twin_heads import MULTIPLE, WIDTH, HeadsError, kind, ratio, twin_heads
-from onboard.sizing.twin_layers import (
+from onboard.sizing.twin.heads import MULTIPLE, WIDTH, HeadsError, kind, ratio, twin_heads
+from onboard.sizing.twin.layers import (
     describe_layers, kinds_label, layer_kinds, pattern_layers, select_layers, select_lists,
 )  # fmt: skip
 
@@ -205,7 +205,7 @@ def derive_twin(
 
 
 def _layers(cfg: dict, twin: dict, full: TransformerArgs, layers: int | None, put, rows: list[TwinRow]) -> list[int]:
-    """Choose the full model's layers the twin keeps (onboard/sizing/twin_layers.py), write the layer
+    """Choose the full model's layers the twin keeps (onboard/sizing/twin/layers.py), write the layer
     count and the per-layer lists into `twin`; the kept layers' indices."""
     least, why_layers = pattern_layers(full)
     if layers is not None and not least <= layers <= full.n_layers:
@@ -228,7 +228,7 @@ def _layers(cfg: dict, twin: dict, full: TransformerArgs, layers: int | None, pu
 def _heads_and_width(
     full: TransformerArgs, width: int | None, derives: bool, width_free: bool, put
 ) -> tuple[int, tuple[int, int]]:
-    """Put the twin's heads and hidden_size (onboard/sizing/twin_heads.py); (hidden_size, (query heads,
+    """Put the twin's heads and hidden_size (onboard/sizing/twin/heads.py); (hidden_size, (query heads,
     key/value heads)). `derives`: the family derives head_dim from hidden_size whatever the config says."""
     if width is not None and width < 1:
         raise TwinError(f"--twin-width {width}: must be a positive integer")

@@ -1,4 +1,4 @@
-"""Which layers of the full model a twin keeps (onboard/sizing/twin.py shrinks the rest).
+"""Which layers of the full model a twin keeps (onboard/sizing/twin/derive.py shrinks the rest).
 
     n, why = pattern_layers(full_args)                  # the first layers that hold every period
     kept = select_layers(full_args, hf_config, n)        # e.g. [0, 1, 40]: layer 40 is the first sliding one

@@ -16,7 +16,7 @@ from __future__ import annotations
 from titan_core.config.loader import with_keys
 from titan_core.memory.estimate import format_bytes
 
-from onboard.rungs.tuning_search import BatchShape
+from onboard.rungs.tuning.search import BatchShape
 
 STEP = "activation_checkpoint"
 MODES = ("selective", "full")

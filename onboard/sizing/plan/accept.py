@@ -1,7 +1,7 @@
 """The recipe a plan option would write, and titan_core's verdict on it: a plan writes only what
 titan_core runs.
 
-The search (plan_search.py) weighs layouts by memory and time; which combinations the trainer
+The search (plan/search.py) weighs layouts by memory and time; which combinations the trainer
 runs is titan_core's to say, not the planner's. So each fitting option becomes the config its
 recipe would hold (`planned_values`: the same values `onboard plan` writes, on the workspace's
 recipe with the full model), and titan_core judges it:
@@ -39,10 +39,10 @@ from titan_core.parallel.expert_parallel import check_expert_model
 from titan_core.parallel.mesh import Degrees
 from titan_core.parallel.pipeline import check_pipeline_model
 
-from onboard.sizing.plan import Target, moe_kernel, offload_of
-from onboard.sizing.plan_levers import Lever, merged, mode_levers
-from onboard.sizing.plan_memory import REGATHERING
-from onboard.sizing.plan_search import Option
+from onboard.sizing.plan.training import Target, moe_kernel, offload_of
+from onboard.sizing.plan.levers import Lever, merged, mode_levers
+from onboard.sizing.plan.memory import REGATHERING
+from onboard.sizing.plan.search import Option
 
 FEATURES = {
     "checkpoint.enable": True,
