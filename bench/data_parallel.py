@@ -2,7 +2,7 @@
 
 Same global batch in every mode: `none` runs it in one process (all cores), the sharded
 modes split it over --nproc processes (cores / nproc threads each). Each run is a real
-`titan_core` Trainer started through titan_core.runtime.launcher; step 2 is wrapped in a
+`titan_core` Trainer started through titan_core.launcher; step 2 is wrapped in a
 CommCounter (titan_core/parallel/comm.py) for collective counts and payload bytes. Speed
 is reported through titan_core.measure.timing: both sharded Trainers live in the same ranks and
 `compare(fsdp2_step, simple_fsdp_step)` steps them interleaved (each sample one
@@ -166,7 +166,7 @@ def main() -> None:
     import torch
 
     from onboard.ladder.gates import timed_apart
-    from titan_core.runtime.launcher import cpu_count, launch_command
+    from titan_core.launcher import cpu_count, launch_command
 
     protocol = _report.protocol_from(opts)
     modes = [m for m in opts.modes.split(",") if m]

@@ -138,12 +138,12 @@ def size_batch(spec: dict, s: dict) -> dict:
     """The largest of BATCHES whose estimate (eager, plain loss: the biggest part) fits SIZING_FRACTION of
     the device's budget, by the trainer's own estimate and budget functions on the meta model."""
     from titan_core.config import load_config
-    from titan_core.config.swaps import apply_swaps
+    from titan_core.models.common.swaps import apply_swaps
     from titan_core.kernels import swaps_for
     from titan_core.memory.budget import device_budget
     from titan_core.memory.preflight import estimate_for
     from titan_core.parallel import check_parallelism
-    from titan_core.training.model_builder import build_model_from_config
+    from titan_core.models.model_builder import build_model_from_config
 
     budget = device_budget(s["device"])
     for batch in BATCHES if not s["tiny"] else (2,):

@@ -34,9 +34,9 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import torch  # noqa: E402
 
 import _report  # noqa: E402
+from titan_core.config.execution_modes import MODE_KEYS, execution_mode, set_execution_mode  # noqa: E402
 from titan_core.measure.timing import compare, timed  # noqa: E402
 
-MODE_KEYS = ("compile.enable", "graph_trainer.enable")
 SCHEDULED_STEPS = 10_000  # the timed rounds never run past the lr schedule
 
 
@@ -46,7 +46,7 @@ def value_before(entry: dict, key: str, edit: dict):
     key (the ledger's `details.decisions`, a list of onboard.ladder.decision.Decision records)."""
     if "before" in edit:
         return edit["before"], True
-    if key in MODE_KEYS:
+    if key in MODE_KEYS.values():
         return False, True  # the baseline is eager
     m, d = entry.get("measurements") or {}, entry.get("details") or {}
     if entry["rung"] == "tuning" and key in (m.get("untuned_values") or {}):
@@ -75,7 +75,7 @@ def baseline_config(final, ledger: dict) -> tuple[object, dict, dict]:
             else:
                 assumed[key] = get_key(JobConfig(), key)
     cfg = with_keys(final, {**restored, **assumed})
-    cfg.compile.enable = cfg.graph_trainer.enable = False
+    set_execution_mode(cfg, "eager")
     return cfg, restored, assumed
 
 
@@ -183,8 +183,8 @@ def main() -> None:
         report = _report.start(
             "ladder_speedup", protocol, workspace=str(root), cpu_count=os.cpu_count(), threads=threads,
             baseline={"restored": restored, "assumed_default": assumed, "tokens_per_step": tokens(base_cfg)},
-            final={"tokens_per_step": tokens(final_cfg), "compile": final_cfg.compile.enable,
-                   "graph_trainer": final_cfg.graph_trainer.enable, "kernels": vars(final_cfg.kernels),
+            final={"tokens_per_step": tokens(final_cfg), "execution_mode": execution_mode(final_cfg),
+                   "kernels": vars(final_cfg.kernels),
                    "batch_size": final_cfg.training.batch_size, "grad_accum": final_cfg.training.grad_accum},
             hf={"tokens_per_step": hf_tokens, "attn_implementation": "sdpa", "dtype": "float32"},
         )  # fmt: skip

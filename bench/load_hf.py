@@ -117,7 +117,7 @@ def worker(a) -> None:
     from titan_core.parallel import build_mesh, check_parallelism, parallelize
     from titan_core.runtime import distributed
     from titan_core.training.hf_load import initial_weights
-    from titan_core.training.model_builder import build_model_from_config
+    from titan_core.models.model_builder import build_model_from_config
 
     torch.set_num_threads(1)
     ckpt = Path(a.ckpt)
@@ -188,7 +188,7 @@ def main() -> None:
     if a.write:
         (Path(a.write) / "bench_bytes.json").write_text(json.dumps(write_checkpoint(Path(a.write), a)))
         return
-    from titan_core.runtime.launcher import launch_command
+    from titan_core.launcher import launch_command
 
     report = {"benchmark": "load_hf", "load_avg_1m": {"start": _report.load()}, "comparisons": []}
     with tempfile.TemporaryDirectory(prefix="load_hf_") as tmp:

@@ -87,7 +87,7 @@ def worker(a) -> None:
 
 def run_layout(ckpt: Path, work: Path, world: int, name: str, flags: list[str], model_bytes: int,
                env: dict[str, str]) -> dict:  # fmt: skip
-    from titan_core.runtime.launcher import launch_command
+    from titan_core.launcher import launch_command
 
     work.mkdir(parents=True)
     cmd = [sys.executable, __file__, "--worker", f"--ckpt={ckpt}", f"--work={work}", f"--flags={json.dumps(flags)}"]

@@ -99,7 +99,7 @@ def hang_guard(base_s: float, what: str) -> Iterator[HangGuard]:
 def guarded_launch(cmd: list[str], nproc: int, base_s: float, what: str, **kwargs):
     """titan_core's launch_command with the launcher's timeout as a scaled hang guard: a world that
     outlives it fails the test with the load; any other result comes back for the test to judge."""
-    from titan_core.runtime.launcher import EXIT_TIMEOUT, launch_command  # lazy: torch-free until a test launches
+    from titan_core.launcher import EXIT_TIMEOUT, launch_command  # lazy: torch-free until a test launches
 
     guard = HangGuard(what, base_s)
     result = launch_command(cmd, nproc, timeout_s=guard.timeout_s, **kwargs)

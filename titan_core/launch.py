@@ -33,7 +33,7 @@ import sys
 
 from titan_core.config.loader import ConfigError, load_config
 from titan_core.runtime.argv import parse_argv
-from titan_core.runtime.launcher import check_nproc, cpu_count
+from titan_core.launcher import check_nproc, cpu_count
 
 TRAIN = "titan_core.train"
 NO_MESSAGE = ("To enable traceback see", "Signal ")
@@ -68,8 +68,8 @@ def _world(torchrun, args) -> tuple[int | None, int]:
 
 def preflight(train_args: list[str], world: int | None, per_host: int) -> None:
     """The checks of a titan_core.train command line that need no rank (ConfigError, one line)."""
-    from titan_core.data.loader import check_data_paths  # import-time cost: torch, only once the options parsed
-    from titan_core.parallel import check_parallelism  # import-time cost: as above
+    from titan_core.data.loader import check_data_paths  # lazy: torch, only once the options parsed
+    from titan_core.parallel import check_parallelism  # lazy: as above
 
     config, print_config, overrides = parse_argv(list(train_args))
     cfg = load_config(config, overrides)
@@ -130,9 +130,9 @@ def report(failures: dict, first: int, args, world: int | None) -> tuple[int, st
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
-    from torch.distributed import run as torchrun  # import-time cost: torch, which every run needs anyway
-    from torch.distributed.elastic.multiprocessing.api import SignalException
-    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed import run as torchrun  # lazy: torch; importing this module stays torch-free
+    from torch.distributed.elastic.multiprocessing.api import SignalException  # lazy: as above
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError  # lazy: as above
 
     args = torchrun.parse_args(argv)  # torchrun's own parser: a bad option is its usage and exit 2
     try:

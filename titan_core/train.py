@@ -1,7 +1,7 @@
 """Entry point: `python -m titan_core.train --config recipe.toml [--section.key=value ...]`.
 
 torchrun-ready: rank, world size and local rank come from RANK / WORLD_SIZE / LOCAL_RANK.
-`--nproc N` starts N local processes through titan_core.runtime.launcher instead.
+`--nproc N` starts N local processes through titan_core.launcher instead.
 Bad input (unknown key, wrong type, a value outside its field's range, missing file, unknown
 family, unavailable device) prints one line and exits 2, without a traceback, before anything
 is written. Under torchrun every rank meets the same bad input, so only local rank 0 prints the
@@ -20,13 +20,13 @@ import time
 from titan_core.runtime.argv import parse_argv, pop_option
 from titan_core.config.loader import ConfigError, check_ranges, load_config, to_toml
 from titan_core.config.sections import JobConfig
-from titan_core.runtime.launcher import launch
+from titan_core.launcher import launch
 
 
 def run(cfg: JobConfig, *, quiet: bool = False):
     """Train as configured and return the TrainResult (metrics per step and model facts; `stopped`
     says why a run ended early). A config made or edited in code is range-checked here too."""
-    from titan_core.training.trainer import Trainer  # import-time cost: models and torch load only when a run starts
+    from titan_core.training.trainer import Trainer  # lazy: models and torch load only when a run starts
 
     trainer = Trainer(check_ranges(cfg), quiet=quiet)
     return trainer.train()
@@ -62,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 1
     if result.summary is not None:
-        from rich.console import Console  # import-time cost: rich loads only to print a summary
+        from rich.console import Console  # lazy: rich loads only to print a summary
 
         Console(stderr=True).print(result.summary)
     if result.stopped:

@@ -90,7 +90,7 @@ def export_workspace(ws, to: Path, *, source: Path | None = None, from_initial: 
     from titan_core.training.checkpoint import Checkpointer, load_model_weights  # lazy: as above
     from titan_core.training.hf_export import export_hf  # lazy: as above
     from titan_core.training.hf_load import initial_weights  # lazy: as above
-    from titan_core.training.model_builder import build_model_from_config, materialize_on_cpu  # lazy: as above
+    from titan_core.models.model_builder import build_model_from_config, materialize_on_cpu  # lazy: as above
 
     to = Path(to)
     check_target(to, ws.root.parent if workspaces is None else workspaces, ws.root)

@@ -29,7 +29,7 @@ from onboard.errors import BadInput
 def param_counts(cfg) -> dict[str, int]:
     """{params_total, params_active} of the recipe's model, built on meta (no memory, seconds at 70B)."""
     from titan_core.models.common.param_counts import count_params  # lazy: torch loads when a run starts
-    from titan_core.training.model_builder import build_model_from_config  # lazy: as above
+    from titan_core.models.model_builder import build_model_from_config  # lazy: as above
 
     counts = count_params(build_model_from_config(cfg.model)[2])
     return {"params_total": counts.total, "params_active": counts.active}
@@ -72,7 +72,7 @@ def train_result(cfg, argv: list[str], nproc: int) -> dict:
             print(f"error: {trained.stopped}", file=sys.stderr)
             result["exit_code"] = 1
     else:
-        from titan_core.runtime.launcher import launch  # lazy: as above
+        from titan_core.launcher import launch  # lazy: as above
 
         before = file_stamp(metrics)
         result["exit_code"] = launch(argv, nproc)
@@ -166,7 +166,7 @@ def train_cmd(
         # unwind like Ctrl-C (the launcher stops its ranks, a checkpoint write finishes its cleanup)
         _text_counts(argv)
         if nproc > 1:
-            from titan_core.runtime.launcher import launch  # lazy: torch loads when a run starts
+            from titan_core.launcher import launch  # lazy: torch loads when a run starts
 
             return launch(argv, nproc)
         from titan_core.train import main as train_main  # lazy: as above

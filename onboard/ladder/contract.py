@@ -1,6 +1,7 @@
 """The contract between the ladder engine and every rung (DESIGN section 4).
 
-A rung module (`onboard/rungs/<rung>_rung.py`, or `<rung>/rung.py` for a rung with parts of its own) exposes `RUNG = "<rung>"` and `run(ctx: RungContext) ->
+A rung module (`onboard/rungs/<rung>_rung.py`, or `<rung>_rung/rung.py` for a rung with parts of its own)
+exposes `RUNG = "<rung>"` and `run(ctx: RungContext) ->
 RungResult`: it does the work and returns its declared `Measurements` and the `RecipeEdit`s it earned.
 It never decides pass or fail (the engine evaluates `checklists/<rung>.yaml`) and never writes ladder.json
 or recipe.toml (the engine applies the edits only when the gate passed, onboard.ladder.recipe_edit). Bad
@@ -127,8 +128,8 @@ class Measurements(Mapping[str, Any]):
 @dataclass
 class RungResult:
     measurements: Measurements
-    """The rung's declared measurements (its Measurements subclass); exact floats also as repr strings
-    (e.g. step1_loss_repr). The engine evaluates the checklist on, and records, `as_metrics()`."""
+    """The rung's declared measurements (its Measurements subclass); floats as they are (the ledger's JSON
+    keeps each one exactly). The engine evaluates the checklist on, and records, `as_metrics()`."""
     files_read: list[Path]
     """Files whose hashes make this rung stale when they change (workspace-relative or absolute)."""
     command: str

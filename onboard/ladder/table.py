@@ -24,6 +24,7 @@ from onboard.ladder.measurements.training_measurements import (
 )  # fmt: skip
 from onboard.ladder.template_check import TEST_FILE, tamper_problem
 from titan_core.config.loader import ConfigError
+from titan_core.config.execution_modes import MODE_KEYS
 
 if TYPE_CHECKING:
     from onboard.workspace.layout import Workspace
@@ -32,10 +33,6 @@ if TYPE_CHECKING:
 RUNGS = ("eager", "parity", "simple_fsdp", "compile", "graph_trainer", "kernels", "tuning")
 
 # ---- the recipe keys a rung reads and earns ---------------------------------------------------
-MODE_KEYS = frozenset({"compile.enable", "graph_trainer.enable"})
-"""The recipe keys that choose the execution mode. Every rung but kernels sets the mode it runs
-itself (eager, or its own), so an edit of these keys leaves their evidence standing."""
-
 TUNING_KEYS = frozenset({"kernels.ce_chunk", "training.batch_size", "training.grad_accum", "device.threads",
                          "device.adapt_threads", "graph_trainer.compile", "tpu.libtpu_init_flags",
                          "activation_checkpoint.mode"})  # fmt: skip
@@ -46,9 +43,11 @@ any hand edit, still re-verifies every rung that reads them)."""
 
 
 def reads_all_but_mode(key: str) -> bool:
-    """`reads_recipe_key` of a rung that runs its own execution mode: every key but MODE_KEYS
-    (and TUNING_KEYS, which the tuning rung proves)."""
-    return key not in MODE_KEYS and key not in TUNING_KEYS
+    """`reads_recipe_key` of a rung that runs its own execution mode: every key but the mode switches
+    (titan_core's MODE_KEYS) and TUNING_KEYS, which the tuning rung proves. Every rung but kernels and
+    tuning sets the mode it runs itself (eager, or its own), so an edit of a switch leaves its evidence
+    standing."""
+    return key not in MODE_KEYS.values() and key not in TUNING_KEYS
 
 
 def reads_all_but_tuning(key: str) -> bool:
@@ -103,7 +102,7 @@ class Rung:
                    not_applicable=hook("not_applicable"), evidence_problem=hook("evidence_problem"))  # fmt: skip
 
 
-MODE_EARNS = MODE_KEYS | {"kernels.moe"}
+MODE_EARNS = frozenset(MODE_KEYS.values()) | {"kernels.moe"}
 """What a mode rung's pick writes: the mode it chose, and the capture-friendly experts that mode runs."""
 
 TABLE: dict[str, Rung] = {
@@ -117,9 +116,9 @@ TABLE: dict[str, Rung] = {
         Rung("compile", CompileMeasurements, "onboard.rungs.compile_rung", reads_all_but_mode, earns=MODE_EARNS),
         Rung("graph_trainer", GraphTrainerMeasurements, "onboard.rungs.graph_trainer_rung", reads_all_but_mode,
              earns=MODE_EARNS),
-        Rung("kernels", KernelsMeasurements, "onboard.rungs.kernels.rung", reads_all_but_tuning,
+        Rung("kernels", KernelsMeasurements, "onboard.rungs.kernels_rung.rung", reads_all_but_tuning,
              earns=frozenset({"kernels.*"})),
-        Rung("tuning", TuningMeasurements, "onboard.rungs.tuning.rung", earns=TUNING_KEYS),
+        Rung("tuning", TuningMeasurements, "onboard.rungs.tuning_rung.rung", earns=TUNING_KEYS),
     )
 }  # fmt: skip
 """Every rung of DESIGN section 1, in ladder order (RUNGS)."""

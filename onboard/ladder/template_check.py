@@ -15,15 +15,12 @@ from typing import TYPE_CHECKING
 
 from onboard.sanitize import visible
 from onboard.workspace.templates import render_file, template_env
-from titan_core.config.hf_config import DIFFUSERS_MODEL_TYPES, read_hf_config
+from titan_core.config.hf_config import config_upstream, read_hf_config
 
 if TYPE_CHECKING:
     from onboard.workspace.layout import Workspace
 
 TEST_FILE = "test_parity.py"
-DIFFUSION_FAMILIES = frozenset(DIFFUSERS_MODEL_TYPES.values())
-"""The families a diffusers config maps to: titan_core.models.registry.DIFFUSION_FAMILIES, read from the
-config reader so that `onboard status` loads no model (tests/onboard/unit/test_layers.py: the same set)."""
 
 
 def expected_text(ws: "Workspace") -> str:
@@ -34,7 +31,8 @@ def expected_text(ws: "Workspace") -> str:
         "name": ws.name,
         "model_type": visible(config["model_type"]),
         "path_kind": ws.path_kind,
-        "diffusion": ws.family in DIFFUSION_FAMILIES,  # render.py's flag, read without loading a model
+        # render.py's flag, from the config alone so that `onboard status` loads no model
+        "diffusion": config_upstream(config) == "diffusers",
         "weights_dir": str(weights) if weights else "",
         "has_weights": weights is not None,
     }

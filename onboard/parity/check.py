@@ -18,7 +18,7 @@ import torch.nn.functional as F
 
 from titan_core.config import ConfigError
 from titan_core.measure.numerics import max_abs, rel_l2, rounding_check, worst_unexcused
-from titan_core.models.registry import DIFFUSION_FAMILIES
+from titan_core.models.registry import get_family
 from titan_core.models.transformers.adapter import predicted_vocab
 from titan_core.config.hf_config import read_hf_config
 from titan_core.models.transformers.hf_classes import config_object
@@ -93,7 +93,7 @@ def _run(root, res, m, weights_dir, batch, seq_len, seed, attn_implementation) -
                 "and the eager rung checked every checkpoint tensor's name, shape and dtype against the full model"
             )
             weights_dir = None
-    if ws.family in DIFFUSION_FAMILIES:
+    if get_family(ws.family).kind.upstream == "diffusers":
         return run_flow(ws, cfg, res, m, root=root, weights_dir=weights_dir, batch=batch, seed=seed)
     params = criteria.params()
     upstream = build_upstream(cfg, weights_dir=weights_dir, seed=seed, attn_implementation=attn_implementation,
@@ -187,8 +187,8 @@ def _compare(record, hf, native, adapter, tokens, labels, pairs, declared, param
     hf_ce = F.cross_entropy(hf_logits.flatten(0, 1).float(), labels.flatten())
     pm.update(
         loss_abs_diff=abs(native_ce.item() - hf_ce.item()),
-        native_loss_repr=repr(native_ce.item()),
-        upstream_loss_repr=repr(hf_ce.item()),
+        native_loss=native_ce.item(),
+        upstream_loss=hf_ce.item(),
     )
     pm.update(_aux_parity(hf, hf_out, native_loss.item(), native_ce.item(), hf_ce.item()))
     native_ce.backward()
@@ -236,8 +236,8 @@ def _aux_parity(hf, out, native_loss: float, native_ce: float, hf_ce: float) -> 
     return {
         "aux_loss_abs_diff": raw / max(1.0, abs(hf_ce)),
         "aux_loss_abs_diff_raw": raw,
-        "native_aux_loss_repr": repr(ours),
-        "upstream_aux_loss_repr": repr(theirs),
+        "native_aux_loss": ours,
+        "upstream_aux_loss": theirs,
         "upstream_aux_how": how,
     }
 
@@ -291,8 +291,8 @@ def _worst(values) -> float:
 def _combine(res, m, passes: list[dict], declared) -> None:
     """The flat measurements the checklist evaluates: each comparison's worst over the passes."""
     first = passes[0]["measurements"]
-    m.update({k: first[k] for k in ("native_loss_repr", "upstream_loss_repr", "modules_compared",
-                                    "native_aux_loss_repr", "upstream_aux_loss_repr")})  # fmt: skip
+    m.update({k: first[k] for k in ("native_loss", "upstream_loss", "modules_compared", "native_aux_loss",
+                                    "upstream_aux_loss")})  # fmt: skip
     for key in WORST_OF:
         m[key] = _worst(p["measurements"][key] for p in passes)
     m["grad_max_rel_l2_raw"] = _worst(p["measurements"].get("grad_max_rel_l2_raw", p["measurements"]["grad_max_rel_l2"])

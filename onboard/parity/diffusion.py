@@ -19,9 +19,8 @@ from typing import Any
 
 import torch
 
-from titan_core.data.flow import FlowLoader
 from titan_core.measure.numerics import max_abs, rel_l2
-from titan_core.models.flux.config import flux_config
+from titan_core.models.flux.args import FluxArgs
 
 from onboard.parity import criteria
 from onboard.parity.compare import compare_grads, round_trip
@@ -88,14 +87,12 @@ def build_flux_upstream(cfg: dict[str, Any], *, weights_dir: Path | None, seed: 
     return Upstream(model=model, checkpoint=model.state_dict(), source=source, loading=loading)
 
 
-def parity_sample(args, seq_len: int):
+def parity_sample(args: FluxArgs, seq_len: int) -> FluxArgs:
     """Args whose sample is at least `seq_len` joint tokens: text tokens, then a square latent grid."""
-    fc = flux_config(args)
-    if fc.text_len + fc.image_tokens >= seq_len:
+    if args.max_seq_len >= seq_len:
         return args
     side = math.ceil(math.sqrt(seq_len / 2))
-    bigger = dataclasses.replace(fc, latent_height=side, latent_width=side, text_len=seq_len - side * side)
-    return bigger.to_args(init_std=args.init_std)
+    return dataclasses.replace(args, latent_height=side, latent_width=side, text_len=seq_len - side * side)
 
 
 def _ids(fc):
@@ -113,20 +110,18 @@ def run_flow(ws, cfg, res, m, *, root: Path, weights_dir, batch: int, seed: int)
     adapter = load_adapter(root)
     res["unconsumed_hf_keys"] = adapter.unconsumed_keys(cfg) if callable(getattr(adapter, "unconsumed_keys", None)) else []
     args = parity_sample(native_args(ws, adapter, cfg), int(criteria.threshold("seq_len")))
-    fc = flux_config(args)
     native = build_native(ws, args, seed=seed + 1000)
     load = load_converted(native, adapter.from_hf(upstream.checkpoint))
     rt = round_trip(upstream.checkpoint, adapter.to_hf(native.state_dict()))
-    m.update(state_dict_same_keys=rt.same_keys, state_dict_max_abs_diff=rt.max_abs_diff, seq_len=fc.text_len + fc.image_tokens)
+    m.update(state_dict_same_keys=rt.same_keys, state_dict_max_abs_diff=rt.max_abs_diff, seq_len=args.max_seq_len)
     res["state_dict"] = rt.record(load)
-    res["sample"] = {"image_tokens": fc.image_tokens, "text_tokens": fc.text_len, "batch": batch}
+    res["sample"] = {"image_tokens": args.image_tokens, "text_tokens": args.text_len, "batch": batch}
 
-    b = FlowLoader(flux=fc, seed=seed, batch_size=batch, seq_len=fc.image_tokens, dp_rank=0, dp_world=1,
-                   repeat_batch=True).batch_at(0)  # fmt: skip
+    b = args.own_samples(seed=seed, batch_size=batch, seq_len=args.image_tokens, repeat_batch=True).batch_at(0)
     inp = b.inputs
     t = inp["timesteps"][:, None, None]
     noisy = (1 - t) * b.tokens + t * inp["noise"]
-    img_ids, txt_ids = _ids(fc)
+    img_ids, txt_ids = _ids(args)
     # only linear layers are paired for localisation: both sides' blocks return their two streams in other orders
     linears = {n for n, mod in native.named_modules() if isinstance(mod, torch.nn.Linear)}
     pairs = {k: v for k, v in module_pairs(native, hf, parameter_sources(upstream.checkpoint, adapter.from_hf)).items()
@@ -138,11 +133,11 @@ def run_flow(ws, cfg, res, m, *, root: Path, weights_dir, batch: int, seed: int)
                     img_ids=img_ids, txt_ids=txt_ids, guidance=inp.get("guidance"), return_dict=False)[0]  # fmt: skip
     their_loss = (theirs.float() - (inp["noise"] - b.tokens)).pow(2).mean()
     m.update(logits_rel_l2=rel_l2(pred, theirs), logits_max_abs=max_abs(pred, theirs))
-    m.update(loss_abs_diff=abs(native_loss.item() - their_loss.item()), native_loss_repr=repr(native_loss.item()),
-             upstream_loss_repr=repr(their_loss.item()))  # fmt: skip
+    m.update(loss_abs_diff=abs(native_loss.item() - their_loss.item()), native_loss=native_loss.item(),
+             upstream_loss=their_loss.item())  # fmt: skip
     # diffusers' flux adds no auxiliary term: the native loss must not either (its loss - flow loss is 0)
     aux = native_loss.item() - native_flow.item()
-    m.update(aux_loss_abs_diff=abs(aux), native_aux_loss_repr=repr(aux), upstream_aux_loss_repr=repr(0.0))
+    m.update(aux_loss_abs_diff=abs(aux), native_aux_loss=aux, upstream_aux_loss=0.0)
     m.update(init_tensors_compared=0, init_tensors_differing=0)
     res["init"] = {"note": NO_UPSTREAM_INIT}
     rows = compare_outputs(nrec, urec, pairs)
@@ -158,9 +153,9 @@ def run_flow(ws, cfg, res, m, *, root: Path, weights_dir, batch: int, seed: int)
     res["grads"] = grads.record()
     guidance = native.guidance_in
     used = guidance is not None and guidance.w1.weight.grad is not None and float(guidance.w1.weight.grad.norm()) > 0
-    res["features"] = {"guidance": {"declared": fc.guidance_embeds, "exercised": used,
+    res["features"] = {"guidance": {"declared": args.guidance_embeds, "exercised": used,
                                     "how": "guidance scales in [1, 5] per sample; the embedder's gradient is not zero"}}  # fmt: skip
-    m["features_exercised"] = used or not fc.guidance_embeds
+    m["features_exercised"] = used or not args.guidance_embeds
     m["features_idle"] = [] if m["features_exercised"] else ["guidance"]
-    if fc.guidance_embeds:
+    if args.guidance_embeds:
         m["feature_guidance"] = True

@@ -4,11 +4,11 @@ A workspace defines its native model with three files: recipe.toml ([model] fami
 hf_config, overrides, module_file, adapter_file), adapter.py (HF <-> native) and, on the
 port path, model.py. This module reads exactly those, so a person running test_parity.py
 by hand and the rung see the same model, and it builds that model through titan_core's
-own `resolve_model_args` / `build_meta_model` pieces (titan_core.training.model_builder), so the
+own `resolve_model_args` / `build_meta_model` pieces (titan_core.models.model_builder), so the
 training rungs, `onboard train` and export build the model parity verified. Only the
 errors are classified here: a recipe's mistake is bad input, the workspace code's is the port's.
 
-adapter.py contract (titan_core.training.model_builder.load_adapter_file): either a module-level
+adapter.py contract (titan_core.models.model_builder.load_adapter_file): either a module-level
 `ADAPTER` object, or module-level functions, providing `from_hf(sd) -> sd`,
 `to_hf(sd) -> sd` and `args_from_hf(cfg) -> (TransformerArgs, used_keys)`
 (`unconsumed_keys(cfg)` optional); port-specific config values travel in `args.extra`.
@@ -30,7 +30,7 @@ from torch import nn
 from titan_core.config import ConfigError, load_config
 from titan_core.config.hf_config import read_hf_config
 from titan_core.models import get_family, resolve_args
-from titan_core.training.model_builder import args_from_hf_config, build_meta_model, load_adapter_file
+from titan_core.models.model_builder import args_from_hf_config, build_meta_model, load_adapter_file
 
 
 class WorkspaceError(ValueError):

@@ -126,8 +126,8 @@ def failure_summary(results: dict[str, Any]) -> str:
     aux = m.get("aux_loss_abs_diff")
     if isinstance(aux, float) and not aux <= criteria.threshold("aux_loss_abs_diff"):  # NaN included
         how = next((p["measurements"].get("upstream_aux_how") for p in results.get("passes", [])), None)
-        lines.append(f"MoE load-balancing term: native {m.get('native_aux_loss_repr')}, upstream "
-                     f"{m.get('upstream_aux_loss_repr')}" + (f" ({how})" if how else ""))  # fmt: skip
+        lines.append(f"MoE load-balancing term: native {m.get('native_aux_loss')!r}, upstream "
+                     f"{m.get('upstream_aux_loss')!r}" + (f" ({how})" if how else ""))  # fmt: skip
     declared = (results.get("features") or {}).items()
     idle = [f"{name}: {f['how']}" for name, f in declared if f["declared"] and not f["exercised"]]
     if idle:

@@ -198,7 +198,7 @@ def _rung_section(ws: Workspace, state, spec: RungSpec) -> list[str]:
         rows = [[f"`{e['key']}`", f"`{json.dumps(e['value'])}`", e["why"]] for e in edit["edits"]]
         lines += table(["key", "value", "why"], rows)
     lines += _decisions(entry)
-    # an older ledger's interval and outcome on two runs timed apart are not shown (measurements/retired.py)
+    # an older ledger's retired measurements are not shown (measurements/retired.py)
     measurements = shown_measurements(entry.get("measurements") or {})
     if measurements:
         lines += ["", *table(["measurement", "value"], [[k, fmt(v)] for k, v in measurements.items()])]

@@ -11,12 +11,12 @@ the reference loop experts runs with `kernels.moe = "dense"` (mode_recipe.DENSE_
 
 from __future__ import annotations
 
-from titan_core.models.flux.config import flux_of_args
 
 from onboard.rungs import run_compare, gate_recipe, mode_recipe, train_run
 from onboard.ladder.measurements.training_measurements import CompileMeasurements
 from onboard.ladder.contract import RungContext, RungResult
 from titan_core.compile import dynamo_compile_seconds, explain_blocks
+from titan_core.config.execution_modes import MODE_KEYS
 from titan_core.measure.numerics import rel
 import torch
 
@@ -41,9 +41,9 @@ def break_report(report: dict) -> tuple[dict, dict]:
 
 def last_loss_rel(rows: list[dict], eager_evidence: dict) -> float | None:
     """Last-step loss against the eager rung's last loss after as many steps (None: not comparable)."""
-    if "last_loss_repr" not in eager_evidence or eager_evidence.get("steps_run") != len(rows):
+    if "last_loss" not in eager_evidence or eager_evidence.get("steps_run") != len(rows):
         return None
-    return rel(rows[-1]["loss"], float(eager_evidence["last_loss_repr"]))
+    return rel(rows[-1]["loss"], float(eager_evidence["last_loss"]))
 
 
 def run(ctx: RungContext) -> RungResult:
@@ -51,11 +51,11 @@ def run(ctx: RungContext) -> RungResult:
     args = gate_recipe.model_args(base)
     moe, moe_why = mode_recipe.capture_moe(base, args)
     steps = gate_recipe.param(RUNG, "steps")
-    cfg = mode_recipe.mode_config(base, ctx.attempt_dir, steps=steps, moe=moe, compile={"enable": True})
-    flags = ["--compile.enable=true"] + ([f"--kernels.moe={moe}"] if moe else [])
+    cfg = mode_recipe.mode_config(base, ctx.attempt_dir, mode="compile", steps=steps, moe=moe)
+    flags = [f"--{MODE_KEYS['compile']}=true"] + ([f"--kernels.moe={moe}"] if moe else [])
     ctx.log(
         f"compile: per-block torch.compile, backend {cfg.compile.backend}, fullgraph {cfg.compile.fullgraph}, "
-        f"{args.n_layers} blocks" + ("" if flux_of_args(args) is not None else " + loss head")
+        f"{args.n_layers} blocks" + (" + loss head" if args.kind.loss_head else "")
         + ("; MoE experts: kernels.moe = dense (the recipe's loop syncs the host; measurements.moe_why)" if moe else "")
     )
     trainer, result, compile_s = train_compiled(ctx, cfg)
@@ -103,8 +103,8 @@ def measure_run(m: CompileMeasurements, ctx: RungContext, rows: list[dict]) -> N
     loss1, eager_loss1 = rows[0]["loss"], run_compare.eager_step1_loss(ctx)
     m.update(
         steps_run=len(rows),
-        step1_loss_repr=repr(loss1),
-        baseline_step1_loss_repr=repr(eager_loss1),
+        step1_loss=loss1,
+        baseline_step1_loss=eager_loss1,
         step1_loss_rel_err=rel(loss1, eager_loss1),
         # rounding differences compound over the steps: shown, not judged
         last_loss_rel_vs_eager=last_loss_rel(rows, ctx.evidence.get("eager") or {}),

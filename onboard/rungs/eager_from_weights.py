@@ -27,7 +27,6 @@ from titan_core.config.hf_config import read_hf_config
 from titan_core.data import build_data_loader
 from titan_core.data.base import IGNORE_INDEX
 from titan_core.measure.numerics import rel
-from titan_core.models.flux.config import flux_of_args
 from titan_core.weights.header_check import INDEX, checkpoint_files as safetensors_of
 import torch
 import torch.nn.functional as F
@@ -116,17 +115,17 @@ def step1_vs_transformers(ctx: RungContext, cfg, args, measurements) -> tuple[di
 
     bf16 = measurements.get("precision") == "bf16"
     if bf16:
-        ours_repr = measurements.get("fp32_step1_loss_repr") or "nan"  # absent: the bf16 run itself was not finite
+        ours = measurements.get("fp32_step1_loss", math.nan)  # absent: the bf16 run itself was not finite
         ours_from = "the fp32 step 1 of this bf16 recipe (same weights and batch; bf16_rounding)"
     else:
-        ours_repr, ours_from = measurements["step1_loss_repr"], "the recipe's step 1"
-    ours = float(ours_repr)
+        ours, ours_from = measurements["step1_loss"], "the recipe's step 1"
     bound = gate_recipe.bound("eager", CRITERION, "fp32", {})
     detail: dict[str, Any] = {"ours": ours, "ours_from": ours_from, "precision": "fp32", "bound": bound}
     ctx.log(f"eager: the run starts from {cfg.checkpoint.initial_hf}; transformers reads the same checkpoint")
     theirs, why = math.nan, None
-    if flux_of_args(args) is not None:
-        why = "a flow model: transformers has no causal-LM loss of it to compare with"
+    if args.kind.upstream != "transformers":
+        kind = args.kind
+        why = f"a {kind.name} model (a {kind.upstream} class): transformers has no causal-LM loss of it to compare"
     else:
         try:
             theirs, how = transformers_loss(cfg, args)
@@ -140,8 +139,8 @@ def step1_vs_transformers(ctx: RungContext, cfg, args, measurements) -> tuple[di
             f"transformers' loss of checkpoint.initial_hf ({cfg.checkpoint.initial_hf}) on the same batch"
         ),
         "step1_loss_vs_transformers_rel_err": err,
-        "step1_loss_compared_repr": repr(ours),
-        "step1_loss_transformers_repr": repr(theirs),
+        "step1_loss_compared": ours,
+        "step1_loss_transformers": theirs,
     }
     if why:
         detail["why_not_compared"] = why

@@ -3,7 +3,7 @@
 It runs the workspace recipe for the checklist's `steps` optimizer steps on one repeated
 batch, through titan_core's public `train.run`, and measures what the checklist judges
 (finite losses and grad norms, the loss falling, step-1 loss near ln(vocab)) plus the
-baseline every later rung compares with: step-1 loss and grad norm as exact repr floats,
+baseline every later rung compares with: step-1 loss and grad norm (exact floats: JSON keeps them),
 and the steady-state step times, tokens/s, MFU and peak memory. A recipe that starts from a
 checkpoint is also held to transformers' loss of it (eager_from_weights.py), and the full model
 of config.json is checked on the meta device for every workspace (full_model.py), so the ledger
@@ -16,7 +16,6 @@ import copy
 import math
 
 import titan_core.train
-from titan_core.models.flux.config import flux_of_args
 from onboard.rungs import eager_from_weights, full_model, gate_recipe, run_compare
 from onboard.ladder.measurements.training_measurements import EagerMeasurements
 from onboard.ladder.contract import RungContext, RungResult, record_run
@@ -25,19 +24,11 @@ from titan_core.measure.numerics import rel
 RUNG = "eager"
 
 
-FLOW_STEP1_LOSS = 2.0
-"""E[(noise - latents)^2] for independent unit-normal noise and latents: a flow model's loss
-while its zero-initialised output predicts 0."""
-
-
 def expected_step1_loss(args) -> tuple[float, str, dict]:
-    """(expected step-1 loss, what it is, the language model's vocabulary measurements) for these model args."""
-    if flux_of_args(args) is not None:
-        return FLOW_STEP1_LOSS, "mean square of the velocity target of unit-normal samples (flow model)", {}
-    ln_vocab = math.log(args.vocab_size)
-    return ln_vocab, f"ln(vocab {args.vocab_size}), a uniform prediction", {
-        "vocab_size": args.vocab_size, "ln_vocab": ln_vocab,
-    }  # fmt: skip
+    """(expected step-1 loss, what it is, the numbers it is computed from: a language model's vocab_size
+    and ln_vocab) for these model args: the model's own `initial_loss` (titan_core/models/common/kind.py)."""
+    first = args.initial_loss()
+    return first.value, first.what, dict(first.basis)
 
 
 def measure(rows: list[dict], args, num_params: int, *, steps: int) -> dict:
@@ -51,15 +42,12 @@ def measure(rows: list[dict], args, num_params: int, *, steps: int) -> dict:
         "steps_planned": steps,
         "all_finite": len(rows) == steps and all(math.isfinite(x) for x in losses + norms),
         "step1_loss": first["loss"],
-        "step1_loss_repr": repr(first["loss"]),
         "step1_grad_norm": first["grad_norm"],
-        "step1_grad_norm_repr": repr(first["grad_norm"]),
         "last_loss": last["loss"],
-        "last_loss_repr": repr(last["loss"]),
         **vocab,
         "expected_step1_loss": expected,
         "expected_step1_loss_is": what,
-        "step1_loss_rel_to_expected": abs(first["loss"] - expected) / expected,
+        "step1_loss_rel_to_expected": rel(first["loss"], expected),
         **run_compare.run_stats(rows),
         "num_params": num_params,
     }
@@ -84,8 +72,8 @@ def bf16_rounding(ctx: RungContext, cfg, bf16_row: dict) -> dict:
     bound = max(floor, factor * rounding)
     ctx.log(f"eager: bf16 moves step 1 by {rounding:.2e} from fp32: bf16 runs of this recipe are compared within {bound:.2e}")
     return {
-        "fp32_step1_loss_repr": repr(fp32["loss"]),
-        "fp32_step1_grad_norm_repr": repr(fp32["grad_norm"]),
+        "fp32_step1_loss": fp32["loss"],
+        "fp32_step1_grad_norm": fp32["grad_norm"],
         "bf16_rounding": rounding,
         "bf16_rounding_bound": bound,
     }

@@ -19,30 +19,22 @@ from onboard.rungs import gate_recipe, mode_recipe, timing_profiles, train_run
 from onboard.ladder.contract import RecipeEdit, RungContext
 from onboard.ladder.gates import comparison_line
 from titan_core.config.loader import ConfigError
+from titan_core.config.execution_modes import MODE_KEYS, MODES, execution_mode, mode_switches, set_execution_mode
 from titan_core.measure.timing import compare
 from titan_core.parallel import check_parallelism
 from titan_core.parallel.mesh import smallest_world
 
-MODES = ("eager", "compile", "graph_trainer")
-"""Simplest first: of two modes that beat the holder, the later must also beat the earlier."""
 LEVER = "execution_mode"
-MODE_KEYS = {"compile": "compile.enable", "graph_trainer": "graph_trainer.enable"}
-"""The recipe key that switches each mode on (eager: neither)."""
-
-
-def recipe_mode(cfg) -> str:
-    """The execution mode a config trains in."""
-    if cfg.graph_trainer.enable:
-        return "graph_trainer"
-    return "compile" if cfg.compile.enable else "eager"
 
 
 def mode_set_by(ledger, mode: str) -> str | None:
     """The rung that put `mode` in the recipe (its recorded edit of the mode's key), or None."""
     if mode in MODE_KEYS:
         return decision.holder_set_by(ledger, MODE_KEYS[mode])
-    # eager: the rung that last switched a mode off
-    return decision.holder_set_by(ledger, "graph_trainer.enable") or decision.holder_set_by(ledger, "compile.enable")
+    for key in reversed(MODE_KEYS.values()):  # eager: the rung that last switched a mode off, the later mode's first
+        if by := decision.holder_set_by(ledger, key):
+            return by
+    return None
 
 
 def accepted_modes(recipe, modes: list[str]) -> tuple[list[str], dict[str, str]]:
@@ -54,7 +46,7 @@ def accepted_modes(recipe, modes: list[str]) -> tuple[list[str], dict[str, str]]
     refusal of the degrees in eager too is not the mode's: the simple_fsdp rung reports that."""
     def refusal(mode: str) -> str | None:
         cfg = copy.deepcopy(recipe)
-        cfg.compile.enable, cfg.graph_trainer.enable = mode == "compile", mode == "graph_trainer"
+        set_execution_mode(cfg, mode)
         try:
             check_parallelism(cfg, smallest_world(cfg.parallelism))
         except ConfigError as e:
@@ -68,14 +60,9 @@ def accepted_modes(recipe, modes: list[str]) -> tuple[list[str], dict[str, str]]
 
 
 def _trainer(base, out, mode: str, moe: str | None):
-    sections = {
-        "eager": {},
-        "compile": {"compile": {"enable": True}},
-        "graph_trainer": {"graph_trainer": {"enable": True}},
-    }
     # enough scheduled steps that the protocol's rounds never run past the lr schedule
-    cfg = mode_recipe.mode_config(base, out / f"mode-{mode}", steps=10_000, moe=None if mode == "eager" else moe,
-                              **sections[mode])  # fmt: skip
+    cfg = mode_recipe.mode_config(base, out / f"mode-{mode}", mode=mode, steps=10_000,
+                                  moe=None if mode == "eager" else moe)  # fmt: skip
     trainer = train_run.build_trainer(cfg)
     trainer.train_step()  # compile / capture outside the timed rounds
     return trainer
@@ -118,7 +105,7 @@ def choose(ctx: RungContext, base, *, rung: str, moe: str | None, modes: list[st
     modes, refused = accepted_modes(recipe, modes)
     for m, why in refused.items():
         ctx.log(f"{rung}: {m} is not a candidate for the recipe: titan_core refuses it at its parallel degrees ({why})")
-    current = recipe_mode(recipe)
+    current = execution_mode(recipe)
     holder = current if current in modes else "eager"
     others = [m for m in modes if m != holder]
     if not others:  # every other mode refused at the recipe's degrees: nothing to time
@@ -148,9 +135,7 @@ def choose(ctx: RungContext, base, *, rung: str, moe: str | None, modes: list[st
         d = dataclasses.replace(d, why=f"{said}; {d.why}")
     choice = d.value
     why = f"{rung} rung: {d.why}"
-    wanted = {"compile.enable": choice == "compile", "graph_trainer.enable": choice == "graph_trainer"}
-    have = {"compile.enable": recipe.compile.enable, "graph_trainer.enable": recipe.graph_trainer.enable}
-    edits = [RecipeEdit(k, v, why) for k, v in wanted.items() if have[k] != v]
+    edits = _mode_edits(recipe, choice, why)
     if choice != "eager" and moe and recipe.kernels.moe != moe:
         edits.append(
             RecipeEdit("kernels.moe", moe,
@@ -176,10 +161,14 @@ def _only_mode(rung: str, recipe, holder: str, current: str, refused: dict[str, 
         f"{m}: {r}" for m, r in refused.items()) + ")"  # fmt: skip
     d = decision.Decision(rung=rung, lever=LEVER, holder=current, candidate=holder, value=holder,
                           verdict=decision.KEPT if holder != current else decision.HELD, figure="none", why=why)  # fmt: skip
-    wanted = {"compile.enable": holder == "compile", "graph_trainer.enable": holder == "graph_trainer"}
-    have = {"compile.enable": recipe.compile.enable, "graph_trainer.enable": recipe.graph_trainer.enable}
-    edits = [RecipeEdit(k, v, why) for k, v in wanted.items() if have[k] != v]
+    edits = _mode_edits(recipe, holder, why)
     record = {"execution_mode": holder, "execution_mode_was": current, "execution_mode_holder": holder,
               "execution_mode_why": why, "execution_mode_candidates": [holder], "execution_mode_vs_holder": {},
               "execution_mode_head_to_head": None, "execution_mode_refused": refused, "decisions": [d.to_dict()]}  # fmt: skip
     return edits, record
+
+
+def _mode_edits(recipe, mode: str, why: str) -> list[RecipeEdit]:
+    """The recipe edits that switch `recipe` from its own mode to `mode` (none when it is already there)."""
+    have = mode_switches(execution_mode(recipe))
+    return [RecipeEdit(k, v, why) for k, v in mode_switches(mode).items() if have[k] != v]

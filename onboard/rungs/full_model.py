@@ -35,9 +35,7 @@ from titan_core.config.hf_config import read_hf_config
 from titan_core.models.common.param_counts import count_params
 from titan_core.models.common.stats import model_flops_per_token
 from titan_core.models.common.tied import aliases, stored_once
-from titan_core.models.flux.config import flux_of_args
-from titan_core.models.registry import DIFFUSION_FAMILIES
-from titan_core.training.model_builder import build_meta_model, model_adapter, resolve_model_args
+from titan_core.models.model_builder import build_meta_model, model_adapter, resolve_model_args
 
 LIST_CAP = 20
 NATIVE = "the native model (through the adapter)"
@@ -86,11 +84,12 @@ def _tie_diff(ours: Layout, theirs: Layout, what: str) -> list[str]:
     return out
 
 
-def _upstream_layout(hf_cfg: dict) -> tuple[Layout | None, str]:
-    """(the layout of the upstream class built on meta, what it is), or (None, why not)."""
+def _upstream_layout(hf_cfg: dict, upstream: str) -> tuple[Layout | None, str]:
+    """(the layout of the upstream class built on meta, what it is), or (None, why not). `upstream`:
+    the library whose class the model ports (its args' `kind.upstream`)."""
     try:
         with torch.device("meta"):
-            if hf_cfg.get("model_type") in DIFFUSION_FAMILIES:
+            if upstream == "diffusers":
                 model = diffusers_model(hf_cfg)
             else:
                 model = causal_lm(hf_config_object(hf_cfg))
@@ -124,17 +123,19 @@ def probe(ctx: RungContext, cfg) -> tuple[dict[str, Any], dict[str, Any]]:
         ctx.log(f"eager: the full model does not build on meta: {details['error']}")
         return m, {"full_model": details}
     counts = count_params(model)
-    flux = flux_of_args(args)  # a flux model's full-size sample, not the recipe's (the twin's) seq_len
+    # a model whose samples have a size of their own (flux: its full-size image) is counted at it,
+    # not at the recipe's (the twin's) seq_len
+    sample_len = args.sample_spec().seq_len
     m.update(
         full_model_built_on_meta=True,
         full_model_params_total=counts.total,
         full_model_params_active=counts.active,
         # a model that counts its own (flux: per image token of its full-size sample) knows better
         full_model_flops_per_token=model_flops_per_token(model, cfg.training.seq_len),
-        full_model_seq_len=flux.image_tokens if flux else cfg.training.seq_len,
+        full_model_seq_len=sample_len or cfg.training.seq_len,
     )
     if ws.twin_path is not None:
-        theirs, why = _upstream_layout(_full_hf_config(ws, adapter, args))
+        theirs, why = _upstream_layout(_full_hf_config(ws, adapter, args), args.kind.upstream)
         why = why if theirs is not None else f"no upstream class: {why}"
     else:  # no twin: parity compares this very model with the upstream class, tensor by tensor
         theirs, why = None, "no twin: parity compares this model with the upstream class itself"

@@ -17,9 +17,10 @@ from onboard.ladder.contract import RecipeEdit, RungContext, RungResult
 from onboard.ladder.gates import PRECISIONS, ChecklistError, load_checklist, resolve_threshold
 from titan_core.config import load_config
 from titan_core.config.loader import get_key
+from titan_core.config.execution_modes import set_execution_mode
 from titan_core.runtime.devices import device_type as resolved_device_type  # noqa: F401  (the rungs' name for it)
 import torch
-from titan_core.training.model_builder import resolve_model_args
+from titan_core.models.model_builder import resolve_model_args
 
 
 @lru_cache(maxsize=None)
@@ -69,8 +70,7 @@ def job_config(ctx: RungContext):
     the recipe's (`announce`)."""
     steps = param("eager", "steps")
     cfg = recipe(ctx)
-    cfg.compile.enable = False
-    cfg.graph_trainer.enable = False
+    set_execution_mode(cfg, "eager")
     cfg.training.steps = steps
     cfg.lr_scheduler.warmup_steps = min(cfg.lr_scheduler.warmup_steps, int(steps * param("eager", "warmup_cap")))
     cfg.data.repeat_batch = True

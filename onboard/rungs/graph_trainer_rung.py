@@ -29,10 +29,11 @@ from onboard.ladder.contract import RecipeEdit, RungContext, RungResult
 from titan_core.measure.numerics import rel, rel_l2
 from titan_core.parallel import local_tensor as _local
 import torch
+from titan_core.config.execution_modes import MODE_KEYS
 from titan_core.compile.graph_trainer import CaptureError, HostSyncError, find_host_syncs, measure_memory_policies
 
 RUNG = "graph_trainer"
-EXACT = {"enable": True, "compile": "none", "numerics_changing": False, "split": False}
+EXACT = {"compile": "none", "numerics_changing": False, "split": False}
 """The [graph_trainer] of the exactness run: captured, uncompiled, unsplit, numerics-preserving passes only."""
 
 
@@ -49,12 +50,13 @@ class Plan:
     @property
     def flags(self) -> list[str]:
         """The `onboard train` flags the rung verifies."""
-        return ["--graph_trainer.enable=true"] + ([f"--kernels.moe={self.moe}"] if self.moe else [])
+        return [f"--{MODE_KEYS['graph_trainer']}=true"] + ([f"--kernels.moe={self.moe}"] if self.moe else [])
 
-    def config(self, name: str, *, steps: int, deterministic: bool = False, **sections):
-        """The gate's recipe for one part's run, written under runs/.../<name>/."""
+    def config(self, name: str, *, mode: str = "eager", steps: int, deterministic: bool = False, **sections):
+        """The gate's recipe for one part's run in `mode`, written under runs/.../<name>/."""
         out = self.ctx.attempt_dir / name
-        return mode_recipe.mode_config(self.base, out, steps=steps, deterministic=deterministic, moe=self.moe, **sections)
+        return mode_recipe.mode_config(self.base, out, mode=mode, steps=steps, deterministic=deterministic,
+                                       moe=self.moe, **sections)  # fmt: skip
 
     def result(self, m: GraphTrainerMeasurements, details: dict, edits: list[RecipeEdit] | None = None) -> RungResult:
         return gate_recipe.result(self.ctx, self.base, m, details, edits)
@@ -124,7 +126,8 @@ def exactness(plan: Plan, m: GraphTrainerMeasurements, details: dict) -> bool:
     for bit; False when the captured run could not be captured (measured so)."""
     ctx, steps = plan.ctx, gate_recipe.param(RUNG, "exact_steps")
     e_cfg = one_thread_on_cpu(plan.config("eager", steps=steps, deterministic=True))
-    g_cfg = one_thread_on_cpu(plan.config("exact", steps=steps, deterministic=True, graph_trainer=EXACT))
+    g_cfg = one_thread_on_cpu(plan.config("exact", mode="graph_trainer", steps=steps, deterministic=True,
+                                          graph_trainer=EXACT))  # fmt: skip
     e_tr, e_res = train_run.train(ctx, e_cfg, "graph_trainer: eager reference")
     try:
         g_tr, g_res = train_run.train(ctx, g_cfg, "graph_trainer: captured step, uncompiled")
@@ -205,7 +208,7 @@ def exact_rel_err(eager_tr, eager_rows, graph_tr, graph_rows) -> float:
 def timed(plan: Plan, m: GraphTrainerMeasurements, details: dict) -> None:
     """The recipe's own [graph_trainer] settings for `timed_steps`: capture and compile times, speed, memory."""
     ctx, gt = plan.ctx, plan.base.graph_trainer
-    cfg = plan.config("timed", steps=gate_recipe.param(RUNG, "timed_steps"), graph_trainer={"enable": True})
+    cfg = plan.config("timed", steps=gate_recipe.param(RUNG, "timed_steps"), mode="graph_trainer")
     ctx.log(
         f"graph_trainer: timed run with the recipe's settings: compile {gt.compile}, memory policy "
         f"{gt.memory_policy}, scan_layers {gt.scan_layers}, split {gt.split}"

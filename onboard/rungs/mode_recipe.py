@@ -1,6 +1,7 @@
-"""The recipe of a run in another execution mode (compile, graph_trainer): the mode's sections
-set over the gate's recipe, and the MoE experts a captured step can run (the reference loop syncs
-the host, so a capture runs the dense experts instead, for the reason DENSE_WHY gives)."""
+"""The recipe of a run in another execution mode (compile, graph_trainer): the gate's recipe switched
+to that mode (titan_core's set_execution_mode) with any of the mode's other fields a run asks for, and
+the MoE experts a captured step can run (the reference loop syncs the host, so a capture runs the
+dense experts instead, for the reason DENSE_WHY gives)."""
 
 from __future__ import annotations
 
@@ -9,9 +10,10 @@ from pathlib import Path
 
 from onboard.rungs.gate_recipe import compute_dtype, resolved_device_type
 from titan_core.config.loader import set_key
-from onboard.rungs.kernels.compare import applicable_kernels
-from titan_core.config.swaps import swap_applicability
-from titan_core.training.model_builder import build_meta_model
+from titan_core.config.execution_modes import set_execution_mode
+from onboard.rungs.kernels_rung.compare import applicable_kernels
+from titan_core.models.common.swaps import swap_applicability
+from titan_core.models.model_builder import build_meta_model
 
 DENSE_WHY = (
     "the recipe's MoE experts are the reference loop (kernels.moe = \"loop\"), which gathers each expert's tokens "
@@ -46,12 +48,12 @@ def capture_moe(cfg, args) -> tuple[str | None, str]:
     return None, f'the recipe\'s kernels.moe = "{moe}" is kept'
 
 
-def mode_config(base, out_dir: Path, *, steps: int, deterministic: bool = False, moe: str | None = None, **sections):
-    """The gate's recipe for another execution mode: `sections` maps 'compile' /
-    'graph_trainer' to the fields to set there; the other mode is switched off."""
+def mode_config(base, out_dir: Path, *, mode: str = "eager", steps: int, deterministic: bool = False,
+                moe: str | None = None, **sections):  # fmt: skip
+    """The gate's recipe run in execution `mode` (every other mode off); `sections` maps a section
+    ('compile', 'graph_trainer') to other fields to set there."""
     cfg = copy.deepcopy(base)
-    cfg.compile.enable = False
-    cfg.graph_trainer.enable = False
+    set_execution_mode(cfg, mode)
     for section, fields in sections.items():
         for name, value in fields.items():
             set_key(cfg, f"{section}.{name}", value)

@@ -50,7 +50,7 @@ from onboard.rungs import gate_recipe, train_run
 from titan_core.config.loader import ConfigError
 from titan_core.measure.numerics import curve_max_rel
 from titan_core.parallel import check_parallelism
-from titan_core.runtime import launcher
+from titan_core import launcher
 
 RUNG = "simple_fsdp"
 CRITERION = "parallel_degrees_exact"

@@ -29,7 +29,7 @@ from onboard.rungs import gate_recipe
 from onboard.ladder.measurements.parity_measurements import ParityMeasurements
 from onboard.ladder.contract import RungContext, RungResult
 from titan_core.config.loader import ConfigError
-from titan_core.models.registry import DIFFUSION_FAMILIES
+from titan_core.models.registry import get_family
 from titan_core.runtime.die_with_parent import with_parent_death_signal
 
 RUNG = "parity"
@@ -104,7 +104,7 @@ def run(ctx: RungContext) -> RungResult:
     out.unlink(missing_ok=True)  # never read an earlier attempt's numbers
     env, environment = _child_environment(ctx, out)
     cmd = pytest_command(test_file)
-    upstream = "diffusers" if ws.family in DIFFUSION_FAMILIES else "HF"
+    upstream = get_family(ws.family).kind.upstream
     ctx.log(f"parity: {shlex.join(cmd[1:4])} (upstream {upstream} vs native, CPU fp32); results -> {out}")
     log_path = ctx.attempt_dir / "pytest.log"
     started = time.time()

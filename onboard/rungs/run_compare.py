@@ -33,6 +33,6 @@ def beside_eager(m: BesideEager, evidence: dict) -> None:
 def eager_step1_loss(ctx: RungContext) -> float:
     """The eager rung's exact step-1 loss (the ladder runs this rung only after eager passed)."""
     ev = ctx.evidence.get("eager")
-    if not ev or "step1_loss_repr" not in ev:
+    if not ev or "step1_loss" not in ev:
         raise RuntimeError("no passed eager evidence to compare with: run the eager rung first")
-    return float(ev["step1_loss_repr"])
+    return float(ev["step1_loss"])  # JSON keeps a float exactly; float() reads a non-finite one's "nan"

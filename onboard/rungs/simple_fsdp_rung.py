@@ -7,7 +7,7 @@ params / fp32 reduce loss curve against the fp32 one, and FSDP2's step time besi
 
 The baseline is the eager rung's evidence whenever one sharded step is the same arithmetic
 as eager's one big batch. The cross-entropy is: titan_core normalises it by the global
-count of valid tokens over every rank and micro-batch (titan_core/training/token_mean.py), so rows
+count of valid tokens over every rank and micro-batch (titan_core/parallel/token_mean.py), so rows
 with ignored labels (text data) spread unevenly over the ranks change nothing. A term
 computed per forward pass over a rank's rows is not: a MoE load-balancing loss
 (aux_loss_coef != 0). A W-rank step then equals a one-process step with grad_accum = W
@@ -36,11 +36,11 @@ from onboard.ladder.decision import HELD, KEPT, NOT_ELIGIBLE, Decision, decide, 
 from onboard.ladder.gates import timed_apart
 from onboard.rungs.gate_recipe import resolved_device_type
 from titan_core.measure.timing import Comparison, compare
-from titan_core.runtime import launcher
+from titan_core import launcher
 from titan_core.runtime.argv import LAUNCH
 from titan_core.measure.numerics import curve_max_rel, rel
 import torch
-from titan_core.training.model_builder import resolve_model_args
+from titan_core.models.model_builder import resolve_model_args
 
 RUNG = "simple_fsdp"
 FP32 = "float32"
@@ -120,7 +120,7 @@ def _baseline(ctx: RungContext, base, world: int, why: str | None) -> tuple[floa
     """(step-1 loss, grad norm) the sharded fp32 step must reproduce."""
     if why is None:
         ev = ctx.evidence["eager"]
-        return float(ev["step1_loss_repr"]), float(ev["step1_grad_norm_repr"])
+        return float(ev["step1_loss"]), float(ev["step1_grad_norm"])
     cfg = baseline_config(base, ctx.attempt_dir / "baseline", world=world)
     ctx.log(f"simple_fsdp: baseline = 1 process, grad_accum {world}, fp32, 1 step ({why})")
     rows = titan_core.train.run(cfg).metrics
@@ -139,10 +139,10 @@ def measure(fp32: list[dict], bf16: list[dict], fsdp2: list[dict], *, baseline: 
     m = {
         "steps_run": len(fp32),
         "bf16_steps_run": len(bf16),
-        "step1_loss_repr": repr(first["loss"]),
-        "step1_grad_norm_repr": repr(first["grad_norm"]),
-        "baseline_step1_loss_repr": repr(baseline[0]),
-        "baseline_step1_grad_norm_repr": repr(baseline[1]),
+        "step1_loss": first["loss"],
+        "step1_grad_norm": first["grad_norm"],
+        "baseline_step1_loss": baseline[0],
+        "baseline_step1_grad_norm": baseline[1],
         "step1_loss_rel_err": rel(first["loss"], baseline[0]),
         "step1_grad_norm_rel_err": rel(first["grad_norm"], baseline[1]),
         "bf16_loss_curve_max_rel": worst,
@@ -162,8 +162,8 @@ def measure(fp32: list[dict], bf16: list[dict], fsdp2: list[dict], *, baseline: 
             m["fsdp2_step_time_median_s"], m["step_time_median_s"], "SimpleFSDP", "FSDP2"
         )
     if eager_evidence:
-        m["eager_step1_loss_rel_err"] = rel(first["loss"], float(eager_evidence["step1_loss_repr"]))
-        m["eager_step1_grad_norm_rel_err"] = rel(first["grad_norm"], float(eager_evidence["step1_grad_norm_repr"]))
+        m["eager_step1_loss_rel_err"] = rel(first["loss"], float(eager_evidence["step1_loss"]))
+        m["eager_step1_grad_norm_rel_err"] = rel(first["grad_norm"], float(eager_evidence["step1_grad_norm"]))
     return m
 
 

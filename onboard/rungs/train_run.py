@@ -9,6 +9,7 @@ from pathlib import Path
 from onboard.ladder.contract import METRICS_FILE, RungContext, record_run
 from onboard.rungs.gate_recipe import announce, job_config, recipe
 from titan_core.config.loader import check_ranges, set_key
+from titan_core.config.execution_modes import execution_mode, set_execution_mode
 from titan_core.runtime.quiet import quiet_loggers
 from titan_core.training.trainer import Trainer
 import torch
@@ -66,8 +67,7 @@ def train_recipe(ctx: RungContext, edits, *, steps: int, label: str):
     own execution mode, for `steps` on the gate's batch, recorded as a gated run: what the user takes
     away, run as a whole before the gate lets the edits in."""
     cfg = job_config(ctx)
-    written = recipe(ctx)
-    cfg.compile.enable, cfg.graph_trainer.enable = written.compile.enable, written.graph_trainer.enable
+    set_execution_mode(cfg, execution_mode(recipe(ctx)))
     for e in edits:
         set_key(cfg, e.key, e.value)
     cfg.training.steps = steps

@@ -14,9 +14,8 @@ from onboard.workspace.layout import HF_CONFIG, TWIN
 from onboard.workspace.ledger import now_iso
 from onboard.workspace.resources import data_dir
 from onboard.workspace.templates import render_file, template_env
+from titan_core.config.hf_config import config_upstream
 from titan_core.models import get_family
-from titan_core.models.flux.config import flux_config
-from titan_core.models.registry import DIFFUSION_FAMILIES
 
 
 def initial_hf(name: str, weights: Path | None, family: str, twin: dict | None, hf_config) -> tuple[str, str]:
@@ -26,16 +25,20 @@ def initial_hf(name: str, weights: Path | None, family: str, twin: dict | None, 
     starts from the checkpoint and the eager rung compares its step-1 loss with transformers'. Left
     out, with the reason in the recipe, where the recipe's model cannot load them: a twin (the gates
     train a smaller model than the checkpoint's; `onboard recipe` prints the full model's command),
-    a diffusion model (initial_hf reads a causal LM's folder), a folder without the config.json
-    that checkpoint.initial_hf reads.
+    a model whose upstream is not transformers (initial_hf reads a causal LM's folder), a folder
+    without the config.json that checkpoint.initial_hf reads.
 
     The arguments are the scaffold plan's fields of the same names (`twin`: its twin record, whose
     "config" is the twin's config; `hf_config`: the model's own)."""
     if weights is None:
         return "", ""
     where = str(weights)
-    if family in DIFFUSION_FAMILIES:
-        return "", f"--weights {where} is for parity only: checkpoint.initial_hf loads causal language models"
+    upstream = get_family(family).kind.upstream
+    if upstream != "transformers":
+        return "", (
+            f"--weights {where} is for parity only: checkpoint.initial_hf loads causal language models, "
+            f"not a {upstream} model's checkpoint"
+        )
     if twin is not None and twin["config"] != hf_config:  # a twin of the full shape loads them
         return "", (
             f"no checkpoint.initial_hf: the gates train the twin ({TWIN}), which the full-size weights in {where} "
@@ -52,12 +55,13 @@ def initial_hf(name: str, weights: Path | None, family: str, twin: dict | None, 
     )
 
 
-def _image_tokens(plan) -> int:
-    """A flux sample's image tokens (the recipe's seq_len); 0 for a language model."""
-    if plan.family not in DIFFUSION_FAMILIES:
+def _sample_len(plan) -> int:
+    """The tokens of one sample of a model whose samples have a size of their own (flux's image
+    tokens: the recipe's seq_len); 0 for a model of any length (a language model)."""
+    if plan.path_kind != "native":  # a port's config is its own adapter's to read, and it is a causal LM's
         return 0
     cfg = plan.twin["config"] if plan.twin is not None else plan.hf_config  # the gates train the twin when there is one
-    return flux_config(get_family(plan.family).adapter.args_from_hf(cfg)[0]).image_tokens
+    return get_family(plan.family).adapter.args_from_hf(cfg)[0].sample_spec().seq_len or 0
 
 
 def render(plan) -> dict[str, str]:
@@ -81,7 +85,7 @@ def render(plan) -> dict[str, str]:
         attention=plan.attention, attention_why=plan.attention_why,
         twin=plan.twin is not None, twin_file=TWIN, twin_rows=(plan.twin or {}).get("rows", []),
         twin_summary=(plan.twin or {}).get("summary", ""), twin_reason=(plan.twin or {}).get("reason", ""),
-        diffusion=plan.family in DIFFUSION_FAMILIES, image_tokens=_image_tokens(plan),
+        diffusion=config_upstream(plan.hf_config) == "diffusers", image_tokens=_sample_len(plan),
         initial_hf=start, initial_hf_why=start_why,
     )  # fmt: skip
     names = ["recipe.toml", "adapter.py", "README.md"]

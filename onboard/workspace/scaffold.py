@@ -32,8 +32,7 @@ from onboard.workspace.render import render
 from titan_core.config import ConfigError
 from titan_core.config.hf_config import read_hf_config_text
 from titan_core.models import FAMILY_NAMES, family_for_hf_model_type, get_family, resolve_args
-from titan_core.models.flux.config import flux_config
-from titan_core.models.registry import DIFFUSION_FAMILIES
+from titan_core.models.registry import NATIVE_FAMILIES
 from titan_core.models.common.hf_adapter import NEUTRAL_KEYS, AdapterError
 from titan_core.models.common.mapping_errors import ArchitectureError
 from titan_core.models.transformers.adapter import TransformersAdapter
@@ -146,7 +145,7 @@ PRESET_NAMES = {"llama3_debug": "llama3/debugmodel", "flux_debug": "flux/debugmo
 
 def families_line() -> str:
     return ", ".join(
-        f"{n} ({', '.join(get_family(n).adapter.hf_model_types)})" for n in (*FAMILY_NAMES, *DIFFUSION_FAMILIES)
+        f"{n} ({', '.join(get_family(n).adapter.hf_model_types)})" for n in NATIVE_FAMILIES
     )
 
 
@@ -156,7 +155,7 @@ def preset_config(preset: str) -> tuple[str, str, dict]:
     defaults to debugmodel."""
     family, _, flavor = PRESET_NAMES.get(preset, preset).partition("/")
     flavor = flavor or "debugmodel"
-    known = (*FAMILY_NAMES, *DIFFUSION_FAMILIES)
+    known = NATIVE_FAMILIES
     if family not in known:
         raise BadInput(
             f"unknown family '{family}' in --preset; families: {', '.join(known)}; presets: {', '.join(PRESET_NAMES)}"
@@ -177,22 +176,6 @@ def read_weights(path: Path | None) -> Path | None:
     if not any(path.glob("*.safetensors")):
         raise BadInput(f"--weights {path} holds no *.safetensors files")
     return path
-
-
-def shape_summary(args) -> str:
-    """A language model's shape in one line (README.md of the workspace)."""
-    experts = f", {args.n_experts} experts top-{args.top_k}" if args.n_experts else ""
-    heads = f"{args.n_heads} heads ({args.n_kv_heads} kv)"
-    return f"dim {args.dim}, {args.n_layers} layers, {heads}, vocab {args.vocab_size}{experts}"
-
-
-def diffusion_summary(args) -> str:
-    f = flux_config(args)
-    return (
-        f"FLUX: {f.n_double_layers} double-stream + {f.n_single_layers} single-stream blocks, dim {f.dim}, "
-        f"{f.n_heads} heads, {f.image_tokens} image + {f.text_len} text tokens per sample"
-        + (", guidance embedded" if f.guidance_embeds else "")
-    )
 
 
 # ---- deciding ----------------------------------------------------------------------------
@@ -282,10 +265,11 @@ def plan_workspace(
             "two paths can: --path transformers runs transformers' own class through titan_core, "
             "--path port starts a native port from the closest family"
         )
-    if family in DIFFUSION_FAMILIES and path_kind != "native":
+    upstream = get_family(family).kind.upstream if family is not None else "transformers"
+    if upstream != "transformers" and path_kind != "native":  # both paths start from a transformers class
         raise BadInput(
-            f"--path {path_kind} is for causal LMs; a {model_type} diffusion transformer runs on the {family} family "
-            "(leave --path out)"
+            f"--path {path_kind} is for causal LMs; a {model_type} model (a {upstream} class) runs on the {family} "
+            "family (leave --path out)"
         )
     if path_kind == "transformers":
         plan = _plan_transformers(
@@ -305,13 +289,13 @@ def plan_workspace(
     try:
         args, _ = adapter.args_from_hf(cfg)
         unconsumed = adapter.unconsumed_keys(cfg)
-        args_summary = diffusion_summary(args) if family in DIFFUSION_FAMILIES else shape_summary(args)
+        args_summary = args.describe()
     except ArchitectureError as e:
         # no model of any path can be built from it (a zero, a fraction, heads that do not
         # divide): refused on the port path too, where another adapter error is a TODO
         raise BadInput(f"{where}: {e}") from None
     except (AdapterError, TypeError, ValueError) as e:
-        if family in DIFFUSION_FAMILIES:  # no other path runs it: nothing else to advise
+        if upstream != "transformers":  # no other path runs it: nothing else to advise
             raise BadInput(f"{where}: {e}") from None
         if path_kind == "native":
             raise BadInput(
@@ -366,7 +350,7 @@ def _plan_transformers(name, root, cfg, text, *, model_type, source, device, wei
     return Plan(
         name=name, root=root, family="transformers", flavor=None, path_kind="transformers", model_type=model_type,
         source=source, device=device, hf_config=cfg, hf_config_text=text, weights=weights, unconsumed=[],
-        args_summary=shape_summary(args), attention=attention, attention_why=why, threads=threads,
+        args_summary=args.describe(), attention=attention, attention_why=why, threads=threads,
     )  # fmt: skip
 
 

@@ -1,4 +1,5 @@
-"""The trainer's two hooks into the execution modes, from the config sections."""
+"""The trainer's two hooks into the execution modes, from the config sections; which mode a config
+runs in (and the refusal of two at once) is titan_core.config.execution_modes.execution_mode's alone."""
 
 from __future__ import annotations
 
@@ -6,21 +7,11 @@ from torch import nn
 
 from titan_core.compile.graph_trainer import GraphTrainStep
 from titan_core.compile.per_block import apply_per_block_compile as compile_blocks
-from titan_core.config.loader import ConfigError
 from titan_core.config.sections import JobConfig
-
-
-def _check_one_mode(cfg: JobConfig) -> None:
-    if cfg.compile.enable and cfg.graph_trainer.enable:
-        raise ConfigError(
-            "compile.enable and graph_trainer.enable are two execution modes; pick one "
-            "(the Graph Trainer compiles the whole step itself with graph_trainer.compile=inductor)"
-        )
 
 
 def apply_per_block_compile(model: nn.Module, cfg: JobConfig) -> list[str]:
     """Compile each block and the loss head per `cfg.compile`; returns their module paths."""
-    _check_one_mode(cfg)
     return compile_blocks(model, backend=cfg.compile.backend, fullgraph=cfg.compile.fullgraph)
 
 
@@ -28,7 +19,6 @@ def graph_train_step(model: nn.Module, optimizer, cfg: JobConfig, *, dp_world: i
     """A GraphTrainStep for this model and optimizer; the step is captured on its first run.
 
     dp_world: data-parallel ranks of the run (the loss is normalised over their valid tokens)."""
-    _check_one_mode(cfg)
     return GraphTrainStep(
         model,
         optimizer,

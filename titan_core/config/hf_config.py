@@ -41,6 +41,13 @@ DIFFUSERS_MODEL_TYPES = {"FluxTransformer2DModel": "flux"}
 """A diffusers model config names its class (`_class_name`), not a model_type: the model_type it is read as."""
 
 
+def config_upstream(cfg: dict) -> str:
+    """The library whose class the config.json `cfg` describes: "diffusers" for a class of
+    DIFFUSERS_MODEL_TYPES, else "transformers". Read without loading a model: it is the
+    `ModelKind.upstream` of the family that runs the config (tests/core/unit/test_model_protocol.py)."""
+    return "diffusers" if cfg.get("_class_name") in DIFFUSERS_MODEL_TYPES else "transformers"
+
+
 MODEL_TYPE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 """What a model_type may be: every architecture transformers and diffusers name fits it."""
 

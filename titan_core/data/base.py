@@ -35,7 +35,7 @@ class Batch:
     """[B, S] int64 index of the document within its row, so attention can stay inside it."""
     inputs: dict[str, torch.Tensor] = field(default_factory=dict)
     """Named inputs a model takes beside tokens, as keywords of `model.loss` (a flow model's
-    noise, timesteps and text conditioning; titan_core/data/flow.py). Empty for text."""
+    noise, timesteps and text conditioning: the model's `args.sample_spec().inputs`). Empty for text."""
 
     def to(self, device: torch.device | str, non_blocking: bool = False) -> Batch:
         def move(t):

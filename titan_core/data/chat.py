@@ -22,6 +22,10 @@ import json
 from datetime import datetime
 from typing import Any
 
+import jinja2
+from jinja2.ext import Extension, loopcontrols
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+
 from titan_core.config.loader import ConfigError
 
 
@@ -33,24 +37,21 @@ class BadRow(Exception):
         self.reason = reason
 
 
+class Generation(Extension):
+    """`{% generation %}...{% endgeneration %}` renders its body (the spans come from prefixes here)."""
+
+    tags = {"generation"}
+
+    def parse(self, parser):
+        lineno = next(parser.stream).lineno
+        body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
+        return jinja2.nodes.CallBlock(self.call_method("_body"), [], [], body).set_lineno(lineno)
+
+    def _body(self, caller):
+        return caller()
+
+
 def _environment():
-    import jinja2
-    from jinja2.ext import Extension
-    from jinja2.sandbox import ImmutableSandboxedEnvironment
-
-    class Generation(Extension):
-        """`{% generation %}...{% endgeneration %}` renders its body (the spans come from prefixes here)."""
-
-        tags = {"generation"}
-
-        def parse(self, parser):
-            lineno = next(parser.stream).lineno
-            body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
-            return jinja2.nodes.CallBlock(self.call_method("_body"), [], [], body).set_lineno(lineno)
-
-        def _body(self, caller):
-            return caller()
-
     def raise_exception(message):
         raise jinja2.exceptions.TemplateError(message)
 
@@ -58,7 +59,7 @@ def _environment():
         return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
 
     env = ImmutableSandboxedEnvironment(
-        trim_blocks=True, lstrip_blocks=True, extensions=[Generation, jinja2.ext.loopcontrols]
+        trim_blocks=True, lstrip_blocks=True, extensions=[Generation, loopcontrols]
     )
     env.filters["tojson"] = tojson
     env.globals["raise_exception"] = raise_exception
@@ -70,8 +71,6 @@ class ChatTemplate:
     """A compiled chat template; `origin` names where it came from, for error messages."""
 
     def __init__(self, source: str, *, origin: str, special_tokens: dict[str, str]):
-        import jinja2
-
         self.source = source
         self.origin = origin
         self.special_tokens = dict(special_tokens)
@@ -83,8 +82,6 @@ class ChatTemplate:
             ) from None
 
     def render(self, messages: list[dict[str, Any]]) -> str:
-        import jinja2
-
         try:
             return self._template.render(messages=messages, add_generation_prompt=False, **self.special_tokens)
         except jinja2.TemplateError as e:  # raise_exception in the template: this conversation breaks its rules

@@ -165,7 +165,7 @@ class DatasetLoader(RowLoader):
     def _open(self, position: str) -> None:
         """This rank's shard of the rows, at the start of the epoch ("") or at a saved position
         (datasets' state_dict as JSON)."""
-        from datasets.distributed import split_dataset_by_node
+        from datasets.distributed import split_dataset_by_node  # lazy: the [hf] extra (datasets), seconds to import
 
         self._close()
         self._ds = split_dataset_by_node(self._base, rank=self.dp_rank, world_size=self.dp_world)

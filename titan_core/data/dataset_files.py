@@ -117,7 +117,7 @@ def find_data_files(path: str, *, what: str = "data.path") -> DataFiles:
 def open_dataset(files: DataFiles, column: str):
     """The unsharded streaming IterableDataset of the files (one shard per file)."""
     try:
-        import datasets  # import-time cost (seconds): only a dataset source loads it
+        import datasets  # lazy: the [hf] extra, seconds to import: only a dataset source loads it
     except ImportError:
         raise ConfigError("data.source = 'dataset' needs the datasets package: pip install titan-onboard[hf]") from None
 
@@ -134,7 +134,7 @@ def open_dataset(files: DataFiles, column: str):
 
 
 def _check_parquet_column(files: DataFiles, column: str) -> None:
-    import pyarrow.parquet as pq
+    import pyarrow.parquet as pq  # lazy: comes with the [hf] extra (datasets), only for parquet files
 
     for f in files.files:
         try:

@@ -84,7 +84,7 @@ class HfTokenizer:
     from_cache = False  # nothing trained here; kept for the surface the BPE tokenizer has
 
     def __init__(self, file: Path, config_path: Path | None):
-        from tokenizers import Tokenizer  # import-time cost: only when an hf tokenizer is asked for
+        from tokenizers import Tokenizer  # lazy: the Rust extension loads only when an hf tokenizer is asked for
 
         self.path = file
         self.config_path = config_path

@@ -6,7 +6,7 @@ local text files; dataset.py streams data files through `datasets`.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -14,11 +14,10 @@ from titan_core.config.loader import ConfigError
 from titan_core.config.sections import JobConfig
 from titan_core.data.base import RowLoader, mix_seed
 from titan_core.data.coverage import Plan
+from titan_core.data.dataset import DatasetLoader
 from titan_core.data.dataset_files import find_data_files
-from titan_core.data.flow import FlowLoader
 from titan_core.data.hf_tokenizer import locate
 from titan_core.data.text import TextLoader, find_text_files
-from titan_core.models.flux.config import FluxConfig
 
 
 class SyntheticLoader(RowLoader):
@@ -45,12 +44,14 @@ class SyntheticLoader(RowLoader):
 
 
 def build_data_loader(
-    cfg: JobConfig, *, vocab_size: int, dp_rank: int = 0, dp_world: int = 1, flux: FluxConfig | None = None
+    cfg: JobConfig, *, vocab_size: int, dp_rank: int = 0, dp_world: int = 1,
+    own_samples: Callable[..., RowLoader | None] | None = None,
 ) -> RowLoader:
     """The loader `cfg.data` describes, yielding this rank's micro-batches of `cfg.training` shape.
 
-    `flux`: the model is a flux model, which trains on synthetic flow samples (data/flow.py);
-    `data.source` must then be synthetic (text cannot feed it).
+    `own_samples`: the model's `args.own_samples` (titan_core/models/common/args.py). A model that
+    makes its own samples (flux: synthetic rectified-flow samples) trains on those, called with
+    this loader's seed and shape; `data.source` must then be synthetic (text cannot feed it).
 
     With `data.repeat_batch` it yields micro-batch 0 forever (data the model can memorise,
     so the loss must fall). One `next()` is one micro-batch: with
@@ -63,13 +64,14 @@ def build_data_loader(
         dp_world=dp_world,
         repeat_batch=cfg.data.repeat_batch,
     )
-    if flux is not None:
+    own = own_samples(seed=cfg.training.seed, **kw) if own_samples is not None else None
+    if own is not None:
         if cfg.data.source != "synthetic":
             raise ConfigError(
-                f"data.source '{cfg.data.source}': a flux model trains on synthetic latents, text embeddings and "
-                "timesteps (data.source = synthetic); it has no tokenizer to read text with"
+                f"data.source '{cfg.data.source}': this model trains on samples it makes itself "
+                f"({type(own).__name__}), so data.source = synthetic; it has no tokenizer to read text with"
             )
-        return FlowLoader(flux=flux, seed=cfg.training.seed, **kw)
+        return own
     if cfg.data.source == "synthetic":
         return SyntheticLoader(vocab_size=vocab_size, seed=cfg.training.seed, **kw)
     if cfg.data.format == "chat" and cfg.data.source != "dataset":
@@ -80,8 +82,6 @@ def build_data_loader(
     if cfg.data.source == "text":
         return TextLoader(cfg.data, vocab_size=vocab_size, plan=training_plan(cfg), **kw)
     if cfg.data.source == "dataset":
-        from titan_core.data.dataset import DatasetLoader  # import-time cost: `datasets` loads only for this source
-
         return DatasetLoader(cfg.data, vocab_size=vocab_size, plan=training_plan(cfg), **kw)
     raise ConfigError(f"data.source '{cfg.data.source}' is not one of synthetic, text, dataset")
 

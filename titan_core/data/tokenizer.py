@@ -10,6 +10,7 @@ import hashlib
 from pathlib import Path
 
 from titan_core.config.loader import ConfigError
+from titan_core.data.hf_tokenizer import load_hf_tokenizer
 from titan_core.runtime.files import atomic_write_text
 
 # Bumped when the way a BPE is trained changes, so stale caches are not reused.
@@ -73,7 +74,7 @@ def corpus_key(texts: list[str], vocab_size: int) -> str:
 def train_bpe(docs: list[str], vocab_size: int):
     """A byte-level BPE `tokenizers.Tokenizer` of at most `vocab_size` entries trained on `docs`,
     with BOS_TOKEN and EOS_TOKEN among its special tokens."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers  # import-time cost: BPE only
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers  # lazy: the Rust extension, BPE only
 
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
@@ -95,7 +96,7 @@ def load_or_train_bpe(file_texts: list[str], docs: list[str], vocab_size: int, c
     The cache file is written to a temporary name and renamed, so a crashed run never
     leaves a half-written tokenizer that a later run would load.
     """
-    from tokenizers import Tokenizer  # import-time cost: loaded only when a BPE is asked for
+    from tokenizers import Tokenizer  # lazy: the Rust extension loads only when a BPE is asked for
 
     min_vocab = 256 + 2  # the byte alphabet plus the two specials
     if vocab_size < min_vocab:
@@ -125,8 +126,6 @@ def build_tokenizer(
     corpus, which cannot train one). `tokenizer_path`: the hf tokenizer's file or folder.
     """
     if kind == "hf":
-        from titan_core.data.hf_tokenizer import load_hf_tokenizer
-
         return load_hf_tokenizer(tokenizer_path, model_vocab_size=model_vocab_size)
     if kind == "byte":
         tok = ByteTokenizer()

@@ -19,7 +19,7 @@ torchao is the [float8] extra, imported (1-2 s) only when `float8_swap` first re
 swap, as `swaps_for` does for kernels.float8; without it that call raises KernelUnavailable.
 
 **Which linears** (`skip_reason`, logged per module by `apply_swaps` and listed by
-`titan_core.config.swaps.swap_selection`): every `nn.Linear` except the output head (`output`,
+`titan_core.models.common.swaps.swap_selection`): every `nn.Linear` except the output head (`output`,
 `lm_head`, or the module holding the model's `output_weight`: logits are the most
 precision-sensitive matmul, and the loss head reads that weight with F.linear, so a swap there would
 change nothing), the MoE router (a path part
@@ -53,7 +53,7 @@ from typing import TYPE_CHECKING
 from torch import nn
 
 from titan_core.config.loader import ConfigError
-from titan_core.config.swaps import register_swap, registered_swaps
+from titan_core.models.common.swaps import register_swap, registered_swaps
 from titan_core.models.common.mapping_errors import KernelUnavailable
 
 if TYPE_CHECKING:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from titan_core.config.loader import ConfigError
 from titan_core.config.sections import Kernels
-from titan_core.config.swaps import register_swap, registered_swaps
+from titan_core.models.common.swaps import register_swap, registered_swaps
 from titan_core.kernels.attention import FlexAttention, SplashAttention, TokamaxAttention
 from titan_core.kernels.float8 import float8_swap
 from titan_core.kernels.fused_ce import FusedCrossEntropyHead, ZLossCrossEntropyHead

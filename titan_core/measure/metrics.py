@@ -178,7 +178,7 @@ class MetricsLogger:
             atomic_write_text(self.path, "".join(encode_row(r) + "\n" for r in kept))
         self._file = self.path.open("a")
         if self.tensorboard:
-            from torch.utils.tensorboard import SummaryWriter  # import-time cost: tensorboard loads only when asked for
+            from torch.utils.tensorboard import SummaryWriter  # lazy: the [tb] extra, loaded only when asked for
 
             # purge_step: TensorBoard hides an earlier run's events from the step this run starts at, as
             # metrics.jsonl drops its superseded rows (a fresh run's folder may hold an old run's files)

@@ -37,8 +37,8 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from functools import lru_cache
 
-from titan_core.measure import cpu_load
-from titan_core.measure.cpu_load import LoadSnapshot
+from titan_core.runtime import cpu_load
+from titan_core.runtime.cpu_load import LoadSnapshot
 
 INTERVAL_RATIO_CAP = 100.0
 """An interval whose high end is more than this many times its low end says nothing a person can use

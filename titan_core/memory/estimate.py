@@ -47,6 +47,7 @@ import math
 from dataclasses import dataclass, replace
 from fractions import Fraction
 
+from titan_core.config.execution_modes import execution_mode
 from titan_core.memory.activations import DTYPE_BYTES, activation_bytes, loss_bytes
 from titan_core.memory.shape import ModelShape, tp_local, tp_whole
 
@@ -128,6 +129,7 @@ class TrainSetup:
         t, p = cfg.training, cfg.parallelism
         dp = p.data_parallel
         gt = cfg.graph_trainer
+        mode = execution_mode(cfg)
         d = degrees
         return cls(
             batch_size=t.batch_size,
@@ -145,8 +147,8 @@ class TrainSetup:
             pp=1 if d is None else max(1, d.pp),
             pp_schedule=p.pp_schedule,
             reshard_after_forward=p.reshard_after_forward,
-            mode="graph_trainer" if gt.enable else "compile" if cfg.compile.enable else "eager",
-            memory_policy=gt.memory_policy if gt.enable else eager_policy(cfg.activation_checkpoint),
+            mode=mode,
+            memory_policy=gt.memory_policy if mode == "graph_trainer" else eager_policy(cfg.activation_checkpoint),
             loss=cfg.kernels.loss,
             ce_chunk=cfg.kernels.ce_chunk,
             attention=cfg.kernels.attention,

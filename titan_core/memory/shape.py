@@ -94,9 +94,9 @@ class ModelShape:
     def from_model(cls, model: TrainableModel, args) -> ModelShape:
         """Counts from the (meta) model itself, widths from its TransformerArgs; each block's routed experts
         are its modules' `experts` children (titan_core/models/common/param_counts.py's rule)."""
-        from torch import nn
+        from torch import nn  # lazy: torch; this module is pure data (module docstring)
 
-        from titan_core.models.common.param_counts import EXPERTS_CHILD
+        from titan_core.models.common.param_counts import EXPERTS_CHILD  # lazy: imports torch, as above
 
         params = list(model.parameters())  # distinct: a tied weight appears once
         blocks = list(model.layers.values())

@@ -1,4 +1,6 @@
-"""Model families. Each folder: model.py, flavors.py, state_dict_adapter.py."""
+"""Model families. Each folder: model.py, flavors.py, state_dict_adapter.py. The family registry
+(registry.py), the one way a recipe's model is built (model_builder.py) and the module-swap registry
+(common/swaps.py)."""
 
 from titan_core.models.registry import (
     FAMILY_NAMES,

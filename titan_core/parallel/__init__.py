@@ -8,6 +8,7 @@ parallelize(model, cfg, mesh)                    # on meta (apply.py), before th
 from __future__ import annotations
 
 from titan_core.config.loader import ConfigError
+from titan_core.config.execution_modes import execution_mode
 from titan_core.config.sections import JobConfig
 from titan_core.parallel.apply import mixed_precision, parallelize
 from titan_core.parallel.context_parallel import check_context_parallel
@@ -38,6 +39,7 @@ __all__ = [
 
 def check_parallelism(cfg: JobConfig, world_size: int) -> Degrees:
     """Every check that needs no process group: degrees vs world size, mode combinations, TP plan."""
+    execution_mode(cfg)  # two modes at once is refused before any check that reads one of them
     mode = cfg.parallelism.data_parallel
     degrees = resolve_degrees(cfg.parallelism, world_size)
     check_context_parallel(cfg, degrees)

@@ -26,6 +26,7 @@ from torch import nn
 from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
 
 from titan_core.config.loader import ConfigError
+from titan_core.config.execution_modes import execution_mode
 from titan_core.config.sections import JobConfig
 
 aten = torch.ops.aten
@@ -47,7 +48,7 @@ recompute never communicates again)."""
 def check_activation_checkpoint(cfg: JobConfig) -> None:
     """The refusals that need no model (ConfigError, one line)."""
     ac = cfg.activation_checkpoint
-    if ac.mode != "none" and cfg.graph_trainer.enable:
+    if ac.mode != "none" and execution_mode(cfg) == "graph_trainer":
         raise ConfigError(
             f"activation_checkpoint.mode = {ac.mode} with the Graph Trainer: the captured step decides what it keeps "
             "by graph_trainer.memory_policy (default, full, offload); set activation_checkpoint.mode = none"

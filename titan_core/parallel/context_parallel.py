@@ -34,13 +34,14 @@ cos/sin from them (models/common/decoder.py `hidden`).
 **Kernels.** A core that takes an explicit mask: `naive` (as a score bias) and `sdpa` (as
 `attn_mask`). tokamax, splash and flex build their own masks from square positions and are
 refused under cp > 1, as is the transformers path (its upstream layers may mix tokens outside
-attention: state-space and convolution layers, masks of their own) and flux (a joint image/text
-attention over inputs that are not a token row). A port runs when its attention goes through
+attention: state-space and convolution layers, masks of their own) and a model whose kind says
+its samples are not token rows to split (`ModelKind.context_parallel`: flux's joint image/text
+attention). A port runs when its attention goes through
 the naive or sdpa core; any other token-mixing code of its own is not split-aware.
 
 **Loss and gradients.** The loss is the token mean over the global batch's valid tokens: the
 valid-token count is summed over the data-parallel and cp ranks (`loss_group`) and each rank's
-term is scaled by dp x cp (`loss_world`, training/token_mean.py). Parameters are sharded and
+term is scaled by dp x cp (`loss_world`, token_mean.py). Parameters are sharded and
 their gradients averaged over dp_shard x cp flattened into one dimension (`fsdp_mesh`), as
 TorchTitan does, so the gradient is the cp = 1 run's.
 """
@@ -57,7 +58,7 @@ from titan_core.config.sections import JobConfig
 from titan_core.data.base import Batch
 from titan_core.models.common.attention import NaiveAttention, SDPAttention, mask_from_positions, sdpa
 from titan_core.models.common.mapping_errors import KernelRefusesModel
-from titan_core.models.registry import DIFFUSION_FAMILIES, TRANSFORMERS_FAMILY
+from titan_core.models.registry import TRANSFORMERS_FAMILY, get_family
 from titan_core.parallel.mesh import Degrees, dp_dim_names
 
 KERNELS = ("naive", "sdpa")
@@ -88,8 +89,12 @@ def check_context_parallel(cfg: JobConfig, degrees: Degrees) -> None:
             "parallelism.cp > 1 is not available on the transformers path: its upstream layers may mix tokens "
             "outside attention (state-space, convolutions, masks of their own), which a split sequence breaks"
         )
-    if family in DIFFUSION_FAMILIES:
-        raise ConfigError(f"parallelism.cp > 1 splits token rows of a decoder; {family}'s image/text attention is not")
+    kind = get_family(family).kind
+    if not kind.context_parallel:
+        raise ConfigError(
+            f"parallelism.cp > 1 splits token rows of a decoder; {family} is a {kind.name} model, whose attention "
+            "does not run over one"
+        )
 
 
 def balanced_index(seq_len: int, cp: int, rank: int, device=None) -> torch.Tensor:

@@ -36,6 +36,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import Partial, Placement, Replicate, Shard
 
 from titan_core.config.loader import ConfigError
+from titan_core.config.execution_modes import execution_mode
 from titan_core.config.sections import JobConfig
 from titan_core.models.common.moe import Experts
 from titan_core.models.common.protocol import TrainableModel
@@ -65,7 +66,7 @@ def check_expert_parallel(cfg: JobConfig, degrees: Degrees) -> None:
         raise ConfigError(
             f"parallelism.ep = {ep} composes with data_parallel = 'simple_fsdp' only, not '{p.data_parallel}'"
         )
-    if cfg.graph_trainer.enable:
+    if execution_mode(cfg) == "graph_trainer":
         raise ConfigError(
             f"parallelism.ep = {ep}: the dispatch reads its all-to-all sizes on the host in every MoE layer, "
             "which one captured program cannot hold; set graph_trainer.enable = false"

@@ -35,6 +35,7 @@ from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGP
 
 from titan_core.config.dtypes import DTYPES
 from titan_core.config.loader import ConfigError
+from titan_core.config.execution_modes import execution_mode
 from titan_core.config.sections import JobConfig
 from titan_core.models.common.decoder import Transformer
 from titan_core.models.common.layers import rope_cos_sin
@@ -44,7 +45,7 @@ from titan_core.models.common.init_stand_in import InitRecord
 from titan_core.parallel.sharded_init import init_dtypes_of, materialise_sharded
 from titan_core.parallel.apply import parallelize
 from titan_core.parallel.local import local_tensor
-from titan_core.training.model_builder import resolve_model_args
+from titan_core.models.model_builder import resolve_model_args
 
 STAGES_PER_RANK = {"gpipe": 1, "1F1B": 1, "interleaved1F1B": 2}
 """Stages each pp rank holds, per `parallelism.pp_schedule`."""
@@ -118,7 +119,7 @@ def check_pipeline(cfg: JobConfig, degrees: Degrees) -> None:
         raise ConfigError(f"parallelism.pp = {degrees.pp} needs data_parallel = 'simple_fsdp', not '{p.data_parallel}'")
     unsupported = (
         (cfg.model.module_file, "model.module_file (a port): pp > 1 splits the shared decoder only"),
-        (cfg.graph_trainer.enable, "graph_trainer.enable (the Graph Trainer)"),
+        (execution_mode(cfg) == "graph_trainer", "graph_trainer.enable (the Graph Trainer)"),
         (cfg.checkpoint.export_hf, "checkpoint.export_hf (the export gathers the whole model)"),
     )
     for on, what in unsupported:

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 import torch
 
 from titan_core.config.loader import ConfigError
+from titan_core.config.execution_modes import execution_mode
 
 _OBSERVERS: list = []
 """What Gather tells of each weight it gathers (Regather, GatheredBytes); empty: nothing is told."""
@@ -147,11 +148,11 @@ def check_regather(cfg) -> None:
             f"parallelism.reshard_after_forward re-gathers SimpleFSDP's weights; data_parallel = '{p.data_parallel}' "
             "has none to re-gather (fsdp2 reshards after forward by itself); set it to false"
         )
-    modes = ((cfg.compile.enable, "per-block compile (its gathers run inside the compiled graph)"),
-             (cfg.graph_trainer.enable, "the Graph Trainer (its memory_policy decides what it keeps)"))
-    for on, what in modes:
-        if on:
-            raise ConfigError(
-                f"parallelism.reshard_after_forward with {what} is not supported: it re-gathers through "
-                "autograd's saved-tensor hooks in the eager step; set one of them off"
-            )
+    refused = {"compile": "per-block compile (its gathers run inside the compiled graph)",
+               "graph_trainer": "the Graph Trainer (its memory_policy decides what it keeps)"}
+    what = refused.get(execution_mode(cfg))
+    if what is not None:
+        raise ConfigError(
+            f"parallelism.reshard_after_forward with {what} is not supported: it re-gathers through "
+            "autograd's saved-tensor hooks in the eager step; set one of them off"
+        )

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from titan_core.measure.cpu_load import load_1m
+from titan_core.runtime.cpu_load import load_1m
 from titan_core.runtime.files import atomic_write_text
 
 N = 1024

@@ -60,7 +60,7 @@ def _init_tpu(libtpu_init_flags: str) -> None:
     if libtpu_init_flags:
         os.environ["LIBTPU_INIT_ARGS"] = (os.environ.get("LIBTPU_INIT_ARGS", "") + " " + libtpu_init_flags).strip()
     try:
-        import torch_tpu  # noqa: F401  (optional extra; importing it aborts a process with no TPU)
+        import torch_tpu  # noqa: F401  # lazy: the [tpu] extra; importing it aborts a process with no TPU
     except ImportError:
         raise ConfigError(
             "device 'tpu' requested but torch_tpu is not installed: on a TPU host run pip install 'titan-onboard[tpu]'"

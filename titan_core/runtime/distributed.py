@@ -1,6 +1,6 @@
 """Process groups from the torchrun environment: init, the one-rank group, teardown.
 
-Ranks come from RANK / WORLD_SIZE / LOCAL_RANK, set by torchrun (which titan_core.runtime.launcher starts).
+Ranks come from RANK / WORLD_SIZE / LOCAL_RANK, set by torchrun (which titan_core.launcher starts).
 The backend follows the device: gloo on CPU, nccl on CUDA (with gloo beside it for the
 CPU-side objects a checkpoint exchanges). A process started without that environment
 still gets a one-rank group on an in-memory store, because SimpleFSDP puts parameters on

@@ -12,7 +12,10 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from titan_core.config.dtypes import DTYPES
 from titan_core.config.sections import JobConfig
+from titan_core.models.model_builder import build_model_from_config, materialize_on_cpu
+from titan_core.training.checkpoint import load_model_weights
 
 
 def greedy(model: nn.Module, prompt: list[int], n: int) -> list[int]:
@@ -42,10 +45,6 @@ def model_from_checkpoint(cfg: JobConfig, path: str | Path) -> nn.Module:
     """The recipe's model holding the weights of the DCP checkpoint `path` (a `step-N` folder),
     in one process, in fp32 and eval mode: a bf16 run's weights upcast, so that it computes
     as transformers' fp32 reload of the export does."""
-    from titan_core.config.dtypes import DTYPES
-    from titan_core.training.checkpoint import load_model_weights
-    from titan_core.training.model_builder import build_model_from_config, materialize_on_cpu
-
     _, _, model = build_model_from_config(cfg.model)
     model = materialize_on_cpu(model, cfg.training.seed, DTYPES[cfg.training.dtype])
     load_model_weights(path, model)

@@ -45,7 +45,7 @@ from titan_core.models.common.hf_adapter import AdapterError
 from titan_core.models.common.tied import stored_once
 from titan_core.models.registry import get_family
 from titan_core.runtime.files import backup_aside, default_mode
-from titan_core.training.model_builder import args_from_hf_config, model_adapter
+from titan_core.models.model_builder import args_from_hf_config, model_adapter
 from titan_core.weights.header_check import INDEX, SINGLE
 from titan_core.weights.st_headers import read_header
 
@@ -143,7 +143,7 @@ def export_hf(
     adapter's `hf_config(args)`. Without `model_cfg`: the family's.
     """
     try:
-        from safetensors.torch import save_file  # noqa: F401  # optional extra [hf]: refused before any collective
+        from safetensors.torch import save_file  # noqa: F401  # lazy: the [hf] extra, refused before any collective
     except ImportError:
         raise ConfigError("exporting HF weights needs safetensors: pip install titan-onboard[hf]") from None
     adapter = model_adapter(model_cfg) if model_cfg is not None else get_family(family_name).adapter
@@ -346,7 +346,7 @@ class _ShardWriter:
         self.dtypes.add(t.dtype)
 
     def _flush(self) -> None:
-        from safetensors.torch import save_file  # the [hf] extra (checked by export_hf)
+        from safetensors.torch import save_file  # lazy: the [hf] extra (checked by export_hf)
 
         path = self.folder / f".shard-{len(self.written) + 1}.safetensors"
         save_file(self.current, str(path), metadata=MARK)

@@ -37,7 +37,7 @@ from titan_core.config.hf_config import read_hf_config
 from titan_core.config.loader import ConfigError
 from titan_core.config.sections import JobConfig
 from titan_core.memory.estimate import format_bytes
-from titan_core.training.model_builder import model_adapter
+from titan_core.models.model_builder import model_adapter
 from titan_core.weights.header_check import CheckedCheckpoint, checked_mapping, checkpoint_files
 from titan_core.weights.st_headers import HeaderError
 from titan_core.weights.strided import ViewMap, arrange, local_box, source_box, view_map
@@ -174,7 +174,7 @@ class _Handles:
 def _open(path: Path):
     """safetensors' lazy reader of one file (memory-mapped: a slice reads only its bytes)."""
     try:
-        from safetensors import safe_open  # the [hf] extra
+        from safetensors import safe_open  # lazy: the [hf] extra
     except ImportError:
         raise ConfigError("loading checkpoint.initial_hf needs safetensors: pip install titan-onboard[hf]") from None
     return safe_open(str(path), framework="pt", device="cpu")

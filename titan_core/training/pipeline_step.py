@@ -1,7 +1,7 @@
 """One optimizer step through the pipeline schedule (parallelism.pp > 1; titan_core/parallel/pipeline.py).
 
 The step is the eager step's arithmetic, run by the schedule: each micro-batch's loss term is
-`micro_batch_term` of the last stage's loss and cross-entropy (titan_core/training/token_mean.py), so
+`micro_batch_term` of the last stage's loss and cross-entropy (titan_core/parallel/token_mean.py), so
 the terms sum to the same global token-mean loss as with pp = 1 and the same grad_accum, and
 the gradients are those of that loss (the schedule does not rescale them). The gradient norm
 is over every stage's parameters (the squared norms all-reduced over the pp group), and each
@@ -21,7 +21,7 @@ from titan_core.parallel import clip_grad_norm_
 from titan_core.parallel.context_parallel import loss_world
 from titan_core.parallel.pipeline import Pipeline, build_pipeline
 from titan_core.parallel.regather import regathering
-from titan_core.training.token_mean import micro_batch_term, weighted_head_mean
+from titan_core.parallel.token_mean import micro_batch_term, weighted_head_mean
 
 
 def stacked(batches: list[Batch]) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:

@@ -34,17 +34,17 @@ from titan_core.training.hf_export import check_export_target, export_hf, tokeni
 from titan_core.training.hf_load import initial_weights, weights_line
 from titan_core.compile import execution
 from titan_core.config.dtypes import DTYPES
+from titan_core.config.execution_modes import execution_mode
 from titan_core.config.sections import JobConfig
-from titan_core.config.swaps import apply_swaps
+from titan_core.models.common.swaps import apply_swaps
 from titan_core.data import build_data_loader, report_data
 from titan_core.kernels import swaps_for
 from titan_core.memory.preflight import check_memory
 from titan_core.memory.tensor_peak import TensorPeak, held_tensor_bytes
-from titan_core.measure import cpu_load
+from titan_core.runtime import cpu_load
 from titan_core.measure.metrics import MetricsLogger
-from titan_core.training.model_builder import build_model_from_config
+from titan_core.models.model_builder import build_model_from_config
 from titan_core.models.common.stats import model_flops_per_token
-from titan_core.models.flux.config import flux_of
 from titan_core.training.optim import build_lr_scheduler, build_optimizer
 from titan_core.parallel import build_mesh, check_parallelism, clip_grad_norm_, dp_coordinates, parallelize
 from titan_core.parallel.activation_checkpoint import apply_activation_checkpoint, check_activation_checkpoint
@@ -58,7 +58,7 @@ from titan_core.measure.profiler import StepProfiler
 from titan_core.measure.run_stats import RunStats
 from titan_core.measure.step_clock import Lap, start_lap
 from titan_core.training.pipeline_step import PipelineStep
-from titan_core.training.token_mean import global_valid_tokens, micro_batch_term
+from titan_core.parallel.token_mean import global_valid_tokens, micro_batch_term
 from titan_core.training.validate import Validator
 
 
@@ -207,21 +207,23 @@ class Trainer:
         self.checkpointed = apply_activation_checkpoint(model, cfg)
         """Module paths of the blocks whose activations are recomputed in the backward ([activation_checkpoint])."""
         # execution modes (titan_core/compile): per-block compile now, the Graph Trainer over the optimizer
-        self.compiled_modules = execution.apply_per_block_compile(model, cfg) if cfg.compile.enable else []
+        mode = execution_mode(cfg)
+        self.compiled_modules = execution.apply_per_block_compile(model, cfg) if mode == "compile" else []
 
         self.optimizer = build_optimizer(self.model, cfg.optimizer)
         self.lr_scheduler = build_lr_scheduler(self.optimizer, cfg.lr_scheduler, cfg.training.steps)
         self.graph_step = (
             execution.graph_train_step(self.model, self.optimizer, cfg, dp_world=self.loss_world)
-            if cfg.graph_trainer.enable
+            if mode == "graph_trainer"
             else None
         )
         self.data = build_data_loader(
-            cfg, vocab_size=self.args.vocab_size, dp_rank=dp_rank, dp_world=self.dp_world, flux=flux_of(model)
+            cfg, vocab_size=self.args.vocab_size, dp_rank=dp_rank, dp_world=self.dp_world,
+            own_samples=self.args.own_samples,
         )
         # the held-out loss of [validation]; a held-out set with no batch is refused here, before step 1
         self.validator = Validator(cfg, vocab_size=self.args.vocab_size, dp_rank=dp_rank, dp_world=self.dp_world,
-                                   dp_group=self.dp_group, device=self.device, flux=flux_of(model),
+                                   dp_group=self.dp_group, device=self.device, own_samples=self.args.own_samples,
                                    split=self.split,
                                    held_out_sums=self.pipeline.held_out_sums if self.pipeline else None,
                                    micro_batches=cfg.training.grad_accum)  # fmt: skip
@@ -306,7 +308,7 @@ class Trainer:
             self.ep_dispatch.take_dropped()
         if self.split is not None:  # context parallel: this rank's tokens of each row, at their true positions
             batches = [self.split(b) for b in batches]
-        # the loss is the mean over the valid tokens of the whole global batch (titan_core/training/token_mean.py)
+        # the loss is the mean over the valid tokens of the whole global batch (titan_core/parallel/token_mean.py)
         n_tokens = global_valid_tokens([b.labels for b in batches], self.dp_group)
         counting = self.cfg.metrics.tensor_peak and not (self.graph_step is not None and self.step == 1)
         held = held_tensor_bytes(self.model, self.optimizer) if counting else 0

@@ -2,7 +2,7 @@
 
 What a validation computes: the cross-entropy over up to `validation.steps` micro-batches of the
 held-out data, as one mean over every valid token of them on every data-parallel rank (the
-global-token mean the training loss uses, titan_core/training/token_mean.py: each micro-batch's
+global-token mean the training loss uses, titan_core/parallel/token_mean.py: each micro-batch's
 head mean is weighed by its own valid-token count, and the sums are reduced over the
 data-parallel group; tensor-parallel peers hold the same rows and are not counted again). An
 MoE's load-balancing term is left out: it is a training regulariser, not a loss of the data.
@@ -25,7 +25,7 @@ How it runs:
 - The held-out data is read by the training data's own machinery (`build_data_loader` with
   data.path replaced by validation.path, `data.repeat_batch` off, the run's data-parallel
   sharding), and each validation rewinds it to its start: the same batches every time. A
-  synthetic source (and a flux model's flow samples) draws its held-out rows from a seed of
+  synthetic source (and a model's own samples, `args.own_samples`) draws its held-out rows from a seed of
   their own, so they are not the training rows.
 - A held-out set shorter than `steps` micro-batches gives what it has: whole global batches of a
   source that knows its length (text: `num_rows`), or batches until one rank's stream ends (a
@@ -49,7 +49,7 @@ from titan_core.config.loader import ConfigError
 from titan_core.config.sections import JobConfig
 from titan_core.data import build_data_loader
 from titan_core.data.base import IGNORE_INDEX, Batch, mix_seed
-from titan_core.training.token_mean import valid_tokens, weighted_head_mean
+from titan_core.parallel.token_mean import valid_tokens, weighted_head_mean
 
 _SEED_SALT = 0x7A11D
 """Mixed into training.seed for synthetic held-out rows: the training rows' seed would repeat them."""
@@ -108,7 +108,7 @@ class Validator:
         dp_world: int = 1,
         dp_group=None,
         device: torch.device | str = "cpu",
-        flux=None,
+        own_samples=None,
         split=None,
         held_out_sums: Callable[[list[Batch]], torch.Tensor] | None = None,
         micro_batches: int = 1,
@@ -135,7 +135,7 @@ class Validator:
         held_out = validation_config(cfg)
         try:
             self.loader = build_data_loader(held_out, vocab_size=vocab_size, dp_rank=dp_rank, dp_world=dp_world,
-                                            flux=flux)  # fmt: skip
+                                            own_samples=own_samples)  # fmt: skip
         except ConfigError as e:
             raise _as_validation_error(e) from None
         if hasattr(self.loader, "endless"):

@@ -89,7 +89,7 @@ def local_box(param: torch.Tensor) -> list[tuple[int, int]] | None:
         return [(0, int(n)) for n in param.shape]
     if not all(isinstance(p, (Shard, Replicate)) and type(p) in (Shard, Replicate) for p in param.placements):
         return None
-    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset  # no public name
+    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset  # lazy: a private torch name (no public one), so a torch that moves it fails only a sharded load
 
     shape, offset = compute_local_shape_and_global_offset(param.shape, param.device_mesh, param.placements)
     return [(int(o), int(n)) for o, n in zip(offset, shape)]

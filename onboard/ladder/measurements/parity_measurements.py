@@ -36,18 +36,18 @@ class ParityMeasurements(Measurements):
     rounding too); worst over the passes. Each pass keeps logits_max_abs_raw and logits_rms."""
     loss_abs_diff: float = ABSENT
     """|native cross-entropy - upstream cross-entropy| (nats per token)."""
-    native_loss_repr: str = ABSENT
-    """The native cross-entropy of the first pass, as its repr."""
-    upstream_loss_repr: str = ABSENT
-    """Upstream's cross-entropy of the first pass, as its repr."""
+    native_loss: float = ABSENT
+    """The native cross-entropy of the first pass (nats per token)."""
+    upstream_loss: float = ABSENT
+    """Upstream's cross-entropy of the first pass (nats per token)."""
     aux_loss_abs_diff: float = ABSENT
     """|native MoE load-balancing term - upstream's| as each adds it to its training loss (native:
     loss - CE; upstream: router_aux_loss_coef x aux_loss where output_router_logits turns it on, else
     0), in units of the loss where that is above 1; worst over the passes (each keeps the _raw one)."""
-    native_aux_loss_repr: str = ABSENT
-    """The native load-balancing term (loss - CE) of the first pass, as its repr."""
-    upstream_aux_loss_repr: str = ABSENT
-    """Upstream's weighted load-balancing term of the first pass, as its repr (0.0 when it adds none)."""
+    native_aux_loss: float = ABSENT
+    """The native load-balancing term (loss - CE) of the first pass."""
+    upstream_aux_loss: float = ABSENT
+    """Upstream's weighted load-balancing term of the first pass (0.0 when it adds none)."""
     init_tensors_compared: int = ABSENT
     """Tensors (or pools of small ones over the layers) whose fresh native init was compared with
     upstream's own init (onboard/upstream/init_check.py; count)."""

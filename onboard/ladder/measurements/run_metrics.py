@@ -43,30 +43,26 @@ _FROM_ROWS = {
     "steps_planned": lambda rows, planned: planned,
     "whole": lambda rows, planned: not_whole(rows, planned) is None,
     "step1_loss": lambda rows, planned: rows[0]["loss"] if rows else None,
-    "step1_loss_repr": lambda rows, planned: repr(rows[0]["loss"]) if rows else None,
     "step1_grad_norm": lambda rows, planned: rows[0]["grad_norm"] if rows else None,
-    "step1_grad_norm_repr": lambda rows, planned: repr(rows[0]["grad_norm"]) if rows else None,
     "last_loss": lambda rows, planned: rows[-1]["loss"] if rows else None,
-    "last_loss_repr": lambda rows, planned: repr(rows[-1]["loss"]) if rows else None,
 }
 
 DERIVED: dict[type, tuple[tuple[str, dict[str, str]], ...]] = {
     EagerMeasurements: (("eager", {
         "steps_run": "steps_run", "steps_planned": "steps_planned", "all_finite": "whole",
-        "step1_loss": "step1_loss", "step1_loss_repr": "step1_loss_repr", "step1_grad_norm": "step1_grad_norm",
-        "step1_grad_norm_repr": "step1_grad_norm_repr", "last_loss": "last_loss", "last_loss_repr": "last_loss_repr",
+        "step1_loss": "step1_loss", "step1_grad_norm": "step1_grad_norm", "last_loss": "last_loss",
     }),),
-    CompileMeasurements: (("compile", {"steps_run": "steps_run", "step1_loss_repr": "step1_loss_repr"}),),
+    CompileMeasurements: (("compile", {"steps_run": "steps_run", "step1_loss": "step1_loss"}),),
     SimpleFsdpMeasurements: (("simple_fsdp: SimpleFSDP fp32", {
-        "steps_run": "steps_run", "step1_loss_repr": "step1_loss_repr", "step1_grad_norm_repr": "step1_grad_norm_repr",
+        "steps_run": "steps_run", "step1_loss": "step1_loss", "step1_grad_norm": "step1_grad_norm",
     }),),
     TuningMeasurements: (("tuning: the final recipe, run whole", {
-        "final_steps_run": "steps_run", "final_run_whole": "whole", "step1_loss_repr": "step1_loss_repr",
+        "final_steps_run": "steps_run", "final_run_whole": "whole", "step1_loss": "step1_loss",
     }),),
 }  # fmt: skip
 """{rung's Measurements: ((run label, {measurement: what of that run's rows}), ...)}: the measurements a
 rung takes straight from one gated run's rows (onboard/rungs/eager_rung.py `measure`, compile_rung.py
-`measure_run`, simple_fsdp_rung.py `measure`, tuning/rung.py `summarise`), by the label it records the
+`measure_run`, simple_fsdp_rung.py `measure`, tuning_rung/rung.py `summarise`), by the label it records the
 run under. A reader re-derives each from that run's metrics file."""
 
 

@@ -76,17 +76,12 @@ class EagerMeasurements(SteadyRun):
     all_finite: bool = ABSENT
     """Every planned step ran and every loss and grad norm is finite."""
     step1_loss: float = ABSENT
-    """Cross-entropy of step 1 (nats per token): the baseline every later rung compares with."""
-    step1_loss_repr: str = ABSENT
-    """step1_loss as its repr: the exact float, for comparisons bit for bit."""
+    """Cross-entropy of step 1 (nats per token): the baseline every later rung compares with, bit for bit
+    (the ledger's JSON keeps a float exactly)."""
     step1_grad_norm: float = ABSENT
     """Total gradient L2 norm of step 1, as clipping measured it."""
-    step1_grad_norm_repr: str = ABSENT
-    """step1_grad_norm as its repr (exact)."""
     last_loss: float = ABSENT
     """Cross-entropy of the last step (nats per token): below step1_loss when the batch is learnt."""
-    last_loss_repr: str = ABSENT
-    """last_loss as its repr (exact)."""
     vocab_size: int = ABSENT
     """Vocabulary size of the model trained (tokens; a language model's)."""
     ln_vocab: float = ABSENT
@@ -102,10 +97,10 @@ class EagerMeasurements(SteadyRun):
     num_params: int = ABSENT
     """Parameters of the model trained (the twin's when the gates run on a twin)."""
     # a bf16 recipe's own rounding (`bf16_rounding`): the scale of every later bf16 bound
-    fp32_step1_loss_repr: str = ABSENT
-    """Step-1 loss of the same recipe, weights and batch computed in fp32 (repr; a bf16 recipe only)."""
-    fp32_step1_grad_norm_repr: str = ABSENT
-    """Step-1 grad norm of that fp32 step (repr; a bf16 recipe only)."""
+    fp32_step1_loss: float = ABSENT
+    """Step-1 loss of the same recipe, weights and batch computed in fp32 (nats per token; a bf16 recipe only)."""
+    fp32_step1_grad_norm: float = ABSENT
+    """Step-1 grad norm of that fp32 step (a bf16 recipe only)."""
     bf16_rounding: float = ABSENT
     """How far bf16 moves this recipe's step 1 from fp32's: the larger of the loss's and the grad
     norm's relative error against the fp32 step (fraction; a bf16 recipe only)."""
@@ -119,10 +114,11 @@ class EagerMeasurements(SteadyRun):
     """|ours - transformers'| / transformers' step-1 loss of the checkpoint on the same batch, both fp32 (a bf16
     recipe's fp32 step; fraction); 0.0 without initial_hf (nothing to compare), inf when transformers' loss
     could not be computed (details.step1_vs_transformers.why_not_compared)."""
-    step1_loss_compared_repr: str = ABSENT
-    """Our fp32 step-1 loss that was compared (repr; with initial_hf)."""
-    step1_loss_transformers_repr: str = ABSENT
-    """transformers' loss of the checkpoint on the same batch, fp32 (repr; with initial_hf)."""
+    step1_loss_compared: float = ABSENT
+    """Our fp32 step-1 loss that was compared (nats per token; with initial_hf)."""
+    step1_loss_transformers: float = ABSENT
+    """transformers' loss of the checkpoint on the same batch, fp32 (nats per token; with initial_hf; nan when
+    it could not be computed)."""
     # the full model of config.json on the meta device (onboard/rungs/full_model.py)
     full_model_built_on_meta: bool = ABSENT
     """The full-size model builds on meta through the recipe's [model] section and the adapter."""
@@ -176,18 +172,18 @@ class SimpleFsdpMeasurements(SteadyRun):
     """Steps the fp32 SimpleFSDP run logged."""
     bf16_steps_run: int = ABSENT
     """Steps the bf16-params run logged (fewer: a non-finite loss stopped it)."""
-    step1_loss_repr: str = ABSENT
-    """The sharded fp32 step-1 loss, as its repr (nats per token)."""
-    step1_grad_norm_repr: str = ABSENT
-    """The sharded fp32 step-1 grad norm, as its repr."""
+    step1_loss: float = ABSENT
+    """The sharded fp32 step-1 loss (nats per token)."""
+    step1_grad_norm: float = ABSENT
+    """The sharded fp32 step-1 grad norm."""
     baseline: str = ABSENT
     """What the step-1 numbers are compared with: "eager evidence", or one process with grad_accum = W."""
     baseline_why: str = ABSENT
     """Why that baseline (onboard/rungs/simple_fsdp_rung.py)."""
-    baseline_step1_loss_repr: str = ABSENT
-    """The baseline's step-1 loss, as its repr."""
-    baseline_step1_grad_norm_repr: str = ABSENT
-    """The baseline's step-1 grad norm, as its repr."""
+    baseline_step1_loss: float = ABSENT
+    """The baseline's step-1 loss (nats per token)."""
+    baseline_step1_grad_norm: float = ABSENT
+    """The baseline's step-1 grad norm."""
     step1_loss_rel_err: float = ABSENT
     """|sharded - baseline| / |baseline| step-1 loss (fraction)."""
     step1_grad_norm_rel_err: float = ABSENT
@@ -261,10 +257,10 @@ class CompileMeasurements(ModeRun):
     """The first module that broke and dynamo's first reason ("<module>: <reason>"); None: none did."""
     steps_run: int = ABSENT
     """Optimizer steps the compiled run logged."""
-    step1_loss_repr: str = ABSENT
-    """The compiled step-1 loss, as its repr (nats per token)."""
-    baseline_step1_loss_repr: str = ABSENT
-    """The eager rung's step-1 loss it is compared with, as its repr."""
+    step1_loss: float = ABSENT
+    """The compiled step-1 loss (nats per token)."""
+    baseline_step1_loss: float = ABSENT
+    """The eager rung's step-1 loss it is compared with (nats per token)."""
     step1_loss_rel_err: float = ABSENT
     """|compiled - eager| / |eager| step-1 loss (fraction): rounding only, or a compile that changes the model."""
     last_loss_rel_vs_eager: float | None = ABSENT
@@ -376,7 +372,7 @@ class TuningMeasurements(BesideEager):
     """{recipe key: value} of every tuned key before the rung."""
     final_values: dict = ABSENT
     """{recipe key: value} of every tuned key in the final recipe."""
-    # activation checkpointing (tuning/checkpoint.py), tried only where memory ended the batch search
+    # activation checkpointing (tuning/recompute.py), tried only where memory ended the batch search
     checkpoint_tried: bool = ABSENT
     """Whether a checkpointing mode was run at a larger batch (details.activation_checkpoint)."""
     checkpoint_why: str = ABSENT
@@ -397,14 +393,16 @@ class TuningMeasurements(BesideEager):
     """Step-1 loss, final against untuned, relative (fraction)."""
     final_step1_grad_norm_rel_err: float = ABSENT
     """Step-1 grad norm, final against untuned, relative (fraction)."""
-    final_step1_loss_repr: str = ABSENT
-    final_step1_grad_norm_repr: str = ABSENT
-    """The final recipe's step-1 loss and grad norm, as reprs."""
-    untuned_step1_loss_repr: str = ABSENT
-    untuned_step1_grad_norm_repr: str = ABSENT
-    """The baseline's step-1 loss and grad norm, as reprs."""
-    step1_loss_repr: str | None = ABSENT
-    """Step-1 loss of the final recipe's whole run (Trainer.train), as its repr; None: it ran no step."""
+    final_step1_loss: float = ABSENT
+    """The final recipe's step-1 loss (nats per token)."""
+    final_step1_grad_norm: float = ABSENT
+    """The final recipe's step-1 grad norm."""
+    untuned_step1_loss: float = ABSENT
+    """The untuned recipe's step-1 loss (nats per token)."""
+    untuned_step1_grad_norm: float = ABSENT
+    """The untuned recipe's step-1 grad norm."""
+    step1_loss: float | None = ABSENT
+    """Step-1 loss of the final recipe's whole run (Trainer.train) (nats per token); None: it ran no step."""
     final_run_whole: bool = ABSENT
     """The whole run did every planned step with finite losses and grad norms, and was not stopped."""
     final_steps_run: int = ABSENT

@@ -31,6 +31,7 @@ from typing import Any
 
 from titan_core.config import ConfigError
 from titan_core.config.loader import get_key
+from titan_core.config.execution_modes import MODE_KEYS, execution_mode
 from titan_core.config.sections import JobConfig
 from titan_core.memory.estimate import ModelShape, TrainSetup
 from titan_core.compile.graph_trainer.scan import check_scannable
@@ -39,9 +40,9 @@ from titan_core.parallel.expert_parallel import check_expert_model
 from titan_core.parallel.mesh import Degrees
 from titan_core.parallel.pipeline import check_pipeline_model
 
-from onboard.sizing.plan.training import Target, moe_kernel, offload_of
+from onboard.sizing.plan.planner import Target, moe_kernel, offload_of
 from onboard.sizing.plan.levers import Lever, merged, mode_levers
-from onboard.sizing.plan.memory import REGATHERING
+from onboard.sizing.plan.layout_memory import REGATHERING
 from onboard.sizing.plan.search import Option
 
 FEATURES = {
@@ -87,7 +88,7 @@ def planned_values(o: Option, target: Target, seq_len: int, levers: list[Lever],
     }  # fmt: skip
     if s.pp > 1:
         out["parallelism.pp_schedule"] = s.pp_schedule
-    out.update((lv.key, lv.plan) for lv in levers if lv.changed or lv.key == "graph_trainer.enable")
+    out.update((lv.key, lv.plan) for lv in levers if lv.changed or lv.key == MODE_KEYS["graph_trainer"])
     if o.captured:
         out.update({"graph_trainer.memory_policy": o.policy, "graph_trainer.split": offload,
                     "graph_trainer.scan_layers": scan, "activation_checkpoint.mode": "none"})  # fmt: skip
@@ -167,7 +168,7 @@ class Acceptance:
         """titan_core's model-level refusals for these degrees (each asked once per argument: they read the
         model, which every option shares)."""
         asks = []
-        if cfg.graph_trainer.enable and cfg.graph_trainer.scan_layers:
+        if execution_mode(cfg) == "graph_trainer" and cfg.graph_trainer.scan_layers:
             asks.append((("scan",), lambda: check_scannable(self.model)))
         if degrees.pp > 1:
             asks.append((("pipeline", cfg.model.family), lambda: check_pipeline_model(self.model, cfg.model.family)))

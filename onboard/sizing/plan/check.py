@@ -37,19 +37,20 @@ from typing import Any
 import torch
 
 from onboard.rungs import gate_recipe
-from onboard.rungs.kernels.compare import applicable_kernels
+from onboard.rungs.kernels_rung.compare import applicable_kernels
 from onboard.rungs.parallel_degrees import share_cores
 from onboard.workspace.layout import Workspace
 from titan_core.config import ConfigError, load_config
 from titan_core.config.loader import get_key, set_key
+from titan_core.config.execution_modes import execution_mode
 from titan_core.memory.budget import cpu_budget
 from titan_core.memory.preflight import estimate_for
 from titan_core.models.common.stats import flops_per_token
 from titan_core.parallel import check_parallelism
 from titan_core.parallel.pipeline import STAGES_PER_RANK
-from titan_core.runtime import launcher
+from titan_core import launcher
 from titan_core.runtime.cpu_peak import measured_cpu_peak
-from titan_core.training.model_builder import build_meta_model
+from titan_core.models.model_builder import build_meta_model
 
 CHECK_STEPS = 2
 """Steps the check runs: step 1 runs the plan's combination on fresh weights, step 2 on weights the
@@ -86,15 +87,20 @@ def check_plan_recipe(ws: Workspace, recipe_path: Path) -> dict[str, Any]:
         out["refused"] = f"the recipe does not load: {e}"
         return out
     out["loads"] = True
+    try:
+        mode = _mode(planned)  # the check changes no mode key: the plan's mode is the one run here
+    except ConfigError as e:  # two execution modes at once: titan_core's refusal, before anything runs
+        out["refused"] = " ".join(str(e).split())
+        return out
     cfg, changes = cpu_run_config(ws, planned)
-    out.update(model=ws.model_label(), mode=_mode(cfg), precision=gate_recipe.precision(cfg.training))
+    out.update(model=ws.model_label(), mode=mode, precision=gate_recipe.precision(cfg.training))
     try:
         world, shrinks = shrink_layout(cfg, planned)
         meta = _meta(cfg)
         shrinks += fit_here(cfg, check_parallelism(cfg, world), meta)
         degrees = check_parallelism(cfg, world)  # again: the shorter sequence and batch are judged too
         est = _estimate(cfg, degrees, meta)
-    except ConfigError as e:  # titan_core refuses the combination (two modes at once, ...)
+    except ConfigError as e:  # titan_core refuses the combination (a degree with the mode, ...)
         out["changed_here"] = changes
         out["refused"] = " ".join(str(e).split())
         return out
@@ -159,10 +165,11 @@ def ran(cfg, world: int) -> dict[str, Any]:
     """What the check ran: every degree, the ranks, the mode, the memory policy, sequence, batch, microbatches."""
     p, t = cfg.parallelism, cfg.training
     ac = cfg.activation_checkpoint
+    captured = execution_mode(cfg) == "graph_trainer"
     return {
         "degrees": {n: getattr(p, n) for n in DEGREES}, "pp_schedule": p.pp_schedule, "ranks": world,
-        "mode": _mode(cfg), "memory_policy": cfg.graph_trainer.memory_policy if cfg.graph_trainer.enable else None,
-        "activation_checkpoint": None if cfg.graph_trainer.enable else
+        "mode": _mode(cfg), "memory_policy": cfg.graph_trainer.memory_policy if captured else None,
+        "activation_checkpoint": None if captured else
         (f"selective {ac.selective}" if ac.mode == "selective" else ac.mode),
         "seq_len": t.seq_len, "batch": t.batch_size, "grad_accum": t.grad_accum,
     }  # fmt: skip
@@ -279,7 +286,7 @@ def cpu_run_config(ws: Workspace, planned) -> tuple[Any, list[dict[str, Any]]]:
 def _cpu_kernels(cfg) -> list[tuple[str, str, str]]:
     """(key, stand-in, why) for each of the recipe's kernels that cannot run on this CPU."""
     args = gate_recipe.model_args(cfg)
-    captured = cfg.compile.enable or cfg.graph_trainer.enable
+    captured = execution_mode(cfg) != "eager"
     refusals = applicable_kernels(args, device="cpu", dtype=gate_recipe.compute_dtype(cfg.training), captured=captured,
                                   model=build_meta_model(cfg.model, args))  # fmt: skip
     out = []
@@ -298,15 +305,15 @@ def _moe_stand_in(captured: bool) -> str:
 
 
 def _mode(cfg) -> str:
-    if cfg.compile.enable and cfg.graph_trainer.enable:
-        return "compile + graph_trainer"
-    if cfg.graph_trainer.enable:
+    """The check's execution mode in words, with its memory policy; ConfigError for two modes at once."""
+    mode = execution_mode(cfg)
+    if mode == "graph_trainer":
         scan = ", scanned" if cfg.graph_trainer.scan_layers else ""
         return f"graph_trainer (memory policy {cfg.graph_trainer.memory_policy}{scan})"
     ac = cfg.activation_checkpoint
     policy = "" if ac.mode == "none" else f", activation checkpointing {ac.mode}"
     policy += f" {ac.selective}" if ac.mode == "selective" else ""
-    return (f"compile ({cfg.compile.backend})" if cfg.compile.enable else "eager") + policy
+    return (f"compile ({cfg.compile.backend})" if mode == "compile" else "eager") + policy
 
 
 def check_lines(c: dict[str, Any]) -> list[str]:

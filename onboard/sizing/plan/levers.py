@@ -23,11 +23,11 @@ from typing import Any
 
 import torch
 
+from titan_core.config.execution_modes import MODE_KEYS, execution_mode
 from titan_core.config.sections import Kernels
 from titan_core.kernels.moe import grouped_mm_unsupported
 from titan_core.memory.estimate import TrainSetup
 from titan_core.models.common.args import TransformerArgs
-from titan_core.models.flux.config import flux_of_args
 
 ROUTED_MOE = {"cuda": "grouped_mm", "tpu": "tokamax"}
 """The routed, static-shape experts kernel of an accelerator: torch._grouped_mm in bf16 on CUDA,
@@ -99,7 +99,8 @@ def _moe_lever(cfg, args: TransformerArgs, target, twin_args) -> Lever | None:
     if not _is_moe(args):
         return None
     have = cfg.kernels.moe
-    static = cfg.compile.enable  # per-block compile traces the experts: the loop's torch.where breaks the graph
+    # per-block compile traces the experts: the loop's torch.where breaks the graph
+    static = execution_mode(cfg) == "compile"
     if target.device_type == "cpu":
         if have == "loop" and static:
             return Lever("kernels.moe", have, CPU_STATIC_MOE, "per-block compile needs static-shape experts; "
@@ -165,7 +166,7 @@ def _attention_lever(cfg, target, scores_pinned: bool = False) -> Lever | None:
 
 def _loss_lever(cfg, args: TransformerArgs, target, twin_args) -> Lever | None:
     """The plain loss holds [tokens, vocab] fp32 logits: at the full vocabulary the fused loss is planned."""
-    if target.device_type == "cpu" or cfg.kernels.loss != "plain" or flux_of_args(args) is not None:
+    if target.device_type == "cpu" or cfg.kernels.loss != "plain" or not args.kind.loss_head:
         return None
     timed = f"at the twin's vocabulary of {twin_args.vocab_size}" if twin_args is not None else "on this CPU"
     why = (f"the plain loss was kept by a CPU timing {timed}; at {args.vocab_size} it holds [tokens, vocab] "
@@ -210,18 +211,19 @@ def mode_levers(cfg, args: TransformerArgs, target, kernels: TrainSetup, policy:
     step = "the Graph Trainer's captured step" if captured else "an eager step"
     if not captured and captured_refused:
         step += f"; titan_core refuses the captured step with the chosen layout ({captured_refused})"
-    levers = [Lever("graph_trainer.enable", cfg.graph_trainer.enable, captured, f"{where}: {step}")]
-    if captured and cfg.compile.enable:
-        levers.append(Lever("compile.enable", True, False, f"{where} is the Graph Trainer's, a second execution mode "
-                            "titan_core refuses beside per-block compile (graph_trainer.compile = "
+    have = execution_mode(cfg)
+    levers = [Lever(MODE_KEYS["graph_trainer"], have == "graph_trainer", captured, f"{where}: {step}")]
+    if captured and have == "compile":
+        levers.append(Lever(MODE_KEYS["compile"], True, False, f"{where} is the Graph Trainer's, a second execution "
+                            "mode titan_core refuses beside per-block compile (graph_trainer.compile = "
                             f"{cfg.graph_trainer.compile!r} says how the captured step is compiled)"))  # fmt: skip
-    elif cfg.compile.enable and mode == "eager":
+    elif have == "compile" and mode == "eager":
         why = (f"titan_core refuses per-block compile with the chosen layout ({compile_refused}): the eager step "
                "runs uncompiled, as the eager rung verified" if compile_refused else
                "the plan's chosen eager step runs uncompiled, as the eager rung verified")  # fmt: skip
-        levers.append(Lever("compile.enable", True, False, why))
-    elif cfg.compile.enable:
-        levers.append(Lever("compile.enable", True, True, "the eager step runs per-block compile, as the compile "
+        levers.append(Lever(MODE_KEYS["compile"], True, False, why))
+    elif have == "compile":
+        levers.append(Lever(MODE_KEYS["compile"], True, True, "the eager step runs per-block compile, as the compile "
                             "rung verified"))  # fmt: skip
     if _is_moe(args) and moe != kernels.moe:
         levers.append(Lever("kernels.moe", cfg.kernels.moe, moe, f"{where}: a captured step needs static-shape "

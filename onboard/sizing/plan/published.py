@@ -41,8 +41,8 @@ from titan_core.models.common.stats import flops_per_token
 from titan_core.models.registry import build_meta, get_family
 from titan_core.parallel.plans import TP_PLANS
 
-from onboard.sizing.plan.training import CAPTURED_MOE, parse_target, predict_layout
-from onboard.sizing.plan.memory import Layout
+from onboard.sizing.plan.planner import CAPTURED_MOE, parse_target, predict_layout
+from onboard.sizing.plan.layout_memory import Layout
 from onboard.sizing.plan.step_time import (
     COMPUTE_EFFICIENCY,
     EAGER_RATIO,

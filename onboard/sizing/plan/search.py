@@ -41,7 +41,7 @@ from typing import Any, Callable
 
 from titan_core.memory.estimate import ModelShape, TrainSetup
 
-from onboard.sizing.plan.memory import (
+from onboard.sizing.plan.layout_memory import (
     REGATHERING,
     DeviceMemory,
     Layout,

@@ -58,11 +58,12 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from titan_core.config.execution_modes import MODES as EXECUTION_MODES
 from titan_core.memory.shape import ModelShape
 
 from onboard.sizing.plan.hardware import Hardware
-from onboard.sizing.plan import memory as plan_memory
-from onboard.sizing.plan.memory import INTERLEAVE, Layout, stage_layers
+from onboard.sizing.plan import layout_memory as plan_memory
+from onboard.sizing.plan.layout_memory import INTERLEAVE, Layout, stage_layers
 
 COMPUTE_EFFICIENCY = {"cuda": 0.398, "tpu": 0.768, "cpu": 0.5}
 """Fraction of the bf16 peak a compiled step's executed FLOPs reach, per device type (plan/published.py's
@@ -96,8 +97,8 @@ FLOAT8_REALISED = 0.401
 """The share of a chip's float8/bf16 peak gain its linear layers realise: TorchTitan's float8 over
 compiled bf16, 8,532 / 6,667 tokens/s on H100 (2x float8 peak), with attention's FLOPs staying bf16
 (row "torchtitan-llama3.1-8b-float8"); a chip without faster float8 gains nothing."""
-MODES = ("eager", "compile", "graph_trainer", "scan")
-"""Execution modes a plan prices: scan is the Graph Trainer's captured step scanned over its layers."""
+MODES = (*EXECUTION_MODES, "scan")
+"""Execution modes a plan prices: titan_core's, and scan, the Graph Trainer's captured step scanned over its layers."""
 
 
 def mode_ratio(mode: str, captured_compiled: bool, eff: Efficiency) -> tuple[float, str]:

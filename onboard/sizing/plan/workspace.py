@@ -1,7 +1,7 @@
 """`onboard plan NAME --target KIND[:COUNT] [--seq N]`: the full model of a workspace, planned for
 the machine it will train on, and the recipe to run it there.
 
-The arithmetic is onboard/sizing/plan/training.py (the search over dp_shard, dp_replicate, tp, ep, cp and
+The arithmetic is onboard/sizing/plan/planner.py (the search over dp_shard, dp_replicate, tp, ep, cp and
 pp, the per-device memory model, the step time with a term per collective). This module reads the
 workspace: the full model of config.json (not the twin the gates ran) built on meta through
 the recipe's [model] section, the levers the ladder earned in recipe.toml (re-decided for the
@@ -36,16 +36,17 @@ import torch
 from onboard.ladder.recipe_edit import RecipeEditError, edit_text
 from onboard.errors import BadInput
 from onboard.ladder.contract import RecipeEdit
-from onboard.sizing.plan.training import parse_target, plan_training
+from onboard.sizing.plan.planner import parse_target, plan_training
 from onboard.sizing.plan.accept import Acceptance, planned_values
 from onboard.sizing.plan.search import GLOBAL_TOKENS, Option
-from onboard.sizing.plan.memory import REGATHERING
+from onboard.sizing.plan.layout_memory import REGATHERING
 from onboard.sizing.plan.check import check_lines
 from onboard.sizing.plan.levers import Lever, planning_kernels
 from onboard.workspace.fsutil import BACKUP_INFIX, atomic_write_text, backup_aside
 from onboard.workspace.layout import HF_CONFIG, Workspace
 from titan_core.config import ConfigError, load_config
 from titan_core.config.hf_config import read_hf_config
+from titan_core.config.execution_modes import execution_mode
 from titan_core.memory.budget import cpu_budget
 from titan_core.memory.estimate import ModelShape, format_bytes
 from titan_core.models.common.param_counts import count_params
@@ -53,7 +54,7 @@ from titan_core.models.common.stats import flops_per_token
 from titan_core.parallel.plans import TP_PLANS
 from titan_core.runtime.argv import LAUNCH
 from titan_core.runtime.cpu_peak import measured_cpu_peak
-from titan_core.training.model_builder import build_meta_model, resolve_model_args
+from titan_core.models.model_builder import build_meta_model, resolve_model_args
 
 DEFAULT_SEQ = 4096
 POSITION_KEYS = ("max_position_embeddings", "n_positions", "n_ctx", "max_target_positions")
@@ -104,7 +105,8 @@ def plan_workspace_target(ws: Workspace, target_spec: str, *, seq: int = DEFAULT
     accept = Acceptance(recipe, args, model, shape, target, kernels, levers)
     plan = plan_training(
         shape, counts, lambda s: flops_per_token(args, s), target, seq_len=seq, kernels=kernels, tp_plan=tp_plan,
-        efficiency=efficiency, compiled=cfg.compile.enable, captured_compiled=cfg.graph_trainer.compile == "inductor",
+        efficiency=efficiency, compiled=execution_mode(cfg) == "compile",
+        captured_compiled=cfg.graph_trainer.compile == "inductor",
         float8=getattr(cfg.kernels, "float8", "none") != "none", accept=accept,
     )  # fmt: skip
     refused_features: dict[str, str] = {}

@@ -11,7 +11,7 @@ coefficient, the expert layout.
 
 What shrinks, and to what (the debug models' cost, so eager and parity run in seconds on
 a CPU):
-- layers (onboard/sizing/twin/layers.py): the first ones holding one full period of the layer
+- layers (onboard/sizing/twin/kept_layers.py): the first ones holding one full period of the layer
   pattern (sliding/full alternation, RoPE-skip layers, MoE every k-th layer) after the leading
   dense layers, at least MIN_LAYERS, then the first layer of each kind those miss (a pattern
   that is not periodic); per-layer lists (layer_types, mlp_only_layers, no_rope_layers) are
@@ -45,17 +45,19 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from titan_core.models.common.args import TransformerArgs
+from titan_core.models.common.args import ModelArgs, TransformerArgs
 from titan_core.config.hf_keys import names_in
-from titan_core.models.flux.config import flux_of_args
 
-from onboard.sizing.twin.flux import derive_flux_twin
+from onboard.sizing.twin.flux_twin import derive_flux_twin
 from onboard.sizing.shrink import moved_token_ids, shrinks, shrunk
 from onboard.sizing.twin.heads import MULTIPLE, WIDTH, HeadsError, kind, ratio, twin_heads
-from onboard.sizing.twin.layers import (
+from onboard.sizing.twin.kept_layers import (
     describe_layers, kinds_label, layer_kinds, pattern_layers, select_layers, select_lists,
 )  # fmt: skip
 
+OWN_TWINS = {"flow": derive_flux_twin}
+"""{model kind (ModelKind.name): its twin rule} for the kinds whose configs are not a decoder's
+(flux.py: a diffusers FLUX config); every other kind is shrunk as a decoder below."""
 VOCAB = 2048
 WINDOW = 64
 """The debug models' shapes (titan_core/models/*/flavors.py): vocab 2048, window 64 (WIDTH: dim 256)."""
@@ -89,8 +91,8 @@ class Twin:
     """The twin's HF config (what twin.json holds)."""
     rows: list[TwinRow] = field(default_factory=list)
     """What shrank and what was kept, one row each."""
-    full_args: TransformerArgs | None = None
-    args: TransformerArgs | None = None
+    full_args: ModelArgs | None = None
+    args: ModelArgs | None = None
     layers: list[int] = field(default_factory=list)
     """The full model's layers the twin's stand for, in order (twin layer p is full layer layers[p])."""
 
@@ -108,7 +110,7 @@ class Twin:
         return f"twin: {describe_args(self.args)} (full model: {describe_args(self.full_args)})"
 
 
-def describe_args(a: TransformerArgs | None) -> str:
+def describe_args(a: ModelArgs | None) -> str:
     if a is None:
         return "?"
     moe = f", {a.n_experts} experts top-{a.top_k}" if a.n_experts else ""
@@ -136,14 +138,13 @@ def derive_twin(
     reads it; `layers` (the first layers kept), `width` (hidden_size) and `experts` override the
     choices. TwinError for a knob out of range or a twin the adapter reads back unfaithfully."""
     full, _ = adapter.args_from_hf(cfg)
-    if flux_of_args(full) is not None:
-        if experts is not None:
-            raise TwinError("a FLUX model has no experts to halve")
+    own = OWN_TWINS.get(full.kind.name)
+    if own is not None:
         try:
-            config, flux_rows = derive_flux_twin(cfg, adapter, layers=layers, width=width)
+            config, own_rows = own(cfg, adapter, layers=layers, width=width, experts=experts)
         except ValueError as e:
             raise TwinError(str(e)) from None
-        return Twin(config=config, rows=[TwinRow(*r) for r in flux_rows], full_args=full,
+        return Twin(config=config, rows=[TwinRow(*r) for r in own_rows], full_args=full,
                     args=adapter.args_from_hf(config)[0])  # fmt: skip
     # each size goes under the key the adapter reads it from, else the one the config uses (the HF-name table's)
     names = {**names_in(cfg), **_hf_names(adapter, cfg)}
@@ -205,7 +206,7 @@ def derive_twin(
 
 
 def _layers(cfg: dict, twin: dict, full: TransformerArgs, layers: int | None, put, rows: list[TwinRow]) -> list[int]:
-    """Choose the full model's layers the twin keeps (onboard/sizing/twin/layers.py), write the layer
+    """Choose the full model's layers the twin keeps (onboard/sizing/twin/kept_layers.py), write the layer
     count and the per-layer lists into `twin`; the kept layers' indices."""
     least, why_layers = pattern_layers(full)
     if layers is not None and not least <= layers <= full.n_layers:

@@ -69,7 +69,7 @@ def tiny_cfg(family: str, out, *extra: str, steps: int = 3, batch_size: int = 4,
 
 def build(family: str, *, dense_moe: bool = True, **model_more):
     """A materialised tiny model and its AdamW (plain tensors, no parallelism)."""
-    from titan_core.config.swaps import apply_swaps
+    from titan_core.models.common.swaps import apply_swaps
 
     args = resolve_args(family, "debugmodel", model_overrides(family, **model_more))
     model = build_meta(family, args)

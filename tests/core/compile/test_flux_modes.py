@@ -5,7 +5,6 @@ import torch
 
 from titan_core.compile.per_block import explain_blocks
 from titan_core.config.loader import from_dict
-from titan_core.data.flow import FlowLoader
 from titan_core.models.registry import build_meta, get_family
 from titan_core.train import run
 
@@ -27,7 +26,7 @@ def test_every_flux_block_compiles_without_a_break():
     m = build_meta("flux", get_family("flux").flavors["debugmodel"])
     m.to_empty(device="cpu")
     m.init_weights(seed=0)
-    batch = FlowLoader(flux=m.cfg, seed=0, batch_size=2, seq_len=64, dp_rank=0, dp_world=1, repeat_batch=True)
+    batch = m.args.own_samples(seed=0, batch_size=2, seq_len=64, repeat_batch=True)
     report = explain_blocks(m, batch.batch_at(0))
     assert len(report) == 4  # two double-stream and two single-stream blocks
     assert {path: (b.graphs, b.breaks) for path, b in report.items()} == {p: (1, 0) for p in report}

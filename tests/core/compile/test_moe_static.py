@@ -3,7 +3,7 @@
 import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 
-from titan_core.config.swaps import apply_swaps
+from titan_core.models.common.swaps import apply_swaps
 from titan_core.models.common.moe import Experts
 from titan_core.models.common.moe_static import DenseExperts
 from titan_core.models.registry import build_meta, resolve_args

@@ -66,7 +66,7 @@ def only_step_2(src: Path, dst: Path) -> Path:
     return dst
 
 
-FLUX_SMALL = "{extra = {flux = {n_double_layers = 1, n_single_layers = 1, latent_height = 4, latent_width = 4, text_len = 8}}}"
+FLUX_SMALL = "{n_double_layers = 1, n_single_layers = 1, latent_height = 4, latent_width = 4, text_len = 8}"
 """The flux debug model cut to one block of each kind over 16 image + 8 text tokens: a 4-rank
 step of the whole debug model costs the 4-rank launch more than all the LM families together."""
 

@@ -1,6 +1,6 @@
 """One rank of the sharded-init test: `python _sharded_init_worker.py all OUT PORT_FILE HF_DIR`.
 
-Started by titan_core.runtime.launcher (2 gloo ranks). For every case (a path and a parallelism),
+Started by titan_core.launcher (2 gloo ranks). For every case (a path and a parallelism),
 builds the Trainer (on meta, parallelised there, only this rank's shards made real and
 initialised: titan_core/parallel/sharded_init.py) and the one-process model of the same config
 (materialised whole, `init_weights(seed)`, cast: the init every gate compares against), gathers
@@ -24,7 +24,7 @@ from torch.distributed.tensor import DTensor  # noqa: E402
 from titan_core.config.dtypes import DTYPES  # noqa: E402
 from titan_core.parallel.regather import GatheredBytes  # noqa: E402
 from titan_core.runtime import devices, distributed  # noqa: E402
-from titan_core.training.model_builder import build_model_from_config  # noqa: E402
+from titan_core.models.model_builder import build_model_from_config  # noqa: E402
 from titan_core.training.trainer import Trainer  # noqa: E402
 
 WIDE = ("--model.overrides={n_layers=16, dim=512, n_heads=8, n_kv_heads=4, head_dim=64, ffn_hidden_dim=1024, "

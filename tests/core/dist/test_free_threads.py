@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 from _cases import tiny_cfg
 
-from titan_core.measure import cpu_load
-from titan_core.measure.cpu_load import LoadSnapshot
+from titan_core.runtime import cpu_load
+from titan_core.runtime.cpu_load import LoadSnapshot
 from titan_core.training import trainer as trainer_module
 from titan_core.training.trainer import Trainer
 

@@ -16,7 +16,7 @@ import pytest
 from _rank_behaviour import REFUSAL, TRACEBACK
 
 from titan_core.launch import report
-from titan_core.runtime.launcher import finish, launch_command
+from titan_core.launcher import finish, launch_command
 from titan_core.train import refuse
 
 pytestmark = pytest.mark.whole_machine  # torchrun's ranks: the background climbs pause

@@ -12,7 +12,7 @@ from tiny_flags import tiny_run_flags
 from hang_guard import HangGuard
 
 from titan_core.config import load_config
-from titan_core.runtime.launcher import EXIT_TIMEOUT, launch_command, run_world
+from titan_core.launcher import EXIT_TIMEOUT, launch_command, run_world
 from titan_core.train import main
 
 pytestmark = pytest.mark.whole_machine  # its ranks meet at every collective: the background climbs pause
@@ -157,14 +157,14 @@ Root Cause (first observed failure):
 
 
 def test_torchrun_s_summary_gives_the_root_cause_first_then_the_other_failures():
-    from titan_core.runtime.launcher import torchrun_failures
+    from titan_core.launcher import torchrun_failures
 
     assert torchrun_failures("W1206 some agent line\n" + SUMMARY) == [(1, 7), (2, -15), (0, 1)]
     assert torchrun_failures("usage: torchrun [-h] ...\nerror: unrecognized arguments") == []
 
 
 def test_the_exception_line_is_the_last_that_names_one_without_the_rank_prefix():
-    from titan_core.runtime.launcher import exception_line
+    from titan_core.launcher import exception_line
 
     tail = ["Traceback (most recent call last):", '  File "x.py", line 1, in <module>',
             "[rank0]: torch.distributed.DistBackendError: first", "[rank0]:   during handling",

@@ -14,7 +14,7 @@ from torch.distributed.tensor import DTensor
 
 from titan_core.config import ConfigError, JobConfig, from_dict, load_config, to_toml
 from titan_core.config.sections import Parallelism
-from titan_core.runtime.launcher import check_nproc, cpu_count
+from titan_core.launcher import check_nproc, cpu_count
 from titan_core.parallel import check_parallelism, resolve_degrees
 from titan_core.train import main, run
 from titan_core.training.trainer import Trainer

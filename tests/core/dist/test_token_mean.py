@@ -1,4 +1,4 @@
-"""The step loss is the mean over the valid tokens of the whole global batch (titan_core/training/token_mean.py).
+"""The step loss is the mean over the valid tokens of the whole global batch (titan_core/parallel/token_mean.py).
 
 Rows with very uneven numbers of ignored labels (`uneven_rows`: rank 0's rows 7 of 64 valid,
 rank 1's 63 of 64) must give the loss and gradients of one process on the whole batch:

@@ -34,7 +34,7 @@ from titan_core.measure.numerics import rel_l2
 from titan_core.memory.estimate import ModelShape, TrainSetup, estimate_memory
 from titan_core.parallel import resolve_degrees
 from titan_core.parallel.vocab_parallel import VocabParallelLoss
-from titan_core.training.model_builder import build_model_from_config
+from titan_core.models.model_builder import build_model_from_config
 from titan_core.training.trainer import Trainer
 
 pytestmark = pytest.mark.whole_machine  # its ranks meet at every collective: the background climbs pause

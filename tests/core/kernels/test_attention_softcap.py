@@ -7,7 +7,7 @@ import pytest
 import torch
 from kernel_helpers import FP32_TOL, MASKS, attention_inputs, rel_l2
 
-from titan_core.config.swaps import apply_swaps
+from titan_core.models.common.swaps import apply_swaps
 from titan_core.kernels.attention import FlexAttention, KernelRefusesModel, SplashAttention, TokamaxAttention
 from titan_core.models.common.attention import Attention, NaiveAttention, SDPAttention
 from titan_core.models.common.protocol import ModelBase

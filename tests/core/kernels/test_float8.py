@@ -13,10 +13,10 @@ from torch import nn
 from tiny_flags import tiny_run_flags
 
 from titan_core.config import load_config
-from titan_core.config import swaps as registry
+from titan_core.models.common import swaps as registry
 from titan_core.config.loader import ConfigError
 from titan_core.config.sections import Kernels
-from titan_core.config.swaps import SwapNotApplicable, apply_swaps, swap_applicability, swap_selection
+from titan_core.models.common.swaps import SwapNotApplicable, apply_swaps, swap_applicability, swap_selection
 from titan_core.kernels import KernelUnavailable, swaps_for
 from titan_core.kernels.float8 import (
     E4M3_UNIT_ROUNDOFF,

@@ -7,7 +7,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 
 from titan_core.config.loader import ConfigError
 from titan_core.config.sections import Kernels
-from titan_core.config.swaps import apply_swaps
+from titan_core.models.common.swaps import apply_swaps
 from titan_core.kernels import swaps_for
 from titan_core.kernels.fused_ce import FusedCrossEntropyHead, fused_linear_cross_entropy, reference_cross_entropy
 from titan_core.models import build_meta, resolve_args

@@ -6,7 +6,7 @@ from kernel_helpers import BF16_TOL, FP32_TOL, rel_l2
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from titan_core.config.sections import Kernels
-from titan_core.config.swaps import apply_swaps
+from titan_core.models.common.swaps import apply_swaps
 from titan_core.kernels import swaps_for
 from titan_core.kernels.attention import KernelUnavailable
 from titan_core.kernels.moe import GroupedMMExperts, TokamaxExperts, grouped_mm_unsupported, sort_by_expert

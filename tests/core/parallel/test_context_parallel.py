@@ -28,7 +28,7 @@ from titan_core.parallel import check_parallelism
 from titan_core.parallel.context_parallel import (
     ContextParallelAttention, apply_context_parallel, balanced_index, gathered_index,
 )  # fmt: skip
-from titan_core.training.model_builder import build_model_from_config
+from titan_core.models.model_builder import build_model_from_config
 from titan_core.training.trainer import Trainer
 
 CP_REL = 1.0e-5

@@ -8,7 +8,7 @@ from torch import nn
 
 from titan_core.config import ConfigError, JobConfig, apply_overrides, describe, from_dict, load_config, to_toml
 from titan_core.config.loader import to_dict
-from titan_core.config.swaps import apply_swaps, register_swap
+from titan_core.models.common.swaps import apply_swaps, register_swap
 from titan_core.models.common.protocol import ModelBase
 
 

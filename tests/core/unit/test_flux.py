@@ -9,11 +9,11 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from titan_core.config.loader import ConfigError
-from titan_core.data.flow import FlowLoader
 from titan_core.measure.numerics import rel_l2
 from titan_core.models.common.attention import NaiveAttention
 from titan_core.models.common.mapping_errors import AdapterError
-from titan_core.models.flux.config import FluxConfig, flux_config
+from titan_core.models.flux.args import FluxArgs
+from titan_core.models.flux.samples import FlowLoader
 from titan_core.models.registry import apply_model_overrides, build_meta, get_family
 
 FAMILY = get_family("flux")
@@ -43,11 +43,11 @@ def _diffusers(model):
 
 
 def _sample(model, batch=2, seed=5):
-    return FlowLoader(flux=model.cfg, seed=seed, batch_size=batch, seq_len=model.cfg.image_tokens, dp_rank=0,
-                      dp_world=1, repeat_batch=True).batch_at(0)  # fmt: skip
+    return model.args.own_samples(seed=seed, batch_size=batch, seq_len=model.args.image_tokens,
+                                  repeat_batch=True).batch_at(0)  # fmt: skip
 
 
-def _ids(cfg: FluxConfig):
+def _ids(cfg: FluxArgs):
     rows = torch.arange(cfg.latent_height).repeat_interleave(cfg.latent_width)
     cols = torch.arange(cfg.latent_width).repeat(cfg.latent_height)
     return torch.stack([torch.zeros_like(rows), rows, cols], -1).float(), torch.zeros(cfg.text_len, 3)
@@ -65,7 +65,7 @@ def test_prediction_and_gradients_match_diffusers():
     b = _sample(ours)
     mine = ours(b.tokens, timesteps=b.inputs["timesteps"], text=b.inputs["text"], pooled=b.inputs["pooled"],
                 guidance=b.inputs["guidance"])  # fmt: skip
-    theirs = _their_prediction(ref, ours.cfg, b.tokens, b.inputs)
+    theirs = _their_prediction(ref, ours.args, b.tokens, b.inputs)
     assert theirs.norm() > 1.0
     assert rel_l2(mine, theirs) <= 1e-5
     cot = torch.randn(mine.shape, generator=torch.Generator().manual_seed(9))
@@ -84,11 +84,11 @@ def test_loss_is_the_rectified_flow_mse_of_the_velocity():
     assert loss is same  # no auxiliary term
     t = b.inputs["timesteps"][:, None, None]
     noisy = (1 - t) * b.tokens + t * b.inputs["noise"]
-    expected = (_their_prediction(ref, ours.cfg, noisy, b.inputs) - (b.inputs["noise"] - b.tokens)).pow(2).mean()
+    expected = (_their_prediction(ref, ours.args, noisy, b.inputs) - (b.inputs["noise"] - b.tokens)).pow(2).mean()
     assert rel_l2(loss, expected) <= 1e-5
     # a label of -100 takes an image token out of the mean
     labels = b.labels.clone()
-    labels[:, ours.cfg.image_tokens // 2 :] = -100
+    labels[:, ours.args.image_tokens // 2 :] = -100
     assert rel_l2(ours.loss(b.tokens, labels, **b.loss_kwargs())[0], loss) > 1e-4
 
 
@@ -117,23 +117,26 @@ def test_configs_the_family_cannot_build_are_refused_with_why(change, match):
         FAMILY.adapter.args_from_hf({**FAMILY.adapter.hf_config(ARGS), **change})
 
 
-def test_a_summary_field_changed_alone_is_refused_not_ignored():
-    with pytest.raises(ConfigError, match="extra.flux"):
-        build_meta("flux", apply_model_overrides(ARGS, {"n_layers": 6}))
-    # both given, and they disagree: refused too (the table is what the model reads)
-    both = apply_model_overrides(ARGS, {"n_layers": 6, "extra": {"flux": {"n_single_layers": 3}}})
-    with pytest.raises(ConfigError, match="n_layers=6"):
-        build_meta("flux", both)
+def test_a_derived_size_is_refused_naming_the_fields_it_follows_from():
+    """n_layers, dim, ... are FluxArgs properties: an override of one would be ignored, so it is refused."""
+    with pytest.raises(ConfigError, match="n_layers is n_double_layers \\+ n_single_layers; override those"):
+        apply_model_overrides(ARGS, {"n_layers": 6})
+    with pytest.raises(ConfigError, match="n_heads x head_dim"):
+        apply_model_overrides(ARGS, {"dim": 64})
+    with pytest.raises(ConfigError, match="unknown model override 'extra'"):  # no port table to hide sizes in
+        apply_model_overrides(ARGS, {"extra": {"flux": {"n_single_layers": 3}}})
 
 
-def test_the_sizes_changed_in_the_flux_table_are_the_models():
-    """What the refusal's message says to do works: one field of extra.flux, the rest kept."""
-    deeper = apply_model_overrides(ARGS, {"extra": {"flux": {"n_single_layers": 3, "n_heads": 2}}})
-    cfg = flux_config(deeper)
-    assert (cfg.n_double_layers, cfg.n_single_layers, cfg.n_heads, cfg.in_channels) == (2, 3, 2, 64)
+def test_the_sizes_changed_in_flux_fields_are_the_models():
+    """What the refusal's message says to do works: one FluxArgs field, the rest kept, the summary with it."""
+    deeper = apply_model_overrides(ARGS, {"n_single_layers": 3, "n_heads": 2})
+    assert isinstance(deeper, FluxArgs)
+    assert (deeper.n_double_layers, deeper.n_single_layers, deeper.n_heads, deeper.in_channels) == (2, 3, 2, 64)
     assert (deeper.n_layers, deeper.n_heads, deeper.dim, deeper.ffn_hidden_dim) == (5, 2, 32, 128)
     model = build_meta("flux", deeper)
-    assert len(model.layers) == 5 and model.cfg == cfg
+    assert len(model.layers) == 5 and model.args == deeper
+    with pytest.raises(ConfigError, match="flux n_heads = 0 is not accepted"):
+        apply_model_overrides(ARGS, {"n_heads": 0})
 
 
 def test_flops_per_sample_counts_every_matmul_of_a_training_step():
@@ -146,11 +149,11 @@ def test_flops_per_sample_counts_every_matmul_of_a_training_step():
     with FlopCounterMode(display=False) as counter:
         m.loss(b.tokens.requires_grad_(), b.labels, **inputs)[0].backward()
     assert counter.get_total_flops() == m.flops_per_sample()
-    assert m.flops_per_token() == m.flops_per_sample() / m.cfg.image_tokens
+    assert m.flops_per_token() == m.flops_per_sample() / m.args.image_tokens
 
 
 def test_flow_samples_are_a_function_of_their_index_and_split_across_ranks():
-    cfg = build_meta("flux", ARGS).cfg
+    cfg = build_meta("flux", ARGS).args
     kw = dict(flux=cfg, seed=3, seq_len=cfg.image_tokens, repeat_batch=False)
     whole = FlowLoader(batch_size=2, dp_rank=0, dp_world=1, **kw).batch_at(1)
     halves = [FlowLoader(batch_size=1, dp_rank=r, dp_world=2, **kw).batch_at(1) for r in (0, 1)]
@@ -165,7 +168,7 @@ def test_flow_samples_are_a_function_of_their_index_and_split_across_ranks():
 
 
 def test_schnell_has_no_guidance_embedder():
-    schnell = dataclasses.replace(FluxConfig(guidance_embeds=False, n_double_layers=1, n_single_layers=1,
-                                             n_heads=2, head_dim=16, axes_dims_rope=(4, 6, 6)))  # fmt: skip
-    m = build_meta("flux", schnell.to_args())
+    schnell = dataclasses.replace(FluxArgs(guidance_embeds=False, n_double_layers=1, n_single_layers=1,
+                                           n_heads=2, head_dim=16, axes_dims_rope=(4, 6, 6)))  # fmt: skip
+    m = build_meta("flux", schnell)
     assert m.guidance_in is None and not any("guidance" in k for k in FAMILY.adapter.to_hf(m.state_dict()))

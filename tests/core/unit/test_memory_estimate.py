@@ -28,7 +28,7 @@ from titan_core.memory.budget import (
 )  # fmt: skip
 from titan_core.memory.preflight import TWIN, MemoryBudgetError, check_memory, estimate_for
 from titan_core.memory.estimate import ModelShape, TrainSetup, estimate_memory
-from titan_core.training.model_builder import build_model_from_config
+from titan_core.models.model_builder import build_model_from_config
 from titan_core.parallel import check_parallelism
 
 TOLERANCE = 0.25

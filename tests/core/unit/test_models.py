@@ -10,7 +10,7 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 import titan_core.kernels  # noqa: F401  (registers the attention swaps)
-from titan_core.config.swaps import apply_swaps
+from titan_core.models.common.swaps import apply_swaps
 from titan_core.models.common.attention import NaiveAttention
 from titan_core.models.common.stats import flops_per_token, param_counts
 from titan_core.models.registry import FAMILY_NAMES, build_meta, get_family, resolve_args

@@ -20,7 +20,7 @@ import torch
 transformers = pytest.importorskip("transformers", reason="needs the [hf] extra")
 
 from titan_core.config.sections import Model as ModelConfig  # noqa: E402
-from titan_core.training.model_builder import build_model_from_config, model_adapter, resolve_model_args  # noqa: E402
+from titan_core.models.model_builder import build_model_from_config, model_adapter, resolve_model_args  # noqa: E402
 from titan_core.models.common.param_counts import count_params  # noqa: E402
 from titan_core.models.registry import get_family  # noqa: E402
 

@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 from timing_checks import check_comparison
 
-from titan_core.measure import cpu_load
-from titan_core.measure.cpu_load import LoadSnapshot
+from titan_core.runtime import cpu_load
+from titan_core.runtime.cpu_load import LoadSnapshot
 from titan_core.measure.timing import NOT_MEASURED, TimingProtocol, _result, compare
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from titan_core.config.swaps import SwapNotApplicable, apply_swaps
+from titan_core.models.common.swaps import SwapNotApplicable, apply_swaps
 from titan_core.models.registry import build_meta
 from titan_core.measure.numerics import rel_l2
 
@@ -111,7 +111,7 @@ def test_state_dict_keeps_transformers_names(model_type):
 
 
 def _rows(ctx_log, flag, build):
-    from onboard.rungs.kernels import rung as kernels
+    from onboard.rungs.kernels_rung import rung as kernels
 
     ctx = type("Ctx", (), {"log": staticmethod(ctx_log.append)})()
     return kernels._one_kernel(ctx, flag, build=build, criteria=kernels.tolerances(), mode_kw={})
@@ -121,7 +121,7 @@ def test_unusual_experts_stay_transformers_own_and_a_kernel_is_refused():
     """Experts with another activation (gelu): not the kernels' SwiGLU, so left as transformers' class;
     kernels.moe = dense on them is refused with the path and class, which the kernels rung reports as
     not applicable; the default runs transformers' own module."""
-    from onboard.rungs.kernels.compare import compare_kernel
+    from onboard.rungs.kernels_rung.compare import compare_kernel
     from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeExperts
 
     args = _args("qwen3_moe", hidden_act="gelu")
@@ -213,7 +213,7 @@ def test_a_frozen_parameter_is_left_out_of_the_kernel_comparison():
         model.model.norm.weight.requires_grad_(False)
         return model
 
-    from onboard.rungs.kernels.compare import compare_kernel
+    from onboard.rungs.kernels_rung.compare import compare_kernel
 
     got = compare_kernel(flag="kernels.loss=fused_ce", build_meta_model=frozen_model, **build)
     assert "model.norm.weight" not in got.grad_rel_err and "lm_head.weight" in got.grad_rel_err

@@ -13,10 +13,10 @@ GEMMA2 = dict(model_type="gemma2", hidden_size=64, num_hidden_layers=2, num_atte
 
 def test_sdpa_refuses_softcapped_gemma2_and_the_rung_says_not_applicable():
     from titan_core.kernels import KernelRefusesModel, KernelUnavailable
-    from onboard.rungs.kernels.compare import compare_kernel
+    from onboard.rungs.kernels_rung.compare import compare_kernel
     from titan_core.models.transformers import ADAPTER
 
-    from onboard.rungs.kernels import rung as kernels
+    from onboard.rungs.kernels_rung import rung as kernels
 
     args = ADAPTER.args_from_hf(GEMMA2)[0]
     build = dict(family="transformers", args=args, device="cpu", batch=1, seq_len=16)
@@ -47,7 +47,7 @@ def test_sdpa_refuses_softcapped_gemma2_and_the_rung_says_not_applicable():
 def test_a_missing_extra_still_counts_as_raised(monkeypatch):
     from titan_core.kernels import KernelUnavailable
 
-    from onboard.rungs.kernels import rung as kernels
+    from onboard.rungs.kernels_rung import rung as kernels
 
     def boom(**_):
         raise KernelUnavailable("kernels.attention=tokamax needs jax")

@@ -1,4 +1,4 @@
-"""onboard.rungs.kernels.modes: a kernel judged in the execution mode the recipe trains in."""
+"""onboard.rungs.kernels_rung.modes: a kernel judged in the execution mode the recipe trains in."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import importlib.util
 import pytest
 
 from titan_core.kernels import fused_ce
-from onboard.rungs.kernels.modes import mode_check
+from onboard.rungs.kernels_rung.modes import mode_check
 from titan_core.models.registry import resolve_args
 
 HAS_JAX = all(importlib.util.find_spec(m) for m in ("jax", "tokamax"))

@@ -1,4 +1,4 @@
-"""onboard.rungs.kernels.compare: which kernels apply, kernel vs plain path, timing through the protocol."""
+"""onboard.rungs.kernels_rung.compare: which kernels apply, kernel vs plain path, timing through the protocol."""
 
 import importlib.util
 
@@ -7,8 +7,8 @@ import torch
 
 from titan_core.config.loader import ConfigError
 from titan_core.config.sections import Kernels
-from onboard.rungs.kernels.compare import applicable_kernels, compare_kernel, measure_kernel
-from onboard.rungs.kernels.compare import KERNEL_FLAGS, parse_flag
+from onboard.rungs.kernels_rung.compare import applicable_kernels, compare_kernel, measure_kernel
+from onboard.rungs.kernels_rung.compare import KERNEL_FLAGS, parse_flag
 from titan_core.measure.timing import TimingProtocol
 from timing_checks import check_comparison
 
@@ -157,7 +157,7 @@ def test_a_gradient_over_the_tolerance_is_judged_against_the_plain_path_in_fp64(
 
 
 def test_a_gradient_further_from_fp64_than_the_plain_path_is_not_excused():
-    from onboard.rungs.kernels.compare import KernelComparison
+    from onboard.rungs.kernels_rung.compare import KernelComparison
 
     cmp = KernelComparison(
         flag="kernels.attention=sdpa", reference="kernels.attention=naive", loss=1.0, loss_reference=1.0,

@@ -14,15 +14,15 @@ from torch import nn
 import titan_core.kernels  # noqa: F401  (registers the kernel swaps)
 from onboard.ladder.gates import load_checklist
 from titan_core.config.loader import ConfigError
-from titan_core.config.swaps import (
+from titan_core.models.common.swaps import (
     SwapNotApplicable,
     apply_swaps,
     register_swap,
     registered_swaps,
     swap_applicability,
 )
-from onboard.rungs.kernels.compare import applicable_kernels, compare_kernel
-from onboard.rungs.kernels.compare import KERNEL_FLAGS
+from onboard.rungs.kernels_rung.compare import applicable_kernels, compare_kernel
+from onboard.rungs.kernels_rung.compare import KERNEL_FLAGS
 from titan_core.kernels.fused_ce import FusedCrossEntropyHead
 from titan_core.kernels.moe import GroupedMMExperts
 from titan_core.models import build_meta, resolve_args
@@ -151,7 +151,7 @@ def test_every_library_swap_states_what_it_replaces_and_builds():
 
 
 def test_a_factory_that_builds_an_undeclared_class_is_caught(monkeypatch):
-    from titan_core.config import swaps as registry
+    from titan_core.models.common import swaps as registry
 
     monkeypatch.setattr(registry, "_REGISTRY", dict(registry._REGISTRY))  # the test swap goes with the test
     register_swap("test.liar", "layers.*.attention.core", replaces=SDPAttention, produces=NaiveAttention)(

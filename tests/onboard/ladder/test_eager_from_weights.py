@@ -82,7 +82,7 @@ def test_eager_from_weights_equals_transformers_and_the_ledger_records_both(tmp_
     assert (out["rung"], out["status"]) == ("eager", "passed"), out
     entry = _eager_entry(ws)
     m, d = entry["measurements"], entry["details"]["step1_vs_transformers"]
-    ours, theirs = float(m["step1_loss_compared_repr"]), float(m["step1_loss_transformers_repr"])
+    ours, theirs = m["step1_loss_compared"], m["step1_loss_transformers"]
     assert ours == m["step1_loss"] and (d["ours"], d["transformers"]) == (ours, theirs)
     assert m["step1_loss_vs_transformers_rel_err"] == d["rel_err"] == abs(ours - theirs) / theirs <= BOUND
     assert (d["precision"], d["bound"], d["checkpoint"]) == ("fp32", BOUND, str(ckpt))
@@ -109,7 +109,7 @@ def test_a_wrongly_mapped_weight_fails_the_gate_naming_both_losses(tmp_path, ckp
     assert set(failed) == {"step1_loss_vs_transformers"}, failed
     assert "from_hf maps a tensor to the wrong place" in failed["step1_loss_vs_transformers"]["hint"]
     m = entry["measurements"]
-    ours, theirs = m["step1_loss_compared_repr"], m["step1_loss_transformers_repr"]
+    ours, theirs = m["step1_loss_compared"], m["step1_loss_transformers"]
     assert m["step1_loss_vs_transformers_rel_err"] == failed["step1_loss_vs_transformers"]["value"] > 100 * BOUND
     assert f"ours {ours} (the recipe's step 1), transformers {theirs}" in res.stderr
     assert "NOT within the fp32 bound" in res.stderr
@@ -123,7 +123,7 @@ def test_a_packed_batch_is_scored_one_document_at_a_time(tmp_path, ckpt):
     from hf_tiny import tiny_cfg
 
     from onboard.rungs.eager_from_weights import transformers_loss
-    from titan_core.training.model_builder import resolve_model_args
+    from titan_core.models.model_builder import resolve_model_args
     from titan_core.training.trainer import Trainer
 
     corpus = write_jsonl(tmp_path / "train.jsonl", [{"text": doc_text(i)} for i in range(40)])

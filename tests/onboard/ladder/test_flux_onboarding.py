@@ -15,7 +15,7 @@ from onboard.cli.app import app
 from onboard.parity.check import check_workspace
 from onboard.parity.criteria import asserted_criteria
 from onboard.rungs import eager_rung
-from onboard.rungs.kernels.compare import build_model_with, forward, kernels_for, make_batch
+from onboard.rungs.kernels_rung.compare import build_model_with, forward, kernels_for, make_batch
 from onboard.workspace.scaffold import plan_workspace, write_workspace
 from titan_core.measure.numerics import rel_l2
 from titan_core.models.common.attention import NaiveAttention

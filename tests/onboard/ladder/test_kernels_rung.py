@@ -30,8 +30,8 @@ from onboard.ladder.table import RUNGS, TABLE, RungSpec
 from onboard.ladder.states import ladder_states
 from onboard.engine.next_step import next_step
 from onboard.report.write import write_report
-from onboard.rungs.kernels import rung as kernels
-from onboard.rungs.kernels import steps as kernels_steps
+from onboard.rungs.kernels_rung import rung as kernels
+from onboard.rungs.kernels_rung import steps as kernels_steps
 from onboard.ladder.decision import KEPT
 from onboard.ladder.contract import RecipeEdit, RungContext, settle_runs
 from onboard.workspace.scaffold import plan_workspace, write_workspace
@@ -40,7 +40,7 @@ from onboard.workspace.layout import Workspace
 from titan_core.measure.timing import compare
 from titan_core.kernels.float8 import FLOAT8_LOSS_REL
 from titan_core.kernels.fused_ce import FusedCrossEntropyHead
-from onboard.rungs.kernels.compare import KERNEL_FLAGS, parse_flag
+from onboard.rungs.kernels_rung.compare import KERNEL_FLAGS, parse_flag
 from titan_core.models.common.attention import SDPAttention
 
 HAS_JAX = all(importlib.util.find_spec(m) for m in ("jax", "tokamax"))
@@ -304,7 +304,7 @@ def ladder_specs() -> list[RungSpec]:
             checklist = parse_checklist(yaml.safe_load(yaml.safe_dump(data)), f"fake {rung}")
             out.append(RungSpec(rung, None, module=FakeRung(rung, {"score": 2.0, "flag": True}), checklist=checklist))
         elif rung == "kernels":
-            out.append(RungSpec(rung, "onboard.rungs.kernels.rung"))
+            out.append(RungSpec(rung, "onboard.rungs.kernels_rung.rung"))
         else:
             out.append(RungSpec(rung, None))
     return out

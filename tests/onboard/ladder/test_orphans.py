@@ -41,7 +41,7 @@ def test_ranks_die_within_seconds_of_a_killed_launcher(tmp_path):
     )
     driver = textwrap.dedent(f"""
         import sys
-        from titan_core.runtime.launcher import launch_command
+        from titan_core.launcher import launch_command
         launch_command([sys.executable, "-c", {rank!r}], 2, timeout_s=300)
     """)
     pids = tmp_path / "pids"

@@ -34,7 +34,7 @@ from onboard.workspace.scaffold import plan_workspace
 from titan_core.config.loader import ConfigError
 from titan_core.models import get_family
 from titan_core.measure.numerics import curve_max_rel
-from titan_core.runtime.launcher import LaunchResult, WorldRun
+from titan_core.launcher import LaunchResult, WorldRun
 
 DEGREE_CRITERIA = ("parallel_degrees_proved", "parallel_degrees_exact")
 
@@ -98,7 +98,7 @@ def refusing_world(launched: list):
 def test_a_combination_titan_core_refuses_fails_the_gate_without_a_launch(narrow_ws, tmp_path, monkeypatch):
     ws = with_degrees(narrow_ws("llama3"), 'cp = 2\npp = 2\npp_schedule = "1F1B"', grad_accum=2)
     launched = []
-    monkeypatch.setattr("titan_core.runtime.launcher.run_world", refusing_world(launched))
+    monkeypatch.setattr("titan_core.launcher.run_world", refusing_world(launched))
     # titan_core composes cp with pp now: its check stands in refusing the pair, as it refuses what it does not run
     check = parallel_degrees.check_parallelism
 

@@ -175,4 +175,4 @@ def test_weights_folder_is_the_upstream_and_the_rendered_test_uses_it(tmp_path):
     assert failed(res) == set()
     seeded = check_workspace(root, out=tmp_path / "seeded.json")  # no weights: a seeded init instead
     assert seeded["weights"] == "seed=0"
-    assert seeded["measurements"]["upstream_loss_repr"] != res["measurements"]["upstream_loss_repr"]
+    assert seeded["measurements"]["upstream_loss"] != res["measurements"]["upstream_loss"]

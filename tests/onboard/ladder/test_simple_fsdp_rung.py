@@ -19,7 +19,7 @@ from onboard.rungs import simple_fsdp_rung as simple_fsdp
 from titan_core.measure.numerics import curve_max_rel
 from onboard.ladder.contract import RungContext
 
-EVIDENCE = {"eager": {"step1_loss_repr": "7.5", "step1_grad_norm_repr": "3.0"}}
+EVIDENCE = {"eager": {"step1_loss": 7.5, "step1_grad_norm": 3.0}}
 
 
 def ctx_for(ws, tmp_path, evidence=EVIDENCE):
@@ -54,7 +54,7 @@ def test_odd_global_batch_is_bad_input_before_any_process_starts(debug_ws, tmp_p
     def no_launch(*a, **k):
         raise AssertionError("nothing may start on bad input")
 
-    monkeypatch.setattr("titan_core.runtime.launcher.run_world", no_launch)
+    monkeypatch.setattr("titan_core.launcher.run_world", no_launch)
     set_recipe(debug_ws, "batch_size = 4", "batch_size = 3")
     with pytest.raises(BadInput, match=r"batch_size = 3 does not split over 2 ranks"):
         simple_fsdp.run(ctx_for(debug_ws, tmp_path))
@@ -68,7 +68,7 @@ def test_dense_synthetic_fp32_compares_with_the_eager_evidence(debug_ws, tmp_pat
 
 def test_text_data_compares_with_the_eager_evidence(debug_ws, tmp_path):
     """Ignored labels spread unevenly over the ranks are no reason: the loss is the global token
-    mean (titan_core/training/token_mean.py; tests/core/dist/test_token_mean.py checks the arithmetic)."""
+    mean (titan_core/parallel/token_mean.py; tests/core/dist/test_token_mean.py checks the arithmetic)."""
     set_recipe(debug_ws, '[data]\nsource = "synthetic"', '[data]\nsource = "text"\npath = "corpus.txt"')
     cfg = gate_recipe.job_config(ctx_for(debug_ws, tmp_path))
     assert cfg.data.source == "text"
@@ -117,7 +117,7 @@ def test_sharded_config_gives_each_rank_its_share_and_one_thread_per_core(debug_
         "float32",
     )
     assert (s.parallelism.data_parallel, s.parallelism.tp, s.parallelism.dp_shard) == ("fsdp2", 1, -1)
-    from titan_core.runtime.launcher import cpu_count
+    from titan_core.launcher import cpu_count
 
     assert 1 <= s.device.threads <= max(1, cpu_count() // 2)
     assert cfg.training.batch_size == 4 and cfg.parallelism.data_parallel == "simple_fsdp"  # the input is untouched

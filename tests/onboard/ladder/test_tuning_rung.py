@@ -24,17 +24,17 @@ from onboard.ladder.states import ladder_states
 from onboard.engine.next_step import next_step
 from onboard.rungs import eager_rung as eager
 from onboard.rungs import gate_recipe
-from onboard.rungs.tuning import classify as tuning_classify
+from onboard.rungs.tuning_rung import classify as tuning_classify
 from onboard.ladder.contract import RungContext, settle_runs
-from onboard.rungs.tuning.runs import Runs
+from onboard.rungs.tuning_rung.runs import Runs
 from onboard.workspace.layout import Workspace
-from onboard.rungs.tuning import flags as flag_table
-from onboard.rungs.tuning.classify import CLASSES
-from onboard.rungs.tuning.profile import CATEGORIES
+from onboard.rungs.tuning_rung import flags as flag_table
+from onboard.rungs.tuning_rung.classify import CLASSES
+from onboard.rungs.tuning_rung.profile import CATEGORIES
 
 # whole_machine: the rung times its changes, and the climbs beside it would be its noise
 pytestmark = [pytest.mark.slow, pytest.mark.whole_machine]
-MODULE = "onboard.rungs.tuning.rung"
+MODULE = "onboard.rungs.tuning_rung.rung"
 tuning = importlib.import_module(MODULE)
 
 DIVERGING = flag_table.Flag(
@@ -104,7 +104,7 @@ def test_the_rung_passes_classifies_every_change_and_rejects_a_diverging_flag(na
     # the final recipe: classified against the untuned one on the same rows, run whole, profiled
     final = d["final"]
     assert m["final_run_whole"] and m["final_steps_run"] == tuning.param("final_steps") == len(final["loss_curve"])
-    assert final["step1"]["loss_repr"] == m["step1_loss_repr"]  # the whole run's step 1 is the probed one
+    assert final["step1"]["loss"] == m["step1_loss"]  # the whole run's step 1 is the probed one
     assert m["final_class"] in ("bit_identical", "rounding") and m["final_step1_loss_rel_err"] <= 1e-5
     assert m["profiled"] and m["profile_biggest"] in CATEGORIES and m["profile_within_tolerance"]
     assert (ws.root.parent.parent / m["profile_trace"]).is_file() or Path(m["profile_trace"]).is_file()

@@ -192,7 +192,7 @@ def test_export_writes_the_recipe_overrides_into_config_json_or_refuses(tmp_path
 
     from titan_core.training.hf_export import export_hf
     from titan_core.config import ConfigError, load_config
-    from titan_core.training.model_builder import build_model_from_config
+    from titan_core.models.model_builder import build_model_from_config
 
     root = new_workspace(tmp_path, "q2", tf.Qwen2Config(**BASE, **NO_TOKENS))
     recipe = load_config(root / "recipe.toml").model
@@ -319,7 +319,7 @@ def test_a_port_carries_its_own_config_fields_to_parity_training_and_export(tmp_
     export_and_compare(tmp_path, root, "GraniteForCausalLM")
 
     from titan_core.config import load_config
-    from titan_core.training.model_builder import resolve_model_args
+    from titan_core.models.model_builder import resolve_model_args
 
     recipe = load_config(root / "recipe.toml").model
     recipe.overrides = {"extra": {"logits_scaling": 4.0}}  # an override changes one port field, keeps the rest

@@ -35,9 +35,9 @@ def planned_runs(entry: dict) -> list[tuple[str, list[dict], int]]:
     for label, fields in DERIVED.get(TABLE[rung].measurements if rung in TABLE else None, ()):
         steps = _value(m, fields, ("steps_run",), 3)
         planned = _value(m, fields, ("steps_planned",), steps)
-        first = _value(m, fields, ("step1_loss", "step1_loss_repr"), 2.0)
-        last = _value(m, fields, ("last_loss", "last_loss_repr"), first * 0.9 if steps > 1 else first)
-        norm = _value(m, fields, ("step1_grad_norm", "step1_grad_norm_repr"), 1.0)
+        first = _value(m, fields, ("step1_loss",), 2.0)
+        last = _value(m, fields, ("last_loss",), first * 0.9 if steps > 1 else first)
+        norm = _value(m, fields, ("step1_grad_norm",), 1.0)
         losses = [first + (last - first) * i / max(steps - 1, 1) for i in range(steps)]
         losses[-1] = last  # exactly the recorded last loss, whatever the interpolation rounded to
         out.append((label, [{"step": i, "loss": x, "grad_norm": norm if i == 1 else 0.5}

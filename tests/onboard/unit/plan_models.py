@@ -7,7 +7,7 @@ from onboard.sizing.plan.accept import Acceptance
 from titan_core.memory.estimate import ModelShape
 from titan_core.config import from_dict
 from titan_core.memory.estimate import TrainSetup
-from titan_core.training.model_builder import build_meta_model, resolve_model_args
+from titan_core.models.model_builder import build_meta_model, resolve_model_args
 
 
 def accepting(family: str, flavor: str, target, kernels: TrainSetup, *, compiled: bool = True,

@@ -22,7 +22,7 @@ from typer.testing import CliRunner
 from onboard.cli.app import app
 from onboard.cli.views import ladder_table, status_dict
 from onboard.ladder.gates import TIMED_APART, comparison_line, timed_apart
-from onboard.ladder.measurements.retired import RETIRED, UNPAIRED_QUOTED, shown_measurements
+from onboard.ladder.measurements.retired import REPR_COPIES, RETIRED, UNPAIRED, UNPAIRED_QUOTED, shown_measurements
 from onboard.ladder.measurements.training_measurements import (
     CompileMeasurements,
     GraphTrainerMeasurements,
@@ -143,10 +143,12 @@ def test_the_report_prints_no_interval_or_outcome_for_a_context_figure(demo_ws):
     ws = older(demo_ws)
     data = json.loads((ws.root / "ladder.json").read_text())
     held = {k for e in data["attempts"] for k in e.get("measurements") or {}}
-    assert RETIRED <= held  # the fixture is an older ledger: it holds every retired field
+    assert UNPAIRED <= held  # the fixture is an older ledger: it holds every retired unpaired field
+    assert held & REPR_COPIES  # and floats repeated as their repr strings
     files = write_report_files(ws)  # and reading it does not fail
     report = files.markdown.read_text()
     assert "unpaired" not in report and "vs_eager_text" not in report and "| vs_eager |" not in report
+    assert not any(f"| {name} |" in report for name in REPR_COPIES)  # a float's repr copy is not shown
     assert "| vs_eager_context |" not in report  # an older ledger has none: nothing is made up
     assert f"| data_parallel_why | {UNPAIRED_QUOTED} |" in report
     summary = report.split("## Summary", 1)[1].split("\n## ", 1)[0]

@@ -13,9 +13,9 @@ import pytest
 
 from onboard.ladder import decision
 from onboard.rungs import timing_profiles
-from onboard.rungs.tuning.rung import recipe_edits
+from onboard.rungs.tuning_rung.rung import recipe_edits
 from titan_core.config.sections import JobConfig
-from titan_core.measure.cpu_load import LoadSnapshot
+from titan_core.runtime.cpu_load import LoadSnapshot
 from titan_core.measure.timing import compare
 
 # Step times (s) of the demo model's tuning rung with two busy processes on the 2-core machine: two

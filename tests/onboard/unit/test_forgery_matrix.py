@@ -58,8 +58,7 @@ class FakeEager:
         finite = len(rows) == STEPS and all(math.isfinite(r["loss"]) for r in rows)
         m = EagerMeasurements(
             steps_run=len(rows), steps_planned=STEPS, all_finite=finite, precision="fp32",
-            step1_loss=first["loss"], step1_loss_repr=repr(first["loss"]), step1_grad_norm=first["grad_norm"],
-            step1_grad_norm_repr=repr(first["grad_norm"]), last_loss=last["loss"], last_loss_repr=repr(last["loss"]),
+            step1_loss=first["loss"], step1_grad_norm=first["grad_norm"], last_loss=last["loss"],
             vocab_size=2048, ln_vocab=LN_VOCAB, expected_step1_loss=LN_VOCAB, expected_step1_loss_is="ln(vocab 2048)",
             step1_loss_rel_to_expected=abs(first["loss"] - LN_VOCAB) / LN_VOCAB,
             step1_loss_reference="none: the recipe has no checkpoint.initial_hf",

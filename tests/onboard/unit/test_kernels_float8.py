@@ -1,4 +1,4 @@
-"""kernels.float8 in the kernels rung (onboard/rungs/kernels/float8.py): a precision change judged
+"""kernels.float8 in the kernels rung (onboard/rungs/kernels_rung/float8_check.py): a precision change judged
 against the bf16 recipe by the bounds titan_core.kernels.float8 documents, never by the fp32
 comparison. On a narrowed llama3 debugmodel workspace: a recipe within its bound is eligible (real
 layers, real bf16 runs); one outside it (scripted loss curves, or a layer bound tightened) is not,
@@ -17,11 +17,11 @@ from test_kernels_keep_rule import NO_LEDGER, Script, narrowed, peaks
 from onboard.ladder.contract import RungContext
 from onboard.ladder.decision import NOT_ELIGIBLE
 from onboard.ladder.gates import evaluate, load_checklist
-from onboard.rungs.kernels import compare as kernel_compare
-from onboard.rungs.kernels import float8 as kernels_float8
-from onboard.rungs.kernels import rung as kernels_rung
-from onboard.rungs.kernels.compare import REFERENCE, applicable_kernels
-from onboard.rungs.kernels.decide import MemoryRule, decide_all, field_inputs, mark_rows
+from onboard.rungs.kernels_rung import compare as kernel_compare
+from onboard.rungs.kernels_rung import float8_check as kernels_float8
+from onboard.rungs.kernels_rung import rung as kernels_rung
+from onboard.rungs.kernels_rung.compare import REFERENCE, applicable_kernels
+from onboard.rungs.kernels_rung.decide import MemoryRule, decide_all, field_inputs, mark_rows
 from titan_core.kernels.float8 import E4M3_UNIT_ROUNDOFF, FLOAT8_GRAD_REL_L2, FLOAT8_LOSS_REL, FLOAT8_OUTPUT_REL_L2
 from titan_core.models import build_meta, resolve_args
 

@@ -1,4 +1,4 @@
-"""The kernels rung's keep rule (onboard.rungs.kernels.decide) on the llama3 debugmodel recipe: each
+"""The kernels rung's keep rule (onboard.rungs.kernels_rung.decide) on the llama3 debugmodel recipe: each
 candidate against the value the recipe holds, on scripted whole-step timings and peaks (the rule's
 outcomes, not this machine's speed); then one real run of the whole-step timing (kernels_steps) on
 a narrowed debug model, to prove its trainers build, step and close.
@@ -18,13 +18,13 @@ from types import SimpleNamespace
 import pytest
 from timing_checks import check_comparison
 
-from onboard.rungs.kernels import rung as kernels_rung
-from onboard.rungs.kernels import steps as kernels_steps
+from onboard.rungs.kernels_rung import rung as kernels_rung
+from onboard.rungs.kernels_rung import steps as kernels_steps
 from onboard.rungs import train_run
 from onboard.ladder.contract import RungContext
 from onboard.ladder.decision import HELD, INDISTINGUISHABLE, KEPT, NOT_ELIGIBLE, NOT_MEASURED
-from onboard.rungs.kernels.compare import KERNEL_FLAGS, REFERENCE, step_peak
-from onboard.rungs.kernels.decide import MemoryRule, all_decisions, decide_all, field_inputs, mark_rows
+from onboard.rungs.kernels_rung.compare import KERNEL_FLAGS, REFERENCE, step_peak
+from onboard.rungs.kernels_rung.decide import MemoryRule, all_decisions, decide_all, field_inputs, mark_rows
 from onboard.workspace.layout import Workspace
 from onboard.workspace.scaffold import plan_workspace, write_workspace
 from titan_core.config import load_config

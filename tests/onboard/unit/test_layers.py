@@ -1,11 +1,12 @@
-"""onboard's folders are layers: every import points down the one declared order, and `onboard status`
-of a finished ladder loads neither torch nor any rung's module.
+"""onboard's folders are layers, and so are titan_core's: every import points down the one declared order
+of its package, and `onboard status` of a finished ladder loads neither torch nor any rung's module.
 
-LAYERS is the order (top first), in this one place; docs/DESIGN.md gives a reason per boundary. A
-module's layer is its sub-package (onboard/<layer>/...) or, for a top-level module, its own name.
-The import graph is read from the source (tests/onboard/unit/test_structure.py: every import,
-function-level and TYPE_CHECKING ones included), so a lazy import pointing up fails here too.
-titan_core is below every layer and never imports onboard (test_structure.py holds that).
+LAYERS (onboard) and CORE_LAYERS (titan_core) are the orders (top first), in this one place;
+docs/DESIGN.md gives a reason per boundary. A module's layer is its sub-package (<package>/<layer>/...)
+or, for a top-level module, its own name. The import graph is read from the source
+(tests/onboard/unit/test_structure.py: every import, function-level and TYPE_CHECKING ones included),
+so a lazy import pointing up fails here too. titan_core is below every layer of onboard and never
+imports onboard (test_structure.py holds that).
 """
 
 from __future__ import annotations
@@ -43,33 +44,55 @@ LAYERS = (
 )
 """onboard's layers, top first: a module may import its own layer and those below it, never one above."""
 
+CORE_LAYERS = (
+    "train",  # python -m titan_core.train: one process, or --nproc N through the launcher
+    "launch",  # python -m titan_core.launch: torchrun's own launcher, the recipe checked first
+    "launcher",  # N local processes through torchrun: checks a recipe as a run would, reads its metrics
+    "training",  # the Trainer, the step, optimizer, checkpoints, HF load and export, validation
+    "compile",  # per-block torch.compile and the Graph Trainer: the step the training layer runs
+    "parallel",  # mesh, SimpleFSDP / FSDP2, tp, cp, ep, pp, the token-mean loss over ranks
+    "kernels",  # swaps that replace a model's modules: attention, MoE, fused loss, float8
+    "weights",  # HF safetensors headers, read and checked against a model without loading it
+    "memory",  # the memory model, the device budget, the preflight refusal, measured peaks
+    "models",  # the families, the model protocol, the module-swap registry, a recipe's model built
+    "data",  # rows and batches: synthetic, text and dataset sources, tokenizers, packing, the loader
+    "measure",  # metrics, a run's steady window, the timing protocol, profiler windows
+    "runtime",  # the process: devices, process groups, collectives, CPU load and peak, files, argv
+    "config",  # the config tree, TOML and overrides, HF config.json, ConfigError
+)
+"""titan_core's layers, top first: the same rule as LAYERS."""
 
-def layer_of(module: str) -> str | None:
-    """The layer of an onboard module (None: the `onboard` package itself, or not onboard)."""
+PACKAGES = {"onboard": ("LAYERS", LAYERS), "titan_core": ("CORE_LAYERS", CORE_LAYERS)}
+"""Each package's declared order, under the name a message gives it."""
+
+
+def layer_of(module: str, package: str = "onboard") -> str | None:
+    """The layer of a module of `package` (None: the package itself, or another package's module)."""
     parts = module.split(".")
-    return parts[1] if parts[0] == "onboard" and len(parts) > 1 else None
+    return parts[1] if parts[0] == package and len(parts) > 1 else None
 
 
-def layer_graph(graph: dict[str, set[str]]) -> dict[str, dict[str, list[str]]]:
-    """{layer: {imported layer: ["module -> module", ...]}} of the imports between onboard's layers."""
+def layer_graph(graph: dict[str, set[str]], package: str = "onboard") -> dict[str, dict[str, list[str]]]:
+    """{layer: {imported layer: ["module -> module", ...]}} of the imports between `package`'s layers."""
     out: dict[str, dict[str, list[str]]] = {}
     for module, imported in graph.items():
-        here = layer_of(module)
+        here = layer_of(module, package)
         for other in imported:
-            there = layer_of(other)
+            there = layer_of(other, package)
             if here and there and here != there:
                 out.setdefault(here, {}).setdefault(there, []).append(f"{module} -> {other}")
     return out
 
 
-def upward(layers: dict[str, dict[str, list[str]]], order=LAYERS) -> list[str]:
-    """Each import that points up the order (or touches an undeclared layer), one line each."""
-    rank = {name: i for i, name in enumerate(order)}
+def upward(layers: dict[str, dict[str, list[str]]], package: str = "onboard") -> list[str]:
+    """Each import that points up `package`'s order (or touches an undeclared layer), one line each."""
+    name, order = PACKAGES[package]
+    rank = {layer: i for i, layer in enumerate(order)}
     bad = []
     for here, targets in sorted(layers.items()):
         for there, edges in sorted(targets.items()):
             if here not in rank or there not in rank:
-                bad += [f"{e} (layer {here if here not in rank else there} is not in LAYERS)" for e in sorted(edges)]
+                bad += [f"{e} (layer {here if here not in rank else there} is not in {name})" for e in sorted(edges)]
             elif rank[there] < rank[here]:
                 bad += [f"{e} ({here} imports {there}, above it)" for e in sorted(edges)]
     return bad
@@ -84,21 +107,42 @@ def test_the_checker_finds_an_upward_import_and_a_cycle():
     assert undeclared[0].endswith("(layer nowhere is not in LAYERS)")
 
 
-def test_every_onboard_layer_is_declared_once():
-    assert len(set(LAYERS)) == len(LAYERS)
-    present = {p.stem if p.suffix == ".py" else p.name for p in (ROOT / "onboard").iterdir()
+def test_the_checker_finds_an_upward_import_and_a_cycle_in_titan_core():
+    # a lazy import of the trainer from the memory model: up two layers, and a cycle with training's import of memory
+    graph = {
+        "titan_core.memory.preflight": {"titan_core.training.trainer"},
+        "titan_core.training.trainer": {"titan_core.memory.preflight", "onboard.cli.app"},  # onboard is not a layer here
+    }
+    layers = layer_graph(graph, "titan_core")
+    assert upward(layers, "titan_core") == [
+        "titan_core.memory.preflight -> titan_core.training.trainer (memory imports training, above it)"
+    ]
+    assert cycles({h: set(t) for h, t in layers.items()}) == [["memory", "training"]]
+    undeclared = upward(layer_graph({"titan_core.nowhere.a": {"titan_core.config.loader"}}, "titan_core"), "titan_core")
+    assert undeclared == ["titan_core.nowhere.a -> titan_core.config.loader (layer nowhere is not in CORE_LAYERS)"]
+    top_level = upward(layer_graph({"titan_core.runtime.argv": {"titan_core.train"}}, "titan_core"), "titan_core")
+    assert top_level == ["titan_core.runtime.argv -> titan_core.train (runtime imports train, above it)"]
+
+
+@pytest.mark.parametrize("package", sorted(PACKAGES))
+def test_every_layer_is_declared_once(package):
+    name, order = PACKAGES[package]
+    assert len(set(order)) == len(order), name
+    present = {p.stem if p.suffix == ".py" else p.name for p in (ROOT / package).iterdir()
                if (p.suffix == ".py" and p.stem != "__init__") or (p / "__init__.py").is_file()}  # fmt: skip
-    assert present == set(LAYERS)
+    assert present == set(order), f"{package}'s folders and top-level modules against {name}"
 
 
-def test_imports_point_down_the_layers_and_no_layers_form_a_cycle():
-    layers = layer_graph(import_graph())
-    bad = upward(layers)
-    assert not bad, "imports pointing up onboard's layers (tests/onboard/unit/test_layers.py LAYERS):\n" + "\n".join(
+@pytest.mark.parametrize("package", sorted(PACKAGES))
+def test_imports_point_down_the_layers_and_no_layers_form_a_cycle(package):
+    layers = layer_graph(import_graph(), package)
+    bad = upward(layers, package)
+    name = PACKAGES[package][0]
+    assert not bad, f"imports pointing up {package}'s layers (tests/onboard/unit/test_layers.py {name}):\n" + "\n".join(
         f"  {line}" for line in bad
     )
-    found = cycles({name: set(layers.get(name, {})) for name in set(layers) | {t for v in layers.values() for t in v}})
-    assert not found, f"cycles between onboard's layers: {found}"
+    found = cycles({layer: set(layers.get(layer, {})) for layer in set(layers) | {t for v in layers.values() for t in v}})
+    assert not found, f"cycles between {package}'s layers: {found}"
 
 
 @pytest.fixture
@@ -144,9 +188,13 @@ def test_status_of_a_climbed_ladder_loads_no_torch_and_no_rung(complete_ws):
     assert result["loaded"] == []
 
 
-def test_the_template_checks_diffusion_families_are_titan_cores():
-    """template_check reads them from the config reader (no torch); they are the registry's."""
-    from onboard.ladder.template_check import DIFFUSION_FAMILIES
-    from titan_core.models.registry import DIFFUSION_FAMILIES as REGISTRY
+def test_the_template_check_reads_the_upstream_a_family_declares_from_its_config():
+    """template_check takes render.py's `diffusion` flag from config.json through the config reader (no
+    torch); every native family's own config gives the upstream its kind declares (ModelKind.upstream)."""
+    from titan_core.config.hf_config import config_upstream
+    from titan_core.models.registry import NATIVE_FAMILIES, get_family
 
-    assert DIFFUSION_FAMILIES == frozenset(REGISTRY) != frozenset()
+    families = [get_family(name) for name in NATIVE_FAMILIES]
+    assert {f.kind.upstream for f in families} == {"transformers", "diffusers"}
+    for f in families:
+        assert config_upstream(f.adapter.hf_config(f.flavors["debugmodel"])) == f.kind.upstream, f.name

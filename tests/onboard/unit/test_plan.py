@@ -23,8 +23,8 @@ from typer.testing import CliRunner
 
 from onboard.cli.app import app
 from onboard.sizing.plan.hardware import HARDWARE
-from onboard.sizing.plan.training import GIB, HEADROOM, Target, parse_target, plan_training
-from onboard.sizing.plan.memory import device_memory, stored_elements
+from onboard.sizing.plan.planner import GIB, HEADROOM, Target, parse_target, plan_training
+from onboard.sizing.plan.layout_memory import device_memory, stored_elements
 from onboard.sizing.plan.search import TIE
 from onboard.sizing.plan.step_time import COMPUTE_EFFICIENCY
 from plan_models import accepting

@@ -14,8 +14,8 @@ from typer.testing import CliRunner
 
 from onboard.cli.app import app
 from onboard.sizing.plan.hardware import HARDWARE
-from onboard.sizing.plan.training import HEADROOM, parse_target, plan_training
-from onboard.sizing.plan.memory import REGATHERING, device_memory
+from onboard.sizing.plan.planner import HEADROOM, parse_target, plan_training
+from onboard.sizing.plan.layout_memory import REGATHERING, device_memory
 from onboard.sizing.plan.workspace import plan_workspace_target
 from onboard.workspace.layout import Workspace
 from plan_models import accepting

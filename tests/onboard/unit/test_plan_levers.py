@@ -14,7 +14,7 @@ from types import SimpleNamespace
 from typer.testing import CliRunner
 
 from onboard.cli.app import app
-from onboard.sizing.plan.training import parse_target
+from onboard.sizing.plan.planner import parse_target
 from onboard.sizing.plan.levers import merged, mode_levers, planning_kernels
 from onboard.sizing.plan.workspace import recipe_name
 from real_size_configs import PUBLISHED

@@ -21,10 +21,10 @@ import pytest
 from typer.testing import CliRunner
 
 from onboard.cli.app import app
-from onboard.sizing.plan import memory as plan_memory
+from onboard.sizing.plan import layout_memory as plan_memory
 from onboard.sizing.plan.hardware import HARDWARE
-from onboard.sizing.plan.training import GIB, Target, parse_target, plan_training
-from onboard.sizing.plan.memory import (
+from onboard.sizing.plan.planner import GIB, Target, parse_target, plan_training
+from onboard.sizing.plan.layout_memory import (
     Layout,
     MemSetup,
     device_memory,

@@ -255,7 +255,7 @@ def test_from_text_to_loss_is_what_the_packing_does(tmp_path):
     import torch
 
     from titan_core.data import IGNORE_INDEX, load_hf_tokenizer
-    from titan_core.training.model_builder import build_model_from_config
+    from titan_core.models.model_builder import build_model_from_config
 
     text = _flat(section())
     for claim in ("BOS + its tokens + EOS, where BOS comes only when the tokenizer adds one",

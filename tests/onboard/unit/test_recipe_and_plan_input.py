@@ -26,7 +26,7 @@ from typer.testing import CliRunner
 import onboard.compat
 from onboard.cli.app import app
 from onboard.errors import EXIT_BAD_INPUT, EXIT_FAILED, describe_os_error
-from onboard.sizing.plan.training import parse_target, plan_training
+from onboard.sizing.plan.planner import parse_target, plan_training
 from onboard.sizing.plan.workspace import max_positions
 from titan_core.config import ConfigError, JobConfig, load_config
 from titan_core.memory.estimate import ModelShape, TrainSetup

@@ -13,7 +13,7 @@ from onboard.errors import BadInput
 from onboard.workspace.scaffold import closest_family, plan_workspace, write_workspace
 from onboard.workspace.layout import Workspace
 from titan_core.config import load_config
-from titan_core.training.model_builder import build_model_from_config
+from titan_core.models.model_builder import build_model_from_config
 from titan_core.models import build_meta, get_family, resolve_args
 from titan_core.models.common.protocol import missing_members
 

@@ -17,7 +17,7 @@ pytest.importorskip("transformers", reason="the transformers path needs the [hf]
 from onboard.compat.tiny import tiny_config  # noqa: E402
 from titan_core.config import load_config  # noqa: E402
 from titan_core.parallel.sharded_init import init_dtypes_of, materialise_sharded  # noqa: E402
-from titan_core.training.model_builder import build_model_from_config  # noqa: E402
+from titan_core.models.model_builder import build_model_from_config  # noqa: E402
 
 
 def _tensors(model) -> dict[str, torch.Tensor]:

@@ -28,7 +28,7 @@ from onboard.engine.next_step import next_step
 from onboard.errors import EXIT_INTERRUPTED, Interrupted
 from onboard.workspace.layout import Workspace
 from onboard.workspace.scaffold import plan_workspace, write_workspace
-from titan_core.runtime.launcher import launch_command
+from titan_core.launcher import launch_command
 
 LINUX_ONLY = pytest.mark.skipif(
     not sys.platform.startswith("linux"),
@@ -58,7 +58,7 @@ from onboard.engine import next_step as engine
 from onboard.ladder.gates import parse_checklist
 from onboard.ladder.table import RUNGS, RungSpec
 from onboard.rungs import simple_fsdp_rung
-from titan_core.runtime import launcher
+from titan_core import launcher
 
 base, pids, checklist, rank = sys.argv[1], sys.argv[2], parse_checklist(json.loads(sys.argv[3]), "fake"), sys.argv[4]
 

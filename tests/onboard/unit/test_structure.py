@@ -230,3 +230,47 @@ def test_no_module_name_in_both_packages():
     assert "llama3" in core and "model" not in core and "rungs" in onboard  # the walk sees what it should
     clashes = {name: core[name] + onboard[name] for name in set(core) & set(onboard)}
     assert not clashes, f"module names in both titan_core and onboard (rename one): {clashes}"
+
+
+# ---- a model's kind is asked, never sniffed ----------------------------------------------------
+# spelled in pieces, so this file is no hit of its own scan (nor of `git grep` for the same words)
+KIND_SNIFFS = re.compile("|".join(("flux" + "_of", "DIFFUSION" + "_", re.escape('"noise"' + " in"))))
+"""What told a FLUX model from a causal LM before the args said what they build (titan_core's
+ModelArgs: `kind`, `sample_spec()`, `initial_loss()`, `own_samples()`): a helper of flux's
+config, a set of diffusion families, a batch probed for a flow input."""
+KIND_SNIFF_ALLOWED = ("titan_core/models/flux/", "onboard/parity/diffusion.py", "onboard/sizing/twin/flux_twin.py")
+"""The family's own folder and onboard's diffusers-specific modules (parity against diffusers' class, the
+twin of a diffusers config): they may name FLUX's own things; nothing else needs to."""
+SCANNED = ("titan_core", "onboard", "tests", "docs", "skills", "templates", "bench", "README.md")
+
+
+def test_no_code_sniffs_which_kind_of_model_it_has():
+    hits = []
+    for top in SCANNED:
+        base = ROOT / top
+        for path in sorted([base] if base.is_file() else base.rglob("*")):
+            rel = path.relative_to(ROOT).as_posix()
+            if not path.is_file() or "__pycache__" in rel or rel.startswith(KIND_SNIFF_ALLOWED):
+                continue
+            try:
+                text = path.read_text(encoding="utf-8")
+            except UnicodeDecodeError:
+                continue
+            lines = enumerate(text.splitlines(), 1)
+            hits += [f"{rel}:{n}: {line.strip()}" for n, line in lines if KIND_SNIFFS.search(line)]
+    assert not hits, "ask the model's args what it is (args.kind, sample_spec(), ...) instead:\n" + "\n".join(hits)
+
+
+def test_only_the_diffusers_modules_import_the_flux_family():
+    """The trainer and its data draw a flux model's samples through `args.own_samples`, and onboard asks the
+    args or the family (ModelFamily.kind) what a model is: neither imports the flux family for it."""
+    graph = import_graph()
+    bad = sorted(
+        f"{name} -> {target}"
+        for name, targets in graph.items()
+        for target in targets
+        if target.startswith("titan_core.models.flux")
+        and not name.startswith("titan_core.models")
+        and not any(str(_modules()[name].relative_to(ROOT)).startswith(a) for a in KIND_SNIFF_ALLOWED)
+    )
+    assert not bad, "imports of the flux family outside its diffusers modules:\n" + "\n".join(bad)

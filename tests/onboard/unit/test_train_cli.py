@@ -13,7 +13,7 @@ import titan_core.train
 from onboard.cli.app import app
 from onboard.workspace.scaffold import plan_workspace, write_workspace
 from titan_core.config.loader import load_config
-from titan_core.training.model_builder import build_model_from_config
+from titan_core.models.model_builder import build_model_from_config
 
 runner = CliRunner()
 

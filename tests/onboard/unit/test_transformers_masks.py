@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from titan_core.config.swaps import apply_swaps
+from titan_core.models.common.swaps import apply_swaps
 from titan_core.kernels.attention import KernelUnavailable
 from titan_core.models.common.attention import NaiveAttention
 

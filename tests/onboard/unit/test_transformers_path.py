@@ -12,7 +12,7 @@ import torch
 from hang_guard import hang_guard
 
 from titan_core.config import ConfigError
-from titan_core.config.swaps import apply_swaps
+from titan_core.models.common.swaps import apply_swaps
 from titan_core.kernels import swaps_for
 from titan_core.kernels.attention import KernelUnavailable
 from titan_core.config.sections import Kernels
@@ -229,7 +229,7 @@ def test_packed_documents_reach_the_kernel():
 
 
 def test_transformers_missing_is_a_config_error(monkeypatch):
-    from titan_core.training.model_builder import resolve_model_args
+    from titan_core.models.model_builder import resolve_model_args
     from titan_core.config.sections import Model
 
     monkeypatch.setitem(sys.modules, "transformers", None)  # `import transformers` raises ImportError

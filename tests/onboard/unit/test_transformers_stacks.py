@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from titan_core.config.sections import Kernels
-from titan_core.config.swaps import apply_swaps
+from titan_core.models.common.swaps import apply_swaps
 from titan_core.kernels import swaps_for
 from titan_core.kernels.attention import KernelUnavailable
 from titan_core.models.common.attention import NaiveAttention, SDPAttention

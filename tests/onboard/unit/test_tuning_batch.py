@@ -1,4 +1,4 @@
-"""The batch step of the tuning rung (onboard.rungs.tuning.search): it stops at the right batch
+"""The batch step of the tuning rung (onboard.rungs.tuning_rung.search): it stops at the right batch
 and says why when the memory budget binds (measured, or predicted before running out of memory),
 when throughput stops improving, at the grid's end, and it keeps the global batch when the user
 fixed one. Peaks are scripted (a fixed part plus a part per row) and every timing goes through the
@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from titan_core.measure.timing import TimingProtocol, compare
-from onboard.rungs.tuning.search import BatchShape, Probe, candidates, predicted_peak, search
+from onboard.rungs.tuning_rung.search import BatchShape, Probe, candidates, predicted_peak, search
 
 MIB = 2**20
 PROTOCOL = TimingProtocol(warmup=0, min_rounds=2, max_rounds=4)
@@ -111,7 +111,7 @@ def test_a_rejected_batch_stops_the_search_with_its_reason():
 
 
 def test_nothing_is_extrapolated_from_one_batch():
-    from onboard.rungs.tuning.search import Tried
+    from onboard.rungs.tuning_rung.search import Tried
 
     # weights and optimizer state dominate: doubling the whole peak would stop a batch that fits
     one = [Tried(BatchShape(4, 1), 400, None, "start")]

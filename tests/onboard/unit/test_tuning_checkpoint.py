@@ -1,4 +1,4 @@
-"""The tuning rung's activation-checkpointing step (onboard/rungs/tuning/checkpoint.py) on a stand-in
+"""The tuning rung's activation-checkpointing step (onboard/rungs/tuning_rung/recompute.py) on a stand-in
 tuner: when it is tried, the order of the modes, the numerics proof at the holder's batch before the
 larger batch, the memory limit, and the first kept mode ending the step. The step on a real workspace
 runs in tests/onboard/ladder/test_tuning_rung.py."""
@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from onboard.rungs.tuning.checkpoint import bigger, kept_not_exact, try_checkpointing
-from onboard.rungs.tuning.search import BatchShape
+from onboard.rungs.tuning_rung.recompute import bigger, kept_not_exact, try_checkpointing
+from onboard.rungs.tuning_rung.search import BatchShape
 from titan_core.config.sections import JobConfig
 
 

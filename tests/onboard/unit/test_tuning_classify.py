@@ -13,8 +13,8 @@ import pytest
 
 from titan_core.config.loader import with_keys
 from titan_core.training.trainer import Trainer
-from onboard.rungs.tuning.classify import Step1, classify, curve_check
-from onboard.rungs.tuning.flags import apply_flag, thread_flags
+from onboard.rungs.tuning_rung.classify import Step1, classify, curve_check
+from onboard.rungs.tuning_rung.flags import apply_flag, thread_flags
 from tiny_jobs import narrow_config
 
 ROUNDING = 1e-5  # checklists/tuning.yaml params.rounding_rel (DESIGN section 5)

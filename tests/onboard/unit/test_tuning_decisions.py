@@ -10,8 +10,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from onboard.rungs.tuning.classify import Classification, CurveCheck
-from onboard.rungs.tuning.decisions import change_decision, keep_rule, lever_of
+from onboard.rungs.tuning_rung.classify import Classification, CurveCheck
+from onboard.rungs.tuning_rung.decisions import change_decision, keep_rule, lever_of
 from titan_core.config.loader import from_dict
 from titan_core.measure.timing import Comparison
 

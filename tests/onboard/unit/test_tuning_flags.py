@@ -1,4 +1,4 @@
-"""The declared flag tables (onboard.rungs.tuning.flags): every flag documented; the TPU flags rendered
+"""The declared flag tables (onboard.rungs.tuning_rung.flags): every flag documented; the TPU flags rendered
 into LIBTPU_INIT_ARGS and passed to libtpu through the recipe's tpu.libtpu_init_flags (no TPU here:
 nothing is run, the environment torch_tpu would load with is checked); the CUDA flags rendered as the
 environment and inductor options of a run; and which flags this process can try, with the reason
@@ -14,7 +14,7 @@ import pytest
 
 from titan_core.runtime import devices
 from titan_core.config.sections import JobConfig
-from onboard.rungs.tuning.flags import (
+from onboard.rungs.tuning_rung.flags import (
     CUDA_FLAGS,
     DEVICE_KINDS,
     TPU_FLAGS,

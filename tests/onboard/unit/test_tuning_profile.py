@@ -1,4 +1,4 @@
-"""The profile breakdown of a training step (onboard.rungs.tuning.profile): on a narrow llama3
+"""The profile breakdown of a training step (onboard.rungs.tuning_rung.profile): on a narrow llama3
 Trainer the categories plus the host gaps add up to the step time measured outside the profiler
 within the checklist's stated tolerance, each category holds the ops it names, the trace file is
 written, and the biggest category comes with its lever."""
@@ -12,7 +12,7 @@ import pytest
 
 from core_bounds import PROFILE_SUM_REL
 from titan_core.training.trainer import Trainer
-from onboard.rungs.tuning.profile import CATEGORIES, LEVERS, STEP_MARK, breakdown_of, category_of, profile_steps
+from onboard.rungs.tuning_rung.profile import CATEGORIES, LEVERS, STEP_MARK, breakdown_of, category_of, profile_steps
 from tiny_jobs import narrow_config
 
 TOLERANCE = PROFILE_SUM_REL  # checklists/tuning.yaml params.profile_sum_tolerance

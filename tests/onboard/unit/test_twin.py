@@ -25,7 +25,7 @@ from titan_core.models import get_family
 from titan_core.models.common.param_counts import count_params
 from titan_core.models.registry import build_meta
 from onboard.sizing.twin.derive import KEPT, TwinError, derive_twin
-from onboard.sizing.twin.layers import layer_kind, pattern_layers
+from onboard.sizing.twin.kept_layers import layer_kind, pattern_layers
 
 REAL = ["Llama-3.1-8B", "Llama-3.1-70B", "Qwen3-8B", "Qwen3-235B-A22B", "Mistral-7B-v0.1", "Qwen2.5-7B", "Llama-3.2-1B"]
 

@@ -1,4 +1,4 @@
-"""What a twin keeps that parity needs (onboard/sizing/twin/heads.py, twin/layers.py): the heads'
+"""What a twin keeps that parity needs (onboard/sizing/twin/heads.py, twin/kept_layers.py): the heads'
 layout (2 key/value heads and the GQA ratio, head_dim, at the same width for every family), one
 layer of each kind of a pattern that is not periodic, a working twin of a config whose head_dim is
 null, and features counted as exercised only where the twin holds them (onboard/parity/features.py
@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 
 from onboard.cli.app import app
 from onboard.sizing.twin.derive import TwinError, derive_twin
-from onboard.sizing.twin.layers import layer_kinds
+from onboard.sizing.twin.kept_layers import layer_kinds
 from real_size_configs import GEMMA2_9B, MIXTRAL, PUBLISHED
 from titan_core.models import get_family
 

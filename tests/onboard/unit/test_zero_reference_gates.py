@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from onboard.parity.compare import compare_grads
-from onboard.rungs.kernels.compare import compare_kernel
+from onboard.rungs.kernels_rung.compare import compare_kernel
 from titan_core.measure.numerics import rel_l2
 from titan_core.models.common import moe as moe_module
 from titan_core.models.registry import resolve_args

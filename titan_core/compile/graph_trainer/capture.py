@@ -5,7 +5,7 @@ per-step optimizer scalars, the micro-batches and the step's global count of val
 go in; the summed loss, the gradient norm and the new parameters and moments come out.
 The count is computed outside the graph (and all-reduced over the data-parallel ranks
 there): each micro-batch's loss is weighted by it exactly as in eager
-(titan_core/training/token_mean.py), so the program holds no extra collective and no host sync.
+(titan_core/parallel/token_mean.py), so the program holds no extra collective and no host sync.
 Tracing runs on fake tensors, so no real computation happens and any data-dependent op
 fails loudly instead of baking one batch's values into the program. Parameters are graph inputs, never constants: the
 graph can be run again on updated values (the tests perturb them to prove it).
@@ -31,7 +31,7 @@ from titan_core.compile.graph_trainer import functional_optim as fo
 from titan_core.compile.graph_trainer.host_sync import HostSync, HostSyncError, HostSyncGuard, describe, subgraph_syncs
 from titan_core.compile.graph_trainer.params import as_param, param_spec
 from titan_core.compile.graph_trainer.scan import plan_stacking, scanned_layers
-from titan_core.training.token_mean import micro_batch_term
+from titan_core.parallel.token_mean import micro_batch_term
 
 if TYPE_CHECKING:
     from titan_core.models.common.protocol import TrainableModel
@@ -70,7 +70,7 @@ class StepLayout:
     specs: list = field(default_factory=list)
     """Per parameter: None for a plain tensor, or the ParamSpec of a sharded (DTensor) one."""
     dp_world: int = 1
-    """Data-parallel ranks: the loss weights of titan_core/training/token_mean.py use it."""
+    """Data-parallel ranks: the loss weights of titan_core/parallel/token_mean.py use it."""
     buffer_specs: list = field(default_factory=list)
     """Per read-only tensor: None, or the ParamSpec of a sharded frozen parameter."""
 

@@ -24,7 +24,7 @@ from titan_core.compile.graph_trainer.registry import PassSettings
 from titan_core.compile.graph_trainer.scan import check_scannable
 from titan_core.compile.graph_trainer.split import SplitProgram, split_forward_backward
 from titan_core.config.sections import GraphTrainer
-from titan_core.training.token_mean import global_valid_tokens
+from titan_core.parallel.token_mean import global_valid_tokens
 
 log = logging.getLogger("titan_core.graph_trainer")
 
@@ -52,7 +52,7 @@ def _compile(gm, example_inputs, backend: str):
     if backend == "none":
         return gm
     if backend == "inductor":
-        from torch._inductor.compile_fx import compile_fx  # import-time cost: inductor loads only when asked for
+        from torch._inductor.compile_fx import compile_fx  # lazy: inductor (seconds to import) loads only when asked for
 
         return compile_fx(gm, example_inputs)
     raise ValueError(f"unknown graph_trainer.compile '{backend}' (none | inductor)")
@@ -77,7 +77,7 @@ class GraphTrainStep:
         on_host_sync: raise: the capture fails at a host sync; record: it goes on and
         lists them in `stats.host_syncs`.
         dp_world: data-parallel ranks; above 1 every step must be given the step's global
-        valid-token count (`n_tokens`, titan_core/training/token_mean.py).
+        valid-token count (`n_tokens`, titan_core/parallel/token_mean.py).
         """
         self.model, self.optimizer, self.config = model, optimizer, config
         self.on_host_sync = on_host_sync
@@ -117,7 +117,7 @@ class GraphTrainStep:
         """The flat graph inputs for this step (parameters are read live, never copied in).
 
         n_tokens: valid labels of the whole step, summed over the data-parallel ranks
-        (titan_core.training.token_mean.global_valid_tokens); None counts these batches' labels,
+        (titan_core.parallel.token_mean.global_valid_tokens); None counts these batches' labels,
         which is the global count only when there is one data-parallel rank.
         """
         states = self._state()

@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from titan_core.config.swaps import register_swap
+from titan_core.models.common.swaps import register_swap
 from titan_core.models.common.moe import Experts
 
 

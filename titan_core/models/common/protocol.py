@@ -29,16 +29,19 @@ import torch
 from torch import nn
 
 from titan_core.config.loader import ConfigError
-from titan_core.models.common.args import TransformerArgs
+from titan_core.models.common.args import ModelArgs
 
 
 class TrainableModel(Protocol):
     """The members of a model that titan_core reads (module docstring). Each has a default in
     `ModelBase` unless its docstring says the model must define it."""
 
-    args: TransformerArgs
+    args: ModelArgs
     """The architecture the model was built from (model_builder passes it to the constructor):
-    MoE counts (n_experts, top_k) and tie_embeddings are read from here. Must be set."""
+    MoE counts (n_experts, top_k) and tie_embeddings are read from here, and what the model is:
+    its kind (`args.kind`: upstream, loss head, causal attention, context parallel), its samples
+    (`args.sample_spec()`, `args.own_samples(...)`) and its first loss (`args.initial_loss()`),
+    models/common/kind.py. Must be set."""
     layers: nn.ModuleDict
     """The blocks, {"0": block, "1": ..., } in execution order: FSDP2 units, tensor-parallel
     plans, per-block compile, the Graph Trainer's block tags and the memory estimate go by
@@ -126,7 +129,7 @@ class ModelBase(nn.Module):
 
 
 _KINDS = {
-    "args": (TransformerArgs, "TransformerArgs"),
+    "args": (ModelArgs, "ModelArgs"),
     "layers": (nn.ModuleDict, "an nn.ModuleDict of the blocks"),
     "loss_head": ((nn.Module, type(None)), "an nn.Module or None"),
     "notes": ((list, tuple), "a list of lines"),

@@ -109,7 +109,7 @@ def tie_default(model_type: str | None, own_types: tuple[str, ...]) -> bool:
     if not model_type or model_type in own_types:
         return False
     try:
-        from transformers.models.auto.configuration_auto import CONFIG_MAPPING  # the [hf] extra
+        from transformers.models.auto.configuration_auto import CONFIG_MAPPING  # lazy: the [hf] extra
     except ImportError:
         return False
     if model_type not in CONFIG_MAPPING:

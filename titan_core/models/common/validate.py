@@ -34,7 +34,7 @@ import math
 from dataclasses import MISSING, dataclass, fields
 from typing import Any, Mapping
 
-from titan_core.models.common.args import TransformerArgs
+from titan_core.models.common.args import ModelArgs, TransformerArgs
 from titan_core.models.common.mapping_errors import AdapterError, ArchitectureError
 
 MAX_WIDTH = 2**20
@@ -249,7 +249,8 @@ def check_args(values: Mapping[str, Any], *, names: Mapping[str, str] | None = N
             fail("must be >= 1 when there are experts", "moe_hidden_dim")
 
 
-def validate_args(args: TransformerArgs, *, names: Mapping[str, str] | None = None) -> None:
-    """`check_args` on resolved args. head_dim is always filled in by then, so the width
+def validate_args(args: ModelArgs, *, names: Mapping[str, str] | None = None) -> None:
+    """`check_args` on resolved args of any kind (their `native_values`; a size another type derives
+    is named in its words, `args.derived`). head_dim is always filled in by then, so the width
     rule (n_heads divides dim) is left to the config reading, which knows whether it was given."""
-    check_args({f.name: getattr(args, f.name) for f in fields(args)}, names=names)
+    check_args(args.native_values(), names={**args.derived, **(names or {})})

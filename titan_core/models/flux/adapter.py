@@ -9,13 +9,12 @@ from typing import Any
 
 import torch
 
-from titan_core.models.common.args import TransformerArgs
 from titan_core.config.loader import ConfigError
 from titan_core.models.common.mapping_errors import AdapterError, ArchitectureError
 from titan_core.models.common.validate import (
     BOOL, LAYERS_OR_0, MAX_LAYERS, MAX_WIDTH, POSITIONS, SIZE, Accepts, check_args, check_value, is_int, refusal,
 )  # fmt: skip
-from titan_core.models.flux.config import FluxConfig, flux_config
+from titan_core.models.flux.args import FluxArgs
 
 _LIN = ("weight", "bias")
 _PROJ = {"wq": "to_q", "wk": "to_k", "wv": "to_v"}
@@ -64,7 +63,7 @@ TOP_KEYS = {
 DOUBLE_KEYS = _double_keys()
 SINGLE_KEYS = _single_keys()
 
-# diffusers config key -> FluxConfig field
+# diffusers config key -> FluxArgs field
 CONFIG_KEYS = {
     "in_channels": "in_channels", "num_layers": "n_double_layers", "num_single_layers": "n_single_layers",
     "num_attention_heads": "n_heads", "attention_head_dim": "head_dim", "joint_attention_dim": "joint_attention_dim",
@@ -73,7 +72,7 @@ CONFIG_KEYS = {
 }  # fmt: skip
 NEUTRAL = frozenset({"_class_name", "_diffusers_version", "_name_or_path", "model_type"})
 SAMPLE_KEYS = ("latent_height", "latent_width", "text_len")
-"""Not in a diffusers config (they are the pipeline's): read from the config when given, else FluxConfig's."""
+"""Not in a diffusers config (they are the pipeline's): read from the config when given, else FluxArgs' defaults."""
 ACCEPTS: dict[str, Accepts] = {
     "in_channels": SIZE, "num_layers": LAYERS_OR_0, "num_single_layers": LAYERS_OR_0, "num_attention_heads": SIZE,
     "attention_head_dim": SIZE, "joint_attention_dim": SIZE, "pooled_projection_dim": SIZE, "guidance_embeds": BOOL,
@@ -88,7 +87,7 @@ SUMMARY_NAMES = {
     "ffn_hidden_dim": "the MLP width (4 x num_attention_heads x attention_head_dim)",
     "max_seq_len": "text_len + latent_height x latent_width",
 }  # fmt: skip
-"""The summary args' fields in the FLUX config's words, for a summary out of range."""
+"""The derived sizes (FluxArgs' summary) in the FLUX config's words, for a size out of range."""
 
 
 def check_flux_config(cfg: dict[str, Any]) -> None:
@@ -99,18 +98,18 @@ def check_flux_config(cfg: dict[str, Any]) -> None:
     for key, accepts in ACCEPTS.items():
         if key in cfg:
             check_value(key, cfg[key], accepts, null_ok=False)
-    channels, out = cfg.get("in_channels", FluxConfig.in_channels), cfg.get("out_channels")
+    channels, out = cfg.get("in_channels", FluxArgs.in_channels), cfg.get("out_channels")
     if out is not None and not (is_int(out) and out == channels):
         why = f"null or in_channels = {channels} (the flow loss predicts the input's width)"
         raise ArchitectureError(refusal("out_channels", out, why), ("out_channels",))
-    head_dim = cfg.get("attention_head_dim", FluxConfig.head_dim)
-    axes = cfg.get("axes_dims_rope", list(FluxConfig.axes_dims_rope))
+    head_dim = cfg.get("attention_head_dim", FluxArgs.head_dim)
+    axes = cfg.get("axes_dims_rope", list(FluxArgs.axes_dims_rope))
     widths = isinstance(axes, (list, tuple)) and len(axes) == 3
     if not widths or not all(is_int(d) and 0 <= d <= MAX_WIDTH and d % 2 == 0 for d in axes) or sum(axes) != head_dim:
         why = "three even integers (RoPE widths of the text, row and column axes) summing to attention_head_dim"
         raise ArchitectureError(refusal("axes_dims_rope", axes, f"{why} = {head_dim}"), ("axes_dims_rope",))
-    blocks = cfg.get("num_layers", FluxConfig.n_double_layers)
-    blocks += cfg.get("num_single_layers", FluxConfig.n_single_layers)
+    blocks = cfg.get("num_layers", FluxArgs.n_double_layers)
+    blocks += cfg.get("num_single_layers", FluxArgs.n_single_layers)
     if not 1 <= blocks <= MAX_LAYERS:
         why = f"from 1 to {MAX_LAYERS} blocks (double- and single-stream together)"
         raise ArchitectureError(refusal("num_layers + num_single_layers", blocks, why), ("num_layers",))
@@ -120,7 +119,7 @@ class FluxAdapter:
     hf_model_types = ("flux",)
     hf_class = "FluxTransformer2DModel"
 
-    def native_to_hf_table(self, cfg: FluxConfig) -> dict[str, str]:
+    def native_to_hf_table(self, cfg: FluxArgs) -> dict[str, str]:
         table = dict(TOP_KEYS)
         if not cfg.guidance_embeds:
             table = {k: v for k, v in table.items() if not k.startswith("guidance_in.")}
@@ -131,18 +130,18 @@ class FluxAdapter:
             table |= {f"layers.{i}.{k}": f"single_transformer_blocks.{j}.{v}" for k, v in SINGLE_KEYS.items()}
         return table
 
-    def _cfg_of(self, sd: dict[str, torch.Tensor], hf: bool) -> FluxConfig:
+    def _cfg_of(self, sd: dict[str, torch.Tensor], hf: bool) -> FluxArgs:
         """The block counts and guidance of a state dict, for a mapping without args."""
         prefix = ("transformer_blocks.", "single_transformer_blocks.") if hf else ("layers.", None)
         if hf:
             doubles = {k.split(".")[1] for k in sd if k.startswith(prefix[0])}
             singles = {k.split(".")[1] for k in sd if k.startswith(prefix[1])}
             guidance = any(k.startswith("time_text_embed.guidance_embedder.") for k in sd)
-            return FluxConfig(n_double_layers=len(doubles), n_single_layers=len(singles), guidance_embeds=guidance)
+            return FluxArgs(n_double_layers=len(doubles), n_single_layers=len(singles), guidance_embeds=guidance)
         doubles = {k.split(".")[1] for k in sd if k.startswith("layers.") and ".txt_mod." in k}
         layers = {k.split(".")[1] for k in sd if k.startswith("layers.")}
         guidance = any(k.startswith("guidance_in.") for k in sd)
-        return FluxConfig(
+        return FluxArgs(
             n_double_layers=len(doubles), n_single_layers=len(layers) - len(doubles), guidance_embeds=guidance
         )
 
@@ -162,7 +161,7 @@ class FluxAdapter:
         table = {v: k for k, v in self.native_to_hf_table(self._cfg_of(sd, hf=True)).items()}
         return self._rename(sd, table, "diffusers")
 
-    def args_from_hf(self, cfg: dict[str, Any]) -> tuple[TransformerArgs, set[str]]:
+    def args_from_hf(self, cfg: dict[str, Any]) -> tuple[FluxArgs, set[str]]:
         """A diffusers FluxTransformer2DModel config -> (args, keys read). AdapterError for a
         config of another class; ArchitectureError naming the key for one no FLUX model can be
         built from (`check_flux_config`, then the summary's sizes in the config's words)."""
@@ -175,21 +174,20 @@ class FluxAdapter:
         if "axes_dims_rope" in values:
             values["axes_dims_rope"] = tuple(values["axes_dims_rope"])
         try:
-            args = FluxConfig(**values).to_args()
+            args = FluxArgs(**values)
         except ConfigError as e:  # checked above already; said in the config's words all the same
             raise ArchitectureError(f"flux config: {e}") from None
-        check_args(vars(args), names=SUMMARY_NAMES)
+        check_args(args.native_values(), names=SUMMARY_NAMES)
         used = set(CONFIG_KEYS) | set(SAMPLE_KEYS) | {"patch_size", "out_channels"} | NEUTRAL
         return args, used & set(cfg)
 
-    def hf_config(self, args: TransformerArgs) -> dict[str, Any]:
+    def hf_config(self, args: FluxArgs) -> dict[str, Any]:
         """The diffusers config.json of these args (the sample sizes kept beside, under their own names)."""
-        fc = flux_config(args)
         cfg: dict[str, Any] = {"_class_name": self.hf_class, "model_type": "flux", "patch_size": 1, "out_channels": None}
         for key, field in CONFIG_KEYS.items():
-            value = getattr(fc, field)
+            value = getattr(args, field)
             cfg[key] = list(value) if isinstance(value, tuple) else value
-        cfg |= {k: getattr(fc, k) for k in SAMPLE_KEYS}
+        cfg |= {k: getattr(args, k) for k in SAMPLE_KEYS}
         return cfg
 
     def unconsumed_keys(self, cfg: dict[str, Any]) -> list[str]:

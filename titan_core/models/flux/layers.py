@@ -16,7 +16,7 @@ from torch import nn
 
 from titan_core.models.common.attention import SDPAttention
 from titan_core.models.common.layers import RMSNorm
-from titan_core.models.flux.config import FluxConfig
+from titan_core.models.flux.args import FluxArgs
 
 TIME_CHANNELS = 256
 """Width of the timestep (and guidance) sinusoid."""
@@ -44,7 +44,7 @@ class MLP(nn.Module):
         return self.w2(F.gelu(h, approximate="tanh") if self.gelu else F.silu(h))
 
 
-def rope_tables(cfg: FluxConfig, device=None) -> tuple[torch.Tensor, torch.Tensor]:
+def rope_tables(cfg: FluxArgs, device=None) -> tuple[torch.Tensor, torch.Tensor]:
     """cos, sin [text_len + image_tokens, head_dim] fp32 for FLUX's positions.
 
     Text tokens sit at (0, 0, 0); image token (r, c) at (0, r, c). Each axis rotates its own
@@ -103,7 +103,7 @@ class JointAttention(nn.Module):
     block's `out` takes the attention and MLP outputs together).
     """
 
-    def __init__(self, cfg: FluxConfig, *, two_streams: bool):
+    def __init__(self, cfg: FluxArgs, *, two_streams: bool):
         super().__init__()
         self.qkv = Projections(cfg.dim, cfg.n_heads, cfg.head_dim)
         self.txt_qkv = Projections(cfg.dim, cfg.n_heads, cfg.head_dim) if two_streams else None
@@ -137,7 +137,7 @@ def modulate(x: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor) -> torch
 class DoubleBlock(nn.Module):
     """Image and text streams with their own modulation, attention projections and MLPs, attending jointly."""
 
-    def __init__(self, cfg: FluxConfig):
+    def __init__(self, cfg: FluxArgs):
         super().__init__()
         self.img_mod = nn.Linear(cfg.dim, 6 * cfg.dim)
         self.txt_mod = nn.Linear(cfg.dim, 6 * cfg.dim)
@@ -161,7 +161,7 @@ class DoubleBlock(nn.Module):
 class SingleBlock(nn.Module):
     """One stream over text + image: attention and MLP side by side, joined by one output projection."""
 
-    def __init__(self, cfg: FluxConfig):
+    def __init__(self, cfg: FluxArgs):
         super().__init__()
         self.modulation = nn.Linear(cfg.dim, 3 * cfg.dim)
         self.attention = JointAttention(cfg, two_streams=False)

@@ -4,7 +4,7 @@ Module paths (the adapter and the swaps name them): img_in, txt_in, time_in, gui
 vector_in, layers.<i> (DoubleBlock for i < n_double_layers, then SingleBlock), final_mod,
 proj_out. `loss` is the training entry point every family has: `tokens` are the clean
 packed latents and `labels` mark each image token as a target, so the trainer's token mean
-(titan_core/training/token_mean.py) weighs image tokens as it weighs text tokens; the
+(titan_core/parallel/token_mean.py) weighs image tokens as it weighs text tokens; the
 noise, the timesteps, the text conditioning (text, pooled) and, for a guidance-distilled
 model, guidance come as keyword inputs.
 """
@@ -15,9 +15,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from titan_core.models.common.args import TransformerArgs
 from titan_core.models.common.protocol import ModelBase
-from titan_core.models.flux.config import flux_config
+from titan_core.models.flux.args import FluxArgs
 from titan_core.models.flux.layers import MLP, TIME_CHANNELS, DoubleBlock, SingleBlock, rope_tables
 from titan_core.models.flux.layers import timestep_sinusoid
 
@@ -29,21 +28,20 @@ class Flux(ModelBase):
     """A `ModelBase` (protocol.py) with no loss head (`loss_head` None: the flow loss is an MSE)
     and a FLOP count of its own (`flops_per_token`, per image token)."""
 
-    def __init__(self, args: TransformerArgs):
+    def __init__(self, args: FluxArgs):
         super().__init__()
         self.args = args
-        self.cfg = cfg = flux_config(args)
-        self.img_in = nn.Linear(cfg.in_channels, cfg.dim)
-        self.txt_in = nn.Linear(cfg.joint_attention_dim, cfg.dim)
-        self.time_in = MLP(TIME_CHANNELS, cfg.dim, cfg.dim, gelu=False)
-        self.guidance_in = MLP(TIME_CHANNELS, cfg.dim, cfg.dim, gelu=False) if cfg.guidance_embeds else None
-        self.vector_in = MLP(cfg.pooled_projection_dim, cfg.dim, cfg.dim, gelu=False)
-        blocks = [DoubleBlock(cfg) for _ in range(cfg.n_double_layers)]
-        blocks += [SingleBlock(cfg) for _ in range(cfg.n_single_layers)]
+        self.img_in = nn.Linear(args.in_channels, args.dim)
+        self.txt_in = nn.Linear(args.joint_attention_dim, args.dim)
+        self.time_in = MLP(TIME_CHANNELS, args.dim, args.dim, gelu=False)
+        self.guidance_in = MLP(TIME_CHANNELS, args.dim, args.dim, gelu=False) if args.guidance_embeds else None
+        self.vector_in = MLP(args.pooled_projection_dim, args.dim, args.dim, gelu=False)
+        blocks = [DoubleBlock(args) for _ in range(args.n_double_layers)]
+        blocks += [SingleBlock(args) for _ in range(args.n_single_layers)]
         self.layers = nn.ModuleDict({str(i): b for i, b in enumerate(blocks)})
-        self.final_mod = nn.Linear(cfg.dim, 2 * cfg.dim)
-        self.proj_out = nn.Linear(cfg.dim, cfg.in_channels)
-        cos, sin = rope_tables(cfg, device="meta")
+        self.final_mod = nn.Linear(args.dim, 2 * args.dim)
+        self.proj_out = nn.Linear(args.dim, args.in_channels)
+        cos, sin = rope_tables(args, device="meta")
         self.register_buffer("rope_cos", torch.empty_like(cos), persistent=False)
         self.register_buffer("rope_sin", torch.empty_like(sin), persistent=False)
 
@@ -63,7 +61,7 @@ class Flux(ModelBase):
                 p.zero_()
             else:
                 p.normal_(0.0, std, generator=gen)
-        cos, sin = rope_tables(self.cfg, device=self.rope_cos.device)
+        cos, sin = rope_tables(self.args, device=self.rope_cos.device)
         self.rope_cos.copy_(cos)
         self.rope_sin.copy_(sin)
 
@@ -79,7 +77,7 @@ class Flux(ModelBase):
 
     def forward(self, latents, *, timesteps, text, pooled, guidance=None):
         """The predicted velocity [b, image_tokens, in_channels] for noisy packed latents."""
-        cfg = self.cfg
+        cfg = self.args
         if latents.shape[1] != cfg.image_tokens or text.shape[1] != cfg.text_len:
             raise ValueError(
                 f"flux expects {cfg.image_tokens} image tokens and {cfg.text_len} text tokens per sample, "
@@ -122,7 +120,7 @@ class Flux(ModelBase):
     def flops_per_sample(self) -> float:
         """Training FLOPs of one sample (forward + backward): 6 per weight per token that passes
         it, plus the attention scores and values (12 * seq^2 * dim per block, dense)."""
-        cfg = self.cfg
+        cfg = self.args
         d, h, n_img, n_txt = cfg.dim, cfg.mlp_hidden_dim, cfg.image_tokens, cfg.text_len
         seq, blocks = n_img + n_txt, cfg.n_double_layers + cfg.n_single_layers
         # both block kinds pass each token through 4 d^2 + 2 d h weights (qkv + out + mlp; single:
@@ -137,4 +135,4 @@ class Flux(ModelBase):
     def flops_per_token(self, seq_len: int | None = None) -> float:
         """Training FLOPs per image token (`flops_per_sample` / image tokens): the trainer's tokens
         of a flux run are image tokens. `seq_len` is ignored: a sample's size is the config's."""
-        return self.flops_per_sample() / self.cfg.image_tokens
+        return self.flops_per_sample() / self.args.image_tokens

@@ -73,7 +73,7 @@ _FORWARD_AST: dict[type, str | None] = {}
 def _reference_forward() -> str | None:
     """The per-expert loop MixtralExperts runs (and, in transformers 5.24, 55 of its 67 experts classes)."""
     # transformers is the optional [hf] extra; this module only runs once a transformers model is built
-    from transformers.models.mixtral.modeling_mixtral import MixtralExperts
+    from transformers.models.mixtral.modeling_mixtral import MixtralExperts  # lazy: the [hf] extra
 
     return _forward_body(MixtralExperts)
 
@@ -88,8 +88,8 @@ def _forward_body(cls: type) -> str | None:
 def usual_structure_refusal(module: nn.Module) -> str | None:
     """Why the titan_core experts kernels cannot compute `module` (transformers' experts), or None when they can."""
     # transformers is the optional [hf] extra; the module was built by it, so it is installed
-    from transformers.activations import SiLUActivation
-    from transformers.integrations import moe as hf_moe
+    from transformers.activations import SiLUActivation  # lazy: the [hf] extra
+    from transformers.integrations import moe as hf_moe  # lazy: the [hf] extra
 
     cls = type(module)
     name = cls.__name__

@@ -7,7 +7,8 @@ dropout=, sliding_window=, softcap=, **kwargs)` and expects `(out [b, s, heads, 
 
     titan          the kernel the attention module holds as `module.core` (the transformers path
                    of titan_core puts a swappable core there, so `kernels.attention` selects it)
-    titan_<name>   one fixed kernel: sdpa, naive, flex, tokamax, splash (for plain transformers use)
+    titan_<name>   one fixed kernel: sdpa, naive, and flex, tokamax, splash once titan_core.kernels
+                   is imported (for plain transformers use)
 
 Each call is translated to the core contract (titan_core/models/common/attention.py):
 `scaling` -> scale, `sliding_window` -> window (both keep keys with q - k < window),
@@ -38,19 +39,14 @@ from typing import Callable
 import torch
 from torch import nn
 
-from titan_core.kernels.attention import (
-    FlexAttention, KernelRefusesModel, KernelUnavailable, SplashAttention, TokamaxAttention,
-)  # fmt: skip
 from titan_core.models.common.attention import NaiveAttention, SDPAttention
+from titan_core.models.common.mapping_errors import KernelRefusesModel, KernelUnavailable
+from titan_core.models.common.swaps import registered_swaps
 
-#: kernels.attention name -> the core class; the registered names are `titan_<name>`
-KERNELS: dict[str, type[nn.Module]] = {
-    "sdpa": SDPAttention,
-    "naive": NaiveAttention,
-    "flex": FlexAttention,
-    "tokamax": TokamaxAttention,
-    "splash": SplashAttention,
-}
+# The models layer sits below kernels, so the kernels' cores are found through the swap registry
+# (titan_core.kernels registers `attention.<name>` on import), not imported from there.
+OWN_CORES: dict[str, type[nn.Module]] = {"sdpa": SDPAttention, "naive": NaiveAttention}
+"""The library's own cores, there without titan_core.kernels."""
 MODULE_CORE = "titan"
 """The implementation that calls the attention module's own `core` (the transformers path)."""
 MASKED_CORE = "titan_masked"
@@ -126,9 +122,24 @@ def is_causal_attention(module: nn.Module) -> bool:
     return getattr(module, "is_causal", True) is not False or getattr(module, "is_decoder", False) is True
 
 
+def attention_kernels() -> dict[str, type[nn.Module]]:
+    """kernels.attention name -> core class: the library's own and every `attention.<name>` swap registered
+    so far (importing any titan_core.kernels module registers the others). The names are `titan_<name>`."""
+    out = dict(OWN_CORES)
+    for name, swap in registered_swaps().items():
+        if name.startswith("attention.") and len(swap.produces) == 1:
+            out.setdefault(name.removeprefix("attention."), swap.produces[0])
+    return out
+
+
 def kernel_name(core: nn.Module) -> str:
     """kernels.attention name of a core (its class name for a foreign one)."""
-    return next((n for n, cls in KERNELS.items() if type(core) is cls), type(core).__name__)
+    return next((n for n, cls in attention_kernels().items() if type(core) is cls), type(core).__name__)
+
+
+def _refusal(core: nn.Module, module: nn.Module, what: str) -> KernelRefusesModel:
+    # the kernel's name is looked up here, on a refusal, not on every (possibly compiled) call
+    return KernelRefusesModel(f"kernels.attention={kernel_name(core)}: {type(module).__name__} {what}")
 
 
 def call_core(
@@ -145,10 +156,8 @@ def call_core(
     **kwargs,
 ) -> torch.Tensor:
     """Run `core` for a transformers attention module's call; returns [b, s, heads, d]."""
-    name = kernel_name(core)
-    where = type(module).__name__
     if not is_causal_attention(module):
-        raise KernelRefusesModel(f"kernels.attention={name}: {where} is not causal; titan_core's kernels are")
+        raise _refusal(core, module, "is not causal; titan_core's kernels are")
     whole_mask = False
     if key.shape[-2] != query.shape[-2]:
         covered = _mask_covers(module, kwargs.get("position_bias"), key.shape[-2])
@@ -156,29 +165,28 @@ def call_core(
         if not whole_mask:  # packed documents are separated by position, which these keys have none of
             why = ("in packed documents (segment_ids), which its own mask does not separate" if covered
                    else "with no mask of its own over them")  # fmt: skip
-            raise KernelRefusesModel(
-                f"kernels.attention={name}: {where} attends {key.shape[-2]} keys from {query.shape[-2]} queries "
+            raise _refusal(
+                core, module, f"attends {key.shape[-2]} keys from {query.shape[-2]} queries "
                 f"(compressed or memory entries beside the sequence) {why}; titan_core's kernels mask by position, "
-                "one key per query position"
+                "one key per query position",
             )
     if dropout and module.training:
-        raise KernelRefusesModel(
-            f"kernels.attention={name}: {where} asks for attention dropout {dropout}; no titan_core kernel "
-            "applies dropout (set the attention dropout to 0 in config.json: attention_dropout, attn_pdrop, ...)"
+        raise _refusal(
+            core, module, f"asks for attention dropout {dropout}; no titan_core kernel "
+            "applies dropout (set the attention dropout to 0 in config.json: attention_dropout, attn_pdrop, ...)",
         )
     for selection in (SELECTED_KEYS, *SELECTED_BLOCKS):  # `titan` turns chosen keys into a bias first
         if kwargs.get(selection) is not None:
-            raise KernelRefusesModel(
-                f"kernels.attention={name}: {where} hands its attention `{selection}` (what its sparse-attention "
-                "indexer chose for each query), which this kernel does not read: the selection would be lost"
+            raise _refusal(
+                core, module, f"hands its attention `{selection}` (what its sparse-attention "
+                "indexer chose for each query), which this kernel does not read: the selection would be lost",
             )
     extra = {"softcap": float(softcap)} if softcap else {}  # a core that cannot cap refuses it
     for key_name, ours in NAIVE_ONLY.items():
         if kwargs.get(key_name) is not None:
             if not isinstance(core, NaiveAttention):
-                raise KernelRefusesModel(
-                    f"kernels.attention={name}: {where} passes `{key_name}` (attention {ours}), which only "
-                    "kernels.attention=naive computes"
+                raise _refusal(
+                    core, module, f"passes `{key_name}` (attention {ours}), which only kernels.attention=naive computes"
                 )
             extra[ours] = kwargs[key_name]
     scale = float(scaling) if scaling is not None else query.shape[-1] ** -0.5
@@ -260,23 +268,25 @@ def _fixed(cls: type[nn.Module]) -> Callable:
     return attention
 
 
-_REGISTERED = False
+_REGISTERED: set[str] = set()
+"""The names registered with transformers in this process."""
 
 
 def register_hf_attention() -> None:
-    """Register `titan` and `titan_<kernel>` with transformers' AttentionInterface (idempotent).
+    """Register `titan` and `titan_<kernel>` with transformers' AttentionInterface (idempotent): each
+    kernel registered by then (`attention_kernels`); a call after titan_core.kernels loaded adds its own.
 
     Needs transformers (the [hf] extra); the caller says what to install when it is missing.
     """
-    global _REGISTERED
-    if _REGISTERED:
-        return
-    from transformers import AttentionInterface  # the [hf] extra: titan_core imports without it
-    from transformers.masking_utils import AttentionMaskInterface, eager_mask
+    from transformers import AttentionInterface  # lazy: the [hf] extra (titan_core imports without it)
+    from transformers.masking_utils import AttentionMaskInterface, eager_mask  # lazy: the [hf] extra
 
-    AttentionInterface.register(MODULE_CORE, module_core_attention)
-    AttentionInterface.register(MASKED_CORE, module_core_attention)
-    AttentionMaskInterface.register(MASKED_CORE, eager_mask)
-    for name, cls in KERNELS.items():
-        AttentionInterface.register(f"titan_{name}", _fixed(cls))
-    _REGISTERED = True
+    if MODULE_CORE not in _REGISTERED:
+        AttentionInterface.register(MODULE_CORE, module_core_attention)
+        AttentionInterface.register(MASKED_CORE, module_core_attention)
+        AttentionMaskInterface.register(MASKED_CORE, eager_mask)
+        _REGISTERED.add(MODULE_CORE)
+    for name, cls in attention_kernels().items():
+        if f"titan_{name}" not in _REGISTERED:
+            AttentionInterface.register(f"titan_{name}", _fixed(cls))
+            _REGISTERED.add(f"titan_{name}")

@@ -22,7 +22,7 @@ from titan_core.runtime.quiet import TORCHAO_IMPORT, quiet_loggers
 def require_transformers():
     """The transformers module, or a ConfigError saying how to install it."""
     try:
-        import transformers  # the [hf] extra, imported on first use (see the module docstring)
+        import transformers  # lazy: the [hf] extra, imported on first use (see the module docstring)
     except ImportError:
         raise ConfigError(
             'model.family = "transformers" runs a model from HF transformers, which is not installed: '
@@ -31,7 +31,7 @@ def require_transformers():
     # building any model imports transformers' quantizers, and with them torchao when it is
     # installed (the [float8] extra): imported here first, its import-time warnings stay out of the run
     with quiet_loggers(*TORCHAO_IMPORT):
-        import transformers.quantizers.auto  # noqa: F401
+        import transformers.quantizers.auto  # noqa: F401  # lazy: the [hf] extra, under quiet loggers
     return transformers
 
 
@@ -44,8 +44,8 @@ def config_object(cfg: dict[str, Any]):
     names one.
     """
     require_transformers()  # then its registries, lazily: the [hf] extra
-    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
-    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING  # lazy: the [hf] extra
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES  # lazy: the [hf] extra
 
     model_type = cfg.get("model_type")
     if not model_type:
@@ -68,7 +68,7 @@ def config_object(cfg: dict[str, Any]):
 def quiet_transformers() -> Iterator[None]:
     """transformers' warnings held back inside: what it says of a config it still reads (a token id
     past the vocabulary) is checked and said by titan_core, on one line, or not at all."""
-    from transformers.utils import logging  # the [hf] extra
+    from transformers.utils import logging  # lazy: the [hf] extra
 
     before = logging.get_verbosity()
     logging.set_verbosity_error()
@@ -121,7 +121,7 @@ def causal_lm_parts(config) -> tuple[type, Any]:
     one (Gemma3TextConfig -> Gemma3ForCausalLM), else the class mapped to the composite when it is
     built from the text config (MllamaForCausalLM). Otherwise the class mapped to the config,
     built from it whole."""
-    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING  # the [hf] extra
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING  # lazy: the [hf] extra
 
     text = text_config(config)
     cls = MODEL_FOR_CAUSAL_LM_MAPPING[type(config)]

@@ -190,14 +190,14 @@ class TransformersCausalLM(ModelBase):
                 f"{stack}.*.{p}.core" for stack in self.stack_prefixes for p in self.attention_sites.patterns
             )
         }
-        """Native swap patterns -> this tree's module paths (titan_core/config/swaps.py reads it)."""
+        """Native swap patterns -> this tree's module paths (titan_core/models/common/swaps.py reads it)."""
         self.experts_install = install_experts(blocks, self.base_prefix)
         """Which experts modules compute through titan_core's kernels, or why none do (`ExpertsInstall`)."""
         if self.experts_install.swap_pattern:
             own = self.experts_install.swap_pattern
             self.swap_paths[EXPERTS_PATTERN] = tuple(own.replace(self.base_prefix, s, 1) for s in self.stack_prefixes)
         self.swap_refusals = {EXPERTS_PATTERN: self.experts_install.refusal} if self.experts_install.refusal else {}
-        """{native pattern: why a swap there is refused} (titan_core/config/swaps.py adds it to the refusal)."""
+        """{native pattern: why a swap there is refused} (titan_core/models/common/swaps.py adds it to the refusal)."""
         stacked = (f"its layers are kept in {len(stacks)} stacks ({', '.join(self.stack_prefixes)}), wrapped as layers "
                    f"0-{len(blocks) - 1} in that order" if len(stacks) > 1 else None)  # fmt: skip
         notes = (stacked, own_layers_note(self.attention_sites), upstream_modules_note(self.attention_sites))

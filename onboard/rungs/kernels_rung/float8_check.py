@@ -36,9 +36,9 @@ import torch
 from torch import nn
 
 from onboard.rungs import gate_recipe, train_run
-from onboard.rungs.kernels.compare import build_model_with, kernels_for, parse_flag
-from onboard.rungs.kernels.modes import mode_check
-from titan_core.config.swaps import SwapNotApplicable, swap_applicability, swap_selection
+from onboard.rungs.kernels_rung.compare import build_model_with, kernels_for, parse_flag
+from onboard.rungs.kernels_rung.modes import mode_check
+from titan_core.models.common.swaps import SwapNotApplicable, swap_applicability, swap_selection
 from titan_core.kernels import KernelUnavailable
 from titan_core.kernels.float8 import FLOAT8_GRAD_REL_L2, FLOAT8_LOSS_REL, FLOAT8_OUTPUT_REL_L2, float8_swap
 from titan_core.measure.numerics import curve_max_rel, rel_l2

@@ -1,5 +1,5 @@
 """The tuning rung's keep rule and the Decision each change it tried records (one per change:
-the change is the candidate, the recipe it would change the holder). Beside tuning/rung.py to
+the change is the candidate, the recipe it would change the holder). Beside tuning_rung/rung.py to
 keep that module short. Not a rung (no RUNG).
 
 A change takes the lever only when `decision.decide` keeps it (its per-token timing against the
@@ -15,7 +15,7 @@ from typing import Any
 
 from onboard.ladder import decision
 from titan_core.config.loader import get_key
-from onboard.rungs.tuning.search import BatchShape
+from onboard.rungs.tuning_rung.search import BatchShape
 
 RUNG = "tuning"
 BATCH_LEVER = "training.batch_size"

@@ -8,7 +8,7 @@ not runs.
 
 The pieces, one job each:
 - hardware.py: the one table of device kinds (memory, bf16 and float8 peaks, links, sources);
-- plan/memory.py: bytes per device of a layout (per-block gathers under FSDP2, experts over ep,
+- plan/layout_memory.py: bytes per device of a layout (per-block gathers under FSDP2, experts over ep,
   vocab-sharded head under TP, the fused loss head, activations over cp, PP's stages and in-flight
   microbatches);
 - plan/step_time.py: compute at calibrated efficiencies plus a term per collective, overlap stated;
@@ -36,8 +36,8 @@ from titan_core.memory.budget import GIB
 from titan_core.memory.estimate import ModelShape, TrainSetup, format_bytes, tp_local
 
 from onboard.sizing.plan.hardware import HARDWARE, KINDS, PER_HOST, Hardware
-from onboard.sizing.plan import memory as plan_memory
-from onboard.sizing.plan.memory import (
+from onboard.sizing.plan import layout_memory as plan_memory
+from onboard.sizing.plan.layout_memory import (
     Layout,
     MemSetup,
     device_memory,
@@ -268,7 +268,7 @@ def plan_training(
     chosen = choose(opts)
     offload, scan = offload_of(chosen), scan_of(ps, chosen, opts)
     notes = []
-    notes.append("predictions: memory from onboard/sizing/plan/memory.py (titan_core's activation arithmetic), step "
+    notes.append("predictions: memory from onboard/sizing/plan/layout_memory.py (titan_core's activation arithmetic), step "
                  "time from plan/step_time.py: compute at efficiencies calibrated on published runs plus a term per "
                  "collective over the target's links (hardware.py)")  # fmt: skip
     reasons: dict[str, str] = {}

@@ -1,7 +1,7 @@
 """Rung 6, `kernels`: each fused kernel equals the plain PyTorch path it replaces (DESIGN sections 5 and 6),
 and the recipe holds, per field, the value whole training steps earned.
 
-For every kernel flag titan_core knows (`onboard.rungs.kernels.compare.KERNEL_FLAGS`) the rung asks
+For every kernel flag titan_core knows (`onboard.rungs.kernels_rung.compare.KERNEL_FLAGS`) the rung asks
 whether it applies to this model on this device (`applicable_kernels`; one that does not is
 recorded as not_applicable with the reason, never skipped). For each that applies it
 
@@ -9,13 +9,13 @@ recorded as not_applicable with the reason, never skipped). For each that applie
    weights and batch, fp32 (`compare_kernel`): loss, logits and every parameter's gradient,
    relative L2 (titan_core.measure.numerics); the recipe's other kernel settings (ce_chunk, z_loss, ...)
    are on both sides;
-2. checks it in the recipe's execution mode (`onboard.rungs.kernels.modes.mode_check`): no graph
+2. checks it in the recipe's execution mode (`onboard.rungs.kernels_rung.modes.mode_check`): no graph
    break under per-block compile, no host sync and a clean capture under the Graph Trainer;
    a kernel that fails there is no candidate, with that reason.
 
 kernels.float8 is a precision change, not a kernel of the same arithmetic: its recipes (tensorwise,
 rowwise) are judged against the bf16 recipe by their own documented bound instead of steps 1-2
-(`onboard.rungs.kernels.float8`: each converted layer, and the recipe's loss over its steps).
+(`onboard.rungs.kernels_rung.float8_check`: each converted layer, and the recipe's loss over its steps).
 
 The checklist judges the worst errors over all kernels (float8's by its own criteria). Then, per
 field (loss, attention, moe, float8),
@@ -36,20 +36,20 @@ from typing import Any, Callable
 
 from onboard.ladder.gates import check_value
 from onboard.rungs import gate_recipe, timing_profiles, train_run
-from onboard.rungs.kernels import float8 as kernels_float8
-from onboard.rungs.kernels import steps as kernels_steps
+from onboard.rungs.kernels_rung import float8_check as kernels_float8
+from onboard.rungs.kernels_rung import steps as kernels_steps
 from onboard.ladder.contract import SHIPPED, RungContext, RungResult
-from onboard.rungs.execution_mode import recipe_mode
-from onboard.rungs.kernels.decide import MemoryRule, all_decisions, decide_all, field_inputs, mark_rows
+from onboard.rungs.kernels_rung.decide import MemoryRule, all_decisions, decide_all, field_inputs, mark_rows
 from onboard.ladder.measurements.kernels_measurements import KernelsMeasurements
 from titan_core.measure.timing import TimingProtocol
-from onboard.rungs.kernels.compare import PRECISION_FIELDS, REFERENCE, applicable_kernels, compare_kernel, parse_flag
-from onboard.rungs.kernels.compare import step_peak
-from onboard.rungs.kernels.modes import mode_check
-from titan_core.config.swaps import SwapNotApplicable
+from onboard.rungs.kernels_rung.compare import PRECISION_FIELDS, REFERENCE, applicable_kernels, compare_kernel, parse_flag
+from onboard.rungs.kernels_rung.compare import step_peak
+from onboard.rungs.kernels_rung.modes import mode_check
+from titan_core.config.execution_modes import execution_mode
+from titan_core.models.common.swaps import SwapNotApplicable
 from titan_core.kernels import KernelRefusesModel
 from titan_core.runtime import devices
-from titan_core.training.model_builder import build_model_from_config
+from titan_core.models.model_builder import build_model_from_config
 
 RUNG = "kernels"
 CAPTURE_UNSAFE = {"moe": "loop"}
@@ -243,7 +243,8 @@ class Bench:
         device = devices.resolve_device(cfg.device.type, libtpu_init_flags=cfg.tpu.libtpu_init_flags)
         # a swap that would replace a port's own module (a custom attention core) does not apply
         builder = (lambda: build_model_from_config(cfg.model)[2]) if cfg.model.module_file else None
-        return cls(ctx, cfg, recipe_mode(gate_recipe.recipe(ctx)), device, gate_recipe.resolved_device_type(cfg.device.type),
+        return cls(ctx, cfg, execution_mode(gate_recipe.recipe(ctx)), device,
+                   gate_recipe.resolved_device_type(cfg.device.type),
                    builder, compare_shape(cfg.training.batch_size, cfg.training.seq_len), protocol(ctx.timing_profile))  # fmt: skip
 
     @property

@@ -11,8 +11,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from titan_core.models.flux.config import flux_config
-
 HEADS = 2
 """Attention heads of the twin: the width is 2 x head_dim (256 for FLUX.1)."""
 TEXT_WIDTH = 64
@@ -22,13 +20,16 @@ SAMPLE = {"latent_height": 8, "latent_width": 8, "text_len": 16}
 
 
 def derive_flux_twin(
-    cfg: dict[str, Any], adapter: Any, *, layers: int | None = None, width: int | None = None
+    cfg: dict[str, Any], adapter: Any, *, layers: int | None = None, width: int | None = None,
+    experts: int | None = None,
 ) -> tuple[dict[str, Any], list[tuple[str, Any, Any, str]]]:
     """(the twin's config, its rows: (key, full, twin, why)) of the diffusers config `cfg` as
-    `adapter` reads it (onboard/sizing/twin/derive.py makes the Twin). `layers`: total blocks (split
-    between the two kinds, both kept); `width` is refused (the width follows the heads here).
-    ValueError for a knob out of range."""
-    full = flux_config(adapter.args_from_hf(cfg)[0])
+    `adapter` reads it (FluxArgs; onboard/sizing/twin/derive.py makes the Twin). `layers`: total
+    blocks (split between the two kinds, both kept); `width` and `experts` are refused (the width
+    follows the heads here; FLUX has no experts). ValueError for a knob out of range."""
+    full = adapter.args_from_hf(cfg)[0]
+    if experts is not None:
+        raise ValueError("a FLUX model has no experts to halve")
     if width is not None:
         raise ValueError("--twin-width: a FLUX twin keeps head_dim and the RoPE axes, so its width is heads x head_dim")
     kinds = (full.n_double_layers > 0) + (full.n_single_layers > 0)

@@ -1,5 +1,5 @@
 """The tuning rung's batch search on its candidate runs (`BatchTrials`: the callbacks of
-`onboard.rungs.tuning.search.search`), and the Decisions the search took. Beside tuning/rung.py
+`onboard.rungs.tuning_rung.search.search`), and the Decisions the search took. Beside tuning_rung/rung.py
 to keep that module short. Not a rung (no RUNG).
 
 Each shape the search runs is classified against the starting batch on the same rows and timed
@@ -12,10 +12,10 @@ not, the starting batch holds again and those links say why.
 
 from __future__ import annotations
 
-from onboard.rungs.tuning.decisions import change_decision, keep_rule
+from onboard.rungs.tuning_rung.decisions import change_decision, keep_rule
 from titan_core.config.loader import with_keys
 from titan_core.memory.estimate import format_bytes
-from onboard.rungs.tuning.search import BatchShape, Probe
+from onboard.rungs.tuning_rung.search import BatchShape, Probe
 import torch
 
 
@@ -33,7 +33,7 @@ def batch_values(shape: BatchShape) -> dict:
 
 
 class BatchTrials:
-    """The batch search's callbacks (onboard.rungs.tuning.search.search) on the tuner's runs: each
+    """The batch search's callbacks (onboard.rungs.tuning_rung.search.search) on the tuner's runs: each
     shape probed, classified against the starting batch on the same rows, timed against the holder."""
 
     def __init__(self, tuner):

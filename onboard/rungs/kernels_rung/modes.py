@@ -18,12 +18,11 @@ from torch import nn
 
 from titan_core.compile import explain_blocks, graph_breaks_total
 from titan_core.compile.graph_trainer import CaptureError, find_host_syncs
+from titan_core.config.execution_modes import MODES
 from titan_core.config.sections import Kernels, Optimizer
-from onboard.rungs.kernels.compare import build_model_with, kernels_for, make_batch, parse_flag
+from onboard.rungs.kernels_rung.compare import build_model_with, kernels_for, make_batch, parse_flag
 from titan_core.models.common.args import TransformerArgs
 from titan_core.training.optim import build_optimizer
-
-MODES = ("eager", "compile", "graph_trainer")
 
 
 def _one_line(reason: str) -> str:

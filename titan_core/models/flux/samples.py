@@ -1,25 +1,39 @@
 """Synthetic rectified-flow samples for a flux model: no autoencoder, no text encoder.
 
-Row g is drawn from its own generator seeded by (seed, g) (the loader contract of base.py):
-clean packed latents and noise [image_tokens, in_channels], the timestep as the sigmoid of
-a standard normal (the logit-normal sampling FLUX-style training uses), text embeddings
-[text_len, joint_attention_dim], a pooled embedding and, for a guidance-distilled model, a
-guidance scale in [1, 5]. Every image token is a target (labels 0; -100 would drop one).
+Row g is drawn from its own generator seeded by (seed, g) (the loader contract of
+titan_core/data/base.py): clean packed latents and noise [image_tokens, in_channels], the
+timestep as the sigmoid of a standard normal (the logit-normal sampling FLUX-style training
+uses), text embeddings [text_len, joint_attention_dim], a pooled embedding and, for a
+guidance-distilled model, a guidance scale in [1, 5]. Every image token is a target (labels 0;
+-100 would drop one). `FluxArgs.own_samples` builds this loader, so the trainer asks the model's
+args for its samples and never names flux.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
 from titan_core.config.loader import ConfigError
 from titan_core.data.base import RowLoader, mix_seed
-from titan_core.models.flux.config import FluxConfig
+
+
+class SampleSizes(Protocol):
+    """The sizes a flow sample is drawn in (FluxArgs has them; args.py imports this module)."""
+
+    image_tokens: int
+    in_channels: int
+    text_len: int
+    joint_attention_dim: int
+    pooled_projection_dim: int
+    guidance_embeds: bool
+    latent_height: int
+    latent_width: int
 
 
 class FlowLoader(RowLoader):
-    def __init__(self, *, flux: FluxConfig, seed: int, **kw):
+    def __init__(self, *, flux: SampleSizes, seed: int, **kw):
         super().__init__(**kw)
         if self.seq_len != flux.image_tokens:
             raise ConfigError(

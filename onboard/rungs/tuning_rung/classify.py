@@ -32,8 +32,7 @@ class Step1:
         return cls(float(row["loss"]), float(row["grad_norm"]))
 
     def to_dict(self) -> dict:
-        return {"loss": self.loss, "loss_repr": repr(self.loss), "grad_norm": self.grad_norm,
-                "grad_norm_repr": repr(self.grad_norm)}  # fmt: skip
+        return {"loss": self.loss, "grad_norm": self.grad_norm}
 
 
 @dataclass(frozen=True)

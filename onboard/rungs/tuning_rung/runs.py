@@ -20,7 +20,7 @@ from typing import Any, Callable
 from onboard.rungs import train_run
 from onboard.ladder.contract import RungContext
 from titan_core.measure.timing import compare
-from onboard.rungs.tuning.classify import Step1
+from onboard.rungs.tuning_rung.classify import Step1
 from titan_core.runtime import devices, distributed
 
 SCHEDULED_STEPS = 10_000

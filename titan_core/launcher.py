@@ -94,8 +94,8 @@ def cpu_count() -> int:
 
 def check_nproc(nproc: int, device_type: str) -> list[str]:
     """Warnings about `nproc` on this machine; ConfigError when it cannot work at all."""
-    import torch  # import-time cost: the launcher is imported by entry points that may never need torch
-    from titan_core.runtime.devices import device_type as resolved  # import-time cost: as above
+    import torch  # lazy: the launcher is imported by entry points that may never need torch
+    from titan_core.runtime.devices import device_type as resolved  # lazy: torch, as above
 
     if nproc < 1:
         raise ConfigError(f"--nproc must be >= 1, got {nproc}")
@@ -351,8 +351,8 @@ def launch(argv: list[str], nproc: int, *, timeout_s: float | None = None) -> in
     check, an init its shards cannot reproduce) exits 2 too, with that rank's one `error:` line. Rank 0's
     output is echoed up to a traceback; every rank's output goes to `<metrics.output_dir>/logs/rank_<r>.log`.
     """
-    from titan_core.data.loader import check_data_paths  # import-time cost: torch loads only when a run starts
-    from titan_core.parallel import check_parallelism  # import-time cost: as above
+    from titan_core.data.loader import check_data_paths  # lazy: torch loads only when a run starts
+    from titan_core.parallel import check_parallelism  # lazy: torch, as above
 
     try:
         config, print_config, overrides = parse_argv(list(argv))
@@ -413,7 +413,7 @@ def run_world(cfg, nproc: int, *, timeout_s: float | None = None) -> WorldRun:
     see the same global batch. Raises ConfigError on bad
     input; a failed run comes back with `ok = False` and `launch.failure` saying why.
     """
-    from titan_core.parallel import check_parallelism  # import-time cost: torch loads only when a run starts
+    from titan_core.parallel import check_parallelism  # lazy: torch loads only when a run starts
 
     check_ranges(cfg)  # a config built in code: refused before its folder is made
     check_nproc(nproc, cfg.device.type)
@@ -422,7 +422,7 @@ def run_world(cfg, nproc: int, *, timeout_s: float | None = None) -> WorldRun:
     out.mkdir(parents=True, exist_ok=True)
     recipe = out / "world_recipe.toml"
     recipe.write_text(to_toml(cfg))
-    from titan_core.measure.metrics import file_stamp, read_metrics  # import-time cost: rich loads only for a run
+    from titan_core.measure.metrics import file_stamp, read_metrics  # lazy: rich loads only for a run
 
     metrics_path = out / "metrics.jsonl"
     before = file_stamp(metrics_path)

@@ -14,9 +14,10 @@ kept ends the step. The Graph Trainer's own memory policy decides for a captured
 from __future__ import annotations
 
 from titan_core.config.loader import with_keys
+from titan_core.config.execution_modes import execution_mode
 from titan_core.memory.estimate import format_bytes
 
-from onboard.rungs.tuning.search import BatchShape
+from onboard.rungs.tuning_rung.search import BatchShape
 
 STEP = "activation_checkpoint"
 MODES = ("selective", "full")
@@ -36,7 +37,7 @@ def try_checkpointing(tuner, batch: dict, *, fixed_global: bool, precision: str)
     """The step (module docstring) on tuning_rung's Tuner `tuner` (its holder, runs, classify, trial and notes):
     {tried, why, modes: {mode: {same_batch_class, peak_bytes, kept, why}}}."""
     out: dict = {"tried": False, "why": "", "modes": {}}
-    if tuner.cfg.graph_trainer.enable:
+    if execution_mode(tuner.cfg) == "graph_trainer":
         out["why"] = "the Graph Trainer's memory policy decides what a captured step saves"
     elif batch["stopped"] != "memory":
         out["why"] = f"memory did not end the batch search (it stopped on {batch['stopped']}): no batch to buy"

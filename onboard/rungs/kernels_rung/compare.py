@@ -2,13 +2,13 @@
 computes what the plain path computes (`compare_kernel`: loss, logits, every gradient), the peak
 memory of one step with it (`step_peak`), and a bare model's forward + backward with it timed
 against another choice (`measure_kernel`; the kernels rung times its keep decisions on the recipe's
-whole training steps instead, onboard/rungs/kernels/steps.py).
+whole training steps instead, onboard/rungs/kernels_rung/steps.py).
 
 Each flag is compared with the plain path of its field (REFERENCE): the model built twice from the
 same weights, once with the kernel's swap and once with the reference's. Errors are
 titan_core.measure.numerics' relative L2; timings go through titan_core.measure.timing. The float8
 flags (PRECISION_FIELDS) change the precision: `applicable_kernels` says where they run, and the
-rung judges them by their own bound against bf16 (onboard/rungs/kernels/float8.py), not here.
+rung judges them by their own bound against bf16 (onboard/rungs/kernels_rung/float8_check.py), not here.
 """
 
 from __future__ import annotations
@@ -24,17 +24,15 @@ from torch import nn
 
 from titan_core.config.loader import ConfigError
 from titan_core.config.sections import Kernels
-from titan_core.config.swaps import apply_swaps, registered_swaps, swap_applicability
+from titan_core.models.common.swaps import apply_swaps, registered_swaps, swap_applicability
 from titan_core.kernels.moe import grouped_mm_unsupported
 from titan_core.models.common.mapping_errors import KernelUnavailable
 from titan_core.kernels.swaps import DEFAULTS, swaps_for
 from titan_core.data.base import Batch
-from titan_core.data.flow import FlowLoader
 from titan_core.measure.numerics import grad_noise, grad_rel_l2, rel_l2, rounding_check, worst_unexcused
 from titan_core.measure.timing import Comparison, TimingProtocol, compare, timed
 from titan_core.memory.tensor_peak import TensorPeak
-from titan_core.models.common.args import TransformerArgs
-from titan_core.models.flux.config import flux_of_args
+from titan_core.models.common.args import ModelArgs
 from titan_core.models.registry import build_meta
 from titan_core.runtime import devices
 
@@ -42,7 +40,7 @@ from onboard.ladder.gates import comparison_line
 from onboard.upstream.hf_model import perturb_constants
 
 #: The plain path each kernel is compared with (float8's "none": the bf16 linears; a precision
-#: change, judged by its own bound instead of the fp32 comparison, onboard/rungs/kernels/float8.py).
+#: change, judged by its own bound instead of the fp32 comparison, onboard/rungs/kernels_rung/float8_check.py).
 REFERENCE = {"loss": "plain", "attention": "naive", "moe": "loop", "float8": "none"}
 #: Every kernel flag, in the order they are reported: within a field, simplest first.
 KERNEL_FLAGS = (
@@ -113,7 +111,7 @@ def _float8_unavailable(device: torch.device | str, recipe: str) -> str | None:
 
 
 def applicable_kernels(
-    args: TransformerArgs,
+    args: ModelArgs,
     *,
     device: torch.device | str = "cpu",
     dtype: torch.dtype = torch.float32,
@@ -134,10 +132,10 @@ def applicable_kernels(
     is_moe = args.n_experts > 0
     no_jax = _jax_unavailable(device_type)
     dense = "dense model: no MoE layers to run experts for"
-    flow = flux_of_args(args) is not None
+    kind = args.kind
     out: dict[str, str | None] = {
-        "kernels.loss=fused_ce": "a flow model's loss is the velocity's mean squared error: no cross-entropy head"
-        if flow
+        "kernels.loss=fused_ce": f"a {kind.name} model's loss has no cross-entropy head for fused_ce to replace"
+        if not kind.loss_head
         else None,
         "kernels.attention=sdpa": None,
         "kernels.attention=tokamax": no_jax,
@@ -147,8 +145,8 @@ def applicable_kernels(
         }.get(device_type),
         "kernels.attention=splash": f"splash is a TPU kernel; device is {device_type}"
         if device_type != "tpu"
-        else "splash masks causally always and this model's joint attention is bidirectional"
-        if flow
+        else f"splash masks causally always and a {kind.name} model's attention is bidirectional"
+        if not kind.causal
         else None,
         "kernels.moe=dense": dense if not is_moe else None,
         "kernels.moe=grouped_mm": dense
@@ -197,7 +195,7 @@ def _swap_names(kernels: Kernels, field_name: str | None = None) -> list[str]:
 
 
 def build_model_with(
-    family: str, args: TransformerArgs, kernels: Kernels, device, dtype, *, state=None, build_meta_model=None,
+    family: str, args: ModelArgs, kernels: Kernels, device, dtype, *, state=None, build_meta_model=None,
     field_name: str | None = None,
 ) -> nn.Module:  # fmt: skip
     """The model with `kernels`' swaps, initialised (seed 0) on `device` in `dtype`, or loaded
@@ -209,10 +207,10 @@ def build_model_with(
     apply_swaps(model, _swap_names(kernels, field_name))
     model.to_empty(device=device)
     model.init_weights(seed=0)  # also fills the non-persistent buffers (RoPE frequencies)
-    if state is None and flux_of_args(args) is not None:
-        # adaLN-Zero: zero modulation gates and output make every block the identity and the output 0
-        # whatever the attention computes, so a kernel compared there would agree vacuously; parity's
-        # draw of the constant tensors makes every path live
+    if state is None and args.kind.zero_output_at_init:
+        # (flux's adaLN-Zero) zero modulation gates and output make every block the identity and the
+        # output 0 whatever the attention computes, so a kernel compared there would agree vacuously;
+        # parity's draw of the constant tensors makes every path live
         perturb_constants(model, seed=0)
     if state is not None:
         model.load_state_dict(state, strict=True)  # also proves the swap kept the state dict
@@ -226,14 +224,14 @@ def kernels_for(field_name: str, choice: str, base: Kernels | None) -> Kernels:
     return Kernels(**kw)
 
 
-def make_batch(args: TransformerArgs, *, batch: int, seq_len: int, seed: int, device, packed: bool = True) -> Batch:
+def make_batch(args: ModelArgs, *, batch: int, seq_len: int, seed: int, device, packed: bool = True) -> Batch:
     """Random tokens, labels with a few ignored positions and, when packed, two documents per row;
-    for a flow model (flux) its synthetic samples at the model's own sample size."""
-    flux = flux_of_args(args)
-    if flux is not None:
-        loader = FlowLoader(flux=flux, seed=seed, batch_size=batch, seq_len=flux.image_tokens, dp_rank=0, dp_world=1,
-                            repeat_batch=True)  # fmt: skip
-        return loader.batch_at(0).to(device)
+    for a model that makes its own samples (`args.own_samples`: flux's flow samples) those, at the
+    model's own sample size when it has one."""
+    own = args.own_samples(seed=seed, batch_size=batch, seq_len=args.sample_spec().seq_len or seq_len,
+                           repeat_batch=True)  # fmt: skip
+    if own is not None:
+        return own.batch_at(0).to(device)
     gen = torch.Generator().manual_seed(seed)
     tokens = torch.randint(0, args.vocab_size, (batch, seq_len + 1), generator=gen)
     inputs, labels = tokens[:, :-1].clone(), tokens[:, 1:].clone()
@@ -247,10 +245,13 @@ def make_batch(args: TransformerArgs, *, batch: int, seq_len: int, seed: int, de
 
 def forward(model: nn.Module, b: Batch) -> torch.Tensor:
     """The model's output on a batch: a language model's logits, a flow model's predicted velocity
-    (at the clean latents: the output, not the loss, is what is compared)."""
-    if "noise" in b.inputs:
-        return model(b.tokens, **{k: v for k, v in b.inputs.items() if k != "noise"})
-    return model(b.tokens, segment_ids=b.segment_ids)
+    (at the clean latents: the output, not the loss, is what is compared). The inputs `forward`
+    takes are those its args' sample spec names (titan_core/models/common/kind.py)."""
+    spec = model.args.sample_spec()
+    kw = {k: b.inputs[k] for k in spec.forward_inputs}
+    if spec.packed:
+        kw["segment_ids"] = b.segment_ids
+    return model(b.tokens, **kw)
 
 
 @dataclass
@@ -301,7 +302,7 @@ class KernelComparison:
 
 def compare_kernel(
     family: str,
-    args: TransformerArgs,
+    args: ModelArgs,
     flag: str,
     *,
     batch: int = 2,
@@ -403,7 +404,7 @@ def jax_backed(kernels: Kernels) -> list[str]:
 
 
 def step_peak(
-    family: str, args: TransformerArgs, field_name: str, choice: str, *, batch: int = 2, seq_len: int = 64,
+    family: str, args: ModelArgs, field_name: str, choice: str, *, batch: int = 2, seq_len: int = 64,
     device: torch.device | str = "cpu", base: Kernels | None = None, packed: bool = True,
     build_meta_model: Callable[[], nn.Module] | None = None,
 ) -> tuple[int | None, str | None]:  # fmt: skip
@@ -424,7 +425,7 @@ def step_peak(
 
 def measure_kernel(
     family: str,
-    args: TransformerArgs,
+    args: ModelArgs,
     flag: str,
     *,
     against: str | None = None,

@@ -23,7 +23,7 @@ import torch
 from titan_core.config.hf_config import read_hf_config
 from titan_core.config.loader import ConfigError
 from titan_core.config.sections import Model as ModelConfig
-from titan_core.models.common.args import TransformerArgs
+from titan_core.models.common.args import ModelArgs
 from titan_core.models.common.hf_adapter import AdapterError
 from titan_core.models.common.protocol import TrainableModel, check_trainable
 from titan_core.models.registry import apply_model_overrides, build_meta, get_family, resolve_args
@@ -32,7 +32,7 @@ from titan_core.models.registry import apply_model_overrides, build_meta, get_fa
 ADAPTER_FUNCTIONS = ("from_hf", "to_hf", "args_from_hf")
 
 
-def resolve_model_args(cfg: ModelConfig) -> TransformerArgs:
+def resolve_model_args(cfg: ModelConfig) -> ModelArgs:
     """The recipe's architecture: its config.json through `model_adapter(cfg)`, else its flavor.
 
     An adapter's AdapterError (a config it cannot map) becomes a ConfigError naming the
@@ -46,12 +46,12 @@ def resolve_model_args(cfg: ModelConfig) -> TransformerArgs:
         raise ConfigError(f"{cfg.hf_config}: {e}") from None
 
 
-def args_from_hf_config(adapter: Any, hf_cfg: dict, overrides: dict | None = None) -> TransformerArgs:
+def args_from_hf_config(adapter: Any, hf_cfg: dict, overrides: dict | None = None) -> ModelArgs:
     """`adapter.args_from_hf(hf_cfg)`'s args with `overrides` applied (ConfigError for a bad
     override; whatever the adapter raises propagates, so a caller can tell the two apart)."""
     args, _ = adapter.args_from_hf(hf_cfg)
-    if not isinstance(args, TransformerArgs):
-        raise TypeError(f"args_from_hf returned {type(args).__name__}, not (TransformerArgs, used keys)")
+    if not isinstance(args, ModelArgs):
+        raise TypeError(f"args_from_hf returned {type(args).__name__}, not (ModelArgs: TransformerArgs, ..., used keys)")
     return apply_model_overrides(args, overrides)
 
 
@@ -107,7 +107,7 @@ def load_module_file(path: str | Path) -> ModuleType:
     return module
 
 
-def build_meta_model(cfg: ModelConfig, args: TransformerArgs) -> TrainableModel:
+def build_meta_model(cfg: ModelConfig, args: ModelArgs) -> TrainableModel:
     """The recipe's model class (the `module_file`'s `build_model`, else the family's) on meta.
 
     ConfigError naming the member when the model lacks one of `TrainableModel`'s (a port's
@@ -123,7 +123,7 @@ def build_meta_model(cfg: ModelConfig, args: TransformerArgs) -> TrainableModel:
     return model
 
 
-def build_model_from_config(cfg: ModelConfig) -> tuple[str, TransformerArgs, TrainableModel]:
+def build_model_from_config(cfg: ModelConfig) -> tuple[str, ModelArgs, TrainableModel]:
     args = resolve_model_args(cfg)
     return cfg.family, args, build_meta_model(cfg, args)
 

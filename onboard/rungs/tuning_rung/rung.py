@@ -6,7 +6,7 @@ order (never the eager gate's repeated batch, so two ways of splitting the same 
 micro-batches see the same tokens), in the optimisation handbook's order: the block sizes of the
 kernels the recipe kept (`ce_chunk` of fused_ce; attention and MoE expose none), the batch
 (tuning/search.py), activation checkpointing where memory ended the batch search (the batch it buys:
-tuning/checkpoint.py), the flags of this device kind (tuning/flags.py).
+tuning/recompute.py), the flags of this device kind (tuning/flags.py).
 
 Every change is classified on step 1 against the recipe it would change (tuning/classify.py;
 diverged is rejected untimed), then timed against it per token by the one timing protocol and
@@ -23,23 +23,23 @@ import math
 from typing import Any
 
 from onboard.rungs import gate_recipe, run_compare, timing_profiles, train_run
-from onboard.rungs.tuning import flags as flag_table
+from onboard.rungs.tuning_rung import flags as flag_table
 from onboard.ladder.contract import SHIPPED, RecipeEdit, RungContext, RungResult
-from onboard.rungs.execution_mode import recipe_mode
-from onboard.rungs.tuning.batch import BatchTrials, max_doublings
-from onboard.rungs.tuning.checkpoint import kept_not_exact, try_checkpointing
-from onboard.rungs.tuning.decisions import change_decision, keep_rule
+from onboard.rungs.tuning_rung.batch import BatchTrials, max_doublings
+from onboard.rungs.tuning_rung.recompute import kept_not_exact, try_checkpointing
+from onboard.rungs.tuning_rung.decisions import change_decision, keep_rule
 from onboard.ladder.measurements.training_measurements import TuningMeasurements
 from onboard.ladder.table import TUNING_KEYS
-from onboard.rungs.tuning.runs import Runs
+from onboard.rungs.tuning_rung.runs import Runs
 from titan_core.config.loader import get_key, load_toml, with_keys
+from titan_core.config.execution_modes import execution_mode, set_execution_mode
 from titan_core.measure.run_stats import not_whole
 from titan_core.measure.timing import TimingProtocol
 from titan_core.memory.estimate import format_bytes
-from titan_core.runtime.launcher import cpu_count
-from onboard.rungs.tuning.search import search
-from onboard.rungs.tuning.classify import classify, curve_check
-from onboard.rungs.tuning.profile import profile_steps
+from titan_core.launcher import cpu_count
+from onboard.rungs.tuning_rung.search import search
+from onboard.rungs.tuning_rung.classify import classify, curve_check
+from onboard.rungs.tuning_rung.profile import profile_steps
 from titan_core.memory.budget import device_budget
 import torch
 
@@ -69,8 +69,7 @@ def protocol(profile: str = SHIPPED) -> TimingProtocol:
 def tuning_config(ctx: RungContext):
     """The recipe as it trains, for the gate: its own execution mode, its data in order, output here."""
     cfg = gate_recipe.job_config(ctx)
-    mode = recipe_mode(gate_recipe.recipe(ctx))
-    cfg.compile.enable, cfg.graph_trainer.enable = mode == "compile", mode == "graph_trainer"
+    set_execution_mode(cfg, execution_mode(gate_recipe.recipe(ctx)))
     cfg.data.repeat_batch = False
     return cfg
 
@@ -332,11 +331,11 @@ def summarise(tuner: Tuner, final: dict, batch: dict, prof: dict) -> TuningMeasu
         "final_baseline_why": final["baseline_why"],
         "final_step1_loss_rel_err": cls["loss_rel"],
         "final_step1_grad_norm_rel_err": cls["grad_norm_rel"],
-        "final_step1_loss_repr": final["step1"]["loss_repr"],
-        "final_step1_grad_norm_repr": final["step1"]["grad_norm_repr"],
-        "untuned_step1_loss_repr": final["baseline_step1"]["loss_repr"],
-        "untuned_step1_grad_norm_repr": final["baseline_step1"]["grad_norm_repr"],
-        "step1_loss_repr": repr(final["rows"][0]["loss"]) if final["rows"] else None,
+        "final_step1_loss": final["step1"]["loss"],
+        "final_step1_grad_norm": final["step1"]["grad_norm"],
+        "untuned_step1_loss": final["baseline_step1"]["loss"],
+        "untuned_step1_grad_norm": final["baseline_step1"]["grad_norm"],
+        "step1_loss": final["rows"][0]["loss"] if final["rows"] else None,
         "final_run_whole": final["whole"],
         "final_steps_run": final["steps_run"],
         "batch_size": tuner.cfg.training.batch_size,
@@ -410,7 +409,7 @@ def run(ctx: RungContext) -> RungResult:
     m.proposed_recipe_edits = [f"{e.key}={e.value}" for e in edits]
     # what the final run had on top of the recipe as it was: the recipe as the engine leaves it on a pass
     m.flags = [f"--{e.key}={str(e.value).lower() if isinstance(e.value, bool) else e.value}" for e in edits]
-    m.execution_mode = recipe_mode(base)
+    m.execution_mode = execution_mode(base)
     for e in edits:
         ctx.log(f"tuning: recipe keeps {e.key} = {e.value!r} ({e.why}) if the gate passes")
     final.pop("rows")

@@ -22,8 +22,8 @@ from typing import Any
 
 from onboard.rungs import gate_recipe, train_run
 from onboard.ladder.contract import RungContext
-from onboard.rungs.execution_mode import recipe_mode
 from titan_core.config.loader import set_key
+from titan_core.config.execution_modes import execution_mode, set_execution_mode
 from titan_core.measure.timing import TimingProtocol, compare
 
 SCHEDULED_STEPS = 10_000
@@ -49,12 +49,11 @@ class WholeSteps:
         self.ctx = ctx
         self.proto = proto
         base = gate_recipe.job_config(ctx)
-        written = gate_recipe.recipe(ctx)
+        self.mode = execution_mode(gate_recipe.recipe(ctx))
         # job_config runs eager; a kernel is timed in the mode the recipe trains in
-        base.compile.enable, base.graph_trainer.enable = written.compile.enable, written.graph_trainer.enable
+        set_execution_mode(base, self.mode)
         base.training.steps = SCHEDULED_STEPS
         self.base = base
-        self.mode = recipe_mode(base)
         self.trainers: dict[tuple[str, str], Any] = {}
         self.built = 0
         """Trainers built so far (each builds the model once)."""

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from typing import Any, Iterator
 
 from titan_core.config.loader import get_key, with_keys
+from titan_core.config.execution_modes import execution_mode
 
 DEVICE_KINDS = ("cpu", "cuda", "tpu")
 
@@ -188,9 +189,10 @@ def flags_for(device: str, *, cores: int = 1) -> tuple[Flag, ...]:
 
 def compiles_with_inductor(cfg) -> bool:
     """Whether a run of `cfg` hands graphs to inductor (per-block compile or the Graph Trainer's)."""
-    if cfg.compile.enable:
+    mode = execution_mode(cfg)
+    if mode == "compile":
         return cfg.compile.backend == "inductor"
-    return cfg.graph_trainer.enable and cfg.graph_trainer.compile == "inductor"
+    return mode == "graph_trainer" and cfg.graph_trainer.compile == "inductor"
 
 
 def why_not(flag: Flag, cfg, *, device: str, world_size: int = 1) -> str | None:
@@ -202,7 +204,7 @@ def why_not(flag: Flag, cfg, *, device: str, world_size: int = 1) -> str | None:
         return f"a {flag.device} flag; this run is on {device}"
     if flag.never:
         return flag.never
-    if flag.needs == "graph_trainer" and not cfg.graph_trainer.enable:
+    if flag.needs == "graph_trainer" and execution_mode(cfg) != "graph_trainer":
         return "acts on the Graph Trainer's captured step; the recipe does not run the Graph Trainer"
     if flag.needs == "inductor" and not compiles_with_inductor(cfg):
         return "an inductor option; the recipe compiles nothing with inductor"
