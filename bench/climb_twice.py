@@ -14,8 +14,8 @@ keys, each with the decisions that explain it (or none); and the verdict.
     python bench/climb_twice.py --hf-config phi3_tiny.json --path transformers --dir /tmp/twice
     python bench/climb_twice.py --preset llama3/debugmodel --dir /tmp/twice [--timing quick]
 
-`summarize` and `compare` also judge two workspaces climbed some other way (the suite compares
-the demo's climb with a second `onboard demo --no-train`: tests/onboard/ladder/test_climb_twice.py).
+`summarize` and `compare` also judge two workspaces climbed some other way (the suite judges two
+climbs decided on recorded step times: tests/onboard/unit/test_decisions_twice.py).
 """
 
 from __future__ import annotations

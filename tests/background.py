@@ -1,7 +1,8 @@
 """The suite's whole-ladder climbs, run in the background from the start of the session.
 
-`onboard demo` (test_demo.py) and the port's climb (test_port_ladder.py, port_climb.py) are
-minutes of mostly one-thread work each, and the rest of the suite leaves a core idle for much of
+`onboard demo` (test_demo.py), the port's climb (test_port_ladder.py, port_climb.py) and the bf16
+recipe's climb over the rungs whose bounds depend on precision (test_bf16_ladder.py, bf16_climb.py)
+are minutes of mostly one-thread work each, and the rest of the suite leaves a core idle for much of
 its time. So tests/conftest.py starts a climb once the session's tests are collected (`start`,
 only for a job whose test is among them) and runs that test last; the test then waits for its
 climb (`wait`) under a load-aware hang guard and asserts on what it left on disk.
@@ -97,13 +98,6 @@ JOBS = {
         "tests/onboard/ladder/test_bf16_ladder.py::test_a_bf16_recipe_climbs_every_rung_judged_by_bf16s_bounds",
         "the bf16 recipe's climb (bf16_climb.py)",
         lambda base, shared: [sys.executable, LADDER_TESTS / "bf16_climb.py", base],
-        600,
-    ),
-    "twice": Job(
-        "tests/onboard/ladder/test_climb_twice.py::test_the_demo_model_climbed_twice_ends_with_the_same_levers_or_says_why",
-        "the demo's ladder climbed a second time (onboard demo --no-train)",
-        lambda base, shared: [Path(sys.executable).parent / "onboard", "demo", "--no-train", "--dir", base / "twice",
-                              "--timing", demo_timing(shared)],  # fmt: skip
         600,
     ),
     "demo": Job(

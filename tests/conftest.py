@@ -15,7 +15,7 @@ os.environ.setdefault("TITAN_CORE_CACHE_DIR", tempfile.mkdtemp(prefix="titan-cor
 os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", tempfile.mkdtemp(prefix="inductor-cache-"))
 
 
-# ---- the two whole-ladder climbs, in the background (tests/background.py) ----------------------
+# ---- the whole-ladder climbs, in the background (tests/background.py) ----------------------
 def _job_of(item) -> str | None:
     import background  # lazy: after the settings above, which the climbs' processes inherit
 

@@ -37,10 +37,11 @@ def climb(base: Path) -> Path:
     return root
 
 
-def climb_workspace(base: Path, name: str) -> None:
+def climb_workspace(base: Path, name: str, specs=None) -> None:
     """`next_step` with the quick timing profile until the ladder is complete or a step does not pass,
-    each outcome a JSON line of BASE/climb.jsonl (the background climbs' shared loop)."""
-    specs = default_specs()
+    each outcome a JSON line of BASE/climb.jsonl (the background climbs' shared loop); `specs`: the
+    rungs to climb (default: every built one)."""
+    specs = specs or default_specs()
     built = [s for s in specs if s.built]
     with (base / STEPS_FILE).open("w") as steps:
         for _ in range(3 * len(built)):

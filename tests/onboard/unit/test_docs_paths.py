@@ -77,3 +77,15 @@ def test_every_path_and_module_the_docs_name_exists(doc):
     text = (ROOT / doc).read_text()
     assert not missing_paths(text, tracked()), f"{doc} names files that do not exist"
     assert not missing_modules(text), f"{doc} names modules that do not exist"
+
+
+def test_design_lists_every_config_section_in_order():
+    """DESIGN section 6 names the trainer's config sections: JobConfig's fields, every one, in its order."""
+    from dataclasses import fields
+
+    from titan_core.config.sections import JobConfig
+
+    text = " ".join((ROOT / "docs/DESIGN.md").read_text().split())
+    listed = re.search(r"the fields of `JobConfig` \(titan_core/config/sections\.py\) in its order: ([\w, ]+);", text)
+    assert listed, "docs/DESIGN.md section 6 no longer lists the config sections"
+    assert [s.strip() for s in listed.group(1).split(",")] == [f.name for f in fields(JobConfig)]

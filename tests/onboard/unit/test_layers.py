@@ -145,6 +145,18 @@ def test_imports_point_down_the_layers_and_no_layers_form_a_cycle(package):
     assert not found, f"cycles between {package}'s layers: {found}"
 
 
+def test_no_module_imports_a_rung_runner():
+    """A rung's runner (the rung table's `runner`: `<rung>_rung.py`, `kernels_rung/rung.py`, `tuning_rung/rung.py`)
+    is reached by name only, imported by the engine's next-step (onboard/engine/next_step.py, `runner_of`): no
+    module of onboard or titan_core imports one (a helper inside a rung's package may be shared)."""
+    from onboard.ladder.table import TABLE
+
+    runners = {r.runner for r in TABLE.values() if r.runner}
+    assert runners, "the rung table names no runner"
+    importers = sorted(f"{m} -> {r}" for m, imported in import_graph().items() for r in imported & runners)
+    assert not importers, "modules importing a rung's runner:\n" + "\n".join(f"  {line}" for line in importers)
+
+
 @pytest.fixture
 def complete_ws(demo_ws):  # noqa: F811
     """The demo's ledger with its last rung too: tuning's entry from a real `onboard demo` climb
