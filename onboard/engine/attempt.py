@@ -7,6 +7,10 @@ folder's ledger.RUN_RECORD), judge (not_applicable only where the rung's declare
 the checklist; a passed gate's recipe edits are written then) and close (the entry replaces the
 placeholder). An interrupt records it interrupted, exit 128 + the signal, also where the rung took
 it for a failure of its own (a child process the same signal stopped); an OS error or a crash fails it.
+
+The ledger is written twice per attempt, each time a whole entry: the placeholder before the rung runs
+(`Ledger.add_placeholder`), and after it the entry the steps built as one value (`Ledger.commit`; for bad
+input `Ledger.withdraw`). Between the two the attempt reads the ledger only for its waivers.
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ import os
 import platform
 import shutil
 import traceback
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from importlib import metadata
 from pathlib import Path
 from types import ModuleType
@@ -154,31 +158,35 @@ class Failure:
 
 
 def run_attempt(run: AttemptInputs) -> StepOutcome:
-    """Run the current rung once and record the attempt (the module docstring's five steps)."""
-    entry, attempt_dir = _open(run)
+    """Run the current rung once and record the attempt (the module docstring's steps): the placeholder is
+    saved before the rung runs; after it, the entry is built as one value and committed once."""
+    placeholder, attempt_dir = _open(run)
     ctx = RungContext(workspace=run.ws, attempt_dir=attempt_dir, evidence=run.evidence, log=run.log,
-                     timing_profile=run.timing_profile)
+                      timing_profile=run.timing_profile)  # fmt: skip
     try:
         with signals_raise() as received:
-            outcome = _call_rung(run, entry, ctx)
+            outcome = _call_rung(run, placeholder, ctx)
     except (KeyboardInterrupt, Interrupted) as e:
-        return _interrupted(run, entry, interrupt_signal(e), type(e).__name__)
+        return _interrupted(run, placeholder, interrupt_signal(e), type(e).__name__)
     if received:  # the rung took the signal for a failure of its own (a child it stopped too): still interrupted
-        return _interrupted(run, entry, received[0], f"the rung ended on it as {_ended_as(outcome)}")
-    _end(entry)
+        return _interrupted(run, placeholder, received[0], f"the rung ended on it as {_ended_as(outcome)}")
+    entry = _ended(placeholder)
     if isinstance(outcome, RungResult):
-        outcome = _take(run, entry, outcome, attempt_dir, ctx.runs)
+        entry, outcome = _take(run, entry, outcome, attempt_dir, ctx.runs)
     if isinstance(outcome, RungResult) and outcome.not_applicable:
         failure = None
-        entry.status, entry.not_applicable_reason = Status.NOT_APPLICABLE, str(outcome.not_applicable)
+        entry = replace(entry, status=Status.NOT_APPLICABLE, not_applicable_reason=str(outcome.not_applicable))
         message = f"{run.rung} does not apply: {outcome.not_applicable}"
     else:
-        failure = _judge(run, entry, outcome, attempt_dir)
+        entry, failure = _judge(run, entry, outcome, attempt_dir)
         message = f"{run.rung} {entry.status} (attempt {entry.attempt})"
     return _close(run, entry, failure, message)
 
 
 # ---- the steps --------------------------------------------------------------------------------
+# Each step after the rung returns takes the entry so far and returns a new one (dataclasses.replace, its
+# dicts copied, never shared): the placeholder in the ledger stays as it was saved until `_close` commits
+# the whole entry in its place, so the ledger is written twice per attempt, each time a whole entry.
 def _open(run: AttemptInputs) -> tuple[Entry, Path]:
     """A fresh attempt folder and the `interrupted` placeholder, saved (an unwritable ledger raises, nothing left)."""
     attempt = run.ledger.next_attempt(run.rung)
@@ -187,7 +195,7 @@ def _open(run: AttemptInputs) -> tuple[Entry, Path]:
         shutil.rmtree(attempt_dir)  # left by an attempt that was withdrawn as bad input
     attempt_dir.mkdir(parents=True)
     run.log(f"{run.rung}: attempt {attempt}" + (f" (re-verifying: {run.rerun_reason})" if run.rerun_reason else ""))
-    entry = Entry(
+    placeholder = Entry(
         rung=run.rung,
         attempt=attempt,
         status=Status.INTERRUPTED,  # until the rung returns: a hard kill leaves this
@@ -199,26 +207,24 @@ def _open(run: AttemptInputs) -> tuple[Entry, Path]:
         model=run.ws.model_label(),  # the twin or the full model: every rung says which it ran
         rerun_reason=run.rerun_reason,
     )
-    run.ledger.append(entry)
     try:
-        run.ledger.save()
+        run.ledger.add_placeholder(placeholder)
     except OSError:
         # nothing could be recorded, so nothing ran: the CLI says why (a read-only
         # workspace is the input's fault, a full disk the machine's)
-        run.ledger.remove(run.rung, attempt)
         _remove_attempt_dir(run.ws, attempt_dir)
         raise
-    return entry, attempt_dir
+    return placeholder, attempt_dir
 
 
-def _call_rung(run: AttemptInputs, entry: Entry, ctx: RungContext) -> RungResult | Failure:
+def _call_rung(run: AttemptInputs, placeholder: Entry, ctx: RungContext) -> RungResult | Failure:
     """The rung's checked result, or the failure it ended in; bad input withdraws the attempt and raises."""
     try:
         return _check_result(run.module.run(ctx))
     except (BadInput, ConfigError) as e:
         # the recipe (or a file it names) is bad input, whichever rung found it: exit 2, nothing recorded
-        run.ledger.remove(run.rung, entry.attempt)
-        _record(run.ledger, f"{run.rung} attempt {entry.attempt} was withdrawn as bad input ({e})")
+        _record(run.ledger, f"{run.rung} attempt {placeholder.attempt} was withdrawn as bad input ({e})",
+                lambda: run.ledger.withdraw(run.rung, placeholder.attempt))  # fmt: skip
         _remove_attempt_dir(run.ws, ctx.attempt_dir)
         if isinstance(e, ConfigError):  # the loader names the recipe when the error is in it
             named = str(e).startswith(str(run.ws.recipe_path))
@@ -232,14 +238,12 @@ def _call_rung(run: AttemptInputs, entry: Entry, ctx: RungContext) -> RungResult
         return Failure(f"{type(e).__name__}: {e}", _write_error(run.ws, ctx.attempt_dir))
 
 
-def _interrupted(run: AttemptInputs, entry: Entry, signum: int, how: str) -> StepOutcome:
+def _interrupted(run: AttemptInputs, placeholder: Entry, signum: int, how: str) -> StepOutcome:
     """Record the attempt interrupted by `signum` (no gate result, whatever the rung measured); `how`:
     the exception it arrived as, or what the rung made of it."""
-    entry.status = Status.INTERRUPTED
-    entry.ended = now_iso()
-    entry.error = f"interrupted by {signal_name(signum)} ({how})"
-    run.ledger.replace(entry)
-    _record(run.ledger, f"{run.rung} attempt {entry.attempt} was interrupted")
+    entry = replace(placeholder, status=Status.INTERRUPTED, ended=now_iso(),
+                    error=f"interrupted by {signal_name(signum)} ({how})")  # fmt: skip
+    _record(run.ledger, f"{run.rung} attempt {entry.attempt} was interrupted", lambda: run.ledger.commit(entry))
     message = f"{run.rung} attempt {entry.attempt} interrupted by {signal_name(signum)}"
     return StepOutcome(run.ws.name, Status.INTERRUPTED, run.rung, entry.attempt, message=message, entry=entry,
                        signum=signum)  # fmt: skip
@@ -250,85 +254,93 @@ def _ended_as(outcome: "RungResult | Failure") -> str:
     return (outcome.error.splitlines() or ["a failure"])[0] if isinstance(outcome, Failure) else "a result"
 
 
-def _end(entry: Entry) -> None:
-    entry.ended = now_iso()
-    entry.duration_s = duration_of(entry.started, entry.ended)
+def _ended(placeholder: Entry) -> Entry:
+    ended = now_iso()
+    return replace(placeholder, ended=ended, duration_s=duration_of(placeholder.started, ended))
 
 
 def _take(run: AttemptInputs, entry: Entry, result: RungResult, attempt_dir: Path,
-          runs: list[dict]) -> RungResult | Failure:  # fmt: skip
-    """Record what the rung returned, with whether every gated run it recorded ran whole (`runs`: the
-    rung's `ctx.runs`); a failure where the files it read cannot be fingerprinted."""
+          runs: list[dict]) -> tuple[Entry, RungResult | Failure]:  # fmt: skip
+    """(the entry with what the rung returned, the result or the failure it comes to): the file hashes, the
+    rung's record serialised once (with whether every gated run it recorded ran whole, `runs`: the rung's
+    `ctx.runs`) and written to the attempt folder too; a failure where the files it read cannot be
+    fingerprinted or that record cannot be written."""
     try:
         files_read = run.ws.hashes(result.files_read)
     except OSError as e:
         error = f"the files the rung read cannot be fingerprinted: {type(e).__name__}: {e}"
-        return Failure(error, _write_error(run.ws, attempt_dir), os_error=True)
-    entry.command = result.command or run.base_command
-    entry.files_read = files_read
+        return entry, Failure(error, _write_error(run.ws, attempt_dir), os_error=True)
     settle_runs(result.measurements, runs)
-    entry.measurements = result.measurements.as_metrics()
     sealed = seal_runs(run.ws, runs, attempt_dir)  # each run's metrics file named, with its sha256: readers re-read it
     # the timing profile it decided with
-    entry.details = {**result.details, **timing_record(run.checklist, run.timing_profile)}
+    details = {**result.details, **timing_record(run.checklist, run.timing_profile)}
     if runs:
-        entry.details["gated_runs"] = shown_runs(sealed)
-    entry.environment["device"] = str(result.details.get("device", run.ws.device))
+        details["gated_runs"] = shown_runs(sealed)
+    entry = replace(
+        entry,
+        command=result.command or run.base_command,
+        files_read=files_read,
+        measurements=result.measurements.as_metrics(),  # the rung's record, serialised once
+        details=details,
+        environment={**entry.environment, "device": str(result.details.get("device", run.ws.device))},
+    )
     try:  # the attempt folder's own copy: a ledger entry without it is no evidence (evidence.check_entry)
         atomic_write_text(attempt_dir / RUN_RECORD, attempt_record_text(entry, sealed))
     except OSError as e:
         error = f"{RUN_RECORD} could not be written: {type(e).__name__}: {e}"
-        return Failure(error, _write_error(run.ws, attempt_dir), os_error=True)
+        return entry, Failure(error, _write_error(run.ws, attempt_dir), os_error=True)
     if result.not_applicable and (problem := not_applicable_problem(run.rung, run.not_applicable, run.ws)):
         # the rung's word alone is not enough: status re-checks the same rule later
         error = f"the rung returned not_applicable ({result.not_applicable}), but {problem}"
-        return Failure(error, _write_error(run.ws, attempt_dir, f"{error}\n"))
-    return result
+        return entry, Failure(error, _write_error(run.ws, attempt_dir, f"{error}\n"))
+    return entry, result
 
 
-def _judge(run: AttemptInputs, entry: Entry, outcome: RungResult | Failure, attempt_dir: Path) -> Failure | None:
-    """Evaluate the checklist and set passed / failed; a passed gate's recipe edits are written here."""
+def _judge(run: AttemptInputs, entry: Entry, outcome: RungResult | Failure,
+           attempt_dir: Path) -> tuple[Entry, Failure | None]:  # fmt: skip
+    """(the entry judged passed / failed, the failure or None): the checklist evaluated; a passed gate's
+    recipe edits are written here and recorded with the recipe's hash after them."""
     waivers = {c: w for (_, c), w in run.ledger.waivers(run.rung).items()}
-    entry.criteria = evaluate(run.checklist, entry.measurements, run.evidence, waivers)
+    criteria = evaluate(run.checklist, entry.measurements, run.evidence, waivers)
     failure = outcome if isinstance(outcome, Failure) else None
-    if failure is None and gate_passed(entry.criteria) and outcome.recipe_edits:
+    recipe_edit, files_read = None, entry.files_read
+    if failure is None and gate_passed(criteria) and outcome.recipe_edits:
         # only a passed gate edits the recipe; an edit that cannot be applied fails the attempt
-        failure = _apply_recipe_edits(run, entry, outcome.recipe_edits, attempt_dir)
-    passed = failure is None and gate_passed(entry.criteria)
-    entry.status = Status.PASSED if passed else Status.FAILED
-    if failure is not None:
-        entry.error = failure.entry_text()
-    return failure
+        recipe_edit, failure = _apply_recipe_edits(run, outcome.recipe_edits, attempt_dir)
+        if recipe_edit is not None:
+            # the rung's own evidence describes the edited recipe; an earlier rung reaches it through the
+            # recorded edit chain only if it reads none of the edited keys (`Workspace.changed_files`)
+            files_read = {**files_read, recipe_edit["file"]: recipe_edit["sha256_after"]}
+    passed = failure is None and gate_passed(criteria)
+    entry = replace(entry, criteria=criteria, status=Status.PASSED if passed else Status.FAILED,
+                    recipe_edit=recipe_edit, files_read=files_read,
+                    error=failure.entry_text() if failure is not None else None)  # fmt: skip
+    return entry, failure
 
 
-def _apply_recipe_edits(run: AttemptInputs, entry: Entry, edits: list[RecipeEdit], attempt_dir: Path) -> Failure | None:
-    """Write a passed rung's edits into recipe.toml and record them (hashes before and after) in its entry.
-
-    files_read gets the recipe's hash after the edit: the rung's own evidence describes the
-    edited recipe; an earlier rung reaches it through the recorded edit chain only if it
-    reads none of the edited keys (`Workspace.changed_files`), else it re-verifies.
-    """
+def _apply_recipe_edits(run: AttemptInputs, edits: list[RecipeEdit],
+                        attempt_dir: Path) -> tuple[dict | None, Failure | None]:  # fmt: skip
+    """Write a passed rung's edits into recipe.toml: (the entry's recipe_edit record: the file and its
+    hashes before and after, the edits; or None, and the failure where they could not be written)."""
     spec = TABLE.get(run.rung)
     foreign = [e.key for e in edits if spec is not None and not earns_key(spec, e.key)]
     if foreign:  # the table says what a rung may decide; a key outside it is a bug, not a decision
         error = (f"recipe edit refused, recipe.toml unchanged: the {run.rung} rung may write "
                  f"{', '.join(sorted(spec.earns)) or 'no recipe key'}, not {', '.join(foreign)}")  # fmt: skip
-        return Failure(error, _write_error(run.ws, attempt_dir, f"{error}\n"))
+        return None, Failure(error, _write_error(run.ws, attempt_dir, f"{error}\n"))
     try:
         record = apply_edits(run.ws.recipe_path, edits)
     except (RecipeEditError, OSError) as e:
         error = f"recipe edit failed, recipe.toml unchanged: {type(e).__name__}: {e}"
-        return Failure(error, _write_error(run.ws, attempt_dir, f"{error}\n"), os_error=isinstance(e, OSError))
-    key = run.ws.key_for(run.ws.recipe_path)
-    entry.recipe_edit = {"file": key, **record}
-    entry.files_read[key] = record["sha256_after"]
-    return None
+        return None, Failure(error, _write_error(run.ws, attempt_dir, f"{error}\n"), os_error=isinstance(e, OSError))
+    return {"file": run.ws.key_for(run.ws.recipe_path), **record}, None
 
 
 def _close(run: AttemptInputs, entry: Entry, failure: Failure | None, message: str) -> StepOutcome:
-    run.ledger.replace(entry)
+    """Commit the attempt's whole entry in its placeholder's place (the ledger's one write after the rung)."""
     what = f"{run.rung} attempt {entry.attempt}"
-    _record(run.ledger, f"{what} ended {entry.status}" + (f" ({failure.error})" if failure else ""))
+    _record(run.ledger, f"{what} ended {entry.status}" + (f" ({failure.error})" if failure else ""),
+            lambda: run.ledger.commit(entry))  # fmt: skip
     os_error = failure.error if failure is not None and failure.os_error else None
     if os_error:
         message = f"{what} failed on an OS error: {entry.error}; recorded in {run.ledger.path}"
@@ -380,11 +392,12 @@ def _write_error(ws: "Workspace", attempt_dir: Path, text: str | None = None) ->
     return ws.key_for(path)
 
 
-def _record(ledger: Ledger, what: str) -> None:
-    """Save the ledger; where the disk refuses, say what could not be recorded and what the
-    file still shows (the placeholder reads interrupted), as EnvironmentFailed (exit 1)."""
+def _record(ledger: Ledger, what: str, write: Callable[[], None]) -> None:
+    """The ledger's write after the rung (`write`: its commit or withdrawal); where the disk refuses, say
+    what could not be recorded and what the file still shows (the placeholder reads interrupted), as
+    EnvironmentFailed (exit 1)."""
     try:
-        ledger.save()
+        write()
     except OSError as e:
         raise EnvironmentFailed(
             f"{what}, but {ledger.path} could not be updated ({describe_os_error(e)[1]}); "

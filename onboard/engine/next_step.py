@@ -2,12 +2,13 @@
 
 The state of every rung (onboard/ladder/states.py) decides which rung is current; the attempt
 itself, from its placeholder to its judged entry, is onboard/engine/attempt.py. This is the one
-place that imports a rung's runner module (`RungSpec.load_module`).
+place that imports a rung's runner module (`runner_of`), by the name the rung table declares.
 """
 
 from __future__ import annotations
 
-from typing import Callable
+import importlib
+from typing import Any, Callable
 
 from onboard.engine.attempt import AttemptInputs, StepOutcome, run_attempt
 from onboard.ladder.contract import SHIPPED
@@ -17,6 +18,15 @@ from onboard.rungs.timing_profiles import check_profile
 from onboard.workspace.layout import Workspace
 from onboard.workspace.ledger import Ledger, Status
 from onboard.workspace.lock import WorkspaceLock
+
+
+def runner_of(spec: RungSpec) -> Any:
+    """The rung's runner, with its `run(ctx)`: a preloaded module-like object (tests' fakes), else the module
+    the rung table names (onboard/ladder/table.py), imported here, by name, when that rung is to run (it
+    imports torch and the rung's helpers); no other code imports a runner (tests/onboard/unit/test_layers.py)."""
+    if spec.module is None:
+        spec.module = importlib.import_module(spec.module_name)
+    return spec.module
 
 
 def next_step(
@@ -47,7 +57,7 @@ def next_step(
                 ledger=ledger,
                 rung=spec.name,
                 checklist=spec.load_checklist(),
-                module=spec.load_module(),
+                module=runner_of(spec),
                 rerun_reason=current.reason if rerun else None,
                 evidence=passed_evidence(states, spec.name),
                 log=log,

@@ -2,7 +2,10 @@
 
 A rung module (`onboard/rungs/<rung>_rung.py`, or `<rung>_rung/rung.py` for a rung with parts of its own)
 exposes `RUNG = "<rung>"` and `run(ctx: RungContext) ->
-RungResult`: it does the work and returns its declared `Measurements` and the `RecipeEdit`s it earned.
+RungResult`: it does the work and returns its declared `Measurements` and the `RecipeEdit`s it earned. The
+record is built once, at the end of `run`, by its constructor (`from_parts`: the parts its helpers measured,
+each a record of the same type, and the rest by keyword), so a misspelt or undeclared name fails where it is
+written; the engine serialises it once (`as_metrics`) into ladder.json and the attempt folder's record.
 It never decides pass or fail (the engine evaluates `checklists/<rung>.yaml`) and never writes ladder.json
 or recipe.toml (the engine applies the edits only when the gate passed, onboard.ladder.recipe_edit). Bad
 user input raises `onboard.errors.BadInput` (exit 2). What the ladder knows of a rung without running it
@@ -14,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Self
 
 from titan_core.measure.metrics import read_metrics
 from titan_core.measure.run_stats import not_whole
@@ -84,10 +87,32 @@ class Measurements(Mapping[str, Any]):
     """Base of each rung's declared measurements (onboard/ladder/measurements/): one field per metric,
     its meaning and unit in its docstring, default ABSENT; a checklist may judge only these.
 
-    Setting an undeclared name raises (on construction, `update` or attribute assignment), so a
-    misspelt metric fails in the rung that writes it. Reads go like the flat dict the ledger
-    stores (`m["graph_breaks"]`, `m.get(...)`), for code and tests written against that dict.
+    A rung builds its record once, by keyword (`from_parts`), so a misspelt or undeclared name fails at
+    construction (and under a type checker); setting an undeclared name by `update` or attribute
+    assignment raises too. Reads go like the flat dict the ledger stores (`m["graph_breaks"]`,
+    `m.get(...)`), for code and tests written against that dict.
     """
+
+    @classmethod
+    def from_parts(cls, *parts: "Measurements", **values: Any) -> Self:
+        """The record of `parts` (what a rung's helpers measured, each built by its own constructor as a
+        record of this type or one of its bases, so its names are this type's fields) and `values` (the
+        rest, by keyword). A field measured twice raises: each measurement comes from one place."""
+        merged: dict[str, Any] = {}
+        for part in parts:
+            if not isinstance(part, Measurements) or not issubclass(cls, type(part)):
+                raise TypeError(f"{cls.__name__} is not made of a {type(part).__name__}: a part is a record of "
+                                "it or of a base")  # fmt: skip
+            for f in fields(part):
+                value = getattr(part, f.name)
+                if value is ABSENT or (f.metadata.get("flattened") and not value):
+                    continue  # not measured by this part
+                if f.name in merged:
+                    raise TypeError(f"{cls.__name__}: {f.name} measured by two parts")
+                merged[f.name] = value
+        if twice := sorted(merged.keys() & values.keys()):
+            raise TypeError(f"{cls.__name__}: {', '.join(twice)} measured by a part and given again")
+        return cls(**merged, **values)
 
     @classmethod
     def declared(cls) -> frozenset[str]:
@@ -106,7 +131,8 @@ class Measurements(Mapping[str, Any]):
         return out
 
     def update(self, values: Mapping[str, Any] | None = None, /, **more: Any) -> None:
-        """Set measurements by name (a helper's dict of them, or keywords); an undeclared name raises."""
+        """Set measurements by name; an undeclared name raises. For tests and by-hand records: a rung
+        builds its record once (`from_parts`) instead of filling one by names."""
         for name, value in {**(values or {}), **more}.items():
             setattr(self, name, value)
 
@@ -128,8 +154,9 @@ class Measurements(Mapping[str, Any]):
 @dataclass
 class RungResult:
     measurements: Measurements
-    """The rung's declared measurements (its Measurements subclass); floats as they are (the ledger's JSON
-    keeps each one exactly). The engine evaluates the checklist on, and records, `as_metrics()`."""
+    """The record the rung's run built (its Measurements subclass, the rung table's `measurements`); floats as
+    they are (the ledger's JSON keeps each one exactly). The engine serialises it once, `as_metrics()`, and
+    evaluates the checklist on and records that."""
     files_read: list[Path]
     """Files whose hashes make this rung stale when they change (workspace-relative or absolute)."""
     command: str
@@ -223,4 +250,5 @@ def settle_runs(measurements: Measurements, runs: list[dict]) -> None:
     """Set a training rung's `GatedRuns` measurements from the runs it recorded (the engine, after the rung returns)."""
     if runs and isinstance(measurements, GatedRuns):
         broken = [f"{r['run']}: {r['problem']}" for r in runs if r["problem"]]
-        measurements.update(runs_whole=not broken, runs_recorded=len(runs), runs_not_whole=broken)
+        # the engine's three fields of the rung's record, before it is serialised (by attribute: declared names)
+        measurements.runs_whole, measurements.runs_recorded, measurements.runs_not_whole = not broken, len(runs), broken

@@ -1,14 +1,13 @@
 """The rung table: each rung of DESIGN section 1 as the ladder knows it without running it.
 
 A rung's declaration (`Rung`) is everything `status`, `list`, `recipe` and `report` ask of it; its
-module under onboard/rungs/ only runs it, and only the engine imports that module (`RungSpec`), so
-a reading command loads no rung and no torch. Tests pass a module-like fake as the runner: such a
+runner module under onboard/rungs/ only runs it, and only the engine imports that module, by the name
+declared here (onboard/engine/next_step.py, `runner_of`), so a reading command loads no rung and no torch. Tests pass a module-like fake as the runner: such a
 fake is its own declaration (its `reads_recipe_key`, `not_applicable`, `evidence_problem`, if any).
 """
 
 from __future__ import annotations
 
-import importlib
 import importlib.util
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -132,7 +131,7 @@ def earns_key(rung: Rung, key: str) -> bool:
 # ---- how the ladder reaches a rung --------------------------------------------------------------
 @dataclass
 class RungSpec:
-    """How the ladder reaches one rung: its declaration, its runner (imported lazily) and its checklist."""
+    """How the ladder reaches one rung: its declaration, its runner's name (the engine imports it) and its checklist."""
 
     name: str
     module_name: str | None
@@ -152,12 +151,6 @@ class RungSpec:
         if self.module_name is None and self.module is not None:
             return Rung.of_module(self.name, self.module)
         return TABLE[self.name]
-
-    def load_module(self):
-        """The runner: `next-step` alone needs it (it imports torch and the rung's helpers)."""
-        if self.module is None:
-            self.module = importlib.import_module(self.module_name)
-        return self.module
 
     def reads_recipe_key(self):
         """The rung's `reads_recipe_key(key)`, or None: it reads every key."""

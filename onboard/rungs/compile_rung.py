@@ -5,12 +5,15 @@ The rung trains the workspace recipe for the checklist's `steps` on the same rep
 per-block `torch.compile` (the recipe's `compile.backend`), then asks dynamo, block by block on the
 inputs each block really received, how many graphs it made and why it broke
 (`titan_core.compile.explain_blocks`); its step-1 loss is compared with the eager rung's evidence in
-the recipe's own precision, its speed set beside eager's (CompileMeasurements). A MoE recipe with
-the reference loop experts runs with `kernels.moe = "dense"` (mode_recipe.DENSE_WHY).
+the recipe's own precision, its speed set beside eager's. A MoE recipe with the reference loop
+experts runs with `kernels.moe = "dense"` (mode_recipe.DENSE_WHY).
+
+Its gate is checklists/compile.yaml; what it measures is CompileMeasurements
+(onboard/ladder/measurements/training_measurements.py), built once at the end of `run` from the graph
+breaks' part (`break_report`) and the run's (`measure_run`).
 """
 
 from __future__ import annotations
-
 
 from onboard.rungs import run_compare, gate_recipe, mode_recipe, train_run
 from onboard.ladder.measurements.training_measurements import CompileMeasurements
@@ -23,18 +26,18 @@ import torch
 RUNG = "compile"
 
 
-def break_report(report: dict) -> tuple[dict, dict]:
-    """(measurements, details) from explain_blocks' per-module report."""
+def break_report(report: dict) -> tuple[CompileMeasurements, dict]:
+    """(the record's graph-break part, details) from explain_blocks' per-module report."""
     blocks = {p: b for p, b in report.items() if p.startswith("layers.")}
     first = next((b for b in report.values() if b.breaks), None)
-    m = {
-        "graph_breaks": sum(b.breaks for b in report.values()),
-        "graph_breaks_in_blocks": sum(b.breaks for b in blocks.values()),
-        "graph_breaks_in_loss_head": sum(b.breaks for p, b in report.items() if p == "loss_head"),
-        "modules_compiled": len(report),
-        "modules_with_breaks": [p for p, b in report.items() if b.breaks],
-        "first_break": f"{first.path}: {first.reasons[0]}" if first and first.reasons else None,
-    }
+    m = CompileMeasurements(
+        graph_breaks=sum(b.breaks for b in report.values()),
+        graph_breaks_in_blocks=sum(b.breaks for b in blocks.values()),
+        graph_breaks_in_loss_head=sum(b.breaks for p, b in report.items() if p == "loss_head"),
+        modules_compiled=len(report),
+        modules_with_breaks=[p for p, b in report.items() if b.breaks],
+        first_break=f"{first.path}: {first.reasons[0]}" if first and first.reasons else None,
+    )
     details = {p: {"graphs": b.graphs, "breaks": b.breaks, "reasons": b.reasons} for p, b in report.items()}
     return m, details
 
@@ -61,12 +64,12 @@ def run(ctx: RungContext) -> RungResult:
     trainer, result, compile_s = train_compiled(ctx, cfg)
     ctx.log(f"compile: trained, {compile_s:.1f} s compiling; counting graph breaks per block (torch._dynamo.explain)")
     breaks, per_module = break_report(explain(trainer))
-    m = CompileMeasurements(
-        **breaks, backend=cfg.compile.backend, fullgraph=cfg.compile.fullgraph, compile_time_s=compile_s,
+    m = CompileMeasurements.from_parts(
+        breaks, measure_run(ctx, result.metrics),
+        backend=cfg.compile.backend, fullgraph=cfg.compile.fullgraph, compile_time_s=compile_s,
         precision=gate_recipe.precision(cfg.training),
         moe_experts=moe or (cfg.kernels.moe if args.n_experts else None), moe_why=moe_why, flags=" ".join(flags),
     )  # fmt: skip
-    measure_run(m, ctx, result.metrics)
     ctx.log(
         f"compile: {m.graph_breaks} graph breaks in {m.modules_compiled} compiled modules; step-1 loss rel "
         f"{m.step1_loss_rel_err:.2e} vs eager; beside eager's run, {m.vs_eager_context}"
@@ -98,10 +101,12 @@ def explain(trainer) -> dict:
         return explain_blocks(trainer.model, next(trainer.data))
 
 
-def measure_run(m: CompileMeasurements, ctx: RungContext, rows: list[dict]) -> None:
-    """The compiled run's losses against the eager evidence, and its speed beside eager's."""
+def measure_run(ctx: RungContext, rows: list[dict]) -> CompileMeasurements:
+    """The record's run part: the compiled run's losses against the eager evidence, and its speed beside eager's."""
     loss1, eager_loss1 = rows[0]["loss"], run_compare.eager_step1_loss(ctx)
-    m.update(
+    steady = run_compare.steady(rows)
+    return CompileMeasurements.from_parts(
+        steady, run_compare.beside_eager(steady, ctx.evidence),
         steps_run=len(rows),
         step1_loss=loss1,
         baseline_step1_loss=eager_loss1,
@@ -109,6 +114,4 @@ def measure_run(m: CompileMeasurements, ctx: RungContext, rows: list[dict]) -> N
         # rounding differences compound over the steps: shown, not judged
         last_loss_rel_vs_eager=last_loss_rel(rows, ctx.evidence.get("eager") or {}),
         first_step_time_s=rows[0]["step_time_s"],
-        **run_compare.run_stats(rows),
     )
-    run_compare.beside_eager(m, ctx.evidence)

@@ -19,7 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from onboard.rungs import gate_recipe
-from onboard.ladder.contract import RungContext
+from onboard.ladder.contract import ABSENT, RungContext
+from onboard.ladder.measurements.training_measurements import EagerMeasurements
 from onboard.parity.check import _upstream_aux
 from onboard.upstream.hf_model import build_upstream
 from titan_core.config import ConfigError
@@ -107,18 +108,20 @@ def transformers_loss(cfg, args) -> tuple[float, dict[str, Any]]:
     return loss, how
 
 
-def step1_vs_transformers(ctx: RungContext, cfg, args, measurements) -> tuple[dict[str, Any], dict[str, Any]]:
-    """(measurements, details) of the comparison (module docstring); `measurements` are the eager
-    rung's so far (step 1, and a bf16 recipe's fp32 step)."""
+def step1_vs_transformers(ctx: RungContext, cfg, args, *, step1_loss: float,
+                          rounding: EagerMeasurements) -> tuple[EagerMeasurements, dict]:  # fmt: skip
+    """(the eager record's step1_loss_* part, details) of the comparison (module docstring). `step1_loss`: the
+    recipe's step 1; `rounding`: a bf16 recipe's fp32 step (the rung's `bf16_rounding` part; without its
+    fp32_step1_loss the bf16 run was not finite), whose loss is the one compared, in fp32. Where
+    transformers' loss was computed it is also what step 1 should be (`checked_expected`)."""
     if not cfg.checkpoint.initial_hf:
-        return {"step1_loss_reference": NOT_GIVEN, "step1_loss_vs_transformers_rel_err": 0.0}, {}
+        return EagerMeasurements(step1_loss_reference=NOT_GIVEN, step1_loss_vs_transformers_rel_err=0.0), {}
 
-    bf16 = measurements.get("precision") == "bf16"
-    if bf16:
-        ours = measurements.get("fp32_step1_loss", math.nan)  # absent: the bf16 run itself was not finite
+    if gate_recipe.precision(cfg.training) == "bf16":
+        ours = rounding.fp32_step1_loss if rounding.fp32_step1_loss is not ABSENT else math.nan
         ours_from = "the fp32 step 1 of this bf16 recipe (same weights and batch; bf16_rounding)"
     else:
-        ours, ours_from = measurements["step1_loss"], "the recipe's step 1"
+        ours, ours_from = step1_loss, "the recipe's step 1"
     bound = gate_recipe.bound("eager", CRITERION, "fp32", {})
     detail: dict[str, Any] = {"ours": ours, "ours_from": ours_from, "precision": "fp32", "bound": bound}
     ctx.log(f"eager: the run starts from {cfg.checkpoint.initial_hf}; transformers reads the same checkpoint")
@@ -134,25 +137,30 @@ def step1_vs_transformers(ctx: RungContext, cfg, args, measurements) -> tuple[di
             why = str(e)
     err = rel(ours, theirs)  # NaN on either side: inf, a failure
     detail.update(transformers=theirs, rel_err=err)
-    m: dict[str, Any] = {
-        "step1_loss_reference": (
-            f"transformers' loss of checkpoint.initial_hf ({cfg.checkpoint.initial_hf}) on the same batch"
-        ),
-        "step1_loss_vs_transformers_rel_err": err,
-        "step1_loss_compared": ours,
-        "step1_loss_transformers": theirs,
-    }
     if why:
         detail["why_not_compared"] = why
         ctx.log(f"eager: transformers' loss of the checkpoint could not be computed: {why}")
-    elif math.isfinite(theirs):
-        # a trained checkpoint does not predict uniformly: what step 1 should be is transformers' loss of it
-        m.update(
-            expected_step1_loss=theirs,
-            expected_step1_loss_is="transformers' loss of checkpoint.initial_hf on the same batch",
-            step1_loss_rel_to_expected=rel(measurements["step1_loss"], theirs),
-        )
     verdict = "within" if err <= bound else "NOT within"
     ctx.log(f"eager: step-1 loss from the checkpoint: ours {ours!r} ({ours_from}), transformers {theirs!r}: "
             f"relative error {err:.2e}, {verdict} the fp32 bound {bound:.0e}")  # fmt: skip
+    m = EagerMeasurements(
+        step1_loss_reference=(
+            f"transformers' loss of checkpoint.initial_hf ({cfg.checkpoint.initial_hf}) on the same batch"
+        ),
+        step1_loss_vs_transformers_rel_err=err,
+        step1_loss_compared=ours,
+        step1_loss_transformers=theirs,
+    )
     return m, {"step1_vs_transformers": detail}
+
+
+EXPECTED_IS = "transformers' loss of checkpoint.initial_hf on the same batch"
+"""expected_step1_loss_is of a run from a checkpoint transformers scored: a trained checkpoint does not
+predict uniformly, so what its step 1 should be is transformers' loss of it (`checked_expected`)."""
+
+
+def checked_expected(m: EagerMeasurements) -> float | None:
+    """transformers' step-1 loss of the checkpoint where it was computed (finite), from the part
+    `step1_vs_transformers` returned; None: the model's own initial loss stands."""
+    theirs = m.step1_loss_transformers
+    return theirs if isinstance(theirs, float) and math.isfinite(theirs) else None

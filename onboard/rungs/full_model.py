@@ -16,7 +16,8 @@ meta device, so no byte of it is allocated:
   alone (onboard/upstream/weights_headers.py), against the model on meta.
 
 Counts of problems are what the checklist judges (0 each); a checkpoint not given has none to find,
-and the measurements say it was not given.
+and the measurements say it was not given. `probe` returns the full_model_* part of the eager rung's
+record (EagerMeasurements), built by keyword.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ import torch
 from onboard.parity.diffusion import diffusers_model
 from onboard.upstream.hf_model import UpstreamError, causal_lm, hf_config_object
 from onboard.ladder.contract import RungContext
+from onboard.ladder.measurements.training_measurements import EagerMeasurements
 from onboard.upstream.weights_headers import check_checkpoint_headers
 from titan_core.config.hf_config import read_hf_config
 from titan_core.models.common.param_counts import count_params
@@ -98,8 +100,9 @@ def _upstream_layout(hf_cfg: dict, upstream: str) -> tuple[Layout | None, str]:
     return _layout(model.state_dict(keep_vars=True)), f"the upstream {type(model).__name__} built on meta"
 
 
-def probe(ctx: RungContext, cfg) -> tuple[dict[str, Any], dict[str, Any]]:
-    """(measurements, details) of the full model of the workspace's config.json (module docstring)."""
+def probe(ctx: RungContext, cfg) -> tuple[EagerMeasurements, dict[str, Any]]:
+    """(the full_model_* part of the eager record, details) of the full model of the workspace's config.json
+    (module docstring)."""
     ws = ctx.workspace
     full_cfg = copy.deepcopy(cfg.model)
     if ws.hf_config_path is not None:
@@ -108,7 +111,6 @@ def probe(ctx: RungContext, cfg) -> tuple[dict[str, Any], dict[str, Any]]:
     # model the rungs train, not the full model; a port's `extra` fields are kept (its model.py reads them)
     ignored = {k: v for k, v in full_cfg.overrides.items() if k != "extra"}
     full_cfg.overrides = {k: v for k, v in full_cfg.overrides.items() if k == "extra"}
-    m: dict[str, Any] = {"full_model_built_on_meta": False, "full_model_runs_as": ws.model_label()}
     details: dict[str, Any] = {"config": ws.key_for(ws.hf_config_path) if ws.hf_config_path else "the recipe's flavor"}
     if ignored:
         details["overrides_not_applied"] = ignored
@@ -121,19 +123,12 @@ def probe(ctx: RungContext, cfg) -> tuple[dict[str, Any], dict[str, Any]]:
     except Exception as e:  # the workspace's adapter or model.py raised: the gate fails and names it
         details["error"] = f"{type(e).__name__}: {e}"
         ctx.log(f"eager: the full model does not build on meta: {details['error']}")
-        return m, {"full_model": details}
+        return EagerMeasurements(full_model_built_on_meta=False, full_model_runs_as=ws.model_label()), {
+            "full_model": details}
     counts = count_params(model)
     # a model whose samples have a size of their own (flux: its full-size image) is counted at it,
     # not at the recipe's (the twin's) seq_len
     sample_len = args.sample_spec().seq_len
-    m.update(
-        full_model_built_on_meta=True,
-        full_model_params_total=counts.total,
-        full_model_params_active=counts.active,
-        # a model that counts its own (flux: per image token of its full-size sample) knows better
-        full_model_flops_per_token=model_flops_per_token(model, cfg.training.seq_len),
-        full_model_seq_len=sample_len or cfg.training.seq_len,
-    )
     if ws.twin_path is not None:
         theirs, why = _upstream_layout(_full_hf_config(ws, adapter, args), args.kind.upstream)
         why = why if theirs is not None else f"no upstream class: {why}"
@@ -148,14 +143,25 @@ def probe(ctx: RungContext, cfg) -> tuple[dict[str, Any], dict[str, Any]]:
     else:
         reference = why
         mismatches = _diff(_layout(hf), theirs, "upstream")
-    m.update(full_model_key_mismatches=len(mismatches), full_model_keys_reference=reference,
-             full_model_tensors=len(hf))  # fmt: skip
     details["key_mismatches"] = mismatches[:LIST_CAP]
-    m.update(_checkpoint(ws, model, adapter, details))
+    checkpoint = _checkpoint(ws, model, adapter, details)
+    m = EagerMeasurements.from_parts(
+        checkpoint,
+        full_model_built_on_meta=True,
+        full_model_runs_as=ws.model_label(),
+        full_model_params_total=counts.total,
+        full_model_params_active=counts.active,
+        # a model that counts its own (flux: per image token of its full-size sample) knows better
+        full_model_flops_per_token=model_flops_per_token(model, cfg.training.seq_len),
+        full_model_seq_len=sample_len or cfg.training.seq_len,
+        full_model_key_mismatches=len(mismatches),
+        full_model_keys_reference=reference,
+        full_model_tensors=len(hf),
+    )
     ctx.log(
         f"eager: full model on meta: {counts.total:,} parameters ({counts.active:,} active per token), "
         f"{len(hf)} tensors, {len(mismatches)} name/shape mismatches against {reference}; "
-        f"checkpoint: {m['full_model_checkpoint']}"
+        f"checkpoint: {m.full_model_checkpoint}"
     )
     return m, {"full_model": details}
 
@@ -189,28 +195,31 @@ def _full_hf_config(ws, adapter, args) -> dict:
     return adapter.hf_config(args)
 
 
-def _checkpoint(ws, model, adapter, details: dict) -> dict[str, Any]:
-    """The header check of the --weights checkpoint against the full model; 0 problems without one."""
+def _checkpoint(ws, model, adapter, details: dict) -> EagerMeasurements:
+    """The full_model_checkpoint_* part: the header check of the --weights checkpoint against the full
+    model; 0 problems without one."""
     if ws.weights_dir is None:
-        return {"full_model_checkpoint": "no --weights given", "full_model_checkpoint_problems": 0}
+        return EagerMeasurements(full_model_checkpoint="no --weights given", full_model_checkpoint_problems=0)
 
     try:
         report = check_checkpoint_headers(ws.weights_dir, model, adapter)
     except UpstreamError as e:  # a folder that holds no checkpoint: one problem, named
         details["checkpoint"] = {"error": str(e)}
-        return {"full_model_checkpoint": str(e), "full_model_checkpoint_problems": 1}
+        return EagerMeasurements(full_model_checkpoint=str(e), full_model_checkpoint_problems=1)
     kinds = ("missing", "extra", "wrong_shape", "wrong_dtype", "problems")
     found = report.to_dict()
     for kind in kinds:
         found[kind] = found[kind][:LIST_CAP]  # the counts are in the measurements
     details["checkpoint"] = found
-    return {
-        "full_model_checkpoint": report.summary(),
-        "full_model_checkpoint_problems": sum(len(getattr(report, k)) for k in kinds),
-        # one count per kind; "problems" (file and index integrity) as file_problems, not to shadow the total
-        **{
-            f"full_model_checkpoint_{'file_problems' if k == 'problems' else k}": len(getattr(report, k)) for k in kinds
-        },
-        "full_model_checkpoint_bytes_read": report.bytes_read,
-        "full_model_checkpoint_bytes_declared": report.data_bytes,
-    }
+    return EagerMeasurements(
+        full_model_checkpoint=report.summary(),
+        full_model_checkpoint_problems=sum(len(getattr(report, k)) for k in kinds),
+        full_model_checkpoint_missing=len(report.missing),
+        full_model_checkpoint_extra=len(report.extra),
+        full_model_checkpoint_wrong_shape=len(report.wrong_shape),
+        full_model_checkpoint_wrong_dtype=len(report.wrong_dtype),
+        # the report's "problems" (file and index integrity), named so as not to shadow the total
+        full_model_checkpoint_file_problems=len(report.problems),
+        full_model_checkpoint_bytes_read=report.bytes_read,
+        full_model_checkpoint_bytes_declared=report.data_bytes,
+    )

@@ -163,6 +163,17 @@ def model_args(cfg):
     return resolve_model_args(cfg.model)
 
 
+def world_size(device_type: str) -> int:
+    """W, the processes of the simple_fsdp rung's sharded runs: params.cpu_world (2) on CPU; every local
+    device on an accelerator. Shared: the fit (onboard/sizing/fit.py) sizes those runs by it."""
+    device_type = resolved_device_type(device_type)
+    if device_type == "cpu":
+        return param("simple_fsdp", "cpu_world")
+    backend = getattr(torch, device_type, None)
+    count = backend.device_count() if backend is not None and hasattr(backend, "device_count") else 1
+    return max(1, int(count))
+
+
 def precision(training) -> str:
     """"fp32" or "bf16": the precision the recipe's runs compute in, which picks the bound of every
     criterion that compares two of its runs (onboard.ladder.gates, per-precision thresholds). bf16 as

@@ -14,6 +14,10 @@ eager's arithmetic when it runs uncompiled (DESIGN sections 1, 5 and 6). Four pa
 
 A MoE recipe with the reference loop experts runs with `kernels.moe = "dense"` (see
 mode_recipe.DENSE_WHY), in the eager and the captured run alike.
+
+Its gate is checklists/graph_trainer.yaml; what it measures is GraphTrainerMeasurements
+(onboard/ladder/measurements/training_measurements.py): each part returns its own fields of that
+record, built by keyword, and `run` builds the record once from them.
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ from typing import Any
 
 from onboard.rungs import execution_mode, gate_recipe, mode_recipe, run_compare, train_run
 from onboard.ladder.measurements.training_measurements import GraphTrainerMeasurements
-from onboard.ladder.contract import RecipeEdit, RungContext, RungResult
+from onboard.ladder.contract import ABSENT, RecipeEdit, RungContext, RungResult
 from titan_core.measure.numerics import rel, rel_l2
 from titan_core.parallel import local_tensor as _local
 import torch
@@ -67,32 +71,41 @@ def run(ctx: RungContext) -> RungResult:
     args = gate_recipe.model_args(base)
     moe, moe_why = mode_recipe.capture_moe(base, args)
     plan = Plan(ctx, base, moe)
-    m = GraphTrainerMeasurements(moe_experts=moe or (base.kernels.moe if args.n_experts else None), moe_why=moe_why,
-                                 flags=" ".join(plan.flags), precision=gate_recipe.precision(base.training))  # fmt: skip
+    precision = gate_recipe.precision(base.training)
+    own = GraphTrainerMeasurements(moe_experts=moe or (base.kernels.moe if args.n_experts else None), moe_why=moe_why,
+                                   flags=" ".join(plan.flags), precision=precision)  # fmt: skip
     ctx.log(
         f"graph_trainer: capture the whole step of {args.n_layers} blocks"
         + ("; MoE experts: kernels.moe = dense (the recipe's loop syncs the host; measurements.moe_why)" if moe else "")
     )
-    details = probe(plan, m)
-    if m.captured is False or m.host_syncs:
-        ctx.log(f"graph_trainer: not run: {m.capture_error if m.captured is False else m.first_host_sync}")
-        return plan.result(m, details)
-    captured = exactness(plan, m, details)
+    probed, traced, details = probe(plan)
+    if not traced or probed.host_syncs:
+        ctx.log(f"graph_trainer: not run: {probed.capture_error if not traced else probed.first_host_sync}")
+        return plan.result(GraphTrainerMeasurements.from_parts(own, probed, captured=traced), details)
+    exact, captured = exactness(plan, details)
     gc.collect()  # the exactness runs' models and optimizer state would inflate the timed run's peak memory
     if not captured:
-        return plan.result(m, details)
-    timed(plan, m, details)
+        return plan.result(GraphTrainerMeasurements.from_parts(own, probed, exact, captured=False), details)
+    speed = timed(plan, details)
     gc.collect()
-    edits = []
-    exact = m.exact_rel_err <= gate_recipe.bound(RUNG, "exact_to_eager", m.precision, ctx.evidence)
-    if exact and m.graphs_per_step == 1 and m.captures_per_run == 1:
-        edits = choose_mode(plan, m, details)
+    ctx.log(
+        f"graph_trainer: {exact.graphs_per_step} program per step, {probed.host_syncs} host syncs, "
+        f"{'bit-identical' if exact.bit_identical else 'NOT bit-identical'} to eager over {exact.exact_steps} steps; "
+        f"compile={base.graph_trainer.compile}; beside eager's run, {speed.vs_eager_context}"
+    )
+    edits, choice = [], GraphTrainerMeasurements()
+    within = exact.exact_rel_err <= gate_recipe.bound(RUNG, "exact_to_eager", precision, ctx.evidence)
+    if within and exact.graphs_per_step == 1 and exact.captures_per_run == 1:
+        edits, choice = choose_mode(plan, probed, details)
+    # the record, once: the rung's own fields, then each part's (probe, exactness, speed, choice)
+    m = GraphTrainerMeasurements.from_parts(own, probed, exact, speed, choice, captured=True)
     return plan.result(m, details, edits)
 
 
 # ---- 1. probe ---------------------------------------------------------------------------------
-def probe(plan: Plan, m: GraphTrainerMeasurements) -> dict:
-    """Host syncs and memory-policy bytes of the captured step, by tracing a fresh model; its details."""
+def probe(plan: Plan) -> tuple[GraphTrainerMeasurements, bool, dict]:
+    """(the record's probe part: host syncs and memory-policy bytes of the captured step, or why it could
+    not be traced; whether it traced; details), by tracing a fresh model."""
     cfg = plan.config("probe", steps=1)
     trainer = train_run.build_trainer(cfg)
     try:
@@ -101,10 +114,9 @@ def probe(plan: Plan, m: GraphTrainerMeasurements) -> dict:
         try:
             syncs = find_host_syncs(trainer.model, trainer.optimizer, batches, max_norm=cfg.training.max_norm)
         except CaptureError as e:
-            m.update(captured=False, capture_error=str(e))
-            return {}
+            return GraphTrainerMeasurements(capture_error=str(e)), False, {}
         first = f"{syncs[0].op}: {syncs[0].why} at {syncs[0].where or '?'}" if syncs else None
-        m.update(captured=True, host_syncs=len(syncs), first_host_sync=first)  # a found sync: it traced the rest
+        saved: dict[str, int] = {}  # a found sync: it traced the rest, and is the finding
         if not syncs:
             plan.ctx.log("graph_trainer: saved activations under each memory policy (tracing only)")
             policies = measure_memory_policies(
@@ -112,18 +124,20 @@ def probe(plan: Plan, m: GraphTrainerMeasurements) -> dict:
                 scan_layers=cfg.graph_trainer.scan_layers,
             )  # fmt: skip
             for name, b in policies.items():
-                m.saved_activations[f"saved_activation_bytes_{name}"] = b.device
+                saved[f"saved_activation_bytes_{name}"] = b.device
                 if b.host:
-                    m.saved_activations[f"saved_activation_host_bytes_{name}"] = b.host
-        return {"host_syncs": [{"op": s.op, "why": s.why, "where": s.where} for s in syncs]}
+                    saved[f"saved_activation_host_bytes_{name}"] = b.host
+        m = GraphTrainerMeasurements(host_syncs=len(syncs), first_host_sync=first, saved_activations=saved)
+        return m, True, {"host_syncs": [{"op": s.op, "why": s.why, "where": s.where} for s in syncs]}
     finally:
         trainer.close()
 
 
 # ---- 2. exactness -----------------------------------------------------------------------------
-def exactness(plan: Plan, m: GraphTrainerMeasurements, details: dict) -> bool:
-    """Eager and the captured step (uncompiled) for `exact_steps`, both deterministic, compared bit
-    for bit; False when the captured run could not be captured (measured so)."""
+def exactness(plan: Plan, details: dict) -> tuple[GraphTrainerMeasurements, bool]:
+    """(the record's exactness part, whether the captured run ran): eager and the captured step
+    (uncompiled) for `exact_steps`, both deterministic, compared bit for bit; a run that could not be
+    captured is measured so (capture_error)."""
     ctx, steps = plan.ctx, gate_recipe.param(RUNG, "exact_steps")
     e_cfg = one_thread_on_cpu(plan.config("eager", steps=steps, deterministic=True))
     g_cfg = one_thread_on_cpu(plan.config("exact", mode="graph_trainer", steps=steps, deterministic=True,
@@ -132,19 +146,20 @@ def exactness(plan: Plan, m: GraphTrainerMeasurements, details: dict) -> bool:
     try:
         g_tr, g_res = train_run.train(ctx, g_cfg, "graph_trainer: captured step, uncompiled")
     except (CaptureError, HostSyncError) as e:
-        m.update(captured=False, capture_error=str(e))
-        return False
+        return GraphTrainerMeasurements(capture_error=str(e)), False
     stats = g_tr.graph_step.stats
-    m.update(captured=True, captures_per_run=stats.captures, graphs_per_step=max(stats.programs_per_step),
-             exact_steps=steps, **compare_runs(e_tr, e_res.metrics, g_tr, g_res.metrics))  # fmt: skip
-    m.eager_step1_loss_rel_err = rel(g_res.metrics[0]["loss"], run_compare.eager_step1_loss(ctx))
+    m = GraphTrainerMeasurements.from_parts(
+        compare_runs(e_tr, e_res.metrics, g_tr, g_res.metrics),
+        captures_per_run=stats.captures, graphs_per_step=max(stats.programs_per_step), exact_steps=steps,
+        eager_step1_loss_rel_err=rel(g_res.metrics[0]["loss"], run_compare.eager_step1_loss(ctx)),
+    )
     details.update(
         exact_loss_curve=[r["loss"] for r in g_res.metrics],
         eager_loss_curve=[r["loss"] for r in e_res.metrics],
         passes=[{"name": p.name, "nodes_before": p.nodes_before, "nodes_after": p.nodes_after}
                 for p in stats.pass_records],
     )  # fmt: skip
-    return True
+    return m, True
 
 
 def one_thread_on_cpu(cfg):
@@ -157,8 +172,9 @@ def one_thread_on_cpu(cfg):
     return cfg
 
 
-def compare_runs(eager_tr, eager_rows, graph_tr, graph_rows) -> dict:
-    """Exactness of the captured run against the eager one: bit equality and, when it fails, where."""
+def compare_runs(eager_tr, eager_rows, graph_tr, graph_rows) -> GraphTrainerMeasurements:
+    """Exactness of the captured run against the eager one (the record's part): bit equality and, when it
+    fails, where."""
 
     losses = [r["loss"] for r in graph_rows] == [r["loss"] for r in eager_rows]
     norms = [r["grad_norm"] for r in graph_rows] == [r["grad_norm"] for r in eager_rows]
@@ -177,17 +193,17 @@ def compare_runs(eager_tr, eager_rows, graph_tr, graph_rows) -> dict:
                 state_equal = False
     loss_diff = max((abs(a["loss"] - b["loss"]) for a, b in zip(graph_rows, eager_rows)), default=0.0)
     bit_identical = losses and norms and params_equal and state_equal and len(graph_rows) == len(eager_rows)
-    return {
-        "bit_identical": bit_identical,
-        "exact_rel_err": 0.0 if bit_identical else exact_rel_err(eager_tr, eager_rows, graph_tr, graph_rows),
-        "losses_equal": losses,
-        "grad_norms_equal": norms,
-        "params_equal": params_equal,
-        "optimizer_state_equal": state_equal,
-        "loss_max_abs_diff": loss_diff,
-        "params_max_abs_diff": worst_diff,
-        "first_differing_param": worst_param,
-    }
+    return GraphTrainerMeasurements(
+        bit_identical=bit_identical,
+        exact_rel_err=0.0 if bit_identical else exact_rel_err(eager_tr, eager_rows, graph_tr, graph_rows),
+        losses_equal=losses,
+        grad_norms_equal=norms,
+        params_equal=params_equal,
+        optimizer_state_equal=state_equal,
+        loss_max_abs_diff=loss_diff,
+        params_max_abs_diff=worst_diff,
+        first_differing_param=worst_param,
+    )
 
 
 def exact_rel_err(eager_tr, eager_rows, graph_tr, graph_rows) -> float:
@@ -205,8 +221,9 @@ def exact_rel_err(eager_tr, eager_rows, graph_tr, graph_rows) -> float:
 
 
 # ---- 3. speed ---------------------------------------------------------------------------------
-def timed(plan: Plan, m: GraphTrainerMeasurements, details: dict) -> None:
-    """The recipe's own [graph_trainer] settings for `timed_steps`: capture and compile times, speed, memory."""
+def timed(plan: Plan, details: dict) -> GraphTrainerMeasurements:
+    """The record's speed part: the recipe's own [graph_trainer] settings for `timed_steps`: capture and
+    compile times, speed, memory, beside the eager and compile rungs'."""
     ctx, gt = plan.ctx, plan.base.graph_trainer
     cfg = plan.config("timed", steps=gate_recipe.param(RUNG, "timed_steps"), mode="graph_trainer")
     ctx.log(
@@ -215,23 +232,8 @@ def timed(plan: Plan, m: GraphTrainerMeasurements, details: dict) -> None:
     )
     trainer, result = train_run.train(ctx, cfg, "graph_trainer: timed")
     rows, ts = result.metrics, trainer.graph_step.stats
-    m.update(
-        graph_compile=gt.compile, memory_policy=gt.memory_policy, scan_layers=gt.scan_layers, split=gt.split,
-        timed_programs_per_step=max(ts.programs_per_step), trace_time_s=ts.trace_time_s,
-        passes_time_s=ts.passes_time_s, backend_compile_time_s=ts.compile_time_s,
-        compile_time_s=ts.trace_time_s + ts.passes_time_s + ts.compile_time_s, first_step_time_s=rows[0]["step_time_s"],
-        **run_compare.run_stats(rows),
-    )  # fmt: skip
-    run_compare.beside_eager(m, ctx.evidence)
-    compiled = ctx.evidence.get("compile") or {}
-    if compiled.get("step_time_median_s"):
-        m.compile_rung_step_time_median_s = compiled["step_time_median_s"]
-        m.speedup_vs_compile_rung = compiled["step_time_median_s"] / m.step_time_median_s
-    ctx.log(
-        f"graph_trainer: {m.graphs_per_step} program per step, {m.host_syncs} host syncs, "
-        f"{'bit-identical' if m.bit_identical else 'NOT bit-identical'} to eager over {m.exact_steps} steps; "
-        f"compile={gt.compile}; beside eager's run, {m.vs_eager_context}"
-    )
+    steady = run_compare.steady(rows)
+    compiled = (ctx.evidence.get("compile") or {}).get("step_time_median_s")  # where the compile rung passed
     out = ctx.attempt_dir
     details.update(
         device=result.device,
@@ -240,25 +242,38 @@ def timed(plan: Plan, m: GraphTrainerMeasurements, details: dict) -> None:
         metrics_files={k: ctx.workspace.key_for(out / k / "metrics.jsonl") for k in ("eager", "exact", "timed")},
         reproduce=gate_recipe.train_command(ctx, plan.flags),
     )
+    return GraphTrainerMeasurements.from_parts(
+        steady, run_compare.beside_eager(steady, ctx.evidence),
+        graph_compile=gt.compile, memory_policy=gt.memory_policy, scan_layers=gt.scan_layers, split=gt.split,
+        timed_programs_per_step=max(ts.programs_per_step), trace_time_s=ts.trace_time_s,
+        passes_time_s=ts.passes_time_s, backend_compile_time_s=ts.compile_time_s,
+        compile_time_s=ts.trace_time_s + ts.passes_time_s + ts.compile_time_s, first_step_time_s=rows[0]["step_time_s"],
+        compile_rung_step_time_median_s=compiled or ABSENT,
+        speedup_vs_compile_rung=compiled / steady.step_time_median_s if compiled else ABSENT,
+    )  # fmt: skip
 
 
 # ---- 4. the recipe's execution mode -------------------------------------------------------------
-def choose_mode(plan: Plan, m: GraphTrainerMeasurements, details: dict) -> list[RecipeEdit]:
-    """The recipe's execution mode among the modes whose checks held (execution_mode.choose); its edits."""
+def choose_mode(plan: Plan, probed: GraphTrainerMeasurements,
+                details: dict) -> tuple[list[RecipeEdit], GraphTrainerMeasurements]:  # fmt: skip
+    """(its edits, the record's choice part): the recipe's execution mode among the modes whose checks held
+    (execution_mode.choose), and its memory policy (`probed`: the probe's part, its saved activations)."""
     ctx, gt = plan.ctx, plan.base.graph_trainer
     modes = ["eager"] + (["compile"] if "compile" in ctx.evidence else []) + ["graph_trainer"]
     edits, record = execution_mode.choose(ctx, plan.base, rung=RUNG, moe=plan.moe, modes=modes)
-    m.update(execution_mode=record["execution_mode"], execution_mode_why=record["execution_mode_why"])
     # a memory policy trades compute for memory: it earns its place only when memory binds,
     # which the gate's small batch never shows; the recipe's policy stays, said so
     prefix = "saved_activation_bytes_"
-    saved = {k.removeprefix(prefix): v for k, v in m.saved_activations.items() if k.startswith(prefix)}
-    m.memory_policy_choice = gt.memory_policy
-    m.memory_policy_why = (
-        f"kept the recipe's {gt.memory_policy!r}: saved activations per policy {saved} bytes; at the gate's "
-        "batch no memory budget binds, so recomputing would only cost time"
-    )
+    saved = {k.removeprefix(prefix): v for k, v in probed.saved_activations.items() if k.startswith(prefix)}
     details["decisions"] = record.pop("decisions")  # the lever's Decision: status and the report print it
     details["execution_mode"] = record
     ctx.log(f"graph_trainer: the recipe's execution mode: {record['execution_mode']} ({record['execution_mode_why']})")
-    return edits
+    return edits, GraphTrainerMeasurements(
+        execution_mode=record["execution_mode"],
+        execution_mode_why=record["execution_mode_why"],
+        memory_policy_choice=gt.memory_policy,
+        memory_policy_why=(
+            f"kept the recipe's {gt.memory_policy!r}: saved activations per policy {saved} bytes; at the gate's "
+            "batch no memory budget binds, so recomputing would only cost time"
+        ),
+    )

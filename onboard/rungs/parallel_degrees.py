@@ -46,6 +46,7 @@ from pathlib import Path
 import titan_core.train
 from onboard.ladder.contract import RungContext
 from onboard.ladder.contract import record_run
+from onboard.ladder.measurements.training_measurements import SimpleFsdpMeasurements
 from onboard.rungs import gate_recipe, train_run
 from titan_core.config.loader import ConfigError
 from titan_core.measure.numerics import curve_max_rel
@@ -268,21 +269,22 @@ def _baseline(ctx: RungContext, cfg, label: str) -> tuple[list[dict], str | None
     return result.metrics, None
 
 
-def measure(proofs: list[DegreeProof], bound: float) -> dict:
-    """The gate's measurements of the proofs (`bound`: the checklist's fp32 bound of CRITERION)."""
+def measure(proofs: list[DegreeProof], bound: float) -> SimpleFsdpMeasurements:
+    """The simple_fsdp record's parallel_degrees* part, of the proofs (`bound`: the checklist's fp32 bound
+    of CRITERION)."""
     unproved = [w for w in (p.why_unproved(bound) for p in proofs) if w]
-    return {
-        "parallel_degrees_needed": [p.label for p in proofs],
-        "parallel_degrees": {p.label: p.to_dict(bound) for p in proofs},
+    return SimpleFsdpMeasurements(
+        parallel_degrees_needed=[p.label for p in proofs],
+        parallel_degrees={p.label: p.to_dict(bound) for p in proofs},
         # nothing needed: nothing to be off by; a degree refused or stopped is infinitely off
-        "parallel_degrees_max_rel_err": max((p.max_rel_err for p in proofs), default=0.0),
-        "parallel_degrees_unproved": len(unproved),
-        "parallel_degrees_unproved_why": unproved,
-    }
+        parallel_degrees_max_rel_err=max((p.max_rel_err for p in proofs), default=0.0),
+        parallel_degrees_unproved=len(unproved),
+        parallel_degrees_unproved_why=unproved,
+    )
 
 
-def run(ctx: RungContext, base) -> dict:
-    """The simple_fsdp rung's degree measurements for the workspace recipe (`base`: the gate's recipe)."""
+def run(ctx: RungContext, base) -> SimpleFsdpMeasurements:
+    """The simple_fsdp record's degree part for the workspace recipe (`base`: the gate's recipe)."""
     recipe = gate_recipe.recipe(ctx)
     if not needed(recipe):
         ctx.log("simple_fsdp: the recipe asks no expert, context or pipeline degree (parallelism.ep = cp = pp = 1): "
@@ -292,9 +294,9 @@ def run(ctx: RungContext, base) -> dict:
     steps, timeout_s = gate_recipe.param(RUNG, "degree_steps"), float(gate_recipe.param(RUNG, "timeout_s"))
     proofs = prove(ctx, base, recipe, steps, timeout_s)
     m = measure(proofs, bound)
-    unproved = [line.partition(":")[0] for line in m["parallel_degrees_unproved_why"]]
+    unproved = [line.partition(":")[0] for line in m.parallel_degrees_unproved_why]
     # each reason was said as its degree ran, and the gate's table says it again: named here, not repeated
-    ctx.log(f"simple_fsdp: parallel degrees {', '.join(m['parallel_degrees_needed'])}: "
-            f"{len(proofs) - m['parallel_degrees_unproved']} of {len(proofs)} proved within {bound:g}"
+    ctx.log(f"simple_fsdp: parallel degrees {', '.join(m.parallel_degrees_needed)}: "
+            f"{len(proofs) - m.parallel_degrees_unproved} of {len(proofs)} proved within {bound:g}"
             + (f"; not proved: {', '.join(unproved)} (why above)" if unproved else ""))  # fmt: skip
     return m

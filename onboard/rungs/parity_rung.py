@@ -10,6 +10,11 @@ Because the gate believes what the test writes, the test must be the one new-mod
 an edited test_parity.py fails the attempt before it runs (onboard/ladder/template_check.py),
 `onboard status` shows a passed entry invalid once the file is edited (`evidence_problem`),
 and the results count only if this run's test wrote them into this attempt's folder.
+
+Its gate is checklists/parity.yaml; what it measures is ParityMeasurements
+(onboard/ladder/measurements/parity_measurements.py), built once from the results file the test wrote
+(`ParityMeasurements.of`: a name the test wrote that the record does not declare fails there) and
+how pytest ended.
 """
 
 from __future__ import annotations

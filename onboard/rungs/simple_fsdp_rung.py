@@ -19,27 +19,32 @@ The runs above are data parallel only (the gate's recipe sets ep = cp = pp = 1).
 context and pipeline degrees the recipe asks for are proved after them, each at 2 against one
 process on the same rows, fp32 (onboard/rungs/parallel_degrees.py); a recipe that asks none
 records `parallel_degrees_needed = []` and says so.
+
+Its gate is checklists/simple_fsdp.yaml; what it measures is SimpleFsdpMeasurements
+(onboard/ladder/measurements/training_measurements.py), built once at the end of `run` from the sharded
+runs' part (`measure`), the degrees' (parallel_degrees.py) and the recipe choices' (`recipe_choices`).
 """
 
 from __future__ import annotations
 
 import copy
 import math
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import titan_core.train
 from onboard.errors import BadInput
 from onboard.rungs import run_compare, gate_recipe, parallel_degrees, timing_profiles, train_run
 from onboard.ladder.measurements.training_measurements import SimpleFsdpMeasurements
-from onboard.ladder.contract import RecipeEdit, RungContext, RungResult, record_run
+from onboard.ladder.contract import ABSENT, RecipeEdit, RungContext, RungResult, record_run
 from onboard.ladder.decision import HELD, KEPT, NOT_ELIGIBLE, Decision, decide, holder_set_by
 from onboard.ladder.gates import timed_apart
-from onboard.rungs.gate_recipe import resolved_device_type
+from onboard.rungs.gate_recipe import resolved_device_type, world_size
 from titan_core.measure.timing import Comparison, compare
 from titan_core import launcher
 from titan_core.runtime.argv import LAUNCH
 from titan_core.measure.numerics import curve_max_rel, rel
-import torch
 from titan_core.models.model_builder import resolve_model_args
 
 RUNG = "simple_fsdp"
@@ -48,16 +53,6 @@ BF16 = "bfloat16"
 PRECISION_LEVER = "training.mixed_precision_param"
 RUNS = ("fp32", "bf16", "fsdp2")
 """The three sharded runs, each in runs/.../<name>/."""
-
-
-def world_size(device_type: str) -> int:
-    """W: 2 processes on CPU; every local device on an accelerator."""
-    device_type = resolved_device_type(device_type)
-    if device_type == "cpu":
-        return gate_recipe.param(RUNG, "cpu_world")
-    backend = getattr(torch, device_type, None)
-    count = backend.device_count() if backend is not None and hasattr(backend, "device_count") else 1
-    return max(1, int(count))
 
 
 def baseline_reason(cfg, evidence: dict) -> str | None:
@@ -129,42 +124,42 @@ def _baseline(ctx: RungContext, base, world: int, why: str | None) -> tuple[floa
 
 
 def measure(fp32: list[dict], bf16: list[dict], fsdp2: list[dict], *, baseline: tuple[float, float],
-            eager_evidence: dict | None, steps: int) -> dict:  # fmt: skip
-    """Gate measurements from rank 0's rows of the three sharded runs (`steps` planned) and the baseline step."""
+            eager_evidence: dict | None, steps: int) -> SimpleFsdpMeasurements:  # fmt: skip
+    """The record's runs part, from rank 0's rows of the three sharded runs (`steps` planned) and the
+    baseline step."""
     first = fp32[0]
     worst, worst_step = math.inf, None  # a curve that stopped short (a non-finite loss) is the worst
     if len(bf16) == len(fp32) == steps:
         worst, worst_step = curve_max_rel([r["loss"] for r in bf16], [r["loss"] for r in fp32])
-    stats = run_compare.run_stats(fp32)
-    m = {
-        "steps_run": len(fp32),
-        "bf16_steps_run": len(bf16),
-        "step1_loss": first["loss"],
-        "step1_grad_norm": first["grad_norm"],
-        "baseline_step1_loss": baseline[0],
-        "baseline_step1_grad_norm": baseline[1],
-        "step1_loss_rel_err": rel(first["loss"], baseline[0]),
-        "step1_grad_norm_rel_err": rel(first["grad_norm"], baseline[1]),
-        "bf16_loss_curve_max_rel": worst,
-        "bf16_loss_curve_worst_step": worst_step,
-        **stats,
-        "bf16_step_time_median_s": run_compare.run_stats(bf16)["step_time_median_s"] if bf16 else None,
-        "fsdp2_step_time_median_s": run_compare.run_stats(fsdp2)["step_time_median_s"] if fsdp2 else None,
-        "bf16_peak_mem_bytes": max((r["peak_mem_bytes"] for r in bf16), default=None),
-        "fsdp2_peak_mem_bytes": max((r["peak_mem_bytes"] for r in fsdp2), default=None),
+    steady = run_compare.steady(fp32)
+    fsdp2_time = run_compare.steady(fsdp2).step_time_median_s if fsdp2 else None
+    return SimpleFsdpMeasurements.from_parts(
+        steady,
+        steps_run=len(fp32),
+        bf16_steps_run=len(bf16),
+        step1_loss=first["loss"],
+        step1_grad_norm=first["grad_norm"],
+        baseline_step1_loss=baseline[0],
+        baseline_step1_grad_norm=baseline[1],
+        step1_loss_rel_err=rel(first["loss"], baseline[0]),
+        step1_grad_norm_rel_err=rel(first["grad_norm"], baseline[1]),
+        bf16_loss_curve_max_rel=worst,
+        bf16_loss_curve_worst_step=worst_step,
+        bf16_step_time_median_s=run_compare.steady(bf16).step_time_median_s if bf16 else None,
+        fsdp2_step_time_median_s=fsdp2_time,
+        bf16_peak_mem_bytes=max((r["peak_mem_bytes"] for r in bf16), default=None),
+        fsdp2_peak_mem_bytes=max((r["peak_mem_bytes"] for r in fsdp2), default=None),
         # FSDP2 shards the same way: a different step-1 loss there points at the model, not SimpleFSDP
-        "fsdp2_step1_loss_rel_err": rel(fsdp2[0]["loss"], first["loss"]) if fsdp2 else None,
-    }
-    if fsdp2:
+        fsdp2_step1_loss_rel_err=rel(fsdp2[0]["loss"], first["loss"]) if fsdp2 else None,
         # two launches timed apart: context beside SimpleFSDP, never an interval or a faster / slower
-        m["fsdp2_over_simple_fsdp_step_time"] = m["fsdp2_step_time_median_s"] / m["step_time_median_s"]
-        m["fsdp2_vs_simple_fsdp_context"] = timed_apart(
-            m["fsdp2_step_time_median_s"], m["step_time_median_s"], "SimpleFSDP", "FSDP2"
-        )
-    if eager_evidence:
-        m["eager_step1_loss_rel_err"] = rel(first["loss"], float(eager_evidence["step1_loss"]))
-        m["eager_step1_grad_norm_rel_err"] = rel(first["grad_norm"], float(eager_evidence["step1_grad_norm"]))
-    return m
+        fsdp2_over_simple_fsdp_step_time=fsdp2_time / steady.step_time_median_s if fsdp2 else ABSENT,
+        fsdp2_vs_simple_fsdp_context=(timed_apart(fsdp2_time, steady.step_time_median_s, "SimpleFSDP", "FSDP2")
+                                      if fsdp2 else ABSENT),
+        eager_step1_loss_rel_err=(rel(first["loss"], float(eager_evidence["step1_loss"]))
+                                  if eager_evidence else ABSENT),
+        eager_step1_grad_norm_rel_err=(rel(first["grad_norm"], float(eager_evidence["step1_grad_norm"]))
+                                       if eager_evidence else ABSENT),
+    )  # fmt: skip
 
 
 def run(ctx: RungContext) -> RungResult:
@@ -183,25 +178,27 @@ def run(ctx: RungContext) -> RungResult:
     (fp32, _), (bf16, _), (fsdp2, _) = (runs[name] for name in RUNS)
     baseline = _baseline(ctx, base, world, why)
     degrees = parallel_degrees.run(ctx, base)
-    m = SimpleFsdpMeasurements(
-        **measure(fp32, bf16, fsdp2, baseline=baseline, eager_evidence=ctx.evidence.get("eager"), steps=steps),
-        **degrees, precision=gate_recipe.precision(base.training),
-        world_size=world, global_batch_size=b, batch_size_per_rank=b // world,
-        baseline="eager evidence" if why is None else f"1 process, grad_accum = {world}, same rows",
-        baseline_why=why or "one sharded step is the same arithmetic as eager's step on the whole batch",
-    )  # fmt: skip
+    sharded = measure(fp32, bf16, fsdp2, baseline=baseline, eager_evidence=ctx.evidence.get("eager"), steps=steps)
+    against = "eager evidence" if why is None else f"1 process, grad_accum = {world}, same rows"
     ctx.log(
-        f"simple_fsdp: step-1 loss rel {m.step1_loss_rel_err:.2e}, grad norm rel {m.step1_grad_norm_rel_err:.2e} "
-        f"(vs {m.baseline}); bf16 curve max rel {m.bf16_loss_curve_max_rel:.2e}; step time "
-        f"{m.step_time_median_s * 1e3:.0f} ms SimpleFSDP"
+        f"simple_fsdp: step-1 loss rel {sharded.step1_loss_rel_err:.2e}, grad norm rel "
+        f"{sharded.step1_grad_norm_rel_err:.2e} (vs {against}); bf16 curve max rel "
+        f"{sharded.bf16_loss_curve_max_rel:.2e}; step time {sharded.step_time_median_s * 1e3:.0f} ms SimpleFSDP"
         + (
-            f", {m.fsdp2_step_time_median_s * 1e3:.0f} ms FSDP2 ({m.fsdp2_vs_simple_fsdp_context})"
+            f", {sharded.fsdp2_step_time_median_s * 1e3:.0f} ms FSDP2 ({sharded.fsdp2_vs_simple_fsdp_context})"
             if fsdp2
             else ", FSDP2 failed"
         )
     )
-    edits, choices, decisions = recipe_choices(ctx, base, m)
-    m.update(choices)
+    edits, choices, decisions = recipe_choices(ctx, base, sharded)
+    # the record, once: the sharded runs', the degrees' and the choices' parts, and the setting they ran in
+    m = SimpleFsdpMeasurements.from_parts(
+        sharded, degrees, choices,
+        precision=gate_recipe.precision(base.training),
+        world_size=world, global_batch_size=b, batch_size_per_rank=b // world,
+        baseline=against,
+        baseline_why=why or "one sharded step is the same arithmetic as eager's step on the whole batch",
+    )  # fmt: skip
     details = {"device": resolved_device_type(base.device.type), "world_size": world, "gate_overrides": overrides,
                "decisions": decisions, **run_details(ctx, runs, world)}  # fmt: skip
     return gate_recipe.result(ctx, base, m, details, edits)
@@ -296,8 +293,10 @@ def _untimed(holder: str, candidate: str, value: str, verdict: str, why: str) ->
                     verdict=verdict, figure="none", why=why)  # fmt: skip
 
 
-def precision_decision(ctx: RungContext, base, m: dict, timing=None) -> tuple[Decision, Comparison | None]:
-    """(the Decision of training.mixed_precision_param, the comparison it rests on or None).
+def precision_decision(ctx: RungContext, base, m: Mapping[str, Any],
+                       timing=None) -> tuple[Decision, Comparison | None]:  # fmt: skip
+    """(the Decision of training.mixed_precision_param, the comparison it rests on or None); `m`: the
+    sharded runs' measurements (`measure`'s part, or a flat dict of them).
 
     The holder is the recipe's value, the candidate the other of fp32 / bf16. A recipe whose
     parameters are bf16 (training.dtype) gathers them in bf16, untimed. A bf16 loss curve beyond
@@ -328,8 +327,10 @@ def precision_decision(ctx: RungContext, base, m: dict, timing=None) -> tuple[De
     return d, cmp
 
 
-def recipe_choices(ctx: RungContext, base, m: dict, timing=None) -> tuple[list, dict, list[dict]]:
-    """(recipe edits, measurements, decisions) for the two levers this rung measured.
+def recipe_choices(ctx: RungContext, base, m: Mapping[str, Any],
+                   timing=None) -> tuple[list[RecipeEdit], SimpleFsdpMeasurements, list[dict]]:  # fmt: skip
+    """(recipe edits, the record's choices part, decisions) for the two levers this rung measured; `m` as
+    `precision_decision` reads it.
 
     Mixed precision: `precision_decision`; its Decision is the rung's one record of the lever
     (details.decisions). Data parallel: SimpleFSDP stays, whatever FSDP2 measured: it is the path
@@ -344,13 +345,13 @@ def recipe_choices(ctx: RungContext, base, m: dict, timing=None) -> tuple[list, 
     edits = []
     if recipe.training.mixed_precision_param != d.value:
         edits.append(RecipeEdit(PRECISION_LEVER, d.value, why))
-    return edits, {
-        "mixed_precision_choice": d.value,
-        "mixed_precision_why": why,
-        "mixed_precision_timing": cmp.to_dict() if cmp is not None else None,
-        "data_parallel_choice": recipe.parallelism.data_parallel,
-        "data_parallel_why": (
+    return edits, SimpleFsdpMeasurements(
+        mixed_precision_choice=d.value,
+        mixed_precision_why=why,
+        mixed_precision_timing=cmp.to_dict() if cmp is not None else None,
+        data_parallel_choice=recipe.parallelism.data_parallel,
+        data_parallel_why=(
             "SimpleFSDP stays: the compile and graph_trainer rungs verify it (FSDP2 measured beside it: "
             f"{m.get('fsdp2_vs_simple_fsdp_context') or 'failed'})"
         ),
-    }, [d.to_dict()]
+    ), [d.to_dict()]

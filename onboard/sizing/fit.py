@@ -25,7 +25,7 @@ from typing import Any
 import torch
 
 from onboard.errors import BadInput
-from onboard.rungs.simple_fsdp_rung import world_size
+from onboard.rungs.gate_recipe import world_size
 from onboard.sizing.twin.derive import TwinError, derive_twin
 from titan_core.config import from_dict
 from titan_core.memory.budget import device_budget

@@ -3,7 +3,10 @@
     {"format": 1, "workspace": {name, family, path, model_type, source, ...}, "attempts": [Entry, ...],
      "waivers": [{rung, criterion, why, time, by}, ...]}
 
-Every save is atomic (`atomic_write_text`). A file anyone can edit is checked when it is read
+Every save is atomic (`atomic_write_text`). An attempt writes it twice, each a whole entry (DESIGN section
+4): its `interrupted` placeholder before the rung runs (`add_placeholder`), then the entry it built once
+the rung returned, in the placeholder's place (`commit`), or, for bad input, no entry (`withdraw`). A
+file anyone can edit is checked when it is read
 (`shape_problem`): an entry whose shape the readers cannot trust makes the whole ledger bad input,
 naming the entry and the field, so no reader guesses around it; whether a well-formed entry's
 measurements hold up is onboard/ladder/evidence.py's question. An entry's `duration_s` is recomputed
@@ -317,11 +320,29 @@ class Ledger:
                 return i
         raise KeyError(f"no attempt {attempt} of {rung} in {self.path}")
 
-    def replace(self, entry: Entry) -> None:
-        self.attempts[self._index(entry.rung, entry.attempt)] = entry
+    # ---- an attempt's two writes (module docstring) -------------------------------------------
+    def add_placeholder(self, entry: Entry) -> None:
+        """Save `entry`, an attempt's `interrupted` placeholder, before its rung runs, so a kill leaves a
+        ledger that says so. Where the disk refuses, the ledger in memory is left as it was and the
+        OSError raised: nothing was recorded, so nothing may run."""
+        self.attempts.append(entry)
+        try:
+            self.save()
+        except OSError:
+            del self.attempts[self._index(entry.rung, entry.attempt)]
+            raise
 
-    def remove(self, rung: str, attempt: int) -> None:
+    def commit(self, entry: Entry) -> None:
+        """Save the attempt's whole entry, built once its rung returned, in its placeholder's place. An
+        OSError leaves the file with the placeholder (which reads interrupted)."""
+        self.attempts[self._index(entry.rung, entry.attempt)] = entry
+        self.save()
+
+    def withdraw(self, rung: str, attempt: int) -> None:
+        """Remove an attempt's placeholder and save: bad input stopped it, and nothing of it is recorded.
+        The ledger in memory drops it even where the save raises (the file still holds the placeholder)."""
         del self.attempts[self._index(rung, attempt)]
+        self.save()
 
     # ---- waivers -----------------------------------------------------------------------
     def add_waiver(self, rung: str, criterion: str, why: str) -> dict:

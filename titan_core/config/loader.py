@@ -220,7 +220,7 @@ def _apply_overrides(cfg: JobConfig, overrides: list[str]) -> set[str]:
 
 # Paths a recipe names: its input files, the tokenizer cache and the output folders. Relative
 # values are relative to the recipe's own folder, so a recipe works from any current
-# directory (a workspace's recipe.toml writes into its own runs/); this is the only place
+# directory (a recipe whose metrics.output_dir is `runs/x` writes beside itself); this is the only place
 # that anchors them. Command-line overrides stay relative to the current directory, as a
 # shell user expects, and so does a field left at its default (for data.cache_dir,
 # `.cache/titan_core`): `--print-config` output loaded as a recipe then prints the same.

@@ -79,7 +79,7 @@ class Model:
     module_file: str = ""
     """Path to a Python file (relative: to the recipe's folder) whose `build_model(args)` replaces the family's model class (ports)."""
     adapter_file: str = ""
-    """Path to a Python file (relative: to the recipe's folder) whose HF adapter (`ADAPTER`, or module functions `args_from_hf`, `from_hf`, `to_hf`) replaces the family's for the architecture and export: a workspace's adapter.py."""
+    """Path to a Python file (relative: to the recipe's folder) whose HF adapter (`ADAPTER`, or module functions `args_from_hf`, `from_hf`, `to_hf`) replaces the family's for the architecture and export."""
 
 
 @dataclass(kw_only=True)

@@ -25,7 +25,7 @@ The peak is the largest of three moments of a step, each the sum of what is aliv
   fp32, while the init draws them (titan_core/parallel/sharded_init.py).
 
 The process's own allocations besides tensors are a measured constant per device type
-(RUNTIME_BYTES). Not counted: kernel workspaces inside one op, memory another runtime owns
+(RUNTIME_BYTES). Not counted: an op's own scratch memory, memory another runtime owns
 (JAX buffers behind the bridge), and what an allocator keeps back: glibc leaves freed blocks
 under its sliding mmap threshold (at most 32 MiB each) resident, so small models on a CPU
 show a larger resident set than they need (tests/core/unit/test_memory_estimate.py); CUDA's
@@ -46,6 +46,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 from fractions import Fraction
+from functools import lru_cache
 
 from titan_core.config.execution_modes import execution_mode
 from titan_core.memory.activations import DTYPE_BYTES, activation_bytes, loss_bytes
@@ -224,11 +225,11 @@ class MemoryEstimate:
         if s:
             act += f" (batch {s.batch_size} x seq {s.seq_len}, memory policy {s.memory_policy})"
         fb = states + ([f"gathered params {format_bytes(self.gathered_params)}"] if self.gathered_params else [])
-        fb += [act, f"loss and backward workspace {format_bytes(self.backward_workspace)}"]
+        fb += [act, f"loss and backward temporaries {format_bytes(self.backward_workspace)}"]
         if s and s.grad_accum > 1:
             fb.append(f"grads {format_bytes(self.grads)} (grad_accum {s.grad_accum})")
         opt = states + [f"grads {format_bytes(self.grads)}"]
-        opt.append(f"update workspace {format_bytes(self.optimizer_workspace)}")
+        opt.append(f"update temporaries {format_bytes(self.optimizer_workspace)}")
         parts = {"forward/backward turn": fb, "optimizer step": opt}
         ways = s.shards * s.tp if s else 1
         sharded = f", sharded {ways} ways" if ways > 1 else ""
@@ -294,13 +295,17 @@ def in_flight(s: TrainSetup) -> float:
     return float(min(s.pp, s.grad_accum))
 
 
-def _ends(m: ModelShape, s: TrainSetup) -> Fraction:
+# The parts of the estimate that do not depend on the batch are computed once per model and the degrees they
+# read (a planner asks for thousands of layouts, each at several batches): exact fractions are slow.
+CACHED = 4096
+
+
+def _ends(m: ModelShape, tp: int, pp: int) -> Fraction:
     """Elements of the embedding, head and final norm on the stage holding the most of them, on one TP rank
     (the tables split by vocabulary, the norm whole); a tied head is the embedding, on the last stage too."""
-    tp = max(1, s.tp)
     first = Fraction(m.embed_params, tp)
     last = Fraction(m.head_params or m.embed_params, tp) + m.other_params
-    if s.pp == 1:
+    if pp == 1:
         return Fraction(m.embed_params + m.head_params, tp) + m.other_params
     return max(first, last)
 
@@ -309,9 +314,14 @@ def stored_elements(m: ModelShape, s: TrainSetup) -> int:
     """Parameters this rank stores (its shard of the most loaded stage): the blocks' dense part split over tp,
     the routed experts over ep, and both sharded over dp_shard x cp (an expert's over the edp = dp_shard x cp
     / ep ranks that share it); exact up to one rounding."""
-    frac = Fraction(stage_layers(m.n_layers, s.pp), m.n_layers)
-    dense = m.block_params * frac / max(1, s.tp) + _ends(m, s)
-    return math.ceil((dense + m.expert_params * frac) / s.shards)
+    return _stored_elements(m, max(1, s.tp), s.pp, s.shards)
+
+
+@lru_cache(maxsize=CACHED)
+def _stored_elements(m: ModelShape, tp: int, pp: int, shards: int) -> int:
+    frac = Fraction(stage_layers(m.n_layers, pp), m.n_layers)
+    dense = m.block_params * frac / tp + _ends(m, tp, pp)
+    return math.ceil((dense + m.expert_params * frac) / shards)
 
 
 def gathered_elements(m: ModelShape, s: TrainSetup) -> int:
@@ -323,16 +333,28 @@ def gathered_elements(m: ModelShape, s: TrainSetup) -> int:
     cast = DTYPE_BYTES[s.compute_dtype] != DTYPE_BYTES[s.param_dtype]
     if s.data_parallel == "none" or (s.shards == 1 and not cast):
         return 0
-    layers = stage_layers(m.n_layers, s.pp)
     regathers = (s.data_parallel == "fsdp2" or s.reshard_after_forward) and s.pp == 1
-    held = Fraction(min(REGATHERING_HOLDS[s.data_parallel], layers) if regathers else layers, m.n_layers)
-    return math.ceil(m.block_params * held / max(1, s.tp) + m.expert_params * held / max(1, s.ep) + _ends(m, s))
+    return _gathered_elements(m, max(1, s.tp), max(1, s.ep), s.pp,
+                              REGATHERING_HOLDS[s.data_parallel] if regathers else None)  # fmt: skip
+
+
+@lru_cache(maxsize=CACHED)
+def _gathered_elements(m: ModelShape, tp: int, ep: int, pp: int, holds: int | None) -> int:
+    """`holds`: the blocks a re-gathering kind holds at once; None: the stage's."""
+    layers = stage_layers(m.n_layers, pp)
+    held = Fraction(min(holds, layers) if holds is not None else layers, m.n_layers)
+    return math.ceil(m.block_params * held / tp + m.expert_params * held / ep + _ends(m, tp, pp))
 
 
 def _stage_shape(m: ModelShape, s: TrainSetup) -> ModelShape:
     """One rank's model as its activations see it: TP's widths and vocab / tp, the stage's layers."""
-    local = tp_local(m, max(1, s.tp))
-    layers = stage_layers(m.n_layers, s.pp)
+    return _stage_shape_of(m, max(1, s.tp), s.pp)
+
+
+@lru_cache(maxsize=CACHED)
+def _stage_shape_of(m: ModelShape, tp: int, pp: int) -> ModelShape:
+    local = tp_local(m, tp)
+    layers = stage_layers(m.n_layers, pp)
     if layers == m.n_layers:
         return local
     mix = tuple((moe, rope, -(-n * layers // m.n_layers)) for moe, rope, n in m.layer_mix)
@@ -346,7 +368,7 @@ def rank_activations(m: ModelShape, s: TrainSetup) -> tuple[int, int, int]:
     sequence's, beyond the seq / cp counted), and one layer's gather sits on the backward's transient."""
     local = _stage_shape(m, s)
     seq = max(1, s.seq_len // max(1, s.cp))
-    per = replace(s, seq_len=seq)
+    per = s if seq == s.seq_len else replace(s, seq_len=seq)
     saved, host, transient = activation_bytes(local, per)
     loss_saved = loss_bytes(local, per, s.batch_size * seq)[0]
     device = saved

@@ -9,10 +9,10 @@ memory alive at once between entering and leaving the mode (inputs and parameter
 existed before are not counted; gradients and activations saved for backward are).
 
 Blind spots: memory an op uses internally and frees before returning (a kernel's
-workspace), and memory owned by another runtime (JAX buffers behind a DLPack bridge) are
+scratch memory), and memory owned by another runtime (JAX buffers behind a DLPack bridge) are
 not seen. Backward is seen on CPU, where autograd runs it on the calling thread. A wrapper
 tensor subclass (torchao's float8 tensors) owns no storage: it counts by its inner tensors, and
-what its own dispatch allocates inside an op and frees is a workspace as above.
+what its own dispatch allocates inside an op and frees is scratch memory as above.
 """
 
 from __future__ import annotations

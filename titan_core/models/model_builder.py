@@ -1,9 +1,9 @@
 """Model config section -> (family, args, model on meta): the one way a recipe's model is built.
 
 Two sources of architecture, in order of precedence: an HF config.json, read by the
-`adapter_file`'s adapter when the recipe names one (a workspace's adapter.py) and by the
+`adapter_file`'s adapter when the recipe names one (an adapter.py beside it) and by the
 family's otherwise, else the named flavor; `overrides` apply last. A `module_file` (a
-workspace's ported model.py) replaces the family's model class; its `build_model(args)`
+ported model.py) replaces the family's model class; its `build_model(args)`
 receives the same args, port-specific config values included (`args.extra`, filled by the
 adapter). Training, export and parity all build through `resolve_model_args` and
 `build_meta_model`, so they cannot disagree on the model.
@@ -76,7 +76,7 @@ def load_adapter_file(path: str | Path) -> Any:
 
 
 def import_module_file(path: str | Path, *, prefix: str = "titan_port") -> ModuleType:
-    """Import the Python file at `path` as a module of its own (e.g. a workspace's model.py).
+    """Import the Python file at `path` as a module of its own (e.g. a recipe's module_file, a model.py).
 
     The module is named `<prefix>_<stem>_<hash of the path>` and registered in sys.modules
     (dataclasses and pickling look modules up by name). ConfigError when there is no such

@@ -144,7 +144,7 @@ def check_headers(
 ) -> HeaderReport:
     """Check every tensor of the checkpoint made of `files` (in `weights_dir`) against
     `meta_model` through `adapter` (anything with `from_hf(sd)`: a family's HFAdapter, a
-    workspace's ADAPTER or module). Reads headers only."""
+    model.adapter_file's ADAPTER or module). Reads headers only."""
     return checked_mapping(weights_dir, files, meta_model, adapter, dtype=dtype).report
 
 

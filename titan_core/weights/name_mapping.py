@@ -42,7 +42,7 @@ class CheckpointMapping:
         try:
             self.native = self._from_hf(hf)
             return
-        except Exception:  # the adapter is workspace code: anything it raises is a mapping failure
+        except Exception:  # the adapter may be a recipe's own file: anything it raises is a mapping failure
             pass
         self._by_group = {}
         for prefix, names in self._groups.items():

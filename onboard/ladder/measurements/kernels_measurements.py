@@ -1,5 +1,5 @@
 """What the kernels rung measures (`KernelsMeasurements`): its declaration, read by the ladder
-without importing the rung (onboard/rungs/kernels_rung/rung.py fills it)."""
+without importing the rung (onboard/rungs/kernels_rung/rung.py builds it)."""
 
 from __future__ import annotations
 

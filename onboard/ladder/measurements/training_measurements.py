@@ -1,7 +1,8 @@
 """What each rung that trains measures (eager, simple_fsdp, compile, graph_trainer, tuning), on the
 shared parts of a run: its steady window's speed and memory (SteadyRun), the same beside the eager
 rung's evidence (BesideEager), and a run in another execution mode (ModeRun). Declarations only:
-the rungs fill them (onboard/rungs/run_compare.py the shared parts)."""
+each rung builds its record once, by keyword (`Measurements.from_parts`; onboard/rungs/run_compare.py
+builds the shared parts)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from onboard.ladder.contract import ABSENT, GatedRuns, flattened
 
 @dataclass(kw_only=True)
 class SteadyRun(GatedRuns):
-    """The speed and memory of one run's steady window (`run_stats`: titan_core.measure.run_stats.RunStats)."""
+    """The speed and memory of one run's steady window (run_compare.steady: titan_core.measure.run_stats.RunStats)."""
 
     steady_from: int = ABSENT
     """1-based step where the steady window starts (1: the run was too short to leave any out)."""

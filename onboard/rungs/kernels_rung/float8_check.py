@@ -35,6 +35,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from onboard.ladder.measurements.kernels_measurements import KernelsMeasurements
 from onboard.rungs import gate_recipe, train_run
 from onboard.rungs.kernels_rung.compare import build_model_with, kernels_for, parse_flag
 from onboard.rungs.kernels_rung.modes import mode_check
@@ -193,8 +194,8 @@ class Float8Check:
         return row
 
 
-def totals(rows: dict[str, dict]) -> dict[str, Any]:
-    """The gate's float8 numbers: how many float8 recipes were checked, and of the one the recipe holds
+def totals(rows: dict[str, dict]) -> KernelsMeasurements:
+    """The kernels record's float8 part: how many float8 recipes were checked, and of the one the recipe holds
     after the rung (`kept`, set by kernels_decide.mark_rows) its loss error and layer error over its
     bound (inf: it raised), which flag, and the loss bound (FLOAT8_LOSS_REL, the checklist's threshold).
 
@@ -208,14 +209,14 @@ def totals(rows: dict[str, dict]) -> dict[str, Any]:
     layer = {f: r.get("layer_over_bound", math.inf) for f, r in held.items()}
     worst_loss = max(loss, key=lambda f: _worst(loss[f]), default=None)
     worst_layer = max(layer, key=lambda f: _worst(layer[f]), default=None)
-    return {
-        "float8_checked": len(mine),
-        "float8_loss_rel_bound": FLOAT8_LOSS_REL,
-        "worst_float8_loss_rel": loss[worst_loss] if worst_loss else 0.0,
-        "worst_float8_loss_kernel": worst_loss,
-        "worst_float8_layer_over_bound": layer[worst_layer] if worst_layer else 0.0,
-        "worst_float8_layer_kernel": worst_layer,
-    }
+    return KernelsMeasurements(
+        float8_checked=len(mine),
+        float8_loss_rel_bound=FLOAT8_LOSS_REL,
+        worst_float8_loss_rel=loss[worst_loss] if worst_loss else 0.0,
+        worst_float8_loss_kernel=worst_loss,
+        worst_float8_layer_over_bound=layer[worst_layer] if worst_layer else 0.0,
+        worst_float8_layer_kernel=worst_layer,
+    )
 
 
 def _worst(x: float) -> float:

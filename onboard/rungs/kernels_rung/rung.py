@@ -26,6 +26,10 @@ checklist's `params.timing`), and each side's fp32 step peak (`kernel_compare.st
 decision is a `decision.Decision` in `details["decisions"]`; each field's choice is in
 `details["field_choices"]`; a field whose value changes becomes a `RecipeEdit`, which the engine
 writes only when the gate passed.
+
+Its gate is checklists/kernels.yaml; what it measures is KernelsMeasurements
+(onboard/ladder/measurements/kernels_measurements.py), built once at the end of `run` from the
+comparisons' part (`summarise`: `totals` and each flag's own numbers) and the setting's (`Bench.setting`).
 """
 
 from __future__ import annotations
@@ -154,41 +158,52 @@ def _one_kernel(ctx, flag, *, build, criteria, mode_kw) -> dict:
     return row
 
 
-def summarise(rows: dict[str, dict]) -> dict[str, Any]:
-    """Flat gate measurements from the per-flag rows: `totals`, then each flag's own (`per_flag`)."""
-    return {**totals(rows), **per_flag(rows)}
+def summarise(rows: dict[str, dict]) -> KernelsMeasurements:
+    """The record's comparisons part, from the per-flag rows: `totals`, and each flag's own (`per_flag`)."""
+    return KernelsMeasurements.from_parts(totals(rows), per_kernel=per_flag(rows))
 
 
 def _precision_change(flag: str) -> bool:
     return parse_flag(flag)[0] in PRECISION_FIELDS
 
 
-def totals(rows: dict[str, dict]) -> dict[str, Any]:
-    """Counts, the worst errors and which kernel/param, over every kernel that applies (the fp32 errors
-    over the kernels of the same arithmetic; float8's against its own bound, kernels_float8.totals)."""
+def _worst(compared: dict[str, dict], error: str) -> tuple[float | None, str | None]:
+    """(the worst of one per-kernel `error` over the compared rows, its flag); a row without it (it raised)
+    is the worst (inf); (None, None) with nothing compared."""
+    values = {f: (_finite(r[error]) if error in r else math.inf) for f, r in compared.items()}
+    flag = max(values, key=values.get) if values else None
+    return (values[flag] if flag else None), flag
+
+
+def totals(rows: dict[str, dict]) -> KernelsMeasurements:
+    """The record's totals part: counts, the worst errors and which kernel/param, over every kernel that
+    applies (the fp32 errors over the kernels of the same arithmetic; float8's against its own bound,
+    kernels_float8.totals)."""
     applies = {f: r for f, r in rows.items() if r["status"] != "not_applicable"}
-    m: dict[str, Any] = {
-        "kernels_considered": len(rows),
-        "kernels_applicable": len(applies),
-        "kernels_compared": sum(r["status"] == "compared" for r in applies.values()),
-        "kernels_raised": sum(r["status"] == "raised" for r in applies.values()),
-        "kernels_not_applicable": len(rows) - len(applies),
-        **kernels_float8.totals(rows),
-    }
     compared = {f: r for f, r in applies.items() if not _precision_change(f)}
-    worst_overall, worst_flag = -1.0, None
-    for name, metric in ERROR_METRICS.items():
-        values = {f: (_finite(r[name]) if name in r else math.inf) for f, r in compared.items()}
-        flag = max(values, key=values.get) if values else None
-        m[metric] = values[flag] if flag else None
-        m[metric.replace("_rel_err", "_kernel")] = flag
-        if flag and values[flag] > worst_overall:
-            worst_overall, worst_flag = values[flag], flag
-    m["worst_kernel"] = worst_flag
-    grad_flag = m["worst_grad_kernel"]
-    m["worst_grad_param"] = compared[grad_flag].get("worst_param") if grad_flag else None
-    m["grads_excused_as_rounding"] = sum(len(r.get("excused_as_rounding", ())) for r in compared.values())
-    return m
+    loss, loss_flag = _worst(compared, "loss_rel_err")
+    logits, logits_flag = _worst(compared, "logits_rel_err")
+    grad, grad_flag = _worst(compared, "max_grad_rel_err")
+    # the worst of any kind: the first, in ERROR_METRICS' order, of the largest of the three
+    worst = max(((v, f) for v, f in ((loss, loss_flag), (logits, logits_flag), (grad, grad_flag)) if f),
+                key=lambda vf: vf[0], default=(None, None))[1]  # fmt: skip
+    return KernelsMeasurements.from_parts(
+        kernels_float8.totals(rows),
+        kernels_considered=len(rows),
+        kernels_applicable=len(applies),
+        kernels_compared=sum(r["status"] == "compared" for r in applies.values()),
+        kernels_raised=sum(r["status"] == "raised" for r in applies.values()),
+        kernels_not_applicable=len(rows) - len(applies),
+        worst_loss_rel_err=loss,
+        worst_loss_kernel=loss_flag,
+        worst_logits_rel_err=logits,
+        worst_logits_kernel=logits_flag,
+        worst_grad_rel_err=grad,
+        worst_grad_kernel=grad_flag,
+        worst_grad_param=compared[grad_flag].get("worst_param") if grad_flag else None,
+        grads_excused_as_rounding=sum(len(r.get("excused_as_rounding", ())) for r in compared.values()),
+        worst_kernel=worst,
+    )
 
 
 def per_flag(rows: dict[str, dict]) -> dict[str, Any]:
@@ -298,13 +313,14 @@ class Bench:
             return f"{flag} fails in {self.mode}: {type(e).__name__}: {e}"
         return None if check["ok"] else check["reason"]
 
-    def setting(self) -> dict[str, Any]:
-        """The measurements that say where the kernels were compared and timed."""
+    def setting(self) -> KernelsMeasurements:
+        """The record's setting part: where the kernels were compared and timed."""
         t, (cb, cs, why) = self.cfg.training, self.compare
-        return dict(compare_dtype="float32", compare_batch_size=cb, compare_seq_len=cs, compare_shape_why=why,
-                    measure_batch_size=t.batch_size, measure_seq_len=t.seq_len, timing_protocol=self.proto.settings(),
-                    recipe_dtype=str(self.dtype).removeprefix("torch."), captured=self.captured,
-                    execution_mode=self.mode)  # fmt: skip
+        return KernelsMeasurements(
+            compare_dtype="float32", compare_batch_size=cb, compare_seq_len=cs, compare_shape_why=why,
+            measure_batch_size=t.batch_size, measure_seq_len=t.seq_len, timing_protocol=self.proto.settings(),
+            recipe_dtype=str(self.dtype).removeprefix("torch."), captured=self.captured, execution_mode=self.mode,
+        )  # fmt: skip
 
 
 def run(ctx: RungContext) -> RungResult:
@@ -321,15 +337,17 @@ def run(ctx: RungContext) -> RungResult:
             edits, choices = decide_all(inputs, time=steps.compare, peak=bench.peak, rule=MemoryRule.of_checklist())
     mark_rows(rows, choices)
     tell(ctx, choices)
-    proposed = [f"{e.key}={e.value}" for e in edits]  # written only if the gate passes
-    m = KernelsMeasurements(
-        **totals(rows), per_kernel=per_flag(rows), **bench.setting(), proposed_recipe_edits=proposed,
-        precision=gate_recipe.precision(bench.cfg.training), whole_step_trainers=steps.built,
-    )
+    precision = gate_recipe.precision(bench.cfg.training)
     # the kernels were proved in fp32, one by one; the recipe they leave runs whole in its own precision
     _, whole = train_run.train_recipe(ctx, edits, steps=gate_recipe.param(RUNG, "recipe_steps"),
-                                    label=f"kernels: the recipe with its kernels ({bench.mode}, {m.precision})")
-    m.update(recipe_steps_run=len(whole.metrics), recipe_loss_curve=[r["loss"] for r in whole.metrics])
+                                      label=f"kernels: the recipe with its kernels ({bench.mode}, {precision})")
+    # the record, once: the comparisons' and the setting's parts, the edits proposed and the whole run
+    m = KernelsMeasurements.from_parts(
+        summarise(rows), bench.setting(),
+        proposed_recipe_edits=[f"{e.key}={e.value}" for e in edits],  # written only if the gate passes
+        precision=precision, whole_step_trainers=steps.built,
+        recipe_steps_run=len(whole.metrics), recipe_loss_curve=[r["loss"] for r in whole.metrics],
+    )  # fmt: skip
     for e in edits:
         ctx.log(f"kernels: recipe keeps {e.key} = {e.value!r} ({e.why}) if the gate passes")
     return RungResult(

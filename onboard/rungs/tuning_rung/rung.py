@@ -14,6 +14,10 @@ kept only by the keep rule (tuning/decisions.py), each recording its Decision. T
 recipe (every kept change together) is classified against the untuned recipe on the same rows,
 run once as a whole through `Trainer.train`, and profiled (tuning/profile.py). The kept values
 come back as recipe edits, written by the engine only when the gate passed.
+
+Its gate is checklists/tuning.yaml; what it measures is TuningMeasurements
+(onboard/ladder/measurements/training_measurements.py), built once at the end of `run` from the
+changes' and the final recipe's part (`summarise`), the final run's speed and the rest by keyword.
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ from onboard.ladder.contract import SHIPPED, RecipeEdit, RungContext, RungResult
 from onboard.rungs.tuning_rung.batch import BatchTrials, max_doublings
 from onboard.rungs.tuning_rung.recompute import kept_not_exact, try_checkpointing
 from onboard.rungs.tuning_rung.decisions import change_decision, keep_rule
-from onboard.ladder.measurements.training_measurements import TuningMeasurements
+from onboard.ladder.measurements.training_measurements import SteadyRun, TuningMeasurements
 from onboard.ladder.table import TUNING_KEYS
 from onboard.rungs.tuning_rung.runs import Runs
 from titan_core.config.loader import get_key, load_toml, with_keys
@@ -314,59 +318,59 @@ def recipe_edits(tuner: Tuner, recipe) -> list[RecipeEdit]:
 
 
 def summarise(tuner: Tuner, final: dict, batch: dict, prof: dict) -> TuningMeasurements:
+    """The record's part of the changes tried, the final recipe against the untuned one and run whole,
+    the batch it runs and its profile (`final_check`, `Tuner.batch`, `profile`)."""
     kept = [c for c in tuner.changes if c["kept"]]
-    cls = final["classification"]
-    m = TuningMeasurements(**{
-        "changes_tried": len(tuner.changes),
-        "changes_kept": len(kept),
-        "kept_changes": [f"{c['change']} ({c['class']})" for c in kept],
-        "kept_unmeasured": sum(c["timing"] is None or c["class"] not in ("bit_identical", "rounding") for c in kept),
-        "kept_diverged": sum(c["class"] == "diverged" for c in kept),
-        "kept_rounding_without_curve": sum(c["class"] == "rounding" and not (c["curve"] or {}).get("ok") for c in kept),
-        "untuned_values": {k: get_key(tuner.base, k) for k in TUNED_KEYS},
-        "final_values": {k: get_key(tuner.cfg, k) for k in TUNED_KEYS},
-        "final_recipe": tuner.holder,
-        "final_class": cls["cls"],
-        "final_baseline": final["baseline"],
-        "final_baseline_why": final["baseline_why"],
-        "final_step1_loss_rel_err": cls["loss_rel"],
-        "final_step1_grad_norm_rel_err": cls["grad_norm_rel"],
-        "final_step1_loss": final["step1"]["loss"],
-        "final_step1_grad_norm": final["step1"]["grad_norm"],
-        "untuned_step1_loss": final["baseline_step1"]["loss"],
-        "untuned_step1_grad_norm": final["baseline_step1"]["grad_norm"],
-        "step1_loss": final["rows"][0]["loss"] if final["rows"] else None,
-        "final_run_whole": final["whole"],
-        "final_steps_run": final["steps_run"],
-        "batch_size": tuner.cfg.training.batch_size,
-        "grad_accum": tuner.cfg.training.grad_accum,
-        "global_batch_size": tuner.cfg.training.batch_size * tuner.cfg.training.grad_accum,
-        "seq_len": tuner.cfg.training.seq_len,
-        "batch_stopped": batch["stopped"],
-        "batch_why": batch["why"],
-        "fixed_global_batch": batch["fixed_global_batch"],
-        "memory_budget_bytes": batch["budget_bytes"],
-        "memory_budget_source": batch["budget_source"],
-        "profiled": "error" not in prof,
-        "profile_biggest": prof.get("biggest"),
-        "profile_lever": prof.get("lever"),
-        "profile_sum_rel_err": prof.get("sum_rel_err"),
-        "profile_within_tolerance": prof.get("sum_rel_err", math.inf) <= param("profile_sum_tolerance"),
-        "profile_trace": prof.get("trace"),
-        "timing_protocol": tuner.proto.settings(),
-        "device_kind": tuner.kind,
-        "precision": gate_recipe.precision(tuner.cfg.training),
-    })  # fmt: skip
-    if final["rows"]:
-        m.update(run_compare.run_stats(final["rows"]))
-    return m
+    cls, t = final["classification"], tuner.cfg.training
+    return TuningMeasurements(
+        changes_tried=len(tuner.changes),
+        changes_kept=len(kept),
+        kept_changes=[f"{c['change']} ({c['class']})" for c in kept],
+        kept_unmeasured=sum(c["timing"] is None or c["class"] not in ("bit_identical", "rounding") for c in kept),
+        kept_diverged=sum(c["class"] == "diverged" for c in kept),
+        kept_rounding_without_curve=sum(c["class"] == "rounding" and not (c["curve"] or {}).get("ok") for c in kept),
+        untuned_values={k: get_key(tuner.base, k) for k in TUNED_KEYS},
+        final_values={k: get_key(tuner.cfg, k) for k in TUNED_KEYS},
+        final_recipe=tuner.holder,
+        final_class=cls["cls"],
+        final_baseline=final["baseline"],
+        final_baseline_why=final["baseline_why"],
+        final_step1_loss_rel_err=cls["loss_rel"],
+        final_step1_grad_norm_rel_err=cls["grad_norm_rel"],
+        final_step1_loss=final["step1"]["loss"],
+        final_step1_grad_norm=final["step1"]["grad_norm"],
+        untuned_step1_loss=final["baseline_step1"]["loss"],
+        untuned_step1_grad_norm=final["baseline_step1"]["grad_norm"],
+        step1_loss=final["rows"][0]["loss"] if final["rows"] else None,
+        final_run_whole=final["whole"],
+        final_steps_run=final["steps_run"],
+        batch_size=t.batch_size,
+        grad_accum=t.grad_accum,
+        global_batch_size=t.batch_size * t.grad_accum,
+        seq_len=t.seq_len,
+        batch_stopped=batch["stopped"],
+        batch_why=batch["why"],
+        fixed_global_batch=batch["fixed_global_batch"],
+        memory_budget_bytes=batch["budget_bytes"],
+        memory_budget_source=batch["budget_source"],
+        profiled="error" not in prof,
+        profile_biggest=prof.get("biggest"),
+        profile_lever=prof.get("lever"),
+        profile_sum_rel_err=prof.get("sum_rel_err"),
+        profile_within_tolerance=prof.get("sum_rel_err", math.inf) <= param("profile_sum_tolerance"),
+        profile_trace=prof.get("trace"),
+        timing_protocol=tuner.proto.settings(),
+        device_kind=tuner.kind,
+        precision=gate_recipe.precision(t),
+    )  # fmt: skip
 
 
-def beside_eager_tokens(m: TuningMeasurements, evidence: dict) -> None:
-    """Tokens/s against the eager rung's: the fair ratio once the batch (tokens per step) changed."""
+def beside_eager_tokens(final_run: SteadyRun, evidence: dict) -> TuningMeasurements:
+    """The record's tokens/s against the eager rung's: the fair ratio once the batch (tokens per step) changed."""
     eager_tps = (evidence.get("eager") or {}).get("tokens_per_s")
-    m.eager_tokens_per_s = eager_tps
-    m.tokens_per_s_vs_eager = m.tokens_per_s / eager_tps if eager_tps and m.get("tokens_per_s") else None
+    mine = final_run.tokens_per_s
+    return TuningMeasurements(eager_tokens_per_s=eager_tps,
+                              tokens_per_s_vs_eager=mine / eager_tps if eager_tps and mine else None)  # fmt: skip
 
 
 def run(ctx: RungContext) -> RungResult:
@@ -399,17 +403,20 @@ def run(ctx: RungContext) -> RungResult:
             prof = profile(tuner)
         finally:
             runs.close()
-    m = summarise(tuner, final, batch, prof)
-    m.checkpoint_tried = checkpointing["tried"]
-    m.checkpoint_why = checkpointing["why"]
-    m.checkpoint_kept_not_exact = kept_not_exact(checkpointing, precision)
-    run_compare.beside_eager(m, ctx.evidence)
-    beside_eager_tokens(m, ctx.evidence)
     edits = recipe_edits(tuner, recipe)
-    m.proposed_recipe_edits = [f"{e.key}={e.value}" for e in edits]
-    # what the final run had on top of the recipe as it was: the recipe as the engine leaves it on a pass
-    m.flags = [f"--{e.key}={str(e.value).lower() if isinstance(e.value, bool) else e.value}" for e in edits]
-    m.execution_mode = execution_mode(base)
+    final_run = run_compare.steady(final["rows"])  # the final recipe's whole run (train_run.train: never empty)
+    # the record, once: the changes' and the final recipe's part, the final run's speed beside eager's, the rest
+    m = TuningMeasurements.from_parts(
+        summarise(tuner, final, batch, prof),
+        final_run, run_compare.beside_eager(final_run, ctx.evidence), beside_eager_tokens(final_run, ctx.evidence),
+        checkpoint_tried=checkpointing["tried"],
+        checkpoint_why=checkpointing["why"],
+        checkpoint_kept_not_exact=kept_not_exact(checkpointing, precision),
+        proposed_recipe_edits=[f"{e.key}={e.value}" for e in edits],
+        # what the final run had on top of the recipe as it was: the recipe as the engine leaves it on a pass
+        flags=[f"--{e.key}={str(e.value).lower() if isinstance(e.value, bool) else e.value}" for e in edits],
+        execution_mode=execution_mode(base),
+    )  # fmt: skip
     for e in edits:
         ctx.log(f"tuning: recipe keeps {e.key} = {e.value!r} ({e.why}) if the gate passes")
     final.pop("rows")

@@ -149,7 +149,10 @@ def device_memory(ps: ModelShape, lay: Layout, s: MemSetup, *, batch: int) -> Me
 
 def largest_batch(ps: ModelShape, lay: Layout, s: MemSetup, budget: int) -> tuple[int, MemoryEstimate]:
     """The largest batch in [1, MAX_BATCH] whose peak fits `budget`, and its memory (at batch 1 when none
-    fits: 0). Every moment is a + b x batch, so it is solved from two evaluations."""
+    fits: 0). Every moment is a + b x batch, so it is solved from two evaluations; where a moment is not
+    quite linear (a maximum of two linear terms, the loss head's chunk, integer rounding of the parts) and the
+    solution does not fit, the largest batch below it that fits is searched for: every moment only grows with
+    the batch, so a bracket (one batch that fits, one that does not) closes on it."""
     one, two = device_memory(ps, lay, s, batch=1), device_memory(ps, lay, s, batch=2)
     if one.total > budget:
         return 0, one
@@ -160,7 +163,21 @@ def largest_batch(ps: ModelShape, lay: Layout, s: MemSetup, budget: int) -> tupl
             best = min(best, 1 + (budget - one.moments[k]) // slope)
     best = max(1, best)
     mem = device_memory(ps, lay, s, batch=best)
-    while best > 1 and mem.total > budget:  # integer rounding of the parts
-        best -= 1
-        mem = device_memory(ps, lay, s, batch=best)
-    return best, mem
+    if mem.total <= budget:
+        return best, mem
+    lo, lo_mem, hi, hi_mem = 1, one, best, mem  # lo fits, hi does not
+    halve = False
+    while hi - lo > 1:
+        if halve:  # the interpolation did not halve the bracket last time: bisect
+            guess = (lo + hi) // 2
+        else:  # where the line through the bracket's ends meets the budget
+            guess = lo + (budget - lo_mem.total) * (hi - lo) // (hi_mem.total - lo_mem.total)
+        guess = min(max(guess, lo + 1), hi - 1)
+        width = hi - lo
+        mem = device_memory(ps, lay, s, batch=guess)
+        if mem.total <= budget:
+            lo, lo_mem = guess, mem
+        else:
+            hi, hi_mem = guess, mem
+        halve = 2 * (hi - lo) > width
+    return lo, lo_mem

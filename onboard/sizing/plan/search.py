@@ -307,10 +307,11 @@ def ranked(opts: list[Option]) -> list[Option]:
     for group in (on_device, offload):
         i = 0
         while i < len(group):
-            top = group[i].tokens_per_s
-            tie = [o for o in group[i:] if o.tokens_per_s >= top * (1 - TIE)]
-            out += sorted(tie, key=preference)
-            i += len(tie)
+            top, end = group[i].tokens_per_s, i + 1
+            while end < len(group) and group[end].tokens_per_s >= top * (1 - TIE):
+                end += 1  # the group is sorted by speed: the options tying with `top` are the ones right after it
+            out += sorted(group[i:end], key=preference)
+            i = end
     return out
 
 

@@ -57,7 +57,7 @@ from onboard.sizing.twin.kept_layers import (
 
 OWN_TWINS = {"flow": derive_flux_twin}
 """{model kind (ModelKind.name): its twin rule} for the kinds whose configs are not a decoder's
-(flux.py: a diffusers FLUX config); every other kind is shrunk as a decoder below."""
+(flux_twin.py: a diffusers FLUX config); every other kind is shrunk as a decoder below."""
 VOCAB = 2048
 WINDOW = 64
 """The debug models' shapes (titan_core/models/*/flavors.py): vocab 2048, window 64 (WIDTH: dim 256)."""

@@ -13,7 +13,8 @@ from titan_core.config.sections import GraphTrainer
 
 
 def _step(policy: str | None):
-    model, opt = build("llama3", n_layers=6)
+    # 2 blocks keep what 6 keep, block for block: full saves 0.238 of default here, 0.232 at 6 layers
+    model, opt = build("llama3")
     opts = GraphTrainer(memory_policy=policy) if policy else GraphTrainer(disable_passes=POLICY_PASSES)
     step = GraphTrainStep(model, opt, max_norm=1.0, grad_accum=1, config=opts)
     loss, norm = step.run(batches(1))

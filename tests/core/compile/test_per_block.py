@@ -58,9 +58,14 @@ def test_breaks_are_found_with_their_reason():
 
 @pytest.mark.whole_machine  # inductor's compile workers and g++ want both cores
 def test_inductor_simple_fsdp(tmp_path):
-    """The one inductor test: the default (SimpleFSDP) path, blocks compiled by inductor."""
-    _, eager = _step1(tiny_cfg("llama3", tmp_path / "e", steps=1))
-    t, compiled = _step1(tiny_cfg("llama3", tmp_path / "c", "--compile.enable", "--compile.backend=inductor", steps=1))
+    """The one inductor test: the default (SimpleFSDP) path, blocks compiled by inductor. One thread, as
+    tests/core/unit/test_activation_checkpoint.py's inductor case: its unchecked blocks are these graphs,
+    which inductor's FX graph cache then serves it (the thread count is part of the cache key)."""
+    one_thread = "--device.threads=1"
+    _, eager = _step1(tiny_cfg("llama3", tmp_path / "e", one_thread, steps=1))
+    t, compiled = _step1(
+        tiny_cfg("llama3", tmp_path / "c", one_thread, "--compile.enable", "--compile.backend=inductor", steps=1)
+    )
     assert abs(compiled - eager) <= 1e-5 * abs(eager)
     assert all(getattr(m, "_compiled_call_impl", None) is not None for m in (t.model.layers["0"], t.model.loss_head))
     # blocks reading SimpleFSDP's gathered DTensor parameters trace without a break too

@@ -135,20 +135,14 @@ def curve(rows: list[dict]) -> dict:
 def run_worker(
     scenario: str, nproc: int, out: Path, *args: str, timeout_s: float = 300, worker: str = "_worker.py"
 ) -> list[dict]:
-    """Run `WORKER SCENARIO OUT ARGS` (default `_worker.py`) on `nproc` ranks through the launcher; every
-    rank's results (each rank writes OUT/rank_<r>.json)."""
+    """Run `WORKER SCENARIO OUT ARGS` (default `_worker.py`) on `nproc` gloo ranks (_world.launch, its hang
+    guard `timeout_s` for the load); every rank's results (each rank writes OUT/rank_<r>.json)."""
     import json
-    import sys
 
-    from hang_guard import guarded_launch  # here, not at the top: _worker.py imports this module too
+    from _world import launch  # here, not at the top: _worker.py imports this module too
 
     out.mkdir(parents=True, exist_ok=True)
-    result = guarded_launch(
-        [sys.executable, str(Path(__file__).with_name(worker)), scenario, str(out), *args],
-        nproc,
-        timeout_s,
-        f"{worker} {scenario} on {nproc} ranks",
-        log_dir=out / "logs",
-    )
-    assert result.exit_code == 0, result.failure
+    failure = launch(Path(__file__).with_name(worker), [scenario, str(out), *args], nproc, timeout_s,
+                     f"{worker} {scenario} on {nproc} ranks", out / "logs")  # fmt: skip
+    assert failure is None, failure
     return [json.loads((out / f"rank_{r}.json").read_text()) for r in range(nproc)]

@@ -1,6 +1,6 @@
 """One rank of the composition matrix: `python _compose_worker.py WORLD OUT`.
 
-Started by titan_core.launcher. Trains every combination of _compose_cases.COMBOS whose world
+Started by _world.launch. Trains every combination of _compose_cases.COMBOS whose world
 size is WORLD, in one process group: first the parameters each rank holds against the one-process
 init bit for bit, then STEPS steps; and writes its loss and grad norm per step (and what titan_core
 built: its mesh, compiled blocks, pipeline stages, the experts' dispatch, a captured step) to OUT/rank_<r>.json.

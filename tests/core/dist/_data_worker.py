@@ -1,6 +1,6 @@
 """One rank of the streamed-data scenario: `python _data_worker.py OUT_DIR CORPUS TOKENIZER`.
 
-Started by titan_core.launcher on 2 ranks (SimpleFSDP over gloo). Two runs on the
+Started by _world.launch on 2 ranks (SimpleFSDP over gloo). Two runs on the
 same JSONL corpus: 4 steps straight, saving checkpoints at steps 2 and 4; then a folder holding
 only its step-2 checkpoint, resumed to step 4. Each rank writes what its loader handed out and
 the losses to OUT_DIR/rank_<r>.json.

@@ -1,16 +1,13 @@
-"""What the expert-parallel tests share: the launch of _ep_worker.py, the one-process reference
-(curve and step-1 gradients) and the comparison with it."""
+"""What the expert-parallel tests share: the rank worker (_ep_worker.py, launched by _world.py), the
+one-process reference (curve and step-1 gradients) and the comparison with it."""
 
 from __future__ import annotations
 
-import json
-import sys
 from pathlib import Path
 
 import torch
 from _cases import GLOBAL_BATCH, max_rel, tiny_cfg
 from _ep_worker import STEPS
-from hang_guard import guarded_launch
 
 from core_bounds import FSDP_LOSS_REL, KERNEL_FP32_REL
 from titan_core.measure.numerics import rel_l2
@@ -21,15 +18,6 @@ LOSS_TOL = FSDP_LOSS_REL
 GRAD_TOL = KERNEL_FP32_REL
 """Each parameter's step-1 gradient, relative L2: fp32 rounding (measured about 1.5e-7)."""
 WORKER = Path(__file__).with_name("_ep_worker.py")
-
-
-def launch(scenario: str, nproc: int, out: Path, *args: str) -> list[dict]:
-    """Every rank's results of `_ep_worker.py SCENARIO OUT ARGS` on `nproc` gloo ranks."""
-    out.mkdir(parents=True, exist_ok=True)
-    result = guarded_launch([sys.executable, str(WORKER), scenario, str(out), *args], nproc, 300,
-                            f"_ep_worker.py {scenario} on {nproc} ranks", log_dir=out / "logs")  # fmt: skip
-    assert result.exit_code == 0, result.failure
-    return [json.loads((out / f"rank_{r}.json").read_text()) for r in range(nproc)]
 
 
 def one_process(cfg) -> tuple[dict, dict]:

@@ -1,6 +1,6 @@
 """One rank of the expert-parallel tests: `python _ep_worker.py SCENARIO OUT_DIR [HF_CONFIG]`.
 
-Started by titan_core.launcher (gloo). Scenarios: `w2` (2 ranks: the tiny qwen3_moe at
+Started by _world.launch (gloo). Scenarios: `w2` (2 ranks: the tiny qwen3_moe at
 ep = 2, the same with a capacity that drops rows, a dense model refused, and the transformers
 path's Qwen3-MoE at ep = 2 unless HF_CONFIG is "-"), `w4` (4 ranks: dp_shard = 4, ep = 2).
 Each rank writes OUT/rank_<r>.json; rank 0 also writes each run's step-1 gradients (full

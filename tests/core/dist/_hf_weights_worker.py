@@ -1,6 +1,6 @@
 """One rank of the initial_hf / export test at world size 2: `python _hf_weights_worker.py OUT CKPT`.
 
-Started by titan_core.launcher (2 gloo ranks). Loads the tiny Llama in CKPT through
+Started by _world.launch (2 gloo ranks). Loads the tiny Llama in CKPT through
 checkpoint.initial_hf under SimpleFSDP, recording every read safetensors serves this rank (a
 slice's ranges, or a whole tensor), trains 3 steps, exports in 1 MB shards, and takes 10 greedy
 tokens from the sharded model; then one step from the same load under FSDP2, tensor parallel and

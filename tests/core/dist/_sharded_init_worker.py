@@ -1,6 +1,6 @@
 """One rank of the sharded-init test: `python _sharded_init_worker.py all OUT PORT_FILE HF_DIR`.
 
-Started by titan_core.launcher (2 gloo ranks). For every case (a path and a parallelism),
+Started by _world.launch (2 gloo ranks). For every case (a path and a parallelism),
 builds the Trainer (on meta, parallelised there, only this rank's shards made real and
 initialised: titan_core/parallel/sharded_init.py) and the one-process model of the same config
 (materialised whole, `init_weights(seed)`, cast: the init every gate compares against), gathers
@@ -67,7 +67,9 @@ def one_process(cfg) -> dict[str, torch.Tensor]:
     return dict(model.to(DTYPES[cfg.training.dtype]).named_parameters())
 
 
-def compare(cfg) -> dict:
+def compare(cfg, train: bool = False) -> dict:
+    """The built model's gathered parameters against the one-process init; `train`: then the 2 steps of its
+    run without activation checkpointing (`curve`'s "none", from this trainer: the config is the same)."""
     trainer = Trainer(cfg, quiet=True)
     want = one_process(cfg)
     unequal, compared = [], 0
@@ -80,6 +82,9 @@ def compare(cfg) -> dict:
     res = {"compared": compared, "unequal": unequal, "peak_full_bytes": record.peak_full_bytes,
            "budget_bytes": record.budget_bytes, "largest_param_bytes": max(t.numel() * 4 for t in want.values()),
            "whole_bytes": sum(t.numel() * 4 for t in want.values())}  # fmt: skip
+    if train:
+        assert cfg.activation_checkpoint.mode == "none" and cfg.activation_checkpoint.selective == "op"
+        res["ac_none"] = _train(trainer)
     trainer.close()
     return res
 
@@ -124,19 +129,25 @@ def memory(out: Path) -> dict:
 
 AC_CASES = ("native_simple_fsdp", "native_fsdp2", "native_tp", "native_ep", "native_cp", "native_pp",
             "transformers_simple_fsdp", "transformers_fsdp2", "flux_simple_fsdp")  # fmt: skip
-"""The cases also trained with [activation_checkpoint] (full and selective op) against without it."""
+"""The cases also trained with [activation_checkpoint] (full and selective op) against without it (the
+trainer whose init `compare` checked, trained on)."""
 
 
-def curve(cfg, mode: str, selective: str = "op", steps: int = 2) -> list[list[float]]:
+def curve(cfg, mode: str, selective: str = "op") -> list[list[float]]:
     cfg.activation_checkpoint.mode, cfg.activation_checkpoint.selective = mode, selective
     cfg.metrics.output_dir = f"{cfg.metrics.output_dir}_{mode}_{selective}"
     trainer = Trainer(cfg, quiet=True)
+    rows = _train(trainer)
+    trainer.close()
+    return rows
+
+
+def _train(trainer: Trainer, steps: int = 2) -> list[list[float]]:
     rows = []
     for _ in range(steps):
         trainer.step += 1
         row = trainer.train_step()
         rows.append([row["loss"], row["grad_norm"]])
-    trainer.close()
     return rows
 
 
@@ -168,17 +179,18 @@ def regather(cfg, reshard: bool, steps: int = 2) -> dict:
 
 def main(out: Path, port: str, hf_dir: Path) -> None:
     with distributed.process_group(torch.device("cpu"), timeout_s=120) as state:
-        res = {name: compare(cfg) for name, cfg in cases(out, port, hf_dir).items()}
+        res = {name: compare(cfg, train=name in AC_CASES) for name, cfg in cases(out, port, hf_dir).items()}
         res["memory"] = memory(out) if sys.platform.startswith("linux") else {}  # /proc/self/status: Linux
-        res["ac"] = {
-            name: {mode: curve(cases(out / f"ac_{mode}", port, hf_dir)[name], mode)
-                   for mode in ("none", "full", "selective")}
-            for name in AC_CASES
-        }  # fmt: skip
-        res["regather"] = {
-            name: {str(flag): regather(cases(out / f"rg_{flag}", port, hf_dir)[name], flag) for flag in (False, True)}
-            for name in REGATHER_CASES
-        }
+        res["ac"] = {name: {"none": res[name].pop("ac_none")} for name in AC_CASES}
+        for mode in ("full", "selective"):
+            cfgs = cases(out / f"ac_{mode}", port, hf_dir)
+            for name in AC_CASES:
+                res["ac"][name][mode] = curve(cfgs[name], mode)
+        res["regather"] = {name: {} for name in REGATHER_CASES}
+        for flag in (False, True):
+            cfgs = cases(out / f"rg_{flag}", port, hf_dir)
+            for name in REGATHER_CASES:
+                res["regather"][name][str(flag)] = regather(cfgs[name], flag)
     (out / f"rank_{state.rank}.json").write_text(json.dumps(res))
 
 

@@ -1,6 +1,6 @@
 """One rank of the transformers-path sharding test: `python _transformers_fsdp_worker.py OUT CONFIG_JSON`.
 
-Started by titan_core.launcher (2 gloo ranks). Trains the tiny transformers llama under
+Started by _world.launch (2 gloo ranks). Trains the tiny transformers llama under
 SimpleFSDP and under FSDP2 on this rank's half of the global batch; writes OUT/rank_<r>.json.
 """
 

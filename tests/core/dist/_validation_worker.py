@@ -1,6 +1,6 @@
 """One rank of the 2-rank validation test: `python _validation_worker.py OUT CORPUS`.
 
-Started by titan_core.launcher (2 gloo ranks). For SimpleFSDP, FSDP2 (each rank half of
+Started by _world.launch (2 gloo ranks). For SimpleFSDP, FSDP2 (each rank half of
 the global batch) and TP = 2 (both ranks the whole batch): the validation of the freshly built
 model; SimpleFSDP then trains 3 steps validating at 2 and 3. Writes OUT/rank_<r>.json.
 """

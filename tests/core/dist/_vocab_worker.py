@@ -1,6 +1,6 @@
 """One rank of test_vocab_parallel.py: `python _vocab_worker.py OUT`.
 
-Started by titan_core.launcher (2 gloo ranks, both one TP group). For every case of
+Started by _world.launch (2 gloo ranks, both one TP group). For every case of
 _vocab_cases.py: the logits of `probe_tokens` before training, 3 steps, each step's loss and grad norm, step 1's whole gradients (rank 0
 saves them), the local shape and placement of the stored embedding and head, and how many
 parameter elements the rank stores; then a

@@ -1,6 +1,6 @@
 """One rank of a multi-process test scenario: `python _worker.py SCENARIO OUT_DIR [ARGS...]`.
 
-Started by titan_core.launcher (the environment gives RANK / WORLD_SIZE / MASTER_*). The
+Started by _world.launch (the environment gives RANK / WORLD_SIZE / MASTER_*). The
 process group is created once here and every Trainer reuses it. Each rank writes what
 it measured to OUT_DIR/rank_<r>.json; the pytest side compares with single-process runs.
 """

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import _world
 import pytest
-from _cases import CKPT, GLOBAL_BATCH, curve, flux_cfg, only_step_2, run_worker, tiny_cfg
+from _cases import CKPT, GLOBAL_BATCH, curve, flux_cfg, only_step_2, tiny_cfg
 
 from titan_core.train import run
 
@@ -39,14 +42,24 @@ def flux_reference(tmp_path_factory):
     return curve(run(cfg, quiet=True).metrics)
 
 
-@pytest.fixture(scope="session")
-def w2(tmp_path_factory):
-    """The one 2-rank launch (_worker.py's w2 scenario), which test_two_ranks.py and
-    test_token_mean.py both read: each launch costs every rank seconds of start-up."""
-    root = tmp_path_factory.mktemp("w2")
+_one_rank_dcp: dict = {}
+
+
+def _w2_args(root: Path) -> list[str]:
     # a 1-rank run that saves at steps 2 and 4; the 2-rank worker resumes its step-2
     one_rank = run(tiny_cfg("llama3", root / "dcp_b", *CKPT, steps=4), quiet=True)
     assert one_rank.world_size == 1 and one_rank.data_parallel == "simple_fsdp"
-    resume_here = only_step_2(root / "dcp_b", root / "dcp_b_resume")
-    ranks = run_worker("w2", 2, root / "out", str(resume_here))
-    return {"root": root, "out": root / "out", "ranks": ranks, "one_rank_dcp": curve(one_rank.metrics)}
+    _one_rank_dcp[root] = curve(one_rank.metrics)
+    return ["w2", str(root / "out"), str(only_step_2(root / "dcp_b", root / "dcp_b_resume"))]
+
+
+W2 = _world.job("w2", 2, Path(__file__).with_name("_worker.py"), _w2_args,
+                *(Path(__file__).with_name(f) for f in ("test_two_ranks.py", "test_token_mean.py")))  # fmt: skip
+
+
+@pytest.fixture(scope="session")
+def w2(request):
+    """_worker.py's w2 scenario, which test_two_ranks.py and test_token_mean.py both read, in the session's
+    one 2-rank launch (_world.py): each launch costs every rank seconds of start-up."""
+    res = _world.results(request, W2)
+    return {"root": res.folder, "out": res.out, "ranks": res.ranks, "one_rank_dcp": _one_rank_dcp[res.folder]}

@@ -1,14 +1,17 @@
 """The composition matrix (README, "Parallel degrees that compose"): every combination of
-_compose_cases.COMBOS trained on gloo, one launch per world size (4 ranks where two degrees meet, 8
-where three do), against one plain process on the same rows: every parameter's sharded init equal to the
-one-process init bit for bit, then fp32, 3 steps, every step's loss and grad norm within the gates'
-fp32 bound; and each run built what it names (its mesh, its pipeline
-stages, its compiled blocks). The combinations titan_core still refuses are checked at the end, one
-line each, before anything is built.
+_compose_cases.COMBOS trained on gloo, one launch per world size (4 ranks where two degrees meet, in the
+session's one 4-rank launch: _world.py; 8 where three do), against one plain process on the same rows:
+every parameter's sharded init equal to the one-process init bit for bit, then fp32, 3 steps, every
+step's loss and grad norm within the gates' fp32 bound; and each run built what it names (its mesh, its
+pipeline stages, its compiled blocks). The combinations titan_core still refuses are checked at the end,
+one line each, before anything is built.
 """
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import _world
 import pytest
 from _cases import max_rel, run_worker, tiny_cfg
 from _compose_cases import COMBOS, combo_cfg, reference_cfg, world_of
@@ -35,10 +38,18 @@ def _reference(model: str, out) -> dict:
     return {"loss": [r["loss"] for r in rows], "grad_norm": [r["grad_norm"] for r in rows]}
 
 
+WORKER = Path(__file__).with_name("_compose_worker.py")
+JOB4 = _world.job("compose4", 4, WORKER, lambda root: ["4", str(root / "out")], __file__)
+
+
+@pytest.mark.whole_machine  # its ranks meet at every collective: the background climbs pause
 @pytest.mark.parametrize("world", [4, 8])
-def test_every_combination_matches_one_process(tmp_path, world):
+def test_every_combination_matches_one_process(request, tmp_path, world):
     names = [n for n in COMBOS if world_of(n) == world]
-    ranks = run_worker(str(world), world, tmp_path, worker="_compose_worker.py", timeout_s=420 if world == 8 else 300)
+    if world == 4:  # in the session's one 4-rank launch (_world.py)
+        ranks = _world.results(request, JOB4).ranks
+    else:
+        ranks = run_worker(str(world), world, tmp_path, worker=WORKER.name, timeout_s=420)
     refs = {m: _reference(m, tmp_path) for m in {COMBOS[n][0] for n in names}}
     for name in names:
         model, flags = COMBOS[name]

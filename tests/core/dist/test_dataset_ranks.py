@@ -3,11 +3,11 @@ of them, and a run resumed from its checkpoint continues every rank's token stre
 
 from __future__ import annotations
 
-import json
 import re
 import sys
 from pathlib import Path
 
+import _world
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parents[1]))  # tests/core: the tiny tokenizer and corpus helpers
@@ -21,19 +21,20 @@ pytestmark = pytest.mark.whole_machine  # its ranks meet at every collective: th
 DOCS = 20
 
 
-@pytest.fixture(scope="module")
-def ranks(tmp_path_factory):
-    from hang_guard import guarded_launch
-
-    root = tmp_path_factory.mktemp("dataset_ranks")
+def _args(root: Path) -> list[str]:
     tok = write_tokenizer(root / "tokenizer")
     corpus = write_jsonl(root / "corpus.jsonl", [{"text": doc_text(i)} for i in range(DOCS)], raw_lines={7: "{broken"})
-    worker = Path(__file__).with_name("_data_worker.py")
-    result = guarded_launch([sys.executable, str(worker), str(root / "out"), str(corpus), str(tok)], 2, 240,
-                            "_data_worker.py on 2 ranks", log_dir=root / "out" / "logs")  # fmt: skip
-    assert result.exit_code == 0, result.failure
-    out = [json.loads((root / "out" / f"rank_{r}.json").read_text()) for r in range(2)]
-    return out, load_hf_tokenizer(str(tok), model_vocab_size=512)
+    return [str(root / "out"), str(corpus), str(tok)]
+
+
+JOB = _world.job("dataset", 2, Path(__file__).with_name("_data_worker.py"), _args, __file__)
+
+
+@pytest.fixture(scope="module")
+def ranks(request):
+    """(the ranks' results, the tokenizer), from the session's one 2-rank launch (_world.py)."""
+    res = _world.results(request, JOB)
+    return res.ranks, load_hf_tokenizer(str(res.folder / "tokenizer"), model_vocab_size=512)
 
 
 def _docs(tok, batches) -> set[int]:

@@ -1,8 +1,8 @@
 """Expert parallelism (titan_core/parallel/expert_parallel.py) against one plain process.
 
-One launch of 2 gloo ranks (_ep_worker.py) at ep = 2 (each rank holds 2 of the 4 experts, whole):
-the native qwen3_moe, the same with a capacity that drops rows, the transformers path's Qwen3-MoE,
-a dense model refused (4 ranks: test_expert_parallel_four_ranks.py).
+2 gloo ranks (_ep_worker.py, in the session's one 2-rank launch: _world.py) at ep = 2 (each rank holds
+2 of the 4 experts, whole): the native qwen3_moe, the same with a capacity that drops rows, the
+transformers path's Qwen3-MoE, a dense model refused (4 ranks: test_expert_parallel_four_ranks.py).
 References: the same rows in one process as dp micro-batches accumulated (the load-balancing
 loss is per forward pass: tests/core/dist/conftest.py), fp32, same seed. The refusals run here.
 """
@@ -12,9 +12,10 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+import _world
 import pytest
 from _cases import GLOBAL_BATCH, max_rel, tiny_cfg
-from _ep_cases import LOSS_TOL, assert_same, launch, native_reference, one_process
+from _ep_cases import LOSS_TOL, WORKER, assert_same, native_reference, one_process
 from _ep_worker import STEPS
 from _transformers_fsdp_worker import tf_cfg
 
@@ -31,18 +32,28 @@ except ImportError:
     HAS_TRANSFORMERS = False
 
 
+def _hf_config(root: Path) -> str:
+    """The transformers Qwen3-MoE's config.json, "-" without transformers."""
+    if not HAS_TRANSFORMERS:
+        return "-"
+    transformers.Qwen3MoeConfig(
+        hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+        intermediate_size=128, moe_intermediate_size=64, num_experts=4, num_experts_per_tok=2, vocab_size=256,
+        max_position_embeddings=256, norm_topk_prob=True,
+    ).to_json_file(root / "qwen3_moe.json")  # fmt: skip
+    return str(root / "qwen3_moe.json")
+
+
+JOB = _world.job("ep_w2", 2, WORKER, lambda root: ["w2", str(root / "out"), _hf_config(root)], __file__)
+
+
 @pytest.fixture(scope="module")
-def w2(tmp_path_factory):
-    root = tmp_path_factory.mktemp("ep_w2")
-    hf_config = "-"
-    if HAS_TRANSFORMERS:
-        hf_config = str(root / "qwen3_moe.json")
-        transformers.Qwen3MoeConfig(
-            hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
-            intermediate_size=128, moe_intermediate_size=64, num_experts=4, num_experts_per_tok=2, vocab_size=256,
-            max_position_embeddings=256, norm_topk_prob=True,
-        ).to_json_file(hf_config)  # fmt: skip
-    return root, hf_config, launch("w2", 2, root / "out", hf_config)
+def w2(request):
+    """(its folder, the transformers config or "-", the ranks' results): _ep_worker.py's w2 scenario, in the
+    session's one 2-rank launch (_world.py)."""
+    res = _world.results(request, JOB)
+    hf_config = str(res.folder / "qwen3_moe.json") if HAS_TRANSFORMERS else "-"
+    return res.folder, hf_config, res.ranks
 
 
 @pytest.mark.whole_machine

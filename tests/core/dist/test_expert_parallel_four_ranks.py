@@ -3,15 +3,19 @@
 
 from __future__ import annotations
 
+import _world
 import pytest
-from _ep_cases import assert_same, launch, native_reference
+from _ep_cases import WORKER, assert_same, native_reference
 
 pytestmark = pytest.mark.whole_machine  # its ranks meet at every collective: the background climbs pause
 
 
-def test_dp_shard4_ep2_matches_one_process(tmp_path_factory, tmp_path):
-    out = tmp_path_factory.mktemp("ep_w4")
-    ranks = launch("w4", 4, out)
+JOB = _world.job("ep_w4", 4, WORKER, lambda root: ["w4", str(root / "out")], __file__)
+
+
+def test_dp_shard4_ep2_matches_one_process(request, tmp_path):
+    res = _world.results(request, JOB)  # in the session's one 4-rank launch (_world.py)
+    out, ranks = res.out, res.ranks
     got = ranks[0]["native"]
     assert all(r["native"]["loss"] == got["loss"] for r in ranks)
     # 2 experts per ep rank, each split over edp = 2 along its second dim

@@ -1,9 +1,12 @@
-"""Four gloo ranks (one launcher run): HSDP on a 2 x 2 mesh, and SimpleFSDP 2 x TP 2."""
+"""Four gloo ranks (in the session's one 4-rank launch: _world.py): HSDP on a 2 x 2 mesh, and SimpleFSDP 2 x TP 2."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import _world
 import pytest
-from _cases import DENSE, HSDP, max_rel, param_reads_per_forward, run_worker
+from _cases import DENSE, HSDP, max_rel, param_reads_per_forward
 
 from core_bounds import FSDP_LOSS_REL
 
@@ -12,9 +15,13 @@ pytestmark = pytest.mark.whole_machine  # its ranks meet at every collective: th
 TOL = FSDP_LOSS_REL  # the simple_fsdp gate's fp32 bound (checklists/simple_fsdp.yaml step1_loss)
 
 
+JOB = _world.job("w4", 4, Path(__file__).with_name("_worker.py"), lambda root: ["w4", str(root / "out")], __file__)
+
+
 @pytest.fixture(scope="module")
-def w4(tmp_path_factory):
-    return run_worker("w4", 4, tmp_path_factory.mktemp("w4"))
+def w4(request):
+    """_worker.py's w4 scenario, in the session's one 4-rank launch (_world.py)."""
+    return _world.results(request, JOB).ranks
 
 
 @pytest.mark.parametrize("family", HSDP)

@@ -5,12 +5,10 @@ export reloads with AutoModelForCausalLM and generates what the sharded model ge
 
 from __future__ import annotations
 
-import json
-import sys
 from pathlib import Path
 
+import _world
 import pytest
-from hang_guard import guarded_launch
 
 from hf_tiny import hf_greedy, hf_loss, tiny_cfg, write_tiny_llama
 from titan_core.data import build_data_loader
@@ -25,16 +23,15 @@ LOSS_REL = 1e-5
 WORKER = Path(__file__).with_name("_hf_weights_worker.py")
 
 
+JOB = _world.job("hf_weights", 2, WORKER, lambda root: [str(root / "w2"), str(write_tiny_llama(root / "llama"))],
+                 __file__, out="w2")  # fmt: skip
+
+
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory):
-    root = tmp_path_factory.mktemp("hf_w2")
-    ckpt = write_tiny_llama(root / "llama")
-    out = root / "w2"
-    out.mkdir()
-    result = guarded_launch([sys.executable, str(WORKER), str(out), str(ckpt)], 2, 300,
-                            "_hf_weights_worker.py on 2 ranks", log_dir=out / "logs")  # fmt: skip
-    assert result.exit_code == 0, result.failure
-    return ckpt, root, [json.loads((out / f"rank_{r}.json").read_text()) for r in range(2)]
+def runs(request):
+    """(the checkpoint, its folder, the ranks' results), from the session's one 2-rank launch (_world.py)."""
+    res = _world.results(request, JOB)
+    return res.folder / "llama", res.folder, res.ranks
 
 
 def test_step1_loss_is_transformers_on_the_global_batch(runs):

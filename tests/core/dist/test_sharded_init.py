@@ -1,15 +1,16 @@
 """Sharded from the first byte: each rank builds its shards on meta and initialises them to the
 one-process init's values, bit for bit, on every path and parallelism, without ever holding the
 whole model (titan_core/parallel/sharded_init.py); and activation checkpointing under each
-parallelism, and SimpleFSDP's resharding after forward. One 2-rank launch (_sharded_init_worker.py)."""
+parallelism, and SimpleFSDP's resharding after forward. 2 gloo ranks (_sharded_init_worker.py, first in the
+session's one 2-rank launch: _world.py)."""
 
 from __future__ import annotations
 
 import sys
 from pathlib import Path
 
+import _world
 import pytest
-from _cases import run_worker
 
 
 PORT = '''
@@ -44,6 +45,7 @@ CASES = [
     "flux_simple_fsdp", "flux_fsdp2",
 ]  # fmt: skip
 MIB = 1 << 20
+pytestmark = pytest.mark.whole_machine  # its ranks meet at every collective: the background climbs pause
 
 
 def _hf_configs(folder: Path) -> Path:
@@ -60,14 +62,19 @@ def _hf_configs(folder: Path) -> Path:
     return folder
 
 
-@pytest.fixture(scope="module")
-def ranks(tmp_path_factory):
-    root = tmp_path_factory.mktemp("sharded_init")
+def _args(root: Path) -> list[str]:
     port = root / "port_model.py"
     port.write_text(PORT)
-    hf_dir = _hf_configs(root / "hf")
-    return run_worker("all", 2, root / "out", str(port), str(hf_dir), timeout_s=400,
-                      worker="_sharded_init_worker.py")  # fmt: skip
+    return ["all", str(root / "out"), str(port), str(_hf_configs(root / "hf"))]
+
+
+JOB = _world.job("sharded_init", 2, Path(__file__).with_name("_sharded_init_worker.py"), _args, __file__)
+
+
+@pytest.fixture(scope="module")
+def ranks(request):
+    """The ranks' results, from the session's one 2-rank launch (_world.py)."""
+    return _world.results(request, JOB).ranks
 
 
 @pytest.mark.parametrize("case", CASES)

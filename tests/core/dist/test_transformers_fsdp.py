@@ -4,13 +4,11 @@ both match one plain process on the same rows to the simple_fsdp gate's fp32 tol
 
 from __future__ import annotations
 
-import json
-import sys
 from pathlib import Path
 
+import _world
 import pytest
 from _cases import curve, max_rel
-from hang_guard import guarded_launch
 
 from core_bounds import FSDP_LOSS_REL
 from titan_core.train import run
@@ -22,27 +20,24 @@ TOL = FSDP_LOSS_REL  # the simple_fsdp gate's fp32 bound (checklists/simple_fsdp
 WORKER = Path(__file__).with_name("_transformers_fsdp_worker.py")
 
 
+def _args(root: Path) -> list[str]:
+    transformers.LlamaConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                             intermediate_size=128, vocab_size=256, max_position_embeddings=256).to_json_file(
+        root / "config.json")  # fmt: skip
+    return [str(root / "w2"), str(root / "config.json")]
+
+
+JOB = _world.job("tf_fsdp", 2, WORKER, _args, __file__, out="w2")
+
+
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory):
-    sys.path.insert(0, str(WORKER.parent))
+def runs(request):
+    """(one plain process's curve, the ranks' results: the session's one 2-rank launch, _world.py)."""
     from _transformers_fsdp_worker import tf_cfg
 
-    root = tmp_path_factory.mktemp("tf_fsdp")
-    cfg_path = root / "config.json"
-    transformers.LlamaConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                             intermediate_size=128, vocab_size=256, max_position_embeddings=256).to_json_file(cfg_path)  # fmt: skip
-    ref = curve(run(tf_cfg(root / "ref", str(cfg_path), "--parallelism.data_parallel=none"), quiet=True).metrics)
-    out = root / "w2"
-    out.mkdir()
-    result = guarded_launch(
-        [sys.executable, str(WORKER), str(out), str(cfg_path)],
-        2,
-        300,
-        "_transformers_fsdp_worker.py on 2 ranks",
-        log_dir=out / "logs",
-    )
-    assert result.exit_code == 0, result.failure
-    return ref, [json.loads((out / f"rank_{r}.json").read_text()) for r in range(2)]
+    res = _world.results(request, JOB)
+    cfg = tf_cfg(res.folder / "ref", str(res.folder / "config.json"), "--parallelism.data_parallel=none")
+    return curve(run(cfg, quiet=True).metrics), res.ranks
 
 
 @pytest.mark.parametrize("mode", ["simple_fsdp", "fsdp2"])

@@ -4,12 +4,10 @@ SimpleFSDP run logs it at the steps one process does."""
 
 from __future__ import annotations
 
-import json
-import sys
 from pathlib import Path
 
+import _world
 import pytest
-from hang_guard import guarded_launch
 from held_out_data import make_cfg, write_corpus
 
 from core_bounds import FSDP_LOSS_REL
@@ -21,19 +19,18 @@ pytestmark = pytest.mark.whole_machine  # its ranks meet at every collective: th
 WORKER = Path(__file__).with_name("_validation_worker.py")
 
 
+JOB = _world.job("validation", 2, WORKER, lambda root: [str(root / "w2"), str(write_corpus(root))], __file__,
+                 out="w2")  # fmt: skip
+
+
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory):
-    root = write_corpus(tmp_path_factory.mktemp("val2"))
+def runs(request):
+    """(one plain process's validation, the ranks' results: the session's one 2-rank launch, _world.py)."""
+    res = _world.results(request, JOB)
+    root = res.folder
     one = Trainer(make_cfg(root, steps=3, freq=2, out=root / "one"), quiet=True)
     ref = {"untrained": one.validator.run(one.model), "rows": one.train().metrics}
-    out = root / "w2"
-    out.mkdir()
-    result = guarded_launch(
-        [sys.executable, str(WORKER), str(out), str(root)], 2, 300, "_validation_worker.py on 2 ranks",
-        log_dir=out / "logs",
-    )  # fmt: skip
-    assert result.exit_code == 0, result.failure
-    return ref, [json.loads((out / f"rank_{r}.json").read_text()) for r in range(2)]
+    return ref, res.ranks
 
 
 @pytest.mark.parametrize("mode", ["simple_fsdp", "fsdp2", "tp"])

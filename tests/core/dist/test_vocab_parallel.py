@@ -1,13 +1,13 @@
 """TP = 2 with the vocabulary split (titan_core/parallel/vocab_parallel.py): the token embedding by rows,
 the output head by columns, the loss on the vocab-sharded logits, against one plain process.
 
-Two gloo ranks, both one TP group, run every case of _vocab_cases.py (untied and tied heads, with and
-without sequence parallel, the plain loss and fused_ce, z-loss and glimmer's soft-cap) for 3 steps; one
-plain eager process runs each on the same rows. Step 1's loss and grad norm are held to the simple_fsdp
-gate's fp32 bound (FSDP_*_REL), every parameter's whole step-1 gradient and the 3-step loss and grad-norm
-curves to the kernels gate's (a loss head computed another way: KERNEL_FP32_REL), as are `forward`'s
-logits before training (gathered whole from the slices); each rank stores half of the embedding and head,
-and titan_core's memory estimate counts what it stores.
+Two gloo ranks (in the session's one 2-rank launch: _world.py), both one TP group, run every case of
+_vocab_cases.py (untied and tied heads, with and without sequence parallel, the plain loss and fused_ce,
+z-loss and glimmer's soft-cap) for 3 steps; one plain eager process runs each on the same rows. Step 1's
+loss and grad norm are held to the simple_fsdp gate's fp32 bound (FSDP_*_REL), every parameter's whole
+step-1 gradient and the 3-step loss and grad-norm curves to the kernels gate's (a loss head computed
+another way: KERNEL_FP32_REL), as are `forward`'s logits before training (gathered whole from the slices);
+each rank stores half of the embedding and head, and titan_core's memory estimate counts what it stores.
 
 Why the later steps get the looser bound and no per-parameter check: AdamW's first update is about
 lr x sign(g) per entry, so rounding-level differences in near-zero entries become lr-sized weight
@@ -17,15 +17,13 @@ process, plain and fused_ce, do the same: 5e-7 at step 1, 1e-5 at step 2 on glim
 
 from __future__ import annotations
 
-import json
-import sys
 from pathlib import Path
 
+import _world
 import pytest
 import torch
 from _cases import max_rel
 from _vocab_cases import CASES, STEPS, case_cfg, probe_tokens
-from hang_guard import guarded_launch
 from torch import nn
 
 from core_bounds import FSDP_GRAD_NORM_REL, FSDP_LOSS_REL, KERNEL_FP32_REL
@@ -42,13 +40,14 @@ pytestmark = pytest.mark.whole_machine  # its ranks meet at every collective: th
 WORKER = Path(__file__).with_name("_vocab_worker.py")
 
 
+JOB = _world.job("vocab", 2, WORKER, lambda root: [str(root / "out")], __file__)
+
+
 @pytest.fixture(scope="module")
-def ranks(tmp_path_factory):
-    out = tmp_path_factory.mktemp("vocab_tp")
-    result = guarded_launch([sys.executable, str(WORKER), str(out)], 2, 300, "_vocab_worker.py on 2 ranks",
-                            log_dir=out / "logs")  # fmt: skip
-    assert result.exit_code == 0, result.failure
-    return out, [json.loads((out / f"rank_{r}.json").read_text()) for r in range(2)]
+def ranks(request):
+    """(the folder of its files, the ranks' results), from the session's one 2-rank launch (_world.py)."""
+    res = _world.results(request, JOB)
+    return res.out, res.ranks
 
 
 def _one_process(name: str, out: Path) -> tuple[dict, dict, torch.Tensor]:

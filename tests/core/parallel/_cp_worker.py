@@ -1,6 +1,6 @@
 """One rank of the context-parallel test: `python _cp_worker.py OUT ROOT SCENARIO`.
 
-Started by titan_core.launcher. SCENARIO cp2 (2 ranks): every case of _cp_cases.CASES at
+Started by tests/core/dist/_world.py. SCENARIO cp2 (2 ranks): every case of _cp_cases.CASES at
 cp = 2 (both ranks read the whole global batch); dp2cp2 (4 ranks): the causal case at dp_shard = 2
 x cp = 2 under SimpleFSDP and FSDP2, and at dp_replicate = 2 x cp = 2 (HSDP). Each trains STEPS
 steps (`train_steps`); rank 0 saves the full gradients of step 1 to OUT/<run>.grads.pt; every rank

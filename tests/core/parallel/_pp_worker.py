@@ -1,6 +1,6 @@
 """One rank of the pipeline-parallel test: `python _pp_worker.py SCENARIO OUT CORPUS`.
 
-Started by titan_core.launcher. SCENARIO pp2 (2 ranks): every case of _pp_cases.TWO_RANKS at
+Started by tests/core/dist/_world.py. SCENARIO pp2 (2 ranks): every case of _pp_cases.TWO_RANKS at
 pp = 2; pp2dp2 (4 ranks): each run of _pp_cases.FOUR_RANKS (pp = 2 x dp_shard = 2, pp = 2 x dp_replicate
 = 2). Each scenario in one process group.
 After the last step each rank saves its stages' parameters (full tensors: a collective) to

@@ -1,8 +1,9 @@
 """Context parallelism (titan_core/parallel/context_parallel.py).
 
-Unit (no processes): the head-tail balancer's index, the position mask, the refusals. Two gloo
-launches: cp = 2 on 2 ranks for each case of _cp_cases.CASES (causal, sliding window on sdpa, glimmer's
-window + NoPE layers on the naive core, MoE, packed documents with validation), and on 4 ranks
+Unit (no processes): the head-tail balancer's index, the position mask, the refusals. On gloo, each in
+the session's one launch of its world size (tests/core/dist/_world.py): cp = 2 on 2 ranks for each case
+of _cp_cases.CASES (causal, sliding window on sdpa, glimmer's window + NoPE layers on the naive core,
+MoE, packed documents with validation), and on 4 ranks
 dp_shard = 2 x cp = 2 (SimpleFSDP, FSDP2) and dp_replicate = 2 x cp = 2; each against one plain
 process (cp = 1) on the same global batch: every step's loss and grad norm, every parameter's
 gradient of step 1.
@@ -10,7 +11,6 @@ gradient of step 1.
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
@@ -18,7 +18,6 @@ import pytest
 import torch
 from _cp_cases import CASES, SEQ_LEN, STEPS, case_cfg, corpus_at
 from _cp_worker import train_steps
-from hang_guard import guarded_launch
 
 from titan_core.config.loader import ConfigError
 from titan_core.kernels.attention import FlexAttention
@@ -30,6 +29,9 @@ from titan_core.parallel.context_parallel import (
 )  # fmt: skip
 from titan_core.models.model_builder import build_model_from_config
 from titan_core.training.trainer import Trainer
+
+sys.path.insert(0, str(Path(__file__).parents[1] / "dist"))  # _world: the session's one launch per world size
+import _world  # noqa: E402
 
 CP_REL = 1.0e-5
 """fp32, cp = 2 vs cp = 1: the same mask and softmax per query, only the attention call (an explicit
@@ -103,13 +105,16 @@ def test_a_core_without_an_explicit_mask_is_refused_when_wrapped():
 # ---- cp = 2 and dp_shard = 2 x cp = 2 against one process ----------------------------------------
 
 
-def _launch(root: Path, scenario: str, nproc: int) -> list[dict]:
-    out = root / scenario
-    out.mkdir()
-    result = guarded_launch([sys.executable, str(WORKER), str(out), str(root), scenario], nproc, 300,
-                            f"_cp_worker.py {scenario} on {nproc} ranks", log_dir=out / "logs")  # fmt: skip
-    assert result.exit_code == 0, result.failure
-    return [json.loads((out / f"rank_{r}.json").read_text()) for r in range(nproc)]
+def _args(scenario: str):
+    def args(root: Path) -> list[str]:
+        corpus_at(root)
+        return [str(root / scenario), str(root), scenario]
+
+    return args
+
+
+CP2 = _world.job("cp2", 2, WORKER, _args("cp2"), __file__, out="cp2")
+DP2CP2 = _world.job("dp2cp2", 4, WORKER, _args("dp2cp2"), __file__, out="dp2cp2")
 
 
 def _reference(root: Path, case: str) -> dict:
@@ -137,13 +142,17 @@ def references(root):
 
 
 @pytest.fixture(scope="module")
-def cp2(root):
-    return _launch(root, "cp2", 2)
+def cp2(request):
+    """(its folder, the ranks' results), from the session's one 2-rank launch (tests/core/dist/_world.py)."""
+    res = _world.results(request, CP2)
+    return res.out, res.ranks
 
 
 @pytest.fixture(scope="module")
-def dp2cp2(root):
-    return _launch(root, "dp2cp2", 4)
+def dp2cp2(request):
+    """(its folder, the ranks' results), from the session's one 4-rank launch (tests/core/dist/_world.py)."""
+    res = _world.results(request, DP2CP2)
+    return res.out, res.ranks
 
 
 def _assert_matches(got: dict, want: dict, grads_file: Path) -> None:
@@ -158,11 +167,12 @@ def _assert_matches(got: dict, want: dict, grads_file: Path) -> None:
 
 @pytest.mark.whole_machine  # its ranks meet at every collective: the background climbs pause
 @pytest.mark.parametrize("case", list(CASES))
-def test_cp2_equals_one_process(cp2, references, root, case):
+def test_cp2_equals_one_process(cp2, references, case):
     want = references[case]
-    for rank in cp2:  # the logged loss is the all-reduced global token mean: the same on both ranks
+    out, ranks = cp2
+    for rank in ranks:  # the logged loss is the all-reduced global token mean: the same on both ranks
         got = rank[case]
-        _assert_matches(got, want, root / "cp2" / f"{case}.grads.pt")
+        _assert_matches(got, want, out / f"{case}.grads.pt")
         assert got["cp_cores"] == 2 and got["dp_world"] == 1 and got["loss_world"] == 2
         assert got["wq_local_rows"] * 2 == got["wq_rows"]  # parameters are sharded over cp too
 
@@ -171,7 +181,7 @@ def test_cp2_equals_one_process(cp2, references, root, case):
 def test_cp2_validation_counts_every_held_out_token_once(cp2, references):
     want = references["packed"]
     assert any(v is not None for v in want["val_loss"])
-    for rank in cp2:
+    for rank in cp2[1]:
         got = rank["packed"]
         assert got["val_tokens"] == want["val_tokens"]
         for a, b in zip(got["val_loss"], want["val_loss"]):
@@ -181,10 +191,11 @@ def test_cp2_validation_counts_every_held_out_token_once(cp2, references):
 
 @pytest.mark.whole_machine
 @pytest.mark.parametrize("mode, shards", [("simple_fsdp", 4), ("fsdp2", 4), ("hsdp", 2)])
-def test_dp2_cp2_equals_one_process(dp2cp2, references, root, mode, shards):
-    for rank in dp2cp2:
+def test_dp2_cp2_equals_one_process(dp2cp2, references, mode, shards):
+    out, ranks = dp2cp2
+    for rank in ranks:
         got = rank[mode]
-        _assert_matches(got, references["causal"], root / "dp2cp2" / f"{mode}.grads.pt")
+        _assert_matches(got, references["causal"], out / f"{mode}.grads.pt")
         assert got["dp_world"] == 2 and got["loss_world"] == 4
         # sharded over dp_shard x cp (HSDP: replicated over dp_replicate, sharded over cp)
         assert got["wq_local_rows"] * shards == got["wq_rows"]

@@ -1,24 +1,22 @@
 """Pipeline parallelism (titan_core/parallel/pipeline.py, titan_core/training/pipeline_step.py).
 
 Unit (no processes): the layer split, the stage placement, the stages' weights against the whole
-model's initialisation, the stages chained against the whole model's loss, the refusals. Two gloo
-launches: pp = 2 on 2 ranks for each case of _pp_cases.TWO_RANKS (gpipe, 1F1B, interleaved1F1B,
-pp_layers = [1, 3], packed documents, MoE), and pp = 2 x dp_shard = 2 and pp = 2 x dp_replicate = 2 on 4
-ranks; each against one
-plain process (pp = 1) with the same grad_accum over the same rows: every step's loss and grad
-norm, and every parameter after the last step.
+model's initialisation, the stages chained against the whole model's loss, the refusals. On gloo, each
+in the session's one launch of its world size (tests/core/dist/_world.py): pp = 2 on 2 ranks for each
+case of _pp_cases.TWO_RANKS (gpipe, 1F1B, interleaved1F1B, pp_layers = [1, 3], packed documents, MoE),
+and pp = 2 x dp_shard = 2 and pp = 2 x dp_replicate = 2 on 4 ranks; each against one plain process
+(pp = 1) with the same grad_accum over the same rows: every step's loss and grad norm, and every
+parameter after the last step.
 """
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
 import pytest
 import torch
 from _pp_cases import BATCH, CASES, COMMON, FOUR_RANKS, GRAD_ACCUM, STEPS, TWO_RANKS, case_cfg, corpus_at
-from hang_guard import guarded_launch
 
 from titan_core.config.loader import ConfigError
 from titan_core.measure.numerics import curve_max_rel, rel_l2
@@ -33,6 +31,9 @@ from titan_core.parallel.pipeline import (
     stage_layer_ids,
 )
 from titan_core.training.trainer import Trainer
+
+sys.path.insert(0, str(Path(__file__).parents[1] / "dist"))  # _world: the session's one launch per world size
+import _world  # noqa: E402
 
 PP_REL = 1.0e-5
 """fp32, pp = 2 vs pp = 1 with the same micro-batches: the same ops in the same order; only the grad
@@ -188,13 +189,22 @@ def test_refuses_models_it_cannot_split(family, overrides, match):
 # ---- two and four gloo ranks ----------------------------------------------------------------------
 
 
-def _launch(scenario: str, nproc: int, root: Path) -> list[dict]:
-    out = root / scenario
-    out.mkdir(parents=True)
-    result = guarded_launch([sys.executable, str(WORKER), scenario, str(out), str(root / "corpus")], nproc, 300,
-                            f"_pp_worker.py {scenario} on {nproc} ranks", log_dir=out / "logs")  # fmt: skip
-    assert result.exit_code == 0, result.failure
-    ranks = [json.loads((out / f"rank_{r}.json").read_text()) for r in range(nproc)]
+def _args(scenario: str):
+    def args(root: Path) -> list[str]:
+        return [scenario, str(root / scenario), str(corpus_at(root))]
+
+    return args
+
+
+PP2 = _world.job("pp2", 2, WORKER, _args("pp2"), __file__, out="pp2")
+PP2DP2 = _world.job("pp2dp2", 4, WORKER, _args("pp2dp2"), __file__, out="pp2dp2")
+
+
+def _launched(request, job) -> tuple[Path, list[dict]]:
+    """(its folder, the ranks' results, each run's parameters gathered from the ranks' files), from the
+    session's one launch of its world size (tests/core/dist/_world.py)."""
+    res = _world.results(request, job)
+    out, ranks, nproc = res.out, res.ranks, job.world
     for name in [n for n in ranks[0] if not n.startswith("checkpoints")]:
         params: dict[str, torch.Tensor] = {}
         for r in range(nproc):
@@ -203,7 +213,7 @@ def _launch(scenario: str, nproc: int, root: Path) -> list[dict]:
                 assert k not in params or torch.equal(params[k], v), (name, k)
             params |= got
         ranks[0][name]["params"] = params
-    return ranks
+    return out, ranks
 
 
 @pytest.fixture(scope="module")
@@ -214,13 +224,13 @@ def root(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def pp2(root):
-    return _launch("pp2", 2, root)
+def pp2(request):
+    return _launched(request, PP2)
 
 
 @pytest.fixture(scope="module")
-def pp2dp2(root):
-    return _launch("pp2dp2", 4, root)
+def pp2dp2(request):
+    return _launched(request, PP2DP2)
 
 
 def _reference(root: Path, name: str, batch_size: int) -> dict:
@@ -247,17 +257,19 @@ def _same_run(got: dict, want: dict, param_rel: float = PP_REL) -> None:
     assert worst <= param_rel, worst
 
 
+@pytest.mark.whole_machine  # its ranks meet at every collective: the background climbs pause
 @pytest.mark.parametrize("name", TWO_RANKS)
 def test_pp2_matches_one_process(pp2, root, name):
-    r0, r1 = pp2
+    r0, r1 = pp2[1]
     assert r0[name]["loss"] == r1[name]["loss"] and r0[name]["grad_norm"] == r1[name]["grad_norm"]
     _same_run(r0[name], _reference(root, name, BATCH))
     if name == "packed":  # validated after steps 2 and 3 (freq 2, and the last step)
         assert [v is not None for v in r0[name]["val_loss"]] == [False, True, True]
 
 
+@pytest.mark.whole_machine
 def test_pp2_stage_placement(pp2):
-    r0, r1 = pp2
+    r0, r1 = pp2[1]
     assert (r0["1F1B"]["stages"], r1["1F1B"]["stages"]) == ([0], [1])
     assert (r0["1F1B"]["layers"], r1["1F1B"]["layers"]) == (["0", "1"], ["2", "3"])
     assert (r0["interleaved1F1B"]["stages"], r1["interleaved1F1B"]["stages"]) == ([0, 2], [1, 3])
@@ -272,9 +284,10 @@ def test_pp2_stage_placement(pp2):
         assert (r0[name]["has_head"], r1[name]["has_head"]) == (False, True)
 
 
+@pytest.mark.whole_machine
 @pytest.mark.parametrize("name", FOUR_RANKS)
 def test_pp2_with_data_parallel_matches_one_process(pp2dp2, root, name):
-    ranks = pp2dp2
+    _, ranks = pp2dp2
     assert all(r[name]["loss"] == ranks[0][name]["loss"] for r in ranks)
     assert [r[name]["stages"] for r in ranks] == [[0], [0], [1], [1]]  # pp outermost: ranks 0, 1 hold stage 0
     shards = 2 if name == "dp_shard2" else 1  # each stage sharded over its dp_shard ranks, replicated otherwise
@@ -282,11 +295,12 @@ def test_pp2_with_data_parallel_matches_one_process(pp2dp2, root, name):
     _same_run(ranks[0][name], _reference(root, FOUR_RANKS[name][0], 2 * BATCH), param_rel=DP_PARAM_REL)
 
 
+@pytest.mark.whole_machine
 def test_pp2_checkpoints_resume_exactly_and_on_one_process(pp2, root):
     """A pp = 2 run saves DCP checkpoints (each stage its own parameters and AdamW state, the hyperparameters
     per parameter); resuming its step 2 at pp = 2 gives the uninterrupted run's later losses bit for bit, and
     one process (pp = 1) resumes the same checkpoint to the same losses within fp32 rounding."""
-    r0, r1 = pp2
+    out, (r0, r1) = pp2
     ck = r0["checkpoints"]
     assert ck == r1["checkpoints"] and ck["saved"] == ["step-2", f"step-{STEPS}"]
     assert ck["resumed_from"] == 2 and ck["resumed"] == ck["full"][2:]
@@ -294,8 +308,8 @@ def test_pp2_checkpoints_resume_exactly_and_on_one_process(pp2, root):
     assert tied == r1["checkpoints_tied"] and tied["resumed_from"] == 2 and tied["resumed"] == tied["full"][2:]
     import shutil
 
-    one = root / "pp2" / "ckpt_one_process"
-    shutil.copytree(root / "pp2" / "ckpt_full" / "ckpt" / "step-2", one / "ckpt" / "step-2")
+    one = root / "pp2_ckpt_one_process"
+    shutil.copytree(out / "ckpt_full" / "ckpt" / "step-2", one / "ckpt" / "step-2")
     cfg = case_cfg("1F1B", root / "corpus", one, "--parallelism.data_parallel=simple_fsdp", "--checkpoint.enable",
                    "--checkpoint.interval=2", "--checkpoint.folder=ckpt", "--checkpoint.resume=true", batch_size=BATCH)
     result = Trainer(cfg, quiet=True).train()

@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "dist"))
-from _cases import flux_cfg, tiny_cfg  # noqa: E402
+from _cases import SEQ_LEN, flux_cfg, tiny_cfg  # noqa: E402
 
 from titan_core.config.loader import ConfigError  # noqa: E402
 from titan_core.memory.tensor_peak import TensorPeak  # noqa: E402
@@ -109,9 +109,13 @@ def test_a_model_without_blocks_is_refused(tmp_path):
         apply_activation_checkpoint(NoBlocks(), cfg)
 
 
-@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+@pytest.mark.parametrize("backend", ["aot_eager", pytest.param("inductor", marks=pytest.mark.whole_machine)])
 def test_per_block_compile_compiles_the_checkpointed_blocks(tmp_path, backend):
-    compiled = ["--compile.enable", f"--compile.backend={backend}"]
+    """Compiled blocks (each backend) under full and per-op checkpointing train as the compiled blocks
+    without it. At seq 32 the unchecked blocks are the graphs tests/core/compile/test_per_block.py's
+    inductor test compiles (one thread, the default path being plain parameters at one process), so in
+    a session inductor's FX graph cache serves them and only the checkpointed graphs are compiled cold."""
+    compiled = ["--compile.enable", f"--compile.backend={backend}", f"--training.seq_len={SEQ_LEN}"]
     _, want = _trained(_cfg("llama3", tmp_path / "none", *compiled), steps=2)
     for mode in ("full", "selective_op"):
         trainer, got = _trained(_cfg("llama3", tmp_path / mode, *compiled, *MODES[mode]), steps=2)

@@ -139,7 +139,8 @@ def test_measurements_judged_by_the_checklist(tmp_path):
     n = gate_recipe.param("simple_fsdp", "steps")
     fp32 = rows([7.0 - 0.1 * i for i in range(n)], norm=6.0)
     bf16 = rows([7.0 - 0.1 * i + 0.01 for i in range(n)])
-    m = simple_fsdp.measure(fp32, bf16, rows([7.0] * n), baseline=(7.0, 3.0), eager_evidence=None, steps=n)
+    # the runs' part of the record, as the flat dict the ledger stores, with the rest of the record's fields
+    m = dict(simple_fsdp.measure(fp32, bf16, rows([7.0] * n), baseline=(7.0, 3.0), eager_evidence=None, steps=n))
     m["world_size"] = 2
     m["runs_whole"] = True  # the engine's, from the runs the rung recorded (contract.settle_runs)
     m.update(parallel_degrees.measure([], 0.0), precision="fp32")  # a recipe asking no ep, cp or pp

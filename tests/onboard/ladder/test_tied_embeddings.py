@@ -96,8 +96,8 @@ def probe(ws: Workspace):
     """(measurements, full_model details, {criterion: ok} of the eager checklist) of the probe."""
     ctx = RungContext(workspace=ws, attempt_dir=ws.root / "attempt", evidence={}, log=lambda _: None)
     cfg = gate_recipe.job_config(ctx)
-    m, details = full_model.probe(ctx, cfg)
-    m["tie_embeddings"] = gate_recipe.model_args(cfg).tie_embeddings
+    part, details = full_model.probe(ctx, cfg)  # the full_model_* part of the eager record
+    m = {**part, "tie_embeddings": gate_recipe.model_args(cfg).tie_embeddings}
     return m, details["full_model"], {c["name"]: c["ok"] for c in evaluate(load_checklist("eager"), m, {}, {})}
 
 

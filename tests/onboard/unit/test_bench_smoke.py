@@ -1,11 +1,22 @@
-"""The cheapest benches, run as a user runs them with their tiniest settings: each prints one JSON
-report whose speed comes through titan_core.measure.timing (a comparison with its interval), with the
-machine's load and the protocol's settings."""
+"""The cheapest benches, run through their own command lines with their tiniest settings: each prints one
+JSON report whose speed comes through titan_core.measure.timing (a comparison with its interval), with the
+machine's load and the protocol's settings.
+
+The benches that start processes of their own (exec_modes, fused_ce) and ladder_speedup (it joins a
+one-rank process group) run as a user runs them, `python bench/<name>.py ...`; the one-process benches
+(trainer_vs_hf, activation_checkpoint) run their script as `__main__` in this process (the same file,
+command line and stdout: nothing they do depends on a process of their own), which spares a second
+interpreter its torch, titan_core and transformers imports. Every bench runs with one intra-op thread
+(OMP_NUM_THREADS=1 for a process, torch.set_num_threads(1) in this one): on a busy 2-core machine a
+second thread spins at every op for a core someone else holds (3x the CPU for the same steps)."""
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
+import runpy
 import statistics
 import subprocess
 import sys
@@ -20,12 +31,13 @@ from onboard.ladder.gates import interval_measured
 ROOT = Path(__file__).resolve().parents[3]
 SHORT = ["--max-rounds", "3", "--min-rounds", "2"]
 
-# about 25 s together on 2 busy cores; whole_machine: the benches time things, the climbs would be their noise
+# whole_machine: the benches time things, the climbs would be their noise
 pytestmark = [pytest.mark.slow, pytest.mark.whole_machine]
 
 
 def _run(bench: str, *args: str) -> dict:
-    env = dict(os.environ, TORCH_DEVICE_BACKEND_AUTOLOAD="0", HF_HUB_OFFLINE="1")
+    """`python bench/<bench> ARGS --max-rounds 3 --min-rounds 2`: its stdout, one JSON document."""
+    env = dict(os.environ, TORCH_DEVICE_BACKEND_AUTOLOAD="0", HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1")
     with hang_guard(300, f"bench/{bench}") as guard:
         proc = subprocess.run(
             [sys.executable, str(ROOT / "bench" / bench), *args, *SHORT],
@@ -38,6 +50,23 @@ def _run(bench: str, *args: str) -> dict:
         )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout)
+
+
+def _run_here(bench: str, *args: str) -> dict:
+    """The same command line, the script run as `__main__` in this process (its folder first on sys.path,
+    as `python bench/<bench>` puts it): what it printed to stdout, one JSON document."""
+    from onboard.rungs.train_run import process_threads
+
+    script = ROOT / "bench" / bench
+    argv, path = sys.argv, list(sys.path)
+    sys.argv, sys.path[:0] = [str(script), *args, *SHORT], [str(script.parent)]
+    out = io.StringIO()
+    try:
+        with process_threads(1), contextlib.redirect_stdout(out):
+            runpy.run_path(str(script), run_name="__main__")
+    finally:
+        sys.argv, sys.path[:] = argv, path
+    return json.loads(out.getvalue())
 
 
 def _check(report: dict, candidate: str, baseline: str) -> dict:
@@ -78,7 +107,7 @@ def test_fused_ce_tiny():
 @pytest.mark.hf
 def test_trainer_vs_hf_tiny():
     pytest.importorskip("transformers", reason="the HF side needs the [hf] extra (transformers)")
-    report = _run("trainer_vs_hf.py", "--batch", "2", "--seq", "32")
+    report = _run_here("trainer_vs_hf.py", "--batch", "2", "--seq", "32")
     c = _check(report, "titan_core", "HF")
     assert report["titan_step_s_median"] == c["candidate_median_s"]
 
@@ -119,7 +148,7 @@ def test_ladder_speedup_tiny(tmp_path):
 def test_activation_checkpoint_bench_tiny():
     """Every policy's numerics bit-identical to none, what the forward keeps smaller under full, and each policy
     timed against none through the timing protocol."""
-    report = _run("activation_checkpoint.py", "--shapes", "tiny")
+    report = _run_here("activation_checkpoint.py", "--shapes", "tiny")
     (shape,) = report["shapes"]
     policies = shape["policies"]
     assert set(policies) == {"none", "full", "selective_op", "selective_layer_2"}

@@ -14,6 +14,8 @@ import math
 from pathlib import Path
 
 import pytest
+import typer.main
+import typer.testing
 from typer.testing import CliRunner
 
 from onboard.cli.app import app
@@ -64,6 +66,14 @@ def with_value(cfg: dict, path: tuple[str, ...], value) -> dict:
         node = node[key]
     node[path[-1]] = value
     return out
+
+
+@pytest.fixture(autouse=True)
+def one_command(monkeypatch):
+    """The click command typer builds from `app`, built once for the hundreds of invocations of a test
+    (CliRunner rebuilds it from the app's signatures on each: half the time of a refusal)."""
+    command = typer.main.get_command(app)
+    monkeypatch.setattr(typer.testing, "_get_command", lambda _app: command)
 
 
 def new_model(folder: Path, cfg: dict):

@@ -59,7 +59,7 @@ def test_a_run_beside_eager_is_context_with_no_interval_and_no_outcome(kind):
     m = kind()
     m.update(step_time_median_s=0.041, peak_mem_bytes=300, step_times_s=[0.040, 0.041, 0.045])
     evidence = {"eager": {"step_time_median_s": 0.063, "step_times_s": [0.06, 0.063, 0.07], "peak_mem_bytes": 200}}
-    run_compare.beside_eager(m, evidence)
+    m = kind.from_parts(m, run_compare.beside_eager(m, evidence))  # the rung's record: its run beside eager's
     assert m.vs_eager_context == "context (timed apart, no interval): median step 41 ms against eager's 63 ms, 1.54x"
     assert is_context(m.vs_eager_context)
     assert m.speedup_vs_eager == pytest.approx(0.063 / 0.041) and m.peak_mem_vs_eager == 1.5
@@ -70,7 +70,7 @@ def test_a_run_beside_eager_is_context_with_no_interval_and_no_outcome(kind):
 def test_without_eager_step_times_the_context_says_what_is_missing():
     m = CompileMeasurements()
     m.update(step_time_median_s=0.041, peak_mem_bytes=300)
-    run_compare.beside_eager(m, {"eager": {}})
+    m = CompileMeasurements.from_parts(m, run_compare.beside_eager(m, {"eager": {}}))
     assert m.vs_eager_context == "context (timed apart, no interval): no ratio (eager recorded no step time)"
     assert "speedup_vs_eager" not in m
     assert timed_apart(None, 0.2, "SimpleFSDP", "FSDP2").endswith("no ratio (FSDP2 recorded no step time)")

@@ -1,10 +1,11 @@
 """bench/device_check.py (the one command a lent GPU runs) in its CPU tiny mode, run as a person runs it,
 so that the check cannot rot between the GPU's visits: every part trains, the three execution modes agree,
 the memory estimate meets a measured peak, the kernels' comparisons are made, and the --out file is the
-JSON printed. Bad input is refused with exit 2."""
+JSON printed. Bad input is refused with exit 2 (the script's main() in this process: argument handling)."""
 
 from __future__ import annotations
 
+import importlib
 import importlib.util
 import json
 import math
@@ -125,13 +126,16 @@ def test_fused_ce_and_float8(tiny):
         (["--device", "cuda"], "CUDA is not available"),
     ],
 )
-def test_bad_input_is_refused(args, says):
+def test_bad_input_is_refused(args, says, capsys):
+    """The script's `main(argv)` in this process (what `sys.exit(main())` exits with): a refusal is
+    argument handling, before any job's process starts."""
     if args == ["--device", "cuda"] and _cuda():
         pytest.skip("this machine has CUDA")
-    proc = _run(*args)
-    assert proc.returncode == 2 and proc.stdout == ""
-    lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1 and says in lines[0], proc.stderr
+    code = _script().main(args)
+    out, err = capsys.readouterr()
+    assert code == 2 and out == ""
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and says in lines[0], err
 
 
 def _cuda() -> bool:
@@ -141,9 +145,17 @@ def _cuda() -> bool:
 
 
 def _parts():
+    return _bench_module("_device_parts")
+
+
+def _script():
+    return _bench_module("device_check")
+
+
+def _bench_module(name: str):
+    """bench/<name>.py imported from its folder (device_check imports _device_parts beside it)."""
     sys.path.insert(0, str(ROOT / "bench"))
     try:
-        import _device_parts
+        return importlib.import_module(name)
     finally:
         sys.path.remove(str(ROOT / "bench"))
-    return _device_parts

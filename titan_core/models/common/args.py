@@ -178,7 +178,7 @@ class TransformerArgs(ModelArgs):
     """Std of the normal init of projection and embedding weights."""
     extra: dict = field(default_factory=dict)
     """Port-specific config values the family classes ignore and a port's `build_model(args)` reads (e.g. Granite's
-    multipliers): a workspace adapter fills it in `extra_args_from_hf` (`{"extra": {...}}`); overrides merge into it."""
+    multipliers): a model.adapter_file's adapter fills it in `extra_args_from_hf` (`{"extra": {...}}`); overrides merge into it."""
 
     def __post_init__(self) -> None:
         if self.n_kv_heads is None:
