@@ -6,11 +6,14 @@ import ast
 import copy
 import dataclasses
 import difflib
+import functools
 import inspect
 import math
 import tomllib
 import typing
+from collections.abc import Mapping
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any, Literal, get_args, get_origin
 
 import tomli_w
@@ -28,9 +31,12 @@ def did_you_mean(name: str, options: list[str]) -> str:
     return f" (did you mean '{match[0]}'?)" if match else f" (valid: {', '.join(options)})"
 
 
-def _field_types(cls) -> dict[str, Any]:
+@functools.cache
+def _field_types(cls) -> Mapping[str, Any]:
+    """Field name -> type of a config dataclass, read-only. Cached: `get_type_hints` evaluates every
+    annotation string anew on each call (most of a `load_config`), and a class's fields never change."""
     hints = typing.get_type_hints(cls)
-    return {f.name: hints[f.name] for f in dataclasses.fields(cls)}
+    return MappingProxyType({f.name: hints[f.name] for f in dataclasses.fields(cls)})
 
 
 def _coerce(value: Any, tp: Any, where: str, typed: bool = False) -> Any:

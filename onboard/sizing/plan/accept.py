@@ -59,15 +59,33 @@ def one_line(e: Exception) -> str:
     return " ".join(str(e).split())
 
 
-def with_values(cfg: JobConfig, values: dict[str, Any]) -> JobConfig:
+def with_values(cfg: JobConfig, values: dict[str, Any], sections_made: dict | None = None) -> JobConfig:
     """`cfg` with each "section.field" of `values` set; the sections it does not touch are shared with `cfg`
-    (titan_core's checks only read a config, and a deep copy per candidate was most of a plan's time)."""
+    (titan_core's checks only read a config, and a deep copy per candidate was most of a plan's time).
+    `sections_made`: sections already made from `cfg` with the same fields, kept by the caller to be shared
+    the same way (most candidates' device, mode and checkpointing sections are alike)."""
     sections: dict[str, dict[str, Any]] = {}
     for key, value in values.items():
         section, _, name = key.partition(".")
         sections.setdefault(section, {})[name] = value
-    return dataclasses.replace(cfg, **{name: dataclasses.replace(getattr(cfg, name), **fields)
-                                       for name, fields in sections.items()})  # fmt: skip
+    made = {}
+    for name, fields in sections.items():
+        key = (name, tuple(fields.items()))
+        if sections_made is None or not _hashable(key):
+            made[name] = dataclasses.replace(getattr(cfg, name), **fields)
+            continue
+        if key not in sections_made:
+            sections_made[key] = dataclasses.replace(getattr(cfg, name), **fields)
+        made[name] = sections_made[key]
+    return dataclasses.replace(cfg, **made)
+
+
+def _hashable(key: Any) -> bool:
+    try:
+        hash(key)
+    except TypeError:
+        return False
+    return True
 
 
 def planned_values(o: Option, target: Target, seq_len: int, levers: list[Lever], *, offload: bool,
@@ -118,6 +136,7 @@ class Acceptance:
         self.target, self.kernels, self.levers = target, kernels, levers
         self._mode_levers: dict[tuple[str, bool], list[Lever]] = {}
         self._model_refusals: dict[tuple[str, Any], str | None] = {}
+        self._sections: dict[tuple[str, tuple], Any] = {}
 
     def levers_for(self, o: Option, *, compile_refused: str | None = None,
                    captured_refused: str | None = None) -> list[Lever]:  # fmt: skip
@@ -140,7 +159,7 @@ class Acceptance:
         """The config of the recipe `o` would write (the values only; with the full model)."""
         values = planned_values(o, self.target, o.setup.seq_len, self.levers_for(o), offload=offload_of(o)[0],
                                 scan=o.scan)  # fmt: skip
-        return with_values(self.cfg, values)
+        return with_values(self.cfg, values, self._sections)
 
     def __call__(self, o: Option) -> str | None:
         """titan_core's one-line refusal of `o`'s recipe on `o`'s world, or None when it runs it."""

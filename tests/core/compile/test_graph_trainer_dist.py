@@ -1,25 +1,25 @@
 """Graph Trainer under SimpleFSDP on 2 processes: bit-identical to eager, collectives in the graph."""
 
-import json
 import sys
 from pathlib import Path
 
 import pytest
 from _gt_dist_worker import FAMILIES
-from hang_guard import guarded_launch
+
+sys.path.insert(0, str(Path(__file__).parents[1] / "dist"))  # _world: the session's one launch per world size
+import _world  # noqa: E402
 
 pytestmark = pytest.mark.whole_machine  # its ranks meet at every collective: the background climbs pause
 
+JOB = _world.job("graph_trainer", 2, Path(__file__).with_name("_gt_dist_worker.py"), lambda root: [str(root / "out")],
+                 __file__)  # fmt: skip
+
 
 @pytest.fixture(scope="module")
-def ranks(tmp_path_factory):
-    out = tmp_path_factory.mktemp("gt_dist")
-    worker = Path(__file__).with_name("_gt_dist_worker.py")
-    result = guarded_launch(
-        [sys.executable, str(worker), str(out)], 2, 600, "_gt_dist_worker.py on 2 ranks", log_dir=out / "logs"
-    )
-    assert result.exit_code == 0, result.failure
-    return [json.loads((out / f"rank_{r}.json").read_text()) for r in range(2)]
+def ranks(request):
+    """The ranks' results, from the session's one 2-rank launch (tests/core/dist/_world.py): a launch of
+    its own cost every rank seconds of start-up (torchrun, the imports) beside its minute of work."""
+    return _world.results(request, JOB).ranks
 
 
 @pytest.mark.parametrize("family", FAMILIES)

@@ -40,6 +40,10 @@ CKPT = ("--checkpoint.enable", "--checkpoint.interval=2", "--checkpoint.folder=c
 GLOBAL_BATCH = 4
 SEQ_LEN = 32
 STEPS = 5
+RUN_STEPS = 3
+"""The steps of each run of the 2- and 4-rank scenarios (_worker.py) and of its one-process reference
+(conftest.py): every loss and grad norm from the first, before any update, through two AdamW updates,
+the second from the state the first left."""
 
 
 def overrides(family: str) -> str:

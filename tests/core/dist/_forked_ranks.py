@@ -27,7 +27,7 @@ from pathlib import Path
 SHUTDOWN_S = 3
 """How long a rank told to stop (SIGTERM) has before SIGKILL, as titan_core.launcher gives torchrun's."""
 NPROC = int(sys.argv[1])
-os.environ["OMP_NUM_THREADS"] = str(max(1, len(os.sched_getaffinity(0)) // NPROC))  # before torch reads it
+os.environ.setdefault("OMP_NUM_THREADS", str(max(1, len(os.sched_getaffinity(0)) // NPROC)))  # before torch reads it
 
 import torch  # noqa: E402, F401 - the imports every rank would otherwise repeat
 import torch.distributed.tensor  # noqa: E402, F401

@@ -115,14 +115,16 @@ def memory(out: Path) -> dict:
         return trainer, own, trainer.sharded_init.budget_bytes
 
     def whole():
-        return one_process(cfg)
+        params = one_process(cfg)
+        holder["whole_bytes"] = sum(t.numel() * 4 for t in params.values())
+        return params
 
     holder = {}
     sharded_rise = rss_rise(lambda: holder.setdefault("s", sharded()))
     trainer, own, budget = holder.pop("s")
     trainer.close()
     whole_rise = rss_rise(whole)
-    whole_bytes = sum(t.numel() * 4 for t in one_process(cfg).values())
+    whole_bytes = holder["whole_bytes"]
     return {"sharded_rise": sharded_rise, "whole_rise": whole_rise, "own_bytes": own, "budget_bytes": budget,
             "whole_bytes": whole_bytes}  # fmt: skip
 

@@ -14,7 +14,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).parent))
 
 import torch
-from _cases import DENSE, FAMILIES, GLOBAL_BATCH, HSDP, flux_cfg, tiny_cfg, uneven_batch
+from _cases import DENSE, FAMILIES, GLOBAL_BATCH, HSDP, RUN_STEPS, flux_cfg, tiny_cfg, uneven_batch
 from torch.distributed.tensor import DTensor
 
 from titan_core.runtime import distributed
@@ -78,32 +78,34 @@ def scenario_w2(out: Path, b_ckpt: str) -> dict:
     flux, then the token-mean scenario."""
     res: dict = {"simple_fsdp": {}, "fsdp2": {}, "tp": {}, "tp_sp": {}, "bf16": {}}
     for fam in FAMILIES:
-        t = Trainer(tiny_cfg(fam, out / f"sfsdp_{fam}", batch_size=GLOBAL_BATCH // 2), quiet=True)
-        rows, counts = _steps(t, 5, comm_step=2)
+        t = Trainer(tiny_cfg(fam, out / f"sfsdp_{fam}", batch_size=GLOBAL_BATCH // 2, steps=RUN_STEPS), quiet=True)
+        rows, counts = _steps(t, RUN_STEPS, comm_step=2)
         res["simple_fsdp"][fam] = {**_curve(rows), "comm": counts, "grads": _grad_layouts(t), "mode": t.degrees.mode}
         t = Trainer(
-            tiny_cfg(fam, out / f"fsdp2_{fam}", "--parallelism.data_parallel=fsdp2", batch_size=GLOBAL_BATCH // 2),
+            tiny_cfg(fam, out / f"fsdp2_{fam}", "--parallelism.data_parallel=fsdp2", batch_size=GLOBAL_BATCH // 2,
+                     steps=RUN_STEPS),
             quiet=True,
         )
-        res["fsdp2"][fam] = _curve(_steps(t, 5)[0])
+        res["fsdp2"][fam] = _curve(_steps(t, RUN_STEPS)[0])
         res["bf16"][fam] = _bf16_policy(fam, out, dp=2)
     res["bf16_reduce_bf16"] = _bf16_policy("llama3", out, dp=2, reduce="bfloat16")
     for fam in DENSE:
-        t = Trainer(tiny_cfg(fam, out / f"tp_{fam}", "--parallelism.tp=2", "--parallelism.dp_shard=1"), quiet=True)
-        res["tp"][fam] = _curve(_steps(t, 5)[0])
+        t = Trainer(tiny_cfg(fam, out / f"tp_{fam}", "--parallelism.tp=2", "--parallelism.dp_shard=1", steps=RUN_STEPS),
+                    quiet=True)
+        res["tp"][fam] = _curve(_steps(t, RUN_STEPS)[0])
         t = Trainer(tiny_cfg(fam, out / f"tpsp_{fam}", "--parallelism.tp=2", "--parallelism.dp_shard=1",
-                             "--parallelism.sequence_parallel"), quiet=True)  # fmt: skip
-        rows, counts = _steps(t, 5, comm_step=2)
+                             "--parallelism.sequence_parallel", steps=RUN_STEPS), quiet=True)  # fmt: skip
+        rows, counts = _steps(t, RUN_STEPS, comm_step=2)
         res["tp_sp"][fam] = {**_curve(rows), "comm": counts}
     t = Trainer(tiny_cfg("llama3", out / "replicate", "--parallelism.dp_replicate=2", "--parallelism.dp_shard=1",
-                         batch_size=GLOBAL_BATCH // 2), quiet=True)  # fmt: skip
-    rows, counts = _steps(t, 5, comm_step=2)
+                         batch_size=GLOBAL_BATCH // 2, steps=RUN_STEPS), quiet=True)  # fmt: skip
+    rows, counts = _steps(t, RUN_STEPS, comm_step=2)
     res["replicate"] = {**_curve(rows), "comm": counts, "grads": _grad_layouts(t), "mode": t.degrees.mode}
     # the flux diffusion transformer: sharded over both ranks, and HSDP's replicate dimension over both
     res["flux"] = {}
     for name, extra in (("simple_fsdp", ()), ("hsdp", ("--parallelism.dp_replicate=2", "--parallelism.dp_shard=1"))):
-        t = Trainer(flux_cfg(out / f"flux_{name}", *extra, batch_size=GLOBAL_BATCH // 2), quiet=True)
-        res["flux"][name] = {**_curve(_steps(t, 5)[0]), "mode": t.degrees.mode}
+        t = Trainer(flux_cfg(out / f"flux_{name}", *extra, batch_size=GLOBAL_BATCH // 2, steps=RUN_STEPS), quiet=True)
+        res["flux"][name] = {**_curve(_steps(t, RUN_STEPS)[0]), "mode": t.degrees.mode}
     # DCP: a 2-rank run saving at steps 2 and 4 (the pytest side resumes it on 1 rank), and a
     # resume here of the checkpoint a 1-rank run saved at step 2
     ck = ("--checkpoint.enable", "--checkpoint.interval=2", "--checkpoint.folder=ckpt")
@@ -122,22 +124,26 @@ def scenario_w4(out: Path) -> dict:
     res: dict = {"hsdp": {}, "dp_tp": {}}
     for fam in HSDP:
         t = Trainer(
-            tiny_cfg(fam, out / f"hsdp_{fam}", "--parallelism.dp_replicate=2", batch_size=GLOBAL_BATCH // 4), quiet=True
+            tiny_cfg(fam, out / f"hsdp_{fam}", "--parallelism.dp_replicate=2", batch_size=GLOBAL_BATCH // 4,
+                     steps=RUN_STEPS),
+            quiet=True,
         )
-        rows, counts = _steps(t, 5, comm_step=2)
+        rows, counts = _steps(t, RUN_STEPS, comm_step=2)
         res["hsdp"][fam] = {**_curve(rows), "comm": counts, "mode": t.degrees.mode,
                             "mesh": list(t.mesh.mesh_dim_names), "grads": _grad_layouts(t)}  # fmt: skip
-    t = Trainer(flux_cfg(out / "hsdp_flux", "--parallelism.dp_replicate=2", batch_size=GLOBAL_BATCH // 4), quiet=True)
-    res["flux_hsdp"] = {**_curve(_steps(t, 5)[0]), "mode": t.degrees.mode, "mesh": list(t.mesh.mesh_dim_names)}
+    t = Trainer(flux_cfg(out / "hsdp_flux", "--parallelism.dp_replicate=2", batch_size=GLOBAL_BATCH // 4,
+                         steps=RUN_STEPS), quiet=True)  # fmt: skip
+    res["flux_hsdp"] = {**_curve(_steps(t, RUN_STEPS)[0]), "mode": t.degrees.mode, "mesh": list(t.mesh.mesh_dim_names)}
     for fam in DENSE:
-        t = Trainer(tiny_cfg(fam, out / f"dptp_{fam}", "--parallelism.tp=2", batch_size=GLOBAL_BATCH // 2), quiet=True)
-        res["dp_tp"][fam] = {**_curve(_steps(t, 5)[0]), "grads": _grad_layouts(t)}
+        t = Trainer(tiny_cfg(fam, out / f"dptp_{fam}", "--parallelism.tp=2", batch_size=GLOBAL_BATCH // 2,
+                             steps=RUN_STEPS), quiet=True)  # fmt: skip
+        res["dp_tp"][fam] = {**_curve(_steps(t, RUN_STEPS)[0]), "grads": _grad_layouts(t)}
     t = Trainer(tiny_cfg("qwen3", out / "dptp_sp", "--parallelism.tp=2", "--parallelism.sequence_parallel",
-                         batch_size=GLOBAL_BATCH // 2), quiet=True)  # fmt: skip
-    res["dp_tp_sp"] = {**_curve(_steps(t, 5)[0]), "grads": _grad_layouts(t)}
+                         batch_size=GLOBAL_BATCH // 2, steps=RUN_STEPS), quiet=True)  # fmt: skip
+    res["dp_tp_sp"] = {**_curve(_steps(t, RUN_STEPS)[0]), "grads": _grad_layouts(t)}
     t = Trainer(tiny_cfg("llama3", out / "fsdp2_hsdp", "--parallelism.data_parallel=fsdp2", "--parallelism.dp_replicate=2",
-                         batch_size=GLOBAL_BATCH // 4), quiet=True)  # fmt: skip
-    res["fsdp2_hsdp"] = {**_curve(_steps(t, 5)[0]), "grads": _grad_layouts(t)}
+                         batch_size=GLOBAL_BATCH // 4, steps=RUN_STEPS), quiet=True)  # fmt: skip
+    res["fsdp2_hsdp"] = {**_curve(_steps(t, RUN_STEPS)[0]), "grads": _grad_layouts(t)}
     return res
 
 

@@ -1,5 +1,5 @@
-"""One launch per world size for the whole session: every 2-rank (and every 4-rank) scenario of
-tests/core/dist and tests/core/parallel whose tests were collected runs in one gloo world
+"""One launch per world size for the whole session: every 2-rank (and every 4-rank) scenario of the
+tests under tests/core (dist, parallel, compile) whose tests were collected runs in one gloo world
 (_world_worker.py), one scenario after another in one process group; and `launch`, which starts a
 world's ranks as forks of one process that imported torch and titan_core once (_forked_ranks.py).
 

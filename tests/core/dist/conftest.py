@@ -6,14 +6,14 @@ from pathlib import Path
 
 import _world
 import pytest
-from _cases import CKPT, GLOBAL_BATCH, curve, flux_cfg, only_step_2, tiny_cfg
+from _cases import CKPT, GLOBAL_BATCH, RUN_STEPS, curve, flux_cfg, only_step_2, tiny_cfg
 
 from titan_core.train import run
 
 
 @pytest.fixture(scope="session")
 def reference(tmp_path_factory):
-    """reference(family, dp) -> {"loss": [...], "grad_norm": [...]} of one plain eager process.
+    """reference(family, dp) -> {"loss": [...], "grad_norm": [...]} of one plain eager process, RUN_STEPS steps.
 
     Same global batch and rows as the sharded run. Dense families: one batch of
     GLOBAL_BATCH rows, as the issue states it. qwen3_moe: the same rows as `dp`
@@ -28,7 +28,7 @@ def reference(tmp_path_factory):
         if (family, accum) not in cache:
             out = tmp_path_factory.mktemp(f"ref_{family}_{accum}")
             cfg = tiny_cfg(family, out, "--parallelism.data_parallel=none", f"--training.grad_accum={accum}",
-                           batch_size=GLOBAL_BATCH // accum)  # fmt: skip
+                           batch_size=GLOBAL_BATCH // accum, steps=RUN_STEPS)  # fmt: skip
             cache[(family, accum)] = curve(run(cfg, quiet=True).metrics)
         return cache[(family, accum)]
 
@@ -37,8 +37,8 @@ def reference(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def flux_reference(tmp_path_factory):
-    """The flux debug model's curve in one plain eager process over the global batch."""
-    cfg = flux_cfg(tmp_path_factory.mktemp("ref_flux"), "--parallelism.data_parallel=none")
+    """The flux debug model's curve in one plain eager process over the global batch, RUN_STEPS steps."""
+    cfg = flux_cfg(tmp_path_factory.mktemp("ref_flux"), "--parallelism.data_parallel=none", steps=RUN_STEPS)
     return curve(run(cfg, quiet=True).metrics)
 
 

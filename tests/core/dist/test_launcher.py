@@ -7,7 +7,7 @@ import sys
 import time
 
 import pytest
-from _cases import max_rel, overrides
+from _cases import RUN_STEPS, max_rel, overrides
 from tiny_flags import tiny_run_flags
 from hang_guard import HangGuard
 
@@ -54,12 +54,12 @@ def _faulty(tmp_path, mode):
 
 def test_run_world_trains_on_two_processes(tmp_path, reference):
     """The entry a ladder rung uses: N processes, rank 0's metrics back."""
-    cfg = load_config(None, tiny(tmp_path, 5))
+    cfg = load_config(None, tiny(tmp_path, RUN_STEPS))
     guard = HangGuard("run_world on 2 ranks", 240)
     world = run_world(cfg, 2, timeout_s=guard.timeout_s)
     guard.fail_if(world.launch.exit_code == EXIT_TIMEOUT, world.launch.failure)
     assert world.ok, world.launch.failure
-    assert [r["step"] for r in world.metrics] == [1, 2, 3, 4, 5]
+    assert [r["step"] for r in world.metrics] == list(range(1, RUN_STEPS + 1))
     want = reference("llama3", dp=2)  # batch 2 per rank = the reference's 4 rows
     assert max_rel([r["loss"] for r in world.metrics], want["loss"]) <= 1e-6
     assert max_rel([r["grad_norm"] for r in world.metrics], want["grad_norm"]) <= 1e-6

@@ -7,6 +7,7 @@ refused; a tiny qwen3_moe on this path captures in the Graph Trainer bit-identic
 from __future__ import annotations
 
 import pytest
+from one_thread import one_thread  # noqa: F401 (autouse: one intra-op thread, tests/one_thread.py)
 import torch
 
 from titan_core.models.common.swaps import SwapNotApplicable, apply_swaps

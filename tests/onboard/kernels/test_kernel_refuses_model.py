@@ -4,6 +4,7 @@ recorded by the kernels rung as not applicable with its reason, not as a kernel 
 from __future__ import annotations
 
 import pytest
+from one_thread import one_thread  # noqa: F401 (autouse: one intra-op thread, tests/one_thread.py)
 
 pytestmark = pytest.mark.hf
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 
 import pytest
+from one_thread import one_thread  # noqa: F401 (autouse: one intra-op thread, tests/one_thread.py)
 
 from titan_core.kernels import fused_ce
 from onboard.rungs.kernels_rung.modes import mode_check

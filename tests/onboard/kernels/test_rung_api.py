@@ -3,6 +3,7 @@
 import importlib.util
 
 import pytest
+from one_thread import one_thread  # noqa: F401 (autouse: one intra-op thread, tests/one_thread.py)
 import torch
 
 from titan_core.config.loader import ConfigError

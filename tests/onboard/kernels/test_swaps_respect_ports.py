@@ -8,6 +8,7 @@ soft-capping core of its own (Gemma-2 style): swapping in a library core would d
 import logging
 
 import pytest
+from one_thread import one_thread  # noqa: F401 (autouse: one intra-op thread, tests/one_thread.py)
 import torch
 from torch import nn
 

@@ -55,7 +55,12 @@ def test_twin_climbs_eager_and_parity_and_the_full_model_is_counted(tmp_path, mo
     # processes share, two threads wait on each other at every small op (10x the step time, measured)
     recipe = ws.recipe_path.read_text()
     assert '[device]\ntype = "cpu"\n' in recipe
-    ws.recipe_path.write_text(recipe.replace('[device]\ntype = "cpu"\n', '[device]\ntype = "cpu"\nthreads = 1\n'))
+    recipe = recipe.replace('[device]\ntype = "cpu"\n', '[device]\ntype = "cpu"\nthreads = 1\n')
+    # the eager rung's points (every step finite, the loss falling on its repeated batch, step 1 near ln(vocab),
+    # the full model counted) hold at the ladder fixtures' sequence (conftest.narrow_ws) and a few steps
+    assert "steps = 20\n" in recipe and "seq_len = 128\n" in recipe
+    recipe = recipe.replace("steps = 20\n", "steps = 4\n").replace("seq_len = 128\n", "seq_len = 32\n")
+    ws.recipe_path.write_text(recipe)
     monkeypatch.setenv("OMP_NUM_THREADS", "1")  # the parity rung's pytest child
 
     for rung in ("eager", "parity"):

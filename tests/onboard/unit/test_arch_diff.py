@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from one_thread import one_thread  # noqa: F401 (autouse: one intra-op thread, tests/one_thread.py)
 import torch
 from typer.testing import CliRunner
 

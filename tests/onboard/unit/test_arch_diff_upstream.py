@@ -11,6 +11,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from one_thread import one_thread  # noqa: F401 (autouse: one intra-op thread, tests/one_thread.py)
 import torch
 from torch import nn
 

@@ -14,6 +14,7 @@ import json
 import os
 
 import pytest
+from one_thread import one_thread  # noqa: F401 (autouse: one intra-op thread, tests/one_thread.py)
 import torch
 from safetensors import safe_open
 from safetensors.torch import save_file

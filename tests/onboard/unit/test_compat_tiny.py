@@ -6,6 +6,7 @@ transformers path at a size a CPU climbs."""
 from __future__ import annotations
 
 import pytest
+from one_thread import one_thread  # noqa: F401 (autouse: one intra-op thread, tests/one_thread.py)
 import torch
 
 pytest.importorskip("transformers")

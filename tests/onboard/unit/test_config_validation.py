@@ -9,6 +9,7 @@ import math
 from pathlib import Path
 
 import pytest
+from one_thread import one_thread  # noqa: F401 (autouse: one intra-op thread, tests/one_thread.py)
 from test_cli import LLAMA
 from typer.testing import CliRunner
 

@@ -13,6 +13,7 @@ import subprocess
 import sys
 
 import pytest
+from one_thread import one_thread  # noqa: F401 (autouse: one intra-op thread, tests/one_thread.py)
 from hang_guard import hang_guard
 from typer.testing import CliRunner
 

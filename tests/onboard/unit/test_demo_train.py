@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from one_thread import one_thread  # noqa: F401 (autouse: one intra-op thread, tests/one_thread.py)
 
 from onboard.cli.demo import NAME, PRESETS, THREADS_WHY
 from onboard.cli.demo_train import StageFailed, check_generation, read_metrics, run_train_stage

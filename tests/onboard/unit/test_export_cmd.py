@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from one_thread import one_thread  # noqa: F401 (autouse: one intra-op thread, tests/one_thread.py)
 import torch
 from safetensors.torch import load_file
 from typer.testing import CliRunner

@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from one_thread import one_thread  # noqa: F401 (autouse: one intra-op thread, tests/one_thread.py)
 from torch.distributed.run import get_args_parser
 
 from titan_core.runtime.argv import LAUNCH

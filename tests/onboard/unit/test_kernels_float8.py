@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 
 import pytest
+from one_thread import one_thread  # noqa: F401 (autouse: one intra-op thread, tests/one_thread.py)
 import torch
 from test_kernels_keep_rule import NO_LEDGER, Script, narrowed, peaks
 

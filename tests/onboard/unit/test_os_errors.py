@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from one_thread import one_thread  # noqa: F401 (autouse: one intra-op thread, tests/one_thread.py)
 from typer.testing import CliRunner
 
 from onboard.engine import next_step as ladder  # where next-step finds default_specs

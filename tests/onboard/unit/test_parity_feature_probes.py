@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from one_thread import one_thread  # noqa: F401 (autouse: one intra-op thread, tests/one_thread.py)
 import torch
 
 from onboard.parity import feature_pass, features

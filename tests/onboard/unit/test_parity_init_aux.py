@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from one_thread import one_thread  # noqa: F401 (autouse: one intra-op thread, tests/one_thread.py)
 import torch
 from torch import nn
 

@@ -53,7 +53,9 @@ def _llama8b(memory_gib: float | None = None, *, refuse_cp: bool = False):
 
     plan = plan_training(ps, counts, lambda s: flops_per_token(args, s), target, seq_len=SEQ, kernels=FUSED,
                          tp_plan=False, accept=accept)  # fmt: skip
-    peaks = [(device_memory(ps, o.layout, o.setup, batch=1).total, o, accept(o)) for o in plan.options]
+    # titan_core's verdict on every option: the plan judged the fitting ones with this same `accept`
+    peaks = [(device_memory(ps, o.layout, o.setup, batch=1).total, o, o.refused if o.fits else accept(o))
+             for o in plan.options]  # fmt: skip
     return plan, peaks
 
 
@@ -112,14 +114,16 @@ def test_onboard_plan_exits_1_naming_titan_cores_reason_when_only_refused_layout
     between = int((refused + accepted) / 2 / HEADROOM)
     monkeypatch.setitem(HARDWARE, "h100", replace(HARDWARE["h100"], memory_bytes=between))
     root = tmp_path / "onboarding" / ws
-    res = runner.invoke(app, ["plan", ws, "--dir", str(tmp_path), "--target", "h100:64", "--seq", str(SEQ)])
+    # the one line goes to stderr under --json too (without it stdout stays empty: test_plan_parallel's
+    # test_nothing_fits_exits_1_with_one_line_and_keeps_the_seq runs that path)
+    res = runner.invoke(app, ["plan", ws, "--dir", str(tmp_path), "--target", "h100:64", "--seq", str(SEQ), "--json"])
     lines = res.stderr.strip().splitlines()
-    assert res.exit_code == 1 and len(lines) == 1 and res.stdout == "", res.stderr
+    assert res.exit_code == 1 and len(lines) == 1, res.stderr
     assert lines[0].startswith(f"error: nothing titan_core accepts fits --seq {SEQ} on 64 x h100: ")
     assert "kernels.attention = 'flex' cannot run under parallelism.cp" in lines[0]
     assert not list(root.glob("recipe.h100-*.toml"))
-    out = json.loads(runner.invoke(app, ["plan", ws, "--dir", str(tmp_path), "--target", "h100:64", "--seq",
-                                         str(SEQ), "--json"]).stdout)  # fmt: skip
+    out = json.loads(res.stdout)
+    assert f"error: {out['error']}" == lines[0]
     assert out["chosen"] is None and out["options_accepted"] == 0 and out["refused"]["options"] > 0
     assert all(g["reason"] and g["count"] and g["layouts"] for g in out["refused"]["reasons"])
 

@@ -19,6 +19,7 @@ import tomllib
 from pathlib import Path
 
 import pytest
+from one_thread import one_thread  # noqa: F401 (autouse: one intra-op thread, tests/one_thread.py)
 import tomli_w
 import typer
 from typer.testing import CliRunner

@@ -21,6 +21,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from one_thread import one_thread  # noqa: F401 (autouse: one intra-op thread, tests/one_thread.py)
 from typer.testing import CliRunner
 
 import onboard.compat

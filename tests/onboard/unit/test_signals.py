@@ -1,33 +1,41 @@
 """Ctrl-C and SIGTERM end a command as interrupted, never as a failed gate: exit 130 / 143, the
 attempt recorded `interrupted`, the child processes stopped and the command's temp folders removed.
 
-The multi-process cases run next-step in a child process whose rung goes through simple_fsdp's own
-launch path (`_world` -> `launcher.run_world` -> `launch_command`), with ranks that sleep instead of
-training, so a signal lands while two rank processes run, in seconds."""
+The multi-process cases run next-step in a forked child process whose rung goes through simple_fsdp's
+own launch path (`_world` -> `launcher.run_world` -> `launch_command`: torchrun), with ranks that sleep
+instead of training, so a signal lands while two rank processes run, in seconds."""
 
 from __future__ import annotations
 
 import json
+import multiprocessing
 import os
 import signal
-import subprocess
 import sys
+import tempfile
 import threading
 import time
+import traceback
+from functools import partial
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import typer
 from hang_guard import HangGuard, hang_guard
 from processes import alive, pids_running
 
+from onboard.cli.app import app
 from onboard.cli.shared import run_command
 from onboard.ladder.gates import parse_checklist
 from onboard.ladder.table import RUNGS, RungSpec
+from onboard.engine import next_step as engine
 from onboard.engine.next_step import next_step
 from onboard.errors import EXIT_INTERRUPTED, Interrupted
 from onboard.workspace.layout import Workspace
+from onboard.rungs import simple_fsdp_rung
 from onboard.workspace.scaffold import plan_workspace, write_workspace
+from titan_core import launcher
 from titan_core.launcher import launch_command
 
 LINUX_ONLY = pytest.mark.skipif(
@@ -46,38 +54,65 @@ RANK = (
 )
 """A rank that writes its pid into the folder it is given (under a temporary name, renamed: a file the
 test sees is whole) and sleeps until it is stopped."""
+FORK = multiprocessing.get_context("fork")
 
-DRIVER = """
-import json, signal, sys
-# a terminal's Ctrl-C finds SIGINT handled by Python, whatever this suite's own process was given
-signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM})
-signal.signal(signal.SIGINT, signal.default_int_handler)
-from types import SimpleNamespace
-from onboard.cli.app import app
-from onboard.engine import next_step as engine
-from onboard.ladder.gates import parse_checklist
-from onboard.ladder.table import RUNGS, RungSpec
-from onboard.rungs import simple_fsdp_rung
-from titan_core import launcher
+def _onboard_child(argv: list[str], out: Path, setup=None, *, session: bool = False) -> None:
+    """`onboard ARGV` in a forked child (never returns), with Python's own SIGINT handler and the default
+    SIGTERM, as a fresh interpreter has them whatever this suite's process was given; `session`: in a
+    session of its own (a SIGINT to its process group reaches it and its children as a terminal's Ctrl-C
+    does); stdout and stderr into `out`; `setup()` first. It exits with the command's exit code, as the
+    interpreter would. Forked, not started: a process as real (its own pid, signals and exit status)
+    without a fresh interpreter importing onboard, titan_core and torch again (~4 s of CPU a child)."""
+    code = 1
+    try:
+        if session:
+            os.setsid()
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM})
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        for fd, name in ((1, "stdout"), (2, "stderr")):
+            os.dup2(os.open(out / name, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), fd)
+        sys.stdout, sys.stderr = open(1, "w", closefd=False), open(2, "w", closefd=False)
+        if setup is not None:
+            setup()
+        app(argv, prog_name="onboard")
+        code = 0
+    except SystemExit as e:  # the command's own exit
+        code = e.code if isinstance(e.code, int) else 1
+    except BaseException:
+        traceback.print_exc()
+    finally:
+        try:
+            sys.stdout.flush(), sys.stderr.flush()
+        finally:
+            os._exit(code)
 
-base, pids, checklist, rank = sys.argv[1], sys.argv[2], parse_checklist(json.loads(sys.argv[3]), "fake"), sys.argv[4]
 
-def sleeping_world(cfg, nproc, *, timeout_s=None):  # run_world's launch, its ranks sleeping instead of training
-    cmd = [sys.executable, "-c", rank, pids]
-    return launcher.WorldRun([], launcher.launch_command(cmd, nproc, timeout_s=timeout_s))
+def _sleeping_ranks(pids: Path) -> None:
+    """In the child, before next-step: its eager rung goes through simple_fsdp's launch path (`_world` ->
+    `launcher.run_world` -> `launch_command`), run_world's ranks sleeping instead of training (this
+    process's own modules patched: the suite's are untouched)."""
 
-launcher.run_world = sleeping_world
+    def sleeping_world(cfg, nproc, *, timeout_s=None):
+        cmd = [sys.executable, "-c", RANK, str(pids)]
+        return launcher.WorldRun([], launcher.launch_command(cmd, nproc, timeout_s=timeout_s))
 
-class ShardedRung:
-    def run(self, ctx):
-        cfg = SimpleNamespace(metrics=SimpleNamespace(output_dir=str(ctx.attempt_dir)))
-        simple_fsdp_rung._world(ctx, cfg, 2, "sleeping ranks", required=True)
-        raise AssertionError("the ranks sleep until they are stopped")
+    class ShardedRung:
+        def run(self, ctx):
+            cfg = SimpleNamespace(metrics=SimpleNamespace(output_dir=str(ctx.attempt_dir)))
+            simple_fsdp_rung._world(ctx, cfg, 2, "sleeping ranks", required=True)
+            raise AssertionError("the ranks sleep until they are stopped")
 
-engine.default_specs = lambda: [RungSpec("eager", None, module=ShardedRung(), checklist=checklist)] + [
-    RungSpec(r, None) for r in RUNGS[1:]]
-app(["next-step", "m", "--dir", base, "--json"], prog_name="onboard")
-"""
+    checklist = parse_checklist(json.loads(json.dumps(CHECKLIST)), "fake")
+    launcher.run_world = sleeping_world
+    engine.default_specs = lambda: [RungSpec("eager", None, module=ShardedRung(), checklist=checklist)] + [
+        RungSpec(r, None) for r in RUNGS[1:]]  # fmt: skip
+
+
+def _temp_folder(tmp: Path) -> None:
+    """In the child: its temp folders (and its children's) under `tmp`."""
+    os.environ["TMPDIR"] = str(tmp)
+    tempfile.tempdir = None  # read TMPDIR again
 
 
 @pytest.fixture
@@ -109,29 +144,28 @@ def rank_pids(folder: Path) -> list[int] | None:
 @LINUX_ONLY
 @pytest.mark.parametrize("sig, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)], ids=["SIGINT", "SIGTERM"])
 def test_a_signal_during_a_multi_process_rung_is_an_interruption_not_a_failure(ws, tmp_path, sig, code):
-    pids = tmp_path / "pids"
-    pids.mkdir()
-    env = {**os.environ, "TORCH_DEVICE_BACKEND_AUTOLOAD": "0"}
-    argv = [sys.executable, "-c", DRIVER, str(tmp_path), str(pids), json.dumps(CHECKLIST), RANK]
-    # a session of its own: the SIGINT goes to its whole process group, as a terminal's Ctrl-C does
-    proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)  # fmt: skip
+    pids, out = tmp_path / "pids", tmp_path / "out"
+    pids.mkdir(), out.mkdir()
+    argv, setup = ["next-step", "m", "--dir", str(tmp_path), "--json"], partial(_sleeping_ranks, pids)
+    proc = FORK.Process(target=_onboard_child, args=(argv, out, setup), kwargs={"session": True})
+    proc.start()
     try:
         ranks = wait_for(lambda: rank_pids(pids), "both ranks to start")
         assert all(alive(p) for p in ranks)
         if sig == signal.SIGINT:
-            os.killpg(proc.pid, sig)
+            os.killpg(proc.pid, sig)  # the child's session: next-step, torchrun and the ranks
         else:
-            proc.send_signal(sig)  # a SIGTERM to next-step alone
+            os.kill(proc.pid, sig)  # a SIGTERM to next-step alone
         with hang_guard(30, "next-step after the signal") as guard:
-            out, err = proc.communicate(timeout=guard.timeout_s)
+            proc.join(timeout=guard.timeout_s)
     finally:
-        if proc.poll() is None:
+        if proc.is_alive():
             os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-    assert proc.returncode == code, err[-3000:]
+            proc.join()
+    err = (out / "stderr").read_text()
+    assert proc.exitcode == code, err[-3000:]
     name = signal.Signals(sig).name
-    shown = json.loads(out)
+    shown = json.loads((out / "stdout").read_text())
     assert (shown["status"], shown["exit_code"]) == ("interrupted", code)
     [entry] = attempts(ws)  # one entry, interrupted: no gate result, nothing failed
     assert entry["status"] == "interrupted" and entry["ended"], entry
@@ -258,22 +292,21 @@ def test_onboard_train_ends_interrupted_on_either_signal(tmp_path, monkeypatch, 
 @pytest.mark.hf
 @LINUX_ONLY
 def test_sigterm_during_compat_removes_its_temp_folder_and_stops_the_probe(tmp_path):
-    tmp = tmp_path / "tmp"
-    tmp.mkdir()
-    env = {**os.environ, "TMPDIR": str(tmp), "TORCH_DEVICE_BACKEND_AUTOLOAD": "0", "HF_HUB_OFFLINE": "1"}
-    proc = subprocess.Popen([sys.executable, "-m", "onboard", "compat", "llama", "--json"], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    tmp, out = tmp_path / "tmp", tmp_path / "out"
+    tmp.mkdir(), out.mkdir()
+    proc = FORK.Process(target=_onboard_child, args=(["compat", "llama", "--json"], out, partial(_temp_folder, tmp)))
+    proc.start()
     try:
         # the probe's command line names its results file in the sweep's temp folder
         probes = wait_for(lambda: list(tmp.glob("onboard-compat-*")) and pids_running(str(tmp)), "the probe to start")
-        proc.send_signal(signal.SIGTERM)
+        os.kill(proc.pid, signal.SIGTERM)
         with hang_guard(30, "onboard compat after SIGTERM") as guard:
-            out, err = proc.communicate(timeout=guard.timeout_s)
+            proc.join(timeout=guard.timeout_s)
     finally:
-        if proc.poll() is None:
+        if proc.is_alive():
             proc.kill()
-            proc.wait()
-    assert proc.returncode == 143, err[-3000:]
-    assert json.loads(out)["interrupted"] == "llama"
+            proc.join()
+    assert proc.exitcode == 143, (out / "stderr").read_text()[-3000:]
+    assert json.loads((out / "stdout").read_text())["interrupted"] == "llama"
     assert list(tmp.glob("onboard-compat-*")) == []
     assert [p for p in probes if alive(p)] == []

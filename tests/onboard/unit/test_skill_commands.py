@@ -15,6 +15,7 @@ import subprocess
 import sys
 
 import pytest
+from one_thread import one_thread  # noqa: F401 (autouse: one intra-op thread, tests/one_thread.py)
 from typer.testing import CliRunner
 
 from onboard.cli.app import app

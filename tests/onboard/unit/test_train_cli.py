@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from one_thread import one_thread  # noqa: F401 (autouse: one intra-op thread, tests/one_thread.py)
 from typer.testing import CliRunner
 
 import titan_core.train

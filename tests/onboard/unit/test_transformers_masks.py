@@ -6,6 +6,7 @@ Each runs in the naive core, equal to transformers' own class, and every other c
 from __future__ import annotations
 
 import pytest
+from one_thread import one_thread  # noqa: F401 (autouse: one intra-op thread, tests/one_thread.py)
 import torch
 
 from titan_core.models.common.swaps import apply_swaps

@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 import pytest
+from one_thread import one_thread  # noqa: F401 (autouse: one intra-op thread, tests/one_thread.py)
 import torch
 from hang_guard import hang_guard
 

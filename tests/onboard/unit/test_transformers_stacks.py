@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 
 import pytest
+from one_thread import one_thread  # noqa: F401 (autouse: one intra-op thread, tests/one_thread.py)
 import torch
 
 from titan_core.config.sections import Kernels

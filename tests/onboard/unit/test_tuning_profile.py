@@ -9,6 +9,7 @@ import json
 from types import SimpleNamespace
 
 import pytest
+from one_thread import one_thread  # noqa: F401 (autouse: one intra-op thread, tests/one_thread.py)
 
 from core_bounds import PROFILE_SUM_REL
 from titan_core.training.trainer import Trainer

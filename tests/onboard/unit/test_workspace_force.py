@@ -3,13 +3,12 @@ findable at every instant and the replaced one as NAME.backup-<time>: a crash be
 steps of the swap is recovered by the next command, with one line saying what it did, and temp
 folders and backups are never listed."""
 
+import multiprocessing
 import os
-import pickle
 import signal
-import subprocess
-import sys
 import threading
 import time
+import traceback
 from pathlib import Path
 
 import pytest
@@ -27,39 +26,42 @@ from onboard.workspace.layout import LEDGER, MAX_NAME, Workspace, list_workspace
 
 runner = CliRunner()
 OLD_MARK = "# the porter's work\n"
+FORK = multiprocessing.get_context("fork")
 
-# A child that replaces workspace m with the pickled plan and dies (os._exit: no cleanup
-# runs, as in a kill) at one instant of the swap, chosen by patching the step after it.
-CHILD = r"""
-import os, pickle, sys, time
-from pathlib import Path
-from onboard.workspace import scaffold
+def _child(plan, instant: str, force: bool, signals: Path) -> None:
+    """In a forked child: replace workspace m with `plan` and die (os._exit: no cleanup runs, as in a
+    kill) at one instant of the swap, chosen by patching the step after it; never returns. Forked, not
+    started: the process is as real (its own pid, its own flocks, its death the kernel sees) without a
+    fresh interpreter importing onboard and torch again (~2 s of CPU a child)."""
+    code = 1
+    try:
+        real_rename, renames = os.rename, []
 
-plan_file, instant, force = sys.argv[1], sys.argv[2], sys.argv[3] == "force"
-plan = pickle.loads(Path(plan_file).read_bytes())
-real_rename, renames = os.rename, []
+        def die():
+            os._exit(9)
 
-def die():
-    os._exit(9)
+        def rename(src, dst):
+            if instant == "built" or (instant == "aside" and renames) or (instant == "swapped" and len(renames) == 2):
+                die()
+            real_rename(src, dst)
+            renames.append(dst)
+            if instant == "held_aside":  # stay between the two renames until killed or told to go on
+                (signals / "ready").write_text("")
+                while not (signals / "go").exists():
+                    time.sleep(0.01)
 
-def rename(src, dst):
-    if instant == "built" or (instant == "aside" and renames) or (instant == "swapped" and len(renames) == 2):
-        die()
-    real_rename(src, dst)
-    renames.append(dst)
-    if instant == "held_aside":  # stay between the two renames until killed or told to go on
-        Path(plan_file + ".ready").write_text("")
-        while not Path(plan_file + ".go").exists():
-            time.sleep(0.01)
+        def save(self):
+            die()
 
-def save(self):
-    die()
-
-os.rename = rename
-if instant == "building":
-    scaffold.Ledger.save = save
-scaffold.write_workspace(plan, force=force)
-"""
+        os.rename = rename  # this process's own os module: the parent's is untouched
+        if instant == "building":
+            scaffold.Ledger.save = save
+        scaffold.write_workspace(plan, force=force)
+        code = 0
+    except BaseException:
+        traceback.print_exc()
+    finally:
+        os._exit(code)
 
 
 def make(tmp_path, preset="llama3", force=False, name="m"):
@@ -80,14 +82,14 @@ def family_of(root: Path) -> str:
 
 
 def crash(tmp_path, instant, *, force=True, wait=True):
-    """Run the child for `instant`; returns the Popen (already finished when `wait`)."""
-    plan_file = tmp_path / "plan.pkl"
-    plan_file.write_bytes(pickle.dumps(plan_workspace("m", tmp_path, preset="qwen3", force=force)))
-    args = [sys.executable, "-c", CHILD, str(plan_file), instant, "force" if force else "create"]
-    child = subprocess.Popen(args, cwd=Path(__file__).parents[3])
+    """Fork the child for `instant`; returns its Process (already finished when `wait`)."""
+    plan = plan_workspace("m", tmp_path, preset="qwen3", force=force)
+    child = FORK.Process(target=_child, args=(plan, instant, force, tmp_path))
+    child.start()
     if wait:
         with hang_guard(60, f"the child crashing at {instant}") as guard:
-            assert child.wait(timeout=guard.timeout_s) == 9
+            child.join(timeout=guard.timeout_s)
+        assert child.exitcode == 9
     return child
 
 
@@ -196,11 +198,11 @@ def test_a_workspace_an_earlier_onboard_moved_aside_is_restored(tmp_path, old_ws
 # ---- a real SIGKILL, and a live swap waited out ----------------------------------------------
 def _held_aside(tmp_path):
     child = crash(tmp_path, "held_aside", wait=False)
-    ready = tmp_path / "plan.pkl.ready"
+    ready = tmp_path / "ready"
     guard = HangGuard("the child holding the old workspace aside", 60)
     deadline = time.monotonic() + guard.timeout_s
     while not ready.exists():
-        assert child.poll() is None, f"the child exited {child.returncode} before holding the workspace aside"
+        assert child.is_alive(), f"the child exited {child.exitcode} before holding the workspace aside"
         assert time.monotonic() < deadline, guard.message()
         time.sleep(0.01)
     assert "m" not in entries(tmp_path)
@@ -211,7 +213,8 @@ def test_sigkill_between_the_renames_is_recovered(tmp_path, old_ws, capsys):
     child = _held_aside(tmp_path)
     os.kill(child.pid, signal.SIGKILL)
     with hang_guard(30, "the killed child to be reaped") as guard:
-        assert child.wait(timeout=guard.timeout_s) == -signal.SIGKILL
+        child.join(timeout=guard.timeout_s)
+    assert child.exitcode == -signal.SIGKILL
     ws = Workspace.load(tmp_path, "m")
     assert (ws.root / "adapter.py").read_text() == OLD_MARK and entries(tmp_path) == ["m"]
     assert "restored the workspace" in capsys.readouterr().err
@@ -219,13 +222,14 @@ def test_sigkill_between_the_renames_is_recovered(tmp_path, old_ws, capsys):
 
 def test_a_status_during_a_live_swap_waits_for_it_and_finds_the_new_one(tmp_path, old_ws):
     child = _held_aside(tmp_path)
-    go = threading.Timer(0.3, (tmp_path / "plan.pkl.go").write_text, args=("",))
+    go = threading.Timer(0.3, (tmp_path / "go").write_text, args=("",))
     go.start()
     start = time.monotonic()
     ws = Workspace.load(tmp_path, "m")  # NAME is missing right now: it waits for the swap's lock
     assert time.monotonic() - start >= 0.25
     with hang_guard(30, "the swap to finish") as guard:
-        assert child.wait(timeout=guard.timeout_s) == 0
+        child.join(timeout=guard.timeout_s)
+    assert child.exitcode == 0
     [kept] = backups(tmp_path)
     assert family_of(ws.root) == "qwen3" and entries(tmp_path) == ["m", kept.name]
     assert (kept / "adapter.py").read_text() == OLD_MARK
