@@ -27,14 +27,15 @@ def main(jobs_file: Path) -> None:
     jobs = json.loads(jobs_file.read_text())
     with distributed.process_group(torch.device("cpu"), timeout_s=180) as state:
         for job in jobs:
-            t0 = time.monotonic()
+            t0, cpu0 = time.monotonic(), time.process_time()
             print(f"scenario {job['name']}: {Path(job['worker']).name} {' '.join(job['argv'])}", flush=True)
             sys.argv = [job["worker"], *job["argv"]]
             runpy.run_path(job["worker"], run_name="__main__")
             dist.barrier()
             if state.rank == 0:
                 (Path(job["out"]) / "done").touch()
-            print(f"scenario {job['name']}: done in {time.monotonic() - t0:.1f} s", flush=True)
+            print(f"scenario {job['name']}: done in {time.monotonic() - t0:.1f} s, "
+                  f"{time.process_time() - cpu0:.1f} s of this rank's CPU", flush=True)
 
 
 if __name__ == "__main__":

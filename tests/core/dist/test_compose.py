@@ -26,7 +26,13 @@ COMPOSE_REL = 1.0e-5
 sums, the pipeline's stages, the gradient reductions) differs. The gates' fp32 bound of a parallel degree."""
 
 
+_REFERENCES: dict[str, dict] = {}
+"""One plain process per model, shared by the 4- and the 8-rank matrix."""
+
+
 def _reference(model: str, out) -> dict:
+    if model in _REFERENCES:
+        return _REFERENCES[model]
     t = Trainer(reference_cfg(model, out / f"ref_{model}"), quiet=True)
     try:
         rows = []
@@ -35,7 +41,8 @@ def _reference(model: str, out) -> dict:
             rows.append(t.train_step())
     finally:
         t.close()
-    return {"loss": [r["loss"] for r in rows], "grad_norm": [r["grad_norm"] for r in rows]}
+    _REFERENCES[model] = {"loss": [r["loss"] for r in rows], "grad_norm": [r["grad_norm"] for r in rows]}
+    return _REFERENCES[model]
 
 
 WORKER = Path(__file__).with_name("_compose_worker.py")

@@ -233,13 +233,25 @@ def pp2dp2(request):
     return _launched(request, PP2DP2)
 
 
+_REFERENCES: dict[tuple, dict] = {}
+"""One plain process per distinct config: the schedules' cases (gpipe, 1F1B, ...) differ in their pp flags only,
+which the pp = 1 reference drops, so they share one."""
+
+
 def _reference(root: Path, name: str, batch_size: int) -> dict:
-    t = Trainer(case_cfg(name, root / "corpus", root / f"ref_{name}_{batch_size}", batch_size=batch_size), quiet=True)
-    rows = t.train().metrics
-    assert len(rows) == STEPS and t.cfg.training.grad_accum == GRAD_ACCUM
-    return {"loss": [r["loss"] for r in rows], "grad_norm": [r["grad_norm"] for r in rows],
+    family, model, flags = CASES[name]
+    key = (family, model, tuple(f for f in flags if not f.startswith("--parallelism.")), batch_size)
+    if key not in _REFERENCES:
+        cfg = case_cfg(name, root / "corpus", root / f"ref_{name}_{batch_size}", batch_size=batch_size)
+        t = Trainer(cfg, quiet=True)
+        rows = t.train().metrics
+        assert len(rows) == STEPS and t.cfg.training.grad_accum == GRAD_ACCUM
+        _REFERENCES[key] = {
+            "loss": [r["loss"] for r in rows], "grad_norm": [r["grad_norm"] for r in rows],
             "val_loss": [r.get("val_loss") for r in rows], "val_tokens": [r.get("val_tokens") for r in rows],
-            "params": {n: p.detach().clone() for n, p in t.model.named_parameters()}}  # fmt: skip
+            "params": {n: p.detach().clone() for n, p in t.model.named_parameters()},
+        }  # fmt: skip
+    return _REFERENCES[key]
 
 
 def _same_run(got: dict, want: dict, param_rel: float = PP_REL) -> None:

@@ -2,13 +2,14 @@
 JSON report whose speed comes through titan_core.measure.timing (a comparison with its interval), with the
 machine's load and the protocol's settings.
 
-The benches that start processes of their own (exec_modes, fused_ce) and ladder_speedup (it joins a
-one-rank process group) run as a user runs them, `python bench/<name>.py ...`; the one-process benches
-(trainer_vs_hf, activation_checkpoint) run their script as `__main__` in this process (the same file,
-command line and stdout: nothing they do depends on a process of their own), which spares a second
-interpreter its torch, titan_core and transformers imports. Every bench runs with one intra-op thread
-(OMP_NUM_THREADS=1 for a process, torch.set_num_threads(1) in this one): on a busy 2-core machine a
-second thread spins at every op for a core someone else holds (3x the CPU for the same steps)."""
+The benches that start processes of their own (exec_modes, fused_ce: each mode or variant measured in a
+process of its own) run as a user runs them, `python bench/<name>.py ...`; the one-process benches
+(trainer_vs_hf, ladder_speedup, activation_checkpoint) run their script as `__main__` in this process
+(the same file, command line and stdout; ladder_speedup's one-rank process group is an in-memory store's,
+destroyed at its end), which spares a second interpreter its torch, titan_core and transformers imports.
+Every bench runs with one intra-op thread (OMP_NUM_THREADS=1 for a process, torch.set_num_threads(1) in
+this one): on a busy 2-core machine a second thread spins at every op for a core someone else holds (3x
+the CPU for the same steps)."""
 
 from __future__ import annotations
 
@@ -131,7 +132,7 @@ def test_ladder_speedup_tiny(tmp_path):
     ledger = {"attempts": [{"rung": "tuning", "measurements": {"untuned_values": {"training.batch_size": 2}},
                             "details": {}, "recipe_edit": {"edits": [edit]}}]}  # fmt: skip
     (root / "ladder.json").write_text(json.dumps(ledger))
-    report = _run("ladder_speedup.py", str(root))
+    report = _run_here("ladder_speedup.py", str(root))
     for candidate, baseline in (("baseline", "hf"), ("final", "baseline"), ("final", "hf")):
         c = _check(report, candidate, baseline)
         ratio = report["ratios"][f"{candidate}_vs_{baseline}"]

@@ -86,7 +86,10 @@ def test_nothing_in_onboard_or_bench_calls_the_unpaired_comparison():
     assert not hasattr(timing, "compare_samples")
     users = []
     for path in [*(ROOT / "onboard").rglob("*.py"), *(ROOT / "bench").glob("*.py")]:
-        tree = ast.parse(path.read_text(), str(path))
+        text = path.read_text()
+        if "compare_samples" not in text:  # no name without its text: only a file that holds it is parsed
+            continue
+        tree = ast.parse(text, str(path))
         names = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
         names |= {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute)}
         names |= {a.name for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) for a in n.names}

@@ -78,12 +78,31 @@ def specs(losses):
     return [RungSpec(r, None, module=FakeEager(losses)) if r == "eager" else RungSpec(r, None) for r in RUNGS]
 
 
+CLIMBED: dict = {}
+"""(name, losses, edit_config) -> the workspace climbed so, once per module (see `climb`)."""
+
+
+@pytest.fixture(autouse=True, scope="module")
+def climbed_once(tmp_path_factory):
+    CLIMBED["base"] = tmp_path_factory.mktemp("climbed")
+    yield
+    CLIMBED.clear()
+
+
 def climb(tmp_path, name: str, losses, *, edit_config: bool = False) -> Workspace:
-    write_workspace(plan_workspace(name, tmp_path, preset="llama3/debugmodel", device="cpu"))
-    ws = Workspace.load(tmp_path, name)
-    if edit_config:  # another model: its config.json differs
-        (ws.root / "config.json").write_text((ws.root / "config.json").read_text() + "\n")
-    next_step(ws, specs=specs(losses))
+    """Workspace NAME under `tmp_path` after the fake eager rung ran `losses`. Each (name, losses, config)
+    is scaffolded and climbed once per module in a folder of its own, and a test gets a copy of that
+    workspace folder (it holds no absolute path): the forgeries edit their own copy."""
+    key = (name, tuple(map(repr, losses)), edit_config)
+    if key not in CLIMBED:
+        base = CLIMBED["base"] / str(len(CLIMBED))
+        write_workspace(plan_workspace(name, base, preset="llama3/debugmodel", device="cpu"))
+        ws = Workspace.load(base, name)
+        if edit_config:  # another model: its config.json differs
+            (ws.root / "config.json").write_text((ws.root / "config.json").read_text() + "\n")
+        next_step(ws, specs=specs(losses))
+        CLIMBED[key] = ws.root
+    shutil.copytree(CLIMBED[key], tmp_path / "onboarding" / name)
     return Workspace.load(tmp_path, name)
 
 

@@ -13,7 +13,6 @@ import contextlib
 import io
 import re
 import shlex
-import subprocess
 import sys
 import tomllib
 from pathlib import Path
@@ -219,15 +218,20 @@ def test_the_loop_it_shows_runs_exports_and_reloads(where, capsys):
     assert shown.getvalue().strip()
 
 
-def test_the_multi_process_line_refuses_a_missing_data_path_once(where):
+def test_the_multi_process_line_refuses_a_missing_data_path_once(where, capfd):
     """Checked once by the launcher before any rank starts: one line, exit 2, no rank's copy of it, no
-    torchrun traceback, nothing written."""
+    torchrun traceback, nothing written. The line's `python -m titan_core.launch` is its main(argv) in this
+    process (the code `python -m` exits with); file descriptor 2 is read, where a rank or torchrun would write."""
+    from titan_core import launch
+
     words = [fill(w, where) for w in launch_lines()[0]]
     words = ["--data.path=data/missing.jsonl" if w.startswith("--data.path=") else w for w in words]
-    done = subprocess.run([sys.executable, *words[1:]], cwd=where["root"], capture_output=True, text=True,
-                          timeout=300)  # fmt: skip
-    said = [line for line in done.stderr.splitlines() if not line.startswith("warning: ")]  # a 1-core machine's
-    assert done.returncode == 2 and said == ["error: data.path 'data/missing.jsonl' does not exist"], done.stderr
+    assert words[:3] == LAUNCH and Path.cwd() == where["root"]
+    capfd.readouterr()
+    code = launch.main(words[3:])
+    err = capfd.readouterr().err
+    said = [line for line in err.splitlines() if not line.startswith("warning: ")]  # a 1-core machine's
+    assert code == 2 and said == ["error: data.path 'data/missing.jsonl' does not exist"], err
     assert not (where["root"] / OUTPUT).exists()
 
 

@@ -21,6 +21,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+import torch
 import typer
 from hang_guard import HangGuard, hang_guard
 from processes import alive, pids_running
@@ -55,6 +56,10 @@ RANK = (
 """A rank that writes its pid into the folder it is given (under a temporary name, renamed: a file the
 test sees is whole) and sleeps until it is stopped."""
 FORK = multiprocessing.get_context("fork")
+# JAX, imported by other tests of the session, warns at every fork that its threads could deadlock a child
+# that calls into it; the forked children here never do, and run torch with one thread (no OpenMP region)
+pytestmark = pytest.mark.filterwarnings(r"ignore:os\.fork\(\) was called:RuntimeWarning")
+
 
 def _onboard_child(argv: list[str], out: Path, setup=None, *, session: bool = False) -> None:
     """`onboard ARGV` in a forked child (never returns), with Python's own SIGINT handler and the default
@@ -65,6 +70,7 @@ def _onboard_child(argv: list[str], out: Path, setup=None, *, session: bool = Fa
     without a fresh interpreter importing onboard, titan_core and torch again (~4 s of CPU a child)."""
     code = 1
     try:
+        torch.set_num_threads(1)  # a forked child enters no OpenMP parallel region
         if session:
             os.setsid()
         signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM})
@@ -158,6 +164,7 @@ def test_a_signal_during_a_multi_process_rung_is_an_interruption_not_a_failure(w
             os.kill(proc.pid, sig)  # a SIGTERM to next-step alone
         with hang_guard(30, "next-step after the signal") as guard:
             proc.join(timeout=guard.timeout_s)
+            guard.fail_if(proc.is_alive(), (out / "stderr").read_text()[-2000:])
     finally:
         if proc.is_alive():
             os.killpg(proc.pid, signal.SIGKILL)
@@ -302,6 +309,7 @@ def test_sigterm_during_compat_removes_its_temp_folder_and_stops_the_probe(tmp_p
         os.kill(proc.pid, signal.SIGTERM)
         with hang_guard(30, "onboard compat after SIGTERM") as guard:
             proc.join(timeout=guard.timeout_s)
+            guard.fail_if(proc.is_alive(), (out / "stderr").read_text()[-2000:])
     finally:
         if proc.is_alive():
             proc.kill()

@@ -12,7 +12,8 @@ import traceback
 from pathlib import Path
 
 import pytest
-from hang_guard import HangGuard, hang_guard
+import torch
+from hang_guard import HangGuard
 from typer.testing import CliRunner
 
 from onboard.workspace import scaffold
@@ -27,6 +28,10 @@ from onboard.workspace.layout import LEDGER, MAX_NAME, Workspace, list_workspace
 runner = CliRunner()
 OLD_MARK = "# the porter's work\n"
 FORK = multiprocessing.get_context("fork")
+# JAX, imported by other tests of the session, warns at every fork that its threads could deadlock a child
+# that calls into it; the forked children here never do, and run torch with one thread (no OpenMP region)
+pytestmark = pytest.mark.filterwarnings(r"ignore:os\.fork\(\) was called:RuntimeWarning")
+
 
 def _child(plan, instant: str, force: bool, signals: Path) -> None:
     """In a forked child: replace workspace m with `plan` and die (os._exit: no cleanup runs, as in a
@@ -35,6 +40,7 @@ def _child(plan, instant: str, force: bool, signals: Path) -> None:
     fresh interpreter importing onboard and torch again (~2 s of CPU a child)."""
     code = 1
     try:
+        torch.set_num_threads(1)  # a forked child enters no OpenMP parallel region
         real_rename, renames = os.rename, []
 
         def die():
@@ -87,10 +93,20 @@ def crash(tmp_path, instant, *, force=True, wait=True):
     child = FORK.Process(target=_child, args=(plan, instant, force, tmp_path))
     child.start()
     if wait:
-        with hang_guard(60, f"the child crashing at {instant}") as guard:
-            child.join(timeout=guard.timeout_s)
-        assert child.exitcode == 9
+        assert join(child, 60, f"the child crashing at {instant}") == 9
     return child
+
+
+def join(child, base_s: float, what: str) -> int:
+    """The forked child's exit code (-N: killed by signal N); one that outlives the hang guard is killed
+    and fails the test with the load."""
+    guard = HangGuard(what, base_s)
+    child.join(timeout=guard.timeout_s)
+    if child.is_alive():
+        child.kill()
+        child.join()
+        guard.fail()
+    return child.exitcode
 
 
 @pytest.fixture
@@ -212,9 +228,7 @@ def _held_aside(tmp_path):
 def test_sigkill_between_the_renames_is_recovered(tmp_path, old_ws, capsys):
     child = _held_aside(tmp_path)
     os.kill(child.pid, signal.SIGKILL)
-    with hang_guard(30, "the killed child to be reaped") as guard:
-        child.join(timeout=guard.timeout_s)
-    assert child.exitcode == -signal.SIGKILL
+    assert join(child, 30, "the killed child to be reaped") == -signal.SIGKILL
     ws = Workspace.load(tmp_path, "m")
     assert (ws.root / "adapter.py").read_text() == OLD_MARK and entries(tmp_path) == ["m"]
     assert "restored the workspace" in capsys.readouterr().err
@@ -227,9 +241,7 @@ def test_a_status_during_a_live_swap_waits_for_it_and_finds_the_new_one(tmp_path
     start = time.monotonic()
     ws = Workspace.load(tmp_path, "m")  # NAME is missing right now: it waits for the swap's lock
     assert time.monotonic() - start >= 0.25
-    with hang_guard(30, "the swap to finish") as guard:
-        child.join(timeout=guard.timeout_s)
-    assert child.exitcode == 0
+    assert join(child, 30, "the swap to finish") == 0
     [kept] = backups(tmp_path)
     assert family_of(ws.root) == "qwen3" and entries(tmp_path) == ["m", kept.name]
     assert (kept / "adapter.py").read_text() == OLD_MARK
