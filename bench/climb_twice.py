@@ -15,7 +15,7 @@ keys, each with the decisions that explain it (or none); and the verdict.
     python bench/climb_twice.py --preset llama3/debugmodel --dir /tmp/twice [--timing quick]
 
 `summarize` and `compare` also judge two workspaces climbed some other way (the suite judges two
-climbs decided on recorded step times: tests/onboard/unit/test_decisions_twice.py).
+climbs decided on recorded step times: tests/onboard/e2e/test_decisions_twice.py).
 """
 
 from __future__ import annotations

@@ -37,7 +37,7 @@ from hang_guard import HangGuard, Load
 
 from titan_core.runtime.die_with_parent import with_parent_death_signal
 
-LADDER_TESTS = Path(__file__).resolve().parent / "onboard" / "ladder"
+E2E_TESTS = Path(__file__).resolve().parent / "onboard" / "e2e"
 
 
 def _idle_class() -> None:
@@ -89,19 +89,19 @@ def demo_timing(shared: bool) -> str:
 
 JOBS = {
     "port": Job(
-        "tests/onboard/ladder/test_port_ladder.py::test_a_port_climbs_the_ladder_and_its_recipe_reproduces_the_gates",
+        "tests/onboard/e2e/test_port_ladder.py::test_a_port_climbs_the_ladder_and_its_recipe_reproduces_the_gates",
         "the port's climb (port_climb.py)",
-        lambda base, shared: [sys.executable, LADDER_TESTS / "port_climb.py", base],
+        lambda base, shared: [sys.executable, E2E_TESTS / "port_climb.py", base],
         600,
     ),
     "bf16": Job(
-        "tests/onboard/ladder/test_bf16_ladder.py::test_a_bf16_recipe_climbs_every_rung_judged_by_bf16s_bounds",
+        "tests/onboard/e2e/test_bf16_ladder.py::test_a_bf16_recipe_climbs_every_rung_judged_by_bf16s_bounds",
         "the bf16 recipe's climb (bf16_climb.py)",
-        lambda base, shared: [sys.executable, LADDER_TESTS / "bf16_climb.py", base],
+        lambda base, shared: [sys.executable, E2E_TESTS / "bf16_climb.py", base],
         600,
     ),
     "demo": Job(
-        "tests/onboard/ladder/test_demo.py::test_demo_climbs_every_built_rung_and_prints_the_ladder",
+        "tests/onboard/e2e/test_demo.py::test_demo_climbs_every_built_rung_and_prints_the_ladder",
         "onboard demo",
         lambda base, shared: [Path(sys.executable).parent / "onboard", "demo", "--dir", base / "demo", "--timing", demo_timing(shared)],
         600,

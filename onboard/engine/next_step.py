@@ -23,7 +23,7 @@ from onboard.workspace.lock import WorkspaceLock
 def runner_of(spec: RungSpec) -> Any:
     """The rung's runner, with its `run(ctx)`: a preloaded module-like object (tests' fakes), else the module
     the rung table names (onboard/ladder/table.py), imported here, by name, when that rung is to run (it
-    imports torch and the rung's helpers); no other code imports a runner (tests/onboard/unit/test_layers.py)."""
+    imports torch and the rung's helpers); no other code imports a runner (tests/onboard/house/test_layers.py)."""
     if spec.module is None:
         spec.module = importlib.import_module(spec.module_name)
     return spec.module

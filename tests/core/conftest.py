@@ -4,7 +4,7 @@ titan_core is installable and usable without onboard, so its tests must be too. 
 sys.meta_path refuses `onboard` (and every onboard.* module) whenever a file under tests/core is
 on the importing stack, directly or through a helper it imports. Imports made by tests/onboard in
 the same session are untouched. A module already imported is served from sys.modules without
-asking any finder, so tests/onboard/unit/test_structure.py also checks the sources of tests/core
+asking any finder, so tests/onboard/house/test_structure.py also checks the sources of tests/core
 for an onboard import (that check covers function-level imports and the subprocess workers).
 """
 

@@ -4,7 +4,7 @@ onboard.ladder.gates, is onboard's.
 
 Each bound is the number of the checklist entry named in SOURCES (checklists/<rung>.yaml, the
 thresholds of DESIGN.md section 5): titan_core is held to exactly the bound the onboarding gate
-applies to a model, never a looser one. tests/onboard/unit/test_core_bounds.py reads every entry
+applies to a model, never a looser one. tests/onboard/e2e/test_core_bounds.py reads every entry
 through onboard.ladder.gates and fails when a number here differs, so the two cannot drift.
 """
 

@@ -1,5 +1,5 @@
 """titan_core.measure.numerics: the one relative-error rule (a zero reference, NaN, float64
-accumulation, curves). That both gates of onboard apply it: tests/onboard/unit/test_zero_reference_gates.py."""
+accumulation, curves). That both gates of onboard apply it: tests/onboard/parity/test_zero_reference_gates.py."""
 
 from __future__ import annotations
 

@@ -6,7 +6,7 @@ a rung is its kept decisions' figure.
 The ledger is the demo's (report_ladder.json, via test_report_files.demo_ws) with the Decision records
 the rungs write now: graph_trainer kept compile over the recipe's eager, simple_fsdp's bf16 params
 were indistinguishable from fp32, and kernels in the list shape (one kept, one held). The demo climb
-runs the same check on a real workspace (tests/onboard/ladder/headlines.py, from test_demo.py)."""
+runs the same check on a real workspace (tests/onboard/e2e/headlines.py, from test_demo.py)."""
 
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ from onboard.ladder.decision import decide, headline
 from onboard.workspace.layout import Workspace
 from test_report_files import demo_ws  # noqa: F401 (the fixture)
 
-_spec = importlib.util.spec_from_file_location("headlines", Path(__file__).parents[1] / "ladder" / "headlines.py")
+_spec = importlib.util.spec_from_file_location("headlines", Path(__file__).parents[1] / "e2e" / "headlines.py")
 headlines = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(headlines)
 

@@ -4,7 +4,7 @@ comparison. On a narrowed llama3 debugmodel workspace: a recipe within its bound
 layers, real bf16 runs); one outside it (scripted loss curves, or a layer bound tightened) is not,
 is never timed, and fails the gate's float8 criterion by name; where float8 cannot run, the row is
 not_applicable with the reason. The keep rule's float8 decisions on scripted timings are in
-test_kernels_keep_rule.py; the real rung, timing included, in tests/onboard/ladder/test_kernels_rung.py."""
+test_kernels_keep_rule.py; the real rung, timing included, in tests/onboard/e2e/test_kernels_rung.py."""
 
 from __future__ import annotations
 

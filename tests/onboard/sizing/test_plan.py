@@ -4,7 +4,7 @@ numbers, and the recipe and torchrun line it writes.
 
 Llama-3.1-70B on h100:64 and Qwen3-235B-A22B on v7x:64, built on meta (nothing allocated). The
 parallel degrees' own pieces (EP, CP, PP, vocab sharding, the fused loss, the step's collectives)
-are tests/onboard/unit/test_plan_parallel.py.
+are tests/onboard/sizing/test_plan_parallel.py.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Parity's active-range machinery in isolation (onboard/parity/watch.py, active_range.py): what it
 reads inside an upstream forward, what a config declares, and that the features pass's searches
 bring an idle clamp, a zero buffer and flat attention scores into their active range. The planted
-ports that fail because of them: tests/onboard/ladder/test_parity_plants.py."""
+ports that fail because of them: tests/onboard/e2e/test_parity_plants.py."""
 
 from __future__ import annotations
 

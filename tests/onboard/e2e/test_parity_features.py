@@ -1,7 +1,7 @@
 """Parity exercises what the config declares (issue #11, item 5) and names an embedding
 divergence as the embedding (item 8).
 
-A Gemma-2 port (tests/onboard/ladder/gemma2_port.py: soft-caps, sliding window, pad id, embedding
+A Gemma-2 port (tests/onboard/e2e/gemma2_port.py: soft-caps, sliding window, pad id, embedding
 scale, sandwich norms) passes; each test breaks one line of it the way a port gets it wrong.
 At the seeded init attention scores sit near 0.006 and logits near 0.1, far below the caps
 of 50 and 30: without the features pass the first two bugs below pass parity.

@@ -2,7 +2,7 @@
 a broken kernel failing the gate by name, and the engine writing the kept kernels into recipe.toml
 only on a pass, making the earlier rungs that train with the recipe's kernels re-verify (parity,
 which reads only [model], keeps its evidence), while a hand edit makes every rung stale. The keep
-rule itself, on scripted numbers, is tests/onboard/unit/test_kernels_keep_rule.py.
+rule itself, on scripted numbers, is tests/onboard/rungs/test_kernels_keep_rule.py.
 
 To stay fast on a 2-core machine each preset's config.json is narrowed (every feature kept: GQA,
 sliding windows, soft-cap, tied weights, experts; one or two layers of width 64, vocab 256), the

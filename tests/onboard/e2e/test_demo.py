@@ -70,7 +70,7 @@ def test_demo_climbs_every_built_rung_and_prints_the_ladder(tmp_path):
     # 300 s is the demo's budget on a machine with a core per runnable process when it starts (its
     # own ranks load it up to that); how much slower a loaded one runs it is not the load average's
     # ratio (1,669 s at load 8 on 2 cores), so there the scaled hang guard is the only bound; nor is
-    # it when the demo climbed beside the rest of the suite (`pytest tests/onboard/ladder/test_demo.py`
+    # it when the demo climbed beside the rest of the suite (`pytest tests/onboard/e2e/test_demo.py`
     # alone gives it the machine)
     end = Load.now()
     if stretch(guard.start) == 1 and not demo.shared:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import math
-import sys
 from pathlib import Path
 
 import pytest
@@ -20,8 +19,7 @@ from onboard.workspace.layout import Workspace
 from onboard.workspace.scaffold import plan_workspace, write_workspace
 from titan_core.config.loader import load_config
 
-sys.path.insert(0, str(Path(__file__).parents[1] / "ladder"))  # tests/onboard/ladder: demo_train_checks
-from demo_train_checks import check_train_stage  # noqa: E402
+from demo_train_checks import check_train_stage  # tests/onboard/e2e (tests/onboard/conftest.py)
 
 pytest.importorskip("transformers")
 pytestmark = pytest.mark.hf

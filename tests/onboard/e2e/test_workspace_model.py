@@ -2,7 +2,7 @@
 
 config.json -> the workspace adapter's `args_from_hf` -> model.py (port) or the family
 class (native): parity, the eager rung and the HF export all build that one model. Ports
-are written here the way a porting agent writes them (tests/onboard/ladder/test_parity_support.py):
+are written here the way a porting agent writes them (tests/onboard/e2e/test_parity_support.py):
 a Qwen2-MoE port (q/k/v bias, no QK-norm, a gated shared expert), an OLMo-2 port (post-norms,
 QK-norm over all heads) and a Granite port (four multipliers carried in `args.extra`).
 """

@@ -76,7 +76,7 @@ def test_rung_bad_config_is_bad_input(tmp_path):
 
 def test_rung_without_results_fails_every_criterion(tmp_path, monkeypatch):
     root = new_workspace(tmp_path, "no_results", tiny_config("llama"))
-    # an edited test is refused before it runs (tests/onboard/unit/test_forged_evidence.py);
+    # an edited test is refused before it runs (tests/onboard/engine/test_forged_evidence.py);
     # here the edit only stands for any test that never gets to write its results
     monkeypatch.setattr(parity, "tamper_problem", lambda ws: None)
     with (root / "test_parity.py").open("a") as f:

@@ -1,7 +1,7 @@
 """The execution-mode choice of the graph_trainer rung: the recipe's mode (the holder) stands unless
 another mode is faster than it by the timing protocol, and the choice comes back as recipe edits of
 exactly the keys that change, with the lever's one Decision. (Scripted comparisons, the holder
-rule in detail: tests/onboard/unit/test_lever_decisions.py.)"""
+rule in detail: tests/onboard/e2e/test_lever_decisions.py.)"""
 
 from __future__ import annotations
 

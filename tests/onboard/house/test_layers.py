@@ -4,7 +4,7 @@ of its package, and `onboard status` of a finished ladder loads neither torch no
 LAYERS (onboard) and CORE_LAYERS (titan_core) are the orders (top first), in this one place;
 docs/DESIGN.md gives a reason per boundary. A module's layer is its sub-package (<package>/<layer>/...)
 or, for a top-level module, its own name. The import graph is read from the source
-(tests/onboard/unit/test_structure.py: every import, function-level and TYPE_CHECKING ones included),
+(tests/onboard/house/test_structure.py: every import, function-level and TYPE_CHECKING ones included),
 so a lazy import pointing up fails here too. titan_core is below every layer of onboard and never
 imports onboard (test_structure.py holds that).
 """
@@ -138,7 +138,7 @@ def test_imports_point_down_the_layers_and_no_layers_form_a_cycle(package):
     layers = layer_graph(import_graph(), package)
     bad = upward(layers, package)
     name = PACKAGES[package][0]
-    assert not bad, f"imports pointing up {package}'s layers (tests/onboard/unit/test_layers.py {name}):\n" + "\n".join(
+    assert not bad, f"imports pointing up {package}'s layers (tests/onboard/house/test_layers.py {name}):\n" + "\n".join(
         f"  {line}" for line in bad
     )
     found = cycles({layer: set(layers.get(layer, {})) for layer in set(layers) | {t for v in layers.values() for t in v}})

@@ -1,7 +1,7 @@
 """The tuning rung's activation-checkpointing step (onboard/rungs/tuning_rung/recompute.py) on a stand-in
 tuner: when it is tried, the order of the modes, the numerics proof at the holder's batch before the
 larger batch, the memory limit, and the first kept mode ending the step. The step on a real workspace
-runs in tests/onboard/ladder/test_tuning_rung.py."""
+runs in tests/onboard/e2e/test_tuning_rung.py."""
 
 from __future__ import annotations
 

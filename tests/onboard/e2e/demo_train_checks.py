@@ -4,7 +4,7 @@ metrics file has every step's loss and the validation losses (finite), an export
 save_pretrained layout (config.json, the index and its 2 shards, the tokenizer) whose weights
 training moved, and "generation equal: yes".
 
-Used by test_demo.py (the background demo) and tests/onboard/unit/test_demo_train.py (the stage alone).
+Used by test_demo.py (the background demo) and tests/onboard/cli/test_demo_train.py (the stage alone).
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@ headline figures are the decision figures in the ledger, for every rung that dec
 
 `check_headlines(workspace_root)` reads ladder.json itself, runs `onboard status --json` through the
 console script and reads REPORT.md (written by the climb), so it checks what a person reads, not
-the functions that wrote it. tests/onboard/unit/test_headlines.py runs it on a scripted ledger."""
+the functions that wrote it. tests/onboard/cli/test_headlines.py runs it on a scripted ledger."""
 
 from __future__ import annotations
 

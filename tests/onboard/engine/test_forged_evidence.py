@@ -4,7 +4,7 @@ Each test forges what a person or an agent could write by hand, then checks that
 status --json` shows the rung invalid with its reason and that next-step runs that gate again:
 a not_applicable entry its rung's own rule does not back, a passed entry no run of this
 workspace recorded, an edited test_parity.py, and the workspace's family and an entry's times.
-The engine's own attempts use fake rungs (tests/onboard/ladder/ladder_fakes.py); only the parity
+The engine's own attempts use fake rungs (tests/onboard/e2e/ladder_fakes.py); only the parity
 rung is the real one, where its template check is what is tested (it refuses before pytest runs).
 """
 
@@ -37,9 +37,9 @@ from attempt_folders import write_attempt_folder
 
 
 def _ladder_fakes():
-    """tests/onboard/ladder/ladder_fakes.py, under the name the ladder tests import it by."""
+    """tests/onboard/e2e/ladder_fakes.py, under the name the ladder tests import it by."""
     if "ladder_fakes" not in sys.modules:
-        path = Path(__file__).parents[1] / "ladder" / "ladder_fakes.py"
+        path = Path(__file__).parents[1] / "e2e" / "ladder_fakes.py"
         spec = importlib.util.spec_from_file_location("ladder_fakes", path)
         sys.modules["ladder_fakes"] = module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
@@ -48,7 +48,7 @@ def _ladder_fakes():
 
 fakes = _ladder_fakes()
 FakeRung, specs = fakes.FakeRung, fakes.specs
-REPORT_LADDER = json.loads((Path(__file__).parent / "report_ladder.json").read_text())
+REPORT_LADDER = json.loads((Path(__file__).parent.parent / "report" / "report_ladder.json").read_text())
 PAST = {"started": "2026-01-01T00:00:00+00:00", "ended": "2026-01-01T00:00:05+00:00"}
 
 

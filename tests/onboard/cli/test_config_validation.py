@@ -2,7 +2,7 @@
 with one line naming the file, the field, its value and what is accepted
 (`<file>: <field> = <value> is not accepted; <accepted>`), and writes nothing; the trainer
 refuses the same in a recipe edited by hand. On every path: native, port, transformers and
-FLUX (tests/onboard/unit/test_config_fuzz.py feeds every numeric field bad values)."""
+FLUX (tests/onboard/cli/test_config_fuzz.py feeds every numeric field bad values)."""
 
 import json
 import math
