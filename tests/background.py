@@ -157,9 +157,17 @@ class Run:
 _runs: dict[str, Run] = {}
 
 
-def start(name: str, *, shared: bool) -> Run:
+def xdist_worker() -> bool:
+    """This process is a pytest-xdist worker: the session's tests are split between two of them, so a
+    climb runs in its own test, beside the other worker (in the normal scheduling class: a climb in the
+    idle class would wait for every test of the other worker)."""
+    return "PYTEST_XDIST_WORKER" in os.environ
+
+
+def start(name: str, *, shared: bool, idle: bool | None = None) -> Run:
     """Start job `name` in a new process group (its ranks and parity's pytest with it), output to
-    files: a pipe nobody reads until the end would fill and stop it."""
+    files: a pipe nobody reads until the end would fill and stop it. A shared climb runs in the idle
+    scheduling class unless `idle` says otherwise."""
     job = JOBS[name]
     base = Path(tempfile.mkdtemp(prefix=f"pytest-background-{name}-"))
     with open(base / "stdout.txt", "w") as out, open(base / "stderr.txt", "w") as err:
@@ -172,7 +180,7 @@ def start(name: str, *, shared: bool) -> Run:
             text=True,
             env=_own_temp(base),
             start_new_session=True,
-            preexec_fn=_idle_class if shared else None,
+            preexec_fn=_idle_class if (shared if idle is None else idle) else None,
         )
     load = Load.now()
     if shared:  # the suite's own process runs beside it from now on, before the load average sees it
@@ -183,6 +191,8 @@ def start(name: str, *, shared: bool) -> Run:
 
 
 def started(name: str) -> Run:
+    if name not in _runs and xdist_worker():
+        return start(name, shared=True, idle=False)
     assert name in _runs, f"the background {name} climb was not started (tests/conftest.py starts it)"
     return _runs[name]
 

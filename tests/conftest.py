@@ -1,7 +1,9 @@
 """Test-wide settings: never auto-load an installed TPU backend, never reach a model hub."""
 
 import os
+import sys
 import tempfile
+from pathlib import Path
 
 import pytest
 
@@ -15,6 +17,16 @@ os.environ.setdefault("TITAN_CORE_CACHE_DIR", tempfile.mkdtemp(prefix="titan-cor
 os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", tempfile.mkdtemp(prefix="inductor-cache-"))
 
 
+def pytest_configure(config):
+    """A pytest-xdist worker runs torch on one intra-op thread: two workers share the two cores, and a
+    second thread would spin at every op for a core the other worker holds. A test that wants more
+    threads sets them (a recipe's device.threads)."""
+    if "PYTEST_XDIST_WORKER" in os.environ:
+        import torch  # lazy: only a worker's process needs it here
+
+        torch.set_num_threads(1)
+
+
 # ---- the whole-ladder climbs, in the background (tests/background.py) ----------------------
 def _job_of(item) -> str | None:
     import background  # lazy: after the settings above, which the climbs' processes inherit
@@ -23,12 +35,33 @@ def _job_of(item) -> str | None:
 
 
 def pytest_collection_modifyitems(session, config, items):
-    """The climbs' tests run last (in background.JOBS order): each climbs beside every other test."""
+    """The climbs' tests run last (in background.JOBS order): each climbs beside every other test.
+
+    Under pytest-xdist (`make test` runs two workers) they come first instead, each a work unit of its
+    own, so that each worker starts one early (see `xdist_units`)."""
     import background
 
     last = {name: [i for i in items if _job_of(i) == name] for name in background.JOBS}
-    if any(last.values()):
-        items[:] = [i for i in items if _job_of(i) is None] + [i for name in background.JOBS for i in last[name]]
+    rest = [i for i in items if _job_of(i) is None]
+    climbs = [i for name in background.JOBS for i in last[name]]
+    items[:] = climbs + rest if background.xdist_worker() else rest + climbs
+    xdist_units(items)
+
+
+def xdist_units(items) -> None:
+    """The units pytest-xdist hands a worker (`--dist loadgroup`): a climb alone; every scenario of the
+    session's gloo worlds together (tests/core/dist/_world.py launches each world once, for the tests
+    that read it, in the worker that asks first); every other file whole, so that a module's fixtures
+    (a climbed workspace, a plain reference run) are built once."""
+    import background
+
+    world = sys.modules.get("_world")
+    readers = {r for j in world._jobs.values() for r in j.readers} if world else set()
+    for item in items:
+        path = Path(str(item.path)).resolve()
+        job = _job_of(item)
+        group = f"climb {job}" if job else "gloo worlds" if path in readers else str(path)
+        item.add_marker(pytest.mark.xdist_group(group))
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -48,8 +81,8 @@ def pytest_collection_finish(session):
     """Start each climb whose test will run, as soon as that is known (not for --collect-only)."""
     import background
 
-    if session.config.option.collectonly:
-        return
+    if session.config.option.collectonly or background.xdist_worker():
+        return  # under pytest-xdist a climb starts in its own test (background.started)
     for name in dict.fromkeys(filter(None, map(_job_of, session.items))):
         background.start(name, shared=len(session.items) > 1)
 
