@@ -301,19 +301,19 @@ def profile(tuner: Tuner) -> dict:
 
 def recipe_edits(tuner: Tuner, recipe) -> list[RecipeEdit]:
     """One edit per tuned key whose final value differs from the recipe's, with the change that set it."""
-    edits = []
+    edits, steps = [], {}
     for key in TUNED_KEYS:
         now, final = get_key(recipe, key), get_key(tuner.cfg, key)
         if now == final:
             continue
         change = next(c for c in reversed(tuner.changes) if c["kept"] and key in c["values"])
-        speed = change["describe"] or change["why"]
+        speed, steps[key] = change["describe"] or change["why"], change["step"]
         edits.append(RecipeEdit(key, final, f"tuning rung ({change['step']}): {speed}; {change['class']}"))
     threads = get_key(tuner.cfg, "device.threads")
-    if any(e.key == "device.threads" for e in edits) and threads > 1 and not recipe.device.adapt_threads:
-        edits.append(RecipeEdit("device.adapt_threads", True, f"tuning rung: threads={threads} was timed here; a run "
-                                "takes the cores free at its start, as one busy core makes spinning threads wait "
-                                "on each other"))  # fmt: skip
+    if "device.threads" in steps and threads > 1 and not recipe.device.adapt_threads:
+        edits.append(RecipeEdit("device.adapt_threads", True, f"tuning rung ({steps['device.threads']}): "
+                                f"threads={threads} was timed here; a run takes the cores free at its start, as one "
+                                "busy core makes spinning threads wait on each other"))  # fmt: skip
     return edits
 
 

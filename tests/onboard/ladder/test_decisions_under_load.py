@@ -79,6 +79,7 @@ def test_a_kept_thread_count_comes_with_adapt_threads():
     edits = {e.key: e for e in recipe_edits(SimpleNamespace(cfg=tuned, changes=[change]), recipe)}
     assert edits["device.threads"].value == 2 and edits["device.adapt_threads"].value is True
     assert "cores free at its start" in edits["device.adapt_threads"].why
+    assert all(e.why.startswith("tuning rung (") for e in edits.values())  # the rung's one form, its step named
     # one thread, or a recipe that adapts already: nothing to add
     recipe.device.adapt_threads = tuned.device.adapt_threads = True
     assert "device.adapt_threads" not in {e.key for e in recipe_edits(SimpleNamespace(cfg=tuned, changes=[change]), recipe)}
