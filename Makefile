@@ -23,7 +23,7 @@ demo: $(STAMP)
 	$(VENV)/bin/onboard demo --dir demo-run --force
 
 test: $(STAMP)
-	$(PY) -m pytest -q -x -n 2 --dist loadgroup --no-loadscope-reorder --durations=15
+	$(PY) -m pytest -q -x -n 2 --dist loadscope --no-loadscope-reorder --durations=15
 
 # docs/COMPATIBILITY.md: the compat table (kept out of `make test`): every causal-LM model_type
 # transformers ships (196 in 5.24), each climbing every rung with the ladder engine on a tiny config,

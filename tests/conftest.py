@@ -1,9 +1,7 @@
 """Test-wide settings: never auto-load an installed TPU backend, never reach a model hub."""
 
 import os
-import sys
 import tempfile
-from pathlib import Path
 
 import pytest
 
@@ -37,31 +35,28 @@ def _job_of(item) -> str | None:
 def pytest_collection_modifyitems(session, config, items):
     """The climbs' tests run last (in background.JOBS order): each climbs beside every other test.
 
-    Under pytest-xdist (`make test` runs two workers) they come first instead, each a work unit of its
-    own, so that each worker starts one early (see `xdist_units`)."""
+    Under pytest-xdist (`make test` runs two workers) they come first instead, each a unit of its own
+    (tests/xdist_units.py), so that each worker starts one early."""
     import background
 
     last = {name: [i for i in items if _job_of(i) == name] for name in background.JOBS}
     rest = [i for i in items if _job_of(i) is None]
     climbs = [i for name in background.JOBS for i in last[name]]
     items[:] = climbs + rest if background.xdist_worker() else rest + climbs
-    xdist_units(items)
 
 
-def xdist_units(items) -> None:
-    """The units pytest-xdist hands a worker (`--dist loadgroup`): a climb alone; every scenario of the
-    session's gloo worlds together (tests/core/dist/_world.py launches each world once, for the tests
-    that read it, in the worker that asks first); every other file whole, so that a module's fixtures
-    (a climbed workspace, a plain reference run) are built once."""
-    import background
+def pytest_xdist_make_scheduler(config, log):
+    """pytest-xdist's scope scheduler over tests/xdist_units.py's units, handed out in collection order
+    (make test passes --no-loadscope-reorder)."""
+    from xdist.scheduler import LoadScopeScheduling  # lazy: only a session with workers has it loaded
 
-    world = sys.modules.get("_world")
-    readers = {r for j in world._jobs.values() for r in j.readers} if world else set()
-    for item in items:
-        path = Path(str(item.path)).resolve()
-        job = _job_of(item)
-        group = f"climb {job}" if job else "gloo worlds" if path in readers else str(path)
-        item.add_marker(pytest.mark.xdist_group(group))
+    import xdist_units
+
+    class Units(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return xdist_units.unit_of(nodeid)
+
+    return Units(config, log)
 
 
 @pytest.hookimpl(hookwrapper=True)

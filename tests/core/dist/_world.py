@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+import xdist_units
 
 WORKER = Path(__file__).with_name("_world_worker.py")
 FORKED = Path(__file__).with_name("_forked_ranks.py")
@@ -73,6 +74,9 @@ def job(name: str, world: int, worker: Path, args: Callable[[Path], list[str]], 
         out: str = "out") -> Job:  # fmt: skip
     """Declare a scenario (at import of the test module or conftest that reads it)."""
     j = Job(name, world, Path(worker), args, tuple(Path(r).resolve() for r in readers), out)
+    repo = Path(__file__).resolve().parents[3]
+    outside = [r for r in j.readers if not r.relative_to(repo).as_posix().startswith(xdist_units.WORLD_READERS)]
+    assert not outside, f"{outside} read a gloo world: add them to tests/xdist_units.py's WORLD_READERS"
     _jobs[name] = j
     return j
 
