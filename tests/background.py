@@ -55,14 +55,18 @@ def _idle_class() -> None:
         os.nice(19)
 
 
-def _own_temp(base: Path) -> dict[str, str]:
+def _own_temp(base: Path, own_cache: bool = True) -> dict[str, str]:
     """The environment with temporary and cache folders of the climb's own.
 
     A climb that holds a lock the suite's process then needs stops the suite for as long as the climb
     is held back: paused, for the 600 s of a lock timeout (inductor's precompiled-header lock lives in
     the temporary folder, not in TORCHINDUCTOR_CACHE_DIR: the per-block inductor test timed out on it
-    behind a paused climb), or preempted in the idle class. So nothing on disk that has a lock is shared."""
+    behind a paused climb), or preempted in the idle class. So nothing on disk that has a lock is shared,
+    but with a climb that is neither (`own_cache=False`: a climb of a pytest-xdist worker, in its own test,
+    in the normal class): it compiles into the session's inductor cache."""
     own = {"TMPDIR": base / "tmp", "TORCHINDUCTOR_CACHE_DIR": base / "inductor-cache", "MPLCONFIGDIR": base / "mpl"}
+    if not own_cache:  # a climb never paused nor preempted: the session's warm kernels are its own as well
+        del own["TORCHINDUCTOR_CACHE_DIR"]
     for folder in own.values():
         folder.mkdir()
     return {**os.environ, **{k: str(v) for k, v in own.items()}}
@@ -164,7 +168,7 @@ def xdist_worker() -> bool:
     return "PYTEST_XDIST_WORKER" in os.environ
 
 
-def start(name: str, *, shared: bool, idle: bool | None = None) -> Run:
+def start(name: str, *, shared: bool, idle: bool | None = None, own_cache: bool = True) -> Run:
     """Start job `name` in a new process group (its ranks and parity's pytest with it), output to
     files: a pipe nobody reads until the end would fill and stop it. A shared climb runs in the idle
     scheduling class unless `idle` says otherwise."""
@@ -178,7 +182,7 @@ def start(name: str, *, shared: bool, idle: bool | None = None) -> Run:
             stdout=out,
             stderr=err,
             text=True,
-            env=_own_temp(base),
+            env=_own_temp(base, own_cache),
             start_new_session=True,
             preexec_fn=_idle_class if (shared if idle is None else idle) else None,
         )
@@ -192,7 +196,7 @@ def start(name: str, *, shared: bool, idle: bool | None = None) -> Run:
 
 def started(name: str) -> Run:
     if name not in _runs and xdist_worker():
-        return start(name, shared=True, idle=False)
+        return start(name, shared=True, idle=False, own_cache=False)
     assert name in _runs, f"the background {name} climb was not started (tests/conftest.py starts it)"
     return _runs[name]
 
