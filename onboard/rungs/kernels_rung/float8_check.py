@@ -18,7 +18,9 @@ simple_fsdp rung. titan_core.kernels.float8 documents how far it may differ, and
 
 Which linears convert and which stay as they are, and why (output head, MoE router, a shape that is
 not a multiple of 16), is titan_core's rule (`swap_selection`); the row lists both. A model with
-no eligible linear, or a device without float8 matmuls, is not_applicable with the reason.
+no eligible linear, a device without float8 matmuls, or a model titan_core builds only in its init's
+dtype (ShardedInitError: an init that returns to a parameter, e.g. Mamba's conv1d), is not_applicable with the
+reason.
 
 A recipe within both bounds that also runs in the recipe's execution mode (kernel_modes.mode_check)
 is `eligible`: the keep rule (kernels_decide) times its whole steps against the recipe's value like
@@ -39,6 +41,7 @@ from onboard.ladder.measurements.kernels_measurements import KernelsMeasurements
 from onboard.rungs import gate_recipe, train_run
 from onboard.rungs.kernels_rung.compare import build_model_with, kernels_for, parse_flag
 from onboard.rungs.kernels_rung.modes import mode_check
+from titan_core.models.common.init_stand_in import ShardedInitError
 from titan_core.models.common.swaps import SwapNotApplicable, swap_applicability, swap_selection
 from titan_core.kernels import KernelUnavailable
 from titan_core.kernels.float8 import FLOAT8_GRAD_REL_L2, FLOAT8_LOSS_REL, FLOAT8_OUTPUT_REL_L2, float8_swap
@@ -138,6 +141,10 @@ class Float8Check:
         except (SwapNotApplicable, KernelUnavailable) as e:
             self.ctx.log(f"kernels: {flag} not applicable: {e}")
             return {"status": "not_applicable", "reason": " ".join(str(e).split())}
+        except ShardedInitError as e:  # the model, not the kernel: titan_core builds it in its init's dtype only
+            why = f"float8 is judged against the bf16 recipe, and titan_core does not build this model in bf16: {e}"
+            self.ctx.log(f"kernels: {flag} not applicable: {why}")
+            return {"status": "not_applicable", "reason": " ".join(why.split())}
         except Exception as e:  # noqa: BLE001 -- recorded as this kernel's failure, which fails the gate
             self.ctx.log(f"kernels: {flag} raised {type(e).__name__}: {e}")
             return {"status": "raised", "error": f"{type(e).__name__}: {e}", "kept": False}

@@ -25,6 +25,7 @@ from onboard.rungs.kernels_rung.compare import REFERENCE, applicable_kernels
 from onboard.rungs.kernels_rung.decide import MemoryRule, decide_all, field_inputs, mark_rows
 from titan_core.kernels.float8 import E4M3_UNIT_ROUNDOFF, FLOAT8_GRAD_REL_L2, FLOAT8_LOSS_REL, FLOAT8_OUTPUT_REL_L2
 from titan_core.models import build_meta, resolve_args
+from titan_core.models.common.init_stand_in import ShardedInitError
 
 FLOOR = E4M3_UNIT_ROUNDOFF / 4
 """Below this a layer was not rounded to float8 at all (bf16 alone is off by ~0.003)."""
@@ -164,3 +165,22 @@ def test_where_float8_cannot_run_it_does_not_apply_and_says_why(setting, monkeyp
     raised = {"status": "raised", "error": "x"}
     assert kernels_rung.totals({FLAGS[0]: raised})["worst_float8_loss_rel"] == 0.0  # not held: not judged
     assert math.isinf(kernels_rung.totals({FLAGS[0]: {**raised, "kept": True}})["worst_float8_loss_rel"])
+
+
+def test_a_model_titan_core_builds_only_in_its_init_dtype_is_not_applicable(setting, monkeypatch):
+    """Mamba's init returns to conv1d.weight after other parameters, so titan_core refuses to build it in bf16
+    (ShardedInitError, the compat sweep's mamba row): float8, judged against the bf16 recipe, cannot be
+    compared there. That is the model's property, not a kernel that raised: not_applicable, with the refusal."""
+    _, check, lines = setting
+    refusal = ShardedInitError("init_weights returns to backbone.layers.0.mixer.conv1d.weight after it went on")
+
+    def refuse(*a, **k):
+        raise refusal
+
+    monkeypatch.setattr(kernels_float8, "build_model_with", refuse)
+    row = check.row("kernels.float8=tensorwise")
+    assert row["status"] == "not_applicable" and "does not build this model in bf16" in row["reason"]
+    assert "conv1d.weight" in row["reason"] and any("not applicable" in line for line in lines)
+    # any other error of the build is still the kernel's failure
+    monkeypatch.setattr(kernels_float8, "build_model_with", lambda *a, **k: 1 / 0)
+    assert check.row("kernels.float8=tensorwise")["status"] == "raised"
