@@ -19,7 +19,9 @@ def pytest_configure(config):
     """A pytest-xdist worker runs torch on one intra-op thread: two workers share the two cores, and a
     second thread would spin at every op for a core the other worker holds. A test that wants more
     threads sets them (a recipe's device.threads)."""
-    if "PYTEST_XDIST_WORKER" in os.environ:
+    import background  # lazy: after the settings above, which the climbs' processes inherit
+
+    if background.xdist_worker():
         import torch  # lazy: only a worker's process needs it here
 
         torch.set_num_threads(1)
@@ -45,6 +47,7 @@ def pytest_collection_modifyitems(session, config, items):
     items[:] = climbs + rest if background.xdist_worker() else rest + climbs
 
 
+@pytest.hookimpl(optionalhook=True)  # a session without pytest-xdist installed has no such hook
 def pytest_xdist_make_scheduler(config, log):
     """pytest-xdist's scope scheduler over tests/xdist_units.py's units, handed out in collection order
     (make test passes --no-loadscope-reorder)."""
