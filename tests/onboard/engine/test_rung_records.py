@@ -14,22 +14,20 @@ from __future__ import annotations
 import ast
 import importlib.util
 import json
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 from onboard.engine.next_step import next_step
 from onboard.errors import BadInput
-from onboard.ladder.contract import ABSENT, Measurements, RungResult
-from onboard.ladder.gates import parse_checklist
+from onboard.ladder.contract import ABSENT, RungResult
 from onboard.ladder.measurements.training_measurements import (
     BesideEager, CompileMeasurements, EagerMeasurements, SteadyRun,
 )  # fmt: skip
-from onboard.ladder.table import RUNGS, TABLE, RungSpec
+from onboard.ladder.table import RUNGS, TABLE
 from onboard.workspace import ledger as ledger_file
 from onboard.workspace.layout import Workspace
-from onboard.workspace.scaffold import plan_workspace, write_workspace
+from test_os_errors import Score, fake_specs, ws  # noqa: F401 -- the fake eager rung's record, its specs, the fixture
 
 
 @pytest.mark.parametrize("rung", RUNGS)
@@ -59,18 +57,6 @@ def test_a_record_is_built_once_from_parts_of_its_own_type():
 
 
 # ---- the ledger's two writes -------------------------------------------------------------------
-@dataclass(kw_only=True)
-class Score(Measurements):
-    score: float = ABSENT
-    """The fake eager rung's one metric (unitless)."""
-
-
-CHECKLIST = {
-    "rung": "eager",
-    "criteria": [{"name": "score_high", "metric": "score", "comparator": ">=", "threshold": 1.0, "hint": "too low"}],
-}
-
-
 class Rung:
     """A rung that reads the ledger file as it runs (what a kill would leave), then returns or raises."""
 
@@ -82,17 +68,6 @@ class Rung:
         if self.error is not None:
             raise self.error
         return RungResult(measurements=Score(score=2.0), files_read=[ctx.workspace.recipe_path], command="fake")
-
-
-def specs(rung) -> list[RungSpec]:
-    checklist = parse_checklist(json.loads(json.dumps(CHECKLIST)), "fake eager")
-    return [RungSpec("eager", None, module=rung, checklist=checklist)] + [RungSpec(r, None) for r in RUNGS[1:]]
-
-
-@pytest.fixture
-def ws(tmp_path) -> Workspace:
-    write_workspace(plan_workspace("m", tmp_path, preset="llama3/debugmodel", device="cpu"))
-    return Workspace.load(tmp_path, "m")
 
 
 @pytest.fixture
@@ -110,7 +85,7 @@ def writes(monkeypatch) -> list[dict]:
 
 def test_an_attempt_writes_its_placeholder_then_its_whole_entry(ws, writes):
     rung = Rung(ws)
-    outcome = next_step(ws, specs=specs(rung))
+    outcome = next_step(ws, specs=fake_specs(rung))
     assert outcome.status == "passed"
     [placeholder] = rung.seen  # what the file held while the rung ran
     assert (placeholder["status"], placeholder["ended"], placeholder["measurements"]) == ("interrupted", None, {})
@@ -123,6 +98,6 @@ def test_an_attempt_writes_its_placeholder_then_its_whole_entry(ws, writes):
 
 def test_bad_input_withdraws_the_placeholder_in_the_second_write(ws, writes):
     with pytest.raises(BadInput, match="no such recipe key"):
-        next_step(ws, specs=specs(Rung(ws, BadInput("no such recipe key"))))
+        next_step(ws, specs=fake_specs(Rung(ws, BadInput("no such recipe key"))))
     assert len(writes) == 2 and [e["status"] for e in writes[0]["attempts"]] == ["interrupted"]
     assert writes[1]["attempts"] == []
