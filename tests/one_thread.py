@@ -1,5 +1,6 @@
-"""One intra-op thread for a test that runs torch: in this process (torch.set_num_threads, given back
-after the test) and in the processes it starts (OMP_NUM_THREADS=1, unless the test sets its own).
+"""One intra-op thread for a test that runs torch in this process (torch.set_num_threads, given back
+after the test), whatever an earlier test of the process left. The processes a test starts inherit
+tests/conftest.py's OMP_NUM_THREADS=1 (unless the session sets its own).
 
 The tests' models are toys: a second thread gains them nothing, and on a busy 2-core machine it spins
 at every parallel region waiting for a core another process holds (measured here: the same tests took
@@ -13,17 +14,13 @@ Imported by tests (tests/ is on the path: its conftest.py).
 
 from __future__ import annotations
 
-import os
-
 import pytest
 
 
 @pytest.fixture(autouse=True)
-def one_thread(monkeypatch):
+def one_thread():
     import torch
 
-    if "OMP_NUM_THREADS" not in os.environ:
-        monkeypatch.setenv("OMP_NUM_THREADS", "1")
     before = torch.get_num_threads()
     torch.set_num_threads(1)
     try:

@@ -59,7 +59,7 @@ def next_step(
                 checklist=spec.load_checklist(),
                 module=runner_of(spec),
                 rerun_reason=current.reason if rerun else None,
-                evidence=passed_evidence(states, spec.name),
+                evidence=passed_evidence(states, spec),
                 log=log,
                 base_command=base_command or f"onboard next-step {ws.name}",
                 not_applicable=spec.declared.not_applicable,

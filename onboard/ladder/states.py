@@ -6,7 +6,8 @@ State of a rung, from its latest attempt in ladder.json (DESIGN section 4):
     passed          latest attempt passed and nothing it read has changed since
     not_applicable  latest attempt said the rung does not apply (with the reason)
     stale           it passed (or was n/a), but a file it read changed (a recipe edit counts only
-                    where the rung reads an edited key), or an earlier rung was re-verified after it
+                    where the rung reads an edited key), or an earlier rung whose evidence it reads
+                    (table.Rung.reads_evidence) was re-verified after it
     invalid         the ledger says passed (or n/a), but its entry is not evidence (onboard/ladder/evidence.py)
     failed          latest attempt failed its gate
     interrupted     latest attempt was stopped (Ctrl-C, SIGTERM, a kill) before it finished
@@ -77,7 +78,7 @@ def _accepted_status(
         return Status.INVALID, verdict.problem
     if changed := ws.changed_files(latest.files_read, spec.reads_recipe_key()):
         return Status.STALE, f"changed since it {latest.status}: {', '.join(changed)}"
-    if newer := [r for r, ended in upstream if ended > parse_iso(latest.started)]:
+    if newer := [r for r, ended in upstream if ended > parse_iso(latest.started) and spec.reads_evidence_of(r)]:
         return Status.STALE, f"{', '.join(newer)} re-verified after this rung {latest.status}"
     return latest.status, latest.not_applicable_reason
 
@@ -87,9 +88,11 @@ def current_state(states: list[RungState]) -> RungState | None:
     return next((s for s in states if s.status not in ACCEPTED and s.status != NOT_BUILT), None)
 
 
-def passed_evidence(states: list[RungState], rung: str) -> dict[str, dict]:
-    """{rung: measurements} of the other rungs whose latest entry passed (and still holds)."""
-    return {s.rung: s.latest.measurements for s in states if s.status == Status.PASSED and s.rung != rung and s.latest}
+def passed_evidence(states: list[RungState], spec: RungSpec) -> dict[str, dict]:
+    """{rung: measurements} of the other rungs whose latest entry passed (and still holds), where `spec`'s
+    rung reads their evidence (`RungSpec.reads_evidence_of`): a rung is given only what it declares."""
+    return {s.rung: s.latest.measurements for s in states
+            if s.status == Status.PASSED and s.rung != spec.name and s.latest and spec.reads_evidence_of(s.rung)}  # fmt: skip
 
 
 def shown_criteria(s: RungState) -> list[dict]:

@@ -3,7 +3,8 @@
 A rung's declaration (`Rung`) is everything `status`, `list`, `recipe` and `report` ask of it; its
 runner module under onboard/rungs/ only runs it, and only the engine imports that module, by the name
 declared here (onboard/engine/next_step.py, `runner_of`), so a reading command loads no rung and no torch. Tests pass a module-like fake as the runner: such a
-fake is its own declaration (its `reads_recipe_key`, `not_applicable`, `evidence_problem`, if any).
+fake is its own declaration (its `reads_recipe_key`, `not_applicable`, `evidence_problem`, `READS_EVIDENCE`,
+if any).
 """
 
 from __future__ import annotations
@@ -88,6 +89,9 @@ class Rung:
     `status` recomputes to check a not_applicable entry; None: it applies to every model."""
     evidence_problem: Callable[[Any, Any], str | None] | None = None
     """`(ws, entry) -> problem | None`: why a passed entry no longer stands beyond its measurements."""
+    reads_evidence: frozenset[str] | None = None
+    """The rungs whose evidence (passed measurements) its run and gate are given; None: every other rung's.
+    An earlier rung re-verified after it passed makes it stale only where it reads that rung's evidence."""
 
     @classmethod
     def of_module(cls, name: str, module: ModuleType | Any) -> "Rung":
@@ -98,7 +102,8 @@ class Rung:
             return value if callable(value) else None
 
         return cls(name, getattr(module, "MEASUREMENTS", None), None, hook("reads_recipe_key"),
-                   not_applicable=hook("not_applicable"), evidence_problem=hook("evidence_problem"))  # fmt: skip
+                   not_applicable=hook("not_applicable"), evidence_problem=hook("evidence_problem"),
+                   reads_evidence=getattr(module, "READS_EVIDENCE", None))  # fmt: skip
 
 
 MODE_EARNS = frozenset(MODE_KEYS.values()) | {"kernels.moe"}
@@ -109,7 +114,7 @@ TABLE: dict[str, Rung] = {
     for r in (
         Rung("eager", EagerMeasurements, "onboard.rungs.eager_rung", reads_all_but_mode),
         Rung("parity", ParityMeasurements, "onboard.rungs.parity_rung", reads_model_only,
-             evidence_problem=parity_evidence_problem),
+             evidence_problem=parity_evidence_problem, reads_evidence=frozenset()),  # upstream's numbers, no rung's
         Rung("simple_fsdp", SimpleFsdpMeasurements, "onboard.rungs.simple_fsdp_rung", reads_all_but_mode,
              earns=frozenset({"training.mixed_precision_param"})),
         Rung("compile", CompileMeasurements, "onboard.rungs.compile_rung", reads_all_but_mode, earns=MODE_EARNS),
@@ -155,6 +160,11 @@ class RungSpec:
     def reads_recipe_key(self):
         """The rung's `reads_recipe_key(key)`, or None: it reads every key."""
         return self.declared.reads_recipe_key
+
+    def reads_evidence_of(self, rung: str) -> bool:
+        """Whether the rung's run and gate read `rung`'s evidence (its `reads_evidence`; None: every rung's)."""
+        declared = self.declared.reads_evidence
+        return declared is None or rung in declared
 
     def load_checklist(self) -> Checklist:
         if self.checklist is None:

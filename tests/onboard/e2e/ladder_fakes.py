@@ -54,9 +54,11 @@ class FakeRung:
     """A module-like rung whose measurements (or exception) the test scripts."""
 
     def __init__(
-        self, rung, measurements=None, *, files=("recipe.toml",), error=None, not_applicable=None, sleep=0.0, ready=None
-    ):
+        self, rung, measurements=None, *, files=("recipe.toml",), error=None, not_applicable=None, sleep=0.0, ready=None,
+        reads_evidence=None,
+    ):  # fmt: skip
         self.RUNG = rung
+        self.READS_EVIDENCE = reads_evidence  # the rungs whose evidence it is given (table.Rung.reads_evidence)
         self.measurements = measurements if measurements is not None else {}
         self.files = files
         self.error = error

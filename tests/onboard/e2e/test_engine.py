@@ -2,11 +2,14 @@
 interrupted and withdrawn attempts, and the end of the built ladder."""
 
 import json
+import re
+from pathlib import Path
 
 import pytest
 from ladder_fakes import FakeRung, specs
 
 from onboard.errors import BadInput
+from onboard.ladder.gates import parse_checklist
 from onboard.workspace.fsutil import sha256_file
 from onboard.ladder.states import ladder_states
 from onboard.engine.next_step import next_step
@@ -152,6 +155,44 @@ def test_reverifying_an_earlier_rung_makes_later_passes_stale(debug_ws):
     next_step(reload(debug_ws), specs=sp)
     states = {s.rung: s for s in ladder_states(reload(debug_ws), sp)}
     assert states["parity"].status == "stale" and "eager re-verified" in states["parity"].reason
+
+
+def test_a_rung_that_reads_no_evidence_stands_when_an_earlier_rung_re_verifies(debug_ws):
+    """Parity's declaration (it reads upstream's numbers, no rung's): it is given no evidence, and eager's
+    re-verification leaves it passed; a rung that reads eager's evidence is given it and goes stale."""
+    sp = specs(
+        eager=FakeRung("eager", {"score": 2.0, "flag": True}, files=("config.json",)),
+        parity=FakeRung("parity", {"diff": 0.1}, files=("adapter.py",), reads_evidence=frozenset()),
+    )
+    own_bound = [{"name": "diff_small", "metric": "diff", "comparator": "<=", "threshold": 1.0, "hint": "diff"}]
+    sp[1].checklist = parse_checklist({"rung": "parity", "title": "fake parity", "criteria": own_bound}, "fake parity")
+    next_step(debug_ws, specs=sp)
+    next_step(reload(debug_ws), specs=sp)
+    assert sp[1].module.contexts[-1].evidence == {}  # eager had passed: not given to a rung that declares none
+    cfg = debug_ws.root / "config.json"
+    cfg.write_text(cfg.read_text() + "\n")
+    assert next_step(reload(debug_ws), specs=sp).rung == "eager"
+    st = statuses(debug_ws, sp)
+    assert (st["eager"], st["parity"]) == ("passed", "passed")
+    reading = specs(eager=sp[0].module, parity=FakeRung("parity", {"diff": 0.1}, files=("adapter.py",),
+                                                        reads_evidence=frozenset({"eager"})))  # fmt: skip
+    reading[1].checklist = sp[1].checklist
+    assert statuses(debug_ws, reading)["parity"] == "stale"
+    assert next_step(reload(debug_ws), specs=reading).rung == "parity"
+    assert set(reading[1].module.contexts[-1].evidence) == {"eager"}
+
+
+def test_every_checklist_reads_only_the_evidence_its_rung_declares():
+    """A bound taken from another rung's evidence (`evidence.<rung>.<name>` in checklists/) must name a rung
+    the table says the rung reads: that is all its gate is given."""
+    from onboard.ladder.table import RUNGS, TABLE, RungSpec
+
+    root = Path(__file__).resolve().parents[3] / "checklists"
+    for rung in RUNGS:
+        named = set(re.findall(r"evidence\.(\w+)\.", (root / f"{rung}.yaml").read_text()))
+        spec = RungSpec(rung, TABLE[rung].runner)
+        assert all(spec.reads_evidence_of(r) for r in named), (rung, named, TABLE[rung].reads_evidence)
+    assert TABLE["parity"].reads_evidence == frozenset()
 
 
 def test_waiver_counts_as_ok_but_waived_on_the_next_attempt(debug_ws):
