@@ -5,12 +5,11 @@
 (10^6 bytes, as transformers counts) with `model.safetensors.index.json` (metadata.total_size,
 weight_map), and the tokenizer files it is given.
 
-The adapter's `to_hf` runs first on meta tensors of the model's state dict: an HF tensor that is a
-native tensor renamed, or a view of one (a transpose, one expert of a stack), is made from that
-one native tensor, gathered alone (`full_tensor()` of one DTensor: a collective every rank joins,
-in the same order) and dropped once written; the others (a concatenation of several) are made by
-`to_hf` on real tensors one layer group at a time. Only rank 0 keeps what it gathers, so its
-peak host memory is about one shard plus one layer group, never the whole model.
+The weights come from the model's HF weight stream (titan_core/weights/hf_stream.py): the adapter's
+`to_hf` on meta first (a model it cannot map is refused before any collective), then one gathered
+tensor at a time (one layer group's for a concatenation), every rank joining the gathers and rank 0
+alone given the tensors, so its peak host memory is about one shard plus one layer group, never the
+whole model.
 
 Everything is written into a dot-folder beside the target and renamed into place at the end, so
 a partial export never looks complete; an existing target is first renamed to a dated backup
@@ -35,18 +34,17 @@ from typing import Any, Literal
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.tensor import DTensor
 
 from titan_core.config.hf_config import read_hf_config
 from titan_core.config.loader import ConfigError
 from titan_core.config.sections import Data
 from titan_core.config.sections import Model as ModelConfig
 from titan_core.models.common.hf_adapter import AdapterError
-from titan_core.models.common.tied import stored_once
 from titan_core.models.registry import get_family
 from titan_core.runtime.files import backup_aside, default_mode
 from titan_core.models.model_builder import args_from_hf_config, model_adapter
 from titan_core.weights.header_check import INDEX, SINGLE
+from titan_core.weights.hf_stream import stream_plan
 from titan_core.weights.st_headers import read_header
 
 MB = 10**6
@@ -55,7 +53,6 @@ MARK = {"format": "pt", "exported_by": "titan_core"}
 tells an earlier export (which replace="own" may replace) from a folder of someone else's."""
 TOKENIZER_FILES = ("tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja")
 """Copied from beside the tokenizer.json, where present."""
-_GROUP = re.compile(r"^(.*?\.\d+\.)")
 Replace = Literal["own", "force", "never"]
 
 
@@ -149,12 +146,9 @@ def export_hf(
     adapter = model_adapter(model_cfg) if model_cfg is not None else get_family(family_name).adapter
     out = Path(out_dir)
     check_export_target(out, replace)
-    own = dict(model.state_dict(keep_vars=True))
-    meta = _meta(own)
     try:  # every rank: pure functions, so a refusal is every rank's before any collective
-        hf_meta = stored_once(adapter.to_hf(meta))
+        plan = stream_plan(model, adapter)
         config = _export_config(adapter, model_cfg, args)
-        direct, groups = _plan(adapter, meta, hf_meta)
     except AdapterError as e:
         raise ConfigError(f"cannot export HF weights: {e}") from None
     tmp = out.with_name(f".{out.name}.partial")
@@ -163,17 +157,11 @@ def export_hf(
     if writer is not None:  # debris of an earlier interrupted export goes first
         failure = _attempt(lambda: (shutil.rmtree(tmp, ignore_errors=True), tmp.mkdir(parents=True)))
     try:
-        with torch.no_grad():
-            for native, outputs in direct.items():
-                full = _gather(own[native])
-                if writer is not None and failure is None:
-                    failure = _attempt(lambda: [writer.add(h, _strided(full, v)) for h, v in outputs])
-                del full
-            for natives, names in groups:
-                fulls = {n: _gather(own[n]) for n in natives}
-                if writer is not None and failure is None:
-                    failure = _attempt(lambda: _write_group(writer, adapter, fulls, names))
-                del fulls
+        # every rank drives the stream (its gathers are collectives); rank 0 alone is given the tensors
+        for name, tensor in plan.weights(dst=0, device="cpu"):
+            if failure is None:
+                failure = _attempt(lambda: writer.add(name, tensor))
+            del tensor
         if writer is not None and failure is None:
             failure = _attempt(lambda: _finish(writer, config, tokenizer, tmp, out))
     finally:
@@ -231,76 +219,16 @@ def _agree(failure: Exception | None) -> None:
         raise (ConfigError if config_error else RuntimeError)(f"rank 0 could not write the export: {what}")
 
 
-def _meta(own: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """Meta tensors of the state dict's global shapes and dtypes; a tensor under two names (a tied
-    head) stays one meta tensor under both, as the adapters' tie rules expect."""
-    made: dict[int, torch.Tensor] = {}
-    out = {}
-    for name, t in own.items():
-        if id(t) not in made:
-            made[id(t)] = torch.empty(tuple(t.shape), dtype=t.dtype, device="meta")
-        out[name] = made[id(t)]
-    return out
 
 
-def _plan(adapter, meta: dict[str, torch.Tensor], hf_meta: dict[str, torch.Tensor]):
-    """({native: [(hf name, meta view)]} of the HF tensors made from one native tensor,
-    [(natives, hf names)] of those `to_hf` makes from a layer group, or from everything)."""
-    first = {}
-    for name, t in meta.items():
-        first.setdefault(id(t), name)
-    direct: dict[str, list[tuple[str, torch.Tensor]]] = {}
-    pending = []
-    for h, t in hf_meta.items():
-        src = first.get(id(t)) or (first.get(id(t._base)) if t._base is not None else None)
-        if src is not None:
-            direct.setdefault(src, []).append((h, t))
-        else:
-            pending.append(h)
-    ordered = {n: direct[n] for n in meta if n in direct}  # the model's order: embedding, layers, head
-    if not pending:
-        return ordered, []
-    prefixes: dict[str, list[str]] = {}
-    for name in meta:
-        m = _GROUP.match(name)
-        prefixes.setdefault(m.group(1) if m else "", []).append(name)
-    owner: dict[str, str] = {}
-    for prefix, names in prefixes.items():
-        try:
-            made = adapter.to_hf({n: meta[n] for n in names})
-        except Exception:  # an adapter that maps only the whole model: the fallback group below
-            continue
-        for h in made:
-            owner.setdefault(h, prefix)
-    groups: dict[str, tuple[list[str], list[str]]] = {}
-    for h in pending:
-        prefix = owner.get(h)
-        key = "*" if prefix is None else prefix
-        groups.setdefault(key, (list(meta) if prefix is None else prefixes[prefix], []))[1].append(h)
-    return ordered, list(groups.values())
 
 
-def _gather(t: torch.Tensor) -> torch.Tensor | None:
-    """The full tensor of `t` on rank 0's host (None elsewhere); a collective for a DTensor."""
-    full = t.full_tensor() if isinstance(t, DTensor) else t
-    return full.detach().to("cpu") if _rank() == 0 else None
 
 
-def _owned(t: torch.Tensor) -> torch.Tensor:
-    """`t` contiguous and alone in its storage (safetensors refuses tensors sharing one)."""
-    t = t.detach().contiguous()
-    return t if t.untyped_storage().nbytes() == t.nbytes else t.clone()
 
 
-def _strided(full: torch.Tensor, view: torch.Tensor) -> torch.Tensor:
-    """The HF tensor that meta `view` is of its native source, taken from the real `full`."""
-    return _owned(full.contiguous().as_strided(tuple(view.shape), view.stride(), view.storage_offset()))
 
 
-def _write_group(writer: _ShardWriter, adapter, fulls: dict[str, torch.Tensor], names: list[str]) -> None:
-    made = adapter.to_hf(fulls)
-    for h in names:
-        writer.add(h, _owned(made[h]))
 
 
 def _finish(writer: _ShardWriter, config: dict, tokenizer, tmp: Path, out: Path) -> None:

@@ -24,7 +24,6 @@ are converted once, into each parameter's dtype, by the copy into it.
 from __future__ import annotations
 
 import math
-import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -39,10 +38,10 @@ from titan_core.config.sections import JobConfig
 from titan_core.memory.estimate import format_bytes
 from titan_core.models.model_builder import model_adapter
 from titan_core.weights.header_check import CheckedCheckpoint, checked_mapping, checkpoint_files
+from titan_core.weights.name_mapping import layer_groups
 from titan_core.weights.st_headers import HeaderError
 from titan_core.weights.strided import ViewMap, arrange, local_box, source_box, view_map
 
-_GROUP = re.compile(r"^(.*?\.\d+\.)")
 SHOWN = 4
 """Offending tensors a refusal names (its counts say how many there are in all)."""
 MAPPED = 8 * 2**20
@@ -324,10 +323,7 @@ def _plan(checked: CheckedCheckpoint) -> tuple[list[_Direct], list[_Group]]:
             pending.append(name)
     if not pending:
         return direct, []
-    prefixes: dict[str, list[str]] = {}
-    for name in hf:
-        m = _GROUP.match(name)
-        prefixes.setdefault(m.group(1) if m else "", []).append(name)
+    prefixes = layer_groups(hf)
     owner: dict[str, str] = {}
     for prefix, names in prefixes.items():
         try:

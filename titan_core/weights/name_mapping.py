@@ -24,6 +24,16 @@ import torch
 _GROUP = re.compile(r"^(.*?\.\d+\.)")
 
 
+def layer_groups(names) -> dict[str, list[str]]:
+    """`names` by layer group: the prefix up to their first number (`model.layers.7.`; "" for a name
+    with none, the embedding or the head), in the order first seen."""
+    groups: dict[str, list[str]] = {}
+    for name in names:
+        m = _GROUP.match(name)
+        groups.setdefault(m.group(1) if m else "", []).append(name)
+    return groups
+
+
 class CheckpointMapping:
     """The checkpoint's meta tensors `hf` through `adapter.from_hf`, against the model's `own`
     state dict: `native` (what they map to), `unmapped` (what does not map, with why), and, on
@@ -34,10 +44,7 @@ class CheckpointMapping:
         self.native: dict[str, torch.Tensor] = {}
         self.unmapped: list[dict] = []
         self._alone: dict[str, dict | None] = {}
-        self._groups: dict[str, list[str]] = {}
-        for name in hf:
-            m = _GROUP.match(name)
-            self._groups.setdefault(m.group(1) if m else "", []).append(name)
+        self._groups = layer_groups(hf)
         self._by_group: dict[str, set[str]] | None = None
         try:
             self.native = self._from_hf(hf)

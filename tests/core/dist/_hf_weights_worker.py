@@ -2,8 +2,8 @@
 
 Started by _world.launch (2 gloo ranks). Loads the tiny Llama in CKPT through
 checkpoint.initial_hf under SimpleFSDP, recording every read safetensors serves this rank (a
-slice's ranges, or a whole tensor), trains 3 steps, exports in 1 MB shards, and takes 10 greedy
-tokens from the sharded model; then one step from the same load under FSDP2, tensor parallel and
+slice's ranges, or a whole tensor), trains 3 steps, exports in 1 MB shards, takes 10 greedy
+tokens from the sharded model and streams its weights into a transformers model (`stream_into_transformers`); then one step from the same load under FSDP2, tensor parallel and
 two pipeline stages. Writes OUT/rank_<r>.json.
 """
 
@@ -18,9 +18,12 @@ sys.path.insert(0, str(Path(__file__).parent.parent))  # tests/core: hf_tiny
 import torch  # noqa: E402
 from hf_tiny import tiny_cfg, titan_greedy  # noqa: E402
 
+from titan_core.memory.tensor_peak import TensorPeak  # noqa: E402
+from titan_core.models.model_builder import model_adapter  # noqa: E402
 from titan_core.runtime import distributed  # noqa: E402
 from titan_core.training import hf_load  # noqa: E402
 from titan_core.training.trainer import Trainer  # noqa: E402
+from titan_core.weights.hf_stream import hf_weights  # noqa: E402
 
 
 class _Recorded:
@@ -56,6 +59,32 @@ class _Recorded:
         return Slice()
 
 
+def stream_into_transformers(trainer: Trainer, export: Path) -> dict:
+    """The trained model's HF weight stream (titan_core/weights/hf_stream.py) on this rank, copied in place into a
+    transformers model built from the export's config.json (its own random init), as an inference engine's
+    `load_weights` would, counted by TensorPeak (nothing kept: the peak is the stream's own); then that
+    model's logits against those of the export loaded by from_pretrained, on the same tokens."""
+    import transformers
+
+    config = transformers.AutoConfig.from_pretrained(export)
+    torch.manual_seed(1)
+    engine = transformers.AutoModelForCausalLM.from_config(config).float().eval()
+    params = engine.state_dict()
+    names, largest = [], 0
+    with TensorPeak() as peak, torch.no_grad():
+        for name, tensor in hf_weights(trainer.model, model_adapter(trainer.cfg.model)):
+            params[name].copy_(tensor)
+            names.append(name)
+            largest = max(largest, tensor.nbytes)
+            del tensor
+    exported = transformers.AutoModelForCausalLM.from_pretrained(export).float().eval()
+    tokens = torch.tensor([[1, 5, 9, 2, 7, 3, 11, 4]])
+    with torch.no_grad():
+        mine, theirs = engine(tokens).logits, exported(tokens).logits
+    return {"names": names, "peak_bytes": peak.peak_bytes, "largest_bytes": largest,
+            "logits_equal": bool(torch.equal(mine, theirs)), "missing": sorted(set(params) - set(names))}  # fmt: skip
+
+
 def main(out: Path, ckpt: Path) -> None:
     reads: list = []
     real_open = hf_load._open
@@ -66,6 +95,7 @@ def main(out: Path, ckpt: Path) -> None:
         trainer = Trainer(cfg, quiet=True)
         result = trainer.train()
         greedy = titan_greedy(trainer.model)  # every rank: each forward gathers the shards
+        stream = stream_into_transformers(trainer, out / "run" / "export")
         res = {
             "world_size": result.world_size,
             "loss": [r["loss"] for r in result.metrics],
@@ -73,6 +103,7 @@ def main(out: Path, ckpt: Path) -> None:
             "reads": reads,
             "greedy": greedy,
             "export": str(out / "run" / "export"),
+            "stream": stream,
         }
         hf_load._open = real_open
         modes = {"fsdp2": ["--parallelism.data_parallel=fsdp2"],

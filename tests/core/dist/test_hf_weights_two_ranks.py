@@ -1,7 +1,9 @@
 """checkpoint.initial_hf and the sharded export on 2 gloo ranks under SimpleFSDP (and the load under
 FSDP2, tensor parallel and pipeline stages): the step-1 loss is transformers' on the same global batch, each rank
-reads only its own rows of each tensor (safetensors slices, never a whole tensor), and the gathered
-export reloads with AutoModelForCausalLM and generates what the sharded model generates."""
+reads only its own rows of each tensor (safetensors slices, never a whole tensor), the gathered
+export reloads with AutoModelForCausalLM and generates what the sharded model generates, and the
+model's HF weight stream updates a transformers model in place to the export's logits, one gathered
+tensor at a time."""
 
 from __future__ import annotations
 
@@ -74,3 +76,23 @@ def test_gathered_export_reloads_and_generates_the_same_tokens(runs):
                      "model.safetensors.index.json"]  # fmt: skip
     assert ranks[0]["greedy"] == ranks[1]["greedy"]
     assert hf_greedy(out) == ranks[0]["greedy"]
+
+
+def test_the_weight_stream_updates_a_transformers_model_to_the_exports_logits(runs):
+    """titan_core/weights/hf_stream.py on both SimpleFSDP ranks after 3 steps: every HF tensor once, in the
+    export's names, copied in place into a transformers model of its own init gives the export's logits bit for
+    bit; and beyond its shards a rank held one gathered tensor at a time: the stream's peak is at most twice the
+    largest tensor (the all-gather's output and the copy the HF name takes of it), under half the model's bytes."""
+    _, _, ranks = runs
+    out = Path(ranks[0]["export"])
+    exported = {}
+    for f in sorted(out.glob("*.safetensors")):
+        exported.update(read_header(f).tensors)
+    total = sum(t.nbytes for t in exported.values())
+    for rank in ranks:
+        s = rank["stream"]
+        assert sorted(s["names"]) == sorted(exported) and len(s["names"]) == len(set(s["names"]))
+        assert s["missing"] == [] and s["logits_equal"]
+        assert s["largest_bytes"] == max(t.nbytes for t in exported.values())
+        assert 0 < s["peak_bytes"] <= 2 * s["largest_bytes"], (s["peak_bytes"], s["largest_bytes"])
+    assert 2 * ranks[0]["stream"]["largest_bytes"] < total / 2  # the bound is tight here: half the model would break it

@@ -211,11 +211,37 @@ def test_the_loop_it_shows_runs_exports_and_reloads(where, capsys):
         result = runner.invoke(app, [*args, "--dir", str(root)])
         assert result.exit_code == 0, result.output
     assert (root / "exported/mymodel" / "config.json").is_file()
-    (snippet,) = blocks("python")
+    snippet = blocks("python")[0]  # the reload (the second: the weight stream, below)
     shown = io.StringIO()
     with contextlib.redirect_stdout(shown):
         exec(compile(snippet.replace('"exported/mymodel"', repr(str(exported))), "README.md", "exec"), {})
     assert shown.getvalue().strip()
+
+
+def test_the_weight_stream_loop_it_shows_runs(tmp_path):
+    """The section's second snippet, a weight sync into an inference engine after each step, as written: on the
+    tiny Llama in one process, 2 steps from its checkpoint into a transformers model of the checkpoint; then
+    the engine computes the trained model's logits (the gates' fp32 bound), no longer the checkpoint's."""
+    import torch
+    import transformers
+    from hf_tiny import tiny_cfg
+
+    from titan_core.training.trainer import Trainer
+
+    ckpt = write_tiny_llama(tmp_path / "llama")
+    trainer = Trainer(tiny_cfg(ckpt, tmp_path / "run", steps=2), quiet=True)
+    engine = transformers.AutoModelForCausalLM.from_pretrained(ckpt).float().eval()
+    prompts = torch.tensor([[1, 5, 9, 2, 7]])
+    with torch.no_grad():
+        before = engine(prompts).logits
+    (snippet,) = blocks("python")[1:]
+    scope = {"trainer": trainer, "engine": engine, "steps": 2, "prompts": prompts}
+    exec(compile(snippet, "README.md", "exec"), scope)
+    assert trainer.step == 2 and scope["rollouts"].shape[1] > prompts.shape[1]  # generated with the new weights
+    with torch.no_grad():
+        theirs, ours = engine(prompts).logits, trainer.model(prompts)
+    assert ((theirs - ours).norm() / ours.norm()).item() <= 1e-5
+    assert ((before - ours).norm() / ours.norm()).item() > 1e-3  # the 2 steps moved the weights it streamed
 
 
 def test_the_multi_process_line_refuses_a_missing_data_path_once(where, capfd):
