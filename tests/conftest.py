@@ -13,23 +13,11 @@ os.environ.setdefault("TITAN_CORE_CACHE_DIR", tempfile.mkdtemp(prefix="titan-cor
 # torch.compile's kernels too: a shared cache that a killed compile left a truncated .so in would
 # fail this session's compile rungs ("file too short"), and this session's climbs compile side by side
 os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", tempfile.mkdtemp(prefix="inductor-cache-"))
-# every process the suite starts (a climb, a rank, a CLI run) on one intra-op thread unless its recipe sets
-# device.threads: the suite keeps both cores busy, and OpenMP threads sharing a core with another process
-# wait on each other at every parallel region (the demo's climb beside the suite: 450 CPU-s at torch's
-# default of 2 threads, 231 at 1)
+# every process of the suite (a pytest-xdist worker, a climb, a rank, a CLI run) on one intra-op thread unless
+# its recipe sets device.threads: set before any of them imports torch. The suite keeps both cores busy, and
+# OpenMP threads sharing a core with another process wait on each other at every parallel region (the demo's
+# climb beside the suite: 450 CPU-s at torch's default of 2 threads, 231 at 1)
 os.environ.setdefault("OMP_NUM_THREADS", "1")
-
-
-def pytest_configure(config):
-    """A pytest-xdist worker runs torch on one intra-op thread: two workers share the two cores, and a
-    second thread would spin at every op for a core the other worker holds. A test that wants more
-    threads sets them (a recipe's device.threads)."""
-    import background  # lazy: after the settings above, which the climbs' processes inherit
-
-    if background.xdist_worker():
-        import torch  # lazy: only a worker's process needs it here
-
-        torch.set_num_threads(1)
 
 
 # ---- the whole-ladder climbs, in the background (tests/background.py) ----------------------

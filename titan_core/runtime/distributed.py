@@ -46,6 +46,11 @@ def env_ranks() -> tuple[int, int, int]:
         raise ConfigError(f"RANK / WORLD_SIZE / LOCAL_RANK must be integers: {e}") from None
 
 
+def group_rank() -> int:
+    """This process's rank in the initialised process group; 0 without one (a single process)."""
+    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+
+
 def current_ranks() -> tuple[int, int, int]:
     """Like env_ranks, but an already initialised group's rank and size win."""
     rank, world, local_rank = env_ranks()

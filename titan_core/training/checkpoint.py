@@ -47,6 +47,7 @@ from torch.distributed.checkpoint.state_dict import (
 
 from titan_core.config.loader import ConfigError
 from titan_core.config.sections import JobConfig
+from titan_core.runtime.distributed import group_rank
 
 __all__ = ["Checkpointer", "rng_state", "set_rng_state"]
 
@@ -66,10 +67,6 @@ def schedule_position(lr_scheduler) -> dict[str, int]:
 
 def _dist_on() -> bool:
     return dist.is_available() and dist.is_initialized()
-
-
-def _rank() -> int:
-    return dist.get_rank() if _dist_on() else 0
 
 
 def _barrier() -> None:
@@ -144,7 +141,7 @@ class Checkpointer:
         """Write `folder/step-N` atomically (see the module docstring). Collective under a process group."""
         final = self.folder / f"step-{step}"
         tmp = self.folder / f".step-{step}.partial"
-        if _rank() == 0:
+        if group_rank() == 0:
             shutil.rmtree(tmp, ignore_errors=True)  # debris of an earlier interrupted save
             self.folder.mkdir(parents=True, exist_ok=True)
         _barrier()
@@ -156,14 +153,14 @@ class Checkpointer:
         state = {
             "model": get_model_state_dict(model),
             "optimizer": get_optimizer_state_dict(model, optimizer, options=FLAT),
-            "ranks": {f"rank_{_rank()}": buf.getvalue()},
+            "ranks": {f"rank_{group_rank()}": buf.getvalue()},
         }
         if lr_scheduler is not None:
             state["lr_scheduler"] = schedule_position(lr_scheduler)
         with _single_process_ok():
             dcp.save(state, checkpoint_id=tmp)
         _barrier()
-        if _rank() == 0:
+        if group_rank() == 0:
             _publish(tmp, final)
         _barrier()
         return final
@@ -196,7 +193,7 @@ class Checkpointer:
 
     def load(self, step: int, *, model, optimizer, lr_scheduler, data_loader) -> None:
         path = self.folder / f"step-{step}"
-        key = f"rank_{_rank()}"
+        key = f"rank_{group_rank()}"
         saved = dcp.FileSystemReader(path).read_metadata().state_dict_metadata
         if f"ranks.{key}" not in saved:
             key = "rank_0"  # saved by fewer ranks: every rank's position is rank 0's (see module docstring)

@@ -44,6 +44,7 @@ from titan_core.models.registry import get_family
 from titan_core.runtime.files import backup_aside, default_mode
 from titan_core.models.model_builder import args_from_hf_config, model_adapter
 from titan_core.weights.header_check import INDEX, SINGLE
+from titan_core.runtime.distributed import group_rank
 from titan_core.weights.hf_stream import stream_plan
 from titan_core.weights.st_headers import read_header
 
@@ -58,10 +59,6 @@ Replace = Literal["own", "force", "never"]
 
 def _on() -> bool:
     return dist.is_available() and dist.is_initialized()
-
-
-def _rank() -> int:
-    return dist.get_rank() if _on() else 0
 
 
 def tokenizer_files(data: Data) -> list[tuple[Path, str]]:
@@ -152,7 +149,7 @@ def export_hf(
     except AdapterError as e:
         raise ConfigError(f"cannot export HF weights: {e}") from None
     tmp = out.with_name(f".{out.name}.partial")
-    writer = _ShardWriter(tmp, shard_mb * MB) if _rank() == 0 else None
+    writer = _ShardWriter(tmp, shard_mb * MB) if group_rank() == 0 else None
     failure: Exception | None = None
     if writer is not None:  # debris of an earlier interrupted export goes first
         failure = _attempt(lambda: (shutil.rmtree(tmp, ignore_errors=True), tmp.mkdir(parents=True)))
@@ -217,18 +214,6 @@ def _agree(failure: Exception | None) -> None:
     if box[0] is not None:
         config_error, what = box[0]
         raise (ConfigError if config_error else RuntimeError)(f"rank 0 could not write the export: {what}")
-
-
-
-
-
-
-
-
-
-
-
-
 
 
 def _finish(writer: _ShardWriter, config: dict, tokenizer, tmp: Path, out: Path) -> None:

@@ -24,11 +24,11 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
-import torch.distributed as dist
 from torch import nn
 from torch.distributed.tensor import DTensor
 
 from titan_core.models.common.tied import stored_once
+from titan_core.runtime.distributed import group_rank
 from titan_core.weights.name_mapping import layer_groups
 
 
@@ -44,16 +44,11 @@ class StreamPlan:
     groups: list[tuple[list[str], list[str]]]
     """[(natives, hf names)] made by `to_hf` on real tensors, one layer group (or the whole model) each."""
 
-    @property
-    def names(self) -> list[str]:
-        """Every HF name the stream yields, in its order."""
-        return [h for outs in self.direct.values() for h, _ in outs] + [h for _, names in self.groups for h in names]
-
     def weights(self, *, dst: int | None = None, device: torch.device | str | None = "cpu") -> Iterator[tuple[str, torch.Tensor]]:
         """`(hf name, full tensor)` one at a time (module docstring); `dst`: the only rank given them (None:
         every rank); `device`: where the yielded tensors live (None: the model's device). Collective
         under a process group: every rank drives the whole iteration."""
-        mine = dst is None or _rank() == dst
+        mine = dst is None or group_rank() == dst
         for native, outputs in self.direct.items():
             full = _gather(self.own[native], mine, device)
             if mine:
@@ -65,7 +60,7 @@ class StreamPlan:
             if mine:
                 made = self.adapter.to_hf(fulls)
                 for h in names:
-                    yield h, owned(made[h])
+                    yield h, _owned(made[h])
             del fulls
 
 
@@ -86,15 +81,11 @@ def hf_weights(model: nn.Module, adapter, *, dst: int | None = None,
     return stream_plan(model, adapter).weights(dst=dst, device=device)
 
 
-def owned(t: torch.Tensor) -> torch.Tensor:
+def _owned(t: torch.Tensor) -> torch.Tensor:
     """`t` contiguous and alone in its storage (safetensors refuses tensors sharing one; a consumer that
     keeps it keeps nothing else)."""
     t = t.detach().contiguous()
     return t if t.untyped_storage().nbytes() == t.nbytes else t.clone()
-
-
-def _rank() -> int:
-    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
 
 
 def _gather(t: torch.Tensor, keep: bool, device) -> torch.Tensor | None:
@@ -108,7 +99,7 @@ def _gather(t: torch.Tensor, keep: bool, device) -> torch.Tensor | None:
 
 def _strided(full: torch.Tensor, view: torch.Tensor) -> torch.Tensor:
     """The HF tensor that meta `view` is of its native source, taken from the real `full`."""
-    return owned(full.contiguous().as_strided(tuple(view.shape), view.stride(), view.storage_offset()))
+    return _owned(full.contiguous().as_strided(tuple(view.shape), view.stride(), view.storage_offset()))
 
 
 def _meta(own: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
