@@ -18,8 +18,13 @@ def fresh(tmp_path, monkeypatch):
     cpu_peak.measured_cpu_peak.cache_clear()
 
 
-def _probing(monkeypatch, rate):
-    monkeypatch.setattr(cpu_peak, "probe", lambda dtype: rate)
+def _probing(monkeypatch, rate, asked=None):
+    def probe(dtype, **kwargs):
+        if asked is not None:
+            asked.append(kwargs)
+        return rate
+
+    monkeypatch.setattr(cpu_peak, "probe", probe)
     cpu_peak.measured_cpu_peak.cache_clear()  # a new process
     return cpu_peak.measured_cpu_peak(torch.float32)
 
@@ -32,6 +37,18 @@ def test_a_loaded_probe_never_lowers_the_kept_peak(fresh, monkeypatch):
     (entry,) = data.values()
     assert entry["flops"] == 120e9 and entry["measured"] and "load_1min" in entry
     assert "threads=" in next(iter(data)) and "torch" in next(iter(data))
+
+
+def test_a_kept_peak_is_only_spot_checked(fresh, monkeypatch):
+    """The first process probes in full; one that finds a peak kept probes one short round, which can still
+    raise it."""
+    asked = []
+    assert _probing(monkeypatch, 100e9, asked) == 100e9
+    assert _probing(monkeypatch, 90e9, asked) == 100e9
+    assert _probing(monkeypatch, 130e9, asked) == 130e9
+    assert asked == [{}, cpu_peak.SPOT_CHECK, cpu_peak.SPOT_CHECK]
+    (fresh / "cpu_peak.json").write_text("{not json")  # nothing readable kept: a full probe again
+    assert _probing(monkeypatch, 7e9, asked) == 7e9 and asked[-1] == {}
 
 
 def test_a_corrupt_or_unwritable_cache_falls_back_to_the_probe(fresh, monkeypatch):
