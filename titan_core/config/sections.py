@@ -276,6 +276,27 @@ class Checkpoint:
 
 
 @dataclass(kw_only=True)
+class Lora:
+    enable: bool = False
+    """Train LoRA adapters (through the peft library) instead of the whole model: every base weight frozen,
+    only the adapters and `modules_to_save` trainable and holding optimizer state (needs the [hf] extra)."""
+    rank: int = checked(8, AT_LEAST_1)
+    """Rank r of each adapter's A [r, in] and B [out, r] (>= 1)."""
+    alpha: float = checked(16.0, POSITIVE)
+    """LoRA alpha (> 0): the adapter's output is scaled by alpha / rank."""
+    dropout: float = checked(0.0, DECAY_RATE)
+    """Dropout on the adapter's input (in [0, 1)); 0: none, and the step stays deterministic."""
+    target_modules: list = field(default_factory=lambda: ["q_proj", "v_proj"])
+    """Modules given adapters, by their HF module names as peft matches them (a name or a dotted suffix:
+    "q_proj", "self_attn.o_proj", "model.layers.0.mlp.down_proj"); the family's adapter maps them to this model's layers."""
+    modules_to_save: list = field(default_factory=list)
+    """Modules trained whole beside the adapters and exported with them, by HF module name (e.g. ["lm_head"])."""
+    merged_export: bool = False
+    """checkpoint.export_hf writes the merged full model (today's export) instead of the PEFT adapter
+    (adapter_model.safetensors + adapter_config.json)."""
+
+
+@dataclass(kw_only=True)
 class Metrics:
     output_dir: str = "runs/default"
     """Folder for metrics.jsonl, checkpoints and traces (relative: to the recipe's folder; the default, and an override, to the current directory)."""
@@ -352,6 +373,7 @@ class JobConfig:
     activation_checkpoint: ActivationCheckpoint = field(default_factory=ActivationCheckpoint)
     kernels: Kernels = field(default_factory=Kernels)
     checkpoint: Checkpoint = field(default_factory=Checkpoint)
+    lora: Lora = field(default_factory=Lora)
     metrics: Metrics = field(default_factory=Metrics)
     validation: Validation = field(default_factory=Validation)
     profiler: Profiler = field(default_factory=Profiler)

@@ -38,12 +38,14 @@ from titan_core.config.execution_modes import execution_mode
 from titan_core.config.sections import JobConfig
 from titan_core.models.common.swaps import apply_swaps
 from titan_core.data import build_data_loader, report_data
+from titan_core.lora.export import check_adapter_target, export_peft
+from titan_core.lora.inject import LoraState, apply_lora, check_lora, merged_copy
 from titan_core.kernels import swaps_for
 from titan_core.memory.preflight import check_memory
 from titan_core.memory.tensor_peak import TensorPeak, held_tensor_bytes
 from titan_core.runtime import cpu_load
 from titan_core.measure.metrics import MetricsLogger
-from titan_core.models.model_builder import build_model_from_config
+from titan_core.models.model_builder import build_model_from_config, model_adapter
 from titan_core.models.common.stats import model_flops_per_token
 from titan_core.training.optim import build_lr_scheduler, build_optimizer
 from titan_core.parallel import build_mesh, check_parallelism, clip_grad_norm_, dp_coordinates, parallelize
@@ -152,11 +154,13 @@ class Trainer:
         self.out_dir = Path(cfg.metrics.output_dir)
 
         check_activation_checkpoint(cfg)  # before anything is built
+        check_lora(cfg, self.world_size)
         self.family, self.args, model = build_model_from_config(cfg.model)
         # checkpoint.initial_hf's header check runs on meta: a checkpoint that does not fit stops the run here
         initial = initial_weights(cfg, model)
         if cfg.checkpoint.export_hf:  # a folder the export may not replace is refused before training, not after
-            check_export_target(self._under_output(cfg.checkpoint.export_hf))
+            adapter_only = cfg.lora.enable and not cfg.lora.merged_export
+            (check_adapter_target if adapter_only else check_export_target)(self._under_output(cfg.checkpoint.export_hf))
         built_params = sum(p.numel() for p in model.parameters())  # the recipe's model (a port's own layers too)
         self.model_notes = list(model.notes)
         self.swaps = apply_swaps(model, swaps_for(cfg.kernels))
@@ -204,6 +208,10 @@ class Trainer:
         """ep > 1: the experts' token dispatch, whose dropped rows each step's row counts (None otherwise)."""
         # each rank reads its own shards (of its own stages under pp)
         loaded = initial.load(model, stages=self.pipeline is not None) if initial is not None else None
+        # [lora]: adapters on the loaded base (its load went by the native names, before peft renames them)
+        self.lora: LoraState | None = None
+        if cfg.lora.enable:
+            self.lora = apply_lora(model, cfg.lora, model_adapter(cfg.model), seed=cfg.training.seed)
         self.checkpointed = apply_activation_checkpoint(model, cfg)
         """Module paths of the blocks whose activations are recomputed in the backward ([activation_checkpoint])."""
         # execution modes (titan_core/compile): per-block compile now, the Graph Trainer over the optimizer
@@ -247,6 +255,18 @@ class Trainer:
         self.weights_from = weights_line(cfg, loaded, self.resumed_from)
         if self.weights_from and self.rank == 0 and not quiet:
             print(self.weights_from, file=sys.stderr)
+        if self.lora is not None and self.rank == 0 and not quiet:
+            print(self.lora.line(model), file=sys.stderr)
+
+    def _export(self, out: Path) -> None:
+        """checkpoint.export_hf: the HF export; under [lora] the PEFT adapter, or the merged model."""
+        cfg = self.cfg
+        if self.lora is not None and not cfg.lora.merged_export:
+            export_peft(self.model, self.lora, model_adapter(cfg.model), out, base=cfg.checkpoint.initial_hf)
+            return
+        model = merged_copy(self.lora) if self.lora is not None else self.model
+        export_hf(model, self.family, self.args, out, model_cfg=cfg.model, shard_mb=cfg.checkpoint.export_shard_mb,
+                  tokenizer=tokenizer_files(cfg.data))  # fmt: skip
 
     def _threads(self, device_cfg, quiet: bool) -> int:
         """device.threads, or with adapt_threads the cores other processes leave free now (said)."""
@@ -416,9 +436,7 @@ class Trainer:
             self.logger.start(after_step=self.step)  # a resumed run supersedes the rows after its checkpoint
             stopped = self._steps()
             if self.cfg.checkpoint.export_hf and stopped is None:  # every rank: gathering is collective
-                out = self._under_output(self.cfg.checkpoint.export_hf)
-                export_hf(self.model, self.family, self.args, out, model_cfg=self.cfg.model,
-                          shard_mb=self.cfg.checkpoint.export_shard_mb, tokenizer=tokenizer_files(self.cfg.data))
+                self._export(self._under_output(self.cfg.checkpoint.export_hf))
             completed = True
         finally:
             self.profiler.close()

@@ -1,0 +1,1 @@
+"""[lora]: LoRA adapters through the peft library, named by HF module names; their PEFT export."""

@@ -1,0 +1,124 @@
+"""A [lora] run's adapter in PEFT's layout: `adapter_model.safetensors` + `adapter_config.json`, which
+`PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(base), folder)` loads.
+
+The tensors are peft's own `get_peft_model_state_dict` of the model (adapter name stripped, a saved
+module under its plain name), renamed from this model's module names to the HF ones the recipe chose
+(names.py) under `base_model.model.`, the prefix `PeftModel.save_pretrained` writes. adapter_config.json
+is peft's `LoraConfig.save_pretrained` with the adapted HF modules named whole, so peft on the
+transformers class adapts exactly the modules adapted here.
+
+The adapter is only as good as its base: the base folder's tensors (safetensors headers, nothing
+loaded) must be this model's, every name and shape, else the export is refused in one line. Written
+into a dot-folder and renamed into place; an earlier export of this module in the target is kept as a
+dated backup, anything else there refused (`replace`, as the HF export's).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+from torch import nn
+
+from titan_core.config.loader import ConfigError
+from titan_core.lora.inject import ADAPTER, LoraState, base_state_dict
+from titan_core.lora.names import import_peft, meta_of
+from titan_core.models.common.tied import HF_TIE
+from titan_core.runtime.files import backup_aside, default_mode
+from titan_core.weights.header_check import checkpoint_files
+from titan_core.weights.st_headers import HeaderError, read_checkpoint_headers, read_header
+
+WEIGHTS = "adapter_model.safetensors"
+CONFIG = "adapter_config.json"
+PREFIX = "base_model.model."
+"""What PeftModel puts before the base model's own module names in its saved keys."""
+MARK = {"format": "pt", "exported_by": "titan_core"}
+
+
+def export_peft(model: nn.Module, state: LoraState, adapter, out_dir: str | Path, *, base: str | Path,
+                replace: str = "own") -> Path:  # fmt: skip
+    """Write `model`'s adapter into `out_dir` (module docstring), for the HF model folder `base`
+    (`checkpoint.initial_hf`), through the recipe's HF `adapter`; returns `out_dir`."""
+    import_peft()
+    from peft import LoraConfig, get_peft_model_state_dict  # lazy: the [hf] extra
+    from safetensors.torch import save_file  # lazy: the [hf] extra
+
+    out = Path(out_dir)
+    check_adapter_target(out, replace)
+    check_base(model, adapter, base)
+    tensors = {hf_key(k, state): v.detach().to("cpu").contiguous().clone()
+               for k, v in get_peft_model_state_dict(model, adapter_name=ADAPTER).items()}  # fmt: skip
+    cfg = state.cfg
+    config = LoraConfig(
+        r=cfg.rank, lora_alpha=cfg.alpha, lora_dropout=cfg.dropout, task_type="CAUSAL_LM",
+        target_modules=sorted(state.names.targets.values()),
+        modules_to_save=sorted(state.names.saved.values()) or None, base_model_name_or_path=str(base),
+    )  # fmt: skip
+    tmp = out.with_name(f".{out.name}.partial")
+    shutil.rmtree(tmp, ignore_errors=True)  # debris of an interrupted export
+    tmp.mkdir(parents=True)
+    try:
+        save_file(tensors, str(tmp / WEIGHTS), metadata=MARK)
+        config.save_pretrained(str(tmp))
+        for path in tmp.iterdir():  # safetensors writes 0600: a shipped folder is read by others
+            os.chmod(path, default_mode())
+        if out.exists() or out.is_symlink():
+            backup_aside(out)
+        os.replace(tmp, out)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return out
+
+
+def hf_key(key: str, state: LoraState) -> str:
+    """A key of peft's adapter state dict (`layers.0.attention.wq.lora_A.weight`) under the HF module
+    name and PeftModel's prefix (`base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight`)."""
+    names = {**state.names.targets, **state.names.saved}
+    owner = max((n for n in names if key.startswith(f"{n}.")), key=len, default=None)
+    if owner is None:
+        raise ConfigError(f"lora: peft's adapter holds {key}, under no module [lora] named")
+    return PREFIX + names[owner] + key[len(owner) :]
+
+
+def check_base(model: nn.Module, adapter, base: str | Path) -> None:
+    """ConfigError, one line, unless the HF folder `base` holds this model's base tensors: every
+    tensor the adapter names, in the same shape (headers only). A tied head may be left out."""
+    if not str(base):
+        raise ConfigError("a PEFT export needs the base it adapts (checkpoint.initial_hf); without one set "
+                          "lora.merged_export = true to export the merged model")  # fmt: skip
+    try:
+        stored = read_checkpoint_headers(checkpoint_files(base)).tensors
+    except HeaderError as e:
+        raise ConfigError(f"the PEFT export's base {base} is unreadable: {e}") from None
+    hf = adapter.to_hf(meta_of(base_state_dict(model)))
+    for name, t in hf.items():
+        if name == HF_TIE.head and model.args.tie_embeddings:
+            continue
+        have = stored.get(name)
+        if have is None or tuple(have.shape) != tuple(t.shape):
+            there = "holds no such tensor" if have is None else f"holds it as {list(have.shape)}"
+            raise ConfigError(f"the adapter was trained on another base than {base}: {name} is {list(t.shape)} "
+                              f"here, and {base} {there}")  # fmt: skip
+
+
+def check_adapter_target(out: Path, replace: str = "own") -> None:
+    """ConfigError when `out` exists and may not be replaced: "own" allows an empty folder or an
+    earlier adapter export of this module, "force" anything, "never" nothing."""
+    out = Path(out)
+    if not out.exists() and not out.is_symlink():
+        return
+    if not out.is_dir():
+        raise ConfigError(f"the export folder {out} exists and is not a folder")
+    ours = (out / WEIGHTS).is_file() and _marked(out / WEIGHTS)
+    if replace == "force" or (replace == "own" and (ours or not any(out.iterdir()))):
+        return
+    raise ConfigError(f"will not write the adapter into {out}: it exists and holds no earlier adapter export of "
+                      "this trainer; choose another folder or move it away")  # fmt: skip
+
+
+def _marked(path: Path) -> bool:
+    try:
+        return read_header(path).metadata.get("exported_by") == MARK["exported_by"]
+    except HeaderError:
+        return False

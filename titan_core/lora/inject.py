@@ -1,0 +1,127 @@
+"""[lora] applied to a built model through peft: adapters injected, the base frozen.
+
+`apply_lora(model, cfg, adapter, seed)` turns the recipe's HF names into this model's module names
+(names.py) and hands peft exactly those: peft's `LoraModel` (what `inject_adapter_in_model` runs)
+replaces each target Linear or Embedding by a LoRA layer holding the original as `base_layer`,
+wraps each module to save, and freezes every other parameter. The adapters are ordinary
+nn.Parameters on ordinary modules, so the optimizer (titan_core/training/optim.py skips frozen
+parameters), clipping, checkpoints and any sharding treat them like any parameter.
+
+peft's wrappers rename the base weights in the model's state dict (`wq.weight` becomes
+`wq.base_layer.weight`, a saved module's `output.weight` becomes `output.original_module.weight`);
+`base_state_dict` gives the base under the names it had before, so anything keyed by the native
+names (the HF adapter, `checkpoint.initial_hf`) still finds every base weight. The trainer loads
+`checkpoint.initial_hf` before adapters exist, so that load never sees peft's names.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from titan_core.config.loader import ConfigError
+from titan_core.config.sections import JobConfig
+from titan_core.config.sections import Lora as LoraConfigSection
+from titan_core.lora.names import LoraNames, import_peft, resolve
+
+ADAPTER = "default"
+"""peft's adapter name: the one peft's saving strips and its loading puts back."""
+
+
+@dataclass
+class LoraState:
+    """What `apply_lora` did: the names it adapted and saved, and peft's tuner (its merge)."""
+
+    names: LoraNames
+    cfg: LoraConfigSection
+    tuner: Any
+    """peft's LoraModel over the model (not a child of it: the model's own tree is unchanged)."""
+
+    def trainable(self, model: nn.Module) -> int:
+        return sum(p.numel() for p in model.parameters() if p.requires_grad)
+
+    def line(self, model: nn.Module) -> str:
+        """One line for the log: what trains."""
+        saved = f", {len(self.names.saved)} saved whole" if self.names.saved else ""
+        return (f"lora: rank {self.cfg.rank} adapters on {len(self.names.targets)} modules{saved}; "
+                f"{self.trainable(model):,} trainable parameters")  # fmt: skip
+
+
+def check_lora(cfg: JobConfig, world_size: int = 1) -> None:
+    """Refuse, before anything is built, a [lora] run this code does not run yet (one line each)."""
+    if not cfg.lora.enable:
+        return
+    try:
+        import_peft()
+    except ImportError:
+        raise ConfigError("lora.enable needs peft: pip install titan-onboard[hf]") from None
+    if not cfg.lora.target_modules:
+        raise ConfigError("lora.target_modules is empty: name the HF modules to adapt, e.g. ['q_proj', 'v_proj']")
+    if cfg.parallelism.data_parallel != "none" or world_size > 1:
+        raise ConfigError("lora runs on one process for now: set parallelism.data_parallel = \"none\"")
+    if cfg.graph_trainer.enable or cfg.compile.enable:
+        raise ConfigError("lora runs in eager mode for now: set compile.enable and graph_trainer.enable to false")
+    if cfg.checkpoint.export_hf and not cfg.lora.merged_export and not cfg.checkpoint.initial_hf:
+        raise ConfigError("checkpoint.export_hf under [lora] writes a PEFT adapter for the base it adapts, and "
+                          "checkpoint.initial_hf names none; set it, or lora.merged_export = true")  # fmt: skip
+
+
+def apply_lora(model: nn.Module, cfg: LoraConfigSection, adapter, *, seed: int = 0) -> LoraState:
+    """Inject `cfg`'s adapters into the built, materialised `model` in place (module docstring). The
+    adapters' A is drawn from `seed` (peft's init: A random, B zero, so the model computes what the base
+    does until a step moves B). ConfigError for names that select nothing, or a layer peft cannot adapt."""
+    import_peft()
+    from peft import LoraConfig, LoraModel  # lazy: the [hf] extra
+    from peft.tuners.tuners_utils import BaseTunerLayer  # lazy: the [hf] extra
+    from peft.utils.other import ModulesToSaveWrapper  # lazy: the [hf] extra
+
+    names = resolve(model, adapter, list(cfg.target_modules), list(cfg.modules_to_save))
+    config = LoraConfig(
+        r=cfg.rank, lora_alpha=cfg.alpha, lora_dropout=cfg.dropout,
+        target_modules=sorted(names.targets), modules_to_save=sorted(names.saved) or None,
+    )  # fmt: skip
+    with torch.random.fork_rng(devices=[]):  # the adapters' draw is the seed's, not whatever ran before
+        torch.manual_seed(seed)
+        try:
+            tuner = LoraModel(model, config, adapter_name=ADAPTER)
+        except (ValueError, TypeError) as e:  # peft's refusal of a layer type it cannot wrap
+            raise ConfigError(f"lora: peft cannot adapt this model: {str(e).splitlines()[0]}") from None
+    adapted = {n for n, m in model.named_modules() if isinstance(m, BaseTunerLayer)}
+    wrapped = {n for n, m in model.named_modules() if isinstance(m, ModulesToSaveWrapper)}
+    if adapted != set(names.targets) or wrapped != set(names.saved):  # peft matches by suffix: hold it to ours
+        raise ConfigError(f"lora: peft adapted {sorted(adapted ^ set(names.targets) or wrapped ^ set(names.saved))} "
+                          "otherwise than the names resolved here")  # fmt: skip
+    return LoraState(names=names, cfg=cfg, tuner=tuner)
+
+
+def base_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
+    """The base model's tensors under their names before peft (module docstring): adapters and the
+    trainable copies of saved modules left out, `.base_layer` and `.original_module` dropped."""
+    from peft.tuners.tuners_utils import BaseTunerLayer  # lazy: the [hf] extra
+    from peft.utils.other import ModulesToSaveWrapper  # lazy: the [hf] extra
+
+    # each wrapper's own child holding the base: a LoRA layer's `base_layer`, a saved module's `original_module`
+    base_of = {n: "base_layer" for n, m in model.named_modules() if isinstance(m, BaseTunerLayer)}
+    base_of |= {n: "original_module" for n, m in model.named_modules() if isinstance(m, ModulesToSaveWrapper)}
+    out = {}
+    for name, t in model.state_dict(keep_vars=True).items():
+        parts = name.split(".")
+        wrapper = next((".".join(parts[:i]) for i in range(1, len(parts)) if ".".join(parts[:i]) in base_of), None)
+        if wrapper is not None:
+            rest = name[len(wrapper) + 1 :]
+            if not rest.startswith(base_of[wrapper] + "."):
+                continue  # an adapter, or a saved module's trainable copy
+            name = f"{wrapper}.{rest.removeprefix(base_of[wrapper] + '.')}"
+        out[name] = t
+    return out
+
+
+def merged_copy(state: LoraState) -> nn.Module:
+    """A copy of the model with every adapter merged into its base weight and every saved module's
+    trained copy in place of the original: peft's `merge_and_unload`, on a deep copy, so the trained
+    model keeps its adapters. Its state dict has the native names again (the HF export's input)."""
+    return copy.deepcopy(state.tuner).merge_and_unload()
