@@ -49,6 +49,7 @@ CORE_LAYERS = (
     "launch",  # python -m titan_core.launch: torchrun's own launcher, the recipe checked first
     "launcher",  # N local processes through torchrun: checks a recipe as a run would, reads its metrics
     "training",  # the Trainer, the step, optimizer, checkpoints, HF load and export, validation
+    "lora",  # [lora]: peft's adapters on a built model, named by HF module names; the PEFT export
     "compile",  # per-block torch.compile and the Graph Trainer: the step the training layer runs
     "parallel",  # mesh, SimpleFSDP / FSDP2, tp, cp, ep, pp, the token-mean loss over ranks
     "kernels",  # swaps that replace a model's modules: attention, MoE, fused loss, float8

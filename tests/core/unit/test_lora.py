@@ -1,0 +1,268 @@
+"""[lora] through peft on a tiny Llama (2 layers, dim 64), one process, fp32: with B zero the logits
+are the base model's bit for bit; a step moves only the adapters (and modules_to_save), which alone
+hold gradients and AdamW state; merged equals unmerged within fp32 rounding; the PEFT export loads in
+`PeftModel.from_pretrained` on transformers' class with the trained model's logits; the same adapter
+weights put on transformers' class by peft give the same logits; a DCP resume continues the same
+curve; each bad input is one line."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from hf_tiny import tiny_cfg, write_tiny_llama
+from tiny_flags import tiny_run_flags
+from titan_core.config import ConfigError, load_config
+from titan_core.lora.export import PREFIX, export_peft, hf_key
+from titan_core.lora.inject import apply_lora, base_state_dict, merged_copy
+from titan_core.measure.numerics import rel_l2
+from titan_core.models.model_builder import build_model_from_config, model_adapter
+from titan_core.training.trainer import Trainer
+
+peft = pytest.importorskip("peft")
+transformers = pytest.importorskip("transformers")
+pytestmark = pytest.mark.hf
+
+TINY = "--model.overrides={n_layers=2, dim=64, n_heads=4, n_kv_heads=2, vocab_size=256, ffn_hidden_dim=128}"
+LORA = ["--parallelism.data_parallel=none", "--lora.enable", "--lora.target_modules=q_proj,v_proj,down_proj"]
+MERGE_REL = 1e-6
+"""Merged against unmerged logits, fp32: the merge adds B @ A * scale into W once, the unmerged model adds
+(x @ A^T) @ B^T * scale to x @ W^T: the same sum in another order."""
+EXPORT_REL = 1e-5
+"""The gates' fp32 bound: a reload's logits against the trained model's."""
+
+
+def _cfg(tmp_path, *extra, steps=1):
+    return load_config(None, [TINY, *tiny_run_flags(tmp_path / "out", steps=steps, batch_size=2), *LORA, *extra])
+
+
+def _tokens(vocab=256):
+    return torch.randint(0, vocab, (2, 12), generator=torch.Generator().manual_seed(3))
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory):
+    return write_tiny_llama(tmp_path_factory.mktemp("tiny") / "llama")
+
+
+def _built(tmp_path, *extra):
+    cfg = _cfg(tmp_path, *extra)
+    _, _, model = build_model_from_config(cfg.model)
+    model.to_empty(device="cpu")
+    model.init_weights(seed=0)
+    return cfg, model
+
+
+def _randomise_b(model):
+    """Give every lora_B values (peft starts them at zero), so the adapters change the output."""
+    gen = torch.Generator().manual_seed(7)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.copy_(torch.randn(p.shape, generator=gen) * 0.05)
+
+
+def test_zero_b_computes_the_base_bit_for_bit(tmp_path):
+    cfg, model = _built(tmp_path)
+    with torch.no_grad():
+        base = model(_tokens())
+    state = apply_lora(model, cfg.lora, model_adapter(cfg.model))
+    bs = [p for n, p in model.named_parameters() if "lora_B" in n]
+    assert len(bs) == 6 and all(not b.any() for b in bs)  # the claim is about peft's zero B ...
+    assert all(p.abs().sum() > 0 for n, p in model.named_parameters() if "lora_A" in n)  # ... with A drawn
+    assert set(state.names.targets.values()) == {f"model.layers.{i}.{m}" for i in (0, 1)
+                                                 for m in ("self_attn.q_proj", "self_attn.v_proj", "mlp.down_proj")}  # fmt: skip
+    with torch.no_grad():
+        assert torch.equal(model(_tokens()), base)
+        _randomise_b(model)
+        assert not torch.equal(model(_tokens()), base)  # the comparison can fail: adapters act on the output
+
+
+def test_base_weights_keep_their_native_names(tmp_path):
+    """peft renames wq.weight to wq.base_layer.weight; base_state_dict gives every base tensor under its
+    name before peft (what the adapter's to_hf and checkpoint.initial_hf go by), and nothing else."""
+    cfg, model = _built(tmp_path, "--lora.modules_to_save=lm_head")
+    before = dict(model.state_dict(keep_vars=True))
+    apply_lora(model, cfg.lora, model_adapter(cfg.model))
+    after = model.state_dict(keep_vars=True)
+    assert "layers.0.attention.wq.weight" not in after and "layers.0.attention.wq.base_layer.weight" in after
+    assert "output.original_module.weight" in after
+    base = base_state_dict(model)
+    assert list(base) == list(before) and all(base[k] is before[k] for k in before)
+    assert set(model_adapter(cfg.model).to_hf(base)) >= {"model.layers.0.self_attn.q_proj.weight", "lm_head.weight"}
+
+
+def test_a_step_moves_only_the_adapters_and_saved_modules(tmp_path):
+    cfg = _cfg(tmp_path, "--lora.modules_to_save=lm_head")
+    trainer = Trainer(cfg, quiet=True)
+    model = trainer.model
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    trainable = {n for n, p in model.named_parameters() if p.requires_grad}
+    assert trainable and all(".lora_" in n or ".modules_to_save." in n for n in trainable)
+    trainer.train_step()
+    grads = {n for n, p in model.named_parameters() if p.grad is not None}
+    moved = {n for n, p in model.named_parameters() if not torch.equal(p, before[n])}
+    assert grads == trainable
+    assert {n for n in trainable if "lora_A" not in n} <= moved <= trainable  # B and lm_head moved; A may not yet
+    with_state = {id(p) for p in trainer.optimizer.state}
+    assert with_state == {id(p) for n, p in model.named_parameters() if n in trainable}
+    assert sum(p.numel() for g in trainer.optimizer.param_groups for p in g["params"]) == trainer.lora.trainable(model)
+
+
+def test_merged_equals_unmerged(tmp_path):
+    cfg, model = _built(tmp_path)
+    state = apply_lora(model, cfg.lora, model_adapter(cfg.model))
+    _randomise_b(model)
+    merged = merged_copy(state)
+    assert not any(isinstance(m, peft.tuners.tuners_utils.BaseTunerLayer) for m in merged.modules())
+    assert any(isinstance(m, peft.tuners.tuners_utils.BaseTunerLayer) for m in model.modules())  # the model keeps them
+    with torch.no_grad():
+        want, got = model(_tokens()), merged(_tokens())
+    assert rel_l2(got, want) <= MERGE_REL
+    assert rel_l2(merged.layers["0"].attention.wq.weight, model.layers["0"].attention.wq.base_layer.weight) > 1e-4
+
+
+def _peft_logits(base_dir, adapter_dir, tokens):
+    base = transformers.AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32)
+    model = peft.PeftModel.from_pretrained(base, adapter_dir)
+    with torch.no_grad():
+        return model(tokens).logits
+
+
+def test_peft_export_loads_in_peft_with_the_trained_logits(tmp_path, ckpt):
+    out = tmp_path / "adapter"
+    cfg = tiny_cfg(ckpt, tmp_path / "run", *LORA, "--lora.modules_to_save=lm_head", f"--checkpoint.export_hf={out}")
+    trainer = Trainer(cfg, quiet=True)
+    trainer.train()
+    assert sorted(p.name for p in out.iterdir()) == ["adapter_config.json", "adapter_model.safetensors"]
+    config = json.loads((out / "adapter_config.json").read_text())
+    assert config["base_model_name_or_path"] == str(ckpt) and config["modules_to_save"] == ["lm_head"]
+    from safetensors.torch import load_file
+
+    keys = set(load_file(out / "adapter_model.safetensors"))
+    assert f"{PREFIX}model.layers.1.mlp.down_proj.lora_B.weight" in keys and f"{PREFIX}lm_head.weight" in keys
+    assert any(p.any() for n, p in trainer.model.named_parameters() if "lora_B" in n)  # a step moved B
+    tokens = _tokens(512)
+    with torch.no_grad():
+        want = trainer.model(tokens)
+    got = _peft_logits(ckpt, out, tokens)
+    assert rel_l2(got, want) <= EXPORT_REL
+    base = transformers.AutoModelForCausalLM.from_pretrained(ckpt, dtype=torch.float32)
+    with torch.no_grad():
+        assert rel_l2(base(tokens).logits, want) > 1e-4  # the comparison can fail: the adapter changes the logits
+
+
+def test_same_adapter_weights_on_transformers_class_give_the_same_logits(tmp_path, ckpt):
+    """Parity: peft on LlamaForCausalLM, given this model's adapter weights under their HF names."""
+    cfg = tiny_cfg(ckpt, tmp_path / "run", *LORA, "--lora.target_modules=q_proj,k_proj,o_proj,gate_proj,up_proj")
+    trainer = Trainer(cfg, quiet=True)
+    _randomise_b(trainer.model)
+    sd = peft.get_peft_model_state_dict(trainer.model)
+    hf = transformers.AutoModelForCausalLM.from_pretrained(ckpt, dtype=torch.float32)
+    targets = sorted(trainer.lora.names.targets.values())
+    upstream = peft.get_peft_model(hf, peft.LoraConfig(r=cfg.lora.rank, lora_alpha=cfg.lora.alpha, target_modules=targets))
+    result = peft.set_peft_model_state_dict(upstream, {hf_key(k, trainer.lora): v for k, v in sd.items()})
+    assert not result.unexpected_keys and not [k for k in result.missing_keys if "lora_" in k]
+    tokens = _tokens(512)
+    with torch.no_grad():
+        want, got = trainer.model(tokens), upstream(tokens).logits
+    assert rel_l2(got, want) <= EXPORT_REL
+    with torch.no_grad():
+        upstream.base_model.model.model.layers[0].self_attn.q_proj.lora_B["default"].weight.mul_(2)
+        assert rel_l2(upstream(tokens).logits, want) > 1e-4  # the comparison can fail
+
+
+def test_merged_export_reloads_in_transformers(tmp_path, ckpt):
+    out = tmp_path / "merged"
+    cfg = tiny_cfg(ckpt, tmp_path / "run", *LORA, "--lora.merged_export", f"--checkpoint.export_hf={out}")
+    trainer = Trainer(cfg, quiet=True)
+    trainer.train()
+    tokens = _tokens(512)
+    reloaded = transformers.AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32)
+    with torch.no_grad():
+        want, got = trainer.model(tokens), reloaded(tokens).logits
+        base = transformers.AutoModelForCausalLM.from_pretrained(ckpt, dtype=torch.float32)(tokens).logits
+    assert rel_l2(got, want) <= EXPORT_REL
+    assert rel_l2(base, want) > 1e-5  # the step moved the model away from the base
+
+
+def test_resume_continues_the_same_curve(tmp_path):
+    """The DCP checkpoint holds the frozen base, the adapters and their AdamW state: 2 steps, then a
+    resumed third, give the 3-step run's losses."""
+    whole = Trainer(_cfg(tmp_path / "a", steps=3), quiet=True).train()
+    ck = ["--checkpoint.enable", "--checkpoint.interval=1"]
+    Trainer(_cfg(tmp_path / "b", *ck, steps=2), quiet=True).train()
+    resumed = Trainer(_cfg(tmp_path / "b", *ck, steps=3), quiet=True)
+    assert resumed.resumed_from == 2
+    last = resumed.train().metrics[-1]
+    assert last["step"] == 3 and last["loss"] == whole.metrics[-1]["loss"]
+    assert whole.metrics[-1]["loss"] != whole.metrics[0]["loss"]
+
+
+# ---- bad input: one line each ---------------------------------------------------------------------
+def _refusal(fn) -> str:
+    with pytest.raises(ConfigError) as e:
+        fn()
+    text = str(e.value)
+    assert "\n" not in text
+    return text
+
+
+@pytest.mark.parametrize("key,value", [("rank", "0"), ("alpha", "0"), ("dropout", "1.0")])
+def test_out_of_range_values_name_their_key(key, value):
+    assert f"lora.{key}" in _refusal(lambda: load_config(None, [f"--lora.{key}={value}"]))
+
+
+def test_a_target_that_matches_nothing_lists_the_names(tmp_path):
+    cfg, model = _built(tmp_path, "--lora.target_modules=q_proj,qkv_proj")
+    text = _refusal(lambda: apply_lora(model, cfg.lora, model_adapter(cfg.model)))
+    assert "'qkv_proj' matches no module" in text and "q_proj" in text and "down_proj" in text
+    assert not any(isinstance(m, peft.tuners.tuners_utils.BaseTunerLayer) for m in model.modules())
+
+
+def test_a_model_the_adapter_cannot_name_is_refused(tmp_path):
+    cfg, model = _built(tmp_path)
+
+    class Nameless:
+        def to_hf(self, sd):
+            raise ValueError("no HF name for native key 'layers.0.attention.wq.weight'")
+
+    assert "cannot name its layers" in _refusal(lambda: apply_lora(model, cfg.lora, Nameless()))
+
+
+def test_a_target_whose_weight_the_adapter_converts_is_refused(tmp_path):
+    cfg, model = _built(tmp_path)
+    real = model_adapter(cfg.model)
+
+    class Transposing:  # a family that stores q_proj transposed: no Linear here is q_proj as it stands
+        def to_hf(self, sd):
+            return {k: (v.t() if "q_proj" in k else v) for k, v in real.to_hf(sd).items()}
+
+    assert "converts" in _refusal(lambda: apply_lora(model, cfg.lora, Transposing()))
+
+
+def test_lora_on_the_head_the_loss_reads_by_weight_is_refused(tmp_path):
+    cfg, model = _built(tmp_path, "--lora.target_modules=lm_head")
+    assert "modules_to_save" in _refusal(lambda: apply_lora(model, cfg.lora, model_adapter(cfg.model)))
+
+
+def test_an_export_onto_another_base_is_refused(tmp_path, ckpt):
+    cfg = tiny_cfg(ckpt, tmp_path / "run", *LORA)
+    trainer = Trainer(cfg, quiet=True)
+    other = write_tiny_llama(tmp_path / "other", intermediate_size=256)
+    text = _refusal(lambda: export_peft(trainer.model, trainer.lora, model_adapter(cfg.model), tmp_path / "a",
+                                        base=other))  # fmt: skip
+    assert "another base" in text and "_proj.weight" in text
+    assert not (tmp_path / "a").exists()
+    export_peft(trainer.model, trainer.lora, model_adapter(cfg.model), tmp_path / "a", base=ckpt)  # its own base: fine
+
+
+@pytest.mark.parametrize("extra,said", [
+    (["--checkpoint.export_hf=x"], "checkpoint.initial_hf"),
+    (["--parallelism.data_parallel=simple_fsdp"], "one process"),
+    (["--lora.target_modules="], "target_modules is empty"),
+])  # fmt: skip
+def test_runs_lora_cannot_do_yet_are_refused_before_building(tmp_path, extra, said):
+    assert said in _refusal(lambda: Trainer(_cfg(tmp_path, *extra), quiet=True))
