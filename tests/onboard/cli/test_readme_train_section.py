@@ -118,7 +118,7 @@ def test_the_section_follows_the_ladder_and_the_setup_stays_two_commands():
 
 
 def test_the_toml_snippet_loads_into_the_workspace_recipe(where):
-    (snippet,) = blocks("toml")
+    snippet = blocks("toml")[0]  # the second: [lora]'s (test_the_lora_snippets_...)
     keys = tomllib.loads(snippet)
     recipe = where["root"] / RECIPE
     merged = tomllib.loads(recipe.read_text())
@@ -156,7 +156,8 @@ def test_every_key_the_prose_names_exists(where):
     for key in set(re.findall(r"`([a-z_]+\.[a-z_]+)`", text)) - {"recipe.toml", "metrics.jsonl", "config.json",
                                                                  "model.safetensors", "tokenizer.json",
                                                                  "tokenizer_config.json", "loss_curves.png", "twin.json",
-                                                                 "titan_core.train"}:  # fmt: skip
+                                                                 "titan_core.train", "adapter_model.safetensors",
+                                                                 "adapter_config.json", "self_attn.o_proj"}:  # fmt: skip
         get_key(load_config(None, []), key)
 
 
@@ -234,7 +235,7 @@ def test_the_weight_stream_loop_it_shows_runs(tmp_path):
     prompts = torch.tensor([[1, 5, 9, 2, 7]])
     with torch.no_grad():
         before = engine(prompts).logits
-    (snippet,) = blocks("python")[1:]
+    snippet = blocks("python")[1]  # the third: the PEFT reload (test_the_lora_snippets_...)
     scope = {"trainer": trainer, "engine": engine, "steps": 2, "prompts": prompts}
     exec(compile(snippet, "README.md", "exec"), scope)
     assert trainer.step == 2 and scope["rollouts"].shape[1] > prompts.shape[1]  # generated with the new weights
@@ -242,6 +243,35 @@ def test_the_weight_stream_loop_it_shows_runs(tmp_path):
         theirs, ours = engine(prompts).logits, trainer.model(prompts)
     assert ((theirs - ours).norm() / ours.norm()).item() <= 1e-5
     assert ((before - ours).norm() / ours.norm()).item() > 1e-3  # the 2 steps moved the weights it streamed
+
+
+def test_the_lora_snippets_train_export_and_reload(tmp_path):
+    """The [lora] recipe snippet, as written, trains a step on the tiny Llama from its checkpoint and writes the
+    PEFT adapter; the reload snippet, as written, gives the trained model's logits (the gates' fp32 bound)."""
+    import torch
+
+    from titan_core.training.trainer import Trainer
+
+    assert len(blocks("toml")) == 2 and len(blocks("python")) == 3
+    ckpt = write_tiny_llama(tmp_path / "model")
+    adapter = tmp_path / "adapter"
+    recipe = tmp_path / "recipe.toml"
+    recipe.write_text(blocks("toml")[1].replace('"DIR"', repr(str(ckpt))).replace("/abs/path/adapter", str(adapter)))
+    keys = tomllib.loads(recipe.read_text())
+    cfg = load_config(recipe, [f"--model.hf_config={ckpt / 'config.json'}", *tiny_run_flags(tmp_path / "out", steps=1,
+                                                                                            batch_size=2)])  # fmt: skip
+    for k, v in keys["lora"].items():
+        assert get_key(cfg, f"lora.{k}") == v, k
+    trainer = Trainer(cfg, quiet=True)
+    trainer.train()
+    assert {p.name for p in adapter.iterdir()} == {"adapter_config.json", "adapter_model.safetensors"}
+    scope: dict = {}
+    code = blocks("python")[2].replace('"DIR"', repr(str(ckpt))).replace('"/abs/path/adapter"', repr(str(adapter)))
+    exec(compile(code, "README.md", "exec"), scope)
+    tokens = torch.tensor([[1, 5, 9, 2, 7, 40, 3]])
+    with torch.no_grad():
+        theirs, ours = scope["model"](tokens).logits, trainer.model(tokens)
+    assert ((theirs - ours).norm() / ours.norm()).item() <= 1e-5
 
 
 def test_the_multi_process_line_refuses_a_missing_data_path_once(where, capfd):
