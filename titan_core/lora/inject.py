@@ -95,7 +95,30 @@ def apply_lora(model: nn.Module, cfg: LoraConfigSection, adapter, *, seed: int =
     if adapted != set(names.targets) or wrapped != set(names.saved):  # peft matches by suffix: hold it to ours
         raise ConfigError(f"lora: peft adapted {sorted(adapted ^ set(names.targets) or wrapped ^ set(names.saved))} "
                           "otherwise than the names resolved here")  # fmt: skip
+    check_reached(model, names)
     return LoraState(names=names, cfg=cfg, tuner=tuner)
+
+
+def check_reached(model: nn.Module, names: LoraNames) -> None:
+    """ConfigError unless every trainable parameter takes part in the loss: peft swaps a module where
+    the model's tree holds it, and a model that also reaches the original another way (the loss reading
+    a head's weight through a reference of its own) would train a module that changes nothing. One
+    2-token loss, gradients asked of autograd alone (no .grad is written, no RNG state consumed)."""
+    if model.args.sample_spec().inputs:
+        raise ConfigError("lora trains text models for now: this model's loss takes inputs beyond its tokens")
+    trainable = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    device = trainable[0][1].device
+    tokens = torch.zeros(1, 2, dtype=torch.long, device=device)
+    with torch.random.fork_rng(devices=[] if device.type == "cpu" else [device]), torch.enable_grad():
+        loss, _ = model.loss(tokens, tokens)
+        grads = torch.autograd.grad(loss, [p for _, p in trainable], allow_unused=True)
+    unreached = [n for (n, _), g in zip(trainable, grads) if g is None]
+    if unreached:
+        hf = {**names.targets, **names.saved}
+        owner = max((m for m in hf if unreached[0].startswith(f"{m}.")), key=len, default=None)
+        what = hf[owner] if owner is not None else unreached[0]
+        raise ConfigError(f"lora: {what} would train without changing the loss: the model reaches the original "
+                          "module by another path than the one peft replaced; leave it out of [lora]")  # fmt: skip
 
 
 def base_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:

@@ -174,6 +174,20 @@ def test_same_adapter_weights_on_transformers_class_give_the_same_logits(tmp_pat
         assert rel_l2(upstream(tokens).logits, want) > 1e-4  # the comparison can fail
 
 
+def test_transformers_path_exports_an_adapter_peft_loads(tmp_path, ckpt):
+    """titan_core running transformers' own class: its module names are the HF ones, the same glue applies."""
+    out = tmp_path / "adapter"
+    cfg = tiny_cfg(ckpt, tmp_path / "run", *LORA, "--model.family=transformers", f"--checkpoint.export_hf={out}")
+    cfg.model.overrides = {}
+    trainer = Trainer(cfg, quiet=True)
+    trainer.train()
+    assert trainer.lora.names.targets["model.layers.1.mlp.down_proj"] == "model.layers.1.mlp.down_proj"
+    tokens = _tokens(512)
+    with torch.no_grad():
+        want = trainer.model(tokens)
+    assert rel_l2(_peft_logits(ckpt, out, tokens), want) <= EXPORT_REL
+
+
 def test_merged_export_reloads_in_transformers(tmp_path, ckpt):
     out = tmp_path / "merged"
     cfg = tiny_cfg(ckpt, tmp_path / "run", *LORA, "--lora.merged_export", f"--checkpoint.export_hf={out}")
@@ -246,6 +260,14 @@ def test_a_target_whose_weight_the_adapter_converts_is_refused(tmp_path):
 def test_lora_on_the_head_the_loss_reads_by_weight_is_refused(tmp_path):
     cfg, model = _built(tmp_path, "--lora.target_modules=lm_head")
     assert "modules_to_save" in _refusal(lambda: apply_lora(model, cfg.lora, model_adapter(cfg.model)))
+
+
+def test_a_module_the_loss_reaches_by_another_path_is_refused(tmp_path, ckpt):
+    """The transformers path's loss reads lm_head's weight through transformers' own reference to the
+    original module, which peft's swap does not reach: a saved copy would train and change nothing."""
+    cfg = tiny_cfg(ckpt, tmp_path / "run", *LORA, "--model.family=transformers", "--lora.modules_to_save=lm_head")
+    cfg.model.overrides = {}
+    assert "lm_head would train without changing the loss" in _refusal(lambda: Trainer(cfg, quiet=True))
 
 
 def test_an_export_onto_another_base_is_refused(tmp_path, ckpt):
