@@ -11,8 +11,11 @@ The tokenizer is the recipe's (data.tokenizer = "hf": its tokenizer.json and the
 or the one `--tokenizer` names (a run trained with --data.tokenizer_path on its command line); one
 that is missing refuses the export, and a recipe without an HF tokenizer (byte, bpe) is said in a line.
 DIR may not lie inside onboarding/ (nor hold it): with --force the workspace there would be moved aside.
-An existing DIR is refused unless --force, which keeps it as DIR.backup-<UTC time>. Registered on the app of
-onboard/cli/shared.py; onboard/cli/app.py imports this module.
+An existing DIR is refused unless --force, which keeps it as DIR.backup-<UTC time>. A recipe with [lora]
+exports its adapter in PEFT's layout (adapter_model.safetensors + its config, for checkpoint.initial_hf's
+base), or with --merged the merged full model: what such a run's own export writes
+(titan_core/training/lora_export.py). Registered on the app of onboard/cli/shared.py; onboard/cli/app.py
+imports this module.
 """
 
 from __future__ import annotations
@@ -81,7 +84,7 @@ def export_tokenizer(data, tokenizer: Path | None) -> tuple[list[tuple[Path, str
 
 def export_workspace(ws, to: Path, *, source: Path | None = None, from_initial: bool = False,
                      tokenizer: Path | None = None, force: bool = False, workspaces: Path | None = None,
-                     log=lambda line: None) -> dict:  # fmt: skip
+                     merged: bool = False, log=lambda line: None) -> dict:  # fmt: skip
     """Export the workspace's weights into `to` (module docstring); returns what was written.
     `workspaces`: the onboarding/ folder the workspace was loaded from (default: its root's parent)."""
     # lazy: a command module (typer builds the whole app on every call): torch loads when an export runs
@@ -90,7 +93,10 @@ def export_workspace(ws, to: Path, *, source: Path | None = None, from_initial: 
     from titan_core.training.checkpoint import Checkpointer, load_model_weights  # lazy: as above
     from titan_core.training.hf_export import export_hf  # lazy: as above
     from titan_core.training.hf_load import initial_weights  # lazy: as above
+    from titan_core.lora.inject import apply_lora  # lazy: as above
+    from titan_core.training.lora_export import export_lora  # lazy: as above
     from titan_core.models.model_builder import build_model_from_config, materialize_on_cpu  # lazy: as above
+    from titan_core.models.model_builder import model_adapter  # lazy: as above
 
     to = Path(to)
     check_target(to, ws.root.parent if workspaces is None else workspaces, ws.root)
@@ -99,6 +105,8 @@ def export_workspace(ws, to: Path, *, source: Path | None = None, from_initial: 
     if source is not None and from_initial:
         raise BadInput("--from and --from-initial name two different weights: give one of them")
     cfg = load_config(ws.recipe_path, [])
+    if merged and not cfg.lora.enable:
+        raise BadInput(f"--merged merges LoRA adapters, and {ws.recipe_path} has no [lora] enabled")
     files, tokenizer_line = export_tokenizer(cfg.data, tokenizer)  # a missing tokenizer is refused before any work
     family, args, model = build_model_from_config(cfg.model)
     initial = checkpoint = None
@@ -115,17 +123,23 @@ def export_workspace(ws, to: Path, *, source: Path | None = None, from_initial: 
                 "checkpoint.initial_hf weights with --from-initial"
             )
     model = materialize_on_cpu(model, cfg.training.seed, DTYPES[cfg.training.dtype])
+    if initial is not None:  # the base goes in by its own names, before peft renames them
+        initial.load(model)
+    lora = apply_lora(model, cfg.lora, model_adapter(cfg.model), seed=cfg.training.seed) if cfg.lora.enable else None
     if checkpoint is not None:
         log(f"loading {checkpoint}")
         load_model_weights(checkpoint, model)
         origin = f"checkpoint {checkpoint}"
     else:
         log(f"--from-initial: exporting the untrained checkpoint.initial_hf {cfg.checkpoint.initial_hf}")
-        initial.load(model)
         origin = f"checkpoint.initial_hf {cfg.checkpoint.initial_hf} (untrained)"
     earlier = set(to.parent.glob(f"{to.name}{BACKUP_INFIX}*"))
-    out = export_hf(model, family, args, to, model_cfg=cfg.model, shard_mb=cfg.checkpoint.export_shard_mb,
-                    tokenizer=files, replace="force" if force else "never")  # fmt: skip
+    replace = "force" if force else "never"
+    if cfg.lora.enable:
+        out = export_lora(model, lora, cfg, family, args, to, merged=merged, tokenizer=files, replace=replace)
+    else:
+        out = export_hf(model, family, args, to, model_cfg=cfg.model, shard_mb=cfg.checkpoint.export_shard_mb,
+                        tokenizer=files, replace=replace)  # fmt: skip
     written = sorted(p.name for p in out.iterdir())
     backup = sorted(set(to.parent.glob(f"{to.name}{BACKUP_INFIX}*")) - earlier)  # the one this export made
     return {
@@ -158,6 +172,9 @@ def export_cmd(
         None, "--tokenizer", help="The run's tokenizer.json or its folder (default: the recipe's data.tokenizer_path)."
     ),
     force: bool = typer.Option(False, "--force", help="Replace an existing --to folder, keeping it as <to>.backup-<time>."),
+    merged: bool = typer.Option(
+        False, "--merged", help="A [lora] recipe: the merged full model (save_pretrained layout), not the PEFT adapter."
+    ),
     dir: Path = DIR_OPTION,
     json_out: bool = JSON_OPTION,
 ):
@@ -169,7 +186,7 @@ def export_cmd(
 
         ws = Workspace.load(check_dir(dir), name)
         result = export_workspace(ws, to, source=source, from_initial=from_initial, tokenizer=tokenizer, force=force,
-                                  workspaces=workspaces_dir(dir), log=out.log)  # fmt: skip
+                                  workspaces=workspaces_dir(dir), merged=merged, log=out.log)  # fmt: skip
         if out.json:
             out.emit(result)
         else:

@@ -32,14 +32,15 @@ from titan_core.runtime import devices, distributed
 from titan_core.training.checkpoint import Checkpointer
 from titan_core.training.hf_export import check_export_target, export_hf, tokenizer_files
 from titan_core.training.hf_load import initial_weights, weights_line
+from titan_core.training.lora_export import export_lora
 from titan_core.compile import execution
 from titan_core.config.dtypes import DTYPES
 from titan_core.config.execution_modes import execution_mode
 from titan_core.config.sections import JobConfig
 from titan_core.models.common.swaps import apply_swaps
 from titan_core.data import build_data_loader, report_data
-from titan_core.lora.export import check_adapter_target, export_peft
-from titan_core.lora.inject import LoraState, apply_lora, check_lora, merged_copy
+from titan_core.lora.export import check_adapter_target
+from titan_core.lora.inject import LoraState, apply_lora, check_lora
 from titan_core.kernels import swaps_for
 from titan_core.memory.preflight import check_memory
 from titan_core.memory.tensor_peak import TensorPeak, held_tensor_bytes
@@ -261,12 +262,12 @@ class Trainer:
     def _export(self, out: Path) -> None:
         """checkpoint.export_hf: the HF export; under [lora] the PEFT adapter, or the merged model."""
         cfg = self.cfg
-        if self.lora is not None and not cfg.lora.merged_export:
-            export_peft(self.model, self.lora, model_adapter(cfg.model), out, base=cfg.checkpoint.initial_hf)
+        if self.lora is not None:
+            export_lora(self.model, self.lora, cfg, self.family, self.args, out, merged=cfg.lora.merged_export,
+                        tokenizer=tokenizer_files(cfg.data))  # fmt: skip
             return
-        model = merged_copy(self.lora) if self.lora is not None else self.model
-        export_hf(model, self.family, self.args, out, model_cfg=cfg.model, shard_mb=cfg.checkpoint.export_shard_mb,
-                  tokenizer=tokenizer_files(cfg.data))  # fmt: skip
+        export_hf(self.model, self.family, self.args, out, model_cfg=cfg.model,
+                  shard_mb=cfg.checkpoint.export_shard_mb, tokenizer=tokenizer_files(cfg.data))  # fmt: skip
 
     def _threads(self, device_cfg, quiet: bool) -> int:
         """device.threads, or with adapt_threads the cores other processes leave free now (said)."""

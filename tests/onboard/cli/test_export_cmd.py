@@ -106,3 +106,35 @@ def test_a_checkpoint_export_carries_the_tokenizer_autotokenizer_loads(ws):
     loaded = transformers.AutoTokenizer.from_pretrained(ws / "out")
     assert loaded("hello").input_ids[-1] == 3 and loaded.eos_token == "</s>"
     assert transformers.AutoModelForCausalLM.from_pretrained(ws / "out").config.vocab_size == 256
+
+
+def test_a_lora_recipe_exports_its_peft_adapter_or_with_merged_the_merged_model(ws):
+    """[lora]: the checkpoint's adapter as the run's own export wrote it (bit for bit), and with --merged the
+    merged model, which transformers reloads with the adapter's logits (PeftModel on the base)."""
+    peft = pytest.importorskip("peft")
+    plain = onboard("export", "tiny", "--to", ws / "x", "--dir", ws, "--merged")
+    assert plain.exit_code == 2 and "--merged merges LoRA adapters" in plain.stderr and not (ws / "x").exists()
+    with open(_recipe(ws), "a") as f:
+        f.write(f'\n[checkpoint]\ninitial_hf = "{ws / "llama"}"\n\n[lora]\nenable = true\n'
+                'target_modules = ["q_proj", "v_proj", "down_proj"]\n')
+    trained = onboard("train", "--config", _recipe(ws), "--training.steps=2", "--training.batch_size=2",
+                      "--training.seq_len=32", "--checkpoint.enable", "--parallelism.data_parallel=none",
+                      f"--checkpoint.export_hf={ws / 'run_adapter'}")  # fmt: skip
+    assert trained.exit_code == 0, trained.stderr
+    result = onboard("export", "tiny", "--to", ws / "adapter", "--dir", ws, "--json")
+    assert result.exit_code == 0, result.stderr
+    assert json.loads(result.stdout)["files"] == ["adapter_config.json", "adapter_model.safetensors"]
+    got = load_file(ws / "adapter" / "adapter_model.safetensors")
+    want = load_file(ws / "run_adapter" / "adapter_model.safetensors")
+    assert sorted(got) == sorted(want) and all(torch.equal(got[k], want[k]) for k in want)
+    assert any(k.endswith("lora_B.weight") and v.any() for k, v in got.items())
+    merged = onboard("export", "tiny", "--to", ws / "merged", "--dir", ws, "--merged")
+    assert merged.exit_code == 0, merged.stderr
+    tokens = torch.tensor([[1, 5, 9, 2, 7, 40, 3]])
+    base = transformers.AutoModelForCausalLM.from_pretrained(ws / "llama", dtype=torch.float32)
+    with torch.no_grad():
+        untrained = base(tokens).logits
+        want = peft.PeftModel.from_pretrained(base, ws / "adapter")(tokens).logits  # (adapts `base` in place)
+        got = transformers.AutoModelForCausalLM.from_pretrained(ws / "merged", dtype=torch.float32)(tokens).logits
+    assert ((got - want).norm() / want.norm()).item() <= 1e-5
+    assert ((untrained - want).norm() / want.norm()).item() > 1e-5  # the adapter moved the logits
