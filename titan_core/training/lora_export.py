@@ -1,6 +1,6 @@
 """The export of a [lora] run: its adapter in PEFT's layout (titan_core/lora/export.py), or with `merged`
 the model with every adapter merged in, as the HF export writes any model (hf_export.py). The run's own
-`checkpoint.export_hf` and `onboard export` both come here, so the two write the same folder."""
+`checkpoint.export_hf` and a later export of its checkpoint both come here, so the two write the same folder."""
 
 from __future__ import annotations
 
