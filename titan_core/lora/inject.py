@@ -27,6 +27,7 @@ from titan_core.config.loader import ConfigError
 from titan_core.config.sections import JobConfig
 from titan_core.config.sections import Lora as LoraConfigSection
 from titan_core.lora.names import LoraNames, import_peft, resolve
+from titan_core.models.common.tied import HF_TIE
 
 ADAPTER = "default"
 """peft's adapter name: the one peft's saving strips and its loading puts back."""
@@ -80,6 +81,8 @@ def apply_lora(model: nn.Module, cfg: LoraConfigSection, adapter, *, seed: int =
     from peft.utils.other import ModulesToSaveWrapper  # lazy: the [hf] extra
 
     names = resolve(model, adapter, list(cfg.target_modules), list(cfg.modules_to_save))
+    if cfg.merged_export:  # refused now, not after training
+        check_mergeable(model, names)
     config = LoraConfig(
         r=cfg.rank, lora_alpha=cfg.alpha, lora_dropout=cfg.dropout,
         target_modules=sorted(names.targets), modules_to_save=sorted(names.saved) or None,
@@ -143,8 +146,18 @@ def base_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
     return out
 
 
+def check_mergeable(model: nn.Module, names: LoraNames) -> None:
+    """ConfigError when merging would change what the model computes: an adapter on an embedding the
+    head shares (tied) acts on the input only, but merged into the one shared weight it moves the head too."""
+    embedding = HF_TIE.embedding.removesuffix(".weight")
+    if model.args.tie_embeddings and embedding in names.targets.values():
+        raise ConfigError(f"lora: cannot merge the adapter on {embedding}: this model ties it to its head, which the "
+                          "merge would change too; export the PEFT adapter instead (lora.merged_export = false)")  # fmt: skip
+
+
 def merged_copy(state: LoraState) -> nn.Module:
     """A copy of the model with every adapter merged into its base weight and every saved module's
     trained copy in place of the original: peft's `merge_and_unload`, on a deep copy, so the trained
     model keeps its adapters. Its state dict has the native names again (the HF export's input)."""
+    check_mergeable(state.tuner.model, state.names)
     return copy.deepcopy(state.tuner).merge_and_unload()

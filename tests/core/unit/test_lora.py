@@ -281,6 +281,18 @@ def test_an_export_onto_another_base_is_refused(tmp_path, ckpt):
     export_peft(trainer.model, trainer.lora, model_adapter(cfg.model), tmp_path / "a", base=ckpt)  # its own base: fine
 
 
+def test_merging_an_adapter_on_a_tied_embedding_is_refused(tmp_path):
+    """Unmerged, an adapter on the tied embedding changes the input only; merged, the head too."""
+    cfg, model = _built(tmp_path, "--model.overrides={n_layers=2, dim=64, n_heads=4, n_kv_heads=2, vocab_size=256, "
+                        "ffn_hidden_dim=128, tie_embeddings=true}", "--lora.target_modules=embed_tokens,q_proj")  # fmt: skip
+    state = apply_lora(model, cfg.lora, model_adapter(cfg.model))  # trains, and exports as PEFT, fine
+    assert "ties it to its head" in _refusal(lambda: merged_copy(state))
+    cfg.lora.merged_export = True
+    _, model = _built(tmp_path, "--model.overrides={n_layers=2, dim=64, n_heads=4, n_kv_heads=2, vocab_size=256, "
+                      "ffn_hidden_dim=128, tie_embeddings=true}")  # fmt: skip
+    assert "ties it to its head" in _refusal(lambda: apply_lora(model, cfg.lora, model_adapter(cfg.model)))
+
+
 @pytest.mark.parametrize("extra,said", [
     (["--checkpoint.export_hf=x"], "checkpoint.initial_hf"),
     (["--parallelism.data_parallel=simple_fsdp"], "one process"),
