@@ -69,6 +69,7 @@ def _world(torchrun, args) -> tuple[int | None, int]:
 def preflight(train_args: list[str], world: int | None, per_host: int) -> None:
     """The checks of a titan_core.train command line that need no rank (ConfigError, one line)."""
     from titan_core.data.loader import check_data_paths  # lazy: torch, only once the options parsed
+    from titan_core.lora.inject import check_lora  # lazy: as above
     from titan_core.parallel import check_parallelism  # lazy: as above
 
     config, print_config, overrides = parse_argv(list(train_args))
@@ -77,6 +78,7 @@ def preflight(train_args: list[str], world: int | None, per_host: int) -> None:
         print(f"warning: {warning}", file=sys.stderr)
     if world is not None:
         check_parallelism(cfg, world)
+    check_lora(cfg, world or per_host)
     if not print_config:
         check_data_paths(cfg)
 

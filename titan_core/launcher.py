@@ -352,6 +352,7 @@ def launch(argv: list[str], nproc: int, *, timeout_s: float | None = None) -> in
     output is echoed up to a traceback; every rank's output goes to `<metrics.output_dir>/logs/rank_<r>.log`.
     """
     from titan_core.data.loader import check_data_paths  # lazy: torch loads only when a run starts
+    from titan_core.lora.inject import check_lora  # lazy: torch, as above
     from titan_core.parallel import check_parallelism  # lazy: torch, as above
 
     try:
@@ -360,6 +361,7 @@ def launch(argv: list[str], nproc: int, *, timeout_s: float | None = None) -> in
         for warning in check_nproc(nproc, cfg.device.type):
             print(f"warning: {warning}", file=sys.stderr)
         check_parallelism(cfg, nproc)
+        check_lora(cfg, nproc)
         if not print_config:
             check_data_paths(cfg)  # once here, not once per rank
     except ConfigError as e:
@@ -413,11 +415,13 @@ def run_world(cfg, nproc: int, *, timeout_s: float | None = None) -> WorldRun:
     see the same global batch. Raises ConfigError on bad
     input; a failed run comes back with `ok = False` and `launch.failure` saying why.
     """
+    from titan_core.lora.inject import check_lora  # lazy: torch loads only when a run starts
     from titan_core.parallel import check_parallelism  # lazy: torch loads only when a run starts
 
     check_ranges(cfg)  # a config built in code: refused before its folder is made
     check_nproc(nproc, cfg.device.type)
     check_parallelism(cfg, nproc)
+    check_lora(cfg, nproc)
     out = Path(cfg.metrics.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     recipe = out / "world_recipe.toml"

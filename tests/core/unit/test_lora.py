@@ -300,3 +300,12 @@ def test_merging_an_adapter_on_a_tied_embedding_is_refused(tmp_path):
 ])  # fmt: skip
 def test_runs_lora_cannot_do_yet_are_refused_before_building(tmp_path, extra, said):
     assert said in _refusal(lambda: Trainer(_cfg(tmp_path, *extra), quiet=True))
+
+
+def test_lora_on_several_processes_is_refused_before_any_starts(tmp_path, capsys):
+    from titan_core.launcher import launch
+
+    assert launch([TINY, *tiny_run_flags(tmp_path, steps=1, batch_size=2), "--lora.enable"], 2) == 2
+    err = capsys.readouterr().err
+    assert "lora runs on one process" in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "logs").exists()
