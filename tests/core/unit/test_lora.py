@@ -297,6 +297,8 @@ def test_merging_an_adapter_on_a_tied_embedding_is_refused(tmp_path):
     (["--checkpoint.export_hf=x"], "checkpoint.initial_hf"),
     (["--parallelism.data_parallel=simple_fsdp"], "one process"),
     (["--lora.target_modules="], "target_modules is empty"),
+    (["--kernels.float8=tensorwise"], "float8"),
+    (["--compile.enable"], "eager mode"),
 ])  # fmt: skip
 def test_runs_lora_cannot_do_yet_are_refused_before_building(tmp_path, extra, said):
     assert said in _refusal(lambda: Trainer(_cfg(tmp_path, *extra), quiet=True))
@@ -309,3 +311,14 @@ def test_lora_on_several_processes_is_refused_before_any_starts(tmp_path, capsys
     err = capsys.readouterr().err
     assert "lora runs on one process" in err and len(err.strip().splitlines()) == 1
     assert not (tmp_path / "logs").exists()
+
+
+def test_the_entry_point_says_a_refusal_in_one_line_and_exits_2(tmp_path, capsys):
+    from titan_core.train import main
+
+    argv = [TINY, *tiny_run_flags(tmp_path, steps=1, batch_size=2), *LORA, "--lora.target_modules=q_prj"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "'q_prj' matches no module" in err and "q_proj" in err
+    assert main([*argv[:-1], "--lora.rank=0"]) == 2
+    assert "lora.rank = 0 is out of range" in capsys.readouterr().err
