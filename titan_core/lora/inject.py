@@ -153,8 +153,8 @@ def check_mergeable(model: nn.Module, names: LoraNames) -> None:
     head shares (tied) acts on the input only, but merged into the one shared weight it moves the head too."""
     embedding = HF_TIE.embedding.removesuffix(".weight")
     if model.args.tie_embeddings and embedding in names.targets.values():
-        raise ConfigError(f"lora: cannot merge the adapter on {embedding}: this model ties it to its head, which the "
-                          "merge would change too; export the PEFT adapter instead (lora.merged_export = false)")  # fmt: skip
+        raise ConfigError(f"lora: cannot merge the adapter on {embedding}: this model ties it to its head, which "
+                          "the merge would change too; export the PEFT adapter (lora.merged_export = false)")  # fmt: skip
 
 
 def merged_copy(state: LoraState) -> nn.Module:

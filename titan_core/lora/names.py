@@ -91,12 +91,12 @@ def resolve(model: nn.Module, adapter, target_modules: list[str], modules_to_sav
         converted = [h for h in hits if h not in by_hf]
         if converted:
             raise ConfigError(f"lora.target_modules: '{name}' matches {converted[0]}, whose weight the model's "
-                              "adapter converts (fused, transposed or stacked): no single layer here to adapt")  # fmt: skip
+                              "adapter converts (fused, transposed or stacked): no one layer here to adapt")  # fmt: skip
         targets.update({by_hf[h]: h for h in hits})
     head = HF_TIE.head.removesuffix(".weight")
     if head in targets.values() and model.loss_head is not None:
-        raise ConfigError(f"lora.target_modules: {head} is handed to the loss head by its weight, never called, so "
-                          f"an adapter on it would do nothing; train it whole with lora.modules_to_save = ['{head}']")  # fmt: skip
+        raise ConfigError(f"lora.target_modules: {head} is handed to the loss head by its weight, never called, "
+                          f"so an adapter on it would do nothing; train it whole: modules_to_save = ['{head}']")  # fmt: skip
     saved = _saved(model, renamed, modules_to_save)
     both = sorted(set(targets) & set(saved))
     if both:

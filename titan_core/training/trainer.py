@@ -160,8 +160,8 @@ class Trainer:
         # checkpoint.initial_hf's header check runs on meta: a checkpoint that does not fit stops the run here
         initial = initial_weights(cfg, model)
         if cfg.checkpoint.export_hf:  # a folder the export may not replace is refused before training, not after
-            adapter_only = cfg.lora.enable and not cfg.lora.merged_export
-            (check_adapter_target if adapter_only else check_export_target)(self._under_output(cfg.checkpoint.export_hf))
+            check = check_adapter_target if cfg.lora.enable and not cfg.lora.merged_export else check_export_target
+            check(self._under_output(cfg.checkpoint.export_hf))
         built_params = sum(p.numel() for p in model.parameters())  # the recipe's model (a port's own layers too)
         self.model_notes = list(model.notes)
         self.swaps = apply_swaps(model, swaps_for(cfg.kernels))

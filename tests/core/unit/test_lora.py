@@ -72,8 +72,8 @@ def test_zero_b_computes_the_base_bit_for_bit(tmp_path):
     bs = [p for n, p in model.named_parameters() if "lora_B" in n]
     assert len(bs) == 6 and all(not b.any() for b in bs)  # the claim is about peft's zero B ...
     assert all(p.abs().sum() > 0 for n, p in model.named_parameters() if "lora_A" in n)  # ... with A drawn
-    assert set(state.names.targets.values()) == {f"model.layers.{i}.{m}" for i in (0, 1)
-                                                 for m in ("self_attn.q_proj", "self_attn.v_proj", "mlp.down_proj")}  # fmt: skip
+    modules = ("self_attn.q_proj", "self_attn.v_proj", "mlp.down_proj")
+    assert set(state.names.targets.values()) == {f"model.layers.{i}.{m}" for i in (0, 1) for m in modules}
     with torch.no_grad():
         assert torch.equal(model(_tokens()), base)
         _randomise_b(model)
@@ -162,7 +162,8 @@ def test_same_adapter_weights_on_transformers_class_give_the_same_logits(tmp_pat
     sd = peft.get_peft_model_state_dict(trainer.model)
     hf = transformers.AutoModelForCausalLM.from_pretrained(ckpt, dtype=torch.float32)
     targets = sorted(trainer.lora.names.targets.values())
-    upstream = peft.get_peft_model(hf, peft.LoraConfig(r=cfg.lora.rank, lora_alpha=cfg.lora.alpha, target_modules=targets))
+    config = peft.LoraConfig(r=cfg.lora.rank, lora_alpha=cfg.lora.alpha, target_modules=targets)
+    upstream = peft.get_peft_model(hf, config)
     result = peft.set_peft_model_state_dict(upstream, {hf_key(k, trainer.lora): v for k, v in sd.items()})
     assert not result.unexpected_keys and not [k for k in result.missing_keys if "lora_" in k]
     tokens = _tokens(512)
@@ -283,13 +284,12 @@ def test_an_export_onto_another_base_is_refused(tmp_path, ckpt):
 
 def test_merging_an_adapter_on_a_tied_embedding_is_refused(tmp_path):
     """Unmerged, an adapter on the tied embedding changes the input only; merged, the head too."""
-    cfg, model = _built(tmp_path, "--model.overrides={n_layers=2, dim=64, n_heads=4, n_kv_heads=2, vocab_size=256, "
-                        "ffn_hidden_dim=128, tie_embeddings=true}", "--lora.target_modules=embed_tokens,q_proj")  # fmt: skip
+    tied = TINY.replace("}", ", tie_embeddings=true}")
+    cfg, model = _built(tmp_path, tied, "--lora.target_modules=embed_tokens,q_proj")
     state = apply_lora(model, cfg.lora, model_adapter(cfg.model))  # trains, and exports as PEFT, fine
     assert "ties it to its head" in _refusal(lambda: merged_copy(state))
     cfg.lora.merged_export = True
-    _, model = _built(tmp_path, "--model.overrides={n_layers=2, dim=64, n_heads=4, n_kv_heads=2, vocab_size=256, "
-                      "ffn_hidden_dim=128, tie_embeddings=true}")  # fmt: skip
+    _, model = _built(tmp_path, tied)
     assert "ties it to its head" in _refusal(lambda: apply_lora(model, cfg.lora, model_adapter(cfg.model)))
 
 
