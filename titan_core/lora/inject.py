@@ -26,7 +26,7 @@ from torch import nn
 from titan_core.config.loader import ConfigError
 from titan_core.config.sections import JobConfig
 from titan_core.config.sections import Lora as LoraConfigSection
-from titan_core.lora.names import LoraNames, import_peft, resolve
+from titan_core.lora.names import LoraNames, import_peft, lora_params, resolve
 from titan_core.models.common.tied import HF_TIE
 
 ADAPTER = "default"
@@ -71,6 +71,13 @@ def check_lora(cfg: JobConfig, world_size: int = 1) -> None:
     if cfg.checkpoint.export_hf and not cfg.lora.merged_export and not cfg.checkpoint.initial_hf:
         raise ConfigError("checkpoint.export_hf under [lora] writes a PEFT adapter for the base it adapts, and "
                           "checkpoint.initial_hf names none; set it, or lora.merged_export = true")  # fmt: skip
+
+
+def planned_lora_params(model: nn.Module, cfg: LoraConfigSection, adapter) -> int:
+    """What `cfg` will train in `model` (built; on meta, for the memory estimate), its names refused here
+    as `apply_lora` would refuse them."""
+    names = resolve(model, adapter, list(cfg.target_modules), list(cfg.modules_to_save))
+    return lora_params(model, names, cfg.rank)
 
 
 def apply_lora(model: nn.Module, cfg: LoraConfigSection, adapter, *, seed: int = 0) -> LoraState:

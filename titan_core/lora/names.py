@@ -104,6 +104,16 @@ def resolve(model: nn.Module, adapter, target_modules: list[str], modules_to_sav
     return LoraNames(targets=targets, saved=saved)
 
 
+def lora_params(model: nn.Module, names: LoraNames, rank: int) -> int:
+    """Parameters [lora] adds and trains: A [r, in] and B [out, r] per adapted layer (an embedding's
+    [r, rows] and [cols, r]), and a copy of each saved module. Counted on meta, before peft runs."""
+    total = 0
+    for n in names.targets:
+        rows, cols = model.get_submodule(n).weight.shape
+        total += rank * (rows + cols)
+    return total + sum(p.numel() for n in names.saved for p in model.get_submodule(n).parameters())
+
+
 def _saved(model: nn.Module, renamed: dict[str, str], names: list[str]) -> dict[str, str]:
     """{native: HF} of the modules `modules_to_save` names (peft's rule: the name, or a dotted suffix)."""
     out: dict[str, str] = {}

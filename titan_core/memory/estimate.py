@@ -394,7 +394,10 @@ def estimate_memory(m: ModelShape, s: TrainSetup) -> MemoryEstimate:
     stored = stored_elements(m, s)
     params = stored * pb
     grads = params  # gradients of the stored (sharded) parameters, in their dtype
-    state = 2 * params  # AdamW's exp_avg and exp_avg_sq, shaped like the parameters
+    if m.lora_params >= 0:  # [lora]: the base is frozen; the adapters (one process) alone train
+        params += m.lora_params * pb
+        grads = m.lora_params * pb
+    state = 2 * grads  # AdamW's exp_avg and exp_avg_sq, shaped like the parameters that train
     gathered = gathered_elements(m, s) * cb
     act, host, transient = rank_activations(m, s)
     if s.data_parallel != "none":

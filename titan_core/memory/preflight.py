@@ -33,17 +33,19 @@ class MemoryBudgetError(ConfigError):
 
 
 def estimate_for(
-    cfg, model: nn.Module, args, device_type: str, degrees=None
+    cfg, model: nn.Module, args, device_type: str, degrees=None, *, lora_params: int = -1
 ) -> tuple[ModelShape, TrainSetup, MemoryEstimate]:
-    """The memory estimate of `cfg` training `model` (built on meta) on a device of `device_type`."""
-    shape = ModelShape.from_model(model, args)
+    """The memory estimate of `cfg` training `model` (built on meta) on a device of `device_type`;
+    `lora_params`: what [lora] will train (ModelShape.lora_params)."""
+    shape = replace(ModelShape.from_model(model, args), lora_params=lora_params)
     setup = TrainSetup.from_config(cfg, degrees, device_type=device_type)
     return shape, setup, estimate_memory(shape, setup)
 
 
-def check_memory(cfg, model: nn.Module, args, device: torch.device, degrees=None) -> MemoryEstimate:
+def check_memory(cfg, model: nn.Module, args, device: torch.device, degrees=None, *,
+                 lora_params: int = -1) -> MemoryEstimate:  # fmt: skip
     """The run's estimate; MemoryBudgetError when it exceeds the device's budget (no budget known: no check)."""
-    shape, setup, est = estimate_for(cfg, model, args, device.type, degrees)
+    shape, setup, est = estimate_for(cfg, model, args, device.type, degrees, lora_params=lora_params)
     budget = device_budget(device, override_gib=cfg.device.memory_budget_gib)
     if budget is not None and est.total > budget.bytes:
         raise MemoryBudgetError(refusal(shape, setup, est, budget, device_type=device.type), est, budget)

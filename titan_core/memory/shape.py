@@ -52,6 +52,9 @@ class ModelShape:
     tied: bool | None = None
     """The output head is the embedding (None: tied when the parameters outside the blocks hold one
     vocab x dim table only)."""
+    lora_params: int = -1
+    """[lora]: parameters of the adapters and of the saved modules' copies, beside the frozen base: they
+    alone hold gradients and AdamW state (-1: no LoRA, every parameter trains)."""
 
     def __post_init__(self) -> None:
         if not self.layer_mix:

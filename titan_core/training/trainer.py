@@ -40,7 +40,7 @@ from titan_core.config.sections import JobConfig
 from titan_core.models.common.swaps import apply_swaps
 from titan_core.data import build_data_loader, report_data
 from titan_core.lora.export import check_adapter_target
-from titan_core.lora.inject import LoraState, apply_lora, check_lora
+from titan_core.lora.inject import LoraState, apply_lora, check_lora, planned_lora_params
 from titan_core.kernels import swaps_for
 from titan_core.memory.preflight import check_memory
 from titan_core.memory.tensor_peak import TensorPeak, held_tensor_bytes
@@ -166,7 +166,8 @@ class Trainer:
         self.model_notes = list(model.notes)
         self.swaps = apply_swaps(model, swaps_for(cfg.kernels))
         # refuse a run that cannot fit while the model still costs nothing (MemoryBudgetError: exit 2)
-        self.memory_estimate = check_memory(cfg, model, self.args, self.device, self.degrees)
+        planned = planned_lora_params(model, cfg.lora, model_adapter(cfg.model)) if cfg.lora.enable else -1
+        self.memory_estimate = check_memory(cfg, model, self.args, self.device, self.degrees, lora_params=planned)
         self.pipeline: PipelineStep | None = None
         """pp > 1: this rank's pipeline stages and their schedule (titan_core/training/pipeline_step.py)."""
         self.sharded_init: InitRecord | None = None

@@ -111,6 +111,17 @@ def test_a_step_moves_only_the_adapters_and_saved_modules(tmp_path):
     assert sum(p.numel() for g in trainer.optimizer.param_groups for p in g["params"]) == trainer.lora.trainable(model)
 
 
+def test_the_memory_estimate_counts_gradients_and_adamw_state_of_what_trains(tmp_path):
+    trainer = Trainer(_cfg(tmp_path, "--lora.modules_to_save=lm_head"), quiet=True)
+    trainable = trainer.lora.trainable(trainer.model)
+    est = trainer.memory_estimate
+    assert est.grads == 4 * trainable and est.optimizer_state == 2 * 4 * trainable  # fp32
+    assert est.params == 4 * sum(p.numel() for p in trainer.model.parameters())
+    whole = Trainer(load_config(None, [TINY, *tiny_run_flags(tmp_path / "w", steps=1, batch_size=2),
+                                       "--parallelism.data_parallel=none"]), quiet=True)  # fmt: skip
+    assert whole.memory_estimate.grads == 4 * sum(p.numel() for p in whole.model.parameters())
+
+
 def test_merged_equals_unmerged(tmp_path):
     cfg, model = _built(tmp_path)
     state = apply_lora(model, cfg.lora, model_adapter(cfg.model))
