@@ -116,12 +116,11 @@ def check_reached(model: nn.Module, names: LoraNames) -> None:
     the model's tree holds it, and a model that also reaches the original another way (the loss reading
     a head's weight through a reference of its own) would train a module that changes nothing. One
     2-token loss, gradients asked of autograd alone (no .grad is written, no RNG state consumed)."""
-    if model.args.sample_spec().inputs:
-        raise ConfigError("lora trains text models for now: this model's loss takes inputs beyond its tokens")
     trainable = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
     device = trainable[0][1].device
     tokens = torch.zeros(1, 2, dtype=torch.long, device=device)
-    with torch.random.fork_rng(devices=[] if device.type == "cpu" else [device]), torch.enable_grad():
+    forked = [] if device.type == "cpu" else [device]  # dropout's draws here leave the run's RNG as it was
+    with torch.random.fork_rng(devices=forked, device_type=device.type), torch.enable_grad():
         loss, _ = model.loss(tokens, tokens)
         grads = torch.autograd.grad(loss, [p for _, p in trainable], allow_unused=True)
     unreached = [n for (n, _), g in zip(trainable, grads) if g is None]

@@ -77,6 +77,8 @@ def resolve(model: nn.Module, adapter, target_modules: list[str], modules_to_sav
     from peft import LoraConfig  # lazy: the [hf] extra
     from peft.tuners.tuners_utils import check_target_module_exists  # lazy: the [hf] extra
 
+    if model.args.sample_spec().inputs:
+        raise ConfigError("lora trains text models for now: this model's loss takes inputs beyond its tokens")
     renamed, every = hf_modules(model, adapter)
     adaptable = {n: h for n, h in renamed.items() if isinstance(model.get_submodule(n), (nn.Linear, nn.Embedding))}
     by_hf = {h: n for n, h in adaptable.items()}
