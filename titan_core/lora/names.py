@@ -90,6 +90,11 @@ def resolve(model: nn.Module, adapter, target_modules: list[str], modules_to_sav
             leaves = sorted({h.rpartition(".")[2] for h in by_hf})
             raise ConfigError(f"lora.target_modules: '{name}' matches no module of this model; its adaptable "
                               f"modules are {', '.join(leaves[:SHOWN])}")  # fmt: skip
+        kinds = {h: type(model.get_submodule(n)).__name__ for n, h in renamed.items() if h not in by_hf}
+        other = [h for h in hits if h in kinds]
+        if other:
+            raise ConfigError(f"lora.target_modules: '{name}' matches {other[0]}, a {kinds[other[0]]}: peft adapts "
+                              "Linear and Embedding layers; train it whole with lora.modules_to_save")  # fmt: skip
         converted = [h for h in hits if h not in by_hf]
         if converted:
             raise ConfigError(f"lora.target_modules: '{name}' matches {converted[0]}, whose weight the model's "
@@ -128,6 +133,6 @@ def _saved(model: nn.Module, renamed: dict[str, str], names: list[str]) -> dict[
         tied = model.args.tie_embeddings and HF_TIE.embedding.removesuffix(".weight") in hits.values()
         if tied:
             raise ConfigError(f"lora.modules_to_save: '{name}' is the embedding, which this model ties to its "
-                              "head; peft would train a copy the head does not share")  # fmt: skip
+                              "head; peft on the transformers class trains a copy its head does not share")  # fmt: skip
         out.update(hits)
     return out

@@ -269,6 +269,15 @@ def test_a_target_whose_weight_the_adapter_converts_is_refused(tmp_path):
     assert "converts" in _refusal(lambda: apply_lora(model, cfg.lora, Transposing()))
 
 
+@pytest.mark.parametrize("targets,said", [
+    ("input_layernorm", "matches model.layers.0.input_layernorm, a RMSNorm: peft adapts Linear and Embedding"),
+    ("self_attn", "'self_attn' matches no module"),  # a container: peft's rule matches whole names or suffixes
+])  # fmt: skip
+def test_a_target_that_is_no_layer_peft_adapts_is_refused(tmp_path, targets, said):
+    cfg, model = _built(tmp_path, f"--lora.target_modules={targets}")
+    assert said in _refusal(lambda: apply_lora(model, cfg.lora, model_adapter(cfg.model)))
+
+
 def test_lora_on_the_head_the_loss_reads_by_weight_is_refused(tmp_path):
     cfg, model = _built(tmp_path, "--lora.target_modules=lm_head")
     assert "modules_to_save" in _refusal(lambda: apply_lora(model, cfg.lora, model_adapter(cfg.model)))
