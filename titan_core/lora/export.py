@@ -19,6 +19,7 @@ import os
 import shutil
 from pathlib import Path
 
+import torch
 from torch import nn
 
 from titan_core.config.loader import ConfigError
@@ -30,7 +31,6 @@ from titan_core.weights.header_check import checkpoint_files
 from titan_core.weights.st_headers import HeaderError, read_checkpoint_headers, read_header
 
 WEIGHTS = "adapter_model.safetensors"
-CONFIG = "adapter_config.json"
 PREFIX = "base_model.model."
 """What PeftModel puts before the base model's own module names in its saved keys."""
 MARK = {"format": "pt", "exported_by": "titan_core"}
@@ -46,7 +46,7 @@ def export_peft(model: nn.Module, state: LoraState, adapter, out_dir: str | Path
 
     out = Path(out_dir)
     check_adapter_target(out, replace)
-    check_base(model, adapter, base)
+    check_base(model, state, adapter, base)
     tensors = {hf_key(k, state): v.detach().to("cpu").contiguous().clone()
                for k, v in get_peft_model_state_dict(model, adapter_name=ADAPTER).items()}  # fmt: skip
     cfg = state.cfg
@@ -81,9 +81,10 @@ def hf_key(key: str, state: LoraState) -> str:
     return PREFIX + names[owner] + key[len(owner) :]
 
 
-def check_base(model: nn.Module, adapter, base: str | Path) -> None:
-    """ConfigError, one line, unless the HF folder `base` holds this model's base tensors: every
-    tensor the adapter names, in the same shape (headers only). A tied head may be left out."""
+def check_base(model: nn.Module, state: LoraState, adapter, base: str | Path) -> None:
+    """ConfigError, one line, unless the HF folder `base` holds this model's base: every tensor the
+    adapter names, in the same shape (headers; a tied head may be left out), and the first adapted
+    layer's weight itself, equal to the frozen one trained under the adapter (one tensor read)."""
     if not str(base):
         raise ConfigError("a PEFT export needs the base it adapts (checkpoint.initial_hf); without one set "
                           "lora.merged_export = true to export the merged model")  # fmt: skip
@@ -100,6 +101,20 @@ def check_base(model: nn.Module, adapter, base: str | Path) -> None:
             there = "holds no such tensor" if have is None else f"holds it as {list(have.shape)}"
             raise ConfigError(f"the adapter was trained on another base than {base}: {name} is {list(t.shape)} "
                               f"here, and {base} {there}")  # fmt: skip
+    native = min(state.names.targets)
+    name = f"{state.names.targets[native]}.weight"
+    frozen = base_state_dict(model)[f"{native}.weight"].detach().cpu()
+    if not torch.equal(_read(Path(base), stored[name]).to(frozen.dtype), frozen):
+        raise ConfigError(f"the adapter was trained on another base than {base}: its {name} differs from the "
+                          "frozen weight the adapter was trained on")  # fmt: skip
+
+
+def _read(base: Path, header) -> torch.Tensor:
+    from safetensors import safe_open  # lazy: the [hf] extra
+
+    path = Path(header.file) if Path(header.file).is_absolute() else base / header.file
+    with safe_open(str(path), framework="pt") as f:
+        return f.get_tensor(header.name)
 
 
 def check_adapter_target(out: Path, replace: str = "own") -> None:

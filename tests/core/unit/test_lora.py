@@ -298,6 +298,10 @@ def test_an_export_onto_another_base_is_refused(tmp_path, ckpt):
     text = _refusal(lambda: export_peft(trainer.model, trainer.lora, model_adapter(cfg.model), tmp_path / "a",
                                         base=other))  # fmt: skip
     assert "another base" in text and "_proj.weight" in text
+    same_shapes = write_tiny_llama(tmp_path / "same_shapes", seed=1)  # another draw of the same architecture
+    text = _refusal(lambda: export_peft(trainer.model, trainer.lora, model_adapter(cfg.model), tmp_path / "a",
+                                        base=same_shapes))  # fmt: skip
+    assert "another base" in text and "model.layers.0.self_attn.q_proj.weight differs" in text
     assert not (tmp_path / "a").exists()
     export_peft(trainer.model, trainer.lora, model_adapter(cfg.model), tmp_path / "a", base=ckpt)  # its own base: fine
 
