@@ -7,8 +7,9 @@ module under its plain name), renamed from this model's module names to the HF o
 is peft's `LoraConfig.save_pretrained` with the adapted HF modules named whole, so peft on the
 transformers class adapts exactly the modules adapted here.
 
-The adapter is only as good as its base: the base folder's tensors (safetensors headers, nothing
-loaded) must be this model's, every name and shape, else the export is refused in one line. Written
+The adapter is only as good as its base: the base folder's tensors must be this model's, every name
+and shape (safetensors headers), and the first adapted layer's weight the very one the adapter was
+trained beside (that one tensor read), else the export is refused in one line. Written
 into a dot-folder and renamed into place; an earlier export of this module in the target is kept as a
 dated backup, anything else there refused (`replace`, as the HF export's).
 """
