@@ -25,10 +25,11 @@ from torch import nn
 
 from titan_core.config.loader import ConfigError
 from titan_core.lora.inject import ADAPTER, LoraState, base_state_dict
-from titan_core.lora.names import import_peft, meta_of
+from titan_core.lora.names import import_peft
 from titan_core.models.common.tied import HF_TIE
 from titan_core.runtime.files import backup_aside, default_mode
 from titan_core.weights.header_check import checkpoint_files
+from titan_core.weights.hf_stream import meta_of
 from titan_core.weights.st_headers import HeaderError, read_checkpoint_headers, read_header
 
 WEIGHTS = "adapter_model.safetensors"

@@ -19,6 +19,7 @@ from torch import nn
 from titan_core.config.loader import ConfigError
 from titan_core.models.common.tied import HF_TIE
 from titan_core.runtime.quiet import TORCHAO_IMPORT, quiet_loggers
+from titan_core.weights.hf_stream import meta_of
 
 SHOWN = 12
 """Available names a refusal lists."""
@@ -38,13 +39,6 @@ def import_peft() -> None:
     """peft imported once, quietly: it imports torchao, which warns of CUDA kernels a CPU torch lacks."""
     with quiet_loggers(*TORCHAO_IMPORT):
         import peft  # noqa: F401  # lazy: the [hf] extra
-
-
-def meta_of(sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """Meta tensors of `sd`'s shapes and dtypes, one per tensor (a tensor under two names, a tied head,
-    stays one): what the adapter made of which is then told by identity."""
-    made: dict[int, torch.Tensor] = {}
-    return {n: made.setdefault(id(t), torch.empty(tuple(t.shape), dtype=t.dtype, device="meta")) for n, t in sd.items()}
 
 
 def hf_modules(model: nn.Module, adapter) -> tuple[dict[str, str], set[str]]:

@@ -16,12 +16,16 @@ that concatenates), and what it yields is its own: a consumer that keeps nothing
 peak there (tests/core/dist/test_hf_weights_two_ranks.py holds it). Under a process group every rank
 iterates the whole stream; with `dst` only that rank is given the tensors (the others run the gathers
 and yield nothing), which is what an export or a single inference engine needs.
+
+`stream_plan(..., tensors=, deltas=)` streams other tensors than the model's state dict under the
+same names, and adds to a tensor, once gathered, what its delta gives (gathered too): a [lora] run's
+merged weights (titan_core/lora/stream.py) are the base weights plus each adapter's B @ A.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 
 import torch
 from torch import nn
@@ -43,6 +47,8 @@ class StreamPlan:
     """{native: [(hf name, meta view of it)]}, in the model's order."""
     groups: list[tuple[list[str], list[str]]]
     """[(natives, hf names)] made by `to_hf` on real tensors, one layer group (or the whole model) each."""
+    deltas: dict[str, Callable[[], torch.Tensor]] = field(default_factory=dict)
+    """{native: what to add to its full tensor}: called on every rank (a sharded delta is a collective)."""
 
     def weights(self, *, dst: int | None = None, device: torch.device | str | None = "cpu") -> Iterator[tuple[str, torch.Tensor]]:
         """`(hf name, full tensor)` one at a time (module docstring); `dst`: the only rank given them (None:
@@ -51,6 +57,9 @@ class StreamPlan:
         mine = dst is None or group_rank() == dst
         for native, outputs in self.direct.items():
             full = _gather(self.own[native], mine, device)
+            if native in self.deltas:
+                delta = _gather(self.deltas[native](), mine, device)
+                full = full + delta.to(full.dtype) if mine else None
             if mine:
                 for h, view in outputs:
                     yield h, _strided(full, view)
@@ -64,14 +73,22 @@ class StreamPlan:
             del fulls
 
 
-def stream_plan(model: nn.Module, adapter) -> StreamPlan:
+def stream_plan(model: nn.Module, adapter, *, tensors: dict[str, torch.Tensor] | None = None,
+                deltas: dict[str, Callable[[], torch.Tensor]] | None = None) -> StreamPlan:  # fmt: skip
     """The plan of `model`'s HF weights through `adapter` (its `to_hf`, run on meta: an AdapterError
-    here is every rank's, before any collective)."""
-    own = dict(model.state_dict(keep_vars=True))
-    meta = _meta(own)
+    here is every rank's, before any collective); `tensors`: the native tensors to stream in place of
+    the model's state dict; `deltas`: {native: added to it} (module docstring), each a tensor the adapter
+    renames (a delta to a concatenation or a conversion is refused here, ValueError)."""
+    own = dict(model.state_dict(keep_vars=True)) if tensors is None else dict(tensors)
+    meta = meta_of(own)
     hf_meta = stored_once(adapter.to_hf(meta))
     direct, groups = _plan(adapter, meta, hf_meta)
-    return StreamPlan(own, adapter, direct, groups)
+    deltas = dict(deltas or {})
+    renamed = {n for n, outputs in direct.items() if len(outputs) == 1 and outputs[0][1] is meta[n]}
+    unrenamed = sorted(set(deltas) - renamed)
+    if unrenamed:
+        raise ValueError(f"a delta is added only to a tensor the adapter renames; {unrenamed} are not")
+    return StreamPlan(own, adapter, direct, groups, deltas)
 
 
 def hf_weights(model: nn.Module, adapter, *, dst: int | None = None,
@@ -102,9 +119,10 @@ def _strided(full: torch.Tensor, view: torch.Tensor) -> torch.Tensor:
     return _owned(full.contiguous().as_strided(tuple(view.shape), view.stride(), view.storage_offset()))
 
 
-def _meta(own: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """Meta tensors of the state dict's global shapes and dtypes; a tensor under two names (a tied
-    head) stays one meta tensor under both, as the adapters' tie rules expect."""
+def meta_of(own: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Meta tensors of a state dict's global shapes and dtypes; a tensor under two names (a tied
+    head) stays one meta tensor under both, as the adapters' tie rules expect (and what an adapter made
+    of which is then told by identity)."""
     made: dict[int, torch.Tensor] = {}
     out = {}
     for name, t in own.items():
