@@ -4,7 +4,7 @@ machine's load and the protocol's settings.
 
 The benches that start processes of their own (exec_modes, fused_ce: each mode or variant measured in a
 process of its own) run as a user runs them, `python bench/<name>.py ...`; the one-process benches
-(trainer_vs_hf, ladder_speedup, activation_checkpoint) run their script as `__main__` in this process
+(trainer_vs_hf, ladder_speedup, activation_checkpoint, lora_memory) run their script as `__main__` in this process
 (the same file, command line and stdout; ladder_speedup's one-rank process group is an in-memory store's,
 destroyed at its end), which spares a second interpreter its torch, titan_core and transformers imports.
 Every bench runs with one intra-op thread (OMP_NUM_THREADS=1 for a process, torch.set_num_threads(1) in
@@ -158,3 +158,23 @@ def test_activation_checkpoint_bench_tiny():
     assert policies["selective_layer_2"]["checkpointed_blocks"] == ["layers.0"]
     for name in ("full", "selective_op", "selective_layer_2"):
         _check(report, name, "none")
+
+
+@pytest.mark.hf
+def test_lora_memory_bench_tiny():
+    """LoRA against full fine-tuning: only the adapters train and hold AdamW's two moments (8 bytes a
+    parameter in fp32, and a step counter each), the step's peak is smaller, and the steps are timed
+    against each other through the timing protocol."""
+    pytest.importorskip("peft")
+    report = _run_here("lora_memory.py", "--shapes", "tiny")
+    (shape,) = report["shapes"]
+    full, lora = shape["runs"]["full"], shape["runs"]["lora"]
+    assert full["trainable_params"] == full["params"] and 0 < lora["trainable_params"] < full["trainable_params"]
+    assert lora["params"] == full["params"] + lora["trainable_params"]  # the adapters beside the frozen base
+    for run in (full, lora):
+        state = run["optimizer_state_bytes"]
+        assert 8 * run["trainable_params"] <= state < 8 * run["trainable_params"] + 4096  # moments + counters
+    assert shape["state_fraction"] == round(lora["optimizer_state_bytes"] / full["optimizer_state_bytes"], 6)
+    assert lora["step_peak_bytes"] < full["step_peak_bytes"]
+    assert report["state_within_target"] == (shape["state_fraction"] <= 0.02)
+    _check(report, "lora", "full")
