@@ -62,8 +62,16 @@ def check_lora(cfg: JobConfig, world_size: int = 1) -> None:
         raise ConfigError("lora.enable needs peft: pip install titan-onboard[hf]") from None
     if not cfg.lora.target_modules:
         raise ConfigError("lora.target_modules is empty: name the HF modules to adapt, e.g. ['q_proj', 'v_proj']")
-    if cfg.parallelism.data_parallel != "none" or world_size > 1:
-        raise ConfigError("lora runs on one process for now: set parallelism.data_parallel = \"none\"")
+    par = cfg.parallelism
+    if par.data_parallel == "fsdp2" and world_size > 1:  # fully_shard groups parameters before peft adds any
+        raise ConfigError('lora shards its adapters with SimpleFSDP only: set data_parallel = "simple_fsdp"')
+    if world_size > 1 and par.data_parallel == "none":
+        raise ConfigError("lora on several processes needs parallelism.data_parallel = \"simple_fsdp\"")
+    # peft's Linear adds B(A(x)) to a tp layer's DTensor / sharded output, and pipeline stages, cp and ep
+    # build their modules otherwise: none of them is wired to the adapters yet
+    other = [f"{k} = {getattr(par, k)}" for k in ("tp", "pp", "cp", "ep") if getattr(par, k) != 1]
+    if other:
+        raise ConfigError(f"lora composes with SimpleFSDP only, not parallelism.{other[0]}: set it to 1")
     if cfg.graph_trainer.enable or cfg.compile.enable:
         raise ConfigError("lora runs in eager mode for now: set compile.enable and graph_trainer.enable to false")
     if cfg.kernels.float8 != "none":  # float8's Linear swap would sit under peft's wrapper, untested

@@ -41,6 +41,7 @@ from titan_core.models.common.swaps import apply_swaps
 from titan_core.data import build_data_loader, report_data
 from titan_core.lora.export import check_adapter_target
 from titan_core.lora.inject import LoraState, apply_lora, check_lora, planned_lora_params
+from titan_core.lora.shard import shard_adapters
 from titan_core.kernels import swaps_for
 from titan_core.memory.preflight import check_memory
 from titan_core.memory.tensor_peak import TensorPeak, held_tensor_bytes
@@ -214,6 +215,8 @@ class Trainer:
         self.lora: LoraState | None = None
         if cfg.lora.enable:
             self.lora = apply_lora(model, cfg.lora, model_adapter(cfg.model), seed=cfg.training.seed)
+            if self.dist is not None:  # peft's adapters are plain tensors: shard them as the base is
+                shard_adapters(model, cfg, self.mesh)
         self.checkpointed = apply_activation_checkpoint(model, cfg)
         """Module paths of the blocks whose activations are recomputed in the backward ([activation_checkpoint])."""
         # execution modes (titan_core/compile): per-block compile now, the Graph Trainer over the optimizer

@@ -1,5 +1,5 @@
-"""[lora] through peft on a tiny Llama (2 layers, dim 64), one process, fp32: with B zero the logits
-are the base model's bit for bit; a step moves only the adapters (and modules_to_save), which alone
+"""[lora] through peft on a tiny Llama (2 layers, dim 64), one process (2 ranks under SimpleFSDP:
+tests/core/dist/test_lora_two_ranks.py), fp32: with B zero the logits are the base model's bit for bit; a step moves only the adapters (and modules_to_save), which alone
 hold gradients and AdamW state; merged equals unmerged within fp32 rounding; the PEFT export loads in
 `PeftModel.from_pretrained` on transformers' class with the trained model's logits; the same adapter
 weights put on transformers' class by peft give the same logits; a DCP resume continues the same
@@ -319,7 +319,6 @@ def test_merging_an_adapter_on_a_tied_embedding_is_refused(tmp_path):
 
 @pytest.mark.parametrize("extra,said", [
     (["--checkpoint.export_hf=x"], "checkpoint.initial_hf"),
-    (["--parallelism.data_parallel=simple_fsdp"], "one process"),
     (["--lora.target_modules="], "target_modules is empty"),
     (["--kernels.float8=tensorwise"], "float8"),
     (["--compile.enable"], "eager mode"),
@@ -328,12 +327,20 @@ def test_runs_lora_cannot_do_yet_are_refused_before_building(tmp_path, extra, sa
     assert said in _refusal(lambda: Trainer(_cfg(tmp_path, *extra), quiet=True))
 
 
-def test_lora_on_several_processes_is_refused_before_any_starts(tmp_path, capsys):
+@pytest.mark.parametrize("extra,said", [
+    (["--parallelism.data_parallel=fsdp2"], "SimpleFSDP only"),
+    (["--parallelism.tp=2"], "not parallelism.tp = 2"),
+    (["--parallelism.pp=2", "--training.grad_accum=2"], "not parallelism.pp = 2"),
+    (["--parallelism.cp=2"], "not parallelism.cp = 2"),
+])  # fmt: skip
+def test_what_lora_does_not_compose_with_is_refused_before_any_rank_starts(tmp_path, capsys, extra, said):
+    """SimpleFSDP composes (tests/core/dist/test_lora_two_ranks.py); the rest is refused by the launcher."""
     from titan_core.launcher import launch
 
-    assert launch([TINY, *tiny_run_flags(tmp_path, steps=1, batch_size=2), "--lora.enable"], 2) == 2
+    argv = [TINY, *tiny_run_flags(tmp_path, steps=1, batch_size=2), "--lora.enable", *extra]
+    assert launch(argv, 2) == 2
     err = capsys.readouterr().err
-    assert "lora runs on one process" in err and len(err.strip().splitlines()) == 1
+    assert said in err and len(err.strip().splitlines()) == 1, err
     assert not (tmp_path / "logs").exists()
 
 
