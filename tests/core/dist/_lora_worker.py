@@ -1,0 +1,78 @@
+"""One rank of the [lora] tests at world size 2: `python _lora_worker.py MODE OUT`.
+
+The tiny Llama (_cases.py) with adapters on q_proj, v_proj and down_proj and lm_head saved whole, under
+SimpleFSDP over 2 ranks, 4 steps of 2 rows per rank, a DCP checkpoint at step 2. MODE:
+- full: the run uninterrupted (started by _world.py's shared launch); records its curve, which
+  parameters hold a gradient and optimizer state after the last step, and the merged weight stream
+  (titan_core/lora/stream.py) into OUT/stream_<r>.pt;
+- killed: the same run in OUT/run, rank 1 killing itself with SIGKILL as step 3 starts (after step 2's
+  checkpoint), as `kill -9` or the out-of-memory killer would;
+- resumed: the same run in OUT/run again, from that checkpoint.
+Writes OUT/rank_<r>.json (killed: nothing, it dies).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+import torch  # noqa: E402
+from _cases import CKPT, curve, tiny_cfg  # noqa: E402
+
+from titan_core.lora.stream import lora_weights  # noqa: E402
+from titan_core.models.model_builder import model_adapter  # noqa: E402
+from titan_core.runtime import distributed  # noqa: E402
+from titan_core.training.trainer import Trainer  # noqa: E402
+
+LORA = ("--lora.enable", "--lora.target_modules=q_proj,v_proj,down_proj", "--lora.modules_to_save=lm_head")
+STEPS = 4
+KILL_AT = 3
+"""The step rank 1 dies in: the last checkpoint is step 2's (CKPT: every 2 steps)."""
+
+
+def lora_cfg(out: Path, *extra: str, batch_size: int = 2):
+    return tiny_cfg("llama3", out, *LORA, *CKPT, *extra, batch_size=batch_size, steps=STEPS)
+
+
+def held(trainer: Trainer) -> dict:
+    """The parameters holding a gradient and those holding optimizer state, by name."""
+    params = dict(trainer.model.named_parameters())
+    state = trainer.optimizer.state
+    return {"grads": sorted(n for n, p in params.items() if p.grad is not None),
+            "optim": sorted(n for n, p in params.items() if p in state and state[p])}  # fmt: skip
+
+
+def stream(trainer: Trainer) -> dict[str, torch.Tensor]:
+    adapter = model_adapter(trainer.cfg.model)
+    return {n: t.clone() for n, t in lora_weights(trainer.model, trainer.lora, adapter, merged=True)}
+
+
+def main(mode: str, out: Path) -> None:
+    with distributed.process_group(torch.device("cpu"), timeout_s=120) as state:
+        cfg = lora_cfg(out / ("full" if mode == "full" else "run"), "--parallelism.data_parallel=simple_fsdp")
+        trainer = Trainer(cfg, quiet=True)
+        if mode == "killed" and state.rank == 1:
+            launch = trainer._launch
+
+            def dying():
+                if trainer.step == KILL_AT:
+                    os.kill(os.getpid(), signal.SIGKILL)
+                return launch()
+
+            trainer._launch = dying
+        result = trainer.train()
+        res = {"world_size": result.world_size, "resumed_from": result.resumed_from,
+               "steps": [r["step"] for r in result.metrics], **curve(result.metrics)}  # fmt: skip
+        if mode == "full":
+            res |= held(trainer)
+            torch.save(stream(trainer), out / f"stream_{state.rank}.pt")
+    (out / f"rank_{state.rank}.json").write_text(json.dumps(res))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], Path(sys.argv[2]))
