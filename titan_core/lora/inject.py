@@ -63,7 +63,7 @@ def check_lora(cfg: JobConfig, world_size: int = 1) -> None:
     if not cfg.lora.target_modules:
         raise ConfigError("lora.target_modules is empty: name the HF modules to adapt, e.g. ['q_proj', 'v_proj']")
     par = cfg.parallelism
-    if par.data_parallel == "fsdp2" and world_size > 1:  # fully_shard groups parameters before peft adds any
+    if par.data_parallel == "fsdp2":  # fully_shard groups a block's parameters before peft adds any to it
         raise ConfigError('lora shards its adapters with SimpleFSDP only: set data_parallel = "simple_fsdp"')
     if world_size > 1 and par.data_parallel == "none":
         raise ConfigError("lora on several processes needs parallelism.data_parallel = \"simple_fsdp\"")

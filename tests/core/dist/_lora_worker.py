@@ -22,6 +22,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).parent))
 
 import torch  # noqa: E402
+from torch.distributed.tensor import DTensor  # noqa: E402
 from _cases import CKPT, curve, tiny_cfg  # noqa: E402
 
 from titan_core.lora.stream import lora_weights  # noqa: E402
@@ -40,11 +41,13 @@ def lora_cfg(out: Path, *extra: str, batch_size: int = 2):
 
 
 def held(trainer: Trainer) -> dict:
-    """The parameters holding a gradient and those holding optimizer state, by name."""
+    """The parameters holding a gradient, those holding optimizer state, and each trainable one's placements."""
     params = dict(trainer.model.named_parameters())
     state = trainer.optimizer.state
     return {"grads": sorted(n for n, p in params.items() if p.grad is not None),
-            "optim": sorted(n for n, p in params.items() if p in state and state[p])}  # fmt: skip
+            "optim": sorted(n for n, p in params.items() if p in state and state[p]),
+            "placements": {n: [str(x) for x in p.placements] if isinstance(p, DTensor) else None
+                           for n, p in params.items() if p.requires_grad}}  # fmt: skip
 
 
 def stream(trainer: Trainer) -> dict[str, torch.Tensor]:

@@ -57,6 +57,8 @@ def test_only_adapters_and_the_saved_head_hold_grads_and_optimizer_state(full):
         assert rank["grads"] == rank["optim"] and rank["grads"]
         assert all(".lora_" in n or ".modules_to_save." in n for n in rank["grads"]), rank["grads"]
         assert any(".modules_to_save." in n for n in rank["grads"])
+        assert set(rank["placements"]) == set(rank["grads"])  # nothing else trains
+        assert all(p == ["S(0)"] for p in rank["placements"].values()), rank["placements"]  # sharded
 
 
 def test_the_merged_stream_on_both_ranks_is_one_processs(full, one_process):

@@ -227,6 +227,17 @@ def test_resume_continues_the_same_curve(tmp_path):
     assert whole.metrics[-1]["loss"] != whole.metrics[0]["loss"]
 
 
+def test_simple_fsdp_on_one_process_is_eager_bit_for_bit(tmp_path):
+    """SimpleFSDP at world size 1 keeps plain parameters (parallel/simple_fsdp.py), adapters included:
+    the same curve as data_parallel = "none" to the bit (2 ranks: tests/core/dist/test_lora_two_ranks.py)."""
+    eager = Trainer(_cfg(tmp_path / "a", steps=2), quiet=True).train().metrics
+    fsdp = Trainer(_cfg(tmp_path / "b", "--parallelism.data_parallel=simple_fsdp", steps=2), quiet=True)
+    assert fsdp.lora is not None and fsdp.world_size == 1
+    got = fsdp.train().metrics
+    assert [r["loss"] for r in got] == [r["loss"] for r in eager]
+    assert [r["grad_norm"] for r in got] == [r["grad_norm"] for r in eager]
+
+
 # ---- bad input: one line each ---------------------------------------------------------------------
 def _refusal(fn) -> str:
     with pytest.raises(ConfigError) as e:
@@ -321,6 +332,7 @@ def test_merging_an_adapter_on_a_tied_embedding_is_refused(tmp_path):
     (["--checkpoint.export_hf=x"], "checkpoint.initial_hf"),
     (["--lora.target_modules="], "target_modules is empty"),
     (["--kernels.float8=tensorwise"], "float8"),
+    (["--parallelism.data_parallel=fsdp2"], "SimpleFSDP only"),
     (["--compile.enable"], "eager mode"),
 ])  # fmt: skip
 def test_runs_lora_cannot_do_yet_are_refused_before_building(tmp_path, extra, said):
