@@ -1,7 +1,8 @@
-"""One rank of the [lora] tests at world size 2: `python _lora_worker.py MODE OUT`.
+"""One rank of the [lora] tests at world size 2: `python _lora_worker.py MODE OUT CKPT`.
 
-The tiny Llama (_cases.py) with adapters on q_proj, v_proj and down_proj and lm_head saved whole, under
-SimpleFSDP over 2 ranks, 4 steps of 2 rows per rank, a DCP checkpoint at step 2. MODE:
+The tiny Llama checkpoint CKPT (hf_tiny.py) loaded through checkpoint.initial_hf, adapters on q_proj,
+v_proj and down_proj and lm_head saved whole, under SimpleFSDP over 2 ranks, 4 steps of 2 rows per rank,
+a DCP checkpoint at step 2. MODE:
 - full: the run uninterrupted (started by _world.py's shared launch); records its curve, which
   parameters hold a gradient and optimizer state after the last step, and the merged weight stream
   (titan_core/lora/stream.py) into OUT/stream_<r>.pt;
@@ -23,7 +24,8 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 import torch  # noqa: E402
 from torch.distributed.tensor import DTensor  # noqa: E402
-from _cases import CKPT, curve, tiny_cfg  # noqa: E402
+from _cases import CKPT, curve  # noqa: E402
+from hf_tiny import tiny_cfg  # noqa: E402
 
 from titan_core.lora.stream import lora_weights  # noqa: E402
 from titan_core.models.model_builder import model_adapter  # noqa: E402
@@ -36,8 +38,8 @@ KILL_AT = 3
 """The step rank 1 dies in: the last checkpoint is step 2's (CKPT: every 2 steps)."""
 
 
-def lora_cfg(out: Path, *extra: str, batch_size: int = 2):
-    return tiny_cfg("llama3", out, *LORA, *CKPT, *extra, batch_size=batch_size, steps=STEPS)
+def lora_cfg(ckpt: Path, out: Path, *extra: str, batch_size: int = 2):
+    return tiny_cfg(ckpt, out, *LORA, *CKPT, *extra, batch_size=batch_size, steps=STEPS)
 
 
 def held(trainer: Trainer) -> dict:
@@ -55,9 +57,9 @@ def stream(trainer: Trainer) -> dict[str, torch.Tensor]:
     return {n: t.clone() for n, t in lora_weights(trainer.model, trainer.lora, adapter, merged=True)}
 
 
-def main(mode: str, out: Path) -> None:
+def main(mode: str, out: Path, ckpt: Path) -> None:
     with distributed.process_group(torch.device("cpu"), timeout_s=120) as state:
-        cfg = lora_cfg(out / ("full" if mode == "full" else "run"), "--parallelism.data_parallel=simple_fsdp")
+        cfg = lora_cfg(ckpt, out / ("full" if mode == "full" else "run"), "--parallelism.data_parallel=simple_fsdp")
         trainer = Trainer(cfg, quiet=True)
         if mode == "killed" and state.rank == 1:
             launch = trainer._launch
@@ -70,7 +72,8 @@ def main(mode: str, out: Path) -> None:
             trainer._launch = dying
         result = trainer.train()
         res = {"world_size": result.world_size, "resumed_from": result.resumed_from,
-               "steps": [r["step"] for r in result.metrics], **curve(result.metrics)}  # fmt: skip
+               "weights_from": result.weights_from, "steps": [r["step"] for r in result.metrics],
+               **curve(result.metrics)}  # fmt: skip
         if mode == "full":
             res |= held(trainer)
             torch.save(stream(trainer), out / f"stream_{state.rank}.pt")
@@ -78,4 +81,4 @@ def main(mode: str, out: Path) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], Path(sys.argv[2]))
+    main(sys.argv[1], Path(sys.argv[2]), Path(sys.argv[3]))

@@ -1,4 +1,5 @@
-"""[lora] on 2 gloo ranks under SimpleFSDP (fp32, the tiny Llama of _lora_worker.py): the step losses and
+"""[lora] on 2 gloo ranks under SimpleFSDP (fp32, the tiny Llama checkpoint loaded by checkpoint.initial_hf,
+_lora_worker.py): the step losses and
 grad norms are one process's on the same global batch, only the adapters and the saved head hold
 gradients and AdamW state on each rank, the merged weight stream on both ranks is one process's, and a run
 whose rank 1 is killed with SIGKILL mid-run resumes from its last DCP checkpoint to the uninterrupted
@@ -15,13 +16,15 @@ from _cases import GLOBAL_BATCH, curve, max_rel
 from _lora_worker import KILL_AT, STEPS, lora_cfg, stream
 
 from core_bounds import FSDP_GRAD_NORM_REL, FSDP_LOSS_REL
+from hf_tiny import write_tiny_llama
 from titan_core.training.trainer import Trainer
 
 pytest.importorskip("peft")
 pytestmark = [pytest.mark.whole_machine, pytest.mark.hf]  # ranks meet at every collective
 
 WORKER = Path(__file__).with_name("_lora_worker.py")
-JOB = _world.job("lora", 2, WORKER, lambda root: ["full", str(root / "out")], __file__)
+JOB = _world.job("lora", 2, WORKER, lambda root: ["full", str(root / "out"), str(write_tiny_llama(root / "llama"))],
+                 __file__)  # fmt: skip
 STREAM_REL = 1e-5
 """The merged stream after 4 steps vs one process's: the weights carry the curves' fp32 reduction-order noise."""
 
@@ -29,30 +32,30 @@ STREAM_REL = 1e-5
 @pytest.fixture(scope="module")
 def full(request):
     res = _world.results(request, JOB)
-    return res.out, res.ranks
+    return res.out, res.ranks, res.folder / "llama"
 
 
 @pytest.fixture(scope="module")
-def one_process(tmp_path_factory):
+def one_process(full, tmp_path_factory):
     """The same 4 steps in one plain eager process on the whole global batch, and its merged stream."""
     out = tmp_path_factory.mktemp("lora_one")
-    trainer = Trainer(lora_cfg(out, "--parallelism.data_parallel=none", batch_size=GLOBAL_BATCH), quiet=True)
+    trainer = Trainer(lora_cfg(full[2], out, "--parallelism.data_parallel=none", batch_size=GLOBAL_BATCH), quiet=True)
     rows = trainer.train().metrics
     return curve(rows), stream(trainer)
 
 
 def test_two_ranks_match_one_process(full, one_process):
-    _, ranks = full
+    _, ranks, ckpt = full
     want, _ = one_process
     assert [r["world_size"] for r in ranks] == [2, 2]
+    assert all(r["weights_from"].startswith(f"loaded initial weights from {ckpt} (") for r in ranks)
     assert ranks[0]["loss"] == ranks[1]["loss"] and ranks[0]["grad_norm"] == ranks[1]["grad_norm"]
     assert max_rel(ranks[0]["loss"], want["loss"]) <= FSDP_LOSS_REL, (ranks[0]["loss"], want["loss"])
     assert max_rel(ranks[0]["grad_norm"], want["grad_norm"]) <= FSDP_GRAD_NORM_REL
-    assert ranks[0]["loss"][-1] < ranks[0]["loss"][0]  # the adapters train
 
 
 def test_only_adapters_and_the_saved_head_hold_grads_and_optimizer_state(full):
-    _, ranks = full
+    _, ranks, _ = full
     for rank in ranks:
         assert rank["grads"] == rank["optim"] and rank["grads"]
         assert all(".lora_" in n or ".modules_to_save." in n for n in rank["grads"]), rank["grads"]
@@ -64,8 +67,13 @@ def test_only_adapters_and_the_saved_head_hold_grads_and_optimizer_state(full):
 def test_the_merged_stream_on_both_ranks_is_one_processs(full, one_process):
     import torch
 
-    out, _ = full
+    from safetensors.torch import load_file
+
+    out, _, ckpt = full
     _, want = one_process
+    base = {k: v for f in sorted(ckpt.glob("*.safetensors")) for k, v in load_file(f).items()}
+    adapted = {n for n in want if n.endswith(("q_proj.weight", "v_proj.weight", "down_proj.weight", "lm_head.weight"))}
+    assert {n for n in want if not torch.equal(want[n], base[n])} == adapted  # the adapters trained, the base did not
     for r in range(2):
         got = torch.load(out / f"stream_{r}.pt")
         assert list(got) == list(want)
@@ -74,17 +82,18 @@ def test_the_merged_stream_on_both_ranks_is_one_processs(full, one_process):
             assert ((t - want[name]).abs().max() / scale).item() <= STREAM_REL, name
 
 
-def _launch(mode: str, out: Path) -> str | None:
-    return _world.launch(WORKER, [mode, str(out)], 2, 300, f"{WORKER.name} {mode} on 2 ranks", out / f"logs_{mode}")
+def _launch(mode: str, out: Path, ckpt: Path) -> str | None:
+    return _world.launch(WORKER, [mode, str(out), str(ckpt)], 2, 300, f"{WORKER.name} {mode} on 2 ranks",
+                         out / f"logs_{mode}")  # fmt: skip
 
 
 def test_kill_9_mid_run_resumes_to_the_same_losses_bit_for_bit(full, tmp_path):
-    _, ranks = full
-    failure = _launch("killed", tmp_path)
+    _, ranks, ckpt = full
+    failure = _launch("killed", tmp_path, ckpt)
     assert failure is not None and "rank 1 of 2 failed first (killed by signal 9)" in failure, failure
     ckpts = sorted(p.name for p in (tmp_path / "run" / "ckpt").iterdir())
     assert ckpts == [f"step-{KILL_AT - 1}"], ckpts  # nothing of the step it died in
-    assert _launch("resumed", tmp_path) is None
+    assert _launch("resumed", tmp_path, ckpt) is None
     resumed = [json.loads((tmp_path / f"rank_{r}.json").read_text()) for r in range(2)]
     for rank in resumed:
         assert rank["resumed_from"] == KILL_AT - 1 and rank["steps"] == list(range(KILL_AT, STEPS + 1))
