@@ -20,7 +20,7 @@ from hf_tiny import write_tiny_llama
 from titan_core.training.trainer import Trainer
 
 pytest.importorskip("peft")
-pytestmark = [pytest.mark.whole_machine, pytest.mark.hf]  # ranks meet at every collective
+pytestmark = [pytest.mark.whole_machine, pytest.mark.hf, pytest.mark.slow]  # ranks meet at every collective
 
 WORKER = Path(__file__).with_name("_lora_worker.py")
 JOB = _world.job("lora", 2, WORKER, lambda root: ["full", str(root / "out"), str(write_tiny_llama(root / "llama"))],

@@ -238,6 +238,17 @@ def test_simple_fsdp_on_one_process_is_eager_bit_for_bit(tmp_path):
     assert [r["grad_norm"] for r in got] == [r["grad_norm"] for r in eager]
 
 
+@pytest.mark.parametrize("mode", ["full", "selective"])
+def test_activation_checkpoint_wraps_the_blocks_around_peft_layers_bit_for_bit(tmp_path, mode):
+    """[activation_checkpoint] goes by the blocks' paths, which peft's wrappers (deeper down) leave as they
+    were: the adapters' activations are recomputed with the rest, the curve eager's to the bit."""
+    eager = Trainer(_cfg(tmp_path / "a", steps=2), quiet=True).train().metrics
+    ac = Trainer(_cfg(tmp_path / "b", f"--activation_checkpoint.mode={mode}", steps=2), quiet=True)
+    assert ac.checkpointed == ["layers.0", "layers.1"], ac.checkpointed
+    got = ac.train().metrics
+    assert [(r["loss"], r["grad_norm"]) for r in got] == [(r["loss"], r["grad_norm"]) for r in eager]
+
+
 # ---- bad input: one line each ---------------------------------------------------------------------
 def _refusal(fn) -> str:
     with pytest.raises(ConfigError) as e:
