@@ -8,6 +8,7 @@ run's losses bit for bit."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import _world
@@ -90,7 +91,9 @@ def _launch(mode: str, out: Path, ckpt: Path) -> str | None:
 def test_kill_9_mid_run_resumes_to_the_same_losses_bit_for_bit(full, tmp_path):
     _, ranks, ckpt = full
     failure = _launch("killed", tmp_path, ckpt)
-    assert failure is not None and "rank 1 of 2 failed first (killed by signal 9)" in failure, failure
+    # rank 1's SIGKILL, reported first or after rank 0's lost collective (which the launcher reaps first
+    # depends on the machine's load)
+    assert failure is not None and re.search(r"rank 1 of 2 failed( first)? \(killed by signal 9\)", failure), failure
     ckpts = sorted(p.name for p in (tmp_path / "run" / "ckpt").iterdir())
     assert ckpts == [f"step-{KILL_AT - 1}"], ckpts  # nothing of the step it died in
     assert _launch("resumed", tmp_path, ckpt) is None
