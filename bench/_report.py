@@ -92,3 +92,23 @@ def emit(report: dict, out: str = "") -> None:
 def progress(obj) -> None:
     """One line of progress (a dict as JSON) on stderr."""
     print(obj if isinstance(obj, str) else json.dumps(obj), file=sys.stderr, flush=True)
+
+
+SLICE_8B = ("{n_layers = 2, dim = 4096, n_heads = 32, n_kv_heads = 8, head_dim = 128, ffn_hidden_dim = 14336, "
+            "vocab_size = 8192}")  # fmt: skip
+"""A 2-layer slice of Llama 3 8B's widths, with an 8192-token vocabulary so that its embedding and head do not
+dwarf the two blocks (llama3 model.overrides)."""
+
+
+def one_process_trainer(overrides: str, seq: int, out: str, *flags: str):
+    """A Trainer of llama3 with `overrides` (model.overrides), one process on the CPU, fp32, batch 1 of `seq`
+    tokens, its metrics under `out`, `flags` on top: the one-process benches' model."""
+    from titan_core.config import load_config  # lazy: a bench sets its environment before torch loads
+    from titan_core.training.trainer import Trainer
+
+    cfg = load_config(None, [
+        "--model.family=llama3", "--model.flavor=debugmodel", f"--model.overrides={overrides}",
+        "--parallelism.data_parallel=none", "--device.type=cpu", "--training.batch_size=1",
+        f"--training.seq_len={seq}", f"--metrics.output_dir={out}", *flags,
+    ])  # fmt: skip
+    return Trainer(cfg, quiet=True)

@@ -34,12 +34,8 @@ import _report  # noqa: E402
 SHAPES = {
     "tiny": {"overrides": "{n_layers = 2, dim = 64, n_heads = 4, n_kv_heads = 2, vocab_size = 256}", "seq": 128},
     "demo": {"overrides": "{}", "seq": 1024},
-    "slice8b": {
-        "overrides": "{n_layers = 2, dim = 4096, n_heads = 32, n_kv_heads = 8, head_dim = 128, "
-                     "ffn_hidden_dim = 14336, vocab_size = 8192}",
-        "seq": 1024,
-    },
-}  # fmt: skip
+    "slice8b": {"overrides": _report.SLICE_8B, "seq": 1024},
+}
 POLICIES = {
     "none": [],
     "full": ["--activation_checkpoint.mode=full"],
@@ -52,7 +48,6 @@ POLICIES = {
 def run_shape(shape: str, protocol, work: str) -> dict:
     import torch
 
-    from titan_core.config import load_config
     from titan_core.measure.timing import compare
     from titan_core.memory.tensor_peak import TensorPeak
     from titan_core.training.trainer import Trainer
@@ -60,12 +55,7 @@ def run_shape(shape: str, protocol, work: str) -> dict:
     spec = SHAPES[shape]
 
     def build(name: str) -> Trainer:
-        cfg = load_config(None, [
-            "--model.family=llama3", "--model.flavor=debugmodel", f"--model.overrides={spec['overrides']}",
-            "--parallelism.data_parallel=none", "--device.type=cpu", "--training.batch_size=1",
-            f"--training.seq_len={spec['seq']}", f"--metrics.output_dir={work}/{shape}_{name}", *POLICIES[name],
-        ])  # fmt: skip
-        return Trainer(cfg, quiet=True)
+        return _report.one_process_trainer(spec["overrides"], spec["seq"], f"{work}/{shape}_{name}", *POLICIES[name])
 
     def forward_backward(trainer: Trainer) -> dict:
         model = trainer.model

@@ -31,12 +31,8 @@ import _report  # noqa: E402
 
 SHAPES = {
     "tiny": {"overrides": "{n_layers = 2, dim = 64, n_heads = 4, n_kv_heads = 2, vocab_size = 256}", "seq": 64},
-    "slice8b": {
-        "overrides": "{n_layers = 2, dim = 4096, n_heads = 32, n_kv_heads = 8, head_dim = 128, "
-                     "ffn_hidden_dim = 14336, vocab_size = 8192}",
-        "seq": 256,
-    },
-}  # fmt: skip
+    "slice8b": {"overrides": _report.SLICE_8B, "seq": 256},
+}
 RANK = 16
 TARGETS = "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj"
 RUNS = {
@@ -48,7 +44,6 @@ STATE_TARGET = 0.02
 
 
 def run_shape(shape: str, protocol, work: str) -> dict:
-    from titan_core.config import load_config
     from titan_core.measure.timing import compare
     from titan_core.memory.tensor_peak import TensorPeak, held_tensor_bytes
     from titan_core.training.trainer import Trainer
@@ -56,12 +51,7 @@ def run_shape(shape: str, protocol, work: str) -> dict:
     spec = SHAPES[shape]
 
     def build(name: str) -> Trainer:
-        cfg = load_config(None, [
-            "--model.family=llama3", "--model.flavor=debugmodel", f"--model.overrides={spec['overrides']}",
-            "--parallelism.data_parallel=none", "--device.type=cpu", "--training.batch_size=1",
-            f"--training.seq_len={spec['seq']}", f"--metrics.output_dir={work}/{shape}_{name}", *RUNS[name],
-        ])  # fmt: skip
-        return Trainer(cfg, quiet=True)
+        return _report.one_process_trainer(spec["overrides"], spec["seq"], f"{work}/{shape}_{name}", *RUNS[name])
 
     def first_step(trainer: Trainer) -> dict:
         held = held_tensor_bytes(trainer.model)
