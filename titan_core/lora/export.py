@@ -43,14 +43,13 @@ def export_peft(model: nn.Module, state: LoraState, adapter, out_dir: str | Path
     """Write `model`'s adapter into `out_dir` (module docstring), for the HF model folder `base`
     (`checkpoint.initial_hf`), through the recipe's HF `adapter`; returns `out_dir`."""
     import_peft()
-    from peft import LoraConfig, get_peft_model_state_dict  # lazy: the [hf] extra
+    from peft import LoraConfig  # lazy: the [hf] extra
     from safetensors.torch import save_file  # lazy: the [hf] extra
 
     out = Path(out_dir)
     check_adapter_target(out, replace)
     check_base(model, state, adapter, base)
-    tensors = {hf_key(k, state): v.detach().to("cpu").contiguous().clone()
-               for k, v in get_peft_model_state_dict(model, adapter_name=ADAPTER).items()}  # fmt: skip
+    tensors = {k: v.detach().to("cpu").contiguous().clone() for k, v in adapter_tensors(model, state).items()}
     cfg = state.cfg
     config = LoraConfig(
         r=cfg.rank, lora_alpha=cfg.alpha, lora_dropout=cfg.dropout, task_type="CAUSAL_LM",
@@ -71,6 +70,13 @@ def export_peft(model: nn.Module, state: LoraState, adapter, out_dir: str | Path
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return out
+
+
+def adapter_tensors(model: nn.Module, state: LoraState) -> dict[str, torch.Tensor]:
+    """peft's adapter state dict of `model` (as held: a sharded tensor is its shard) under the PEFT export's keys."""
+    from peft import get_peft_model_state_dict  # lazy: the [hf] extra
+
+    return {hf_key(k, state): v for k, v in get_peft_model_state_dict(model, adapter_name=ADAPTER).items()}
 
 
 def hf_key(key: str, state: LoraState) -> str:

@@ -18,7 +18,7 @@ from functools import partial
 import torch
 from torch import nn
 
-from titan_core.lora.export import hf_key
+from titan_core.lora.export import adapter_tensors
 from titan_core.lora.inject import ADAPTER, LoraState, base_state_dict
 from titan_core.weights.hf_stream import StreamPlan, stream_plan
 
@@ -47,10 +47,7 @@ def merged_plan(model: nn.Module, state: LoraState, adapter) -> StreamPlan:
 
 def adapter_plan(model: nn.Module, state: LoraState) -> StreamPlan:
     """The stream of the adapter: peft's adapter state dict under the PEFT export's keys, each tensor as held."""
-    from peft import get_peft_model_state_dict  # lazy: the [hf] extra
-
-    tensors = {hf_key(k, state): v for k, v in get_peft_model_state_dict(model, adapter_name=ADAPTER).items()}
-    return stream_plan(model, _Renamed(), tensors=tensors)
+    return stream_plan(model, _Renamed(), tensors=adapter_tensors(model, state))
 
 
 class _Renamed:

@@ -394,9 +394,10 @@ def estimate_memory(m: ModelShape, s: TrainSetup) -> MemoryEstimate:
     stored = stored_elements(m, s)
     params = stored * pb
     grads = params  # gradients of the stored (sharded) parameters, in their dtype
-    if m.lora_params >= 0:  # [lora]: the base is frozen; the adapters (one process) alone train
-        params += m.lora_params * pb
-        grads = m.lora_params * pb
+    if m.lora_params >= 0:  # [lora]: the base is frozen; the adapters, sharded as it is (SimpleFSDP), alone train
+        adapters = math.ceil(m.lora_params / s.shards) * pb
+        params += adapters
+        grads = adapters
     state = 2 * grads  # AdamW's exp_avg and exp_avg_sq, shaped like the parameters that train
     gathered = gathered_elements(m, s) * cb
     act, host, transient = rank_activations(m, s)
