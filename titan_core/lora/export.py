@@ -22,6 +22,7 @@ from pathlib import Path
 
 import torch
 from torch import nn
+from torch.distributed.tensor import DTensor
 
 from titan_core.config.loader import ConfigError
 from titan_core.lora.inject import ADAPTER, LoraState, base_state_dict
@@ -29,7 +30,8 @@ from titan_core.lora.names import import_peft
 from titan_core.models.common.tied import HF_TIE
 from titan_core.runtime.files import backup_aside, default_mode
 from titan_core.weights.header_check import checkpoint_files
-from titan_core.weights.hf_stream import meta_of
+from titan_core.runtime.distributed import group_rank
+from titan_core.weights.hf_stream import StreamPlan, meta_of, stream_plan
 from titan_core.weights.st_headers import HeaderError, read_checkpoint_headers, read_header
 
 WEIGHTS = "adapter_model.safetensors"
@@ -49,7 +51,10 @@ def export_peft(model: nn.Module, state: LoraState, adapter, out_dir: str | Path
     out = Path(out_dir)
     check_adapter_target(out, replace)
     check_base(model, state, adapter, base)
-    tensors = {k: v.detach().to("cpu").contiguous().clone() for k, v in adapter_tensors(model, state).items()}
+    # every rank drives the stream (a sharded adapter's gather is a collective); rank 0 alone writes
+    tensors = dict(adapter_plan(model, state).weights(dst=0, device="cpu"))
+    if group_rank() != 0:
+        return out
     cfg = state.cfg
     config = LoraConfig(
         r=cfg.rank, lora_alpha=cfg.alpha, lora_dropout=cfg.dropout, task_type="CAUSAL_LM",
@@ -77,6 +82,18 @@ def adapter_tensors(model: nn.Module, state: LoraState) -> dict[str, torch.Tenso
     from peft import get_peft_model_state_dict  # lazy: the [hf] extra
 
     return {hf_key(k, state): v for k, v in get_peft_model_state_dict(model, adapter_name=ADAPTER).items()}
+
+
+def adapter_plan(model: nn.Module, state: LoraState) -> StreamPlan:
+    """The stream of the adapter (weights/hf_stream.py): `adapter_tensors`, each gathered whole in turn."""
+    return stream_plan(model, _Renamed(), tensors=adapter_tensors(model, state))
+
+
+class _Renamed:
+    """An adapter whose HF names are the names given: the adapter's keys are already the export's."""
+
+    def to_hf(self, sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        return dict(sd)
 
 
 def hf_key(key: str, state: LoraState) -> str:
@@ -111,7 +128,8 @@ def check_base(model: nn.Module, state: LoraState, adapter, base: str | Path) ->
                               f"here, and {base} {there}")  # fmt: skip
     native = min(state.names.targets)
     name = f"{state.names.targets[native]}.weight"
-    frozen = base_state_dict(model)[f"{native}.weight"].detach().cpu()
+    frozen = base_state_dict(model)[f"{native}.weight"].detach()
+    frozen = (frozen.full_tensor() if isinstance(frozen, DTensor) else frozen).cpu()  # every rank: a collective
     if not torch.equal(_read(Path(base), stored[name]).to(frozen.dtype), frozen):
         raise ConfigError(f"the adapter was trained on another base than {base}: its {name} differs from the "
                           "frozen weight the adapter was trained on")  # fmt: skip

@@ -18,7 +18,7 @@ from functools import partial
 import torch
 from torch import nn
 
-from titan_core.lora.export import adapter_tensors
+from titan_core.lora.export import adapter_plan
 from titan_core.lora.inject import ADAPTER, LoraState, base_state_dict
 from titan_core.weights.hf_stream import StreamPlan, stream_plan
 
@@ -43,15 +43,3 @@ def merged_plan(model: nn.Module, state: LoraState, adapter) -> StreamPlan:
     layers = dict(model.named_modules())
     deltas = {f"{native}.weight": partial(layers[native].get_delta_weight, ADAPTER) for native in state.names.targets}
     return stream_plan(model, adapter, tensors=tensors, deltas=deltas)
-
-
-def adapter_plan(model: nn.Module, state: LoraState) -> StreamPlan:
-    """The stream of the adapter: peft's adapter state dict under the PEFT export's keys, each tensor as held."""
-    return stream_plan(model, _Renamed(), tensors=adapter_tensors(model, state))
-
-
-class _Renamed:
-    """An adapter whose HF names are the names given: the adapter stream's keys are already the export's."""
-
-    def to_hf(self, sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        return dict(sd)

@@ -4,8 +4,8 @@ The tiny Llama checkpoint CKPT (hf_tiny.py) loaded through checkpoint.initial_hf
 v_proj and down_proj and lm_head saved whole, under SimpleFSDP over 2 ranks, 4 steps of 2 rows per rank,
 a DCP checkpoint at step 2. MODE:
 - full: the run uninterrupted (started by _world.py's shared launch); records its curve, which
-  parameters hold a gradient and optimizer state after the last step, and the merged weight stream
-  (titan_core/lora/stream.py) into OUT/stream_<r>.pt;
+  parameters hold a gradient and optimizer state after the last step, the merged weight stream
+  (titan_core/lora/stream.py) into OUT/stream_<r>.pt, and its PEFT export (checkpoint.export_hf) OUT/adapter;
 - killed: the same run in OUT/run, rank 1 killing itself with SIGKILL as step 3 starts (after step 2's
   checkpoint), as `kill -9` or the out-of-memory killer would;
 - resumed: the same run in OUT/run again, from that checkpoint.
@@ -59,7 +59,9 @@ def stream(trainer: Trainer) -> dict[str, torch.Tensor]:
 
 def main(mode: str, out: Path, ckpt: Path) -> None:
     with distributed.process_group(torch.device("cpu"), timeout_s=120) as state:
-        cfg = lora_cfg(ckpt, out / ("full" if mode == "full" else "run"), "--parallelism.data_parallel=simple_fsdp")
+        export = [f"--checkpoint.export_hf={out / 'adapter'}"] if mode == "full" else []
+        cfg = lora_cfg(ckpt, out / ("full" if mode == "full" else "run"), "--parallelism.data_parallel=simple_fsdp",
+                       *export)  # fmt: skip
         trainer = Trainer(cfg, quiet=True)
         if mode == "killed" and state.rank == 1:
             launch = trainer._launch

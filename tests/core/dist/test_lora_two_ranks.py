@@ -41,14 +41,16 @@ def full(request):
 def one_process(full, tmp_path_factory):
     """The same 4 steps in one plain eager process on the whole global batch, and its merged stream."""
     out = tmp_path_factory.mktemp("lora_one")
-    trainer = Trainer(lora_cfg(full[2], out, "--parallelism.data_parallel=none", batch_size=GLOBAL_BATCH), quiet=True)
+    export = f"--checkpoint.export_hf={out / 'adapter'}"
+    trainer = Trainer(lora_cfg(full[2], out, "--parallelism.data_parallel=none", export, batch_size=GLOBAL_BATCH),
+                      quiet=True)  # fmt: skip
     rows = trainer.train().metrics
-    return curve(rows), stream(trainer)
+    return curve(rows), stream(trainer), out / "adapter"
 
 
 def test_two_ranks_match_one_process(full, one_process):
     _, ranks, ckpt = full
-    want, _ = one_process
+    want, _, _ = one_process
     assert [r["world_size"] for r in ranks] == [2, 2]
     assert all(r["weights_from"].startswith(f"loaded initial weights from {ckpt} (") for r in ranks)
     assert ranks[0]["loss"] == ranks[1]["loss"] and ranks[0]["grad_norm"] == ranks[1]["grad_norm"]
@@ -72,7 +74,7 @@ def test_the_merged_stream_on_both_ranks_is_one_processs(full, one_process):
     from safetensors.torch import load_file
 
     out, _, ckpt = full
-    _, want = one_process
+    _, want, _ = one_process
     base = {k: v for f in sorted(ckpt.glob("*.safetensors")) for k, v in load_file(f).items()}
     adapted = {n for n in want if n.endswith(("q_proj.weight", "v_proj.weight", "down_proj.weight", "lm_head.weight"))}
     assert {n for n in want if not torch.equal(want[n], base[n])} == adapted  # the adapters trained, the base did not
@@ -81,6 +83,25 @@ def test_the_merged_stream_on_both_ranks_is_one_processs(full, one_process):
         assert list(got) == list(want)
         for name, t in got.items():
             assert rel_l2(t, want[name]) <= STREAM_REL, name
+
+
+def test_the_peft_export_of_two_ranks_is_one_processs_and_peft_loads_it(full, one_process):
+    """Every rank gathers the sharded adapters, rank 0 alone writes: one process's adapter file, within the
+    stream's bound, which peft loads onto the base."""
+    import torch
+    import transformers
+    from peft import PeftModel
+    from safetensors.torch import load_file
+
+    out, _, ckpt = full
+    _, _, want_dir = one_process
+    got = load_file(out / "adapter" / "adapter_model.safetensors")
+    want = load_file(want_dir / "adapter_model.safetensors")
+    assert list(got) == list(want) and any(".lora_B." in k for k in got)
+    assert all(rel_l2(got[k], want[k]) <= STREAM_REL for k in want)
+    model = PeftModel.from_pretrained(transformers.AutoModelForCausalLM.from_pretrained(ckpt), out / "adapter")
+    with torch.no_grad():
+        assert torch.isfinite(model(torch.arange(8)[None]).logits).all()
 
 
 def _launch(mode: str, out: Path, ckpt: Path) -> str | None:
