@@ -16,7 +16,9 @@ names (the HF adapter, `checkpoint.initial_hf`) still finds every base weight. T
 
 from __future__ import annotations
 
+import contextlib
 import copy
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -63,15 +65,17 @@ def check_lora(cfg: JobConfig, world_size: int = 1) -> None:
     if not cfg.lora.target_modules:
         raise ConfigError("lora.target_modules is empty: name the HF modules to adapt, e.g. ['q_proj', 'v_proj']")
     par = cfg.parallelism
-    if par.data_parallel == "fsdp2":  # fully_shard groups a block's parameters before peft adds any to it
-        raise ConfigError('lora shards its adapters with SimpleFSDP only: set data_parallel = "simple_fsdp"')
+    if par.data_parallel == "fsdp2" and cfg.lora.modules_to_save:
+        # the loss reads a head's weight without calling the module: FSDP2 gathers a unit on its forward only
+        raise ConfigError('lora.modules_to_save under data_parallel = "fsdp2": the copy it trains would never be '
+                          'gathered (its weight is read, not called); use data_parallel = "simple_fsdp"')  # fmt: skip
     if world_size > 1 and par.data_parallel == "none":
-        raise ConfigError("lora on several processes needs parallelism.data_parallel = \"simple_fsdp\"")
+        raise ConfigError('lora on several processes needs parallelism.data_parallel = "simple_fsdp" or "fsdp2"')
     # peft's Linear adds B(A(x)) to a tp layer's DTensor / sharded output, and pipeline stages, cp and ep
     # build their modules otherwise: none of them is wired to the adapters yet
     other = [f"{k} = {getattr(par, k)}" for k in ("tp", "pp", "cp", "ep") if getattr(par, k) != 1]
     if other:
-        raise ConfigError(f"lora composes with SimpleFSDP only, not parallelism.{other[0]}: set it to 1")
+        raise ConfigError(f"lora composes with SimpleFSDP and FSDP2 only, not parallelism.{other[0]}: set it to 1")
     if cfg.graph_trainer.enable or cfg.compile.enable:
         raise ConfigError("lora runs in eager mode for now: set compile.enable and graph_trainer.enable to false")
     if cfg.kernels.float8 != "none":  # float8's Linear swap would sit under peft's wrapper, untested
@@ -88,10 +92,13 @@ def planned_lora_params(model: nn.Module, cfg: LoraConfigSection, adapter) -> in
     return lora_params(model, names, cfg.rank)
 
 
-def apply_lora(model: nn.Module, cfg: LoraConfigSection, adapter, *, seed: int = 0) -> LoraState:
+def apply_lora(model: nn.Module, cfg: LoraConfigSection, adapter, *, seed: int = 0,
+               shard: Callable[[nn.Module], object] | None = None) -> LoraState:
     """Inject `cfg`'s adapters into the built, materialised `model` in place (module docstring). The
     adapters' A is drawn from `seed` (peft's init: A random, B zero, so the model computes what the base
-    does until a step moves B). ConfigError for names that select nothing, or a layer peft cannot adapt."""
+    does until a step moves B). ConfigError for names that select nothing, or a layer peft cannot adapt.
+    `shard` (a run on several ranks) shards the new adapters before the reach check's forward, which
+    would otherwise be FSDP2's first and fix its units without them."""
     import_peft()
     from peft import LoraConfig, LoraModel  # lazy: the [hf] extra
     from peft.tuners.tuners_utils import BaseTunerLayer  # lazy: the [hf] extra
@@ -107,7 +114,8 @@ def apply_lora(model: nn.Module, cfg: LoraConfigSection, adapter, *, seed: int =
     with torch.random.fork_rng(devices=[]):  # the adapters' draw is the seed's, not whatever ran before
         torch.manual_seed(seed)
         try:
-            tuner = LoraModel(model, config, adapter_name=ADAPTER)
+            with _full_shapes_of_fsdp_storage():
+                tuner = LoraModel(model, config, adapter_name=ADAPTER)
         except (ValueError, TypeError) as e:  # peft's refusal of a layer type it cannot wrap
             raise ConfigError(f"lora: peft cannot adapt this model: {str(e).splitlines()[0]}") from None
     adapted = {n for n, m in model.named_modules() if isinstance(m, BaseTunerLayer)}
@@ -115,23 +123,54 @@ def apply_lora(model: nn.Module, cfg: LoraConfigSection, adapter, *, seed: int =
     if adapted != set(names.targets) or wrapped != set(names.saved):  # peft matches by suffix: hold it to ours
         raise ConfigError(f"lora: peft adapted {sorted(adapted ^ set(names.targets) or wrapped ^ set(names.saved))} "
                           "otherwise than the names resolved here")  # fmt: skip
+    if shard is not None:
+        shard(model)
     check_reached(model, names)
     return LoraState(names=names, cfg=cfg, tuner=tuner)
+
+
+@contextlib.contextmanager
+def _full_shapes_of_fsdp_storage():
+    """Size each adapter by its Linear's full in/out features when the base weight is a DTensor sharded
+    over data-parallel dimensions only. peft reads a DTensor weight on a mesh with any dimension not
+    named "fsdp" as tensor parallel and sizes the adapter to the local shard; titan_core's FSDP2 mesh
+    names its dimensions dp_shard / dp_replicate, and its Linears compute the full projection. A mesh
+    with a tp dimension keeps peft's sizing. Through peft's own per-layer hook, for the injection only."""
+    from peft.tuners.lora.layer import LoraLayer  # lazy: the [hf] extra
+    from torch.distributed.tensor import DTensor
+
+    peft_sizes = LoraLayer._get_in_out_features
+
+    def sizes(layer, module: nn.Module):
+        weight = getattr(module, "weight", None)
+        if isinstance(module, nn.Linear) and isinstance(weight, DTensor):
+            if "tp" not in (weight.device_mesh.mesh_dim_names or ()):
+                return module.in_features, module.out_features
+        return peft_sizes(layer, module)
+
+    LoraLayer._get_in_out_features = sizes
+    try:
+        yield
+    finally:
+        LoraLayer._get_in_out_features = peft_sizes
 
 
 def check_reached(model: nn.Module, names: LoraNames) -> None:
     """ConfigError unless every trainable parameter takes part in the loss: peft swaps a module where
     the model's tree holds it, and a model that also reaches the original another way (the loss reading
     a head's weight through a reference of its own) would train a module that changes nothing. One
-    2-token loss, gradients asked of autograd alone (no .grad is written, no RNG state consumed)."""
+    2-token loss and its backward, every .grad cleared after it, no RNG state consumed. A backward, not
+    `autograd.grad` of the parameters: FSDP2 computes with gathered copies outside autograd's view of its
+    sharded parameters, and only its backward hooks give those a gradient (on every rank: a collective)."""
     trainable = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
     device = trainable[0][1].device
     tokens = torch.zeros(1, 2, dtype=torch.long, device=device)
     forked = [] if device.type == "cpu" else [device]  # dropout's draws here leave the run's RNG as it was
     with torch.random.fork_rng(devices=forked, device_type=device.type), torch.enable_grad():
         loss, _ = model.loss(tokens, tokens)
-        grads = torch.autograd.grad(loss, [p for _, p in trainable], allow_unused=True)
-    unreached = [n for (n, _), g in zip(trainable, grads) if g is None]
+        loss.backward()
+    unreached = [n for n, p in trainable if p.grad is None]
+    model.zero_grad(set_to_none=True)
     if unreached:
         hf = {**names.targets, **names.saved}
         owner = max((m for m in hf if unreached[0].startswith(f"{m}.")), key=len, default=None)

@@ -20,17 +20,23 @@ if TYPE_CHECKING:
     from titan_core.models.common.protocol import TrainableModel
 
 
+def fsdp2_policy(model: nn.Module, mp: MixedPrecision) -> MixedPrecisionPolicy:
+    """FSDP2's mixed precision for `model`'s units: a cast only where `mp` asks for another dtype than
+    the stored one (a cast to the same dtype would still copy)."""
+    stored = next(model.parameters()).dtype
+    return MixedPrecisionPolicy(
+        param_dtype=None if mp.param_dtype == stored else mp.param_dtype,
+        reduce_dtype=None if mp.reduce_dtype == mp.param_dtype else mp.reduce_dtype,
+    )
+
+
 def apply_fsdp2(
     model: TrainableModel, dp_mesh: DeviceMesh, mp: MixedPrecision, keep_stored: frozenset[str] = frozenset()
 ) -> TrainableModel:
     """Shard `model` over `dp_mesh` (1-D: fully shard; 2-D replicate x shard: HSDP). The modules that
     own a parameter of `keep_stored` become units of their own that cast nothing (FSDP2's policy is
     per unit): their parameters are gathered and reduced in their stored dtype."""
-    stored = next(model.parameters()).dtype
-    policy = MixedPrecisionPolicy(
-        param_dtype=None if mp.param_dtype == stored else mp.param_dtype,
-        reduce_dtype=None if mp.reduce_dtype == mp.param_dtype else mp.reduce_dtype,
-    )
+    policy = fsdp2_policy(model, mp)
     for owner in sorted({name.rpartition(".")[0] for name in keep_stored}):
         fully_shard(model.get_submodule(owner), mesh=dp_mesh, mp_policy=MixedPrecisionPolicy())
     # an untied embedding is a unit of its own: gathered for its lookup and freed after it, its gradient

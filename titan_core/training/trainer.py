@@ -214,9 +214,9 @@ class Trainer:
         # [lora]: adapters on the loaded base (its load went by the native names, before peft renames them)
         self.lora: LoraState | None = None
         if cfg.lora.enable:
-            self.lora = apply_lora(model, cfg.lora, model_adapter(cfg.model), seed=cfg.training.seed)
-            if self.dist is not None:  # peft's adapters are plain tensors: shard them as the base is
-                shard_adapters(model, cfg, self.mesh)
+            # peft's adapters are plain tensors: on several ranks they are sharded as the base is
+            shard = (lambda m: shard_adapters(m, cfg, self.mesh)) if self.dist is not None else None
+            self.lora = apply_lora(model, cfg.lora, model_adapter(cfg.model), seed=cfg.training.seed, shard=shard)
         self.checkpointed = apply_activation_checkpoint(model, cfg)
         """Module paths of the blocks whose activations are recomputed in the backward ([activation_checkpoint])."""
         # execution modes (titan_core/compile): per-block compile now, the Graph Trainer over the optimizer

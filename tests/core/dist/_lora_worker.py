@@ -5,10 +5,13 @@ v_proj and down_proj and lm_head saved whole, under SimpleFSDP over 2 ranks, 4 s
 a DCP checkpoint at step 2. MODE:
 - full: the run uninterrupted (started by _world.py's shared launch); records its curve, which
   parameters hold a gradient and optimizer state after the last step, the merged weight stream
-  (titan_core/lora/stream.py) into OUT/stream_<r>.pt, and its PEFT export (checkpoint.export_hf) OUT/adapter;
+  (titan_core/lora/stream.py) into OUT/full/stream_<r>.pt, and its PEFT export (checkpoint.export_hf)
+  OUT/full/adapter;
 - killed: the same run in OUT/run, rank 1 killing itself with SIGKILL as step 3 starts (after step 2's
   checkpoint), as `kill -9` or the out-of-memory killer would;
-- resumed: the same run in OUT/run again, from that checkpoint.
+- resumed: the same run in OUT/run again, from that checkpoint;
+- fsdp2: the full run's 4 steps under FSDP2 in OUT/fsdp2, without the saved head (FSDP2 refuses it), its
+  merged stream and PEFT export as the full run's.
 Writes OUT/rank_<r>.json (killed: nothing, it dies).
 """
 
@@ -32,14 +35,15 @@ from titan_core.models.model_builder import model_adapter  # noqa: E402
 from titan_core.runtime import distributed  # noqa: E402
 from titan_core.training.trainer import Trainer  # noqa: E402
 
-LORA = ("--lora.enable", "--lora.target_modules=q_proj,v_proj,down_proj", "--lora.modules_to_save=lm_head")
+LORA = ("--lora.enable", "--lora.target_modules=q_proj,v_proj,down_proj")
+SAVED = "--lora.modules_to_save=lm_head"
 STEPS = 4
 KILL_AT = 3
 """The step rank 1 dies in: the last checkpoint is step 2's (CKPT: every 2 steps)."""
 
 
-def lora_cfg(ckpt: Path, out: Path, *extra: str, batch_size: int = 2):
-    return tiny_cfg(ckpt, out, *LORA, *CKPT, *extra, batch_size=batch_size, steps=STEPS)
+def lora_cfg(ckpt: Path, out: Path, *extra: str, batch_size: int = 2, saved: bool = True):
+    return tiny_cfg(ckpt, out, *LORA, *([SAVED] if saved else []), *CKPT, *extra, batch_size=batch_size, steps=STEPS)
 
 
 def held(trainer: Trainer) -> dict:
@@ -59,9 +63,10 @@ def stream(trainer: Trainer) -> dict[str, torch.Tensor]:
 
 def main(mode: str, out: Path, ckpt: Path) -> None:
     with distributed.process_group(torch.device("cpu"), timeout_s=120) as state:
-        export = [f"--checkpoint.export_hf={out / 'adapter'}"] if mode == "full" else []
-        cfg = lora_cfg(ckpt, out / ("full" if mode == "full" else "run"), "--parallelism.data_parallel=simple_fsdp",
-                       *export)  # fmt: skip
+        folder = {"full": "full", "fsdp2": "fsdp2"}.get(mode, "run")
+        export = [f"--checkpoint.export_hf={out / folder / 'adapter'}"] if folder != "run" else []
+        dp = "fsdp2" if mode == "fsdp2" else "simple_fsdp"
+        cfg = lora_cfg(ckpt, out / folder, f"--parallelism.data_parallel={dp}", *export, saved=mode != "fsdp2")
         trainer = Trainer(cfg, quiet=True)
         if mode == "killed" and state.rank == 1:
             launch = trainer._launch
@@ -76,9 +81,9 @@ def main(mode: str, out: Path, ckpt: Path) -> None:
         res = {"world_size": result.world_size, "resumed_from": result.resumed_from,
                "weights_from": result.weights_from, "steps": [r["step"] for r in result.metrics],
                **curve(result.metrics)}  # fmt: skip
-        if mode == "full":
+        if folder != "run":
             res |= held(trainer)
-            torch.save(stream(trainer), out / f"stream_{state.rank}.pt")
+            torch.save(stream(trainer), out / folder / f"stream_{state.rank}.pt")
     (out / f"rank_{state.rank}.json").write_text(json.dumps(res))
 
 

@@ -3,7 +3,8 @@ _lora_worker.py): the step losses and
 grad norms are one process's on the same global batch, only the adapters and the saved head hold
 gradients and AdamW state on each rank, the merged weight stream on both ranks is one process's, and a run
 whose rank 1 is killed with SIGKILL mid-run resumes from its last DCP checkpoint to the uninterrupted
-run's losses bit for bit."""
+run's losses bit for bit. Under FSDP2 (each block's adapters one unit of their own) the same: one
+process's curve, only the adapters train, sharded, and the stream and the PEFT export are one process's."""
 
 from __future__ import annotations
 
@@ -27,6 +28,8 @@ pytestmark = [pytest.mark.whole_machine, pytest.mark.hf, pytest.mark.slow]  # ra
 WORKER = Path(__file__).with_name("_lora_worker.py")
 JOB = _world.job("lora", 2, WORKER, lambda root: ["full", str(root / "out"), str(write_tiny_llama(root / "llama"))],
                  __file__)  # fmt: skip
+FSDP2 = _world.job("lora_fsdp2", 2, WORKER,
+                   lambda root: ["fsdp2", str(root / "out"), str(write_tiny_llama(root / "llama"))], __file__)  # fmt: skip
 STREAM_REL = 1e-5
 """The merged stream after 4 steps vs one process's: the weights carry the curves' fp32 reduction-order noise."""
 
@@ -38,14 +41,28 @@ def full(request):
 
 
 @pytest.fixture(scope="module")
-def one_process(full, tmp_path_factory):
-    """The same 4 steps in one plain eager process on the whole global batch, and its merged stream."""
-    out = tmp_path_factory.mktemp("lora_one")
+def fsdp2(request):
+    res = _world.results(request, FSDP2)
+    return res.out, res.ranks, res.folder / "llama"
+
+
+def _one_process(ckpt: Path, out: Path, *, saved: bool):
+    """The same 4 steps in one plain eager process on the whole global batch: its curve, merged stream, export."""
     export = f"--checkpoint.export_hf={out / 'adapter'}"
-    trainer = Trainer(lora_cfg(full[2], out, "--parallelism.data_parallel=none", export, batch_size=GLOBAL_BATCH),
-                      quiet=True)  # fmt: skip
+    trainer = Trainer(lora_cfg(ckpt, out, "--parallelism.data_parallel=none", export, batch_size=GLOBAL_BATCH,
+                               saved=saved), quiet=True)  # fmt: skip
     rows = trainer.train().metrics
     return curve(rows), stream(trainer), out / "adapter"
+
+
+@pytest.fixture(scope="module")
+def one_process(full, tmp_path_factory):
+    return _one_process(full[2], tmp_path_factory.mktemp("lora_one"), saved=True)
+
+
+@pytest.fixture(scope="module")
+def one_process_unsaved(fsdp2, tmp_path_factory):
+    return _one_process(fsdp2[2], tmp_path_factory.mktemp("lora_one_unsaved"), saved=False)
 
 
 def test_two_ranks_match_one_process(full, one_process):
@@ -79,7 +96,7 @@ def test_the_merged_stream_on_both_ranks_is_one_processs(full, one_process):
     adapted = {n for n in want if n.endswith(("q_proj.weight", "v_proj.weight", "down_proj.weight", "lm_head.weight"))}
     assert {n for n in want if not torch.equal(want[n], base[n])} == adapted  # the adapters trained, the base did not
     for r in range(2):
-        got = torch.load(out / f"stream_{r}.pt")
+        got = torch.load(out / "full" / f"stream_{r}.pt")
         assert list(got) == list(want)
         for name, t in got.items():
             assert rel_l2(t, want[name]) <= STREAM_REL, name
@@ -95,11 +112,11 @@ def test_the_peft_export_of_two_ranks_is_one_processs_and_peft_loads_it(full, on
 
     out, _, ckpt = full
     _, _, want_dir = one_process
-    got = load_file(out / "adapter" / "adapter_model.safetensors")
+    got = load_file(out / "full" / "adapter" / "adapter_model.safetensors")
     want = load_file(want_dir / "adapter_model.safetensors")
     assert list(got) == list(want) and any(".lora_B." in k for k in got)
     assert all(rel_l2(got[k], want[k]) <= STREAM_REL for k in want)
-    model = PeftModel.from_pretrained(transformers.AutoModelForCausalLM.from_pretrained(ckpt), out / "adapter")
+    model = PeftModel.from_pretrained(transformers.AutoModelForCausalLM.from_pretrained(ckpt), out / "full" / "adapter")
     with torch.no_grad():
         assert torch.isfinite(model(torch.arange(8)[None]).logits).all()
 
@@ -123,3 +140,27 @@ def test_kill_9_mid_run_resumes_to_the_same_losses_bit_for_bit(full, tmp_path):
         assert rank["resumed_from"] == KILL_AT - 1 and rank["steps"] == list(range(KILL_AT, STEPS + 1))
         assert rank["loss"] == ranks[0]["loss"][KILL_AT - 1 :]  # == on floats: bit-identical
         assert rank["grad_norm"] == ranks[0]["grad_norm"][KILL_AT - 1 :]
+
+
+def test_fsdp2_trains_the_adapters_alone_as_one_process_does(fsdp2, one_process_unsaved):
+    """FSDP2: the base in its block units (frozen: gathered, never reduced), each block's adapters a unit of
+    their own; one process's curve, its merged stream and its PEFT export, within the SimpleFSDP bounds."""
+    import torch
+    from safetensors.torch import load_file
+
+    out, ranks, _ = fsdp2
+    want, want_stream, want_dir = one_process_unsaved
+    assert [r["world_size"] for r in ranks] == [2, 2]
+    assert ranks[0]["loss"] == ranks[1]["loss"] and ranks[0]["grad_norm"] == ranks[1]["grad_norm"]
+    assert max_rel(ranks[0]["loss"], want["loss"]) <= FSDP_LOSS_REL, (ranks[0]["loss"], want["loss"])
+    assert max_rel(ranks[0]["grad_norm"], want["grad_norm"]) <= FSDP_GRAD_NORM_REL
+    for rank in ranks:
+        assert rank["grads"] == rank["optim"] and all(".lora_" in n for n in rank["grads"]), rank["grads"]
+        assert set(rank["placements"]) == set(rank["grads"])
+        assert all(p == ["S(0)"] for p in rank["placements"].values()), rank["placements"]
+    for r in range(2):
+        got = torch.load(out / "fsdp2" / f"stream_{r}.pt")
+        assert list(got) == list(want_stream)
+        assert all(rel_l2(t, want_stream[n]) <= STREAM_REL for n, t in got.items())
+    got, exported = (load_file(d / "adapter_model.safetensors") for d in (out / "fsdp2" / "adapter", want_dir))
+    assert list(got) == list(exported) and all(rel_l2(got[k], exported[k]) <= STREAM_REL for k in exported)

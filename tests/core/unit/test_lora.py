@@ -343,7 +343,7 @@ def test_merging_an_adapter_on_a_tied_embedding_is_refused(tmp_path):
     (["--checkpoint.export_hf=x"], "checkpoint.initial_hf"),
     (["--lora.target_modules="], "target_modules is empty"),
     (["--kernels.float8=tensorwise"], "float8"),
-    (["--parallelism.data_parallel=fsdp2"], "SimpleFSDP only"),
+    (["--parallelism.data_parallel=fsdp2", "--lora.modules_to_save=lm_head"], "never be gathered"),
     (["--compile.enable"], "eager mode"),
 ])  # fmt: skip
 def test_runs_lora_cannot_do_yet_are_refused_before_building(tmp_path, extra, said):
@@ -351,13 +351,12 @@ def test_runs_lora_cannot_do_yet_are_refused_before_building(tmp_path, extra, sa
 
 
 @pytest.mark.parametrize("extra,said", [
-    (["--parallelism.data_parallel=fsdp2"], "SimpleFSDP only"),
     (["--parallelism.tp=2"], "not parallelism.tp = 2"),
     (["--parallelism.pp=2", "--training.grad_accum=2"], "not parallelism.pp = 2"),
     (["--parallelism.cp=2"], "not parallelism.cp = 2"),
 ])  # fmt: skip
 def test_what_lora_does_not_compose_with_is_refused_before_any_rank_starts(tmp_path, capsys, extra, said):
-    """SimpleFSDP composes (tests/core/dist/test_lora_two_ranks.py); the rest is refused by the launcher."""
+    """SimpleFSDP and FSDP2 compose (tests/core/dist/test_lora_two_ranks.py); the rest is refused by the launcher."""
     from titan_core.launcher import launch
 
     argv = [TINY, *tiny_run_flags(tmp_path, steps=1, batch_size=2), "--lora.enable", *extra]
@@ -365,6 +364,14 @@ def test_what_lora_does_not_compose_with_is_refused_before_any_rank_starts(tmp_p
     err = capsys.readouterr().err
     assert said in err and len(err.strip().splitlines()) == 1, err
     assert not (tmp_path / "logs").exists()
+
+
+def test_fsdp2_refuses_an_adapter_on_an_embedding_it_could_not_gather(tmp_path):
+    """peft's embedding adapters are parameters read in the forward, not modules called: FSDP2 has no
+    forward to gather them on. One process in a process group of one, FSDP2's whole path."""
+    cfg = _cfg(tmp_path, "--parallelism.data_parallel=fsdp2", "--lora.target_modules=embed_tokens,q_proj")
+    said = _refusal(lambda: Trainer(cfg, quiet=True))
+    assert "cannot shard the adapter of embedding tok_embeddings" in said and "simple_fsdp" in said, said
 
 
 def test_the_entry_point_says_a_refusal_in_one_line_and_exits_2(tmp_path, capsys):
