@@ -213,6 +213,7 @@ def check_mergeable(model: nn.Module, names: LoraNames) -> None:
 def merged_copy(state: LoraState) -> nn.Module:
     """A copy of the model with every adapter merged into its base weight and every saved module's
     trained copy in place of the original: peft's `merge_and_unload`, on a deep copy, so the trained
-    model keeps its adapters. Its state dict has the native names again (the HF export's input)."""
+    model keeps its adapters. Its state dict has the native names again. The reference the merged weight
+    stream (stream.py), which the merged export writes, is held to: a whole second model, for tests."""
     check_mergeable(state.tuner.model, state.names)
     return copy.deepcopy(state.tuner).merge_and_unload()

@@ -4,8 +4,10 @@ titan_core/weights/hf_stream.py):
 - `merged=True`: the model as `merge_and_unload` would leave it, under the HF names of the full model:
   every base weight, an adapted one plus its adapter's delta (peft's own `get_delta_weight`, B @ A
   times alpha / rank, added as peft's merge adds it), a saved module's trained copy in place of the
-  original. What the merged export writes, tensor for tensor, without a merged copy of the model: beyond
-  its shards a rank holds one full weight and one delta at a time.
+  original. What the merged export writes, tensor for tensor, without a merged copy of the model. On
+  several ranks the delta is computed on the adapters' shards, sharded as its weight, added shard to
+  shard, and only the sum is gathered: beyond its shards a rank holds one full weight at a time (and the
+  copy its HF name takes); measured at 2 ranks: 1.5x the largest weight (tests/core/dist/test_lora_two_ranks.py).
 - `merged=False`: the adapter alone, under the keys of the PEFT export (export.py), for an engine that
   applies LoRA adapters itself.
 """
@@ -20,6 +22,7 @@ from torch import nn
 
 from titan_core.lora.export import adapter_plan
 from titan_core.lora.inject import ADAPTER, LoraState, base_state_dict
+from titan_core.parallel.simple_fsdp import stored_reads
 from titan_core.weights.hf_stream import StreamPlan, stream_plan
 
 
@@ -41,5 +44,13 @@ def merged_plan(model: nn.Module, state: LoraState, adapter) -> StreamPlan:
             for key, t in module.modules_to_save[ADAPTER].state_dict(keep_vars=True).items():
                 tensors[f"{name}.{key}"] = t
     layers = dict(model.named_modules())
-    deltas = {f"{native}.weight": partial(layers[native].get_delta_weight, ADAPTER) for native in state.names.targets}
+    deltas = {f"{native}.weight": partial(_sharded_delta, layers[native]) for native in state.names.targets}
     return stream_plan(model, adapter, tensors=tensors, deltas=deltas)
+
+
+def _sharded_delta(layer: nn.Module) -> torch.Tensor:
+    """peft's delta of `layer`, computed on the adapters' shards where they are sharded (SimpleFSDP's stored
+    shards, not its gathers; FSDP2's are shards outside its forward): a delta sharded as its weight, which
+    the stream adds shard to shard and gathers once, so no rank holds a full delta beside the full weight."""
+    with torch.no_grad(), stored_reads(layer):
+        return layer.get_delta_weight(ADAPTER)

@@ -21,6 +21,7 @@ its own slice, no communication). Buffers (e.g. RoPE frequencies) stay plain, re
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 
 import torch
@@ -228,6 +229,28 @@ def _one_process(model: nn.Module, mp: MixedPrecision, keep_stored: frozenset[st
             module.__class__ = _gathered_class(type(module), tuple(sorted(reads)))
             module._simple_fsdp_gathers = reads
     return model
+
+
+class _AsStored:
+    """A read that gathers nothing: the stored DTensor shard itself (`stored_reads`)."""
+
+    def reads(self, stored) -> bool:
+        return False
+
+
+@contextlib.contextmanager
+def stored_reads(module: nn.Module):
+    """Within it, `module`'s SimpleFSDP parameters (its descendants' too) read as their stored DTensor shards,
+    not gathered: a computation on shards whose result stays sharded (the LoRA stream's delta, added to a
+    weight's shard before the one gather of the sum). Nothing a backward or a step should see."""
+    swapped = {m: m._simple_fsdp_gathers for m in module.modules() if getattr(m, "_simple_fsdp_gathers", None)}
+    for m, gathers in swapped.items():
+        m._simple_fsdp_gathers = dict.fromkeys(gathers, _AsStored())
+    try:
+        yield
+    finally:
+        for m, gathers in swapped.items():
+            m._simple_fsdp_gathers = gathers
 
 
 def stored_parameter(module: nn.Module, name: str) -> nn.Parameter:

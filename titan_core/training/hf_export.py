@@ -27,6 +27,7 @@ import json
 import os
 import re
 import shutil
+from collections.abc import Callable
 from dataclasses import replace as dc_replace
 from pathlib import Path
 from typing import Any, Literal
@@ -45,7 +46,7 @@ from titan_core.runtime.files import backup_aside, default_mode
 from titan_core.models.model_builder import args_from_hf_config, model_adapter
 from titan_core.weights.header_check import INDEX, SINGLE
 from titan_core.runtime.distributed import group_rank
-from titan_core.weights.hf_stream import stream_plan
+from titan_core.weights.hf_stream import StreamPlan, stream_plan
 from titan_core.weights.st_headers import read_header
 
 MB = 10**6
@@ -125,8 +126,11 @@ def export_hf(
     shard_mb: int = 5000,
     tokenizer: list[tuple[Path, str]] = (),
     replace: Replace = "own",
+    plan: Callable[[nn.Module, Any], StreamPlan] = stream_plan,
 ) -> Path:
     """Export `model` into `out_dir` (module docstring); returns `out_dir`. Collective under a process group.
+    `plan(model, adapter)` gives the weight stream written: the model's own by default (a LoRA run's
+    merged export passes the stream of the merged model, titan_core/lora/stream.py).
 
     With `model_cfg` (the recipe's [model] section) the export goes through the recipe's
     model: its adapter (`adapter_file`'s, else the family's) maps the weights, and config.json
@@ -144,7 +148,7 @@ def export_hf(
     out = Path(out_dir)
     check_export_target(out, replace)
     try:  # every rank: pure functions, so a refusal is every rank's before any collective
-        plan = stream_plan(model, adapter)
+        weights = plan(model, adapter)
         config = _export_config(adapter, model_cfg, args)
     except AdapterError as e:
         raise ConfigError(f"cannot export HF weights: {e}") from None
@@ -155,7 +159,7 @@ def export_hf(
         failure = _attempt(lambda: (shutil.rmtree(tmp, ignore_errors=True), tmp.mkdir(parents=True)))
     try:
         # every rank drives the stream (its gathers are collectives); rank 0 alone is given the tensors
-        for name, tensor in plan.weights(dst=0, device="cpu"):
+        for name, tensor in weights.weights(dst=0, device="cpu"):
             if failure is None:
                 failure = _attempt(lambda: writer.add(name, tensor))
             del tensor

@@ -18,8 +18,9 @@ iterates the whole stream; with `dst` only that rank is given the tensors (the o
 and yield nothing), which is what an export or a single inference engine needs.
 
 `stream_plan(..., tensors=, deltas=)` streams other tensors than the model's state dict under the
-same names, and adds to a tensor, once gathered, what its delta gives (gathered too): a [lora] run's
-merged weights (titan_core/lora/stream.py) are the base weights plus each adapter's B @ A.
+same names, and adds to a tensor what its delta gives: shard to shard before the gather when the delta
+is a DTensor laid out as the tensor, else to the gathered tensor (the delta gathered too). A [lora]
+run's merged weights (titan_core/lora/stream.py) are the base weights plus each adapter's B @ A.
 """
 
 from __future__ import annotations
@@ -56,10 +57,17 @@ class StreamPlan:
         under a process group: every rank drives the whole iteration."""
         mine = dst is None or group_rank() == dst
         for native, outputs in self.direct.items():
-            full = _gather(self.own[native], mine, device)
-            if native in self.deltas:
-                delta = _gather(self.deltas[native](), mine, device)
-                full = full + delta.to(full.dtype) if mine else None
+            own, delta = self.own[native], self.deltas[native]() if native in self.deltas else None
+            if _shard_of(delta, own):  # sharded as the weight is: added shard to shard, only the sum gathered
+                own, delta = own.detach() + delta.to(own.dtype), None
+            elif delta is not None:
+                delta = _gather(delta, mine, device)
+            full = _gather(own, mine, device)
+            if delta is not None and mine:
+                # into the gathered copy where it is one (a sharded or moved weight), else into a new tensor
+                fresh = not _aliases(full, self.own[native])
+                full = full.add_(delta.to(full.dtype)) if fresh else full + delta.to(full.dtype)
+            del own, delta
             if mine:
                 for h, view in outputs:
                     yield h, _strided(full, view)
@@ -112,6 +120,18 @@ def _gather(t: torch.Tensor, keep: bool, device) -> torch.Tensor | None:
         if not keep:
             return None
         return full.detach().to(device) if device is not None else full.detach()
+
+
+def _shard_of(delta: torch.Tensor | None, t: torch.Tensor) -> bool:
+    """Whether `delta` is a DTensor laid out as the DTensor `t` (same mesh, placements and shape)."""
+    return (isinstance(delta, DTensor) and isinstance(t, DTensor) and delta.device_mesh == t.device_mesh
+            and delta.placements == t.placements and delta.shape == t.shape)  # fmt: skip
+
+
+def _aliases(full: torch.Tensor, t: torch.Tensor) -> bool:
+    """Whether `full`, what `_gather` gave of `t`, is `t`'s own storage (a plain tensor on its device)."""
+    own = t.to_local() if isinstance(t, DTensor) else t
+    return full.untyped_storage().data_ptr() == own.untyped_storage().data_ptr()
 
 
 def _strided(full: torch.Tensor, view: torch.Tensor) -> torch.Tensor:

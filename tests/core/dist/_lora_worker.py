@@ -31,6 +31,7 @@ from _cases import CKPT, curve  # noqa: E402
 from hf_tiny import tiny_cfg  # noqa: E402
 
 from titan_core.lora.stream import lora_weights  # noqa: E402
+from titan_core.memory.tensor_peak import TensorPeak  # noqa: E402
 from titan_core.models.model_builder import model_adapter  # noqa: E402
 from titan_core.runtime import distributed  # noqa: E402
 from titan_core.training.trainer import Trainer  # noqa: E402
@@ -61,6 +62,18 @@ def stream(trainer: Trainer) -> dict[str, torch.Tensor]:
     return {n: t.clone() for n, t in lora_weights(trainer.model, trainer.lora, adapter, merged=True)}
 
 
+def stream_peak(trainer: Trainer) -> dict:
+    """The merged stream driven as an engine's `load_weights` would take it, nothing kept: the most tensor
+    bytes alive at once (TensorPeak: the stream's own, beyond the model's shards), the largest tensor, the total."""
+    adapter = model_adapter(trainer.cfg.model)
+    largest = total = 0
+    with TensorPeak() as peak:
+        for _, tensor in lora_weights(trainer.model, trainer.lora, adapter, merged=True):
+            largest, total = max(largest, tensor.nbytes), total + tensor.nbytes
+            del tensor
+    return {"peak_bytes": peak.peak_bytes, "largest_bytes": largest, "total_bytes": total}
+
+
 def main(mode: str, out: Path, ckpt: Path) -> None:
     with distributed.process_group(torch.device("cpu"), timeout_s=120) as state:
         folder = {"full": "full", "fsdp2": "fsdp2"}.get(mode, "run")
@@ -82,7 +95,7 @@ def main(mode: str, out: Path, ckpt: Path) -> None:
                "weights_from": result.weights_from, "steps": [r["step"] for r in result.metrics],
                **curve(result.metrics)}  # fmt: skip
         if folder != "run":
-            res |= held(trainer)
+            res |= held(trainer) | {"stream_peak": stream_peak(trainer)}
             torch.save(stream(trainer), out / folder / f"stream_{state.rank}.pt")
     (out / f"rank_{state.rank}.json").write_text(json.dumps(res))
 

@@ -1,6 +1,6 @@
 """A [lora] run's weight stream (titan_core/lora/stream.py), one process, fp32, after a training step:
-merged, the tensors the merged export writes, bit for bit, and a transformers model updated in place from
-it gives the merged export's logits; adapter-only, the tensors of the PEFT export under its keys."""
+merged, the tensors the merged export writes, bit for bit, both those of peft's merge_and_unload on a copy
+of the model, and a transformers model updated in place from it gives the merged export's logits; adapter-only, the tensors of the PEFT export under its keys."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from hf_tiny import tiny_cfg, write_tiny_llama
-from titan_core.lora.inject import base_state_dict
+from titan_core.lora.inject import base_state_dict, merged_copy
 from titan_core.lora.stream import lora_weights
 from titan_core.measure.numerics import rel_l2
 from titan_core.models.model_builder import model_adapter
@@ -50,6 +50,9 @@ def test_the_merged_stream_is_the_merged_export_and_updates_a_transformers_model
     exported = _loaded(merged_dir)
     assert set(names) == set(exported)
     assert all(torch.equal(t, exported[n]) for n, t in streamed), "the merged stream is the merged export"
+    # both held to peft's own merge_and_unload on a copy of the model, streamed as any model is
+    reference = dict(stream_plan(merged_copy(trainer.lora), adapter).weights())
+    assert reference.keys() == exported.keys() and all(torch.equal(reference[n], t) for n, t in exported.items())
     base = _loaded(ckpt)
     q = "model.layers.0.self_attn.q_proj.weight"
     assert not torch.equal(exported[q], base[q]) and not torch.equal(exported["lm_head.weight"], base["lm_head.weight"])
