@@ -3,7 +3,7 @@ tests/core/dist/test_lora_two_ranks.py), fp32: with B zero the logits are the ba
 hold gradients and AdamW state; merged equals unmerged within fp32 rounding; the PEFT export loads in
 `PeftModel.from_pretrained` on transformers' class with the trained model's logits; the same adapter
 weights put on transformers' class by peft give the same logits; a DCP resume continues the same
-curve; each bad input is one line."""
+curve; each bad input is one line. (The port path: tests/onboard/workspace/test_lora_port.py.)"""
 
 from __future__ import annotations
 
