@@ -11,7 +11,8 @@ a DCP checkpoint at step 2. MODE:
   checkpoint), as `kill -9` or the out-of-memory killer would;
 - resumed: the same run in OUT/run again, from that checkpoint;
 - fsdp2: the full run's 4 steps under FSDP2 in OUT/fsdp2, without the saved head (FSDP2 refuses it), its
-  merged stream and PEFT export as the full run's.
+  merged stream and PEFT export as the full run's;
+- graph: the full run's 4 steps as the Graph Trainer's captured step, in OUT/graph.
 Writes OUT/rank_<r>.json (killed: nothing, it dies).
 """
 
@@ -76,10 +77,11 @@ def stream_peak(trainer: Trainer) -> dict:
 
 def main(mode: str, out: Path, ckpt: Path) -> None:
     with distributed.process_group(torch.device("cpu"), timeout_s=120) as state:
-        folder = {"full": "full", "fsdp2": "fsdp2"}.get(mode, "run")
-        export = [f"--checkpoint.export_hf={out / folder / 'adapter'}"] if folder != "run" else []
+        folder = mode if mode in ("full", "fsdp2", "graph") else "run"
+        export = [f"--checkpoint.export_hf={out / folder / 'adapter'}"] if folder in ("full", "fsdp2") else []
         dp = "fsdp2" if mode == "fsdp2" else "simple_fsdp"
-        cfg = lora_cfg(ckpt, out / folder, f"--parallelism.data_parallel={dp}", *export, saved=mode != "fsdp2")
+        graph = ["--graph_trainer.enable"] if mode == "graph" else []
+        cfg = lora_cfg(ckpt, out / folder, f"--parallelism.data_parallel={dp}", *export, *graph, saved=mode != "fsdp2")
         trainer = Trainer(cfg, quiet=True)
         if mode == "killed" and state.rank == 1:
             launch = trainer._launch
@@ -93,8 +95,9 @@ def main(mode: str, out: Path, ckpt: Path) -> None:
         result = trainer.train()
         res = {"world_size": result.world_size, "resumed_from": result.resumed_from,
                "weights_from": result.weights_from, "steps": [r["step"] for r in result.metrics],
+               "captured": trainer.graph_step is not None,
                **curve(result.metrics)}  # fmt: skip
-        if folder != "run":
+        if folder in ("full", "fsdp2"):
             res |= held(trainer) | {"stream_peak": stream_peak(trainer)}
             torch.save(stream(trainer), out / folder / f"stream_{state.rank}.pt")
     (out / f"rank_{state.rank}.json").write_text(json.dumps(res))

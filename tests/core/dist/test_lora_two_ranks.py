@@ -3,7 +3,7 @@ _lora_worker.py): the step losses and
 grad norms are one process's on the same global batch, only the adapters and the saved head hold
 gradients and AdamW state on each rank, the merged weight stream on both ranks is one process's, and a run
 whose rank 1 is killed with SIGKILL mid-run resumes from its last DCP checkpoint to the uninterrupted
-run's losses bit for bit. Under FSDP2 (each block's adapters one unit of their own) the same: one
+run's losses bit for bit; the Graph Trainer's run is the eager one's bit for bit. Under FSDP2 (each block's adapters one unit of their own) the same: one
 process's curve, only the adapters train, sharded, and the stream and the PEFT export are one process's."""
 
 from __future__ import annotations
@@ -30,6 +30,8 @@ JOB = _world.job("lora", 2, WORKER, lambda root: ["full", str(root / "out"), str
                  __file__)  # fmt: skip
 FSDP2 = _world.job("lora_fsdp2", 2, WORKER,
                    lambda root: ["fsdp2", str(root / "out"), str(write_tiny_llama(root / "llama"))], __file__)  # fmt: skip
+GRAPH = _world.job("lora_graph", 2, WORKER,
+                   lambda root: ["graph", str(root / "out"), str(write_tiny_llama(root / "llama"))], __file__)  # fmt: skip
 STREAM_REL = 1e-5
 """The merged stream after 4 steps vs one process's: the weights carry the curves' fp32 reduction-order noise."""
 
@@ -177,3 +179,13 @@ def test_fsdp2_trains_the_adapters_alone_as_one_process_does(fsdp2, one_process_
         assert all(rel_l2(t, want_stream[n]) <= STREAM_REL for n, t in got.items())
     got, exported = (load_file(d / "adapter_model.safetensors") for d in (out / "fsdp2" / "adapter", want_dir))
     assert list(got) == list(exported) and all(rel_l2(got[k], exported[k]) <= STREAM_REL for k in exported)
+
+
+def test_the_graph_trainer_under_simple_fsdp_is_eagers_run_bit_for_bit(full, request):
+    """The whole step captured as one graph (the adapters' gathers and reduce-scatters in it, the frozen base
+    gathered only): the eager SimpleFSDP run's losses and grad norms, == (the Graph Trainer's fp32 bound, 0)."""
+    _, eager, _ = full
+    ranks = _world.results(request, GRAPH).ranks
+    for rank in ranks:
+        assert rank["captured"] and rank["steps"] == list(range(1, STEPS + 1))
+        assert rank["loss"] == eager[0]["loss"] and rank["grad_norm"] == eager[0]["grad_norm"]
