@@ -90,7 +90,7 @@ def export_workspace(ws, to: Path, *, source: Path | None = None, from_initial: 
     # lazy: a command module (typer builds the whole app on every call): torch loads when an export runs
     from titan_core.config.dtypes import DTYPES  # lazy: as above
     from titan_core.config.loader import load_config  # lazy: as above
-    from titan_core.training.checkpoint import Checkpointer, load_model_weights  # lazy: as above
+    from titan_core.training.checkpoint import Checkpointer, frozen_base_of, load_model_weights  # lazy: as above
     from titan_core.training.hf_export import export_hf  # lazy: as above
     from titan_core.training.hf_load import initial_weights  # lazy: as above
     from titan_core.lora.inject import apply_lora  # lazy: as above
@@ -113,8 +113,9 @@ def export_workspace(ws, to: Path, *, source: Path | None = None, from_initial: 
     if from_initial:
         if not cfg.checkpoint.initial_hf:
             raise BadInput(f"--from-initial: {ws.recipe_path} names no checkpoint.initial_hf to export")
+    if from_initial or frozen_base_of(cfg):  # a LoRA run's checkpoints leave its base (initial_hf) out
         initial = initial_weights(cfg, model)  # the header check, on meta, before anything is allocated
-    else:
+    if not from_initial:
         checkpoint = find_checkpoint(cfg, source)
         if checkpoint is None:
             raise BadInput(
@@ -128,7 +129,7 @@ def export_workspace(ws, to: Path, *, source: Path | None = None, from_initial: 
     lora = apply_lora(model, cfg.lora, model_adapter(cfg.model), seed=cfg.training.seed) if cfg.lora.enable else None
     if checkpoint is not None:
         log(f"loading {checkpoint}")
-        load_model_weights(checkpoint, model)
+        load_model_weights(checkpoint, model, frozen_base=frozen_base_of(cfg))
         origin = f"checkpoint {checkpoint}"
     else:
         log(f"--from-initial: exporting the untrained checkpoint.initial_hf {cfg.checkpoint.initial_hf}")

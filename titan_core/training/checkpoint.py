@@ -19,6 +19,11 @@ mesh (pipeline stages too: each stage saves the parameters it holds under the wh
 carries over when the global batch (batch_size x data-parallel ranks) is unchanged,
 because loaders address rows by global batch index (see titan_core/data/loader.py).
 
+A [lora] run on a `checkpoint.initial_hf` base leaves its frozen base out (DCP's `ignore_frozen_params`):
+the base is on disk already and is loaded from there again on a resume, so a checkpoint holds the
+adapters, the saved modules, their AdamW state and the positions, a fraction of the model's bytes.
+Its `frozen_base` entry names the base; a resume or export onto another base is refused.
+
 Hugging Face weights live beside it: the initial load in hf_load.py, the export in hf_export.py.
 """
 
@@ -56,6 +61,32 @@ FLAT = StateDictOptions(flatten_optimizer_state_dict=True)
 """The optimizer's hyperparameters stored per parameter (`param_groups.<fqn>.lr`), not as one list of groups:
 DCP keeps one rank's copy of a non-tensor value, and pipeline stages hold different parameters, so each
 stage's groups must be keys of their own (a stage given another's groups loses its learning rate)."""
+TRAINED = StateDictOptions(ignore_frozen_params=True, strict=False)
+"""A [lora] checkpoint's model state: what trains (strict off: the frozen base is loaded from initial_hf;
+DCP's own load still fails on a trained key the checkpoint lacks)."""
+FROZEN = "frozen_base"
+"""A [lora] checkpoint's entry: the resolved checkpoint.initial_hf its frozen base (left out) came from."""
+
+
+def frozen_base_of(cfg: JobConfig) -> str:
+    """The base a [lora] run's checkpoints leave out: its resolved `checkpoint.initial_hf` ('' for any other run,
+    and for a LoRA run on a seeded base, which its checkpoints then hold)."""
+    return str(Path(cfg.checkpoint.initial_hf).resolve()) if cfg.lora.enable and cfg.checkpoint.initial_hf else ""
+
+
+def _saved_base(path: Path, saved: dict, frozen_base: str) -> str:
+    """The base `path`'s checkpoint left out ('' when it holds the whole model); ConfigError when it left one
+    out and this run's base (`frozen_base`) is not that one."""
+    if FROZEN not in saved:
+        return ""
+    state = {FROZEN: ""}
+    with _single_process_ok():
+        dcp.load(state, checkpoint_id=path)
+    if state[FROZEN] != frozen_base:
+        now = f"this run's base is {frozen_base}" if frozen_base else "this run loads no base ([lora] on checkpoint.initial_hf)"
+        raise ConfigError(f"checkpoint {path} holds a LoRA run's adapters trained on the frozen base {state[FROZEN]}, "
+                          f"which it leaves out; {now}")  # fmt: skip
+    return state[FROZEN]
 
 
 def schedule_position(lr_scheduler) -> dict[str, int]:
@@ -114,10 +145,12 @@ class Checkpointer:
     never picks up a stale folder. `interval <= 0` saves only at the last step.
     """
 
-    def __init__(self, folder: Path, interval: int, enable: bool):
+    def __init__(self, folder: Path, interval: int, enable: bool, frozen_base: str = ""):
         self.folder = Path(folder)
         self.interval = interval
         self.enable = enable
+        self.frozen_base = frozen_base
+        """`frozen_base_of`: a [lora] run's base, left out of its checkpoints; '' for the whole model."""
 
     @classmethod
     def from_config(cls, cfg: JobConfig) -> Checkpointer:
@@ -125,7 +158,7 @@ class Checkpointer:
         folder = Path(cfg.checkpoint.folder)
         if not folder.is_absolute():
             folder = Path(cfg.metrics.output_dir) / folder
-        return cls(folder, cfg.checkpoint.interval, cfg.checkpoint.enable)
+        return cls(folder, cfg.checkpoint.interval, cfg.checkpoint.enable, frozen_base_of(cfg))
 
     # ---- saving --------------------------------------------------------------------
     def should_save(self, step: int, last: bool = False) -> bool:
@@ -151,10 +184,12 @@ class Checkpointer:
         buf = io.BytesIO()
         torch.save(per_rank, buf)
         state = {
-            "model": get_model_state_dict(model),
+            "model": get_model_state_dict(model, options=TRAINED if self.frozen_base else None),
             "optimizer": get_optimizer_state_dict(model, optimizer, options=FLAT),
             "ranks": {f"rank_{group_rank()}": buf.getvalue()},
         }
+        if self.frozen_base:
+            state[FROZEN] = self.frozen_base
         if lr_scheduler is not None:
             state["lr_scheduler"] = schedule_position(lr_scheduler)
         with _single_process_ok():
@@ -201,8 +236,9 @@ class Checkpointer:
             raise ConfigError(
                 f"checkpoint {path} has no per-rank state (no ranks.rank_0): it was not written by titan_core"
             )
+        options = TRAINED if _saved_base(path, saved, self.frozen_base) else None  # a LoRA run's: the base is loaded
         state: dict[str, Any] = {
-            "model": get_model_state_dict(model),
+            "model": get_model_state_dict(model, options=options),
             "optimizer": get_optimizer_state_dict(model, optimizer, options=FLAT),
             "ranks": {key: b""},
         }
@@ -210,7 +246,7 @@ class Checkpointer:
             state["lr_scheduler"] = schedule_position(lr_scheduler)
         with _single_process_ok():
             dcp.load(state, checkpoint_id=path)
-        set_model_state_dict(model, state["model"])
+        set_model_state_dict(model, state["model"], options=options)
         set_optimizer_state_dict(model, optimizer, state["optimizer"], options=FLAT)
         if lr_scheduler is not None:  # the groups' learning rates came back with the optimizer's hyperparameters
             lr_scheduler.last_epoch = state["lr_scheduler"]["last_epoch"]
@@ -241,13 +277,16 @@ def _restore_loader(loader, state: dict[str, Any], path: Path) -> None:
     loader.load_state_dict({**state, **{k: mine[k] for k in layout}})
 
 
-def load_model_weights(path: str | Path, model) -> None:
+def load_model_weights(path: str | Path, model, *, frozen_base: str = "") -> None:
     """Only the model's weights from the checkpoint folder `path` (`folder/step-N`), e.g. to export
-    them; DCP reshards them to however `model` is laid out (plain tensors in one process)."""
+    them; DCP reshards them to however `model` is laid out (plain tensors in one process). A [lora]
+    checkpoint leaves its base out: `model` must hold it already, loaded from `frozen_base` (`frozen_base_of`)."""
     path = Path(path)
     if not (path / ".metadata").is_file():
         raise ConfigError(f"{path} is not a complete checkpoint (no DCP .metadata in it)")
-    state: dict[str, Any] = {"model": get_model_state_dict(model)}
+    saved = dcp.FileSystemReader(path).read_metadata().state_dict_metadata
+    options = TRAINED if _saved_base(path, saved, frozen_base) else None
+    state: dict[str, Any] = {"model": get_model_state_dict(model, options=options)}
     with _single_process_ok():
         dcp.load(state, checkpoint_id=path)
-    set_model_state_dict(model, state["model"])
+    set_model_state_dict(model, state["model"], options=options)

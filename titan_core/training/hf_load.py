@@ -246,9 +246,10 @@ def _resume_due(cfg: JobConfig) -> bool:
 
 def initial_weights(cfg: JobConfig, meta_model: nn.Module) -> InitialWeights | None:
     """The checked plan of `checkpoint.initial_hf` for the recipe's model on meta (module docstring);
-    None without one, or when a resume from the run's own checkpoint is due. ConfigError for a
-    folder that is not a checkpoint of this model."""
-    if not cfg.checkpoint.initial_hf or _resume_due(cfg):
+    None without one, or when a resume from the run's own checkpoint is due (a [lora] run's checkpoints
+    hold its adapters, not the frozen base: its base is loaded from here on a resume too). ConfigError
+    for a folder that is not a checkpoint of this model."""
+    if not cfg.checkpoint.initial_hf or (_resume_due(cfg) and not cfg.lora.enable):
         return None
     folder = Path(cfg.checkpoint.initial_hf)
     config = folder / "config.json"
@@ -345,7 +346,9 @@ def weights_line(cfg: JobConfig, loaded: LoadStats | None, resumed_from: int | N
     """Where the run's weights came from, for its log: its own checkpoint, the initial checkpoint, or ''."""
     if resumed_from is not None:
         line = f"resumed from step {resumed_from}"
-        if cfg.checkpoint.initial_hf:
+        if loaded is not None:  # [lora]: the frozen base from initial_hf, what trains from the checkpoint
+            line += f" on the frozen base of checkpoint.initial_hf ({loaded.line()})"
+        elif cfg.checkpoint.initial_hf:
             why = "the run's own checkpoint takes precedence"
             line += f" (checkpoint.initial_hf {cfg.checkpoint.initial_hf} not loaded: {why})"
         return line

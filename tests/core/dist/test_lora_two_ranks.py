@@ -14,6 +14,7 @@ from pathlib import Path
 
 import _world
 import pytest
+import torch.distributed.checkpoint as dcp
 from _cases import GLOBAL_BATCH, curve, max_rel
 from _lora_worker import KILL_AT, STEPS, lora_cfg, stream
 
@@ -149,6 +150,9 @@ def test_kill_9_mid_run_resumes_to_the_same_losses_bit_for_bit(full, tmp_path):
     assert failure is not None and re.search(r"rank 1 of 2 failed( first)? \(killed by signal 9\)", failure), failure
     ckpts = sorted(p.name for p in (tmp_path / "run" / "ckpt").iterdir())
     assert ckpts == [f"step-{KILL_AT - 1}"], ckpts  # nothing of the step it died in
+    saved = dcp.FileSystemReader(tmp_path / "run" / "ckpt" / ckpts[0]).read_metadata().state_dict_metadata
+    # the adapters and the saved head, not the frozen base: the resume loads that from initial_hf again
+    assert all(".lora_" in k or ".modules_to_save." in k for k in saved if k.startswith("model."))
     assert _launch("resumed", tmp_path, ckpt) is None
     resumed = [json.loads((tmp_path / f"rank_{r}.json").read_text()) for r in range(2)]
     for rank in resumed:

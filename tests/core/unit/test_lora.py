@@ -227,6 +227,25 @@ def test_resume_continues_the_same_curve(tmp_path):
     assert whole.metrics[-1]["loss"] != whole.metrics[0]["loss"]
 
 
+def test_a_checkpoint_holds_what_trains_and_names_the_base_it_leaves_out(tmp_path, ckpt):
+    """On a checkpoint.initial_hf base a checkpoint leaves the frozen base out (it is on disk already, and
+    loaded from there on a resume: tests/core/dist/test_lora_two_ranks.py resumes after kill -9 bit for bit);
+    a resume onto another base is refused, naming both."""
+    import torch.distributed.checkpoint as dcp
+
+    from titan_core.training.checkpoint import FROZEN
+
+    flags = [*LORA, "--lora.modules_to_save=lm_head", "--checkpoint.enable", "--checkpoint.interval=1"]
+    Trainer(tiny_cfg(ckpt, tmp_path / "run", *flags), quiet=True).train()
+    saved = dcp.FileSystemReader(tmp_path / "run" / "checkpoints" / "step-1").read_metadata().state_dict_metadata
+    weights = [k for k in saved if k.startswith("model.")]
+    assert weights and all(".lora_" in k or ".modules_to_save." in k for k in weights), weights
+    assert any(".lora_B." in k for k in weights) and FROZEN in saved
+    other = write_tiny_llama(tmp_path / "other", seed=1)
+    said = _refusal(lambda: Trainer(tiny_cfg(other, tmp_path / "run", *flags, steps=2), quiet=True))
+    assert f"trained on the frozen base {ckpt.resolve()}" in said and f"this run's base is {other.resolve()}" in said
+
+
 def test_simple_fsdp_on_one_process_is_eager_bit_for_bit(tmp_path):
     """SimpleFSDP at world size 1 keeps plain parameters (parallel/simple_fsdp.py), adapters included:
     the same curve as data_parallel = "none" to the bit (2 ranks: tests/core/dist/test_lora_two_ranks.py)."""
