@@ -165,10 +165,21 @@ def test_peft_export_loads_in_peft_with_the_trained_logits(tmp_path, ckpt):
         assert rel_l2(base(tokens).logits, want) > 1e-4  # the comparison can fail: the adapter changes the logits
 
 
-def test_same_adapter_weights_on_transformers_class_give_the_same_logits(tmp_path, ckpt):
-    """Parity: peft on LlamaForCausalLM, given this model's adapter weights under their HF names."""
-    cfg = tiny_cfg(ckpt, tmp_path / "run", *LORA, "--lora.target_modules=q_proj,k_proj,o_proj,gate_proj,up_proj")
-    trainer = Trainer(cfg, quiet=True)
+@pytest.mark.parametrize("family", ["llama3", "transformers"])
+def test_same_adapter_weights_on_transformers_class_give_the_same_logits(tmp_path, ckpt, family):
+    """On the native and the transformers path (the port's: tests/onboard/workspace/test_lora_port.py): with
+    B zero the loaded model's logits bit for bit; parity: peft on LlamaForCausalLM, given this model's
+    adapter weights under their HF names."""
+    def built(out, *extra):
+        cfg = tiny_cfg(ckpt, tmp_path / out, f"--model.family={family}", *extra)
+        cfg.model.overrides = {}
+        return Trainer(cfg, quiet=True)
+
+    plain = built("plain", "--parallelism.data_parallel=none")
+    trainer = built("run", *LORA, "--lora.target_modules=q_proj,k_proj,o_proj,gate_proj,up_proj")
+    cfg = trainer.cfg
+    with torch.no_grad():
+        assert torch.equal(trainer.model(_tokens(512)), plain.model(_tokens(512)))
     _randomise_b(trainer.model)
     sd = peft.get_peft_model_state_dict(trainer.model)
     hf = transformers.AutoModelForCausalLM.from_pretrained(ckpt, dtype=torch.float32)
