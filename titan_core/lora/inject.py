@@ -76,8 +76,6 @@ def check_lora(cfg: JobConfig, world_size: int = 1) -> None:
     other = [f"{k} = {getattr(par, k)}" for k in ("tp", "pp", "cp", "ep") if getattr(par, k) != 1]
     if other:
         raise ConfigError(f"lora composes with SimpleFSDP and FSDP2 only, not parallelism.{other[0]}: set it to 1")
-    if cfg.kernels.float8 != "none":  # float8's Linear swap would sit under peft's wrapper, untested
-        raise ConfigError("lora does not train float8 linears yet: set kernels.float8 = \"none\"")
     if cfg.checkpoint.export_hf and not cfg.lora.merged_export and not cfg.checkpoint.initial_hf:
         raise ConfigError("checkpoint.export_hf under [lora] writes a PEFT adapter for the base it adapts, and "
                           "checkpoint.initial_hf names none; set it, or lora.merged_export = true")  # fmt: skip
