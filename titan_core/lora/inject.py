@@ -29,6 +29,7 @@ from titan_core.config.loader import ConfigError
 from titan_core.config.sections import JobConfig
 from titan_core.config.sections import Lora as LoraConfigSection
 from titan_core.lora.names import LoraNames, import_peft, lora_params, resolve
+from titan_core.lora.tensor_parallel import AdapterSplit, check_lora_tp
 from titan_core.models.common.tied import HF_TIE
 
 ADAPTER = "default"
@@ -71,11 +72,12 @@ def check_lora(cfg: JobConfig, world_size: int = 1) -> None:
                           'gathered (its weight is read, not called); use data_parallel = "simple_fsdp"')  # fmt: skip
     if world_size > 1 and par.data_parallel == "none":
         raise ConfigError('lora on several processes needs parallelism.data_parallel = "simple_fsdp" or "fsdp2"')
-    # peft's Linear adds B(A(x)) to a tp layer's DTensor / sharded output, and pipeline stages, cp and ep
-    # build their modules otherwise: none of them is wired to the adapters yet
-    other = [f"{k} = {getattr(par, k)}" for k in ("tp", "pp", "cp", "ep") if getattr(par, k) != 1]
+    # pipeline stages, cp and ep build their modules otherwise: none of them is wired to the adapters yet
+    other = [f"{k} = {getattr(par, k)}" for k in ("pp", "cp", "ep") if getattr(par, k) != 1]
     if other:
-        raise ConfigError(f"lora composes with SimpleFSDP and FSDP2 only, not parallelism.{other[0]}: set it to 1")
+        raise ConfigError(f"lora composes with SimpleFSDP, FSDP2 and tp only, not parallelism.{other[0]}: set it to 1")
+    if par.tp != 1:  # the adapters split as their layers (tensor_parallel.py), with what that cannot do refused
+        check_lora_tp(cfg)
     if cfg.checkpoint.export_hf and not cfg.lora.merged_export and not cfg.checkpoint.initial_hf:
         raise ConfigError("checkpoint.export_hf under [lora] writes a PEFT adapter for the base it adapts, and "
                           "checkpoint.initial_hf names none; set it, or lora.merged_export = true")  # fmt: skip
@@ -89,12 +91,13 @@ def planned_lora_params(model: nn.Module, cfg: LoraConfigSection, adapter) -> in
 
 
 def apply_lora(model: nn.Module, cfg: LoraConfigSection, adapter, *, seed: int = 0,
-               shard: Callable[[nn.Module], object] | None = None) -> LoraState:
+               split: AdapterSplit | None = None, shard: Callable[[nn.Module], object] | None = None) -> LoraState:
     """Inject `cfg`'s adapters into the built, materialised `model` in place (module docstring). The
     adapters' A is drawn from `seed` (peft's init: A random, B zero, so the model computes what the base
-    does until a step moves B). ConfigError for names that select nothing, or a layer peft cannot adapt.
-    `shard` (a run on several ranks) shards the new adapters before the reach check's forward, which
-    would otherwise be FSDP2's first and fix its units without them."""
+    does until a step moves B). `split` (tp > 1: tensor_parallel.py's `adapter_split`): how they are drawn
+    and then split to run beside a tensor-parallel base; `shard` (a run on several ranks) then shards them
+    over dp. Both before the reach check's forward, which would otherwise be FSDP2's first and fix its
+    units without them. ConfigError for names that select nothing, or a layer peft cannot adapt."""
     import_peft()
     from peft import LoraConfig, LoraModel  # lazy: the [hf] extra
     from peft.tuners.tuners_utils import BaseTunerLayer  # lazy: the [hf] extra
@@ -107,7 +110,8 @@ def apply_lora(model: nn.Module, cfg: LoraConfigSection, adapter, *, seed: int =
         r=cfg.rank, lora_alpha=cfg.alpha, lora_dropout=cfg.dropout,
         target_modules=sorted(names.targets), modules_to_save=sorted(names.saved) or None,
     )  # fmt: skip
-    with torch.random.fork_rng(devices=[]):  # the adapters' draw is the seed's, not whatever ran before
+    drawing = split.drawing() if split is not None else contextlib.nullcontext()
+    with torch.random.fork_rng(devices=[]), drawing:  # the adapters' draw is the seed's, not whatever ran before
         torch.manual_seed(seed)
         try:
             with _full_shapes_of_fsdp_storage():
@@ -119,6 +123,8 @@ def apply_lora(model: nn.Module, cfg: LoraConfigSection, adapter, *, seed: int =
     if adapted != set(names.targets) or wrapped != set(names.saved):  # peft matches by suffix: hold it to ours
         raise ConfigError(f"lora: peft adapted {sorted(adapted ^ set(names.targets) or wrapped ^ set(names.saved))} "
                           "otherwise than the names resolved here")  # fmt: skip
+    if split is not None:
+        split.split(model, names)
     if shard is not None:
         shard(model)
     check_reached(model, names)

@@ -5,7 +5,9 @@ by the native names, and only then does peft wrap the (already gathered) Linears
 and the HF load never see peft's names or parameters they do not know. peft's new lora_A / lora_B are
 then plain tensors, the same on every rank (drawn from the run's seed), and without a reduce their
 gradients would be each rank's own: `shard_adapters` hands exactly those to `apply_simple_fsdp`, which
-keeps each rank's slice and reads them through the gather whose backward is the gradient's mean.
+keeps each rank's slice and reads them through the gather whose backward is the gradient's mean. Under
+tp they are DTensors on the tp mesh by then (split or replicated there: tensor_parallel.py), which
+SimpleFSDP shards over dp as it does TP's own parameters.
 The frozen base stays as sharded: it is still gathered for the forward, but with requires_grad off its
 gather's backward never runs (no reduce-scatter) and the optimizer never sees it. A saved module's
 trainable copy is peft's deepcopy of an already sharded module: DTensors with their gathers, left as is.
@@ -45,7 +47,9 @@ def _shard_simple_fsdp(model: nn.Module, cfg: JobConfig, mesh: DeviceMesh) -> li
         read = getattr(module, "_simple_fsdp_gathers", {})
         for pname, p in module._parameters.items():
             if p is not None:
-                fresh = p.requires_grad and pname not in read and not isinstance(p, DTensor)
+                # a DTensor on the tp mesh alone is an adapter split over tp (tensor_parallel.py), still fresh
+                tp_only = isinstance(p, DTensor) and p.device_mesh.mesh_dim_names == ("tp",)
+                fresh = p.requires_grad and pname not in read and (tp_only or not isinstance(p, DTensor))
                 (new if fresh else rest).add(f"{mod_name}.{pname}" if mod_name else pname)
     apply_simple_fsdp(model, mesh, mixed_precision(cfg), skip=frozenset(rest))
     return sorted(new)

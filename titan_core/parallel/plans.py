@@ -64,6 +64,11 @@ class TPPlan:
     no_sequence_parallel: str = ""
     """Why this plan refuses sequence parallel ("": it takes it)."""
 
+    def block_styles(self, sequence_parallel: bool) -> dict[str, Callable[[], ParallelStyle]]:
+        """The styles applied inside each block: `block`, with `sp_block` over it under sequence parallel
+        (also what [lora] reads to split an adapter as the layer it adapts: titan_core/lora/tensor_parallel.py)."""
+        return {**self.block, **self.sp_block} if sequence_parallel else dict(self.block)
+
 
 class EmbeddingRowwise(RowwiseParallel):
     """RowwiseParallel whose sum over ranks is waited for before the embedding's output leaves it.

@@ -22,6 +22,7 @@ its own slice, no communication). Buffers (e.g. RoPE frequencies) stay plain, re
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
@@ -33,6 +34,22 @@ from titan_core.models.common.init_stand_in import StandIn
 from titan_core.parallel.regather import observe
 
 _CLASS_CACHE: dict[tuple[type, tuple[str, ...]], type] = {}
+_tp_plain = False
+"""Set by `tp_reads_plain` while it is open."""
+
+
+@contextlib.contextmanager
+def tp_reads_plain() -> Iterator[None]:
+    """While open, a tensor-parallel parameter reads as this rank's slice, a plain tensor, not the DTensor
+    its TP module computes with. For code that sizes new layers by the weight it reads: peft gives a
+    layer whose weight is a DTensor on a tp mesh adapters of its local shape, drawn alike on every rank;
+    read plain, its layer's whole in/out features size them, drawn as one process draws them."""
+    global _tp_plain
+    _tp_plain, before = True, _tp_plain
+    try:
+        yield
+    finally:
+        _tp_plain = before
 
 
 @dataclass(frozen=True)
@@ -78,7 +95,7 @@ class Gather:
     def __call__(self, stored: DTensor) -> torch.Tensor:
         local = self.gather_local(stored)
         observe(local, self, stored)  # reshard_after_forward and the gathered-bytes measure (regather.py)
-        if self.tp_placement is None:
+        if self.tp_placement is None or _tp_plain:
             return local
         # A tensor-parallel weight: its TP module computes with a DTensor on the tp mesh.
         return DTensor.from_local(

@@ -52,7 +52,7 @@ def apply_tensor_parallel(
             f"tensor parallel splits the embedding and output head by vocabulary: tp ({tp}) does not divide the "
             f"model's vocab_size ({vocab}); choose a tp that divides it"
         )
-    block_plan = {**plan.block, **plan.sp_block} if sequence_parallel else plan.block
+    block_plan = plan.block_styles(sequence_parallel)
     block_partial = plan.partial_grad + (
         tuple(p for p in plan.sp_partial_grad if not p.startswith("/")) if sequence_parallel else ()
     )

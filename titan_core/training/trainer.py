@@ -42,6 +42,7 @@ from titan_core.data import build_data_loader, report_data
 from titan_core.lora.export import check_adapter_target
 from titan_core.lora.inject import LoraState, apply_lora, check_lora, planned_lora_params
 from titan_core.lora.shard import shard_adapters
+from titan_core.lora.tensor_parallel import adapter_split
 from titan_core.kernels import swaps_for
 from titan_core.memory.preflight import check_memory
 from titan_core.memory.tensor_peak import TensorPeak, held_tensor_bytes
@@ -214,9 +215,11 @@ class Trainer:
         # [lora]: adapters on the loaded base (its load went by the native names, before peft renames them)
         self.lora: LoraState | None = None
         if cfg.lora.enable:
-            # peft's adapters are plain tensors: on several ranks they are sharded as the base is
+            split = adapter_split(cfg, self.mesh)  # tp > 1: each adapter split as its layer (lora/tensor_parallel.py)
+            # peft's adapters are not sharded over dp yet: on several ranks they are sharded as the base is
             shard = (lambda m: shard_adapters(m, cfg, self.mesh)) if self.dist is not None else None
-            self.lora = apply_lora(model, cfg.lora, model_adapter(cfg.model), seed=cfg.training.seed, shard=shard)
+            self.lora = apply_lora(model, cfg.lora, model_adapter(cfg.model), seed=cfg.training.seed, split=split,
+                                   shard=shard)  # fmt: skip
         self.checkpointed = apply_activation_checkpoint(model, cfg)
         """Module paths of the blocks whose activations are recomputed in the backward ([activation_checkpoint])."""
         # execution modes (titan_core/compile): per-block compile now, the Graph Trainer over the optimizer

@@ -1,18 +1,20 @@
-"""One rank of the [lora] tests at world size 2: `python _lora_worker.py MODE OUT CKPT`.
+"""One rank of the [lora] tests at world size 2 (dp_tp_sp: 4): `python _lora_worker.py MODE OUT CKPT`.
 
 The tiny Llama checkpoint CKPT (hf_tiny.py) loaded through checkpoint.initial_hf, adapters on q_proj,
 v_proj and down_proj and lm_head saved whole, under SimpleFSDP over 2 ranks, 4 steps of 2 rows per rank,
 a DCP checkpoint at step 2. MODE:
 - full: the run uninterrupted (started by _world.py's shared launch); records its curve, which
   parameters hold a gradient and optimizer state after the last step, the merged weight stream
-  (titan_core/lora/stream.py) into OUT/full/stream_<r>.pt, and its PEFT export (checkpoint.export_hf)
-  OUT/full/adapter;
+  (titan_core/lora/stream.py) into OUT/full/stream_<r>.pt and its peak, its PEFT export
+  (checkpoint.export_hf) OUT/full/adapter and its merged export OUT/full/merged;
 - killed: the same run in OUT/run, rank 1 killing itself with SIGKILL as step 3 starts (after step 2's
   checkpoint), as `kill -9` or the out-of-memory killer would;
 - resumed: the same run in OUT/run again, from that checkpoint;
-- fsdp2: the full run's 4 steps under FSDP2 in OUT/fsdp2, without the saved head (FSDP2 refuses it), its
-  merged stream and PEFT export as the full run's;
-- graph: the full run's 4 steps as the Graph Trainer's captured step, in OUT/graph.
+- fsdp2: the full run's records under FSDP2 in OUT/fsdp2, without the saved head (FSDP2 refuses it);
+- graph: the full run's 4 steps as the Graph Trainer's captured step, in OUT/graph;
+- tp, tp_sp, dp_tp_sp: the full run's records under tensor parallelism in OUT/<mode> (test_lora_tp.py):
+  tp = 2 on 2 ranks (tp_sp: with sequence parallel), or dp 2 x tp 2 with sequence parallel on 4 ranks;
+  each rank reads the rows of its dp rank (TP = MODES).
 Writes OUT/rank_<r>.json (killed: nothing, it dies).
 """
 
@@ -28,13 +30,14 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 import torch  # noqa: E402
 from torch.distributed.tensor import DTensor  # noqa: E402
-from _cases import CKPT, curve  # noqa: E402
+from _cases import CKPT, GLOBAL_BATCH, curve  # noqa: E402
 from hf_tiny import tiny_cfg  # noqa: E402
 
 from titan_core.lora.stream import lora_weights  # noqa: E402
 from titan_core.memory.tensor_peak import TensorPeak  # noqa: E402
 from titan_core.models.model_builder import model_adapter  # noqa: E402
 from titan_core.runtime import distributed  # noqa: E402
+from titan_core.training.lora_export import export_lora  # noqa: E402
 from titan_core.training.trainer import Trainer  # noqa: E402
 
 LORA = ("--lora.enable", "--lora.target_modules=q_proj,v_proj,down_proj")
@@ -42,6 +45,13 @@ SAVED = "--lora.modules_to_save=lm_head"
 STEPS = 4
 KILL_AT = 3
 """The step rank 1 dies in: the last checkpoint is step 2's (CKPT: every 2 steps)."""
+STREAM_REL = 1e-5
+"""The merged stream after 4 steps vs one process's: the weights carry the curves' fp32 reduction-order noise."""
+SP = "--parallelism.sequence_parallel"
+TP = {"tp": ("--parallelism.tp=2",), "tp_sp": ("--parallelism.tp=2", SP), "dp_tp_sp": ("--parallelism.tp=2", SP)}
+"""The tensor-parallel modes' flags; dp is what the world leaves (dp_tp_sp: 4 ranks, dp 2)."""
+RECORDED = ("full", "fsdp2", *TP)
+"""The modes that record everything: curve, what trains, the merged stream and both exports."""
 
 
 def lora_cfg(ckpt: Path, out: Path, *extra: str, batch_size: int = 2, saved: bool = True):
@@ -77,11 +87,13 @@ def stream_peak(trainer: Trainer) -> dict:
 
 def main(mode: str, out: Path, ckpt: Path) -> None:
     with distributed.process_group(torch.device("cpu"), timeout_s=120) as state:
-        folder = mode if mode in ("full", "fsdp2", "graph") else "run"
-        export = [f"--checkpoint.export_hf={out / folder / 'adapter'}"] if folder in ("full", "fsdp2") else []
+        folder = mode if mode in (*RECORDED, "graph") else "run"
+        export = [f"--checkpoint.export_hf={out / folder / 'adapter'}"] if mode in RECORDED else []
         dp = "fsdp2" if mode == "fsdp2" else "simple_fsdp"
-        graph = ["--graph_trainer.enable"] if mode == "graph" else []
-        cfg = lora_cfg(ckpt, out / folder, f"--parallelism.data_parallel={dp}", *export, *graph, saved=mode != "fsdp2")
+        extra = [*TP.get(mode, ()), *(["--graph_trainer.enable"] if mode == "graph" else [])]
+        dp_world = state.world_size // 2 if mode in TP else state.world_size
+        cfg = lora_cfg(ckpt, out / folder, f"--parallelism.data_parallel={dp}", *export, *extra,
+                       batch_size=GLOBAL_BATCH // dp_world, saved=mode != "fsdp2")  # fmt: skip
         trainer = Trainer(cfg, quiet=True)
         if mode == "killed" and state.rank == 1:
             launch = trainer._launch
@@ -97,9 +109,11 @@ def main(mode: str, out: Path, ckpt: Path) -> None:
                "weights_from": result.weights_from, "steps": [r["step"] for r in result.metrics],
                "captured": trainer.graph_step is not None,
                **curve(result.metrics)}  # fmt: skip
-        if folder in ("full", "fsdp2"):
+        if mode in RECORDED:
             res |= held(trainer) | {"stream_peak": stream_peak(trainer)}
             torch.save(stream(trainer), out / folder / f"stream_{state.rank}.pt")
+            export_lora(trainer.model, trainer.lora, cfg, trainer.family, trainer.args, out / folder / "merged",
+                        merged=True)  # fmt: skip
     (out / f"rank_{state.rank}.json").write_text(json.dumps(res))
 
 

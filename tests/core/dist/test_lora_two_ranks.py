@@ -16,7 +16,7 @@ import _world
 import pytest
 import torch.distributed.checkpoint as dcp
 from _cases import GLOBAL_BATCH, curve, max_rel
-from _lora_worker import KILL_AT, STEPS, lora_cfg, stream
+from _lora_worker import KILL_AT, STEPS, STREAM_REL, lora_cfg, stream
 
 from core_bounds import FSDP_GRAD_NORM_REL, FSDP_LOSS_REL
 from hf_tiny import write_tiny_llama
@@ -33,8 +33,6 @@ FSDP2 = _world.job("lora_fsdp2", 2, WORKER,
                    lambda root: ["fsdp2", str(root / "out"), str(write_tiny_llama(root / "llama"))], __file__)  # fmt: skip
 GRAPH = _world.job("lora_graph", 2, WORKER,
                    lambda root: ["graph", str(root / "out"), str(write_tiny_llama(root / "llama"))], __file__)  # fmt: skip
-STREAM_REL = 1e-5
-"""The merged stream after 4 steps vs one process's: the weights carry the curves' fp32 reduction-order noise."""
 
 
 @pytest.fixture(scope="module")
@@ -116,6 +114,18 @@ def test_the_merged_stream_holds_one_weight_beyond_the_shards(scenario, request)
         s = rank["stream_peak"]
         assert 0 < s["peak_bytes"] <= 2 * s["largest_bytes"], s
         assert 2 * s["largest_bytes"] < s["total_bytes"] / 2, s  # tight: half the model would break it
+
+
+@pytest.mark.parametrize("scenario,reference", [("full", "one_process"), ("fsdp2", "one_process_unsaved")])
+def test_the_merged_export_is_one_processs_merged_stream(scenario, reference, request):
+    """checkpoint.export_hf's merged form writes the merged stream, gathered on every rank and written by rank 0:
+    one process's merged weights (peft's merge of a gathered read would leave the base unmerged on 2 ranks)."""
+    from safetensors.torch import load_file
+
+    out = request.getfixturevalue(scenario)[0] / scenario / "merged"
+    want = request.getfixturevalue(reference)[1]
+    got = {k: v for f in sorted(out.glob("*.safetensors")) for k, v in load_file(f).items()}
+    assert set(got) == set(want) and all(rel_l2(got[k], want[k]) <= STREAM_REL for k in want)
 
 
 def test_the_peft_export_of_two_ranks_is_one_processs_and_peft_loads_it(full, one_process):

@@ -11,12 +11,13 @@ import json
 
 import pytest
 import torch
+from torch.distributed.tensor import Replicate, Shard
 
 from hf_tiny import tiny_cfg, write_tiny_llama
 from tiny_flags import tiny_run_flags
 from titan_core.config import ConfigError, load_config
 from titan_core.lora.export import PREFIX, export_peft, hf_key
-from titan_core.lora.inject import apply_lora, base_state_dict, merged_copy
+from titan_core.lora.inject import apply_lora, base_state_dict, check_lora, merged_copy
 from titan_core.measure.numerics import rel_l2
 from titan_core.models.model_builder import build_model_from_config, model_adapter
 from titan_core.training.trainer import Trainer
@@ -431,12 +432,14 @@ def test_runs_lora_cannot_do_yet_are_refused_before_building(tmp_path, extra, sa
 
 
 @pytest.mark.parametrize("extra,said", [
-    (["--parallelism.tp=2"], "not parallelism.tp = 2"),
+    (["--parallelism.tp=2", "--lora.dropout=0.1"], "lora.dropout = 0.1 under parallelism.tp = 2"),
+    (["--parallelism.tp=2", "--parallelism.data_parallel=fsdp2"], "under parallelism.tp = 2 with SimpleFSDP"),
     (["--parallelism.pp=2", "--training.grad_accum=2"], "not parallelism.pp = 2"),
     (["--parallelism.cp=2"], "not parallelism.cp = 2"),
 ])  # fmt: skip
 def test_what_lora_does_not_compose_with_is_refused_before_any_rank_starts(tmp_path, capsys, extra, said):
-    """SimpleFSDP and FSDP2 compose (tests/core/dist/test_lora_two_ranks.py); the rest is refused by the launcher."""
+    """SimpleFSDP, FSDP2 and tp compose (tests/core/dist/test_lora_two_ranks.py, test_lora_tp.py); the rest is
+    refused by the launcher."""
     from titan_core.launcher import launch
 
     argv = [TINY, *tiny_run_flags(tmp_path, steps=1, batch_size=2), "--lora.enable", *extra]
@@ -452,6 +455,39 @@ def test_fsdp2_refuses_an_adapter_on_an_embedding_it_could_not_gather(tmp_path):
     cfg = _cfg(tmp_path, "--parallelism.data_parallel=fsdp2", "--lora.target_modules=embed_tokens,q_proj")
     said = _refusal(lambda: Trainer(cfg, quiet=True))
     assert "cannot shard the adapter of embedding tok_embeddings" in said and "simple_fsdp" in said, said
+def test_tp_passes_the_check_and_only_dropout_under_it_is_refused(tmp_path):
+    tp = ["--parallelism.data_parallel=simple_fsdp", "--parallelism.tp=2", "--parallelism.sequence_parallel"]
+    check_lora(_cfg(tmp_path, *tp), world_size=2)
+    assert "draw its own mask" in _refusal(lambda: check_lora(_cfg(tmp_path, *tp, "--lora.dropout=0.05"), 2))
+
+
+def test_an_adapter_on_the_vocabulary_split_embedding_is_refused_under_tp(tmp_path):
+    """TP splits the embedding by vocabulary rows, which no adapter split follows (lora/tensor_parallel.py);
+    the block Linears of the same run are split (a tp mesh of one rank: the split's bookkeeping, not its sums)."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor
+
+    from titan_core.lora.tensor_parallel import adapter_split
+    from titan_core.parallel.tensor_parallel import apply_tensor_parallel
+    from titan_core.runtime import distributed
+
+    with distributed.process_group(torch.device("cpu"), timeout_s=60):
+        mesh = init_device_mesh("cpu", (1, 1), mesh_dim_names=("dp_shard", "tp"))
+        for targets, refused in (("q_proj,down_proj", False), ("q_proj,embed_tokens", True)):
+            cfg, model = _built(tmp_path, f"--lora.target_modules={targets}")
+            apply_tensor_parallel(model, "llama3", mesh["tp"])
+            split = adapter_split(cfg, mesh)
+            if refused:
+                refusal = _refusal(lambda: apply_lora(model, cfg.lora, model_adapter(cfg.model), split=split))
+                assert "model.embed_tokens is split over parallelism.tp otherwise" in refusal
+                continue
+            apply_lora(model, cfg.lora, model_adapter(cfg.model), split=split)
+            adapters = {n: p for n, p in model.named_parameters() if ".lora_" in n}
+            assert adapters and all(isinstance(p, DTensor) for p in adapters.values())
+            assert adapters["layers.0.attention.wq.lora_B.default.weight"].placements == (Shard(0),)
+            assert adapters["layers.0.feed_forward.w2.lora_A.default.weight"].placements == (Shard(1),)
+            assert adapters["layers.0.attention.wq.lora_A.default.weight"].placements == (Replicate(),)
+            assert adapters["layers.0.feed_forward.w2.lora_B.default.weight"].placements == (Replicate(),)
 
 
 def test_the_entry_point_says_a_refusal_in_one_line_and_exits_2(tmp_path, capsys):
