@@ -127,7 +127,8 @@ def apply_lora(model: nn.Module, cfg: LoraConfigSection, adapter, *, seed: int =
         split.split(model, names)
     if shard is not None:
         shard(model)
-    check_reached(model, names)
+    # under sequence parallel each tp rank takes a part of the positions: as many parts as ranks
+    check_reached(model, names, positions=2 * (split.tp_mesh.size() if split is not None else 1))
     return LoraState(names=names, cfg=cfg, tuner=tuner)
 
 
@@ -157,16 +158,16 @@ def _full_shapes_of_fsdp_storage():
         LoraLayer._get_in_out_features = peft_sizes
 
 
-def check_reached(model: nn.Module, names: LoraNames) -> None:
+def check_reached(model: nn.Module, names: LoraNames, positions: int = 2) -> None:
     """ConfigError unless every trainable parameter takes part in the loss: peft swaps a module where
     the model's tree holds it, and a model that also reaches the original another way (the loss reading
     a head's weight through a reference of its own) would train a module that changes nothing. One
-    2-token loss and its backward, every .grad cleared after it, no RNG state consumed. A backward, not
+    loss of `positions` tokens and its backward, every .grad cleared after it, no RNG state consumed. A backward, not
     `autograd.grad` of the parameters: FSDP2 computes with gathered copies outside autograd's view of its
     sharded parameters, and only its backward hooks give those a gradient (on every rank: a collective)."""
     trainable = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
     device = trainable[0][1].device
-    tokens = torch.zeros(1, 2, dtype=torch.long, device=device)
+    tokens = torch.zeros(1, positions, dtype=torch.long, device=device)
     forked = [] if device.type == "cpu" else [device]  # dropout's draws here leave the run's RNG as it was
     with torch.random.fork_rng(devices=forked, device_type=device.type), torch.enable_grad():
         loss, _ = model.loss(tokens, tokens)
