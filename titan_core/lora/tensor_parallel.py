@@ -2,8 +2,10 @@
 
 TP splits a block's Linears on meta (titan_core/parallel/plans.py), before peft exists; peft then wraps
 such a Linear, which keeps TP's hooks as its `base_layer`, and adds `lora_B(lora_A(x)) * scaling` to the
-base's output on local tensors. peft makes A and B whole (the base's global in/out features), the same on
-every rank (drawn from the run's seed), so each is split here to give the base's local layout:
+base's output on local tensors. peft sizes A and B by the weight it reads (a DTensor on a tp mesh: its
+local shape, drawn alike on every rank); read plain while peft makes them (`AdapterSplit.drawing`), they
+get the whole layer's in/out features and one process's draw from the run's seed, and each is then split
+here to give the base's local layout:
 
 - a column-wise base (q/k/v, w1/w3: input whole, output this rank's columns): B is split as the base is,
   by the base's own style (weight Shard(0); its input declared Replicate, so the backward all-reduces the
@@ -21,8 +23,9 @@ A whole half is a DTensor Replicate on the tp mesh (`Whole`), its input taken as
 it arrives in and its output handed on local: DTensor then tracks every gradient above, and SimpleFSDP
 (shard.py), clipping and DCP see a parameter replicated over tp (counted once, saved once). A Linear TP
 leaves whole (a layer outside the plan: an MoE router) gets both halves whole. What is refused: an adapter
-on a layer TP splits otherwise (the vocabulary-split embedding), and dropout on the adapters (each tp rank
-would draw its own mask over an input the ranks share, the row-wise slices masked alike).
+on a layer TP splits otherwise (the vocabulary-split embedding), one outside the plan under sequence
+parallel (its input's layout is not known here), and dropout on the adapters (each tp rank would draw its
+own mask over an input the ranks share, the row-wise slices masked alike).
 """
 
 from __future__ import annotations
