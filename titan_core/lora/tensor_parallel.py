@@ -67,9 +67,6 @@ class AdapterSplit:
 
 def check_lora_tp(cfg: JobConfig) -> None:
     """Refuse, before anything is built, what [lora] does not run under parallelism.tp > 1 (one line each)."""
-    if cfg.parallelism.data_parallel == "fsdp2":  # the split halves' FSDP2 units are untried: refused, not guessed
-        raise ConfigError(f"lora shards its adapters under parallelism.tp = {cfg.parallelism.tp} with SimpleFSDP only: "
-                          'set data_parallel = "simple_fsdp"')  # fmt: skip
     if cfg.lora.dropout:
         raise ConfigError(f"lora.dropout = {cfg.lora.dropout} under parallelism.tp = {cfg.parallelism.tp}: each tp "
                           "rank would draw its own mask over the input the ranks share; set it to 0")  # fmt: skip

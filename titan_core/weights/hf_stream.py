@@ -19,7 +19,8 @@ and yield nothing), which is what an export or a single inference engine needs.
 
 `stream_plan(..., tensors=, deltas=)` streams other tensors than the model's state dict under the
 same names, and adds to a tensor what its delta gives: shard to shard before the gather when the delta
-is a DTensor laid out as the tensor, else to the gathered tensor (the delta gathered too). A [lora]
+is a DTensor on the tensor's mesh (redistributed to its placements first), else to the gathered tensor
+(the delta gathered too). A [lora]
 run's merged weights (titan_core/lora/stream.py) are the base weights plus each adapter's B @ A.
 """
 
@@ -58,7 +59,9 @@ class StreamPlan:
         mine = dst is None or group_rank() == dst
         for native, outputs in self.direct.items():
             own, delta = self.own[native], self.deltas[native]() if native in self.deltas else None
-            if _shard_of(delta, own):  # sharded as the weight is: added shard to shard, only the sum gathered
+            if _on_mesh_of(delta, own):  # laid out as the weight (redistributed so), added shard to shard, the sum gathered
+                if delta.placements != own.placements:
+                    delta = delta.redistribute(own.device_mesh, own.placements)
                 own, delta = own.detach() + delta.to(own.dtype), None
             elif delta is not None:
                 delta = _gather(delta, mine, device)
@@ -122,10 +125,10 @@ def _gather(t: torch.Tensor, keep: bool, device) -> torch.Tensor | None:
         return full.detach().to(device) if device is not None else full.detach()
 
 
-def _shard_of(delta: torch.Tensor | None, t: torch.Tensor) -> bool:
-    """Whether `delta` is a DTensor laid out as the DTensor `t` (same mesh, placements and shape)."""
+def _on_mesh_of(delta: torch.Tensor | None, t: torch.Tensor) -> bool:
+    """Whether `delta` is a DTensor of the DTensor `t`'s shape on its mesh (placements aside)."""
     return (isinstance(delta, DTensor) and isinstance(t, DTensor) and delta.device_mesh == t.device_mesh
-            and delta.placements == t.placements and delta.shape == t.shape)  # fmt: skip
+            and delta.shape == t.shape)  # fmt: skip
 
 
 def _aliases(full: torch.Tensor, t: torch.Tensor) -> bool:

@@ -118,7 +118,11 @@ def test_the_peft_export_is_one_processs(run, one_process):
 
 
 def test_the_merged_stream_holds_one_weight_beyond_the_shards(run):
-    """As under SimpleFSDP alone (test_lora_two_ranks.py): each delta added on the shards, only the sum gathered."""
+    """As under SimpleFSDP alone (test_lora_two_ranks.py) each delta is brought to its weight's placements and
+    added on the shards, and only the sum is gathered; but DTensor gathers a weight split on dim 1 over tp (a
+    row-wise layer's) into one buffer and lays the chunks side by side in a second, while the sum's tp shard is
+    still alive: twice the largest tensor plus its tp shard, under half the model's bytes."""
     for rank in run.ranks:
         s = rank["stream_peak"]
-        assert 0 < s["peak_bytes"] <= 2 * s["largest_bytes"] < s["total_bytes"] / 2, s
+        bound = 2 * s["largest_bytes"] + s["largest_bytes"] // 2  # tp = 2
+        assert 0 < s["peak_bytes"] <= bound < s["total_bytes"] / 2, s

@@ -433,7 +433,6 @@ def test_runs_lora_cannot_do_yet_are_refused_before_building(tmp_path, extra, sa
 
 @pytest.mark.parametrize("extra,said", [
     (["--parallelism.tp=2", "--lora.dropout=0.1"], "lora.dropout = 0.1 under parallelism.tp = 2"),
-    (["--parallelism.tp=2", "--parallelism.data_parallel=fsdp2"], "under parallelism.tp = 2 with SimpleFSDP"),
     (["--parallelism.pp=2", "--training.grad_accum=2"], "not parallelism.pp = 2"),
     (["--parallelism.cp=2"], "not parallelism.cp = 2"),
 ])  # fmt: skip
