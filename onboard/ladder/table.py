@@ -55,9 +55,10 @@ def reads_all_but_tuning(key: str) -> bool:
     return key not in TUNING_KEYS
 
 
-def reads_model_only(key: str) -> bool:
-    """Parity's native model comes from [model] alone (onboard.parity.native.read_workspace)."""
-    return key.startswith("model.")
+def reads_model_and_lora(key: str) -> bool:
+    """Parity's native model comes from [model] alone (onboard.parity.native.read_workspace), and it
+    proves the adapters [lora] puts on it (onboard.parity.lora_parity)."""
+    return key.startswith(("model.", "lora."))
 
 
 def parity_evidence_problem(ws: "Workspace", entry: "Entry") -> str | None:
@@ -113,7 +114,7 @@ TABLE: dict[str, Rung] = {
     r.name: r
     for r in (
         Rung("eager", EagerMeasurements, "onboard.rungs.eager_rung", reads_all_but_mode),
-        Rung("parity", ParityMeasurements, "onboard.rungs.parity_rung", reads_model_only,
+        Rung("parity", ParityMeasurements, "onboard.rungs.parity_rung", reads_model_and_lora,
              evidence_problem=parity_evidence_problem, reads_evidence=frozenset()),  # upstream's numbers, no rung's
         Rung("simple_fsdp", SimpleFsdpMeasurements, "onboard.rungs.simple_fsdp_rung", reads_all_but_mode,
              earns=frozenset({"training.mixed_precision_param"})),

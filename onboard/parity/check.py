@@ -11,7 +11,7 @@ import math
 import time
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -26,10 +26,11 @@ from titan_core.models.transformers.hf_classes import config_object
 from onboard.parity import criteria
 from onboard.parity.compare import cap, compare_grads, round_trip
 from onboard.parity import active_range, feature_pass, features
+from onboard.parity import lora_parity
 from onboard.upstream.init_check import compare_init, init_stats
 from onboard.parity.localise import OutputRecorder, Row, compare_outputs, divergence, module_pairs, parameter_sources
 from onboard.parity.native import (
-    PortError, WorkspaceError, build_native, load_adapter, load_converted, native_args, native_hf_config,
+    PortError, WorkspaceError, build_native, call_port, load_adapter, load_converted, native_args, native_hf_config,
     read_workspace,
 )  # fmt: skip
 from onboard.parity.diffusion import run_flow
@@ -37,12 +38,7 @@ from onboard.parity.results import results_path, write_results
 from onboard.upstream.hf_model import build_upstream, seeded_init
 from onboard.workspace.layout import HF_CONFIG, TWIN
 
-def _port(fn: Callable, what: str, *a):
-    """Call workspace code; its exceptions are the port's failure, named with the call."""
-    try:
-        return fn(*a)
-    except Exception as e:  # anything the workspace adapter raises is reported, not crashed on
-        raise PortError(f"{what} failed: {type(e).__name__}: {e}") from e
+_port = call_port  # workspace code called: its exceptions are the port's failure
 
 
 def check_workspace(
@@ -93,7 +89,9 @@ def _run(root, res, m, weights_dir, batch, seq_len, seed, attn_implementation) -
                 "and the eager rung checked every checkpoint tensor's name, shape and dtype against the full model"
             )
             weights_dir = None
+    m.update(lora_parity.disabled(ws.lora))  # "none" without [lora]: its criteria do not apply
     if get_family(ws.family).kind.upstream == "diffusers":
+        lora_parity.refuse_diffusion(ws.lora)
         return run_flow(ws, cfg, res, m, root=root, weights_dir=weights_dir, batch=batch, seed=seed)
     params = criteria.params()
     upstream = build_upstream(cfg, weights_dir=weights_dir, seed=seed, attn_implementation=attn_implementation,
@@ -115,6 +113,7 @@ def _run(root, res, m, weights_dir, batch, seq_len, seed, attn_implementation) -
     rt = round_trip(upstream.checkpoint, back)
     m.update(state_dict_same_keys=rt.same_keys, state_dict_max_abs_diff=rt.max_abs_diff)
     res["state_dict"] = rt.record(load)
+    lora_parity.refuse_early(ws.lora, native, adapter)  # a [lora] the model cannot take: bad input, before the passes
 
     # 2. the inputs: long enough for every window, with pad ids when the config has one
     declared = features.declare(hf.config)
@@ -154,6 +153,11 @@ def _run(root, res, m, weights_dir, batch, seq_len, seed, attn_implementation) -
         active_range.unreached_keys(hf.config, declared, res.get("unconsumed_hf_keys")))  # fmt: skip
     if unreached:
         m.update(features_exercised=False, features_idle=m["features_idle"] + unreached)
+
+    # 4. the recipe's [lora] on copies of both models, which now hold the same weights, on inputs of its own
+    lora_inputs = features.make_inputs(vocab, batch, seq_len, seed + lora_parity.SEED, declared, params)
+    lora_m, res["lora"] = lora_parity.measure(ws.lora, native, hf, adapter, *lora_inputs, seed=seed)
+    m.update(lora_m)
 
 
 def _compare(record, hf, native, adapter, tokens, labels, pairs, declared, params) -> None:

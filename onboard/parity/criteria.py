@@ -6,7 +6,7 @@ the same numbers, so both read the one checklist file; no threshold is written i
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +27,10 @@ class Criterion(gates.Criterion):
     """A gate criterion that the workspace test can assert on its own measurements."""
 
     def check(self, measurements: dict[str, Any]) -> tuple[bool, Any]:
-        """(ok, value), with the gate's own comparison; a missing metric fails, as in the gate."""
+        """(ok, value), with the gate's own comparison; a missing metric fails, as in the gate, and a
+        criterion with nothing to compare (`not_applicable_when`) passes with no value, as in the gate."""
+        if self.not_applicable_why(measurements):
+            return True, None
         value = measurements.get(self.metric)
         if value is None:
             return False, None
@@ -35,14 +38,16 @@ class Criterion(gates.Criterion):
         return ok, value
 
     def describe(self, value: Any) -> str:
+        """The criterion, what was measured and its bound, and the hint: a failed assertion's message."""
         bound = "" if self.comparator == "is_true" else f" {self.comparator} {self.threshold!r}"
         return f"{self.name}: {self.metric} = {value!r}, needs{bound or ' true'}\n  hint: {self.hint}"
 
 
 def load_criteria(path: Path | None = None) -> list[Criterion]:
-    """Every machine criterion of the parity checklist, parsed by the gate's own loader."""
+    """Every machine criterion of the parity checklist, parsed by the gate's own loader, every field kept
+    (its `not_applicable_when` among them, so the test and the gate judge the same criterion)."""
     checklist = gates.load_checklist("parity", path or checklist_path())
-    return [Criterion(c.name, c.metric, c.comparator, c.threshold, c.hint) for c in checklist.criteria]
+    return [Criterion(**{f.name: getattr(c, f.name) for f in fields(gates.Criterion)}) for c in checklist.criteria]
 
 
 def asserted_criteria() -> list[Criterion]:

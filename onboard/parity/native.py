@@ -57,6 +57,8 @@ class WorkspaceModel:
     """The adapter the recipe names (`[model] adapter_file`), else the workspace's adapter.py."""
     model_config: Any = None
     """The recipe's [model] section (titan_core's config) with `adapter_file` filled in."""
+    lora: Any = None
+    """The recipe's [lora] section (titan_core's config); parity proves it when it is enabled."""
 
     @property
     def path_kind(self) -> str:
@@ -71,9 +73,10 @@ def read_workspace(root: Path) -> WorkspaceModel:
     if not recipe_path.is_file():
         raise WorkspaceError(f"no recipe.toml in workspace {root}")
     try:
-        model = load_config(recipe_path).model  # the loader anchors recipe paths at the workspace
+        recipe = load_config(recipe_path)  # the loader anchors recipe paths at the workspace
     except ConfigError as e:
         raise WorkspaceError(str(e)) from None
+    model = recipe.model
 
     hf_config = Path(model.hf_config) if model.hf_config else None
     if hf_config is None and (root / "config.json").is_file():
@@ -89,7 +92,17 @@ def read_workspace(root: Path) -> WorkspaceModel:
         module_file=Path(model.module_file) if model.module_file else None,
         adapter_file=Path(model.adapter_file),
         model_config=model,
+        lora=recipe.lora,
     )
+
+
+def call_port(fn, what: str, *args):
+    """Call workspace code (the adapter, model.py's model); its exceptions are the port's failure,
+    named with the call."""
+    try:
+        return fn(*args)
+    except Exception as e:  # anything the workspace code raises is reported, not crashed on
+        raise PortError(f"{what} failed: {type(e).__name__}: {e}") from e
 
 
 @contextlib.contextmanager

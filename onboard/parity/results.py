@@ -128,6 +128,8 @@ def failure_summary(results: dict[str, Any]) -> str:
         how = next((p["measurements"].get("upstream_aux_how") for p in results.get("passes", [])), None)
         lines.append(f"MoE load-balancing term: native {m.get('native_aux_loss')!r}, upstream "
                      f"{m.get('upstream_aux_loss')!r}" + (f" ({how})" if how else ""))  # fmt: skip
+    for problem in (results.get("lora") or {}).get("problems") or []:  # onboard/parity/lora_parity.py
+        lines.append(f"[lora]: {problem}")
     declared = (results.get("features") or {}).items()
     idle = [f"{name}: {f['how']}" for name, f in declared if f["declared"] and not f["exercised"]]
     if idle:

@@ -147,7 +147,7 @@ def run(ctx: RungContext) -> RungResult:
     if summary and returncode != 0:
         ctx.log(summary)
     keep = ("state_dict", "grads", "error", "weights", "upstream_class", "model_type", "versions", "unconsumed_hf_keys",
-            "features", "weights_check", "passes", "model", "weights_note")  # fmt: skip
+            "features", "weights_check", "passes", "model", "weights_note", "lora")  # fmt: skip
     details = {k: results.get(k) for k in keep}
     # the per-module table can run to thousands of rows: it stays in results.json
     details["localisation"] = {k: v for k, v in (results.get("localisation") or {}).items() if k != "table"}

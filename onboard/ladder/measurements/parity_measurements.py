@@ -83,6 +83,23 @@ class ParityMeasurements(Measurements):
     features: dict[str, Any] = flattened()
     """feature_<name>: how much a declared feature was exercised (onboard/parity/features.py: the
     soft-capped fraction, seq_len over the window, pad ids, the fewest tokens per expert)."""
+    lora: str = ABSENT
+    """What of the recipe's [lora] parity proved: "rank R on N modules (its target_modules)", or
+    "none: ..." where the recipe has no [lora] enabled (the lora criteria are then not applicable)."""
+    lora_merge: str = ABSENT
+    """What the merge criterion compared: "merged_copy against the unmerged model", or "none: ..." without
+    [lora] or where its adapters cannot be merged (an adapter on an embedding the head shares)."""
+    lora_zero_b_max_abs: float = ABSENT
+    """Largest logit difference of the native model with the [lora] adapters as injected (B = 0) against
+    the native model without them (0.0 means bit for bit)."""
+    lora_peft_rel_l2: float = ABSENT
+    """Relative L2 error of the native logits with the adapters (B drawn) against upstream's class given
+    the same adapter weights by peft (fraction)."""
+    lora_grads_only_adapters: bool = ABSENT
+    """After a backward of the native loss with the adapters: the parameters holding gradients are exactly
+    the adapters and the modules_to_save copies."""
+    lora_merge_rel_l2: float = ABSENT
+    """Relative L2 error of the merged model's logits (merged_copy) against the unmerged model's (fraction)."""
     pytest_passed: bool = ABSENT
     """The workspace's test_parity.py exited 0."""
     pytest_exit_code: int | None = ABSENT

@@ -39,7 +39,7 @@ def test_what_the_rungs_read_and_earn():
     assert not any(TABLE["kernels"].reads_recipe_key(k) for k in TUNING_KEYS)
     assert TABLE["tuning"].reads_recipe_key is None  # it reads every key
     parity = TABLE["parity"].reads_recipe_key
-    assert parity("model.hf_config") and not parity("training.steps")
+    assert parity("model.hf_config") and parity("lora.target_modules") and not parity("training.steps")
     assert earns_key(TABLE["kernels"], "kernels.loss") and not earns_key(TABLE["kernels"], "training.steps")
     assert all(earns_key(TABLE["compile"], k) for k in MODE_KEYS.values())
     assert not earns_key(TABLE["eager"], "compile.enable")
