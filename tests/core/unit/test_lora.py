@@ -1,9 +1,10 @@
-"""[lora] through peft on a tiny Llama (2 layers, dim 64), one process (2 ranks under SimpleFSDP:
-tests/core/dist/test_lora_two_ranks.py), fp32: with B zero the logits are the base model's bit for bit; a step moves only the adapters (and modules_to_save), which alone
-hold gradients and AdamW state; merged equals unmerged within fp32 rounding; the PEFT export loads in
-`PeftModel.from_pretrained` on transformers' class with the trained model's logits; the same adapter
-weights put on transformers' class by peft give the same logits; a DCP resume continues the same
-curve; each bad input is one line. (The port path: tests/onboard/workspace/test_lora_port.py.)"""
+"""[lora] through peft on a tiny Llama (2 layers, dim 64), one process (2 ranks under SimpleFSDP, FSDP2 and tp:
+tests/core/dist/test_lora_two_ranks.py, test_lora_tp.py), fp32: with B zero the logits are the base model's bit
+for bit; a step moves only the adapters (and modules_to_save), which alone hold gradients and AdamW state; merged
+equals unmerged within fp32 rounding; the PEFT export loads in `PeftModel.from_pretrained` on transformers' class
+with the trained model's logits; the same adapter weights put on transformers' class by peft give the same
+logits; a DCP resume continues the same curve; compiled modes and float8 base layers train the adapters. (The
+port path: tests/onboard/workspace/test_lora_port.py; bad input: test_lora_refusals.py.)"""
 
 from __future__ import annotations
 
@@ -11,23 +12,21 @@ import json
 
 import pytest
 import torch
-from torch.distributed.tensor import Replicate, Shard
 
 from hf_tiny import tiny_cfg, write_tiny_llama
+from lora_cases import LORA, TINY, built, lora_cfg, refusal, sample_tokens
 from tiny_flags import tiny_run_flags
-from titan_core.config import ConfigError, load_config
-from titan_core.lora.export import PREFIX, export_peft, hf_key
-from titan_core.lora.inject import apply_lora, base_state_dict, check_lora, merged_copy
+from titan_core.config import load_config
+from titan_core.lora.export import PREFIX, hf_key
+from titan_core.lora.inject import apply_lora, base_state_dict, merged_copy
 from titan_core.measure.numerics import rel_l2
-from titan_core.models.model_builder import build_model_from_config, model_adapter
+from titan_core.models.model_builder import model_adapter
 from titan_core.training.trainer import Trainer
 
 peft = pytest.importorskip("peft")
 transformers = pytest.importorskip("transformers")
 pytestmark = pytest.mark.hf
 
-TINY = "--model.overrides={n_layers=2, dim=64, n_heads=4, n_kv_heads=2, vocab_size=256, ffn_hidden_dim=128}"
-LORA = ["--parallelism.data_parallel=none", "--lora.enable", "--lora.target_modules=q_proj,v_proj,down_proj"]
 MERGE_REL = 1e-6
 """Merged against unmerged logits, fp32: the merge adds B @ A * scale into W once, the unmerged model adds
 (x @ A^T) @ B^T * scale to x @ W^T: the same sum in another order."""
@@ -35,25 +34,9 @@ EXPORT_REL = 1e-5
 """The gates' fp32 bound: a reload's logits against the trained model's."""
 
 
-def _cfg(tmp_path, *extra, steps=1):
-    return load_config(None, [TINY, *tiny_run_flags(tmp_path / "out", steps=steps, batch_size=2), *LORA, *extra])
-
-
-def _tokens(vocab=256):
-    return torch.randint(0, vocab, (2, 12), generator=torch.Generator().manual_seed(3))
-
-
 @pytest.fixture(scope="module")
 def ckpt(tmp_path_factory):
     return write_tiny_llama(tmp_path_factory.mktemp("tiny") / "llama")
-
-
-def _built(tmp_path, *extra):
-    cfg = _cfg(tmp_path, *extra)
-    _, _, model = build_model_from_config(cfg.model)
-    model.to_empty(device="cpu")
-    model.init_weights(seed=0)
-    return cfg, model
 
 
 def _randomise_b(model):
@@ -64,11 +47,10 @@ def _randomise_b(model):
             if "lora_B" in name:
                 p.copy_(torch.randn(p.shape, generator=gen) * 0.05)
 
-
 def test_zero_b_computes_the_base_bit_for_bit(tmp_path):
-    cfg, model = _built(tmp_path)
+    cfg, model = built(tmp_path)
     with torch.no_grad():
-        base = model(_tokens())
+        base = model(sample_tokens())
     state = apply_lora(model, cfg.lora, model_adapter(cfg.model))
     bs = [p for n, p in model.named_parameters() if "lora_B" in n]
     assert len(bs) == 6 and all(not b.any() for b in bs)  # the claim is about peft's zero B ...
@@ -76,15 +58,15 @@ def test_zero_b_computes_the_base_bit_for_bit(tmp_path):
     modules = ("self_attn.q_proj", "self_attn.v_proj", "mlp.down_proj")
     assert set(state.names.targets.values()) == {f"model.layers.{i}.{m}" for i in (0, 1) for m in modules}
     with torch.no_grad():
-        assert torch.equal(model(_tokens()), base)
+        assert torch.equal(model(sample_tokens()), base)
         _randomise_b(model)
-        assert not torch.equal(model(_tokens()), base)  # the comparison can fail: adapters act on the output
+        assert not torch.equal(model(sample_tokens()), base)  # the comparison can fail: adapters act on the output
 
 
 def test_base_weights_keep_their_native_names(tmp_path):
     """peft renames wq.weight to wq.base_layer.weight; base_state_dict gives every base tensor under its
     name before peft (what the adapter's to_hf and checkpoint.initial_hf go by), and nothing else."""
-    cfg, model = _built(tmp_path, "--lora.modules_to_save=lm_head")
+    cfg, model = built(tmp_path, "--lora.modules_to_save=lm_head")
     before = dict(model.state_dict(keep_vars=True))
     apply_lora(model, cfg.lora, model_adapter(cfg.model))
     after = model.state_dict(keep_vars=True)
@@ -96,7 +78,7 @@ def test_base_weights_keep_their_native_names(tmp_path):
 
 
 def test_a_step_moves_only_the_adapters_and_saved_modules(tmp_path):
-    cfg = _cfg(tmp_path, "--lora.modules_to_save=lm_head")
+    cfg = lora_cfg(tmp_path, "--lora.modules_to_save=lm_head")
     trainer = Trainer(cfg, quiet=True)
     model = trainer.model
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
@@ -113,7 +95,7 @@ def test_a_step_moves_only_the_adapters_and_saved_modules(tmp_path):
 
 
 def test_the_memory_estimate_counts_gradients_and_adamw_state_of_what_trains(tmp_path):
-    trainer = Trainer(_cfg(tmp_path, "--lora.modules_to_save=lm_head"), quiet=True)
+    trainer = Trainer(lora_cfg(tmp_path, "--lora.modules_to_save=lm_head"), quiet=True)
     trainable = trainer.lora.trainable(trainer.model)
     est = trainer.memory_estimate
     assert est.grads == 4 * trainable and est.optimizer_state == 2 * 4 * trainable  # fp32
@@ -124,14 +106,14 @@ def test_the_memory_estimate_counts_gradients_and_adamw_state_of_what_trains(tmp
 
 
 def test_merged_equals_unmerged(tmp_path):
-    cfg, model = _built(tmp_path)
+    cfg, model = built(tmp_path)
     state = apply_lora(model, cfg.lora, model_adapter(cfg.model))
     _randomise_b(model)
     merged = merged_copy(state)
     assert not any(isinstance(m, peft.tuners.tuners_utils.BaseTunerLayer) for m in merged.modules())
     assert any(isinstance(m, peft.tuners.tuners_utils.BaseTunerLayer) for m in model.modules())  # the model keeps them
     with torch.no_grad():
-        want, got = model(_tokens()), merged(_tokens())
+        want, got = model(sample_tokens()), merged(sample_tokens())
     assert rel_l2(got, want) <= MERGE_REL
     assert rel_l2(merged.layers["0"].attention.wq.weight, model.layers["0"].attention.wq.base_layer.weight) > 1e-4
 
@@ -156,7 +138,7 @@ def test_peft_export_loads_in_peft_with_the_trained_logits(tmp_path, ckpt):
     keys = set(load_file(out / "adapter_model.safetensors"))
     assert f"{PREFIX}model.layers.1.mlp.down_proj.lora_B.weight" in keys and f"{PREFIX}lm_head.weight" in keys
     assert any(p.any() for n, p in trainer.model.named_parameters() if "lora_B" in n)  # a step moved B
-    tokens = _tokens(512)
+    tokens = sample_tokens(512)
     with torch.no_grad():
         want = trainer.model(tokens)
     got = _peft_logits(ckpt, out, tokens)
@@ -180,7 +162,7 @@ def test_same_adapter_weights_on_transformers_class_give_the_same_logits(tmp_pat
     trainer = built("run", *LORA, "--lora.target_modules=q_proj,k_proj,o_proj,gate_proj,up_proj")
     cfg = trainer.cfg
     with torch.no_grad():
-        assert torch.equal(trainer.model(_tokens(512)), plain.model(_tokens(512)))
+        assert torch.equal(trainer.model(sample_tokens(512)), plain.model(sample_tokens(512)))
     _randomise_b(trainer.model)
     sd = peft.get_peft_model_state_dict(trainer.model)
     hf = transformers.AutoModelForCausalLM.from_pretrained(ckpt, dtype=torch.float32)
@@ -189,7 +171,7 @@ def test_same_adapter_weights_on_transformers_class_give_the_same_logits(tmp_pat
     upstream = peft.get_peft_model(hf, config)
     result = peft.set_peft_model_state_dict(upstream, {hf_key(k, trainer.lora): v for k, v in sd.items()})
     assert not result.unexpected_keys and not [k for k in result.missing_keys if "lora_" in k]
-    tokens = _tokens(512)
+    tokens = sample_tokens(512)
     with torch.no_grad():
         want, got = trainer.model(tokens), upstream(tokens).logits
     assert rel_l2(got, want) <= EXPORT_REL
@@ -206,7 +188,7 @@ def test_transformers_path_exports_an_adapter_peft_loads(tmp_path, ckpt):
     trainer = Trainer(cfg, quiet=True)
     trainer.train()
     assert trainer.lora.names.targets["model.layers.1.mlp.down_proj"] == "model.layers.1.mlp.down_proj"
-    tokens = _tokens(512)
+    tokens = sample_tokens(512)
     with torch.no_grad():
         want = trainer.model(tokens)
     assert rel_l2(_peft_logits(ckpt, out, tokens), want) <= EXPORT_REL
@@ -217,7 +199,7 @@ def test_merged_export_reloads_in_transformers(tmp_path, ckpt):
     cfg = tiny_cfg(ckpt, tmp_path / "run", *LORA, "--lora.merged_export", f"--checkpoint.export_hf={out}")
     trainer = Trainer(cfg, quiet=True)
     trainer.train()
-    tokens = _tokens(512)
+    tokens = sample_tokens(512)
     reloaded = transformers.AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32)
     with torch.no_grad():
         want, got = trainer.model(tokens), reloaded(tokens).logits
@@ -229,10 +211,10 @@ def test_merged_export_reloads_in_transformers(tmp_path, ckpt):
 def test_resume_continues_the_same_curve(tmp_path):
     """The DCP checkpoint holds the frozen base, the adapters and their AdamW state: 2 steps, then a
     resumed third, give the 3-step run's losses."""
-    whole = Trainer(_cfg(tmp_path / "a", steps=3), quiet=True).train()
+    whole = Trainer(lora_cfg(tmp_path / "a", steps=3), quiet=True).train()
     ck = ["--checkpoint.enable", "--checkpoint.interval=1"]
-    Trainer(_cfg(tmp_path / "b", *ck, steps=2), quiet=True).train()
-    resumed = Trainer(_cfg(tmp_path / "b", *ck, steps=3), quiet=True)
+    Trainer(lora_cfg(tmp_path / "b", *ck, steps=2), quiet=True).train()
+    resumed = Trainer(lora_cfg(tmp_path / "b", *ck, steps=3), quiet=True)
     assert resumed.resumed_from == 2
     last = resumed.train().metrics[-1]
     assert last["step"] == 3 and last["loss"] == whole.metrics[-1]["loss"]
@@ -254,15 +236,15 @@ def test_a_checkpoint_holds_what_trains_and_names_the_base_it_leaves_out(tmp_pat
     assert weights and all(".lora_" in k or ".modules_to_save." in k for k in weights), weights
     assert any(".lora_B." in k for k in weights) and FROZEN in saved
     other = write_tiny_llama(tmp_path / "other", seed=1)
-    said = _refusal(lambda: Trainer(tiny_cfg(other, tmp_path / "run", *flags, steps=2), quiet=True))
+    said = refusal(lambda: Trainer(tiny_cfg(other, tmp_path / "run", *flags, steps=2), quiet=True))
     assert f"trained on the frozen base {ckpt.resolve()}" in said and f"this run's base is {other.resolve()}" in said
 
 
 def test_simple_fsdp_on_one_process_is_eager_bit_for_bit(tmp_path):
     """SimpleFSDP at world size 1 keeps plain parameters (parallel/simple_fsdp.py), adapters included:
     the same curve as data_parallel = "none" to the bit (2 ranks: tests/core/dist/test_lora_two_ranks.py)."""
-    eager = Trainer(_cfg(tmp_path / "a", steps=2), quiet=True).train().metrics
-    fsdp = Trainer(_cfg(tmp_path / "b", "--parallelism.data_parallel=simple_fsdp", steps=2), quiet=True)
+    eager = Trainer(lora_cfg(tmp_path / "a", steps=2), quiet=True).train().metrics
+    fsdp = Trainer(lora_cfg(tmp_path / "b", "--parallelism.data_parallel=simple_fsdp", steps=2), quiet=True)
     assert fsdp.lora is not None and fsdp.world_size == 1
     got = fsdp.train().metrics
     assert [r["loss"] for r in got] == [r["loss"] for r in eager]
@@ -273,22 +255,14 @@ def test_simple_fsdp_on_one_process_is_eager_bit_for_bit(tmp_path):
 def test_activation_checkpoint_wraps_the_blocks_around_peft_layers_bit_for_bit(tmp_path, mode):
     """[activation_checkpoint] goes by the blocks' paths, which peft's wrappers (deeper down) leave as they
     were: the adapters' activations are recomputed with the rest, the curve eager's to the bit."""
-    eager = Trainer(_cfg(tmp_path / "a", steps=2), quiet=True).train().metrics
-    ac = Trainer(_cfg(tmp_path / "b", f"--activation_checkpoint.mode={mode}", steps=2), quiet=True)
+    eager = Trainer(lora_cfg(tmp_path / "a", steps=2), quiet=True).train().metrics
+    ac = Trainer(lora_cfg(tmp_path / "b", f"--activation_checkpoint.mode={mode}", steps=2), quiet=True)
     assert ac.checkpointed == ["layers.0", "layers.1"], ac.checkpointed
     got = ac.train().metrics
     assert [(r["loss"], r["grad_norm"]) for r in got] == [(r["loss"], r["grad_norm"]) for r in eager]
 
 
 # ---- bad input: one line each ---------------------------------------------------------------------
-def _refusal(fn) -> str:
-    with pytest.raises(ConfigError) as e:
-        fn()
-    text = str(e.value)
-    assert "\n" not in text
-    return text
-
-
 @pytest.mark.parametrize("mode,flags", [
     ("compile", ["--compile.enable", "--compile.backend=aot_eager", "--compile.fullgraph"]),
     ("graph_trainer", ["--graph_trainer.enable"]),
@@ -298,9 +272,9 @@ def test_compiled_modes_train_the_adapters_as_eager_does(tmp_path, mode, flags):
     inside the Graph Trainer's one captured step (frozen base: no gradient, no AdamW update in the graph):
     eager's curve within the compile gate's fp32 1e-5, the Graph Trainer's bit for bit (its fp32 bound, 0),
     and the base weights as loaded. (inductor, measured once by hand: step losses within 5e-7 of eager's.)"""
-    eager = Trainer(_cfg(tmp_path / "a", steps=3), quiet=True)
+    eager = Trainer(lora_cfg(tmp_path / "a", steps=3), quiet=True)
     want = eager.train().metrics
-    trainer = Trainer(_cfg(tmp_path / "b", *flags, steps=3), quiet=True)
+    trainer = Trainer(lora_cfg(tmp_path / "b", *flags, steps=3), quiet=True)
     base = {n: t.clone() for n, t in base_state_dict(trainer.model).items()}
     got = trainer.train().metrics
     if mode == "compile":
@@ -326,7 +300,7 @@ def test_float8_base_layers_under_the_adapters_train_within_the_float8_bound(tmp
     def losses(float8):
         flags = ["--training.dtype=bfloat16", "--data.repeat_batch=true", f"--kernels.float8={float8}",
                  "--optimizer.lr=1e-2", "--lora.target_modules=q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj"]
-        trainer = Trainer(_cfg(tmp_path / float8, *flags, steps=10), quiet=True)
+        trainer = Trainer(lora_cfg(tmp_path / float8, *flags, steps=10), quiet=True)
         base = {n: t.clone() for n, t in base_state_dict(trainer.model).items()}
         rows = trainer.train().metrics
         assert all(torch.equal(t, base[n]) for n, t in base_state_dict(trainer.model).items())
@@ -339,162 +313,3 @@ def test_float8_base_layers_under_the_adapters_train_within_the_float8_bound(tmp
     assert type(wrapped.base_layer).__name__ == "Float8TrainingLinear" and "lora" in type(wrapped).__module__
     assert got[-1] < got[0] - 0.5 and want[-1] < want[0] - 0.5  # both learn the repeated batch
     assert abs(got[-1] - want[-1]) / want[-1] <= FLOAT8_LOSS_REL, (got, want)
-
-
-@pytest.mark.parametrize("key,value", [("rank", "0"), ("alpha", "0"), ("dropout", "1.0")])
-def test_out_of_range_values_name_their_key(key, value):
-    assert f"lora.{key}" in _refusal(lambda: load_config(None, [f"--lora.{key}={value}"]))
-
-
-def test_a_target_that_matches_nothing_lists_the_names(tmp_path):
-    cfg, model = _built(tmp_path, "--lora.target_modules=q_proj,qkv_proj")
-    text = _refusal(lambda: apply_lora(model, cfg.lora, model_adapter(cfg.model)))
-    assert "'qkv_proj' matches no module" in text and "q_proj" in text and "down_proj" in text
-    assert not any(isinstance(m, peft.tuners.tuners_utils.BaseTunerLayer) for m in model.modules())
-
-
-def test_a_model_the_adapter_cannot_name_is_refused(tmp_path):
-    cfg, model = _built(tmp_path)
-
-    class Nameless:
-        def to_hf(self, sd):
-            raise ValueError("no HF name for native key 'layers.0.attention.wq.weight'")
-
-    assert "cannot name its layers" in _refusal(lambda: apply_lora(model, cfg.lora, Nameless()))
-
-
-def test_a_target_whose_weight_the_adapter_converts_is_refused(tmp_path):
-    cfg, model = _built(tmp_path)
-    real = model_adapter(cfg.model)
-
-    class Transposing:  # a family that stores q_proj transposed: no Linear here is q_proj as it stands
-        def to_hf(self, sd):
-            return {k: (v.t() if "q_proj" in k else v) for k, v in real.to_hf(sd).items()}
-
-    assert "converts" in _refusal(lambda: apply_lora(model, cfg.lora, Transposing()))
-
-
-@pytest.mark.parametrize("targets,said", [
-    ("input_layernorm", "matches model.layers.0.input_layernorm, a RMSNorm: peft adapts Linear and Embedding"),
-    ("self_attn", "'self_attn' matches no module"),  # a container: peft's rule matches whole names or suffixes
-])  # fmt: skip
-def test_a_target_that_is_no_layer_peft_adapts_is_refused(tmp_path, targets, said):
-    cfg, model = _built(tmp_path, f"--lora.target_modules={targets}")
-    assert said in _refusal(lambda: apply_lora(model, cfg.lora, model_adapter(cfg.model)))
-
-
-def test_lora_on_the_head_the_loss_reads_by_weight_is_refused(tmp_path):
-    cfg, model = _built(tmp_path, "--lora.target_modules=lm_head")
-    assert "modules_to_save" in _refusal(lambda: apply_lora(model, cfg.lora, model_adapter(cfg.model)))
-
-
-def test_a_module_the_loss_reaches_by_another_path_is_refused(tmp_path, ckpt):
-    """The transformers path's loss reads lm_head's weight through transformers' own reference to the
-    original module, which peft's swap does not reach: a saved copy would train and change nothing."""
-    cfg = tiny_cfg(ckpt, tmp_path / "run", *LORA, "--model.family=transformers", "--lora.modules_to_save=lm_head")
-    cfg.model.overrides = {}
-    assert "lm_head would train without changing the loss" in _refusal(lambda: Trainer(cfg, quiet=True))
-
-
-def test_an_export_onto_another_base_is_refused(tmp_path, ckpt):
-    cfg = tiny_cfg(ckpt, tmp_path / "run", *LORA)
-    trainer = Trainer(cfg, quiet=True)
-    other = write_tiny_llama(tmp_path / "other", intermediate_size=256)
-    text = _refusal(lambda: export_peft(trainer.model, trainer.lora, model_adapter(cfg.model), tmp_path / "a",
-                                        base=other))  # fmt: skip
-    assert "another base" in text and "_proj.weight" in text
-    same_shapes = write_tiny_llama(tmp_path / "same_shapes", seed=1)  # another draw of the same architecture
-    text = _refusal(lambda: export_peft(trainer.model, trainer.lora, model_adapter(cfg.model), tmp_path / "a",
-                                        base=same_shapes))  # fmt: skip
-    assert "another base" in text and "model.layers.0.self_attn.q_proj.weight differs" in text
-    assert not (tmp_path / "a").exists()
-    export_peft(trainer.model, trainer.lora, model_adapter(cfg.model), tmp_path / "a", base=ckpt)  # its own base: fine
-
-
-def test_merging_an_adapter_on_a_tied_embedding_is_refused(tmp_path):
-    """Unmerged, an adapter on the tied embedding changes the input only; merged, the head too."""
-    tied = TINY.replace("}", ", tie_embeddings=true}")
-    cfg, model = _built(tmp_path, tied, "--lora.target_modules=embed_tokens,q_proj")
-    state = apply_lora(model, cfg.lora, model_adapter(cfg.model))  # trains, and exports as PEFT, fine
-    assert "ties it to its head" in _refusal(lambda: merged_copy(state))
-    cfg.lora.merged_export = True
-    _, model = _built(tmp_path, tied)
-    assert "ties it to its head" in _refusal(lambda: apply_lora(model, cfg.lora, model_adapter(cfg.model)))
-
-
-@pytest.mark.parametrize("extra,said", [
-    (["--checkpoint.export_hf=x"], "checkpoint.initial_hf"),
-    (["--lora.target_modules="], "target_modules is empty"),
-    (["--parallelism.data_parallel=fsdp2", "--lora.modules_to_save=lm_head"], "never be gathered"),
-])  # fmt: skip
-def test_runs_lora_cannot_do_yet_are_refused_before_building(tmp_path, extra, said):
-    assert said in _refusal(lambda: Trainer(_cfg(tmp_path, *extra), quiet=True))
-
-
-@pytest.mark.parametrize("extra,said", [
-    (["--parallelism.tp=2", "--lora.dropout=0.1"], "lora.dropout = 0.1 under parallelism.tp = 2"),
-    (["--parallelism.pp=2", "--training.grad_accum=2"], "not parallelism.pp = 2"),
-    (["--parallelism.cp=2"], "not parallelism.cp = 2"),
-])  # fmt: skip
-def test_what_lora_does_not_compose_with_is_refused_before_any_rank_starts(tmp_path, capsys, extra, said):
-    """SimpleFSDP, FSDP2 and tp compose (tests/core/dist/test_lora_two_ranks.py, test_lora_tp.py); the rest is
-    refused by the launcher."""
-    from titan_core.launcher import launch
-
-    argv = [TINY, *tiny_run_flags(tmp_path, steps=1, batch_size=2), "--lora.enable", *extra]
-    assert launch(argv, 2) == 2
-    err = capsys.readouterr().err
-    assert said in err and len(err.strip().splitlines()) == 1, err
-    assert not (tmp_path / "logs").exists()
-
-
-def test_fsdp2_refuses_an_adapter_on_an_embedding_it_could_not_gather(tmp_path):
-    """peft's embedding adapters are parameters read in the forward, not modules called: FSDP2 has no
-    forward to gather them on. One process in a process group of one, FSDP2's whole path."""
-    cfg = _cfg(tmp_path, "--parallelism.data_parallel=fsdp2", "--lora.target_modules=embed_tokens,q_proj")
-    said = _refusal(lambda: Trainer(cfg, quiet=True))
-    assert "cannot shard the adapter of embedding tok_embeddings" in said and "simple_fsdp" in said, said
-def test_tp_passes_the_check_and_only_dropout_under_it_is_refused(tmp_path):
-    tp = ["--parallelism.data_parallel=simple_fsdp", "--parallelism.tp=2", "--parallelism.sequence_parallel"]
-    check_lora(_cfg(tmp_path, *tp), world_size=2)
-    assert "draw its own mask" in _refusal(lambda: check_lora(_cfg(tmp_path, *tp, "--lora.dropout=0.05"), 2))
-
-
-def test_an_adapter_on_the_vocabulary_split_embedding_is_refused_under_tp(tmp_path):
-    """TP splits the embedding by vocabulary rows, which no adapter split follows (lora/tensor_parallel.py);
-    the block Linears of the same run are split (a tp mesh of one rank: the split's bookkeeping, not its sums)."""
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.tensor import DTensor
-
-    from titan_core.lora.tensor_parallel import adapter_split
-    from titan_core.parallel.tensor_parallel import apply_tensor_parallel
-    from titan_core.runtime import distributed
-
-    with distributed.process_group(torch.device("cpu"), timeout_s=60):
-        mesh = init_device_mesh("cpu", (1, 1), mesh_dim_names=("dp_shard", "tp"))
-        for targets, refused in (("q_proj,down_proj", False), ("q_proj,embed_tokens", True)):
-            cfg, model = _built(tmp_path, f"--lora.target_modules={targets}")
-            apply_tensor_parallel(model, "llama3", mesh["tp"])
-            split = adapter_split(cfg, mesh)
-            if refused:
-                refusal = _refusal(lambda: apply_lora(model, cfg.lora, model_adapter(cfg.model), split=split))
-                assert "model.embed_tokens is split over parallelism.tp otherwise" in refusal
-                continue
-            apply_lora(model, cfg.lora, model_adapter(cfg.model), split=split)
-            adapters = {n: p for n, p in model.named_parameters() if ".lora_" in n}
-            assert adapters and all(isinstance(p, DTensor) for p in adapters.values())
-            assert adapters["layers.0.attention.wq.lora_B.default.weight"].placements == (Shard(0),)
-            assert adapters["layers.0.feed_forward.w2.lora_A.default.weight"].placements == (Shard(1),)
-            assert adapters["layers.0.attention.wq.lora_A.default.weight"].placements == (Replicate(),)
-            assert adapters["layers.0.feed_forward.w2.lora_B.default.weight"].placements == (Replicate(),)
-
-
-def test_the_entry_point_says_a_refusal_in_one_line_and_exits_2(tmp_path, capsys):
-    from titan_core.train import main
-
-    argv = [TINY, *tiny_run_flags(tmp_path, steps=1, batch_size=2), *LORA, "--lora.target_modules=q_prj"]
-    assert main(argv) == 2
-    err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1 and "'q_prj' matches no module" in err and "q_proj" in err
-    assert main([*argv[:-1], "--lora.rank=0"]) == 2
-    assert "lora.rank = 0 is out of range" in capsys.readouterr().err
