@@ -76,6 +76,9 @@ def check_lora(cfg: JobConfig, world_size: int = 1) -> None:
     other = [f"{k} = {getattr(par, k)}" for k in ("pp", "cp", "ep") if getattr(par, k) != 1]
     if other:
         raise ConfigError(f"lora composes with SimpleFSDP, FSDP2 and tp only, not parallelism.{other[0]}: set it to 1")
+    if cfg.graph_trainer.enable and cfg.graph_trainer.scan_layers:  # the scan stacks what the optimizer steps
+        raise ConfigError("lora under graph_trainer.scan_layers: the scan stacks each block's parameters as trained "
+                          "ones, and lora freezes the base; set scan_layers = false")  # fmt: skip
     if par.tp != 1:  # the adapters split as their layers (tensor_parallel.py), with what that cannot do refused
         check_lora_tp(cfg)
     if cfg.checkpoint.export_hf and not cfg.lora.merged_export and not cfg.checkpoint.initial_hf:

@@ -405,11 +405,13 @@ def estimate_memory(m: ModelShape, s: TrainSetup) -> MemoryEstimate:
         # a layer's backward makes its weights' gradients whole (the gathered weight's, in the compute dtype)
         # before each is cast to the reduce dtype and reduce-scattered to this rank's shard, one at a time
         layer = m.block_params / m.n_layers / max(1, s.tp) + m.expert_params / m.n_layers / max(1, s.ep)
+        if m.lora_params >= 0:  # [lora]: only the adapters' gradients are made, the frozen base has none
+            layer = m.lora_params / m.n_layers
         transient += math.ceil(layer) * cb
     if s.mode == "graph_trainer":
-        # the functional update's new params and states; the clipped gradients stay alive beside
-        # them (one foreach output: the list lives until its last element's use)
-        opt_work = params + state
+        # the functional update's new params and states (of what trains); the clipped gradients stay alive
+        # beside them (one foreach output: the list lives until its last element's use)
+        opt_work = (params if m.lora_params < 0 else grads) + state
     else:  # torch's foreach AdamW: sqrt(exp_avg_sq) as one state-sized buffer; the fp64 norm of clipping
         opt_work = max(params, _ceil_div(m.largest_param, s.shards) * 8)
     # one process: fp32 weights (to_empty builds in the default dtype) plus one parameter's cast; several:

@@ -8,7 +8,8 @@ recipe with the full model), and titan_core judges it:
 
 - `titan_core.parallel.check_parallelism(cfg, world)`: every check that needs no process group
   (degrees against the world, ep / cp / pp against the execution mode, checkpoints, validation,
-  the attention kernel, the transformers path, the pipeline schedule's microbatches);
+  the attention kernel, the transformers path, the pipeline schedule's microbatches), and under
+  [lora] `titan_core.lora.inject.check_lora` (the degrees its adapters compose with);
 - the checks that need the model, run on the full model on meta: `check_pipeline_model` under
   pp (the shared decoder, no tied embeddings, no MoE load-balancing loss across stages) and
   `check_expert_model` under ep (experts of titan_core's kind that ep divides). They run before
@@ -35,6 +36,7 @@ from titan_core.config.execution_modes import MODE_KEYS, execution_mode
 from titan_core.config.sections import JobConfig
 from titan_core.memory.estimate import ModelShape, TrainSetup
 from titan_core.compile.graph_trainer.scan import check_scannable
+from titan_core.lora.inject import check_lora
 from titan_core.parallel import check_parallelism
 from titan_core.parallel.expert_parallel import check_expert_model
 from titan_core.parallel.mesh import Degrees
@@ -165,7 +167,9 @@ class Acceptance:
         """titan_core's one-line refusal of `o`'s recipe on `o`'s world, or None when it runs it."""
         try:
             cfg = self.config(o)
-            self._check_model(cfg, check_parallelism(cfg, o.layout.world))
+            degrees = check_parallelism(cfg, o.layout.world)
+            check_lora(cfg, o.layout.world)  # [lora]'s own: the degrees and modes its adapters compose with
+            self._check_model(cfg, degrees)
         except ConfigError as e:
             return one_line(e)
         return None

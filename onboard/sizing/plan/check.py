@@ -49,8 +49,9 @@ from titan_core.models.common.stats import flops_per_token
 from titan_core.parallel import check_parallelism
 from titan_core.parallel.pipeline import STAGES_PER_RANK
 from titan_core import launcher
+from titan_core.lora.inject import planned_lora_params
 from titan_core.runtime.cpu_peak import measured_cpu_peak
-from titan_core.models.model_builder import build_meta_model
+from titan_core.models.model_builder import build_meta_model, model_adapter
 
 CHECK_STEPS = 2
 """Steps the check runs: step 1 runs the plan's combination on fresh weights, step 2 on weights the
@@ -135,7 +136,8 @@ def _meta(cfg) -> tuple[Any, Any]:
 def _estimate(cfg, degrees, meta: tuple[Any, Any]):
     """titan_core's estimate of one rank of `cfg` at `degrees` on this CPU (what its preflight computes)."""
     args, model = meta
-    return estimate_for(cfg, model, args, "cpu", degrees)[2]
+    lora = planned_lora_params(model, cfg.lora, model_adapter(cfg.model)) if cfg.lora.enable else -1
+    return estimate_for(cfg, model, args, "cpu", degrees, lora_params=lora)[2]
 
 
 def memory_verdict(rows: list[dict], est, world: int) -> dict[str, Any] | None:

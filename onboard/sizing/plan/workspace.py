@@ -28,6 +28,7 @@ from __future__ import annotations
 import copy
 import hashlib
 import shlex
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -50,11 +51,12 @@ from titan_core.config.execution_modes import execution_mode
 from titan_core.memory.budget import cpu_budget
 from titan_core.memory.estimate import ModelShape, format_bytes
 from titan_core.models.common.param_counts import count_params
-from titan_core.models.common.stats import flops_per_token
+from titan_core.lora.inject import planned_lora_params
+from titan_core.models.common.stats import flops_per_token, lora_flops_per_token
 from titan_core.parallel.plans import TP_PLANS
 from titan_core.runtime.argv import LAUNCH
 from titan_core.runtime.cpu_peak import measured_cpu_peak
-from titan_core.models.model_builder import build_meta_model, resolve_model_args
+from titan_core.models.model_builder import build_meta_model, model_adapter, resolve_model_args
 
 DEFAULT_SEQ = 4096
 POSITION_KEYS = ("max_position_embeddings", "n_positions", "n_ctx", "max_target_positions")
@@ -96,6 +98,18 @@ def plan_workspace_target(ws: Workspace, target_spec: str, *, seq: int = DEFAULT
     cfg = load_config(ws.recipe_path)
     full, args, model = _full_model(ws, cfg)
     shape = ModelShape.from_model(model, args)
+    lora = -1
+    if cfg.lora.enable:  # the base frozen: the adapters alone hold gradients and AdamW state
+        try:
+            lora = planned_lora_params(model, cfg.lora, model_adapter(full))
+        except ConfigError as e:
+            raise BadInput(f"{ws.recipe_path}: {e}") from None
+        shape = replace(shape, lora_params=lora)
+
+    def fpt(seq_len: int) -> float:  # under [lora] no frozen weight's gradient is computed
+        flops = flops_per_token(args, seq_len)
+        return lora_flops_per_token(flops, args, lora) if lora >= 0 else flops
+
     counts = count_params(model)
     tp_plan = full.family in TP_PLANS and not full.module_file
     twin_args = resolve_model_args(cfg.model) if ws.twin_path is not None else None
@@ -104,7 +118,7 @@ def plan_workspace_target(ws: Workspace, target_spec: str, *, seq: int = DEFAULT
     recipe.model = full
     accept = Acceptance(recipe, args, model, shape, target, kernels, levers)
     plan = plan_training(
-        shape, counts, lambda s: flops_per_token(args, s), target, seq_len=seq, kernels=kernels, tp_plan=tp_plan,
+        shape, counts, fpt, target, seq_len=seq, kernels=kernels, tp_plan=tp_plan,
         efficiency=efficiency, compiled=execution_mode(cfg) == "compile",
         captured_compiled=cfg.graph_trainer.compile == "inductor",
         float8=getattr(cfg.kernels, "float8", "none") != "none", accept=accept,

@@ -113,6 +113,7 @@ def test_merging_an_adapter_on_a_tied_embedding_is_refused(tmp_path):
     (["--checkpoint.export_hf=x"], "checkpoint.initial_hf"),
     (["--lora.target_modules="], "target_modules is empty"),
     (["--parallelism.data_parallel=fsdp2", "--lora.modules_to_save=lm_head"], "never be gathered"),
+    (["--graph_trainer.enable", "--graph_trainer.scan_layers"], "lora freezes the base"),
 ])  # fmt: skip
 def test_runs_lora_cannot_do_yet_are_refused_before_building(tmp_path, extra, said):
     assert said in refusal(lambda: Trainer(lora_cfg(tmp_path, *extra), quiet=True))

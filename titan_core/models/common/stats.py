@@ -38,6 +38,14 @@ def weight_flops(active: int, embedding: int, *, tied: bool) -> float:
     return 6.0 * (active - (0 if tied else embedding))
 
 
+def lora_flops_per_token(flops: float, args: TransformerArgs, lora_params: int) -> float:
+    """Training FLOPs per token of a [lora] run, from the full fine-tune's `flops`: a frozen weight's own
+    gradient (2 of its 6) is never computed, the input's gradient through it still is; the adapters cost
+    6 per parameter as any trained weight does."""
+    counts = param_counts(args)
+    return flops - weight_flops(counts["active"], counts["embedding"], tied=args.tie_embeddings) / 3 + 6.0 * lora_params
+
+
 def model_flops_per_token(model: TrainableModel, seq_len: int) -> float:
     """Training FLOPs per token of a built model: its own count where it has one (flux: per image
     token; the transformers path's attention-free stacks), else `flops_per_token` of its args."""
