@@ -49,7 +49,7 @@ from titan_core.memory.tensor_peak import TensorPeak, held_tensor_bytes
 from titan_core.runtime import cpu_load
 from titan_core.measure.metrics import MetricsLogger
 from titan_core.models.model_builder import build_model_from_config, model_adapter
-from titan_core.models.common.stats import lora_flops_per_token, model_flops_per_token
+from titan_core.models.common.stats import model_flops_per_token
 from titan_core.training.optim import build_lr_scheduler, build_optimizer
 from titan_core.parallel import build_mesh, check_parallelism, clip_grad_norm_, dp_coordinates, parallelize
 from titan_core.parallel.activation_checkpoint import apply_activation_checkpoint, check_activation_checkpoint
@@ -251,9 +251,7 @@ class Trainer:
         )
         self.num_params = built_params
         # the decoder formula of its args, unless the model counts its own (flux: per image token)
-        self.flops_per_token = model_flops_per_token(model, cfg.training.seq_len)
-        if cfg.lora.enable:  # the frozen base's weight gradients are not computed: MFU counts what runs
-            self.flops_per_token = lora_flops_per_token(self.flops_per_token, self.args, planned)
+        self.flops_per_token = model_flops_per_token(model, cfg.training.seq_len, lora_params=planned)
         self.peak_flops = devices.peak_flops(self.device, DTYPES[cfg.training.mixed_precision_param])
         self.step = 0
         self.resumed_from: int | None = None

@@ -105,6 +105,17 @@ def test_the_memory_estimate_counts_gradients_and_adamw_state_of_what_trains(tmp
     assert whole.memory_estimate.grads == 4 * sum(p.numel() for p in whole.model.parameters())
 
 
+def test_a_lora_runs_flops_count_no_weight_gradient_of_the_frozen_base(tmp_path):
+    """MFU counts what the step computes: 6 FLOPs per token per trained weight, 4 per frozen one (its input's
+    gradient, not its own)."""
+    trainer = Trainer(lora_cfg(tmp_path), quiet=True)
+    whole = Trainer(load_config(None, [TINY, *tiny_run_flags(tmp_path / "w", steps=1, batch_size=2),
+                                       "--parallelism.data_parallel=none"]), quiet=True)  # fmt: skip
+    frozen = sum(p.numel() for n, p in whole.model.named_parameters() if not n.startswith("tok_embeddings"))
+    want = whole.flops_per_token - 2 * frozen + 6 * trainer.lora.trainable(trainer.model)
+    assert trainer.flops_per_token == pytest.approx(want, rel=1e-12) and trainer.flops_per_token < whole.flops_per_token
+
+
 def test_merged_equals_unmerged(tmp_path):
     cfg, model = built(tmp_path)
     state = apply_lora(model, cfg.lora, model_adapter(cfg.model))

@@ -46,8 +46,13 @@ def lora_flops_per_token(flops: float, args: TransformerArgs, lora_params: int) 
     return flops - weight_flops(counts["active"], counts["embedding"], tied=args.tie_embeddings) / 3 + 6.0 * lora_params
 
 
-def model_flops_per_token(model: TrainableModel, seq_len: int) -> float:
+def model_flops_per_token(model: TrainableModel, seq_len: int, *, lora_params: int = -1) -> float:
     """Training FLOPs per token of a built model: its own count where it has one (flux: per image
-    token; the transformers path's attention-free stacks), else `flops_per_token` of its args."""
+    token; the transformers path's attention-free stacks), else `flops_per_token` of its args, which
+    with `lora_params` >= 0 ([lora]) is `lora_flops_per_token`'s (an own count knows its layers, not
+    which of them are frozen: it is kept)."""
     own = model.flops_per_token(seq_len)
-    return flops_per_token(model.args, seq_len) if own is None else own
+    if own is not None:
+        return own
+    flops = flops_per_token(model.args, seq_len)
+    return lora_flops_per_token(flops, model.args, lora_params) if lora_params >= 0 else flops
