@@ -1,4 +1,5 @@
-"""What every bench shares: the timing protocol's flags, one comparison's JSON entry, and the report.
+"""What every bench shares: the timing protocol's flags, one comparison's JSON entry, the report, and
+the main of a bench that runs shape by shape.
 
 Speed goes through titan_core.measure.timing (`compare`: interleaved, with an interval); the report
 records the protocol's settings and the machine's 1-minute load at start and end, and
@@ -76,6 +77,27 @@ def start(benchmark: str, protocol: TimingProtocol, **fields) -> dict:
     """A report to fill in: `comparisons` takes `entry(...)`s; `emit` finishes and prints it."""
     return {"benchmark": benchmark, "timing_protocol": protocol.settings(), "load_avg_1m": {"start": load()},
             **fields, "comparisons": []}  # fmt: skip
+
+
+def by_shape(benchmark: str, doc: str, shapes: str, run_shape, **fields) -> tuple[dict, argparse.Namespace]:
+    """The shape-by-shape bench's main: `--shapes` (default `shapes`), `--out` and the timing protocol's
+    flags parsed, `run_shape(shape, protocol, work)` run for each shape in one temporary folder, each
+    result under `shapes` and its comparisons pooled; (the report, for the bench's verdicts, and the args)."""
+    import tempfile
+
+    ap = argparse.ArgumentParser(description=doc.splitlines()[0])
+    ap.add_argument("--shapes", default=shapes)
+    ap.add_argument("--out", default="", help="also write the JSON here")
+    add_protocol_args(ap)
+    a = ap.parse_args()
+    protocol = protocol_from(a)
+    report = start(benchmark, protocol, **fields, shapes=[])
+    with tempfile.TemporaryDirectory(prefix=f"{benchmark}_") as work:
+        for shape in a.shapes.split(","):
+            res = run_shape(shape, protocol, work)
+            report["comparisons"] += res.pop("comparisons")
+            report["shapes"].append(res)
+    return report, a
 
 
 def emit(report: dict, out: str = "") -> None:

@@ -23,7 +23,6 @@ Prints one JSON document on stdout; progress on stderr.
 
 from __future__ import annotations
 
-import argparse
 import os
 import time
 
@@ -106,20 +105,7 @@ def run_shape(shape: str, protocol, work: str) -> dict:
 
 
 def main() -> None:
-    import tempfile
-
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--shapes", default="demo,slice8b")
-    ap.add_argument("--out", default="", help="also write the JSON here")
-    _report.add_protocol_args(ap)
-    a = ap.parse_args()
-    protocol = _report.protocol_from(a)
-    report = _report.start("activation_checkpoint", protocol, shapes=[])
-    with tempfile.TemporaryDirectory(prefix="ac_bench_") as work:
-        for shape in a.shapes.split(","):
-            res = run_shape(shape, protocol, work)
-            report["comparisons"] += res.pop("comparisons")
-            report["shapes"].append(res)
+    report, a = _report.by_shape("activation_checkpoint", __doc__, "demo,slice8b", run_shape)
     report["full_saves_at_least_60_percent"] = all(s["policies"]["full"]["saved_fraction"] >= 0.6
                                                    for s in report["shapes"])  # fmt: skip
     report["bit_identical"] = all(p["loss_bit_identical"] and p["grads_bit_identical"]

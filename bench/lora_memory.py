@@ -22,7 +22,6 @@ Prints one JSON document on stdout; progress on stderr.
 
 from __future__ import annotations
 
-import argparse
 import os
 
 os.environ.setdefault("TORCH_DEVICE_BACKEND_AUTOLOAD", "0")
@@ -87,20 +86,7 @@ def run_shape(shape: str, protocol, work: str) -> dict:
 
 
 def main() -> None:
-    import tempfile
-
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--shapes", default="slice8b")
-    ap.add_argument("--out", default="", help="also write the JSON here")
-    _report.add_protocol_args(ap)
-    a = ap.parse_args()
-    protocol = _report.protocol_from(a)
-    report = _report.start("lora_memory", protocol, rank=RANK, targets=TARGETS.split(","), shapes=[])
-    with tempfile.TemporaryDirectory(prefix="lora_bench_") as work:
-        for shape in a.shapes.split(","):
-            res = run_shape(shape, protocol, work)
-            report["comparisons"] += res.pop("comparisons")
-            report["shapes"].append(res)
+    report, a = _report.by_shape("lora_memory", __doc__, "slice8b", run_shape, rank=RANK, targets=TARGETS.split(","))
     report["state_within_target"] = all(s["state_fraction"] <= STATE_TARGET for s in report["shapes"])
     _report.emit(report, a.out)
 

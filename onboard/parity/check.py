@@ -38,9 +38,6 @@ from onboard.parity.results import results_path, write_results
 from onboard.upstream.hf_model import build_upstream, seeded_init
 from onboard.workspace.layout import HF_CONFIG, TWIN
 
-_port = call_port  # workspace code called: its exceptions are the port's failure
-
-
 def check_workspace(
     root: Path,
     *,
@@ -101,15 +98,15 @@ def _run(root, res, m, weights_dir, batch, seq_len, seed, attn_implementation) -
     m.update(upstream.counts())
     adapter = load_adapter(root)
     if callable(getattr(adapter, "unconsumed_keys", None)):
-        res["unconsumed_hf_keys"] = _port(adapter.unconsumed_keys, "adapter.unconsumed_keys", cfg)
+        res["unconsumed_hf_keys"] = call_port(adapter.unconsumed_keys, "adapter.unconsumed_keys", cfg)
     # a seed the upstream init never uses: a native weight the adapter fails to load must not
     # start equal to its upstream counterpart by coincidence of generators (it did, seed for seed)
     native = build_native(ws, native_args(ws, adapter, cfg), seed=seed + 1000)
     _init_parity(res, m, upstream, native, adapter, cfg, seed, params)
 
     # 1. state dict: HF -> native (into the model) -> HF, exactly
-    load = load_converted(native, _port(adapter.from_hf, "adapter.from_hf", upstream.checkpoint))
-    back = _port(adapter.to_hf, "adapter.to_hf", native.state_dict())
+    load = load_converted(native, call_port(adapter.from_hf, "adapter.from_hf", upstream.checkpoint))
+    back = call_port(adapter.to_hf, "adapter.to_hf", native.state_dict())
     rt = round_trip(upstream.checkpoint, back)
     m.update(state_dict_same_keys=rt.same_keys, state_dict_max_abs_diff=rt.max_abs_diff)
     res["state_dict"] = rt.record(load)
@@ -123,7 +120,7 @@ def _run(root, res, m, weights_dir, batch, seq_len, seed, attn_implementation) -
     vocab = predicted_vocab(hf.config.get_text_config())
     tokens, labels = features.make_inputs(vocab, batch, seq_len, seed, declared, params)
     features.record_static(declared, tokens, seq_len, params)
-    sources = parameter_sources(upstream.checkpoint, lambda sd: _port(adapter.from_hf, "adapter.from_hf", sd))
+    sources = parameter_sources(upstream.checkpoint, lambda sd: call_port(adapter.from_hf, "adapter.from_hf", sd))
     pairs = module_pairs(native, hf, sources)
 
     # 3. logits, localisation, loss, gradients: on the given weights, then (when a declared
@@ -142,7 +139,7 @@ def _run(root, res, m, weights_dir, batch, seq_len, seed, attn_implementation) -
     compare("weights" if weights_dir is not None else "seeded")
     how = feature_pass.prepare_feature_pass(hf, declared, tokens, params, seed=seed)
     if how is not None:
-        load_converted(native, _port(adapter.from_hf, "adapter.from_hf", hf.state_dict()))
+        load_converted(native, call_port(adapter.from_hf, "adapter.from_hf", hf.state_dict()))
         compare("features", how)
     if ws.hf_config_path is not None and ws.hf_config_path.name == TWIN:
         # a feature the full model declares counts as exercised only where the twin holds it too
@@ -169,7 +166,7 @@ def _compare(record, hf, native, adapter, tokens, labels, pairs, declared, param
     # native side runs forward (logits) and its own loss(), which may be a swapped kernel that must agree too
     with OutputRecorder(native, list(pairs)) as nrec, OutputRecorder(hf, list(pairs.values())) as urec:
         with torch.no_grad():
-            native_logits = _port(native, "native forward", tokens)
+            native_logits = call_port(native, "native forward", tokens)
         with features.Probe(hf, declared) as probe:
             hf_out = hf(input_ids=tokens, use_cache=False)
             hf_logits = hf_out.logits
@@ -187,7 +184,7 @@ def _compare(record, hf, native, adapter, tokens, labels, pairs, declared, param
     loc = _localise(pm, rows, pairs, native, nrec, urec)
 
     # cross-entropy compared here and differentiated below; the MoE load-balancing term beside it
-    native_loss, native_ce = _port(native.loss, "native loss", tokens, labels)
+    native_loss, native_ce = call_port(native.loss, "native loss", tokens, labels)
     hf_ce = F.cross_entropy(hf_logits.flatten(0, 1).float(), labels.flatten())
     pm.update(
         loss_abs_diff=abs(native_ce.item() - hf_ce.item()),
@@ -198,7 +195,7 @@ def _compare(record, hf, native, adapter, tokens, labels, pairs, declared, param
     native_ce.backward()
     hf_ce.backward()
     grads = compare_grads(
-        hf, native, lambda sd: _port(adapter.to_hf, "adapter.to_hf (gradients)", sd), tokens=labels.numel()
+        hf, native, lambda sd: call_port(adapter.to_hf, "adapter.to_hf (gradients)", sd), tokens=labels.numel()
     )
     rounding = _fp64_check(hf, grads, tokens, labels, params)
     worst_judged, judged_err = worst_unexcused(grads.per_param, rounding)
@@ -251,7 +248,7 @@ def _init_parity(res, m, upstream, native, adapter, cfg, seed: int, params) -> N
     against upstream's own init (taken before parity perturbs it; built again when weights were loaded)."""
     keep = int(params["init_min_elements"])
     theirs = upstream.init if upstream.init is not None else seeded_init(cfg, seed=seed, keep_below=keep)
-    ours = init_stats(_port(adapter.to_hf, "adapter.to_hf (init)", native.state_dict()), None, keep_below=keep)
+    ours = init_stats(call_port(adapter.to_hf, "adapter.to_hf (init)", native.state_dict()), None, keep_below=keep)
     report = compare_init(ours, theirs, params)
     m.update(init_tensors_compared=report["init_tensors_compared"],
              init_tensors_differing=report["init_tensors_differing"])  # fmt: skip

@@ -32,7 +32,7 @@ from torch import nn
 from titan_core.config import ConfigError
 from titan_core.lora.export import adapter_tensors
 from titan_core.lora.inject import apply_lora, check_mergeable, merged_copy
-from titan_core.lora.names import import_peft, resolve
+from titan_core.lora.names import require_peft, resolve
 from titan_core.measure.numerics import max_abs, rel_l2
 
 from onboard.parity.compare import cap
@@ -65,7 +65,7 @@ def refuse_early(cfg: Any, native: nn.Module, adapter: Any) -> None:
     that selects nothing (titan_core.lora.names.resolve, the check apply_lora makes first)."""
     if cfg is None or not cfg.enable:
         return
-    _need_peft()
+    require_peft()
     resolve(native, adapter, list(cfg.target_modules), list(cfg.modules_to_save))
 
 
@@ -75,7 +75,7 @@ def measure(cfg: Any, native: nn.Module, hf: nn.Module, adapter: Any, tokens: to
     `hf` (module docstring). Without [lora] enabled: `lora` and `lora_merge` say none, nothing else."""
     if cfg is None or not cfg.enable:
         return disabled(cfg), {}
-    _need_peft()
+    require_peft()
     with torch.random.fork_rng(devices=[]):
         return _measure(cfg, native, hf, adapter, tokens, labels, seed)
 
@@ -112,14 +112,6 @@ def _measure(cfg, native, hf, adapter, tokens, labels, seed: int) -> tuple[dict[
     if m["lora_zero_b_max_abs"] != 0.0:
         record["problems"].append(f"with B = 0 the adapters change the logits by {m['lora_zero_b_max_abs']!r}")
     return m, record
-
-
-def _need_peft() -> None:
-    """ConfigError (bad input) when peft is missing: [lora] needs the [hf] extra, as training does."""
-    try:
-        import_peft()
-    except ImportError:
-        raise ConfigError("lora.enable needs peft: pip install titan-onboard[hf]") from None
 
 
 def _draw(model: nn.Module, seed: int) -> None:

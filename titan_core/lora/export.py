@@ -16,7 +16,6 @@ dated backup, anything else there refused (`replace`, as the HF export's).
 
 from __future__ import annotations
 
-import os
 import shutil
 from pathlib import Path
 
@@ -28,20 +27,19 @@ from titan_core.config.loader import ConfigError
 from titan_core.lora.inject import ADAPTER, LoraState, base_state_dict
 from titan_core.lora.names import import_peft
 from titan_core.models.common.tied import HF_TIE
-from titan_core.runtime.files import backup_aside, default_mode
 from titan_core.weights.header_check import checkpoint_files
 from titan_core.runtime.distributed import group_rank
 from titan_core.weights.hf_stream import StreamPlan, meta_of, stream_plan
-from titan_core.weights.st_headers import HeaderError, read_checkpoint_headers, read_header
+from titan_core.weights.export_folder import MARK, Replace, check_target, marked, publish
+from titan_core.weights.st_headers import HeaderError, read_checkpoint_headers
 
 WEIGHTS = "adapter_model.safetensors"
 PREFIX = "base_model.model."
 """What PeftModel puts before the base model's own module names in its saved keys."""
-MARK = {"format": "pt", "exported_by": "titan_core"}
 
 
 def export_peft(model: nn.Module, state: LoraState, adapter, out_dir: str | Path, *, base: str | Path,
-                replace: str = "own") -> Path:  # fmt: skip
+                replace: Replace = "own") -> Path:  # fmt: skip
     """Write `model`'s adapter into `out_dir` (module docstring), for the HF model folder `base`
     (`checkpoint.initial_hf`), through the recipe's HF `adapter`; returns `out_dir`."""
     import_peft()
@@ -67,11 +65,7 @@ def export_peft(model: nn.Module, state: LoraState, adapter, out_dir: str | Path
     try:
         save_file(tensors, str(tmp / WEIGHTS), metadata=MARK)
         config.save_pretrained(str(tmp))
-        for path in tmp.iterdir():  # safetensors writes 0600: a shipped folder is read by others
-            os.chmod(path, default_mode())
-        if out.exists() or out.is_symlink():
-            backup_aside(out)
-        os.replace(tmp, out)
+        publish(tmp, out)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return out
@@ -143,23 +137,8 @@ def _read(base: Path, header) -> torch.Tensor:
         return f.get_tensor(header.name)
 
 
-def check_adapter_target(out: Path, replace: str = "own") -> None:
-    """ConfigError when `out` exists and may not be replaced: "own" allows an empty folder or an
-    earlier adapter export of this module, "force" anything, "never" nothing."""
-    out = Path(out)
-    if not out.exists() and not out.is_symlink():
-        return
-    if not out.is_dir():
-        raise ConfigError(f"the export folder {out} exists and is not a folder")
-    ours = (out / WEIGHTS).is_file() and _marked(out / WEIGHTS)
-    if replace == "force" or (replace == "own" and (ours or not any(out.iterdir()))):
-        return
-    raise ConfigError(f"will not write the adapter into {out}: it exists and holds no earlier adapter export of "
-                      "this trainer; choose another folder or move it away")  # fmt: skip
-
-
-def _marked(path: Path) -> bool:
-    try:
-        return read_header(path).metadata.get("exported_by") == MARK["exported_by"]
-    except HeaderError:
-        return False
+def check_adapter_target(out: Path, replace: Replace = "own") -> None:
+    """ConfigError when `out` exists and may not be replaced (weights/export_folder.py's rules; an earlier
+    adapter export of this module is its adapter_model.safetensors, marked)."""
+    check_target(out, replace, ours=lambda folder: marked(folder / WEIGHTS), what="the adapter",
+                 earlier="adapter export")  # fmt: skip

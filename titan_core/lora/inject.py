@@ -28,7 +28,7 @@ from torch import nn
 from titan_core.config.loader import ConfigError
 from titan_core.config.sections import JobConfig
 from titan_core.config.sections import Lora as LoraConfigSection
-from titan_core.lora.names import LoraNames, import_peft, lora_params, resolve
+from titan_core.lora.names import LoraNames, import_peft, lora_params, require_peft, resolve
 from titan_core.lora.tensor_parallel import AdapterSplit, check_lora_tp
 from titan_core.models.common.tied import HF_TIE
 
@@ -59,10 +59,7 @@ def check_lora(cfg: JobConfig, world_size: int = 1) -> None:
     """Refuse, before anything is built, a [lora] run this code does not run yet (one line each)."""
     if not cfg.lora.enable:
         return
-    try:
-        import_peft()
-    except ImportError:
-        raise ConfigError("lora.enable needs peft: pip install titan-onboard[hf]") from None
+    require_peft()
     if not cfg.lora.target_modules:
         raise ConfigError("lora.target_modules is empty: name the HF modules to adapt, e.g. ['q_proj', 'v_proj']")
     par = cfg.parallelism

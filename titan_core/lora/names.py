@@ -41,6 +41,14 @@ def import_peft() -> None:
         import peft  # noqa: F401  # lazy: the [hf] extra
 
 
+def require_peft() -> None:
+    """`import_peft`, or ConfigError (bad input) when peft is missing: [lora] needs the [hf] extra."""
+    try:
+        import_peft()
+    except ImportError:
+        raise ConfigError("lora.enable needs peft: pip install titan-onboard[hf]") from None
+
+
 def hf_modules(model: nn.Module, adapter) -> tuple[dict[str, str], set[str]]:
     """({native module: HF module} of every module whose weight the adapter renames, the HF module
     names of every tensor the adapter emits). ConfigError when the adapter cannot name the model's

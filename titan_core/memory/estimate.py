@@ -411,7 +411,7 @@ def estimate_memory(m: ModelShape, s: TrainSetup) -> MemoryEstimate:
     if s.mode == "graph_trainer":
         # the functional update's new params and states (of what trains); the clipped gradients stay alive
         # beside them (one foreach output: the list lives until its last element's use)
-        opt_work = (params if m.lora_params < 0 else grads) + state
+        opt_work = grads + state
     else:  # torch's foreach AdamW: sqrt(exp_avg_sq) as one state-sized buffer; the fp64 norm of clipping
         opt_work = max(params, _ceil_div(m.largest_param, s.shards) * 8)
     # one process: fp32 weights (to_empty builds in the default dtype) plus one parameter's cast; several:

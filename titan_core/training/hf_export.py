@@ -18,7 +18,7 @@ gets the mode a plain write gives (safetensors writes 0600), and a write that fa
 space (safetensors says so in a SafetensorError) is an OSError naming the target, nothing left.
 Which existing target may be replaced is `replace`'s choice: "own" (the trainer's: only an
 earlier export of this module, which marks its safetensors with `exported_by`, or an empty
-folder), "force" (anything), "never".
+folder), "force" (anything), "never" (the rules and the publish: weights/export_folder.py).
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ import shutil
 from collections.abc import Callable
 from dataclasses import replace as dc_replace
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -42,20 +42,15 @@ from titan_core.config.sections import Data
 from titan_core.config.sections import Model as ModelConfig
 from titan_core.models.common.hf_adapter import AdapterError
 from titan_core.models.registry import get_family
-from titan_core.runtime.files import backup_aside, default_mode
 from titan_core.models.model_builder import args_from_hf_config, model_adapter
 from titan_core.weights.header_check import INDEX, SINGLE
 from titan_core.runtime.distributed import group_rank
 from titan_core.weights.hf_stream import StreamPlan, stream_plan
-from titan_core.weights.st_headers import read_header
+from titan_core.weights.export_folder import MARK, Replace, check_target, marked, publish
 
 MB = 10**6
-MARK = {"format": "pt", "exported_by": "titan_core"}
-"""The safetensors metadata of every exported file: transformers reads "format"; "exported_by"
-tells an earlier export (which replace="own" may replace) from a folder of someone else's."""
 TOKENIZER_FILES = ("tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja")
 """Copied from beside the tokenizer.json, where present."""
-Replace = Literal["own", "force", "never"]
 
 
 def _on() -> bool:
@@ -98,22 +93,14 @@ def is_export(folder: Path) -> bool:
         else:
             weight_map = json.loads((folder / INDEX).read_text(encoding="utf-8"))["weight_map"]
             first = folder / sorted(set(weight_map.values()))[0]
-        return read_header(first).metadata.get("exported_by") == MARK["exported_by"]
+        return marked(first)
     except Exception:  # unreadable or not a checkpoint: not ours
         return False
 
 
 def check_export_target(out: Path, replace: Replace = "own") -> None:
     """ConfigError when `out` exists and `replace` does not allow replacing it (module docstring)."""
-    out = Path(out)
-    if not out.exists() and not out.is_symlink():
-        return
-    if not out.is_dir():
-        raise ConfigError(f"the export folder {out} exists and is not a folder")
-    if replace == "force" or (replace == "own" and (is_export(out) or not any(out.iterdir()))):
-        return
-    why = "it exists" if replace == "never" else "it exists and holds no earlier export of this trainer"
-    raise ConfigError(f"will not write the export into {out}: {why}; choose another folder or move it away")
+    check_target(out, replace, ours=is_export, what="the export", earlier="export")
 
 
 def export_hf(
@@ -229,17 +216,7 @@ def _finish(writer: _ShardWriter, config: dict, tokenizer, tmp: Path, out: Path)
     (tmp / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
     for src, name in tokenizer:
         shutil.copyfile(src, tmp / name)
-    for path in tmp.iterdir():  # safetensors writes 0600: a shipped folder is read by others (and by a team's jobs)
-        os.chmod(path, default_mode())
-    _publish(tmp, out)
-
-
-def _publish(tmp: Path, out: Path) -> Path | None:
-    """Move the finished export into place; an existing target is kept as a dated backup
-    (`<target>.backup-<UTC time>`, never deleted), whose path is returned."""
-    backup = backup_aside(out) if out.exists() or out.is_symlink() else None
-    os.replace(tmp, out)
-    return backup
+    publish(tmp, out)
 
 
 class _ShardWriter:

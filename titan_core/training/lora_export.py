@@ -15,7 +15,8 @@ from titan_core.lora.export import export_peft
 from titan_core.lora.inject import LoraState, check_mergeable
 from titan_core.lora.stream import merged_plan
 from titan_core.models.model_builder import model_adapter
-from titan_core.training.hf_export import Replace, export_hf
+from titan_core.training.hf_export import export_hf
+from titan_core.weights.export_folder import Replace
 
 
 def export_lora(model: nn.Module, state: LoraState, cfg: JobConfig, family: str, args, out: str | Path, *,

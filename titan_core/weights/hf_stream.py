@@ -20,8 +20,7 @@ and yield nothing), which is what an export or a single inference engine needs.
 `stream_plan(..., tensors=, deltas=)` streams other tensors than the model's state dict under the
 same names, and adds to a tensor what its delta gives: shard to shard before the gather when the delta
 is a DTensor on the tensor's mesh (redistributed to its placements first), else to the gathered tensor
-(the delta gathered too). A [lora]
-run's merged weights (titan_core/lora/stream.py) are the base weights plus each adapter's B @ A.
+(the delta gathered too). A [lora] run's merged weights (titan_core/lora/stream.py) are the base weights plus each adapter's B @ A.
 """
 
 from __future__ import annotations
@@ -66,10 +65,8 @@ class StreamPlan:
             elif delta is not None:
                 delta = _gather(delta, mine, device)
             full = _gather(own, mine, device)
-            if delta is not None and mine:
-                # into the gathered copy where it is one (a sharded or moved weight), else into a new tensor
-                fresh = not _aliases(full, self.own[native])
-                full = full.add_(delta.to(full.dtype)) if fresh else full + delta.to(full.dtype)
+            if delta is not None and mine:  # a new tensor: `full` may be the model's own weight
+                full = full + delta.to(full.dtype)
             del own, delta
             if mine:
                 for h, view in outputs:
@@ -129,12 +126,6 @@ def _on_mesh_of(delta: torch.Tensor | None, t: torch.Tensor) -> bool:
     """Whether `delta` is a DTensor of the DTensor `t`'s shape on its mesh (placements aside)."""
     return (isinstance(delta, DTensor) and isinstance(t, DTensor) and delta.device_mesh == t.device_mesh
             and delta.shape == t.shape)  # fmt: skip
-
-
-def _aliases(full: torch.Tensor, t: torch.Tensor) -> bool:
-    """Whether `full`, what `_gather` gave of `t`, is `t`'s own storage (a plain tensor on its device)."""
-    own = t.to_local() if isinstance(t, DTensor) else t
-    return full.untyped_storage().data_ptr() == own.untyped_storage().data_ptr()
 
 
 def _strided(full: torch.Tensor, view: torch.Tensor) -> torch.Tensor:

@@ -52,7 +52,7 @@ from titan_core.memory.budget import cpu_budget
 from titan_core.memory.estimate import ModelShape, format_bytes
 from titan_core.models.common.param_counts import count_params
 from titan_core.lora.inject import planned_lora_params
-from titan_core.models.common.stats import flops_per_token, lora_flops_per_token
+from titan_core.models.common.stats import flops_per_token
 from titan_core.parallel.plans import TP_PLANS
 from titan_core.runtime.argv import LAUNCH
 from titan_core.runtime.cpu_peak import measured_cpu_peak
@@ -105,11 +105,6 @@ def plan_workspace_target(ws: Workspace, target_spec: str, *, seq: int = DEFAULT
         except ConfigError as e:
             raise BadInput(f"{ws.recipe_path}: {e}") from None
         shape = replace(shape, lora_params=lora)
-
-    def fpt(seq_len: int) -> float:  # under [lora] no frozen weight's gradient is computed
-        flops = flops_per_token(args, seq_len)
-        return lora_flops_per_token(flops, args, lora) if lora >= 0 else flops
-
     counts = count_params(model)
     tp_plan = full.family in TP_PLANS and not full.module_file
     twin_args = resolve_model_args(cfg.model) if ws.twin_path is not None else None
@@ -118,8 +113,8 @@ def plan_workspace_target(ws: Workspace, target_spec: str, *, seq: int = DEFAULT
     recipe.model = full
     accept = Acceptance(recipe, args, model, shape, target, kernels, levers)
     plan = plan_training(
-        shape, counts, fpt, target, seq_len=seq, kernels=kernels, tp_plan=tp_plan,
-        efficiency=efficiency, compiled=execution_mode(cfg) == "compile",
+        shape, counts, lambda s: flops_per_token(args, s, lora_params=lora), target, seq_len=seq, kernels=kernels,
+        tp_plan=tp_plan, efficiency=efficiency, compiled=execution_mode(cfg) == "compile",
         captured_compiled=cfg.graph_trainer.compile == "inductor",
         float8=getattr(cfg.kernels, "float8", "none") != "none", accept=accept,
     )  # fmt: skip

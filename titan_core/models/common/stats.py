@@ -19,17 +19,22 @@ def param_counts(args: TransformerArgs) -> dict[str, int]:
     return {"total": total, "active": active, "embedding": model.tok_embeddings.weight.numel()}
 
 
-def flops_per_token(args: TransformerArgs, seq_len: int) -> float:
+def flops_per_token(args: TransformerArgs, seq_len: int, *, lora_params: int = -1) -> float:
     """Forward + backward FLOPs per token: 6 per matmul weight, plus attention scores.
 
     Embedding lookups are not matmuls, so an untied embedding is excluded while a tied one
     still pays for the output head. Attention counts the full seq x seq score and value
     matmuls (12 * layers * heads * head_dim * seq per token), which is what dense kernels
-    execute even under a causal or windowed mask.
+    execute even under a causal or windowed mask. With `lora_params` >= 0 ([lora]: the base
+    frozen) a weight's own gradient (2 of its 6) is never computed, its input's still is, and the
+    adapters' `lora_params` cost 6 each as any trained weight does.
     """
     counts = param_counts(args)
     attn = 12 * args.n_layers * args.n_heads * args.head_dim * seq_len
-    return weight_flops(counts["active"], counts["embedding"], tied=args.tie_embeddings) + attn
+    weights = weight_flops(counts["active"], counts["embedding"], tied=args.tie_embeddings)
+    if lora_params >= 0:
+        weights = weights * 2 / 3 + 6.0 * lora_params
+    return weights + attn
 
 
 def weight_flops(active: int, embedding: int, *, tied: bool) -> float:
@@ -38,21 +43,9 @@ def weight_flops(active: int, embedding: int, *, tied: bool) -> float:
     return 6.0 * (active - (0 if tied else embedding))
 
 
-def lora_flops_per_token(flops: float, args: TransformerArgs, lora_params: int) -> float:
-    """Training FLOPs per token of a [lora] run, from the full fine-tune's `flops`: a frozen weight's own
-    gradient (2 of its 6) is never computed, the input's gradient through it still is; the adapters cost
-    6 per parameter as any trained weight does."""
-    counts = param_counts(args)
-    return flops - weight_flops(counts["active"], counts["embedding"], tied=args.tie_embeddings) / 3 + 6.0 * lora_params
-
-
 def model_flops_per_token(model: TrainableModel, seq_len: int, *, lora_params: int = -1) -> float:
     """Training FLOPs per token of a built model: its own count where it has one (flux: per image
-    token; the transformers path's attention-free stacks), else `flops_per_token` of its args, which
-    with `lora_params` >= 0 ([lora]) is `lora_flops_per_token`'s (an own count knows its layers, not
-    which of them are frozen: it is kept)."""
+    token; the transformers path's attention-free stacks), else `flops_per_token` of its args, with
+    `lora_params` (an own count knows its layers, not which of them are frozen: it is kept)."""
     own = model.flops_per_token(seq_len)
-    if own is not None:
-        return own
-    flops = flops_per_token(model.args, seq_len)
-    return lora_flops_per_token(flops, model.args, lora_params) if lora_params >= 0 else flops
+    return flops_per_token(model.args, seq_len, lora_params=lora_params) if own is None else own
