@@ -62,8 +62,8 @@ MAX_RANKS = 8
 SHED = ("dp_replicate", "dp_shard")
 """Degrees set back to 1, in this order, while the world passes MAX_RANKS (the model parallelisms stay)."""
 STEP_BUDGET_S = 20.0
-"""The most one step may be predicted to take on this CPU (its FLOPs over CPU_EFFICIENCY of its measured
-peak); past it the sequence, then the batch, is halved."""
+"""The most one step may be predicted to take on this CPU (its FLOPs over CPU_EFFICIENCY of the CPU's measured
+peak in the dtype the check computes in); past it the batch, then the sequence, is halved."""
 CPU_EFFICIENCY = 0.1
 """Fraction of this CPU's matmul peak a twin's training step reaches (small matmuls, gloo ranks sharing cores)."""
 MEMORY_SHARE = 0.5
@@ -224,7 +224,11 @@ def fit_here(cfg, degrees, meta: tuple[Any, Any]) -> list[dict[str, Any]]:
     budget = cpu_budget()
     room = budget.bytes * MEMORY_SHARE / degrees.world_size if budget else math.inf
     args = meta[0]
-    peak = measured_cpu_peak(torch.float32) * CPU_EFFICIENCY
+    # the peak of the dtype the check computes in: a CPU without bf16 instructions runs a bf16 product
+    # ~45x slower than fp32's (157 ms against 3 ms at the debug model's size), and an fp32 peak there
+    # let a bf16 check's step run minutes past the budget
+    dtype = gate_recipe.compute_dtype(t)
+    peak = measured_cpu_peak(dtype) * CPU_EFFICIENCY
     plan_seq, plan_batch = t.seq_len, t.batch_size
 
     def fits() -> tuple[bool, str]:
@@ -234,7 +238,8 @@ def fit_here(cfg, degrees, meta: tuple[Any, Any]) -> list[dict[str, Any]]:
         if est.total > room:
             return False, f"{est.total / 2**20:,.0f} MiB per rank, past this host's {room / 2**20:,.0f} MiB"
         if seconds > STEP_BUDGET_S:
-            return False, f"a step predicted at {seconds:.0f} s on this CPU, past {STEP_BUDGET_S:.0f} s"
+            return False, (f"a step predicted at {seconds:.0f} s on this CPU in {str(dtype).removeprefix('torch.')}, "
+                           f"past {STEP_BUDGET_S:.0f} s")
         return True, ""
 
     ok, why = fits()
