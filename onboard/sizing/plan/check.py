@@ -34,8 +34,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from onboard.rungs import gate_recipe
 from onboard.rungs.kernels_rung.compare import applicable_kernels
 from onboard.rungs.parallel_degrees import share_cores
