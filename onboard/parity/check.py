@@ -38,6 +38,7 @@ from onboard.parity.results import results_path, write_results
 from onboard.upstream.hf_model import build_upstream, seeded_init
 from onboard.workspace.layout import HF_CONFIG, TWIN
 
+
 def check_workspace(
     root: Path,
     *,

@@ -223,7 +223,7 @@ def fit_here(cfg, degrees, meta: tuple[Any, Any]) -> list[dict[str, Any]]:
     room = budget.bytes * MEMORY_SHARE / degrees.world_size if budget else math.inf
     args = meta[0]
     # the peak of the dtype the check computes in: a CPU without bf16 instructions runs a bf16 product
-    # ~45x slower than fp32's (157 ms against 3 ms at the debug model's size), and an fp32 peak there
+    # ~45x slower than fp32's (147 ms against 3 ms at the debug model's size), and an fp32 peak there
     # let a bf16 check's step run minutes past the budget
     dtype = gate_recipe.compute_dtype(t)
     peak = measured_cpu_peak(dtype) * CPU_EFFICIENCY

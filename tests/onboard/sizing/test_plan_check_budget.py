@@ -22,10 +22,9 @@ BF16_SLOWER = 45
 
 
 def _cfg(precision: str):
-    cfg = from_dict({"model": {"family": "llama3", "flavor": "debugmodel"},
-                     "training": {"seq_len": SEQ, "batch_size": 1, "dtype": precision,
-                                  "mixed_precision_param": precision}})  # fmt: skip
-    return cfg
+    return from_dict({"model": {"family": "llama3", "flavor": "debugmodel"},
+                      "training": {"seq_len": SEQ, "batch_size": 1, "dtype": precision,
+                                   "mixed_precision_param": precision}})  # fmt: skip
 
 
 @pytest.mark.parametrize("precision", ["float32", "bfloat16"])
