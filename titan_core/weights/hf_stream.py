@@ -13,9 +13,12 @@ yields `(hf name, tensor)`:
 
 So beyond its shards a rank holds one gathered parameter at a time (one layer group's, for an adapter
 that concatenates), and what it yields is its own: a consumer that keeps nothing keeps the stream's
-peak there (tests/core/dist/test_hf_weights_two_ranks.py holds it). Under a process group every rank
-iterates the whole stream; with `dst` only that rank is given the tensors (the others run the gathers
-and yield nothing), which is what an export or a single inference engine needs.
+peak there (tests/core/dist/test_hf_weights_two_ranks.py holds it). The communication backend may keep a
+finished gather's output a moment longer: gloo drops its reference on its worker thread, which may run
+only after the caller has gone on, so a consumer that never pauses between tensors can see an earlier
+gather still alive at the next one. Under a process group every rank iterates the whole stream; with
+`dst` only that rank is given the tensors (the others run the gathers and yield nothing), which is what
+an export or a single inference engine needs.
 
 `stream_plan(..., tensors=, deltas=)` streams other tensors than the model's state dict under the
 same names, and adds to a tensor what its delta gives: shard to shard before the gather when the delta

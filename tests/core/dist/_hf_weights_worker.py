@@ -16,9 +16,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).parent.parent))  # tests/core: hf_tiny
 
 import torch  # noqa: E402
+from _stream_peak import stream_peak  # noqa: E402
 from hf_tiny import tiny_cfg, titan_greedy  # noqa: E402
 
-from titan_core.memory.tensor_peak import TensorPeak  # noqa: E402
 from titan_core.models.model_builder import model_adapter  # noqa: E402
 from titan_core.runtime import distributed  # noqa: E402
 from titan_core.training import hf_load  # noqa: E402
@@ -62,7 +62,7 @@ class _Recorded:
 def stream_into_transformers(trainer: Trainer, export: Path) -> dict:
     """The trained model's HF weight stream (titan_core/weights/hf_stream.py) on this rank, copied in place into a
     transformers model built from the export's config.json (its own random init), as an inference engine's
-    `load_weights` would, counted by TensorPeak (nothing kept: the peak is the stream's own); then that
+    `load_weights` would, counted as _stream_peak.py does (nothing kept: the peak is the stream's own); then that
     model's logits against those of the export loaded by from_pretrained, on the same tokens."""
     import transformers
 
@@ -70,19 +70,14 @@ def stream_into_transformers(trainer: Trainer, export: Path) -> dict:
     torch.manual_seed(1)
     engine = transformers.AutoModelForCausalLM.from_config(config).float().eval()
     params = engine.state_dict()
-    names, largest = [], 0
-    with TensorPeak() as peak, torch.no_grad():
-        for name, tensor in hf_weights(trainer.model, model_adapter(trainer.cfg.model)):
-            params[name].copy_(tensor)
-            names.append(name)
-            largest = max(largest, tensor.nbytes)
-            del tensor
+    took = stream_peak(hf_weights(trainer.model, model_adapter(trainer.cfg.model)),
+                       lambda name, tensor: params[name].copy_(tensor))
     exported = transformers.AutoModelForCausalLM.from_pretrained(export).float().eval()
     tokens = torch.tensor([[1, 5, 9, 2, 7, 3, 11, 4]])
     with torch.no_grad():
         mine, theirs = engine(tokens).logits, exported(tokens).logits
-    return {"names": names, "peak_bytes": peak.peak_bytes, "largest_bytes": largest,
-            "logits_equal": bool(torch.equal(mine, theirs)), "missing": sorted(set(params) - set(names))}  # fmt: skip
+    return {"names": took["names"], "peak_bytes": took["peak_bytes"], "largest_bytes": took["largest_bytes"],
+            "logits_equal": bool(torch.equal(mine, theirs)), "missing": sorted(set(params) - set(took["names"]))}  # fmt: skip
 
 
 def main(out: Path, ckpt: Path) -> None:

@@ -31,10 +31,10 @@ sys.path.insert(0, str(Path(__file__).parent))
 import torch  # noqa: E402
 from torch.distributed.tensor import DTensor  # noqa: E402
 from _cases import CKPT, GLOBAL_BATCH, curve  # noqa: E402
+from _stream_peak import stream_peak  # noqa: E402
 from hf_tiny import tiny_cfg  # noqa: E402
 
 from titan_core.lora.stream import lora_weights  # noqa: E402
-from titan_core.memory.tensor_peak import TensorPeak  # noqa: E402
 from titan_core.models.model_builder import model_adapter  # noqa: E402
 from titan_core.runtime import distributed  # noqa: E402
 from titan_core.training.lora_export import export_lora  # noqa: E402
@@ -73,16 +73,11 @@ def stream(trainer: Trainer) -> dict[str, torch.Tensor]:
     return {n: t.clone() for n, t in lora_weights(trainer.model, trainer.lora, adapter, merged=True)}
 
 
-def stream_peak(trainer: Trainer) -> dict:
-    """The merged stream driven as an engine's `load_weights` would take it, nothing kept: the most tensor
-    bytes alive at once (TensorPeak: the stream's own, beyond the model's shards), the largest tensor, the total."""
+def merged_stream_peak(trainer: Trainer) -> dict:
+    """The merged stream driven as an engine's `load_weights` would take it (_stream_peak.py), nothing kept."""
     adapter = model_adapter(trainer.cfg.model)
-    largest = total = 0
-    with TensorPeak() as peak:
-        for _, tensor in lora_weights(trainer.model, trainer.lora, adapter, merged=True):
-            largest, total = max(largest, tensor.nbytes), total + tensor.nbytes
-            del tensor
-    return {"peak_bytes": peak.peak_bytes, "largest_bytes": largest, "total_bytes": total}
+    out = stream_peak(lora_weights(trainer.model, trainer.lora, adapter, merged=True))
+    return {k: out[k] for k in ("peak_bytes", "largest_bytes", "total_bytes")}
 
 
 def main(mode: str, out: Path, ckpt: Path) -> None:
@@ -110,7 +105,7 @@ def main(mode: str, out: Path, ckpt: Path) -> None:
                "captured": trainer.graph_step is not None,
                **curve(result.metrics)}  # fmt: skip
         if mode in RECORDED:
-            res |= held(trainer) | {"stream_peak": stream_peak(trainer)}
+            res |= held(trainer) | {"stream_peak": merged_stream_peak(trainer)}
             torch.save(stream(trainer), out / folder / f"stream_{state.rank}.pt")
             export_lora(trainer.model, trainer.lora, cfg, trainer.family, trainer.args, out / folder / "merged",
                         merged=True)  # fmt: skip

@@ -107,8 +107,9 @@ def test_the_merged_stream_on_both_ranks_is_one_processs(full, one_process):
 def test_the_merged_stream_holds_one_weight_beyond_the_shards(scenario, request):
     """Beyond its shards a rank holds one full weight at a time: each adapter's delta is computed on the
     shards and added to the weight's shard, and only the sum is gathered (a full delta beside the full
-    weight measured 2.1x and 2.5x the largest tensor); with the copy its HF name takes, at most twice
-    the largest tensor, under half the model's bytes."""
+    weight measured 2.1x and 2.5x the largest tensor); the gathered weight beside the shard it was summed
+    into (1.5x the largest tensor under FSDP2 on 2 ranks, _stream_peak.py), at most twice the largest
+    tensor, under half the model's bytes."""
     _, ranks, _ = request.getfixturevalue(scenario)
     for rank in ranks:
         s = rank["stream_peak"]
