@@ -65,7 +65,9 @@ def summary(folder: Path, n: int = 20) -> dict:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) not in (2, 3) or not Path(sys.argv[1]).is_dir():
-        print("usage: cpu_profile.py FOLDER [N]  (FOLDER: the CPU_PROFILE_DIR of a profiled run)", file=sys.stderr)
+    top = sys.argv[2] if len(sys.argv) == 3 else "20"
+    if len(sys.argv) not in (2, 3) or not Path(sys.argv[1]).is_dir() or not top.isdigit():
+        print("usage: cpu_profile.py FOLDER [N]  (FOLDER: the CPU_PROFILE_DIR of a profiled run; N: how many "
+              "files and tests to list)", file=sys.stderr)
         sys.exit(2)
-    print(json.dumps(summary(Path(sys.argv[1]), int(sys.argv[2]) if len(sys.argv) == 3 else 20), indent=1))
+    print(json.dumps(summary(Path(sys.argv[1]), int(top)), indent=1))

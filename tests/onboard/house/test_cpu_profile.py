@@ -40,3 +40,6 @@ def test_a_child_s_cpu_counts_in_its_test_and_the_summary_adds_up(tmp_path):
     bad = subprocess.run([sys.executable, str(TESTS / "cpu_profile.py"), str(tmp_path / "none")],
                          capture_output=True, text=True)  # fmt: skip
     assert bad.returncode == 2 and "usage" in bad.stderr
+    bad_n = subprocess.run([sys.executable, str(TESTS / "cpu_profile.py"), str(tmp_path / "prof"), "five"],
+                           capture_output=True, text=True)  # fmt: skip
+    assert bad_n.returncode == 2 and "usage" in bad_n.stderr and not bad_n.stdout
