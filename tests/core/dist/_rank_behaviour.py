@@ -3,7 +3,9 @@ a second, so the launchers' handling of a refusal and of a killed rank is tested
 in seconds.
 
 - refuse-all: every rank refuses bad input (titan_core.train's `refuse`: local rank 0 prints, the
-  others write torchrun's error file) and exits 2;
+  others write torchrun's error file) and exits 2; rank 1 refuses once rank 0 has (the marker file), as
+  when rank 1 is slower to reach the check: a rank 1 that refused first could have torchrun stop rank 0
+  before its print, which refuse-rank1 is for;
 - refuse-rank1: rank 1 refuses, rank 0 waits to be stopped;
 - killed: rank 0 prints a line, then waits; on torchrun's SIGTERM it prints a traceback as a rank that
   lost its peer in a collective does, and exits 1. Rank 1 waits for rank 0's line (the marker file)
@@ -30,18 +32,28 @@ def _peer_lost(*_):
     sys.exit(1)
 
 
+def _wait_for(marker: Path) -> None:
+    deadline = time.monotonic() + 60
+    while not marker.exists() and time.monotonic() < deadline:
+        time.sleep(0.02)
+
+
 def main(mode: str, marker: Path) -> int:
     rank = int(os.environ["RANK"])
-    if mode == "refuse-all" or (mode == "refuse-rank1" and rank == 1):
+    if mode == "refuse-all" and rank == 0:
+        code = refuse(REFUSAL)
+        marker.touch()
+        return code
+    if mode == "refuse-all":
+        _wait_for(marker)
+    if mode in ("refuse-all", "refuse-rank1") and rank == 1:
         return refuse(REFUSAL)
     if mode == "killed" and rank == 0:
         signal.signal(signal.SIGTERM, _peer_lost)
         print("step=1 loss=5.5", flush=True)
         marker.touch()
     elif mode == "killed":
-        deadline = time.monotonic() + 60
-        while not marker.exists() and time.monotonic() < deadline:
-            time.sleep(0.02)
+        _wait_for(marker)
         os.kill(os.getpid(), signal.SIGKILL)
     time.sleep(60)  # stopped by torchrun once the other rank has failed
     return 0

@@ -57,6 +57,16 @@ def test_plain_torchrun_hears_a_refusal_from_one_rank_only(tmp_path):
     assert _errors(done.stderr) == [f"error: {REFUSAL}"]
 
 
+def test_plain_torchrun_shows_a_refusal_of_rank_1_alone_in_its_own_report(tmp_path):
+    """Rank 1 refused and torchrun stopped rank 0 before it could say anything: no line is ours, and the
+    refusal reaches the user through the error file, in torchrun's report (its root cause's traceback)."""
+    done = _run(TORCHRUN, "refuse-rank1", tmp_path)
+    assert done.returncode == 1 and "ChildFailedError" in done.stderr
+    assert _errors(done.stderr) == []
+    said = [line.strip() for line in done.stderr.splitlines() if REFUSAL in line]
+    assert said == [f"traceback : error: {REFUSAL}"], done.stderr
+
+
 def test_a_killed_rank_under_titan_core_launch_is_one_line_and_exit_1(tmp_path):
     logs = tmp_path / "logs"
     done = _run(LAUNCH, "killed", tmp_path, f"--log-dir={logs}", "--redirects=3")
