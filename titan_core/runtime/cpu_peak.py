@@ -26,6 +26,7 @@ from pathlib import Path
 
 import torch
 
+from titan_core.runtime import cpu_bf16
 from titan_core.runtime.cpu_load import load_1m
 from titan_core.runtime.files import atomic_write_text
 
@@ -34,7 +35,7 @@ N = 1024
 MIN_N = 128
 PRODUCT_S = 0.01
 """The probe's products grow from MIN_N until one takes this long (or N is reached): a dtype the CPU
-has no instructions for (bf16 here runs ~100x slower than fp32) is probed at a size that still
+has no instructions for (bf16 in torch's own kernel here ran ~100x slower than fp32) is probed at a size that still
 takes ~10 ms a product, not ~10 s (a fixed 1024 made every bf16 run's first step wait minutes)."""
 
 
@@ -59,6 +60,8 @@ def cache_key(dtype: torch.dtype) -> str:
 
 def probe_operands(dtype: torch.dtype) -> tuple[int, torch.Tensor, torch.Tensor]:
     """(n, a, b): the probe's n x n operands, n doubled from MIN_N until one product takes PRODUCT_S or n is N."""
+    if dtype == torch.bfloat16:
+        cpu_bf16.enable()  # the rate a bf16 run's products get here (runtime/cpu_bf16.py)
     n = MIN_N
     while True:
         a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)

@@ -28,7 +28,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from titan_core.runtime import devices, distributed
+from titan_core.runtime import cpu_bf16, devices, distributed
 from titan_core.training.checkpoint import Checkpointer
 from titan_core.training.hf_export import check_export_target, export_hf, tokenizer_files
 from titan_core.training.hf_load import initial_weights, weights_line
@@ -142,6 +142,9 @@ class Trainer:
         self.device = devices.resolve_device(
             cfg.device.type, local_rank=local_rank, libtpu_init_flags=cfg.tpu.libtpu_init_flags
         )
+        if self.device.type == "cpu" and torch.bfloat16 in (DTYPES[cfg.training.dtype],
+                                                            DTYPES[cfg.training.mixed_precision_param]):  # fmt: skip
+            cpu_bf16.enable()  # before anything is built: this process's bf16 products, fp32 ones rounded once
         self.dist: distributed.DistState | None = None
         self.mesh = None
         if cfg.parallelism.data_parallel != "none":

@@ -222,9 +222,10 @@ def fit_here(cfg, degrees, meta: tuple[Any, Any]) -> list[dict[str, Any]]:
     budget = cpu_budget()
     room = budget.bytes * MEMORY_SHARE / degrees.world_size if budget else math.inf
     args = meta[0]
-    # the peak of the dtype the check computes in: a CPU without bf16 instructions runs a bf16 product
-    # ~45x slower than fp32's (147 ms against 3 ms at the debug model's size), and an fp32 peak there
-    # let a bf16 check's step run minutes past the budget
+    # the peak of the dtype the check computes in: on a CPU without bf16 instructions torch's own bf16 product
+    # ran ~45x slower than fp32's (147 ms against 3 ms at the debug model's size), and an fp32 peak let a
+    # bf16 check's step run minutes past the budget; the bf16 probe measures the products the ranks get
+    # (titan_core/runtime/cpu_bf16.py)
     dtype = gate_recipe.compute_dtype(t)
     peak = measured_cpu_peak(dtype) * CPU_EFFICIENCY
     plan_seq, plan_batch = t.seq_len, t.batch_size

@@ -178,3 +178,22 @@ def test_lora_memory_bench_tiny():
     assert lora["step_peak_bytes"] < full["step_peak_bytes"]
     assert report["state_within_target"] == (shape["state_fraction"] <= 0.02)
     _check(report, "lora", "full")
+
+
+def test_cpu_bf16_matmul_bench_tiny():
+    """torch's bf16 gemm against the fp32 products rounded once (titan_core/runtime/cpu_bf16.py) in one bf16
+    Trainer: the same loss to bf16's rounding, every gradient within it, each path timed against the other
+    through the timing protocol, and one product's error from fp64 on both paths; the process left as it was."""
+    from titan_core.runtime import cpu_bf16
+
+    if cpu_bf16.bf16_gemm_is_native():
+        pytest.skip("this CPU's bf16 gemm is native: nothing replaced, nothing to time")
+    report = _run_here("cpu_bf16_matmul.py", "--shapes", "tiny")
+    (shape,) = report["shapes"]
+    assert shape["params_dtype"] == "torch.bfloat16" and report["bf16_gemm_is_native"] is False
+    assert shape["loss"]["rel"] <= 2.0**-8 and shape["grad_max_rel_l2"] <= 2.0**-7
+    _check(report, "fp32_products", "torch_kernel")
+    _check(report, "fp32_product", "torch_kernel_product")
+    errors = report["product"]["rel_err_vs_fp64"]
+    assert 0 < errors["fp32_products"] <= 2.0**-8 and 0 < errors["torch_kernel"] <= 2.0**-8
+    assert cpu_bf16.enabled()
