@@ -20,6 +20,15 @@ os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", tempfile.mkdtemp(prefix="induct
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
+def pytest_configure(config):
+    # a test process multiplies bf16 as a process that has built a bf16 Trainer does (titan_core/runtime/
+    # cpu_bf16.py), whichever test ran first in it: no bf16 result depends on the order xdist hands tests out
+    # (test_cpu_bf16.py compares both ways explicitly, and a fresh process's own choice)
+    from titan_core.runtime import cpu_bf16  # lazy: after the settings above, before any test imports torch
+
+    cpu_bf16.enable()
+
+
 # ---- the whole-ladder climbs, in the background (tests/background.py) ----------------------
 def _job_of(item) -> str | None:
     import background  # lazy: after the settings above, which the climbs' processes inherit

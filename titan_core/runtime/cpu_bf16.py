@@ -52,25 +52,28 @@ def _rounded(op, *args, **kwargs) -> torch.Tensor:
 def _mm(a, b):
     if _bf16(a, b):
         return _rounded(torch.mm, a, b)
-    return torch.ops.aten.mm.out(a, b, out=a.new_empty(0))  # sized (and the shapes checked) by torch's kernel
+    # an empty result of the dtype the functional op would give it (mm's and addmm's: self's; bmm's: the second
+    # operand's), sized by torch's kernel, which then refuses what it refuses without the registration (a
+    # shape, mixed dtypes) with its own message
+    return torch.ops.aten.mm.out(a, b, out=a.new_empty(0))
 
 
 def _addmm(bias, a, b, *, beta=1, alpha=1):
     if _bf16(bias, a, b):
         return _rounded(torch.addmm, bias, a, b, beta=beta, alpha=alpha)
-    return torch.ops.aten.addmm.out(bias, a, b, beta=beta, alpha=alpha, out=a.new_empty(0))
+    return torch.ops.aten.addmm.out(bias, a, b, beta=beta, alpha=alpha, out=bias.new_empty(0))
 
 
 def _bmm(a, b):
     if _bf16(a, b):
         return _rounded(torch.bmm, a, b)
-    return torch.ops.aten.bmm.out(a, b, out=a.new_empty(0))
+    return torch.ops.aten.bmm.out(a, b, out=b.new_empty(0))  # bmm's result takes the second operand's dtype
 
 
 def _baddbmm(bias, a, b, *, beta=1, alpha=1):
     if _bf16(bias, a, b):
         return _rounded(torch.baddbmm, bias, a, b, beta=beta, alpha=alpha)
-    return torch.ops.aten.baddbmm.out(bias, a, b, beta=beta, alpha=alpha, out=a.new_empty(0))
+    return torch.ops.aten.baddbmm.out(bias, a, b, beta=beta, alpha=alpha, out=b.new_empty(0))  # as bmm's
 
 
 KERNELS = {"mm": _mm, "addmm": _addmm, "bmm": _bmm, "baddbmm": _baddbmm}
