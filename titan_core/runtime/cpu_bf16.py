@@ -5,7 +5,8 @@ torch's bf16 gemm is a scalar loop: on the 2-core AVX2 machine the suite runs on
 product took 115 ms against fp32's 2 ms, and a bf16 training step of the llama3 debugmodel 5.5 s against
 0.31 s. That loop accumulates in fp32 and rounds the result to bf16 once; so does an fp32 product of the
 operands upcast (exactly: every bf16 value is an fp32 value) rounded to bf16, in sgemm's time (2.3 ms; the
-debugmodel's bf16 step 0.63 s). The two differ only in the order of the fp32 sums: in one product of that
+debugmodel's bf16 step 0.63 s; bench/cpu_bf16_matmul.py: its forward and backward at seq 512 13.1x faster,
+99% CI 12.1-14.2x). The two differ only in the order of the fp32 sums: in one product of that
 size 0.008% of the outputs were one bf16 step apart (tests/core/unit/test_cpu_bf16.py compares them on
 fresh inputs). A recipe that computes in bf16 is still judged in bf16: its weights, activations and
 every other op keep their dtype, and the products' results are bf16 values.
@@ -13,8 +14,8 @@ every other op keep their dtype, and the products' results are bf16 values.
 `enable()` registers that computation as the CPU kernel of aten's functional products (mm, addmm, bmm,
 baddbmm), process-wide: every path reaches them (nn.Linear, matmul, DTensor's local ops, autograd's
 backward formulas, a traced or per-block compiled step run by aot_eager). Other dtypes go on to torch's
-own kernel (the op's `out=` overload, which the registration leaves alone), at a few microseconds of
-Python per product. What inductor compiles calls the `out=` overloads itself and keeps torch's kernel.
+own kernel (the op's `out=` overload, which the registration leaves alone), at ~40 us of Python per
+product (15 us against 54 for a 64x64 fp32 product here). What inductor compiles calls the `out=` overloads itself and keeps torch's kernel.
 A Trainer on the CPU that computes in bf16 (training.dtype or mixed_precision_param) enables it before it
 builds its model, and so does the CPU peak's bf16 probe, so a run's MFU divides by the rate its products
 get. An fp32 run never pays the Python call: its process keeps torch's kernels until a bf16 run in it.
@@ -26,9 +27,6 @@ import threading
 import warnings
 
 import torch
-
-OPS = ("mm", "addmm", "bmm", "baddbmm")
-"""aten's functional matrix products whose CPU kernel is replaced (linear and matmul decompose to them)."""
 
 _lock = threading.Lock()
 _library: torch.library.Library | None = None
@@ -77,6 +75,7 @@ def _baddbmm(bias, a, b, *, beta=1, alpha=1):
 
 
 KERNELS = {"mm": _mm, "addmm": _addmm, "bmm": _bmm, "baddbmm": _baddbmm}
+"""aten's functional matrix products whose CPU kernel is replaced (linear and matmul decompose to them)."""
 
 
 def enabled() -> bool:
