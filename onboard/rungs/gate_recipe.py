@@ -19,6 +19,7 @@ from titan_core.config import load_config
 from titan_core.config.loader import get_key
 from titan_core.config.execution_modes import set_execution_mode
 from titan_core.runtime.devices import device_type as resolved_device_type  # noqa: F401  (the rungs' name for it)
+from titan_core.config.dtypes import compute_dtype  # noqa: F401  (the rungs read it here, with the recipe's other rules)
 import torch
 from titan_core.models.model_builder import resolve_model_args
 
@@ -182,7 +183,3 @@ def precision(training) -> str:
     return "bf16" if "bfloat16" in dtypes else "fp32"
 
 
-def compute_dtype(training):
-    """The dtype the recipe computes in: it decides which kernels can run (e.g. grouped_mm)."""
-    bf16 = "bfloat16" in (training.dtype, training.mixed_precision_param)
-    return torch.bfloat16 if bf16 else torch.float32

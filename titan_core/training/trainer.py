@@ -34,7 +34,7 @@ from titan_core.training.hf_export import check_export_target, export_hf, tokeni
 from titan_core.training.hf_load import initial_weights, weights_line
 from titan_core.training.lora_export import export_lora
 from titan_core.compile import execution
-from titan_core.config.dtypes import DTYPES
+from titan_core.config.dtypes import DTYPES, compute_dtype
 from titan_core.config.execution_modes import execution_mode
 from titan_core.config.sections import JobConfig
 from titan_core.models.common.swaps import apply_swaps
@@ -142,8 +142,7 @@ class Trainer:
         self.device = devices.resolve_device(
             cfg.device.type, local_rank=local_rank, libtpu_init_flags=cfg.tpu.libtpu_init_flags
         )
-        if self.device.type == "cpu" and torch.bfloat16 in (DTYPES[cfg.training.dtype],
-                                                            DTYPES[cfg.training.mixed_precision_param]):  # fmt: skip
+        if self.device.type == "cpu" and compute_dtype(cfg.training) == torch.bfloat16:
             cpu_bf16.enable()  # before anything is built: this process's bf16 products, fp32 ones rounded once
         self.dist: distributed.DistState | None = None
         self.mesh = None

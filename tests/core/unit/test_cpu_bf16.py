@@ -13,6 +13,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from titan_core.measure.numerics import rel_l2
 from titan_core.runtime import cpu_bf16
 
 BF16_STEP = 2.0**-8
@@ -66,10 +67,6 @@ def _both(op, args) -> tuple[torch.Tensor, torch.Tensor]:
     return torch_kernel, op(*args)
 
 
-def _rel(x: torch.Tensor, ref: torch.Tensor) -> float:
-    return float((x.double() - ref.double()).norm() / ref.double().norm())
-
-
 @pytest.mark.parametrize("name", list(OPS))
 def test_a_bf16_product_is_torchs_but_for_the_order_of_its_sums(name):
     args = _operands(name, torch.bfloat16, torch.Generator().manual_seed(zlib.crc32(name.encode())))
@@ -77,7 +74,7 @@ def test_a_bf16_product_is_torchs_but_for_the_order_of_its_sums(name):
     assert products.dtype == torch.bfloat16 and products.shape == torch_kernel.shape
     exact = OPS[name](*(a.double() for a in args))
     # both are the exact product rounded to bf16 once, each within one bf16 step of it
-    assert _rel(torch_kernel, exact) <= BF16_STEP and _rel(products, exact) <= BF16_STEP
+    assert rel_l2(torch_kernel, exact) <= BF16_STEP and rel_l2(products, exact) <= BF16_STEP
     # and they round the same almost everywhere
     differ = products != torch_kernel
     assert differ.float().mean() <= 0.01, f"{int(differ.sum())} of {differ.numel()} outputs differ"
@@ -108,7 +105,7 @@ def test_the_backward_of_a_bf16_linear_goes_through_it_too():
         (F.linear(x, w).float() ** 2).sum().backward()
         grads[path] = (x.grad, w.grad)
     for a, b in zip(grads["products"], grads["torch_kernel"]):
-        assert a.dtype == torch.bfloat16 and _rel(a, b) <= BF16_STEP
+        assert a.dtype == torch.bfloat16 and rel_l2(a, b) <= BF16_STEP
 
 
 SHAPES = {  # name: its operands' shapes, then the same with the inner sizes mismatched
